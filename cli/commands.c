@@ -1,0 +1,519 @@
+#include "commands.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/mount.h"
+
+#define COPY_CHUNK (4u << 20)
+
+typedef struct {
+    const char *pos[3];
+    int npos;
+    bool json;
+    CkptfsOptions options;
+} CmdArgs;
+
+/* Parses "POSITIONAL... [-o OPTS] [--json]"; prints the problem and returns false on misuse. */
+static bool parse_cmd_args(const char *cmd, int argc, char **argv, int min_pos, int max_pos,
+                           bool allow_json, CmdArgs *a)
+{
+    memset(a, 0, sizeof *a);
+    ckptfs_options_init(&a->options);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (allow_json && strcmp(arg, "--json") == 0) {
+            a->json = true;
+        } else if (g_str_has_prefix(arg, "-o")) {
+            const char *list = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
+            GError *error = NULL;
+            if (list == NULL) {
+                fprintf(stderr, "ckptfs %s: -o needs an option list\n", cmd);
+                return false;
+            }
+            if (!ckptfs_options_apply_list(&a->options, list, &error)) {
+                fprintf(stderr, "ckptfs %s: %s\n", cmd, error->message);
+                g_error_free(error);
+                return false;
+            }
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            fprintf(stderr, "ckptfs %s: unknown argument '%s'\n", cmd, arg);
+            return false;
+        } else if (a->npos < max_pos) {
+            a->pos[a->npos++] = arg;
+        } else {
+            fprintf(stderr, "ckptfs %s: unexpected argument '%s'\n", cmd, arg);
+            return false;
+        }
+    }
+    if (a->npos < min_pos) {
+        fprintf(stderr, "ckptfs %s: missing arguments (see ckptfs --help)\n", cmd);
+        return false;
+    }
+    return true;
+}
+
+static CkptfsMount *open_or_complain(const char *cmd, const CmdArgs *a)
+{
+    GError *error = NULL;
+    CkptfsMount *mount = ckptfs_mount_open(a->pos[0], &a->options, &error);
+    if (mount == NULL) {
+        fprintf(stderr, "ckptfs %s: %s\n", cmd, error->message);
+        g_error_free(error);
+    }
+    return mount;
+}
+
+static int report(const char *cmd, int rc, GError *error, const char *what)
+{
+    if (error != NULL) {
+        fprintf(stderr, "ckptfs %s: %s\n", cmd, error->message);
+        g_error_free(error);
+    } else {
+        fprintf(stderr, "ckptfs %s: %s: %s\n", cmd, what, g_strerror(-rc));
+    }
+    return 1;
+}
+
+/* --- inspect --- */
+
+static const char *config_string(JsonObject *config, const char *key)
+{
+    JsonNode *n = config ? json_object_get_member(config, key) : NULL;
+    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING)
+        return json_node_get_string(n);
+    return NULL;
+}
+
+static const char *config_architecture(JsonObject *config)
+{
+    JsonNode *n = config ? json_object_get_member(config, "architectures") : NULL;
+    if (n && JSON_NODE_HOLDS_ARRAY(n) && json_array_get_length(json_node_get_array(n)) > 0) {
+        JsonNode *first = json_array_get_element(json_node_get_array(n), 0);
+        if (JSON_NODE_HOLDS_VALUE(first) && json_node_get_value_type(first) == G_TYPE_STRING)
+            return json_node_get_string(first);
+    }
+    return NULL;
+}
+
+static bool config_int(JsonObject *config, const char *key, gint64 *out)
+{
+    JsonNode *n = config ? json_object_get_member(config, key) : NULL;
+    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64) {
+        *out = json_node_get_int(n);
+        return true;
+    }
+    return false;
+}
+
+static const char *const model_fields[] = {"num_hidden_layers", "hidden_size",
+                                           "num_attention_heads", "num_key_value_heads",
+                                           "intermediate_size", "vocab_size"};
+
+static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
+                         GPtrArray *views)
+{
+    const CkptfsSource *s = mount->source;
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "source");
+    json_builder_add_string_value(b, s->dir);
+    json_builder_set_member_name(b, "format");
+    json_builder_add_string_value(b, ckptfs_source_kind_name(s->kind));
+    json_builder_set_member_name(b, "weight_files");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < s->weight_files->len; i++)
+        json_builder_add_string_value(b, g_ptr_array_index(s->weight_files, i));
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "tensors");
+    json_builder_add_int_value(b, ckptfs_catalog_count(s->catalog));
+    json_builder_set_member_name(b, "bytes");
+    json_builder_add_int_value(b, (gint64)ckptfs_catalog_total_bytes(s->catalog));
+    json_builder_set_member_name(b, "dtypes");
+    json_builder_begin_object(b);
+    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
+        if (dtype_counts[d] == 0)
+            continue;
+        json_builder_set_member_name(b, ckptfs_dtype_safetensors_name((CkptfsDtype)d));
+        json_builder_add_int_value(b, (gint64)dtype_counts[d]);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "architecture");
+    const char *arch = config_architecture(s->config);
+    if (arch)
+        json_builder_add_string_value(b, arch);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "model_type");
+    const char *model_type = config_string(s->config, "model_type");
+    if (model_type)
+        json_builder_add_string_value(b, model_type);
+    else
+        json_builder_add_null_value(b);
+    for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
+        gint64 v;
+        if (config_int(s->config, model_fields[i], &v)) {
+            json_builder_set_member_name(b, model_fields[i]);
+            json_builder_add_int_value(b, v);
+        }
+    }
+    json_builder_set_member_name(b, "config_problem");
+    if (s->config_problem)
+        json_builder_add_string_value(b, s->config_problem);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "views");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < views->len; i++)
+        json_builder_add_string_value(b, g_ptr_array_index(views, i));
+    json_builder_end_array(b);
+    json_builder_set_member_name(b, "warnings");
+    json_builder_begin_array(b);
+    for (guint i = 0; i < s->warnings->len; i++)
+        json_builder_add_string_value(b, g_ptr_array_index(s->warnings, i));
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    g_autoptr(JsonNode) root = json_builder_get_root(b);
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, root);
+    g_autofree char *text = json_generator_to_data(gen, NULL);
+    printf("%s\n", text);
+}
+
+static bool collect_name(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next)
+{
+    (void)next;
+    if (attr->type == CKPTFS_NODE_DIR)
+        g_ptr_array_add(ctx, g_strdup_printf("%s/", name));
+    return true;
+}
+
+int ckptfs_cmd_inspect(int argc, char **argv)
+{
+    CmdArgs a;
+    if (!parse_cmd_args("inspect", argc, argv, 1, 1, true, &a))
+        return 2;
+    CkptfsMount *mount = open_or_complain("inspect", &a);
+    if (mount == NULL)
+        return 1;
+    const CkptfsSource *s = mount->source;
+    uint64_t dtype_counts[CKPTFS_DTYPE_COUNT] = {0};
+    for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
+        dtype_counts[ckptfs_catalog_at(s->catalog, i)->dtype]++;
+    g_autoptr(GPtrArray) views = g_ptr_array_new_with_free_func(g_free);
+    ckptfs_tree_readdir(mount->tree, CKPTFS_ROOT_INO, 0, collect_name, views, NULL);
+
+    if (a.json) {
+        inspect_json(mount, dtype_counts, views);
+        ckptfs_mount_free(mount);
+        return 0;
+    }
+    uint64_t bytes = ckptfs_catalog_total_bytes(s->catalog);
+    g_autofree char *human = g_format_size(bytes);
+    printf("source:       %s\n", s->dir);
+    printf("format:       %s (%u weight file%s%s)\n", ckptfs_source_kind_name(s->kind),
+           s->weight_files->len, s->weight_files->len == 1 ? "" : "s",
+           s->has_index ? ", with index" : "");
+    printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", ckptfs_catalog_count(s->catalog),
+           human, bytes);
+    printf("dtypes:      ");
+    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
+        if (dtype_counts[d])
+            printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d),
+                   dtype_counts[d]);
+    printf("\n");
+    if (s->config != NULL) {
+        const char *arch = config_architecture(s->config);
+        const char *model_type = config_string(s->config, "model_type");
+        printf("architecture: %s (model_type %s)\n", arch ? arch : "not given",
+               model_type ? model_type : "not given");
+        printf("model:       ");
+        for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
+            gint64 v;
+            if (config_int(s->config, model_fields[i], &v))
+                printf(" %s=%" G_GINT64_FORMAT, model_fields[i], v);
+        }
+        printf("\n");
+    } else {
+        printf("architecture: unknown: %s\n", s->config_problem);
+    }
+    printf("views:       ");
+    for (guint i = 0; i < views->len; i++)
+        printf(" %s", (char *)g_ptr_array_index(views, i));
+    printf("\n");
+    for (guint i = 0; i < s->warnings->len; i++)
+        printf("warning:      %s\n", (char *)g_ptr_array_index(s->warnings, i));
+    ckptfs_mount_free(mount);
+    return 0;
+}
+
+/* --- walking a view (ls, export) --- */
+
+typedef struct {
+    char *name;
+    CkptfsAttr attr;
+} Entry;
+
+static void entry_free(gpointer p)
+{
+    Entry *e = p;
+    g_free(e->name);
+    g_free(e);
+}
+
+static bool collect_entry(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next)
+{
+    (void)next;
+    Entry *e = g_new0(Entry, 1);
+    e->name = g_strdup(name);
+    e->attr = *attr;
+    g_ptr_array_add(ctx, e);
+    return true;
+}
+
+typedef int (*VisitFn)(gpointer ctx, const char *rel_path, const CkptfsAttr *attr);
+
+/* Depth-first, parents before children; REL is the path below the walk's start. */
+static int walk(CkptfsMount *mount, uint64_t dir_ino, const char *rel, VisitFn fn, gpointer ctx,
+                GError **error)
+{
+    g_autoptr(GPtrArray) entries = g_ptr_array_new_with_free_func(entry_free);
+    int rc = ckptfs_tree_readdir(mount->tree, dir_ino, 0, collect_entry, entries, error);
+    for (guint i = 0; rc == 0 && i < entries->len; i++) {
+        Entry *e = g_ptr_array_index(entries, i);
+        g_autofree char *path = *rel ? g_strdup_printf("%s/%s", rel, e->name) : g_strdup(e->name);
+        CkptfsAttr attr;
+        rc = ckptfs_tree_getattr(mount->tree, e->attr.ino, &attr, error);
+        if (rc == 0)
+            rc = fn(ctx, path, &attr);
+        if (rc == 0 && attr.type == CKPTFS_NODE_DIR)
+            rc = walk(mount, attr.ino, path, fn, ctx, error);
+    }
+    return rc;
+}
+
+static int print_file(gpointer ctx, const char *rel, const CkptfsAttr *attr)
+{
+    (void)ctx;
+    if (attr->type == CKPTFS_NODE_FILE)
+        printf("%" G_GUINT64_FORMAT "\t%s\n", attr->size, rel);
+    else if (attr->type == CKPTFS_NODE_SYMLINK)
+        printf("-\t%s\n", rel);
+    return 0;
+}
+
+int ckptfs_cmd_ls(int argc, char **argv)
+{
+    CmdArgs a;
+    if (!parse_cmd_args("ls", argc, argv, 1, 2, false, &a))
+        return 2;
+    CkptfsMount *mount = open_or_complain("ls", &a);
+    if (mount == NULL)
+        return 1;
+    int status = 0;
+    GError *error = NULL;
+    if (a.npos == 1) {
+        g_autoptr(GPtrArray) views = g_ptr_array_new_with_free_func(g_free);
+        ckptfs_tree_readdir(mount->tree, CKPTFS_ROOT_INO, 0, collect_name, views, NULL);
+        for (guint i = 0; i < views->len; i++)
+            printf("%s\n", (char *)g_ptr_array_index(views, i));
+    } else {
+        CkptfsAttr attr;
+        int rc = ckptfs_tree_resolve(mount->tree, a.pos[1], &attr, &error);
+        if (rc == 0 && attr.type != CKPTFS_NODE_DIR)
+            rc = print_file(NULL, a.pos[1], &attr);
+        else if (rc == 0)
+            rc = walk(mount, attr.ino, "", print_file, NULL, &error);
+        if (rc != 0)
+            status = report("ls", rc, error, a.pos[1]);
+    }
+    ckptfs_mount_free(mount);
+    return status;
+}
+
+/* --- cat --- */
+
+static bool write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+typedef struct {
+    uint64_t done, total;
+    bool show;
+    gint64 start_us, last_us;
+} Progress;
+
+static void progress_update(Progress *p, bool final)
+{
+    if (!p->show)
+        return;
+    gint64 now = g_get_monotonic_time();
+    if (!final && now - p->last_us < 200000)
+        return;
+    p->last_us = now;
+    double secs = (double)(now - p->start_us) / 1e6;
+    g_autofree char *done = g_format_size(p->done);
+    g_autofree char *total = g_format_size(p->total);
+    g_autofree char *rate = g_format_size(secs > 0 ? (guint64)((double)p->done / secs) : 0);
+    fprintf(stderr, "\rexport: %s of %s (%3.0f%%), %s/s   ", done, total,
+            p->total ? 100.0 * (double)p->done / (double)p->total : 100.0, rate);
+    if (final)
+        fprintf(stderr, "\n");
+}
+
+/* Copies a file's synthesized bytes to FD. */
+static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_name,
+                     Progress *progress, GError **error)
+{
+    const CkptfsPlan *plan;
+    int rc = ckptfs_tree_plan(mount->tree, ino, &plan, error);
+    if (rc != 0)
+        return rc;
+    if (!ckptfs_mount_check_sources(mount, plan, error))
+        return -EIO;
+    g_autofree uint8_t *buf = g_malloc(COPY_CHUNK);
+    uint64_t size = ckptfs_plan_size(plan);
+    for (uint64_t off = 0; off < size;) {
+        int64_t n = ckptfs_plan_read(plan, mount->source->files, buf, COPY_CHUNK, off, error);
+        if (n <= 0)
+            return -EIO;
+        if (!write_all(fd, buf, (size_t)n)) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: write failed: %s", dest_name,
+                        g_strerror(errno));
+            return -EIO;
+        }
+        off += (uint64_t)n;
+        if (progress) {
+            progress->done += (uint64_t)n;
+            progress_update(progress, false);
+        }
+    }
+    return 0;
+}
+
+int ckptfs_cmd_cat(int argc, char **argv)
+{
+    CmdArgs a;
+    if (!parse_cmd_args("cat", argc, argv, 2, 2, false, &a))
+        return 2;
+    CkptfsMount *mount = open_or_complain("cat", &a);
+    if (mount == NULL)
+        return 1;
+    GError *error = NULL;
+    CkptfsAttr attr;
+    int rc = ckptfs_tree_resolve(mount->tree, a.pos[1], &attr, &error);
+    if (rc == 0 && attr.type != CKPTFS_NODE_FILE)
+        rc = -EISDIR;
+    if (rc == 0)
+        rc = copy_plan(mount, attr.ino, STDOUT_FILENO, "stdout", NULL, &error);
+    int status = rc == 0 ? 0 : report("cat", rc, error, a.pos[1]);
+    ckptfs_mount_free(mount);
+    return status;
+}
+
+/* --- export --- */
+
+typedef struct {
+    CkptfsMount *mount;
+    const char *dest;
+    Progress progress;
+    GError **error;
+} Export;
+
+static int sum_sizes(gpointer ctx, const char *rel, const CkptfsAttr *attr)
+{
+    (void)rel;
+    if (attr->type == CKPTFS_NODE_FILE)
+        *(uint64_t *)ctx += attr->size;
+    return 0;
+}
+
+static int export_entry(gpointer ctx, const char *rel, const CkptfsAttr *attr)
+{
+    Export *x = ctx;
+    g_autofree char *path = g_build_filename(x->dest, rel, NULL);
+    if (attr->type == CKPTFS_NODE_DIR) {
+        if (mkdir(path, 0755) != 0) {
+            g_set_error(x->error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: %s", path, g_strerror(errno));
+            return -EIO;
+        }
+        return 0;
+    }
+    if (attr->type == CKPTFS_NODE_SYMLINK) {
+        const char *target;
+        int rc = ckptfs_tree_readlink(x->mount->tree, attr->ino, &target);
+        if (rc == 0 && symlink(target, path) != 0) {
+            g_set_error(x->error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: %s", path, g_strerror(errno));
+            return -EIO;
+        }
+        return rc;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        g_set_error(x->error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: %s%s", path, g_strerror(errno),
+                    errno == EEXIST ? " (export never overwrites)" : "");
+        return -EIO;
+    }
+    int rc = copy_plan(x->mount, attr->ino, fd, path, &x->progress, x->error);
+    if (close(fd) != 0 && rc == 0) {
+        g_set_error(x->error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: %s", path, g_strerror(errno));
+        rc = -EIO;
+    }
+    return rc;
+}
+
+int ckptfs_cmd_export(int argc, char **argv)
+{
+    CmdArgs a;
+    if (!parse_cmd_args("export", argc, argv, 3, 3, false, &a))
+        return 2;
+    const char *dest = a.pos[2];
+    struct stat st;
+    bool dest_exists = stat(dest, &st) == 0;
+    if (dest_exists && !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "ckptfs export: %s exists and is not a directory\n", dest);
+        return 1;
+    }
+    CkptfsMount *mount = open_or_complain("export", &a);
+    if (mount == NULL)
+        return 1;
+    GError *error = NULL;
+    CkptfsAttr attr;
+    int rc = ckptfs_tree_resolve(mount->tree, a.pos[1], &attr, &error);
+    if (rc == 0 && attr.type != CKPTFS_NODE_DIR)
+        rc = -ENOTDIR;
+    Export x = {.mount = mount, .dest = dest, .error = &error};
+    if (rc == 0)
+        rc = walk(mount, attr.ino, "", sum_sizes, &x.progress.total, &error);
+    if (rc == 0 && !dest_exists && mkdir(dest, 0755) != 0) {
+        g_set_error(&error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: %s", dest, g_strerror(errno));
+        rc = -EIO;
+    }
+    if (rc == 0) {
+        x.progress.show = isatty(STDERR_FILENO);
+        x.progress.start_us = g_get_monotonic_time();
+        rc = walk(mount, attr.ino, "", export_entry, &x, &error);
+        progress_update(&x.progress, true);
+    }
+    int status = rc == 0 ? 0 : report("export", rc, error, a.pos[1]);
+    ckptfs_mount_free(mount);
+    return status;
+}

@@ -1,0 +1,138 @@
+#include "ckptfs/catalog.h"
+
+#include <string.h>
+
+struct CkptfsCatalog {
+    GPtrArray *tensors;  /* CkptfsTensor*, source order */
+    GHashTable *by_name; /* name -> CkptfsTensor* */
+    uint64_t total_bytes;
+};
+
+static void tensor_free(gpointer data)
+{
+    CkptfsTensor *t = data;
+    g_free(t->name);
+    g_free(t->pieces);
+    g_free(t);
+}
+
+CkptfsCatalog *ckptfs_catalog_new(void)
+{
+    CkptfsCatalog *c = g_new0(CkptfsCatalog, 1);
+    c->tensors = g_ptr_array_new_with_free_func(tensor_free);
+    c->by_name = g_hash_table_new(g_str_hash, g_str_equal);
+    return c;
+}
+
+void ckptfs_catalog_free(CkptfsCatalog *catalog)
+{
+    if (catalog == NULL)
+        return;
+    g_hash_table_unref(catalog->by_name);
+    g_ptr_array_unref(catalog->tensors);
+    g_free(catalog);
+}
+
+const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
+                                                  CkptfsDtype dtype, unsigned ndim,
+                                                  const uint64_t *shape, uint32_t src,
+                                                  uint64_t offset)
+{
+    if (g_hash_table_contains(catalog->by_name, name))
+        return NULL;
+    CkptfsTensor *t = g_new0(CkptfsTensor, 1);
+    t->name = g_strdup(name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    uint64_t numel = 1;
+    ckptfs_shape_numel(shape, ndim, &numel); /* validated by the source parser */
+    t->rows = ndim > 0 ? shape[0] : 1;
+    t->cols = t->rows > 0 ? numel / t->rows : 0;
+    if (ndim > 0 && t->rows == 0) { /* an empty tensor: keep the columns for its shape */
+        t->cols = 1;
+        for (unsigned d = 1; d < ndim; d++)
+            t->cols *= shape[d];
+    }
+    size_t isz = ckptfs_dtype_size(dtype);
+    t->nbytes = numel * isz;
+    t->npieces = 1;
+    t->pieces = g_new0(CkptfsPiece, 1);
+    t->pieces[0] = (CkptfsPiece){.row0 = 0, .row1 = t->rows, .col0 = 0, .col1 = t->cols,
+                                 .src = src, .offset = offset, .row_stride = t->cols * isz};
+    g_ptr_array_add(catalog->tensors, t);
+    g_hash_table_insert(catalog->by_name, t->name, t);
+    catalog->total_bytes += t->nbytes;
+    return t;
+}
+
+unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog)
+{
+    return catalog->tensors->len;
+}
+
+const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index)
+{
+    return index < catalog->tensors->len ? g_ptr_array_index(catalog->tensors, index) : NULL;
+}
+
+const CkptfsTensor *ckptfs_catalog_find(const CkptfsCatalog *catalog, const char *name)
+{
+    return g_hash_table_lookup(catalog->by_name, name);
+}
+
+uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog)
+{
+    return catalog->total_bytes;
+}
+
+/* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
+ * by the pieces it crosses; within a band the pieces side by side become the items of one
+ * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
+void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                             uint64_t r1, uint64_t c0, uint64_t c1)
+{
+    size_t isz = ckptfs_dtype_size(tensor->dtype);
+    uint64_t row = r0;
+    while (row < r1 && c0 < c1) {
+        /* The band ends where any piece crossing these columns starts or ends. */
+        uint64_t band_end = r1;
+        for (unsigned p = 0; p < tensor->npieces; p++) {
+            const CkptfsPiece *pc = &tensor->pieces[p];
+            if (pc->col1 <= c0 || pc->col0 >= c1)
+                continue;
+            if (pc->row0 > row && pc->row0 < band_end)
+                band_end = pc->row0;
+            if (pc->row0 <= row && pc->row1 > row && pc->row1 < band_end)
+                band_end = pc->row1;
+        }
+        /* Items: the pieces covering this band, left to right. */
+        g_autoptr(GArray) items = g_array_new(FALSE, FALSE, sizeof(CkptfsGatherItem));
+        for (uint64_t col = c0; col < c1;) {
+            const CkptfsPiece *hit = NULL;
+            for (unsigned p = 0; p < tensor->npieces && !hit; p++) {
+                const CkptfsPiece *pc = &tensor->pieces[p];
+                if (pc->row0 <= row && row < pc->row1 && pc->col0 <= col && col < pc->col1)
+                    hit = pc;
+            }
+            g_assert(hit != NULL); /* pieces tile the tensor; sources verify it */
+            uint64_t end = MIN(hit->col1, c1);
+            CkptfsGatherItem item = {
+                .src = hit->src,
+                .base = hit->offset + (row - hit->row0) * hit->row_stride + (col - hit->col0) * isz,
+                .stride = hit->row_stride,
+                .len = (end - col) * isz,
+            };
+            g_array_append_val(items, item);
+            col = end;
+        }
+        ckptfs_plan_add_gather(b, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
+                               items->len);
+        row = band_end;
+    }
+}
+
+void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b)
+{
+    ckptfs_tensor_emit_rect(tensor, b, 0, tensor->rows, 0, tensor->cols);
+}

@@ -1,0 +1,334 @@
+#include "ckptfs/plan.h"
+
+#include <string.h>
+
+#include "ckptfs/error.h"
+
+struct CkptfsPlan {
+    uint64_t size;
+    size_t n_extents;
+    CkptfsExtent *extents;
+    uint8_t *literals;       /* all literal bytes, one allocation */
+    CkptfsGatherItem *items; /* all gather items, one allocation */
+};
+
+/* While building, literal and item references are offsets into growing arrays; pointers are
+ * fixed once at the end. */
+typedef struct {
+    uint64_t offset, size;
+    CkptfsExtentKind kind;
+    uint64_t first; /* literal byte offset, or first gather item */
+    uint64_t nrep, rep_size;
+    uint32_t nitems;
+} BuildExtent;
+
+struct CkptfsPlanBuilder {
+    GArray *extents;   /* BuildExtent */
+    GByteArray *literals;
+    GArray *items;     /* CkptfsGatherItem */
+    uint64_t size;
+};
+
+CkptfsPlanBuilder *ckptfs_plan_builder_new(void)
+{
+    CkptfsPlanBuilder *b = g_new0(CkptfsPlanBuilder, 1);
+    b->extents = g_array_new(FALSE, FALSE, sizeof(BuildExtent));
+    b->literals = g_byte_array_new();
+    b->items = g_array_new(FALSE, FALSE, sizeof(CkptfsGatherItem));
+    return b;
+}
+
+void ckptfs_plan_builder_free(CkptfsPlanBuilder *b)
+{
+    if (b == NULL)
+        return;
+    g_array_unref(b->extents);
+    g_byte_array_unref(b->literals);
+    g_array_unref(b->items);
+    g_free(b);
+}
+
+uint64_t ckptfs_plan_builder_size(const CkptfsPlanBuilder *b)
+{
+    return b->size;
+}
+
+static BuildExtent *last_extent(CkptfsPlanBuilder *b)
+{
+    return b->extents->len ? &g_array_index(b->extents, BuildExtent, b->extents->len - 1) : NULL;
+}
+
+static void push_extent(CkptfsPlanBuilder *b, BuildExtent e)
+{
+    e.offset = b->size;
+    g_array_append_val(b->extents, e);
+    b->size += e.size;
+}
+
+void ckptfs_plan_add_literal(CkptfsPlanBuilder *b, const void *data, size_t len)
+{
+    if (len == 0)
+        return;
+    BuildExtent *last = last_extent(b);
+    if (last && last->kind == CKPTFS_EXTENT_LITERAL && last->first + last->size == b->literals->len) {
+        g_byte_array_append(b->literals, data, (guint)len);
+        last->size += len;
+        b->size += len;
+        return;
+    }
+    BuildExtent e = {.kind = CKPTFS_EXTENT_LITERAL, .size = len, .first = b->literals->len};
+    g_byte_array_append(b->literals, data, (guint)len);
+    push_extent(b, e);
+}
+
+void ckptfs_plan_add_zero(CkptfsPlanBuilder *b, uint64_t len)
+{
+    if (len == 0)
+        return;
+    BuildExtent *last = last_extent(b);
+    if (last && last->kind == CKPTFS_EXTENT_ZERO) {
+        last->size += len;
+        b->size += len;
+        return;
+    }
+    push_extent(b, (BuildExtent){.kind = CKPTFS_EXTENT_ZERO, .size = len});
+}
+
+static bool is_plain_run(const CkptfsPlanBuilder *b, const BuildExtent *e)
+{
+    return e->kind == CKPTFS_EXTENT_GATHER && e->nrep == 1 && e->nitems == 1 &&
+           e->first == b->items->len - 1;
+}
+
+void ckptfs_plan_add_run(CkptfsPlanBuilder *b, uint32_t src, uint64_t offset, uint64_t len)
+{
+    if (len == 0)
+        return;
+    BuildExtent *last = last_extent(b);
+    if (last && is_plain_run(b, last)) {
+        CkptfsGatherItem *item = &g_array_index(b->items, CkptfsGatherItem, last->first);
+        if (item->src == src && item->base + item->len == offset) {
+            item->len += len;
+            item->stride = item->len;
+            last->rep_size += len;
+            last->size += len;
+            b->size += len;
+            return;
+        }
+    }
+    CkptfsGatherItem item = {.src = src, .base = offset, .stride = len, .len = len};
+    BuildExtent e = {.kind = CKPTFS_EXTENT_GATHER, .size = len, .first = b->items->len,
+                     .nrep = 1, .rep_size = len, .nitems = 1};
+    g_array_append_val(b->items, item);
+    push_extent(b, e);
+}
+
+void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
+                            uint32_t nitems)
+{
+    uint64_t rep_size = 0;
+    for (uint32_t k = 0; k < nitems; k++)
+        rep_size += items[k].len;
+    if (nrep == 0 || rep_size == 0)
+        return;
+    /* A single item whose repetitions are back to back is one contiguous run. */
+    if (nitems == 1 && (nrep == 1 || items[0].stride == items[0].len)) {
+        ckptfs_plan_add_run(b, items[0].src, items[0].base, items[0].len * nrep);
+        return;
+    }
+    if (nrep == 1) {
+        for (uint32_t k = 0; k < nitems; k++)
+            ckptfs_plan_add_run(b, items[k].src, items[k].base, items[k].len);
+        return;
+    }
+    BuildExtent e = {.kind = CKPTFS_EXTENT_GATHER, .size = nrep * rep_size,
+                     .first = b->items->len, .nrep = nrep, .rep_size = rep_size,
+                     .nitems = nitems};
+    for (uint32_t k = 0; k < nitems; k++)
+        if (items[k].len > 0)
+            g_array_append_val(b->items, items[k]);
+        else
+            e.nitems--;
+    push_extent(b, e);
+}
+
+CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
+{
+    CkptfsPlan *plan = g_new0(CkptfsPlan, 1);
+    plan->size = b->size;
+    plan->n_extents = b->extents->len;
+    plan->extents = g_new0(CkptfsExtent, plan->n_extents ? plan->n_extents : 1);
+    plan->literals = g_memdup2(b->literals->data, b->literals->len ? b->literals->len : 1);
+    plan->items = g_memdup2(b->items->data, (b->items->len ? b->items->len : 1) * sizeof(CkptfsGatherItem));
+    for (size_t i = 0; i < plan->n_extents; i++) {
+        const BuildExtent *be = &g_array_index(b->extents, BuildExtent, i);
+        CkptfsExtent *e = &plan->extents[i];
+        e->offset = be->offset;
+        e->size = be->size;
+        e->kind = be->kind;
+        if (be->kind == CKPTFS_EXTENT_LITERAL) {
+            e->u.literal = plan->literals + be->first;
+        } else if (be->kind == CKPTFS_EXTENT_GATHER) {
+            e->u.gather.nrep = be->nrep;
+            e->u.gather.rep_size = be->rep_size;
+            e->u.gather.nitems = be->nitems;
+            e->u.gather.items = plan->items + be->first;
+        }
+    }
+    ckptfs_plan_builder_free(b);
+    return plan;
+}
+
+void ckptfs_plan_free(CkptfsPlan *plan)
+{
+    if (plan == NULL)
+        return;
+    g_free(plan->extents);
+    g_free(plan->literals);
+    g_free(plan->items);
+    g_free(plan);
+}
+
+uint64_t ckptfs_plan_size(const CkptfsPlan *plan)
+{
+    return plan->size;
+}
+
+size_t ckptfs_plan_extent_count(const CkptfsPlan *plan)
+{
+    return plan->n_extents;
+}
+
+const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index)
+{
+    return index < plan->n_extents ? &plan->extents[index] : NULL;
+}
+
+/* Source reads are collected and merged while they continue each other (same file, next
+ * offset, next destination byte), so a strided gather over full rows costs one pread. */
+typedef struct {
+    const CkptfsSrcFiles *files;
+    uint32_t src;
+    uint64_t src_off;
+    uint8_t *dst;
+    size_t len;
+} PendingRead;
+
+static bool pending_flush(PendingRead *p, GError **error)
+{
+    if (p->len == 0)
+        return true;
+    bool ok = ckptfs_srcfiles_pread(p->files, p->src, p->dst, p->len, p->src_off, error);
+    p->len = 0;
+    return ok;
+}
+
+static bool pending_add(PendingRead *p, uint32_t src, uint64_t src_off, uint8_t *dst, size_t len,
+                        GError **error)
+{
+    if (p->len > 0 && p->src == src && p->src_off + p->len == src_off && p->dst + p->len == dst) {
+        p->len += len;
+        return true;
+    }
+    if (!pending_flush(p, error))
+        return false;
+    p->src = src;
+    p->src_off = src_off;
+    p->dst = dst;
+    p->len = len;
+    return true;
+}
+
+static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, size_t n,
+                        PendingRead *pending, GError **error)
+{
+    uint64_t rep = in_off / e->u.gather.rep_size;
+    uint64_t pos = in_off % e->u.gather.rep_size;
+    uint32_t k = 0;
+    while (pos >= e->u.gather.items[k].len) {
+        pos -= e->u.gather.items[k].len;
+        k++;
+    }
+    while (n > 0) {
+        const CkptfsGatherItem *item = &e->u.gather.items[k];
+        uint64_t take = item->len - pos;
+        if (take > n)
+            take = n;
+        if (!pending_add(pending, item->src, item->base + rep * item->stride + pos, dst,
+                         (size_t)take, error))
+            return false;
+        dst += take;
+        n -= (size_t)take;
+        pos = 0;
+        if (++k == e->u.gather.nitems) {
+            k = 0;
+            rep++;
+        }
+    }
+    return true;
+}
+
+static size_t find_extent(const CkptfsPlan *plan, uint64_t offset)
+{
+    size_t lo = 0, hi = plan->n_extents; /* last extent with e.offset <= offset */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (plan->extents[mid].offset <= offset)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
+                         size_t len, uint64_t offset, GError **error)
+{
+    if (offset >= plan->size || len == 0)
+        return 0;
+    if (len > plan->size - offset)
+        len = (size_t)(plan->size - offset);
+    uint8_t *dst = buf;
+    size_t remaining = len;
+    PendingRead pending = {.files = files};
+    for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
+        const CkptfsExtent *e = &plan->extents[i];
+        uint64_t in_off = offset - e->offset;
+        size_t n = e->size - in_off < remaining ? (size_t)(e->size - in_off) : remaining;
+        switch (e->kind) {
+        case CKPTFS_EXTENT_LITERAL:
+            memcpy(dst, e->u.literal + in_off, n);
+            break;
+        case CKPTFS_EXTENT_ZERO:
+            memset(dst, 0, n);
+            break;
+        case CKPTFS_EXTENT_GATHER:
+            if (!gather_read(e, in_off, dst, n, &pending, error))
+                return -1;
+            break;
+        }
+        dst += n;
+        offset += n;
+        remaining -= n;
+    }
+    if (!pending_flush(&pending, error))
+        return -1;
+    return (int64_t)len;
+}
+
+void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
+{
+    for (size_t i = 0; i < plan->n_extents; i++) {
+        const CkptfsExtent *e = &plan->extents[i];
+        if (e->kind != CKPTFS_EXTENT_GATHER)
+            continue;
+        for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
+            guint32 src = e->u.gather.items[k].src;
+            bool seen = false;
+            for (guint j = 0; j < out_indexes->len && !seen; j++)
+                seen = g_array_index(out_indexes, guint32, j) == src;
+            if (!seen)
+                g_array_append_val(out_indexes, src);
+        }
+    }
+}

@@ -1,0 +1,121 @@
+#include "ckptfs/source.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckptfs/error.h"
+#include "source_internal.h"
+
+static void source_file_free(gpointer data)
+{
+    CkptfsSourceFile *f = data;
+    g_free(f->name);
+    g_free(f);
+}
+
+static gint source_file_cmp(gconstpointer a, gconstpointer b)
+{
+    return strcmp((*(CkptfsSourceFile *const *)a)->name, (*(CkptfsSourceFile *const *)b)->name);
+}
+
+/* Every top-level regular file (symlinks followed, as in a Hugging Face cache snapshot). Sub
+ * directories are not part of a checkpoint's files and are left out. */
+static bool list_top_files(CkptfsSource *source, GError **error)
+{
+    GError *dir_error = NULL;
+    g_autoptr(GDir) dir = g_dir_open(source->dir, 0, &dir_error);
+    if (dir == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot list: %s", source->dir,
+                    dir_error->message);
+        g_error_free(dir_error);
+        return false;
+    }
+    const char *name;
+    while ((name = g_dir_read_name(dir)) != NULL) {
+        g_autofree char *path = g_build_filename(source->dir, name, NULL);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        int index = ckptfs_srcfiles_add(source->files, path, error);
+        if (index < 0)
+            return false;
+        CkptfsSourceFile *f = g_new0(CkptfsSourceFile, 1);
+        f->name = g_strdup(name);
+        f->src = (uint32_t)index;
+        f->size = ckptfs_srcfiles_get(source->files, (unsigned)index)->size;
+        g_ptr_array_add(source->top_files, f);
+    }
+    g_ptr_array_sort(source->top_files, source_file_cmp);
+    return true;
+}
+
+CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options, GError **error)
+{
+    (void)options;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s: %s", path, g_strerror(errno));
+        return NULL;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
+                    "%s: not a directory (give the checkpoint's directory)", path);
+        return NULL;
+    }
+    CkptfsSource *source = g_new0(CkptfsSource, 1);
+    source->dir = g_strdup(path);
+    source->files = ckptfs_srcfiles_new();
+    source->catalog = ckptfs_catalog_new();
+    source->top_files = g_ptr_array_new_with_free_func(source_file_free);
+    source->weight_files = g_ptr_array_new_with_free_func(g_free);
+    source->warnings = g_ptr_array_new_with_free_func(g_free);
+    if (!list_top_files(source, error) || !ckptfs_source_open_hf(source, error)) {
+        ckptfs_source_free(source);
+        return NULL;
+    }
+    return source;
+}
+
+void ckptfs_source_free(CkptfsSource *source)
+{
+    if (source == NULL)
+        return;
+    g_free(source->dir);
+    ckptfs_catalog_free(source->catalog);
+    g_ptr_array_unref(source->top_files);
+    g_ptr_array_unref(source->weight_files);
+    g_ptr_array_unref(source->warnings);
+    if (source->config)
+        json_object_unref(source->config);
+    g_free(source->config_problem);
+    ckptfs_srcfiles_free(source->files);
+    g_free(source);
+}
+
+const char *ckptfs_source_kind_name(CkptfsSourceKind kind)
+{
+    switch (kind) {
+    case CKPTFS_SOURCE_HF:
+        return "huggingface-safetensors";
+    }
+    return "unknown";
+}
+
+const CkptfsSourceFile *ckptfs_source_top_file(const CkptfsSource *source, const char *name)
+{
+    /* top_files is sorted by name: binary search. */
+    guint lo = 0, hi = source->top_files->len;
+    while (lo < hi) {
+        guint mid = lo + (hi - lo) / 2;
+        const CkptfsSourceFile *f = g_ptr_array_index(source->top_files, mid);
+        int c = strcmp(f->name, name);
+        if (c == 0)
+            return f;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}

@@ -1,0 +1,210 @@
+/* Hugging Face source: config.json + model.safetensors, or shards listed by
+ * model.safetensors.index.json. Every header is parsed and validated here, at open. */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/safetensors.h"
+#include "ckptfs/source.h"
+#include "source_internal.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define SINGLE_NAME "model.safetensors"
+
+static CkptfsStHeader *read_st_header(CkptfsSource *source, const CkptfsSourceFile *file,
+                                      GError **error)
+{
+    const CkptfsSrcFile *sf = ckptfs_srcfiles_get(source->files, file->src);
+    if (sf->size < 8) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: %" G_GUINT64_FORMAT " bytes is too short for a safetensors file", sf->path,
+                    sf->size);
+        return NULL;
+    }
+    uint8_t prefix[8];
+    uint64_t json_len;
+    if (!ckptfs_srcfiles_pread(source->files, file->src, prefix, 8, 0, error) ||
+        !ckptfs_st_header_length(sf->path, prefix, sf->size, &json_len, error))
+        return NULL;
+    g_autofree char *json = g_malloc(json_len);
+    if (!ckptfs_srcfiles_pread(source->files, file->src, json, json_len, 8, error))
+        return NULL;
+    return ckptfs_st_parse_header(sf->path, json, json_len, sf->size, error);
+}
+
+static bool valid_shard_name(const char *name)
+{
+    return name[0] != '\0' && strchr(name, '/') == NULL && strcmp(name, ".") != 0 &&
+           strcmp(name, "..") != 0 && strstr(name, "..") == NULL;
+}
+
+/* weight_map of the index: tensor name -> shard file name (both owned by the parser). */
+static JsonObject *read_weight_map(CkptfsSource *source, JsonParser *parser, GError **error)
+{
+    g_autofree char *path = g_build_filename(source->dir, INDEX_NAME, NULL);
+    GError *json_error = NULL;
+    if (!json_parser_load_from_mapped_file(parser, path, &json_error)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not valid JSON: %s", path,
+                    json_error->message);
+        g_error_free(json_error);
+        return NULL;
+    }
+    JsonNode *root = json_parser_get_root(parser);
+    JsonNode *map = root && JSON_NODE_HOLDS_OBJECT(root)
+                        ? json_object_get_member(json_node_get_object(root), "weight_map")
+                        : NULL;
+    if (map == NULL || !JSON_NODE_HOLDS_OBJECT(map)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: no \"weight_map\" object", path);
+        return NULL;
+    }
+    JsonObject *weight_map = json_node_get_object(map);
+    g_autoptr(GList) names = json_object_get_members(weight_map);
+    for (GList *n = names; n; n = n->next) {
+        JsonNode *v = json_object_get_member(weight_map, n->data);
+        if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: weight_map entry of tensor '%s' is not a file name", path,
+                        (const char *)n->data);
+            return NULL;
+        }
+        const char *shard = json_node_get_string(v);
+        if (!valid_shard_name(shard)) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: tensor '%s' is mapped to '%s', which is not a plain file name in the "
+                        "source directory",
+                        path, (const char *)n->data, shard);
+            return NULL;
+        }
+    }
+    if (names == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: weight_map is empty", path);
+        return NULL;
+    }
+    return weight_map;
+}
+
+/* Adds the tensors of one safetensors file to the catalog, checking them against the index. */
+static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weight_map,
+                      GHashTable *seen_in, GError **error)
+{
+    const CkptfsSourceFile *file = ckptfs_source_top_file(source, shard);
+    g_autofree char *path = g_build_filename(source->dir, shard, NULL);
+    if (file == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
+                    "%s: missing (named by %s)", path, INDEX_NAME);
+        return false;
+    }
+    CkptfsStHeader *header = read_st_header(source, file, error);
+    if (header == NULL)
+        return false;
+    bool ok = true;
+    for (guint i = 0; i < header->entries->len && ok; i++) {
+        const CkptfsStEntry *e = g_ptr_array_index(header->entries, i);
+        const char *first = g_hash_table_lookup(seen_in, e->name);
+        if (first != NULL) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: tensor '%s' is listed twice (also in %s)", path, e->name, first);
+            ok = false;
+            break;
+        }
+        if (weight_map != NULL) {
+            JsonNode *where = json_object_get_member(weight_map, e->name);
+            if (where == NULL || strcmp(json_node_get_string(where), shard) != 0) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: tensor '%s' is in this file but %s maps it to %s", path, e->name,
+                            INDEX_NAME, where ? json_node_get_string(where) : "nothing");
+                ok = false;
+                break;
+            }
+        }
+        g_hash_table_insert(seen_in, g_strdup(e->name), (gpointer)g_intern_string(shard));
+        ckptfs_catalog_add_contiguous(source->catalog, e->name, e->dtype, e->ndim, e->shape,
+                                      file->src, header->data_start + e->begin);
+    }
+    if (ok)
+        g_ptr_array_add(source->weight_files, g_strdup(shard));
+    ckptfs_st_header_free(header);
+    return ok;
+}
+
+static bool open_weights(CkptfsSource *source, GError **error)
+{
+    if (ckptfs_source_top_file(source, INDEX_NAME) == NULL) {
+        if (ckptfs_source_top_file(source, SINGLE_NAME) == NULL) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
+                        "%s: no safetensors weights (expected %s or %s)", source->dir,
+                        SINGLE_NAME, INDEX_NAME);
+            return false;
+        }
+        g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+        return add_shard(source, SINGLE_NAME, NULL, seen, error);
+    }
+    source->has_index = true;
+    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    JsonObject *weight_map = read_weight_map(source, parser, error);
+    if (weight_map == NULL)
+        return false;
+
+    /* Shards in file name order, as transformers loads them. */
+    g_autoptr(GHashTable) shard_set = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GList) names = json_object_get_members(weight_map);
+    for (GList *n = names; n; n = n->next)
+        g_hash_table_add(shard_set,
+                         (gpointer)json_node_get_string(json_object_get_member(weight_map, n->data)));
+    g_autoptr(GList) shards = g_hash_table_get_keys(shard_set);
+    shards = g_list_sort(shards, (GCompareFunc)strcmp);
+
+    g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (GList *s = shards; s; s = s->next)
+        if (!add_shard(source, s->data, weight_map, seen, error))
+            return false;
+    for (GList *n = names; n; n = n->next) {
+        if (ckptfs_catalog_find(source->catalog, n->data) == NULL) {
+            const char *shard = json_node_get_string(json_object_get_member(weight_map, n->data));
+            g_autofree char *path = g_build_filename(source->dir, shard, NULL);
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: tensor '%s' is missing (%s maps it to this file)", path,
+                        (const char *)n->data, INDEX_NAME);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void read_config(CkptfsSource *source)
+{
+    const CkptfsSourceFile *file = ckptfs_source_top_file(source, "config.json");
+    if (file == NULL) {
+        source->config_problem = g_strdup("config.json is missing");
+        return;
+    }
+    g_autofree char *path = g_build_filename(source->dir, "config.json", NULL);
+    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    GError *json_error = NULL;
+    if (!json_parser_load_from_mapped_file(parser, path, &json_error)) {
+        source->config_problem = g_strdup_printf("%s: not valid JSON: %s", path, json_error->message);
+        g_error_free(json_error);
+        return;
+    }
+    JsonNode *root = json_parser_get_root(parser);
+    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+        source->config_problem = g_strdup_printf("%s: not a JSON object", path);
+        return;
+    }
+    source->config = json_object_ref(json_node_get_object(root));
+}
+
+bool ckptfs_source_open_hf(CkptfsSource *source, GError **error)
+{
+    source->kind = CKPTFS_SOURCE_HF;
+    if (!open_weights(source, error))
+        return false;
+    read_config(source);
+    if (source->config == NULL)
+        g_ptr_array_add(source->warnings,
+                        g_strdup_printf("%s; hf/ works, model-specific views need it",
+                                        source->config_problem));
+    return true;
+}

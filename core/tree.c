@@ -1,0 +1,298 @@
+#include "ckptfs/tree.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "ckptfs/error.h"
+
+struct CkptfsNode {
+    uint64_t ino;
+    CkptfsNodeType type;
+    char *name;
+    CkptfsNode *parent;
+    /* directories */
+    GPtrArray *children; /* CkptfsNode*, in insertion order (the listing order) */
+    GHashTable *by_name;
+    unsigned subdirs;
+    bool populated;
+    CkptfsPopulateFn populate;
+    CkptfsResolveFn resolve;
+    gpointer hook_owner;
+    /* files */
+    CkptfsPlanFn plan_fn;
+    gpointer plan_owner;
+    gconstpointer plan_key;
+    CkptfsPlan *plan; /* built once, then read without the lock */
+    /* symlinks */
+    char *target;
+};
+
+typedef struct {
+    gpointer data;
+    GDestroyNotify destroy;
+} Owned;
+
+struct CkptfsTree {
+    GMutex lock;
+    GPtrArray *nodes; /* index = ino - 1 */
+    GArray *owned;    /* Owned, freed in reverse order */
+};
+
+static void node_free(gpointer data)
+{
+    CkptfsNode *n = data;
+    g_free(n->name);
+    if (n->children)
+        g_ptr_array_unref(n->children);
+    if (n->by_name)
+        g_hash_table_unref(n->by_name);
+    ckptfs_plan_free(n->plan);
+    g_free(n->target);
+    g_free(n);
+}
+
+static CkptfsNode *node_new(CkptfsTree *tree, CkptfsNode *parent, const char *name,
+                            CkptfsNodeType type)
+{
+    if (parent != NULL) {
+        if (g_hash_table_contains(parent->by_name, name))
+            return NULL;
+    }
+    CkptfsNode *n = g_new0(CkptfsNode, 1);
+    n->type = type;
+    n->name = g_strdup(name);
+    n->parent = parent;
+    n->populated = true;
+    if (type == CKPTFS_NODE_DIR) {
+        n->children = g_ptr_array_new();
+        n->by_name = g_hash_table_new(g_str_hash, g_str_equal);
+    }
+    g_ptr_array_add(tree->nodes, n);
+    n->ino = tree->nodes->len;
+    if (parent != NULL) {
+        g_ptr_array_add(parent->children, n);
+        g_hash_table_insert(parent->by_name, n->name, n);
+        if (type == CKPTFS_NODE_DIR)
+            parent->subdirs++;
+    }
+    return n;
+}
+
+CkptfsTree *ckptfs_tree_new(void)
+{
+    CkptfsTree *tree = g_new0(CkptfsTree, 1);
+    g_mutex_init(&tree->lock);
+    tree->nodes = g_ptr_array_new_with_free_func(node_free);
+    tree->owned = g_array_new(FALSE, FALSE, sizeof(Owned));
+    node_new(tree, NULL, "", CKPTFS_NODE_DIR);
+    return tree;
+}
+
+void ckptfs_tree_free(CkptfsTree *tree)
+{
+    if (tree == NULL)
+        return;
+    g_ptr_array_unref(tree->nodes);
+    for (guint i = tree->owned->len; i > 0; i--) {
+        Owned *o = &g_array_index(tree->owned, Owned, i - 1);
+        o->destroy(o->data);
+    }
+    g_array_unref(tree->owned);
+    g_mutex_clear(&tree->lock);
+    g_free(tree);
+}
+
+void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy)
+{
+    Owned o = {data, destroy};
+    g_array_append_val(tree->owned, o);
+}
+
+CkptfsNode *ckptfs_tree_root(CkptfsTree *tree)
+{
+    return g_ptr_array_index(tree->nodes, 0);
+}
+
+void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulateFn populate,
+                               CkptfsResolveFn resolve, gpointer owner)
+{
+    (void)tree;
+    dir->populate = populate;
+    dir->resolve = resolve;
+    dir->hook_owner = owner;
+    dir->populated = populate == NULL;
+}
+
+CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name)
+{
+    return node_new(tree, parent, name, CKPTFS_NODE_DIR);
+}
+
+CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
+                                 CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key)
+{
+    CkptfsNode *n = node_new(tree, parent, name, CKPTFS_NODE_FILE);
+    if (n != NULL) {
+        n->plan_fn = plan_fn;
+        n->plan_owner = owner;
+        n->plan_key = key;
+    }
+    return n;
+}
+
+CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
+                                    const char *target)
+{
+    CkptfsNode *n = node_new(tree, parent, name, CKPTFS_NODE_SYMLINK);
+    if (n != NULL)
+        n->target = g_strdup(target);
+    return n;
+}
+
+/* --- operations (all under the lock except plan reads) --- */
+
+static CkptfsNode *node_get(CkptfsTree *tree, uint64_t ino)
+{
+    if (ino == 0 || ino > tree->nodes->len)
+        return NULL;
+    return g_ptr_array_index(tree->nodes, ino - 1);
+}
+
+static int ensure_populated(CkptfsTree *tree, CkptfsNode *dir, GError **error)
+{
+    if (dir->populated)
+        return 0;
+    if (!dir->populate(tree, dir, dir->hook_owner, error))
+        return -EIO;
+    dir->populated = true;
+    return 0;
+}
+
+static int ensure_plan(CkptfsNode *node, GError **error)
+{
+    if (node->type != CKPTFS_NODE_FILE || node->plan != NULL)
+        return 0;
+    CkptfsPlan *plan = node->plan_fn(node->plan_owner, node->plan_key, error);
+    if (plan == NULL)
+        return -EIO;
+    /* Readers take the pointer without the lock: publish it fully built. */
+    g_atomic_pointer_set(&node->plan, plan);
+    return 0;
+}
+
+static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GError **error)
+{
+    int rc = 0;
+    memset(attr, 0, sizeof *attr);
+    attr->ino = node->ino;
+    attr->type = node->type;
+    switch (node->type) {
+    case CKPTFS_NODE_DIR:
+        rc = ensure_populated(tree, node, error);
+        attr->nlink = 2 + node->subdirs;
+        break;
+    case CKPTFS_NODE_FILE:
+        rc = ensure_plan(node, error);
+        attr->nlink = 1;
+        attr->size = rc == 0 ? ckptfs_plan_size(node->plan) : 0;
+        break;
+    case CKPTFS_NODE_SYMLINK:
+        attr->nlink = 1;
+        attr->size = strlen(node->target);
+        break;
+    }
+    return rc;
+}
+
+int ckptfs_tree_lookup(CkptfsTree *tree, uint64_t parent, const char *name, CkptfsAttr *attr,
+                       GError **error)
+{
+    g_mutex_lock(&tree->lock);
+    int rc;
+    CkptfsNode *dir = node_get(tree, parent);
+    if (dir == NULL) {
+        rc = -ENOENT;
+    } else if (dir->type != CKPTFS_NODE_DIR) {
+        rc = -ENOTDIR;
+    } else if ((rc = ensure_populated(tree, dir, error)) == 0) {
+        CkptfsNode *child = g_hash_table_lookup(dir->by_name, name);
+        if (child == NULL && dir->resolve != NULL)
+            child = dir->resolve(tree, dir, name, dir->hook_owner, error);
+        rc = child ? fill_attr(tree, child, attr, error) : -ENOENT;
+    }
+    g_mutex_unlock(&tree->lock);
+    return rc;
+}
+
+int ckptfs_tree_getattr(CkptfsTree *tree, uint64_t ino, CkptfsAttr *attr, GError **error)
+{
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *node = node_get(tree, ino);
+    int rc = node ? fill_attr(tree, node, attr, error) : -ENOENT;
+    g_mutex_unlock(&tree->lock);
+    return rc;
+}
+
+int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsDirFn fn,
+                        gpointer ctx, GError **error)
+{
+    g_mutex_lock(&tree->lock);
+    int rc = 0;
+    CkptfsNode *dir = node_get(tree, ino);
+    if (dir == NULL)
+        rc = -ENOENT;
+    else if (dir->type != CKPTFS_NODE_DIR)
+        rc = -ENOTDIR;
+    else
+        rc = ensure_populated(tree, dir, error);
+    /* Children are never removed, so the listing can be handed out without the lock: FN may
+     * call back into the tree. */
+    g_autoptr(GPtrArray) children = g_ptr_array_new();
+    for (uint64_t i = offset; rc == 0 && i < dir->children->len; i++)
+        g_ptr_array_add(children, g_ptr_array_index(dir->children, i));
+    g_mutex_unlock(&tree->lock);
+    for (guint i = 0; i < children->len; i++) {
+        const CkptfsNode *child = g_ptr_array_index(children, i);
+        CkptfsAttr attr = {.ino = child->ino, .type = child->type};
+        if (!fn(ctx, child->name, &attr, offset + i + 1))
+            break;
+    }
+    return rc;
+}
+
+int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target)
+{
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *node = node_get(tree, ino);
+    int rc = node == NULL ? -ENOENT : node->type != CKPTFS_NODE_SYMLINK ? -EINVAL : 0;
+    if (rc == 0)
+        *target = node->target;
+    g_mutex_unlock(&tree->lock);
+    return rc;
+}
+
+int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GError **error)
+{
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *node = node_get(tree, ino);
+    int rc = node == NULL ? -ENOENT : node->type == CKPTFS_NODE_DIR ? -EISDIR
+                                    : node->type != CKPTFS_NODE_FILE ? -EINVAL : 0;
+    if (rc == 0)
+        rc = ensure_plan(node, error);
+    if (rc == 0)
+        *plan = node->plan;
+    g_mutex_unlock(&tree->lock);
+    return rc;
+}
+
+int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error)
+{
+    g_auto(GStrv) parts = g_strsplit(path, "/", -1);
+    int rc = ckptfs_tree_getattr(tree, CKPTFS_ROOT_INO, attr, error);
+    for (char **p = parts; rc == 0 && *p; p++) {
+        if (**p == '\0' || strcmp(*p, ".") == 0)
+            continue;
+        rc = ckptfs_tree_lookup(tree, attr->ino, *p, attr, error);
+    }
+    return rc;
+}

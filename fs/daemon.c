@@ -1,0 +1,228 @@
+#include "daemon.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+#include "fuse_ops.h"
+
+static void mount_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ckptfs mount [-f] [-d] [-o OPTIONS] SRC MNT\n"
+            "  -f          stay in the foreground\n"
+            "  -d          debug: print every FUSE request (implies -f)\n"
+            "  -o OPTIONS  comma-separated; ckptfs options:\n%s"
+            "              FUSE options: allow_other (adds default_permissions),\n"
+            "              auto_unmount, fsname=NAME, and the other options of mount.fuse3(8)\n"
+            "Unmount with: fusermount3 -u MNT\n",
+            ckptfs_options_help());
+}
+
+/* Options that mount(8) and fstab hand over but that mean nothing to a FUSE file system. */
+static bool is_mount8_only(const char *opt)
+{
+    static const char *const ignored[] = {"ro", "defaults", "auto", "noauto", "nofail", "user",
+                                          "users", "nouser", "_netdev", "owner", "group", "exec",
+                                          "noexec", "sync", "async", "atime", "noatime",
+                                          "relatime", "norelatime", "strictatime", NULL};
+    for (const char *const *p = ignored; *p; p++)
+        if (strcmp(opt, *p) == 0)
+            return true;
+    return g_str_has_prefix(opt, "x-") || g_str_has_prefix(opt, "comment=");
+}
+
+typedef struct {
+    bool foreground, debug;
+    const char *src, *mnt;
+    CkptfsOptions options;
+    GPtrArray *fuse_opts; /* char* */
+    bool has_fsname, has_subtype, allow_other;
+} MountArgs;
+
+static bool take_options(MountArgs *a, const char *list)
+{
+    g_auto(GStrv) items = g_strsplit(list, ",", -1);
+    for (char **item = items; *item; item++) {
+        if (**item == '\0' || is_mount8_only(*item))
+            continue;
+        if (strcmp(*item, "rw") == 0) {
+            fprintf(stderr, "ckptfs: option rw: ckptfs is a read-only file system\n");
+            return false;
+        }
+        GError *error = NULL;
+        switch (ckptfs_options_apply(&a->options, *item, &error)) {
+        case CKPTFS_OPTION_TAKEN:
+            break;
+        case CKPTFS_OPTION_BAD:
+            fprintf(stderr, "ckptfs: %s\n", error->message);
+            g_error_free(error);
+            return false;
+        case CKPTFS_OPTION_UNKNOWN:
+            a->has_fsname |= g_str_has_prefix(*item, "fsname=");
+            a->has_subtype |= g_str_has_prefix(*item, "subtype=");
+            a->allow_other |= strcmp(*item, "allow_other") == 0;
+            g_ptr_array_add(a->fuse_opts, g_strdup(*item));
+            break;
+        }
+    }
+    return true;
+}
+
+/* Returns 0 when parsed, 1 on a usage error, 2 for --help. */
+static int parse_args(MountArgs *a, int argc, char **argv)
+{
+    const char *positional[2];
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
+            return 2;
+        if (strcmp(arg, "-f") == 0) {
+            a->foreground = true;
+        } else if (strcmp(arg, "-d") == 0) {
+            a->debug = a->foreground = true;
+        } else if (strcmp(arg, "-o") == 0 || g_str_has_prefix(arg, "-o")) {
+            const char *list = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
+            if (list == NULL) {
+                fprintf(stderr, "ckptfs: -o needs an option list\n");
+                return 1;
+            }
+            if (!take_options(a, list))
+                return 1;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            fprintf(stderr, "ckptfs: unknown argument '%s'\n", arg);
+            return 1;
+        } else if (npos < 2) {
+            positional[npos++] = arg;
+        } else {
+            fprintf(stderr, "ckptfs: unexpected argument '%s'\n", arg);
+            return 1;
+        }
+    }
+    if (npos != 2) {
+        mount_usage(stderr);
+        return 1;
+    }
+    a->src = positional[0];
+    a->mnt = positional[1];
+    return 0;
+}
+
+static bool check_mountpoint(const char *mnt)
+{
+    struct stat st;
+    if (stat(mnt, &st) != 0) {
+        fprintf(stderr, "ckptfs: mount point %s: %s\n", mnt, g_strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "ckptfs: mount point %s: not a directory\n", mnt);
+        return false;
+    }
+    return true;
+}
+
+static struct timespec newest_source_mtime(const CkptfsSource *source)
+{
+    int64_t newest = 0;
+    for (unsigned i = 0; i < ckptfs_srcfiles_count(source->files); i++) {
+        int64_t m = ckptfs_srcfiles_get(source->files, i)->mtime_ns;
+        if (m > newest)
+            newest = m;
+    }
+    return (struct timespec){.tv_sec = newest / 1000000000, .tv_nsec = newest % 1000000000};
+}
+
+static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
+{
+    CkptfsFuseContext ctx = {.mount = mount, .uid = getuid(), .gid = getgid(),
+                             .mtime = newest_source_mtime(mount->source),
+                             .foreground = a->foreground};
+    g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
+    g_ptr_array_add(argv, g_strdup("ckptfs"));
+    if (a->debug)
+        g_ptr_array_add(argv, g_strdup("-d"));
+    g_autoptr(GString) opts = g_string_new("ro");
+    if (!a->has_fsname)
+        g_string_append_printf(opts, ",fsname=%s", abs_src);
+    if (!a->has_subtype)
+        g_string_append(opts, ",subtype=ckptfs");
+    if (a->allow_other)
+        g_string_append(opts, ",default_permissions");
+    for (guint i = 0; i < a->fuse_opts->len; i++)
+        g_string_append_printf(opts, ",%s", (char *)g_ptr_array_index(a->fuse_opts, i));
+    g_ptr_array_add(argv, g_strdup("-o"));
+    g_ptr_array_add(argv, g_strdup(opts->str));
+    struct fuse_args args = FUSE_ARGS_INIT((int)argv->len, (char **)argv->pdata);
+
+    struct fuse_session *se = fuse_session_new(&args, &ckptfs_fuse_ops, sizeof ckptfs_fuse_ops, &ctx);
+    if (se == NULL) {
+        fprintf(stderr, "ckptfs: cannot start the FUSE session (bad option in '%s'?)\n", opts->str);
+        return 1;
+    }
+    int status = 1;
+    if (fuse_set_signal_handlers(se) != 0)
+        goto out_destroy;
+    if (fuse_session_mount(se, a->mnt) != 0) {
+        fprintf(stderr, "ckptfs: cannot mount on %s\n", a->mnt);
+        goto out_signals;
+    }
+    if (!a->foreground)
+        openlog("ckptfs", LOG_PID, LOG_DAEMON);
+    /* The parent returns from here once the child is serving. */
+    if (fuse_daemonize(a->foreground) != 0)
+        goto out_unmount;
+    struct fuse_loop_config *config = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(config, 16);
+    status = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
+    fuse_loop_cfg_destroy(config);
+out_unmount:
+    fuse_session_unmount(se);
+out_signals:
+    fuse_remove_signal_handlers(se);
+out_destroy:
+    fuse_session_destroy(se);
+    return status;
+}
+
+static int validate_and_serve(MountArgs *a)
+{
+    if (!check_mountpoint(a->mnt))
+        return 1;
+    /* The daemon changes to / when it detaches: keep absolute source paths. */
+    g_autofree char *abs_src = g_canonicalize_filename(a->src, NULL);
+    GError *error = NULL;
+    CkptfsMount *mount = ckptfs_mount_open(abs_src, &a->options, &error);
+    if (mount == NULL) {
+        fprintf(stderr, "ckptfs: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    for (guint i = 0; i < mount->source->warnings->len; i++)
+        fprintf(stderr, "ckptfs: warning: %s\n",
+                (char *)g_ptr_array_index(mount->source->warnings, i));
+    int rc = serve(a, mount, abs_src);
+    ckptfs_mount_free(mount);
+    return rc;
+}
+
+int ckptfs_cmd_mount(int argc, char **argv)
+{
+    MountArgs a = {0};
+    ckptfs_options_init(&a.options);
+    a.fuse_opts = g_ptr_array_new_with_free_func(g_free);
+    int rc = parse_args(&a, argc, argv);
+    if (rc == 2) {
+        mount_usage(stdout);
+        rc = 0;
+    } else if (rc == 0) {
+        rc = validate_and_serve(&a);
+    }
+    g_ptr_array_unref(a.fuse_opts);
+    return rc;
+}

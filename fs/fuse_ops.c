@@ -1,0 +1,329 @@
+#include "fuse_ops.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <syslog.h>
+
+#include "ckptfs/error.h"
+
+/* The tree never changes while mounted: let the kernel cache names and attributes for long. */
+#define CACHE_TIMEOUT 86400.0
+#define READ_AHEAD (1u << 20)
+
+void ckptfs_fuse_log(const CkptfsFuseContext *ctx, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (ctx->foreground)
+        fprintf(stderr, "ckptfs: %s\n", msg);
+    else
+        syslog(LOG_ERR, "%s", msg);
+}
+
+static CkptfsFuseContext *ctx_of(fuse_req_t req)
+{
+    return fuse_req_userdata(req);
+}
+
+static void to_stat(const CkptfsFuseContext *ctx, const CkptfsAttr *attr, struct stat *st)
+{
+    memset(st, 0, sizeof *st);
+    st->st_ino = attr->ino;
+    st->st_nlink = attr->nlink;
+    st->st_uid = ctx->uid;
+    st->st_gid = ctx->gid;
+    st->st_size = (off_t)attr->size;
+    st->st_blksize = READ_AHEAD;
+    st->st_blocks = (blkcnt_t)((attr->size + 511) / 512);
+    st->st_atim = st->st_mtim = st->st_ctim = ctx->mtime;
+    switch (attr->type) {
+    case CKPTFS_NODE_DIR:
+        st->st_mode = S_IFDIR | 0555;
+        break;
+    case CKPTFS_NODE_FILE:
+        st->st_mode = S_IFREG | 0444;
+        break;
+    case CKPTFS_NODE_SYMLINK:
+        st->st_mode = S_IFLNK | 0777;
+        break;
+    }
+}
+
+/* Replies with -RC, logging the reason when there is one worth reading. */
+static void reply_failure(fuse_req_t req, int rc, GError *error)
+{
+    if (error != NULL) {
+        ckptfs_fuse_log(ctx_of(req), "%s", error->message);
+        g_error_free(error);
+    }
+    fuse_reply_err(req, -rc);
+}
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+    (void)userdata;
+    if (conn->max_readahead > READ_AHEAD)
+        conn->max_readahead = READ_AHEAD;
+    /* Nothing changes behind the kernel's back: no need to revalidate cached data. */
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    CkptfsFuseContext *ctx = ctx_of(req);
+    CkptfsAttr attr;
+    GError *error = NULL;
+    int rc = ckptfs_tree_lookup(ctx->mount->tree, parent, name, &attr, &error);
+    if (rc != 0) {
+        reply_failure(req, rc, error);
+        return;
+    }
+    struct fuse_entry_param e = {.ino = attr.ino, .attr_timeout = CACHE_TIMEOUT,
+                                 .entry_timeout = CACHE_TIMEOUT};
+    to_stat(ctx, &attr, &e.attr);
+    fuse_reply_entry(req, &e);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)fi;
+    CkptfsFuseContext *ctx = ctx_of(req);
+    CkptfsAttr attr;
+    GError *error = NULL;
+    int rc = ckptfs_tree_getattr(ctx->mount->tree, ino, &attr, &error);
+    if (rc != 0) {
+        reply_failure(req, rc, error);
+        return;
+    }
+    struct stat st;
+    to_stat(ctx, &attr, &st);
+    fuse_reply_attr(req, &st, CACHE_TIMEOUT);
+}
+
+typedef struct {
+    fuse_req_t req;
+    CkptfsFuseContext *ctx;
+    bool plus;
+    char *buf;
+    size_t size, used;
+} DirFill;
+
+static bool dir_add(DirFill *d, const char *name, const CkptfsAttr *attr, uint64_t next)
+{
+    struct stat st;
+    to_stat(d->ctx, attr, &st);
+    size_t room = d->size - d->used, need;
+    if (d->plus) {
+        struct fuse_entry_param e = {.ino = attr->ino, .attr = st,
+                                     .attr_timeout = CACHE_TIMEOUT, .entry_timeout = CACHE_TIMEOUT};
+        need = fuse_add_direntry_plus(d->req, d->buf + d->used, room, name, &e, (off_t)next);
+    } else {
+        need = fuse_add_direntry(d->req, d->buf + d->used, room, name, &st, (off_t)next);
+    }
+    if (need > room)
+        return false;
+    d->used += need;
+    return true;
+}
+
+/* Offsets: 0 = ".", 1 = "..", 2 + i = child i. */
+static bool dir_add_child(gpointer data, const char *name, const CkptfsAttr *attr, uint64_t next)
+{
+    DirFill *d = data;
+    CkptfsAttr full = *attr;
+    if (d->plus) {
+        /* readdirplus hands out entries: they need their real attributes (and sizes). */
+        if (ckptfs_tree_getattr(d->ctx->mount->tree, attr->ino, &full, NULL) != 0)
+            full = *attr;
+    }
+    return dir_add(d, name, &full, next + 2);
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus)
+{
+    CkptfsFuseContext *ctx = ctx_of(req);
+    DirFill d = {.req = req, .ctx = ctx, .plus = plus, .buf = g_malloc(size), .size = size};
+    GError *error = NULL;
+    int rc = 0;
+    CkptfsAttr self;
+    rc = ckptfs_tree_getattr(ctx->mount->tree, ino, &self, &error);
+    if (rc == 0 && off == 0 && !dir_add(&d, ".", &self, 1))
+        goto reply;
+    /* ".." gets this directory's attributes: the kernel fills in the real parent itself. */
+    if (rc == 0 && off <= 1 && !dir_add(&d, "..", &self, 2))
+        goto reply;
+    if (rc == 0)
+        rc = ckptfs_tree_readdir(ctx->mount->tree, ino, off >= 2 ? (uint64_t)off - 2 : 0,
+                                 dir_add_child, &d, &error);
+reply:
+    if (rc != 0)
+        reply_failure(req, rc, error);
+    else
+        fuse_reply_buf(req, d.buf, d.used);
+    g_free(d.buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       struct fuse_file_info *fi)
+{
+    (void)fi;
+    do_readdir(req, ino, size, off, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           struct fuse_file_info *fi)
+{
+    (void)fi;
+    do_readdir(req, ino, size, off, true);
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    CkptfsFuseContext *ctx = ctx_of(req);
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+        fuse_reply_err(req, EROFS);
+        return;
+    }
+    const CkptfsPlan *plan = NULL;
+    GError *error = NULL;
+    int rc = ckptfs_tree_plan(ctx->mount->tree, ino, &plan, &error);
+    if (rc == 0 && !ckptfs_mount_check_sources(ctx->mount, plan, &error))
+        rc = -EIO;
+    if (rc != 0) {
+        reply_failure(req, rc, error);
+        return;
+    }
+    fi->fh = (uint64_t)(uintptr_t)plan;
+    fi->keep_cache = 1;
+    fuse_reply_open(req, fi);
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi)
+{
+    (void)ino;
+    CkptfsFuseContext *ctx = ctx_of(req);
+    const CkptfsPlan *plan = (const CkptfsPlan *)(uintptr_t)fi->fh;
+    void *buf = g_malloc(size ? size : 1);
+    GError *error = NULL;
+    int64_t n = ckptfs_plan_read(plan, ctx->mount->source->files, buf, size, (uint64_t)off, &error);
+    if (n < 0)
+        reply_failure(req, -EIO, error);
+    else
+        fuse_reply_buf(req, buf, (size_t)n);
+    g_free(buf);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+    const char *target;
+    int rc = ckptfs_tree_readlink(ctx_of(req)->mount->tree, ino, &target);
+    if (rc != 0)
+        fuse_reply_err(req, -rc);
+    else
+        fuse_reply_readlink(req, target);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+    (void)ino;
+    struct statvfs st = {.f_bsize = 4096, .f_frsize = 4096, .f_namemax = 255};
+    fuse_reply_statfs(req, &st);
+}
+
+/* Every operation that would change something. */
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                       struct fuse_file_info *fi)
+{
+    (void)ino, (void)attr, (void)to_set, (void)fi;
+    fuse_reply_err(req, EROFS);
+}
+static void op_mknod(fuse_req_t req, fuse_ino_t p, const char *n, mode_t m, dev_t d)
+{
+    (void)p, (void)n, (void)m, (void)d;
+    fuse_reply_err(req, EROFS);
+}
+static void op_mkdir(fuse_req_t req, fuse_ino_t p, const char *n, mode_t m)
+{
+    (void)p, (void)n, (void)m;
+    fuse_reply_err(req, EROFS);
+}
+static void op_unlink(fuse_req_t req, fuse_ino_t p, const char *n)
+{
+    (void)p, (void)n;
+    fuse_reply_err(req, EROFS);
+}
+static void op_symlink(fuse_req_t req, const char *l, fuse_ino_t p, const char *n)
+{
+    (void)l, (void)p, (void)n;
+    fuse_reply_err(req, EROFS);
+}
+static void op_rename(fuse_req_t req, fuse_ino_t p, const char *n, fuse_ino_t np, const char *nn,
+                      unsigned int f)
+{
+    (void)p, (void)n, (void)np, (void)nn, (void)f;
+    fuse_reply_err(req, EROFS);
+}
+static void op_link(fuse_req_t req, fuse_ino_t i, fuse_ino_t np, const char *nn)
+{
+    (void)i, (void)np, (void)nn;
+    fuse_reply_err(req, EROFS);
+}
+static void op_write(fuse_req_t req, fuse_ino_t i, const char *b, size_t s, off_t o,
+                     struct fuse_file_info *fi)
+{
+    (void)i, (void)b, (void)s, (void)o, (void)fi;
+    fuse_reply_err(req, EROFS);
+}
+static void op_create(fuse_req_t req, fuse_ino_t p, const char *n, mode_t m,
+                      struct fuse_file_info *fi)
+{
+    (void)p, (void)n, (void)m, (void)fi;
+    fuse_reply_err(req, EROFS);
+}
+static void op_setxattr(fuse_req_t req, fuse_ino_t i, const char *n, const char *v, size_t s,
+                        int f)
+{
+    (void)i, (void)n, (void)v, (void)s, (void)f;
+    fuse_reply_err(req, EROFS);
+}
+static void op_removexattr(fuse_req_t req, fuse_ino_t i, const char *n)
+{
+    (void)i, (void)n;
+    fuse_reply_err(req, EROFS);
+}
+static void op_fallocate(fuse_req_t req, fuse_ino_t i, int m, off_t o, off_t l,
+                         struct fuse_file_info *fi)
+{
+    (void)i, (void)m, (void)o, (void)l, (void)fi;
+    fuse_reply_err(req, EROFS);
+}
+
+const struct fuse_lowlevel_ops ckptfs_fuse_ops = {
+    .init = op_init,
+    .lookup = op_lookup,
+    .getattr = op_getattr,
+    .readdir = op_readdir,
+    .readdirplus = op_readdirplus,
+    .open = op_open,
+    .read = op_read,
+    .readlink = op_readlink,
+    .statfs = op_statfs,
+    .setattr = op_setattr,
+    .mknod = op_mknod,
+    .mkdir = op_mkdir,
+    .unlink = op_unlink,
+    .rmdir = op_unlink,
+    .symlink = op_symlink,
+    .rename = op_rename,
+    .link = op_link,
+    .write = op_write,
+    .create = op_create,
+    .setxattr = op_setxattr,
+    .removexattr = op_removexattr,
+    .fallocate = op_fallocate,
+};

@@ -1,0 +1,26 @@
+/* The libfuse low-level operations over a CkptfsMount: thin glue, no format logic. */
+#ifndef CKPTFS_FUSE_OPS_H
+#define CKPTFS_FUSE_OPS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <stdbool.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "ckptfs/mount.h"
+
+typedef struct {
+    CkptfsMount *mount;
+    uid_t uid;
+    gid_t gid;
+    struct timespec mtime; /* newest source file: stable across remounts of the same source */
+    bool foreground;       /* log to stderr; else syslog */
+} CkptfsFuseContext;
+
+extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;
+
+/* One log line, to stderr in the foreground and to syslog once daemonized. */
+void ckptfs_fuse_log(const CkptfsFuseContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+#endif

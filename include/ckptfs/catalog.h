@@ -1,0 +1,59 @@
+/* The catalog: every tensor of a source under its Hugging Face name, in source order, with
+ * where its bytes live. A tensor is seen as a row-major 2-D matrix (rows = shape[0], columns =
+ * the product of the other dims; a scalar is 1x1), covered exactly by pieces; each piece is a
+ * rectangle of that matrix stored row-major in one source file. An HF tensor is one piece; a
+ * tensor gathered from Megatron rank files is several. Views only ask for rectangles. */
+#ifndef CKPTFS_CATALOG_H
+#define CKPTFS_CATALOG_H
+
+#include <glib.h>
+#include <stdint.h>
+
+#include "ckptfs/dtype.h"
+#include "ckptfs/plan.h"
+#include "ckptfs/safetensors.h"
+
+typedef struct {
+    uint64_t row0, row1; /* rows [row0, row1) of the 2-D view */
+    uint64_t col0, col1; /* columns (elements) [col0, col1) */
+    uint32_t src;        /* source file index */
+    uint64_t offset;     /* where element (row0, col0) is in the source file */
+    uint64_t row_stride; /* bytes between consecutive rows in the source file */
+} CkptfsPiece;
+
+typedef struct {
+    char *name;
+    CkptfsDtype dtype;
+    unsigned ndim;
+    uint64_t shape[CKPTFS_MAX_DIMS];
+    uint64_t rows, cols; /* the 2-D view */
+    uint64_t nbytes;
+    unsigned npieces;
+    CkptfsPiece *pieces;
+} CkptfsTensor;
+
+typedef struct CkptfsCatalog CkptfsCatalog;
+
+CkptfsCatalog *ckptfs_catalog_new(void);
+void ckptfs_catalog_free(CkptfsCatalog *catalog);
+
+/* Adds a tensor stored contiguously (row-major) at OFFSET of source file SRC. Returns NULL
+ * (and adds nothing) when the name is already present. */
+const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
+                                                  CkptfsDtype dtype, unsigned ndim,
+                                                  const uint64_t *shape, uint32_t src,
+                                                  uint64_t offset);
+
+unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
+const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);
+const CkptfsTensor *ckptfs_catalog_find(const CkptfsCatalog *catalog, const char *name);
+uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog);
+
+/* Appends to B the row-major bytes of rows [r0, r1) x columns [c0, c1) of TENSOR's 2-D view,
+ * as gather extents over the pieces (never the data itself). */
+void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                             uint64_t r1, uint64_t c0, uint64_t c1);
+/* The whole tensor. */
+void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b);
+
+#endif

@@ -1,0 +1,34 @@
+/* Element types shared by every format: safetensors names, item sizes, torch storage classes. */
+#ifndef CKPTFS_DTYPE_H
+#define CKPTFS_DTYPE_H
+
+#include <stddef.h>
+
+typedef enum {
+    CKPTFS_DTYPE_INVALID = 0,
+    CKPTFS_DTYPE_BOOL,
+    CKPTFS_DTYPE_U8,
+    CKPTFS_DTYPE_I8,
+    CKPTFS_DTYPE_F8_E5M2,
+    CKPTFS_DTYPE_F8_E4M3,
+    CKPTFS_DTYPE_F8_E8M0,
+    CKPTFS_DTYPE_I16,
+    CKPTFS_DTYPE_U16,
+    CKPTFS_DTYPE_F16,
+    CKPTFS_DTYPE_BF16,
+    CKPTFS_DTYPE_I32,
+    CKPTFS_DTYPE_U32,
+    CKPTFS_DTYPE_F32,
+    CKPTFS_DTYPE_F64,
+    CKPTFS_DTYPE_I64,
+    CKPTFS_DTYPE_U64,
+    CKPTFS_DTYPE_C64,
+    CKPTFS_DTYPE_COUNT
+} CkptfsDtype;
+
+/* "BF16" -> CKPTFS_DTYPE_BF16; CKPTFS_DTYPE_INVALID for a name we do not know. */
+CkptfsDtype ckptfs_dtype_from_safetensors(const char *name);
+const char *ckptfs_dtype_safetensors_name(CkptfsDtype dtype);
+size_t ckptfs_dtype_size(CkptfsDtype dtype);
+
+#endif

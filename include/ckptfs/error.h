@@ -1,0 +1,23 @@
+/* Error reporting for core: GError with one ckptfs domain. Messages name the file, the
+ * tensor and the problem, in one line, so a CLI can print them as they are. */
+#ifndef CKPTFS_ERROR_H
+#define CKPTFS_ERROR_H
+
+#include <glib.h>
+
+#define CKPTFS_ERROR (ckptfs_error_quark())
+GQuark ckptfs_error_quark(void);
+
+typedef enum {
+    CKPTFS_ERROR_IO,          /* a system call failed (errno in the message) */
+    CKPTFS_ERROR_FORMAT,      /* a source file is malformed */
+    CKPTFS_ERROR_UNSUPPORTED, /* valid input we do not handle (dtype, architecture, ...) */
+    CKPTFS_ERROR_INVALID,     /* bad option or layout asked for by the user */
+    CKPTFS_ERROR_NOT_FOUND,   /* no such file / view / tensor */
+    CKPTFS_ERROR_CHANGED,     /* a source file changed after it was opened */
+} CkptfsErrorCode;
+
+/* Maps an error code to the errno a file system call should return. */
+int ckptfs_error_errno(const GError *error);
+
+#endif

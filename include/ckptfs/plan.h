@@ -1,0 +1,84 @@
+/* File plans: a synthesized file is an ordered list of extents covering [0, size).
+ *
+ * Extent kinds:
+ *   LITERAL  bytes owned by the plan (headers, pickle bytes, zip records, padding)
+ *   ZERO     zero fill
+ *   GATHER   repeat NREP times; in repetition j emit, for each item k in order, items[k].len
+ *            bytes of source file items[k].src starting at items[k].base + j * items[k].stride.
+ *            One item with nrep 1 is a plain contiguous run of a source file.
+ * The read engine binary-searches the extent containing an offset and copies from the sources;
+ * a plan never holds tensor data. Plans are immutable once built and safe to read from any
+ * number of threads. */
+#ifndef CKPTFS_PLAN_H
+#define CKPTFS_PLAN_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckptfs/srcfiles.h"
+
+typedef enum {
+    CKPTFS_EXTENT_LITERAL,
+    CKPTFS_EXTENT_ZERO,
+    CKPTFS_EXTENT_GATHER,
+} CkptfsExtentKind;
+
+typedef struct {
+    uint32_t src;    /* index in the CkptfsSrcFiles set */
+    uint64_t base;   /* byte offset in the source file of repetition 0 */
+    uint64_t stride; /* bytes between repetitions in the source file */
+    uint64_t len;    /* bytes emitted per repetition */
+} CkptfsGatherItem;
+
+typedef struct {
+    uint64_t offset; /* where the extent starts in the synthesized file */
+    uint64_t size;   /* bytes it covers */
+    CkptfsExtentKind kind;
+    union {
+        const uint8_t *literal; /* LITERAL: SIZE bytes owned by the plan */
+        struct {
+            uint64_t nrep;
+            uint64_t rep_size; /* sum of items[k].len */
+            uint32_t nitems;
+            const CkptfsGatherItem *items; /* owned by the plan */
+        } gather;
+    } u;
+} CkptfsExtent;
+
+typedef struct CkptfsPlan CkptfsPlan;
+typedef struct CkptfsPlanBuilder CkptfsPlanBuilder;
+
+CkptfsPlanBuilder *ckptfs_plan_builder_new(void);
+/* Appends LEN bytes copied from DATA. */
+void ckptfs_plan_add_literal(CkptfsPlanBuilder *b, const void *data, size_t len);
+/* Appends LEN zero bytes. */
+void ckptfs_plan_add_zero(CkptfsPlanBuilder *b, uint64_t len);
+/* Appends a contiguous run of source file SRC; merged with the previous extent when it
+ * continues the same run. */
+void ckptfs_plan_add_run(CkptfsPlanBuilder *b, uint32_t src, uint64_t offset, uint64_t len);
+/* Appends a gather extent (items copied). Degenerate gathers (nrep 0, zero length) add
+ * nothing; a gather that is really one contiguous run is stored as a run. */
+void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
+                            uint32_t nitems);
+/* Current size of the file being built (where the next extent will start). */
+uint64_t ckptfs_plan_builder_size(const CkptfsPlanBuilder *b);
+/* Finishes the plan; the builder is consumed. */
+CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b);
+void ckptfs_plan_builder_free(CkptfsPlanBuilder *b);
+
+void ckptfs_plan_free(CkptfsPlan *plan);
+uint64_t ckptfs_plan_size(const CkptfsPlan *plan);
+size_t ckptfs_plan_extent_count(const CkptfsPlan *plan);
+const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index);
+
+/* Copies up to LEN bytes at OFFSET of the synthesized file into BUF and returns how many
+ * (fewer only at end of file; 0 at or past EOF), or -1 with an error naming the source file. */
+int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
+                         size_t len, uint64_t offset, GError **error);
+
+/* The distinct source files a plan reads from (for change detection at open). */
+void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes /* of guint32 */);
+
+#endif

@@ -1,0 +1,78 @@
+/* The namespace of a mount: directories and files with stable inode numbers, built lazily.
+ * Views add nodes; a file node knows how to build its plan, which is done once, on first
+ * lookup, and cached. Thread-safe: every call may come from any FUSE worker thread. */
+#ifndef CKPTFS_TREE_H
+#define CKPTFS_TREE_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ckptfs/plan.h"
+
+#define CKPTFS_ROOT_INO 1
+
+typedef struct CkptfsTree CkptfsTree;
+typedef struct CkptfsNode CkptfsNode;
+
+/* Builds the plan of a file node. OWNER and KEY are what the view registered. */
+typedef CkptfsPlan *(*CkptfsPlanFn)(gpointer owner, gconstpointer key, GError **error);
+
+/* Fills a directory on first use (adds its children). Used by the root to create views. */
+typedef bool (*CkptfsPopulateFn)(CkptfsTree *tree, CkptfsNode *dir, gpointer owner,
+                                 GError **error);
+
+/* Resolves a name not yet present in a directory (views looked up on demand, such as
+ * tp4pp2). Returns the new child, or NULL with an error (NOT_FOUND/INVALID says why). */
+typedef CkptfsNode *(*CkptfsResolveFn)(CkptfsTree *tree, CkptfsNode *dir, const char *name,
+                                       gpointer owner, GError **error);
+
+typedef enum { CKPTFS_NODE_DIR, CKPTFS_NODE_FILE, CKPTFS_NODE_SYMLINK } CkptfsNodeType;
+
+typedef struct {
+    uint64_t ino;
+    CkptfsNodeType type;
+    uint64_t size;
+    uint32_t nlink;
+} CkptfsAttr;
+
+CkptfsTree *ckptfs_tree_new(void);
+void ckptfs_tree_free(CkptfsTree *tree);
+
+/* Keeps DATA alive for the life of the tree (freed with DESTROY at the end). */
+void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy);
+
+CkptfsNode *ckptfs_tree_root(CkptfsTree *tree);
+void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulateFn populate,
+                               CkptfsResolveFn resolve, gpointer owner);
+
+/* Node creation (callable from populate/resolve hooks, which run under the tree's lock).
+ * A name already present returns NULL. */
+CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name);
+CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
+                                 CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key);
+CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
+                                    const char *target);
+
+/* The file-system operations. All return 0 or a negative errno; ERROR (may be NULL) gets the
+ * reason for anything a user should read in a log. */
+int ckptfs_tree_lookup(CkptfsTree *tree, uint64_t parent, const char *name, CkptfsAttr *attr,
+                       GError **error);
+int ckptfs_tree_getattr(CkptfsTree *tree, uint64_t ino, CkptfsAttr *attr, GError **error);
+
+/* Calls FN for entries from index OFFSET on ("." and ".." not included); FN returns false
+ * when its buffer is full. */
+typedef bool (*CkptfsDirFn)(gpointer ctx, const char *name, const CkptfsAttr *attr,
+                            uint64_t next_offset);
+int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsDirFn fn,
+                        gpointer ctx, GError **error);
+
+int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target);
+
+/* The plan of a file node (built if needed). Valid for the life of the tree. */
+int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GError **error);
+
+/* Walks a relative path ("hf/config.json", "" = root) with lookups. */
+int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error);
+
+#endif
