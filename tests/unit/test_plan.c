@@ -1,0 +1,238 @@
+/* The extent engine against a naive reference: random plans over random source files, then
+ * thousands of random reads, including reads across extent boundaries and past EOF. Also the
+ * catalog's rectangle emission over tensors made of several pieces. */
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/plan.h"
+#include "ckptfs/srcfiles.h"
+#include "tap.h"
+
+#define NSRC 3
+#define SRC_SIZE 65536
+
+typedef struct {
+    char *dir;
+    CkptfsSrcFiles *files;
+    uint8_t *data[NSRC];
+} Sources;
+
+static void sources_init(Sources *s, GRand *rng)
+{
+    s->dir = g_dir_make_tmp("ckptfs-plan-XXXXXX", NULL);
+    s->files = ckptfs_srcfiles_new();
+    for (int i = 0; i < NSRC; i++) {
+        s->data[i] = g_malloc(SRC_SIZE);
+        for (int j = 0; j < SRC_SIZE; j++)
+            s->data[i][j] = (uint8_t)g_rand_int(rng);
+        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
+        g_file_set_contents(path, (const char *)s->data[i], SRC_SIZE, NULL);
+        int idx = ckptfs_srcfiles_add(s->files, path, NULL);
+        g_assert(idx == i);
+    }
+}
+
+static void sources_clear(Sources *s)
+{
+    for (int i = 0; i < NSRC; i++) {
+        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
+        g_unlink(path);
+        g_free(s->data[i]);
+    }
+    g_rmdir(s->dir);
+    g_free(s->dir);
+    ckptfs_srcfiles_free(s->files);
+}
+
+/* Appends a random extent to the plan and the same bytes to EXPECT. */
+static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const Sources *s,
+                              GRand *rng)
+{
+    switch (g_rand_int_range(rng, 0, 4)) {
+    case 0: {
+        uint8_t lit[300];
+        size_t n = (size_t)g_rand_int_range(rng, 1, sizeof lit);
+        for (size_t i = 0; i < n; i++)
+            lit[i] = (uint8_t)g_rand_int(rng);
+        ckptfs_plan_add_literal(b, lit, n);
+        g_byte_array_append(expect, lit, (guint)n);
+        break;
+    }
+    case 1: {
+        size_t n = (size_t)g_rand_int_range(rng, 1, 5000);
+        ckptfs_plan_add_zero(b, n);
+        g_byte_array_set_size(expect, expect->len + (guint)n);
+        memset(expect->data + expect->len - n, 0, n);
+        break;
+    }
+    case 2: {
+        uint32_t src = (uint32_t)g_rand_int_range(rng, 0, NSRC);
+        uint64_t off = (uint64_t)g_rand_int_range(rng, 0, SRC_SIZE - 1);
+        uint64_t len = (uint64_t)g_rand_int_range(rng, 1, (gint32)(SRC_SIZE - off) + 1);
+        ckptfs_plan_add_run(b, src, off, len);
+        g_byte_array_append(expect, s->data[src] + off, (guint)len);
+        break;
+    }
+    default: {
+        CkptfsGatherItem items[4];
+        uint32_t nitems = (uint32_t)g_rand_int_range(rng, 1, 5);
+        uint64_t nrep = (uint64_t)g_rand_int_range(rng, 1, 40);
+        for (uint32_t k = 0; k < nitems; k++) {
+            items[k].src = (uint32_t)g_rand_int_range(rng, 0, NSRC);
+            items[k].len = (uint64_t)g_rand_int_range(rng, 0, 50);
+            items[k].stride = (uint64_t)g_rand_int_range(rng, 0, 200);
+            uint64_t span = items[k].stride * (nrep - 1) + items[k].len;
+            items[k].base = (uint64_t)g_rand_int_range(rng, 0, (gint32)(SRC_SIZE - span));
+        }
+        ckptfs_plan_add_gather(b, nrep, items, nitems);
+        for (uint64_t j = 0; j < nrep; j++)
+            for (uint32_t k = 0; k < nitems; k++)
+                g_byte_array_append(expect, s->data[items[k].src] + items[k].base + j * items[k].stride,
+                                    (guint)items[k].len);
+        break;
+    }
+    }
+}
+
+static void test_random_plans(const Sources *s, GRand *rng)
+{
+    int plans_ok = 0, reads_ok = 0, reads = 0;
+    for (int p = 0; p < 40; p++) {
+        CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+        GByteArray *expect = g_byte_array_new();
+        int n = g_rand_int_range(rng, 0, 60);
+        for (int i = 0; i < n; i++)
+            add_random_extent(b, expect, s, rng);
+        CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+        bool size_ok = ckptfs_plan_size(plan) == expect->len;
+        plans_ok += size_ok;
+        uint8_t *buf = g_malloc(expect->len + 4096);
+        for (int r = 0; r < 250; r++) {
+            uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)expect->len + 100);
+            size_t len = (size_t)g_rand_int_range(rng, 0, 4096);
+            int64_t got = ckptfs_plan_read(plan, s->files, buf, len, off, NULL);
+            int64_t want = off >= expect->len ? 0 : (int64_t)MIN((uint64_t)len, expect->len - off);
+            reads++;
+            if (got == want && (want == 0 || memcmp(buf, expect->data + off, (size_t)want) == 0))
+                reads_ok++;
+            else if (reads - reads_ok < 5)
+                tap_diag("plan %d read off=%llu len=%zu: got %lld want %lld", p,
+                         (unsigned long long)off, len, (long long)got, (long long)want);
+        }
+        /* Whole-file read in one call. */
+        int64_t got = ckptfs_plan_read(plan, s->files, buf, expect->len + 10, 0, NULL);
+        reads++;
+        if (got == (int64_t)expect->len && memcmp(buf, expect->data, expect->len) == 0)
+            reads_ok++;
+        g_free(buf);
+        g_byte_array_unref(expect);
+        ckptfs_plan_free(plan);
+    }
+    tap_ok(plans_ok == 40, "random plans have the reference size (%d/40)", plans_ok);
+    tap_ok(reads_ok == reads, "random reads equal the reference (%d/%d)", reads_ok, reads);
+}
+
+static void test_run_merging(void)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 0, 100, 50);
+    ckptfs_plan_add_run(b, 0, 150, 50);
+    ckptfs_plan_add_run(b, 1, 200, 10);
+    CkptfsGatherItem whole_rows = {.src = 1, .base = 210, .stride = 8, .len = 8};
+    ckptfs_plan_add_gather(b, 4, &whole_rows, 1);
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    tap_is_u64(ckptfs_plan_extent_count(plan), 2, "adjacent runs and back-to-back rows merge");
+    tap_is_u64(ckptfs_plan_size(plan), 142, "merged plan size");
+    ckptfs_plan_free(plan);
+}
+
+static void test_read_errors(const Sources *s)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 0, SRC_SIZE - 10, 20); /* runs past the end of src0 */
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    uint8_t buf[32];
+    GError *error = NULL;
+    int64_t n = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, &error);
+    tap_ok(n < 0 && error && strstr(error->message, "src0"),
+           "a read past a source file's end fails naming the file (%s)",
+           error ? error->message : "no error");
+    g_clear_error(&error);
+    ckptfs_plan_free(plan);
+}
+
+/* A 2-D bf16 tensor [rows, cols] split into a grid of pieces, each stored row-major in a
+ * different place; rectangles must read back as the naive row-major copy. */
+static void test_catalog_rects(const Sources *s, GRand *rng)
+{
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    const uint64_t rows = 12, cols = 10;
+    uint64_t shape[2] = {rows, cols};
+    const CkptfsTensor *t0 = ckptfs_catalog_add_contiguous(catalog, "t", CKPTFS_DTYPE_BF16, 2,
+                                                           shape, 0, 64);
+    tap_ok(t0 && t0->rows == rows && t0->cols == cols && t0->nbytes == rows * cols * 2,
+           "contiguous tensor has the 2-D view [12, 10]");
+    tap_ok(ckptfs_catalog_add_contiguous(catalog, "t", CKPTFS_DTYPE_BF16, 2, shape, 0, 64) == NULL,
+           "a duplicate name is refused");
+
+    /* Pieces: rows cut at 5, columns at 3 and 7 -> 6 pieces in various files. */
+    CkptfsTensor t = *t0;
+    const uint64_t rcut[] = {0, 5, 12}, ccut[] = {0, 3, 7, 10};
+    CkptfsPiece pieces[6];
+    uint8_t expect_full[12 * 10 * 2];
+    int np = 0;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            CkptfsPiece *pc = &pieces[np];
+            pc->row0 = rcut[i], pc->row1 = rcut[i + 1], pc->col0 = ccut[j], pc->col1 = ccut[j + 1];
+            pc->src = (uint32_t)(np % NSRC);
+            pc->row_stride = (pc->col1 - pc->col0) * 2 + (uint64_t)np; /* padded rows */
+            pc->offset = 1000 + 3000 * (uint64_t)np;
+            for (uint64_t r = pc->row0; r < pc->row1; r++)
+                memcpy(expect_full + (r * cols + pc->col0) * 2,
+                       s->data[pc->src] + pc->offset + (r - pc->row0) * pc->row_stride,
+                       (pc->col1 - pc->col0) * 2);
+            np++;
+        }
+    t.npieces = 6;
+    t.pieces = pieces;
+    int ok = 0, total = 0;
+    for (int k = 0; k < 300; k++) {
+        uint64_t r0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)rows);
+        uint64_t r1 = (uint64_t)g_rand_int_range(rng, (gint32)r0, (gint32)rows + 1);
+        uint64_t c0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)cols);
+        uint64_t c1 = (uint64_t)g_rand_int_range(rng, (gint32)c0, (gint32)cols + 1);
+        CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+        ckptfs_tensor_emit_rect(&t, b, r0, r1, c0, c1);
+        CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+        uint64_t want_size = (r1 - r0) * (c1 - c0) * 2;
+        uint8_t buf[12 * 10 * 2], want[12 * 10 * 2];
+        for (uint64_t r = r0; r < r1; r++)
+            memcpy(want + (r - r0) * (c1 - c0) * 2, expect_full + (r * cols + c0) * 2, (c1 - c0) * 2);
+        int64_t n = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, NULL);
+        total++;
+        if (ckptfs_plan_size(plan) == want_size && n == (int64_t)want_size &&
+            memcmp(buf, want, want_size) == 0)
+            ok++;
+        ckptfs_plan_free(plan);
+    }
+    tap_ok(ok == total, "rectangles of a 6-piece tensor equal the naive copy (%d/%d)", ok, total);
+    ckptfs_catalog_free(catalog);
+}
+
+int main(void)
+{
+    GRand *rng = g_rand_new_with_seed(20261123);
+    Sources s;
+    sources_init(&s, rng);
+    test_random_plans(&s, rng);
+    test_run_merging();
+    test_read_errors(&s);
+    test_catalog_rects(&s, rng);
+    sources_clear(&s);
+    g_rand_free(rng);
+    return tap_done();
+}
