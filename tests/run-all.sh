@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine (as root) and runs every test: C unit tests, integration
+# tests through real FUSE mounts (loaded with torch 1.13 on the host and torch 2.6 +
+# safetensors in a Debian 13 root), the fuzz smoke run, then the unit and integration tests
+# again with the AddressSanitizer/UBSan build.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+scripts/install-deps.sh --tests
+scripts/build.sh build
+scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON
+
+# The Debian 13 root with torch 2.6 and safetensors (built once, then reused).
+# shellcheck source=lib/torch2_root.sh
+source tests/lib/torch2_root.sh
+torch2_root_ensure || echo "# torch 2.6 root unavailable: its checks will be skipped"
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+integration=(tests/integration/*.t)
+
+echo "== release build"
+CKPTFS_BIN="$top/build/ckptfs" prove --timer build/tests/ "${integration[@]}" tests/fuzz/fuzz.t
+
+echo "== ASan + UBSan build"
+CKPTFS_BIN="$top/build-asan/ckptfs" prove --timer build-asan/tests/ "${integration[@]}"
