@@ -20,8 +20,7 @@ typedef struct {
     CkptfsOptions options;
 } CmdArgs;
 
-/* Parses "POSITIONAL... [-o OPTS] [--json]"; prints the problem and returns false on misuse. */
-static bool parse_cmd_args(const char *cmd, int argc, char **argv, int min_pos, int max_pos,
+static bool parse_cmd_args_inner(const char *cmd, int argc, char **argv, int min_pos, int max_pos,
                            bool allow_json, CmdArgs *a)
 {
     memset(a, 0, sizeof *a);
@@ -59,10 +58,22 @@ static bool parse_cmd_args(const char *cmd, int argc, char **argv, int min_pos, 
     return true;
 }
 
-static CkptfsMount *open_or_complain(const char *cmd, const CmdArgs *a)
+/* Opens the source; the mount keeps its own copy of the options. */
+/* Parses "POSITIONAL... [-o OPTS] [--json]"; prints the problem and returns false on misuse. */
+static bool parse_cmd_args(const char *cmd, int argc, char **argv, int min_pos, int max_pos,
+                           bool allow_json, CmdArgs *a)
+{
+    if (parse_cmd_args_inner(cmd, argc, argv, min_pos, max_pos, allow_json, a))
+        return true;
+    ckptfs_options_clear(&a->options);
+    return false;
+}
+
+static CkptfsMount *open_or_complain(const char *cmd, CmdArgs *a)
 {
     GError *error = NULL;
     CkptfsMount *mount = ckptfs_mount_open(a->pos[0], &a->options, &error);
+    ckptfs_options_clear(&a->options);
     if (mount == NULL) {
         fprintf(stderr, "ckptfs %s: %s\n", cmd, error->message);
         g_error_free(error);
@@ -490,6 +501,7 @@ int ckptfs_cmd_export(int argc, char **argv)
     bool dest_exists = stat(dest, &st) == 0;
     if (dest_exists && !S_ISDIR(st.st_mode)) {
         fprintf(stderr, "ckptfs export: %s exists and is not a directory\n", dest);
+        ckptfs_options_clear(&a.options);
         return 1;
     }
     CkptfsMount *mount = open_or_complain("export", &a);

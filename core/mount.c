@@ -17,7 +17,7 @@ CkptfsMount *ckptfs_mount_open(const char *path, const CkptfsOptions *options, G
     if (source == NULL)
         return NULL;
     CkptfsMount *mount = g_new0(CkptfsMount, 1);
-    mount->options = *options;
+    ckptfs_options_copy(&mount->options, options);
     mount->source = source;
     mount->tree = ckptfs_tree_new();
     ckptfs_tree_set_dir_hooks(mount->tree, ckptfs_tree_root(mount->tree), populate_root, NULL,
@@ -37,6 +37,7 @@ void ckptfs_mount_free(CkptfsMount *mount)
         return;
     ckptfs_tree_free(mount->tree);
     ckptfs_source_free(mount->source);
+    ckptfs_options_clear(&mount->options);
     g_free(mount);
 }
 

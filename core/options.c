@@ -1,5 +1,6 @@
 #include "ckptfs/options.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "ckptfs/error.h"
@@ -8,29 +9,161 @@
 void ckptfs_options_init(CkptfsOptions *options)
 {
     memset(options, 0, sizeof *options);
+    options->spec = CKPTFS_SPEC_TE;
+    options->vocab_divisible_by = 128;
+    options->vocab_pad = CKPTFS_VOCAB_PAD_ZERO;
+    options->megatron_args = true;
 }
+
+void ckptfs_options_clear(CkptfsOptions *options)
+{
+    g_strfreev(options->layouts);
+    options->layouts = NULL;
+}
+
+void ckptfs_options_copy(CkptfsOptions *dst, const CkptfsOptions *src)
+{
+    *dst = *src;
+    dst->layouts = g_strdupv(src->layouts);
+}
+
+static bool bad(GError **error, const char *key, const char *why)
+{
+    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "option %s: %s", key, why);
+    return false;
+}
+
+static bool parse_count(const char *key, const char *value, unsigned min, unsigned *out,
+                        GError **error)
+{
+    char *end = NULL;
+    unsigned long v = value && *value >= '0' && *value <= '9' ? strtoul(value, &end, 10) : 0;
+    if (end == NULL || *end != '\0' || v < min || v > 1u << 20)
+    {
+        g_autofree char *why = g_strdup_printf("'%s' is not a whole number in range", value ? value : "");
+        return bad(error, key, why);
+    }
+    *out = (unsigned)v;
+    return true;
+}
+
+static bool parse_choice(const char *key, const char *value, const char *const *names, int *out,
+                         GError **error)
+{
+    for (int i = 0; value && names[i]; i++)
+        if (strcmp(value, names[i]) == 0) {
+            *out = i;
+            return true;
+        }
+    g_autofree char *all = g_strjoinv("|", (char **)names);
+    g_autofree char *why = g_strdup_printf("'%s' is not one of %s", value ? value : "", all);
+    return bad(error, key, why);
+}
+
+typedef bool (*OptionFn)(CkptfsOptions *o, const char *key, const char *value, GError **error);
+
+static bool opt_hf_shard_size(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    GError *local = NULL;
+    if (!ckptfs_parse_size(value, &o->hf_shard_size, &local)) {
+        bad(error, key, local->message);
+        g_error_free(local);
+        return false;
+    }
+    return true;
+}
+
+static bool opt_spec(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"te", "local", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->spec = (CkptfsSpec)i;
+    return true;
+}
+
+static bool opt_vocab_pad(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"zero", "last", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->vocab_pad = (CkptfsVocabPad)i;
+    return true;
+}
+
+static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"off", "on", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->megatron_args = i == 1;
+    return true;
+}
+
+static bool opt_vocab_divisible_by(CkptfsOptions *o, const char *key, const char *value,
+                                   GError **error)
+{
+    return parse_count(key, value, 1, &o->vocab_divisible_by, error);
+}
+
+static bool opt_pp_first(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_count(key, value, 1, &o->pp_first, error);
+}
+
+static bool opt_pp_last(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_count(key, value, 1, &o->pp_last, error);
+}
+
+static bool opt_layouts(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    if (value == NULL || *value == '\0')
+        return bad(error, key, "needs a list such as tp2pp2:tp4pp1");
+    g_strfreev(o->layouts);
+    o->layouts = g_strsplit(value, ":", -1);
+    return true;
+}
+
+static const struct {
+    const char *key;
+    OptionFn apply;
+    const char *help;
+} option_table[] = {
+    {"hf_shard_size", opt_hf_shard_size,
+     "re-shard hf/ into safetensors files of at most SIZE (4096, 256M, 5G = binary\n"
+     "                           units; 5GB = decimal, as Hugging Face's max_shard_size);\n"
+     "                           default: the source's own files, byte-identical"},
+    {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
+    {"vocab_divisible_by", opt_vocab_divisible_by,
+     "pad the vocabulary to a multiple of N x tp (default 128)"},
+    {"vocab_pad", opt_vocab_pad, "zero|last: padding rows are zeros (default) or the last row"},
+    {"pp_first", opt_pp_first, "layers on the first pipeline stage (uneven pipelines)"},
+    {"pp_last", opt_pp_last, "layers on the last pipeline stage (uneven pipelines)"},
+    {"megatron_args", opt_megatron_args,
+     "on|off: rank files carry Megatron's args Namespace (default on)"},
+    {"layouts", opt_layouts, "extra layouts to list at the root, e.g. tp8pp2:tp2pp4vpp2"},
+};
 
 CkptfsOptionResult ckptfs_options_apply(CkptfsOptions *options, const char *key_value,
                                         GError **error)
 {
     const char *eq = strchr(key_value, '=');
-    size_t key_len = eq ? (size_t)(eq - key_value) : strlen(key_value);
+    g_autofree char *key = eq ? g_strndup(key_value, (gsize)(eq - key_value)) : g_strdup(key_value);
     const char *value = eq ? eq + 1 : NULL;
-
-    if (key_len == strlen("hf_shard_size") && strncmp(key_value, "hf_shard_size", key_len) == 0) {
+    for (size_t i = 0; i < G_N_ELEMENTS(option_table); i++) {
+        if (strcmp(key, option_table[i].key) != 0)
+            continue;
         if (value == NULL) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
-                        "option hf_shard_size needs a value (hf_shard_size=5G)");
+                        "option %s needs a value (%s=...)", key, key);
             return CKPTFS_OPTION_BAD;
         }
-        GError *local = NULL;
-        if (!ckptfs_parse_size(value, &options->hf_shard_size, &local)) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "option hf_shard_size: %s",
-                        local->message);
-            g_error_free(local);
-            return CKPTFS_OPTION_BAD;
-        }
-        return CKPTFS_OPTION_TAKEN;
+        return option_table[i].apply(options, key, value, error) ? CKPTFS_OPTION_TAKEN
+                                                                   : CKPTFS_OPTION_BAD;
     }
     return CKPTFS_OPTION_UNKNOWN;
 }
@@ -54,10 +187,12 @@ bool ckptfs_options_apply_list(CkptfsOptions *options, const char *list, GError 
     return true;
 }
 
-const char *ckptfs_options_help(void)
+char *ckptfs_options_help(void)
 {
-    return "    -o hf_shard_size=SIZE  re-shard hf/ into safetensors files of at most SIZE\n"
-           "                           (4096, 256M, 5G = binary units; 5GB = decimal, as\n"
-           "                           Hugging Face's max_shard_size); default: the source's\n"
-           "                           own files, byte-identical\n";
+    GString *s = g_string_new(NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(option_table); i++) {
+        g_autofree char *left = g_strdup_printf("%s=...", option_table[i].key);
+        g_string_append_printf(s, "    -o %-22s %s\n", left, option_table[i].help);
+    }
+    return g_string_free(s, FALSE);
 }

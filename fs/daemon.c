@@ -12,6 +12,7 @@
 
 static void mount_usage(FILE *out)
 {
+    g_autofree char *options_help = ckptfs_options_help();
     fprintf(out,
             "usage: ckptfs mount [-f] [-d] [-o OPTIONS] SRC MNT\n"
             "  -f          stay in the foreground\n"
@@ -20,7 +21,7 @@ static void mount_usage(FILE *out)
             "              FUSE options: allow_other (adds default_permissions),\n"
             "              auto_unmount, fsname=NAME, and the other options of mount.fuse3(8)\n"
             "Unmount with: fusermount3 -u MNT\n",
-            ckptfs_options_help());
+            options_help);
 }
 
 /* Options that mount(8) and fstab hand over but that mean nothing to a FUSE file system. */
@@ -224,5 +225,6 @@ int ckptfs_cmd_mount(int argc, char **argv)
         rc = validate_and_serve(&a);
     }
     g_ptr_array_unref(a.fuse_opts);
+    ckptfs_options_clear(&a.options);
     return rc;
 }

@@ -7,8 +7,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+typedef enum { CKPTFS_SPEC_TE, CKPTFS_SPEC_LOCAL } CkptfsSpec;
+typedef enum { CKPTFS_VOCAB_PAD_ZERO, CKPTFS_VOCAB_PAD_LAST } CkptfsVocabPad;
+
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
+    /* Megatron views */
+    CkptfsSpec spec;              /* TE names (default) or local names */
+    unsigned vocab_divisible_by;  /* Megatron's --make-vocab-size-divisible-by (128) */
+    CkptfsVocabPad vocab_pad;     /* padding rows: zeros, or copies of the last row */
+    unsigned pp_first, pp_last;   /* uneven pipelines: layers on the first/last stage */
+    bool megatron_args;           /* put an argparse.Namespace `args` in rank files */
+    char **layouts;               /* extra layouts the root lists (NULL-terminated) */
 } CkptfsOptions;
 
 typedef enum {
@@ -18,6 +28,9 @@ typedef enum {
 } CkptfsOptionResult;
 
 void ckptfs_options_init(CkptfsOptions *options);
+void ckptfs_options_clear(CkptfsOptions *options);
+/* Deep copy (layouts duplicated). */
+void ckptfs_options_copy(CkptfsOptions *dst, const CkptfsOptions *src);
 
 /* KEY_VALUE is "key=value" or "key". */
 CkptfsOptionResult ckptfs_options_apply(CkptfsOptions *options, const char *key_value,
@@ -26,7 +39,7 @@ CkptfsOptionResult ckptfs_options_apply(CkptfsOptions *options, const char *key_
 /* A comma-separated list where every option must be a ckptfs option (CLI commands). */
 bool ckptfs_options_apply_list(CkptfsOptions *options, const char *list, GError **error);
 
-/* One line per option for --help. */
-const char *ckptfs_options_help(void);
+/* One line per option for --help (caller frees). */
+char *ckptfs_options_help(void);
 
 #endif
