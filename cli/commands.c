@@ -17,6 +17,7 @@ typedef struct {
     const char *pos[3];
     int npos;
     bool json;
+    const char *layout; /* inspect --layout NAME */
     CkptfsOptions options;
 } CmdArgs;
 
@@ -29,6 +30,8 @@ static bool parse_cmd_args_inner(const char *cmd, int argc, char **argv, int min
         const char *arg = argv[i];
         if (allow_json && strcmp(arg, "--json") == 0) {
             a->json = true;
+        } else if (allow_json && strcmp(arg, "--layout") == 0 && i + 1 < argc) {
+            a->layout = argv[++i];
         } else if (g_str_has_prefix(arg, "-o")) {
             const char *list = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
             GError *error = NULL;
@@ -179,6 +182,16 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, s->config_problem);
     else
         json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "megatron");
+    if (mount->model)
+        json_builder_add_string_value(b, mount->model->arch->model_type);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "megatron_problem");
+    if (mount->model_problem)
+        json_builder_add_string_value(b, mount->model_problem);
+    else
+        json_builder_add_null_value(b);
     json_builder_set_member_name(b, "views");
     json_builder_begin_array(b);
     for (guint i = 0; i < views->len; i++)
@@ -198,6 +211,43 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     printf("%s\n", text);
 }
 
+/* inspect --layout NAME: is it valid, and what would its files hold. */
+static int inspect_layout(CkptfsMount *mount, const char *name, bool json)
+{
+    CkptfsLayout layout;
+    GError *error = NULL;
+    bool ok = ckptfs_mount_layout(mount, name, &layout, &error);
+    g_autofree char *canonical = ok ? ckptfs_layout_name(&layout) : NULL;
+    if (json) {
+        g_autoptr(JsonBuilder) b = json_builder_new();
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "layout");
+        json_builder_add_string_value(b, name);
+        json_builder_set_member_name(b, "valid");
+        json_builder_add_boolean_value(b, ok);
+        json_builder_set_member_name(b, ok ? "canonical" : "reason");
+        json_builder_add_string_value(b, ok ? canonical : error->message);
+        json_builder_end_object(b);
+        g_autoptr(JsonNode) root = json_builder_get_root(b);
+        g_autofree char *text = json_to_string(root, TRUE);
+        printf("%s\n", text);
+    } else if (ok) {
+        printf("%s: valid (%s): tp %u, pp %u, vpp %u", name, canonical, layout.tp, layout.pp,
+               layout.vpp);
+        if (layout.pp_first || layout.pp_last)
+            printf(", first stage %u layers, last stage %u layers", layout.pp_first, layout.pp_last);
+        printf("\n");
+        if (mount->model && layout.tp > mount->model->kv_heads)
+            printf("note: tp %u is larger than the %" G_GUINT64_FORMAT
+                   " query groups: Megatron-core older than 0.16 rejects this layout\n",
+                   layout.tp, mount->model->kv_heads);
+    } else {
+        fprintf(stderr, "ckptfs inspect: %s\n", error->message);
+    }
+    g_clear_error(&error);
+    return ok ? 0 : 1;
+}
+
 static bool collect_name(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next)
 {
     (void)next;
@@ -214,6 +264,11 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     CkptfsMount *mount = open_or_complain("inspect", &a);
     if (mount == NULL)
         return 1;
+    if (a.layout != NULL) {
+        int status = inspect_layout(mount, a.layout, a.json);
+        ckptfs_mount_free(mount);
+        return status;
+    }
     const CkptfsSource *s = mount->source;
     uint64_t dtype_counts[CKPTFS_DTYPE_COUNT] = {0};
     for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
@@ -254,6 +309,19 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         printf("\n");
     } else {
         printf("architecture: unknown: %s\n", s->config_problem);
+    }
+    if (mount->model != NULL) {
+        const CkptfsModel *m = mount->model;
+        printf("megatron:     %s rules: %" G_GUINT64_FORMAT " layers, hidden %" G_GUINT64_FORMAT
+               ", %" G_GUINT64_FORMAT " heads / %" G_GUINT64_FORMAT " query groups, head dim %"
+               G_GUINT64_FORMAT ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "%s%s%s\n",
+               m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
+               m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
+               m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
+        printf("layouts:      any tp{T}pp{P}[vpp{V}] that divides the model; tp larger than the "
+               "query groups needs Megatron-core >= 0.16\n");
+    } else {
+        printf("megatron:     no Megatron views: %s\n", mount->model_problem);
     }
     printf("views:       ");
     for (guint i = 0; i < views->len; i++)

@@ -14,7 +14,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: ckptfs COMMAND ...\n"
             "  mount [-f] [-d] [-o OPTS] SRC MNT   mount checkpoint SRC read-only at MNT\n"
-            "  inspect SRC [--json] [-o OPTS]      what SRC holds and which views it can show\n"
+            "  inspect SRC [--json] [--layout NAME] [-o OPTS]\n                                      what SRC holds, which views it can show,\n                                      whether layout NAME is valid (and why not)\n"
             "  ls SRC [VIEW] [-o OPTS]             list the views, or the files of one view\n"
             "  cat SRC VIEW/FILE [-o OPTS]         write one synthesized file to stdout\n"
             "  export SRC VIEW DEST [-o OPTS]      write a view into the new directory DEST\n"

@@ -5,6 +5,8 @@
 #include <glib.h>
 #include <stdbool.h>
 
+#include "ckptfs/layout.h"
+#include "ckptfs/model.h"
 #include "ckptfs/options.h"
 #include "ckptfs/source.h"
 #include "ckptfs/tree.h"
@@ -19,5 +21,11 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
  * catalog tensor in SHARD_OF (length = tensor count) and the number of shards. */
 unsigned ckptfs_hf_assign_shards(const CkptfsCatalog *catalog, uint64_t max_shard_size,
                                  unsigned *shard_of);
+
+/* tp{T}pp{P}[vpp{V}]/: Megatron-core legacy rank files of MODEL for LAYOUT (validated here;
+ * the error says why a layout is invalid). */
+bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
+                                const CkptfsModel *model, const CkptfsOptions *options,
+                                const CkptfsLayout *layout, GError **error);
 
 #endif
