@@ -103,6 +103,16 @@ static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *val
     return true;
 }
 
+static bool opt_crc32(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"zero", "compute", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->crc32 = i == 1;
+    return true;
+}
+
 static bool opt_vocab_divisible_by(CkptfsOptions *o, const char *key, const char *value,
                                    GError **error)
 {
@@ -145,6 +155,9 @@ static const struct {
     {"pp_last", opt_pp_last, "layers on the last pipeline stage (uneven pipelines)"},
     {"megatron_args", opt_megatron_args,
      "on|off: rank files carry Megatron's args Namespace (default on)"},
+    {"crc32", opt_crc32,
+     "zero|compute: CRC fields of synthesized zips are 0 (default; torch does not\n"
+     "                           check them) or real, computed on first read (zipfile, unzip -t)"},
     {"layouts", opt_layouts, "extra layouts to list at the root, e.g. tp8pp2:tp2pp4vpp2"},
 };
 

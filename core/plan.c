@@ -1,6 +1,7 @@
 #include "ckptfs/plan.h"
 
 #include <string.h>
+#include <zlib.h>
 
 #include "ckptfs/error.h"
 
@@ -10,6 +11,11 @@ struct CkptfsPlan {
     CkptfsExtent *extents;
     uint8_t *literals;       /* all literal bytes, one allocation */
     CkptfsGatherItem *items; /* all gather items, one allocation */
+    /* CRC-32 cache, one slot per CRC extent: the value, then a flag set once it is valid.
+     * Two threads may compute the same slot at once; both store the same value. */
+    uint32_t *crc_values;
+    gint *crc_ready;
+    uint32_t n_crcs;
 };
 
 /* While building, literal and item references are offsets into growing arrays; pointers are
@@ -20,6 +26,7 @@ typedef struct {
     uint64_t first; /* literal byte offset, or first gather item */
     uint64_t nrep, rep_size;
     uint32_t nitems;
+    uint64_t crc_offset, crc_len;
 } BuildExtent;
 
 struct CkptfsPlanBuilder {
@@ -27,6 +34,7 @@ struct CkptfsPlanBuilder {
     GByteArray *literals;
     GArray *items;     /* CkptfsGatherItem */
     uint64_t size;
+    uint32_t n_crcs;
 };
 
 CkptfsPlanBuilder *ckptfs_plan_builder_new(void)
@@ -123,6 +131,14 @@ void ckptfs_plan_add_run(CkptfsPlanBuilder *b, uint32_t src, uint64_t offset, ui
     push_extent(b, e);
 }
 
+void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len)
+{
+    g_assert(offset + len <= b->size);
+    BuildExtent e = {.kind = CKPTFS_EXTENT_CRC32, .size = 4, .first = b->n_crcs++,
+                     .crc_offset = offset, .crc_len = len};
+    push_extent(b, e);
+}
+
 void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
                             uint32_t nitems)
 {
@@ -160,6 +176,9 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
     plan->extents = g_new0(CkptfsExtent, plan->n_extents ? plan->n_extents : 1);
     plan->literals = g_memdup2(b->literals->data, b->literals->len ? b->literals->len : 1);
     plan->items = g_memdup2(b->items->data, (b->items->len ? b->items->len : 1) * sizeof(CkptfsGatherItem));
+    plan->n_crcs = b->n_crcs;
+    plan->crc_values = g_new0(uint32_t, b->n_crcs ? b->n_crcs : 1);
+    plan->crc_ready = g_new0(gint, b->n_crcs ? b->n_crcs : 1);
     for (size_t i = 0; i < plan->n_extents; i++) {
         const BuildExtent *be = &g_array_index(b->extents, BuildExtent, i);
         CkptfsExtent *e = &plan->extents[i];
@@ -173,6 +192,10 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
             e->u.gather.rep_size = be->rep_size;
             e->u.gather.nitems = be->nitems;
             e->u.gather.items = plan->items + be->first;
+        } else if (be->kind == CKPTFS_EXTENT_CRC32) {
+            e->u.crc.offset = be->crc_offset;
+            e->u.crc.len = be->crc_len;
+            e->u.crc.slot = (uint32_t)be->first;
         }
     }
     ckptfs_plan_builder_free(b);
@@ -186,6 +209,8 @@ void ckptfs_plan_free(CkptfsPlan *plan)
     g_free(plan->extents);
     g_free(plan->literals);
     g_free(plan->items);
+    g_free(plan->crc_values);
+    g_free(plan->crc_ready);
     g_free(plan);
 }
 
@@ -268,6 +293,31 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
     return true;
 }
 
+#define CRC_CHUNK (1u << 20)
+
+static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const CkptfsExtent *e,
+                      uint32_t *out, GError **error)
+{
+    uint32_t slot = e->u.crc.slot;
+    if (g_atomic_int_get(&plan->crc_ready[slot])) {
+        *out = plan->crc_values[slot];
+        return true;
+    }
+    uLong crc = crc32(0L, Z_NULL, 0);
+    g_autofree uint8_t *buf = g_malloc(CRC_CHUNK);
+    for (uint64_t done = 0; done < e->u.crc.len;) {
+        size_t n = (size_t)MIN((uint64_t)CRC_CHUNK, e->u.crc.len - done);
+        if (ckptfs_plan_read(plan, files, buf, n, e->u.crc.offset + done, error) != (int64_t)n)
+            return false;
+        crc = crc32(crc, buf, (uInt)n);
+        done += n;
+    }
+    plan->crc_values[slot] = (uint32_t)crc;
+    g_atomic_int_set(&plan->crc_ready[slot], 1);
+    *out = (uint32_t)crc;
+    return true;
+}
+
 static size_t find_extent(const CkptfsPlan *plan, uint64_t offset)
 {
     size_t lo = 0, hi = plan->n_extents; /* last extent with e.offset <= offset */
@@ -306,6 +356,15 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
             if (!gather_read(e, in_off, dst, n, &pending, error))
                 return -1;
             break;
+        case CKPTFS_EXTENT_CRC32: {
+            uint32_t crc;
+            if (!crc_value(plan, files, e, &crc, error))
+                return -1;
+            uint8_t le[4] = {(uint8_t)crc, (uint8_t)(crc >> 8), (uint8_t)(crc >> 16),
+                             (uint8_t)(crc >> 24)};
+            memcpy(dst, le + in_off, n);
+            break;
+        }
         }
         dst += n;
         offset += n;

@@ -1,8 +1,8 @@
 /* torch.save files from values. The pickle is protocol 2 with the opcodes torch.save uses
  * (and torch.load(weights_only=True) accepts); the container is the zip layout of torch 2.x's
  * writer: STORED entries, data descriptors, every record 64-byte aligned through an "FB"
- * padding extra field, ZIP64 end records. CRC fields are 0: torch's reader does not check
- * them. */
+ * padding extra field, ZIP64 end records. CRC fields are 0 by default (torch's reader does not
+ * check them); with compute_crc they are real CRC-32s, computed lazily by the read engine. */
 #include "ckptfs/torchsave.h"
 
 #include <string.h>
@@ -264,12 +264,13 @@ static void put_value(Pickler *p, const CkptfsValue *v)
 
 typedef struct {
     char *name;
-    uint64_t header_offset, size;
+    uint64_t header_offset, data_offset, size;
 } ZipEntry;
 
 typedef struct {
     CkptfsPlanBuilder *b;
     const char *archive;
+    bool compute_crc;
     GArray *entries; /* ZipEntry */
 } ZipWriter;
 
@@ -299,6 +300,17 @@ static void literal(ZipWriter *z, GByteArray *a)
     g_byte_array_set_size(a, 0);
 }
 
+/* The CRC field of entry E: 0, or its lazily computed CRC-32 (pending bytes in A go first). */
+static void crc_field(ZipWriter *z, GByteArray *a, const ZipEntry *e)
+{
+    if (!z->compute_crc) {
+        le32(a, 0);
+        return;
+    }
+    literal(z, a);
+    ckptfs_plan_add_crc32(z->b, e->data_offset, e->size);
+}
+
 /* Local header with an "FB" extra field padding the data start to a multiple of 64. */
 static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
 {
@@ -307,7 +319,8 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
     uint64_t at = ckptfs_plan_builder_size(z->b);
     uint64_t data_at = at + 30 + name_len + 4;
     uint64_t pad = (ZIP_ALIGN - data_at % ZIP_ALIGN) % ZIP_ALIGN;
-    ZipEntry e = {.name = g_steal_pointer(&full), .header_offset = at, .size = size};
+    ZipEntry e = {.name = g_steal_pointer(&full), .header_offset = at, .size = size,
+                  .data_offset = data_at + pad};
     g_array_append_val(z->entries, e);
 
     g_autoptr(GByteArray) h = g_byte_array_new();
@@ -331,9 +344,10 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
 
 static void zip_end_entry(ZipWriter *z, uint64_t size)
 {
+    const ZipEntry *e = &g_array_index(z->entries, ZipEntry, z->entries->len - 1);
     g_autoptr(GByteArray) d = g_byte_array_new();
     le32(d, 0x08074b50);
-    le32(d, 0); /* CRC */
+    crc_field(z, d, e);
     if (size >= U32_MAX) {
         le64(d, size);
         le64(d, size);
@@ -355,6 +369,7 @@ static void zip_finish(ZipWriter *z)
 {
     g_autoptr(GByteArray) cd = g_byte_array_new();
     uint64_t cd_offset = ckptfs_plan_builder_size(z->b);
+    /* The directory may be cut by CRC extents: its size is counted from the plan. */
     for (guint i = 0; i < z->entries->len; i++) {
         const ZipEntry *e = &g_array_index(z->entries, ZipEntry, i);
         bool big_size = e->size >= U32_MAX, big_offset = e->header_offset >= U32_MAX;
@@ -365,7 +380,7 @@ static void zip_finish(ZipWriter *z)
         le16(cd, 0x0808);
         le16(cd, 0);
         le32(cd, 0);      /* time, date */
-        le32(cd, 0);      /* CRC */
+        crc_field(z, cd, e);
         le32(cd, big_size ? U32_MAX : (uint32_t)e->size);
         le32(cd, big_size ? U32_MAX : (uint32_t)e->size);
         le16(cd, (uint16_t)strlen(e->name));
@@ -387,8 +402,10 @@ static void zip_finish(ZipWriter *z)
                 le64(cd, e->header_offset);
         }
     }
-    uint64_t cd_size = cd->len, n = z->entries->len;
-    uint64_t eocd64_offset = cd_offset + cd_size;
+    literal(z, cd);
+    uint64_t n = z->entries->len;
+    uint64_t eocd64_offset = ckptfs_plan_builder_size(z->b);
+    uint64_t cd_size = eocd64_offset - cd_offset;
     le32(cd, 0x06064b50); /* ZIP64 end of central directory */
     le64(cd, 44);
     le16(cd, 0x031e);
@@ -415,7 +432,7 @@ static void zip_finish(ZipWriter *z)
 }
 
 CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_name,
-                                  GError **error)
+                                  bool compute_crc, GError **error)
 {
     Pickler p = {.out = g_byte_array_new(), .tensors = g_ptr_array_new(), .error = error};
     put_byte(&p, OP_PROTO);
@@ -429,6 +446,7 @@ CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_n
     }
 
     ZipWriter z = {.b = ckptfs_plan_builder_new(), .archive = archive_name,
+                   .compute_crc = compute_crc,
                    .entries = g_array_new(FALSE, FALSE, sizeof(ZipEntry))};
     zip_add_bytes(&z, "data.pkl", p.out->data, p.out->len);
     zip_add_bytes(&z, "byteorder", "little", 6);

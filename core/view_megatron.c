@@ -358,7 +358,7 @@ static CkptfsPlan *plan_rank_file(gpointer owner, gconstpointer key, GError **er
             ckptfs_value_set(top, name, chunk_state_dict(&rb, rf->pp_rank, vc));
         }
     }
-    CkptfsPlan *plan = ckptfs_torchsave_plan(top, "archive", error);
+    CkptfsPlan *plan = ckptfs_torchsave_plan(top, "archive", v->options->crc32, error);
     ckptfs_value_free(top);
     g_ptr_array_unref(rb.tensors);
     return plan;

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libfuse3-dev fuse3 libglib2.0-dev libjson-glib-dev
-          libzstd-dev liblz4-dev python3-numpy python3-torch)
+          libzstd-dev liblz4-dev zlib1g-dev python3-numpy python3-torch)
 if [[ "${1:-}" == "--tests" ]]; then
   packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc)
 fi

@@ -18,6 +18,7 @@ typedef struct {
     CkptfsVocabPad vocab_pad;     /* padding rows: zeros, or copies of the last row */
     unsigned pp_first, pp_last;   /* uneven pipelines: layers on the first/last stage */
     bool megatron_args;           /* put an argparse.Namespace `args` in rank files */
+    bool crc32;                   /* real CRC-32s in synthesized zips (computed on read) */
     char **layouts;               /* extra layouts the root lists (NULL-terminated) */
 } CkptfsOptions;
 

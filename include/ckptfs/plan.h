@@ -23,6 +23,8 @@ typedef enum {
     CKPTFS_EXTENT_LITERAL,
     CKPTFS_EXTENT_ZERO,
     CKPTFS_EXTENT_GATHER,
+    CKPTFS_EXTENT_CRC32, /* 4 bytes: CRC-32 (little-endian) of an earlier range of the same
+                            file, computed on first read and cached */
 } CkptfsExtentKind;
 
 typedef struct {
@@ -44,6 +46,10 @@ typedef struct {
             uint32_t nitems;
             const CkptfsGatherItem *items; /* owned by the plan */
         } gather;
+        struct {
+            uint64_t offset, len; /* the range of this file it covers */
+            uint32_t slot;        /* index of its cache slot in the plan */
+        } crc;
     } u;
 } CkptfsExtent;
 
@@ -62,6 +68,9 @@ void ckptfs_plan_add_run(CkptfsPlanBuilder *b, uint32_t src, uint64_t offset, ui
  * nothing; a gather that is really one contiguous run is stored as a run. */
 void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
                             uint32_t nitems);
+/* Appends the 4-byte CRC-32 of bytes [OFFSET, OFFSET + LEN) of this file, which must come
+ * before it and hold no CRC extent. Computed lazily: the first read of it reads the range. */
+void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len);
 /* Current size of the file being built (where the next extent will start). */
 uint64_t ckptfs_plan_builder_size(const CkptfsPlanBuilder *b);
 /* Finishes the plan; the builder is consumed. */

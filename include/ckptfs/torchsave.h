@@ -4,13 +4,15 @@
 #define CKPTFS_TORCHSAVE_H
 
 #include <glib.h>
+#include <stdbool.h>
 
 #include "ckptfs/plan.h"
 #include "ckptfs/value.h"
 
 /* The plan of `torch.save(ROOT)` with entries under ARCHIVE_NAME/. Each tensor value gets its
- * own storage, keyed "0", "1", ... in pickle order. */
+ * own storage, keyed "0", "1", ... in pickle order. CRC fields are 0 unless COMPUTE_CRC, which
+ * makes them real CRC-32s computed on first read (for zipfile-based tools). */
 CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_name,
-                                  GError **error);
+                                  bool compute_crc, GError **error);
 
 #endif
