@@ -143,7 +143,8 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
 {
     CkptfsFuseContext ctx = {.mount = mount, .uid = getuid(), .gid = getgid(),
                              .mtime = newest_source_mtime(mount->source),
-                             .foreground = a->foreground};
+                             .foreground = a->foreground,
+                             .read_buffer = G_PRIVATE_INIT(g_free)};
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(argv, g_strdup("ckptfs"));
     if (a->debug)

@@ -202,20 +202,37 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_open(req, fi);
 }
 
+typedef struct {
+    size_t size;
+    uint8_t data[];
+} ReadBuffer;
+
+/* A reply buffer per worker thread: reads are up to 1 MiB, and a fresh allocation of that size
+ * per request would be an mmap/munmap pair with page faults every time. */
+static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
+{
+    ReadBuffer *rb = g_private_get(&ctx->read_buffer);
+    if (rb == NULL || rb->size < size) {
+        rb = g_malloc(sizeof *rb + size);
+        rb->size = size;
+        g_private_replace(&ctx->read_buffer, rb);
+    }
+    return rb->data;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
     (void)ino;
     CkptfsFuseContext *ctx = ctx_of(req);
     const CkptfsPlan *plan = (const CkptfsPlan *)(uintptr_t)fi->fh;
-    void *buf = g_malloc(size ? size : 1);
+    uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     GError *error = NULL;
     int64_t n = ckptfs_plan_read(plan, ctx->mount->source->files, buf, size, (uint64_t)off, &error);
     if (n < 0)
         reply_failure(req, -EIO, error);
     else
-        fuse_reply_buf(req, buf, (size_t)n);
-    g_free(buf);
+        fuse_reply_buf(req, (const char *)buf, (size_t)n);
 }
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)

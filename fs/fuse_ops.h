@@ -16,6 +16,7 @@ typedef struct {
     gid_t gid;
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
+    GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;
