@@ -1,6 +1,8 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -139,6 +141,23 @@ static struct timespec newest_source_mtime(const CkptfsSource *source)
     return (struct timespec){.tv_sec = newest / 1000000000, .tv_nsec = newest % 1000000000};
 }
 
+/* The sysfs read-ahead knob of the new mount's device, from mountinfo (a stat() of the mount
+ * point would wait for our own reply). NULL when not found. */
+static char *read_ahead_knob(const char *mnt)
+{
+    g_autofree char *real = realpath(mnt, NULL);
+    g_autofree char *info = NULL;
+    if (real == NULL || !g_file_get_contents("/proc/self/mountinfo", &info, NULL, NULL))
+        return NULL;
+    g_auto(GStrv) lines = g_strsplit(info, "\n", -1);
+    for (char **line = lines; *line; line++) {
+        g_auto(GStrv) f = g_strsplit(*line, " ", 6);
+        if (g_strv_length(f) >= 5 && strcmp(f[4], real) == 0 && strstr(*line, " fuse.ckptfs "))
+            return g_strdup_printf("/sys/class/bdi/%s/read_ahead_kb", f[2]);
+    }
+    return NULL;
+}
+
 static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
 {
     CkptfsFuseContext ctx = {.mount = mount, .uid = getuid(), .gid = getgid(),
@@ -174,6 +193,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
         fprintf(stderr, "ckptfs: cannot mount on %s\n", a->mnt);
         goto out_signals;
     }
+    ctx.read_ahead_knob = read_ahead_knob(a->mnt);
     if (!a->foreground)
         openlog("ckptfs", LOG_PID, LOG_DAEMON);
     /* The parent returns from here once the child is serving. */
@@ -189,6 +209,7 @@ out_signals:
     fuse_remove_signal_handlers(se);
 out_destroy:
     fuse_session_destroy(se);
+    g_free(ctx.read_ahead_knob);
     return status;
 }
 

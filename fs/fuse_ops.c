@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
 
@@ -181,9 +182,28 @@ static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     do_readdir(req, ino, size, off, true);
 }
 
+/* Sequential reads reach the daemon in read-ahead sized requests: 128 KiB by default, which
+ * costs a round trip per 128 KiB. FUSE's INIT can only lower the read-ahead, so raise it to
+ * 1 MiB through sysfs once INIT is done (needs root; best effort). */
+static void raise_read_ahead(CkptfsFuseContext *ctx)
+{
+    if (ctx->read_ahead_knob == NULL || !g_atomic_int_compare_and_exchange(&ctx->read_ahead_raised, 0, 1))
+        return;
+    g_autofree char *current = NULL;
+    if (!g_file_get_contents(ctx->read_ahead_knob, &current, NULL, NULL) ||
+        atoi(current) >= (int)(READ_AHEAD >> 10))
+        return;
+    FILE *f = fopen(ctx->read_ahead_knob, "w"); /* sysfs: written in place */
+    if (f != NULL) {
+        fprintf(f, "%u", READ_AHEAD >> 10);
+        fclose(f);
+    }
+}
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     CkptfsFuseContext *ctx = ctx_of(req);
+    raise_read_ahead(ctx);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
         fuse_reply_err(req, EROFS);
         return;

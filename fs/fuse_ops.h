@@ -17,6 +17,8 @@ typedef struct {
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
     GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */
+    char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
+    gint read_ahead_raised;
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;
