@@ -1,6 +1,7 @@
 #include "ckptfs/plan.h"
 
 #include <string.h>
+#include <sys/uio.h>
 #include <zlib.h>
 
 #include "ckptfs/error.h"
@@ -229,38 +230,58 @@ const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index)
     return index < plan->n_extents ? &plan->extents[index] : NULL;
 }
 
-/* Source reads are collected and merged while they continue each other (same file, next
- * offset, next destination byte), so a strided gather over full rows costs one pread. */
+/* Source reads are collected and merged while they continue each other in the same file: a
+ * strided gather over full rows costs one read, and pieces separated by small gaps (a TP
+ * column split takes 1/T of every row) are read with one preadv whose gaps land in a scratch
+ * buffer. One syscall then replaces up to MAX_IOV / 2 small reads. */
+#define MAX_IOV 256
+#define MAX_SKIP (16u << 10)
+
 typedef struct {
     const CkptfsSrcFiles *files;
     uint32_t src;
-    uint64_t src_off;
-    uint8_t *dst;
-    size_t len;
+    uint64_t start, end; /* source range the iovecs cover */
+    struct iovec iov[MAX_IOV];
+    int n;
+    uint8_t *skip; /* MAX_SKIP bytes of scratch for the gaps, allocated on first need */
 } PendingRead;
 
 static bool pending_flush(PendingRead *p, GError **error)
 {
-    if (p->len == 0)
+    if (p->n == 0)
         return true;
-    bool ok = ckptfs_srcfiles_pread(p->files, p->src, p->dst, p->len, p->src_off, error);
-    p->len = 0;
+    bool ok = ckptfs_srcfiles_preadv(p->files, p->src, p->iov, p->n, p->start, error);
+    p->n = 0;
     return ok;
 }
 
 static bool pending_add(PendingRead *p, uint32_t src, uint64_t src_off, uint8_t *dst, size_t len,
                         GError **error)
 {
-    if (p->len > 0 && p->src == src && p->src_off + p->len == src_off && p->dst + p->len == dst) {
-        p->len += len;
+    if (p->n > 0 && p->src == src && src_off >= p->end && src_off - p->end <= MAX_SKIP &&
+        p->n + 2 <= MAX_IOV) {
+        uint64_t gap = src_off - p->end;
+        struct iovec *last = &p->iov[p->n - 1];
+        if (gap == 0 && (uint8_t *)last->iov_base + last->iov_len == dst) {
+            last->iov_len += len;
+        } else {
+            if (gap > 0) {
+                if (p->skip == NULL)
+                    p->skip = g_malloc(MAX_SKIP);
+                p->iov[p->n++] = (struct iovec){p->skip, (size_t)gap};
+            }
+            p->iov[p->n++] = (struct iovec){dst, len};
+        }
+        p->end = src_off + len;
         return true;
     }
     if (!pending_flush(p, error))
         return false;
     p->src = src;
-    p->src_off = src_off;
-    p->dst = dst;
-    p->len = len;
+    p->start = src_off;
+    p->end = src_off + len;
+    p->iov[0] = (struct iovec){dst, len};
+    p->n = 1;
     return true;
 }
 
@@ -341,6 +362,7 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
     uint8_t *dst = buf;
     size_t remaining = len;
     PendingRead pending = {.files = files};
+    int64_t result = (int64_t)len;
     for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
         const CkptfsExtent *e = &plan->extents[i];
         uint64_t in_off = offset - e->offset;
@@ -353,13 +375,17 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
             memset(dst, 0, n);
             break;
         case CKPTFS_EXTENT_GATHER:
-            if (!gather_read(e, in_off, dst, n, &pending, error))
-                return -1;
+            if (!gather_read(e, in_off, dst, n, &pending, error)) {
+                result = -1;
+                goto out;
+            }
             break;
         case CKPTFS_EXTENT_CRC32: {
             uint32_t crc;
-            if (!crc_value(plan, files, e, &crc, error))
-                return -1;
+            if (!crc_value(plan, files, e, &crc, error)) {
+                result = -1;
+                goto out;
+            }
             uint8_t le[4] = {(uint8_t)crc, (uint8_t)(crc >> 8), (uint8_t)(crc >> 16),
                              (uint8_t)(crc >> 24)};
             memcpy(dst, le + in_off, n);
@@ -371,8 +397,10 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
         remaining -= n;
     }
     if (!pending_flush(&pending, error))
-        return -1;
-    return (int64_t)len;
+        result = -1;
+out:
+    g_free(pending.skip);
+    return result;
 }
 
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
@@ -118,6 +119,41 @@ bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *bu
         p += n;
         len -= (size_t)n;
         offset += (uint64_t)n;
+    }
+    return true;
+}
+
+bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
+                            uint64_t offset, GError **error)
+{
+    if (n == 1)
+        return ckptfs_srcfiles_pread(files, index, iov[0].iov_base, iov[0].iov_len, offset, error);
+    const CkptfsSrcFile *f = ckptfs_srcfiles_get(files, index);
+    if (f == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
+        return false;
+    }
+    while (n > 0) {
+        ssize_t got = preadv(f->fd, iov, n, (off_t)offset);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            g_set_error(error, CKPTFS_ERROR, got < 0 ? CKPTFS_ERROR_IO : CKPTFS_ERROR_CHANGED,
+                        "%s: read at offset %" G_GUINT64_FORMAT " failed: %s", f->path, offset,
+                        got < 0 ? g_strerror(errno) : "file ends early (it changed after the mount?)");
+            return false;
+        }
+        offset += (uint64_t)got;
+        /* Drop the buffers filled; shorten the one filled in part. */
+        while (n > 0 && (size_t)got >= iov->iov_len) {
+            got -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + got;
+            iov->iov_len -= (size_t)got;
+        }
     }
     return true;
 }

@@ -35,6 +35,12 @@ const CkptfsSrcFile *ckptfs_srcfiles_get(const CkptfsSrcFiles *files, unsigned i
 bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
                            uint64_t offset, GError **error);
 
+/* Reads the contiguous range starting at OFFSET of file INDEX into the N buffers of IOV, like
+ * preadv, until all are full (retrying short reads). */
+struct iovec;
+bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
+                            uint64_t offset, GError **error);
+
 /* Checks that file INDEX still has the size, mtime and inode it had when opened. */
 bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GError **error);
 
