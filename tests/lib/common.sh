@@ -1,0 +1,94 @@
+# Shared helpers for the bash integration tests: TAP output, mounts that are always unmounted,
+# and the Debian 13 root with torch 2.6 + safetensors. Source it; it sets `set -u` and traps.
+set -u
+TESTS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CKPTFS=${CKPTFS_BIN:-$TESTS_TOP/build/ckptfs}
+PY=/usr/bin/python3
+TORCH2_ROOT=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
+_tap_n=0
+_tap_failed=0
+_mounts=()
+WORK=$(mktemp -d /tmp/ckptfs-test.XXXXXX)
+
+_cleanup() {
+  local m
+  for m in "${_mounts[@]}"; do
+    fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap _cleanup EXIT
+
+ok() { # ok CONDITION-STATUS DESCRIPTION
+  _tap_n=$((_tap_n + 1))
+  if [[ $1 -eq 0 ]]; then echo "ok $_tap_n - $2"; else echo "not ok $_tap_n - $2"; _tap_failed=$((_tap_failed + 1)); fi
+}
+check() { # check DESCRIPTION COMMAND...: ok when the command succeeds (its output shown as diag on failure)
+  local desc=$1 out rc
+  shift
+  out=$("$@" 2>&1); rc=$?
+  ok $rc "$desc"
+  [[ $rc -eq 0 ]] || printf '%s\n' "$out" | sed 's/^/# /' | head -40
+  return 0
+}
+skip() { _tap_n=$((_tap_n + 1)); echo "ok $_tap_n # skip $1"; }
+diag() { echo "# $*"; }
+done_testing() { echo "1..$_tap_n"; [[ $_tap_failed -eq 0 ]]; }
+
+require_fuse() {
+  if [[ ! -e /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
+    echo "1..0 # skip /dev/fuse or fusermount3 missing: mounting tests cannot run here"
+    exit 0
+  fi
+}
+
+# mount_ckptfs SRC MNT [OPTIONS]: mounts (registering the unmount) or returns non-zero.
+mount_ckptfs() {
+  local src=$1 mnt=$2
+  shift 2
+  mkdir -p "$mnt"
+  "$CKPTFS" mount "$@" "$src" "$mnt" || return 1
+  _mounts+=("$mnt")
+}
+unmount_ckptfs() { fusermount3 -u "$1"; }
+
+# The torch 2.6 root: built once with debootstrap (mirror from the machine's apt sources),
+# reused after. torch2_available returns non-zero with the reason in TORCH2_WHY.
+torch2_available() {
+  TORCH2_WHY=""
+  if [[ -x $TORCH2_ROOT/usr/bin/python3 ]]; then return 0; fi
+  TORCH2_WHY="no Debian 13 root at $TORCH2_ROOT (tests/run-all.sh builds it)"
+  return 1
+}
+torch2_root_ensure() {
+  torch2_available && return 0
+  local url tmp=$TORCH2_ROOT.tmp
+  url=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+  [[ -n $url ]] || url=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+  [[ -n $url ]] || { echo "torch2 root: no Debian mirror configured" >&2; return 1; }
+  command -v debootstrap >/dev/null || { echo "torch2 root: debootstrap missing" >&2; return 1; }
+  if [[ -x $tmp/usr/bin/python3 ]] && chroot "$tmp" /usr/bin/python3 -c 'import torch, safetensors' 2>/dev/null; then
+    mv "$tmp" "$TORCH2_ROOT"
+    return 0
+  fi
+  rm -rf "$tmp"
+  mkdir -p "$(dirname "$TORCH2_ROOT")"
+  debootstrap --variant=minbase --include=python3-torch,python3-safetensors,python3-numpy \
+    trixie "$tmp" "$url" >&2 || return 1
+  mv "$tmp" "$TORCH2_ROOT"
+}
+# torch2_python DIRS SCRIPT ARGS...: runs python3 of the root on SCRIPT, with the directories
+# in DIRS (colon-separated: mounts and files the script reads) and the tests' lib visible at the
+# same paths; in a private mount namespace, so nothing leaks if the test dies.
+torch2_python() {
+  local dirs="$1:$TESTS_TOP/tests/lib"
+  shift
+  unshare --mount --propagation private bash -c '
+    root=$1 dirs=$2; shift 2
+    mount -t proc proc "$root/proc" || exit 1
+    IFS=: read -ra list <<< "$dirs"
+    for d in "${list[@]}"; do
+      mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1
+    done
+    exec chroot "$root" /usr/bin/python3 "$@"' _ "$TORCH2_ROOT" "$dirs" "$@"
+}

@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Tiny Hugging Face checkpoints for the tests (numpy only, fixed seeds), and an independent
+reference: safetensors reading, the Megatron split of DESIGN section 4, and forward passes.
+
+  models.py write ARCH DIR [--shards N] [--tokenizer] [--layers L]
+    ARCH: llama (GQA, untied), qwen2 (qkv bias, tied), qwen3 (q/k norm, head_dim 16 != 64/8),
+          mistral (GQA, untied), mixed (dtypes F32/F16/BF16/I64, scalar and 3-D tensors)
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+ST_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4),
+             "I64": (np.int64, 8), "I32": (np.int32, 4), "U8": (np.uint8, 1)}
+
+ARCHS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", num_key_value_heads=2,
+                  tie_word_embeddings=False),
+    "mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral",
+                    num_key_value_heads=2, tie_word_embeddings=False),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_key_value_heads=2,
+                  tie_word_embeddings=True),
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_key_value_heads=2,
+                  tie_word_embeddings=False, head_dim=16),
+}
+
+
+def bf16_bits(a):
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_to_f32(bits):
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def config_for(arch, layers=8):
+    cfg = dict(hidden_size=64, num_attention_heads=8, num_hidden_layers=layers,
+               intermediate_size=96, vocab_size=250, rms_norm_eps=1e-6, rope_theta=10000.0,
+               max_position_embeddings=512, hidden_act="silu", torch_dtype="bfloat16")
+    cfg.update(ARCHS[arch])
+    return cfg
+
+
+def model_tensors(cfg, seed=0):
+    """name -> (dtype, array) in Hugging Face state-dict order."""
+    rng = np.random.default_rng(seed)
+    h, f, v, nh = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+    d = cfg.get("head_dim", h // nh)
+    kv = cfg["num_key_value_heads"] * d
+    bias = cfg["model_type"] == "qwen2"
+    qk = cfg["model_type"] == "qwen3"
+    shapes = [("model.embed_tokens.weight", (v, h))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (nh * d, h)),
+                   (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h))]
+        if bias:
+            shapes += [(p + "self_attn.q_proj.bias", (nh * d,)), (p + "self_attn.k_proj.bias", (kv,)),
+                       (p + "self_attn.v_proj.bias", (kv,))]
+        if qk:
+            shapes += [(p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,))]
+        shapes += [(p + "self_attn.o_proj.weight", (h, nh * d)),
+                   (p + "post_attention_layernorm.weight", (h,)),
+                   (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                   (p + "mlp.down_proj.weight", (h, f))]
+    shapes.append(("model.norm.weight", (h,)))
+    if not cfg["tie_word_embeddings"]:
+        shapes.append(("lm_head.weight", (v, h)))
+    out = {}
+    for name, shape in shapes:
+        base = 1.0 if name.endswith("norm.weight") else 0.0
+        out[name] = ("BF16", bf16_bits(rng.standard_normal(shape) * 0.1 + base))
+    return out
+
+
+def mixed_tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"a.f32": ("F32", rng.standard_normal((7, 5)).astype(np.float32)),
+            "b.scalar": ("F32", np.array(3.5, dtype=np.float32)),
+            "c.i64": ("I64", rng.integers(-2**40, 2**40, size=(9,), dtype=np.int64)),
+            "d.f16.3d": ("F16", rng.standard_normal((2, 3, 4)).astype(np.float16)),
+            "e.empty": ("BF16", np.zeros((0, 4), dtype=np.uint16)),
+            "f.bf16": ("BF16", bf16_bits(rng.standard_normal((33, 17))))}
+
+
+def write_safetensors(path, named, metadata=None):
+    header = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for name, (dt, a) in named.items():
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, a in named.values():
+            f.write(np.ascontiguousarray(a).tobytes())
+
+
+def write_checkpoint(out, named, cfg, shards=1, tokenizer=False):
+    os.makedirs(out, exist_ok=True)
+    names = list(named)
+    if shards <= 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), named)
+    else:
+        per = -(-len(names) // shards)
+        weight_map = {}
+        for k in range(shards):
+            fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            group = names[k * per:(k + 1) * per]
+            write_safetensors(os.path.join(out, fname), {n: named[n] for n in group})
+            weight_map.update({n: fname for n in group})
+        total = sum(a.nbytes for _, a in named.values())
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                               indent=2, sort_keys=True) + "\n")
+    if cfg is not None:
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+    if tokenizer:
+        with open(os.path.join(out, "tokenizer.json"), "w") as f:
+            json.dump({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}}, f)
+        with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+            json.dump({"model_max_length": 512}, f)
+        with open(os.path.join(out, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 1, "eos_token_id": 2}, f)
+
+
+# --- independent readers ---
+
+def read_safetensors(path):
+    """name -> (dtype, shape, raw bytes), plus the parsed header; checks the layout rules."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    assert (8 + n) % 8 == 0, f"{path}: data area not 8-byte aligned"
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for name, m in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = m["data_offsets"]
+        out[name] = (m["dtype"], tuple(m["shape"]), body[b:e])
+    return out, header
+
+
+def read_checkpoint(d):
+    """All tensors of an HF checkpoint dir (via its index or model.safetensors)."""
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        wm = json.load(open(index))["weight_map"]
+        files = sorted(set(wm.values()))
+    else:
+        wm, files = None, ["model.safetensors"]
+    out = {}
+    for fname in files:
+        tensors, _ = read_safetensors(os.path.join(d, fname))
+        for name, t in tensors.items():
+            assert name not in out, f"{name} twice"
+            assert wm is None or wm[name] == fname, f"{name}: index says {wm.get(name)}, found in {fname}"
+            out[name] = t
+    if wm is not None:
+        assert set(wm) == set(out), "index and shards disagree"
+    return out
+
+
+def as_array(t):
+    dt, shape, raw = t
+    np_dt = ST_DTYPES[dt][0]
+    return np.frombuffer(raw, dtype=np_dt).reshape(shape)
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) >= 3 and args[0] == "write":
+        arch, out = args[1], args[2]
+        shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 1
+        layers = int(args[args.index("--layers") + 1]) if "--layers" in args else 8
+        if arch == "mixed":
+            write_checkpoint(out, mixed_tensors(), None, shards, "--tokenizer" in args)
+        else:
+            cfg = config_for(arch, layers)
+            write_checkpoint(out, model_tensors(cfg), cfg, shards, "--tokenizer" in args)
+        return
+    print(__doc__, file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
