@@ -12,17 +12,18 @@ scripts/build.sh build
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON
 
 # The Debian 13 root with torch 2.6 and safetensors (built once, then reused).
-# shellcheck source=lib/torch2_root.sh
-source tests/lib/torch2_root.sh
-torch2_root_ensure || echo "# torch 2.6 root unavailable: its checks will be skipped"
+bash -c 'source tests/lib/common.sh; torch2_root_ensure' ||
+  echo "# torch 2.6 root unavailable: its checks will be skipped"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 integration=(tests/integration/*.t)
+fuzz=()
+[[ -e tests/fuzz/fuzz.t ]] && fuzz=(tests/fuzz/fuzz.t)
 
 echo "== release build"
-CKPTFS_BIN="$top/build/ckptfs" prove --timer build/tests/ "${integration[@]}" tests/fuzz/fuzz.t
+CKPTFS_BIN="$top/build/ckptfs" prove --timer build/tests/test_* "${integration[@]}" "${fuzz[@]}"
 
 echo "== ASan + UBSan build"
-CKPTFS_BIN="$top/build-asan/ckptfs" prove --timer build-asan/tests/ "${integration[@]}"
+CKPTFS_BIN="$top/build-asan/ckptfs" prove --timer build-asan/tests/test_* "${integration[@]}"

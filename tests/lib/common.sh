@@ -7,15 +7,15 @@ PY=/usr/bin/python3
 TORCH2_ROOT=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
 _tap_n=0
 _tap_failed=0
-_mounts=()
 WORK=$(mktemp -d /tmp/ckptfs-test.XXXXXX)
 
+# Every mount below $WORK is unmounted, whichever subshell made it; then $WORK goes.
 _cleanup() {
   local m
-  for m in "${_mounts[@]}"; do
-    fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || true
+  for m in $(awk -v w="$WORK/" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
+    fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$WORK"
+  rm -rf --one-file-system "$WORK"
 }
 trap _cleanup EXIT
 
@@ -47,8 +47,7 @@ mount_ckptfs() {
   local src=$1 mnt=$2
   shift 2
   mkdir -p "$mnt"
-  "$CKPTFS" mount "$@" "$src" "$mnt" || return 1
-  _mounts+=("$mnt")
+  "$CKPTFS" mount "$@" "$src" "$mnt"
 }
 unmount_ckptfs() { fusermount3 -u "$1"; }
 
