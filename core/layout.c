@@ -27,16 +27,13 @@ bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayou
     const char *p = name;
     bool any = false;
     unsigned v;
-    /* "vpp" must be tried before "pp" at the same position. */
     if (take_part(&p, "tp", &v)) {
         l.tp = v;
         l.pp = 1;
-        l.pp_first = l.pp_last = 0;
         any = true;
     }
+    /* "vpp" must not be read as "v" + "pp". */
     if (strncmp(p, "vpp", 3) != 0 && take_part(&p, "pp", &v)) {
-        if (l.pp != v)
-            l.pp_first = l.pp_last = 0;
         l.pp = v;
         any = true;
     }

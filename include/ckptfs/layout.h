@@ -15,7 +15,8 @@ typedef struct {
 } CkptfsLayout;
 
 /* Parses a view name. Parts may be left out: "tp2" = tp2pp1, "vpp2" = BASE's tp/pp with vpp 2,
- * "pp4" = BASE's tp. Order is tp, pp, vpp. Returns false for names that are not layouts. */
+ * "pp4" = BASE's tp. Order is tp, pp, vpp. pp_first/pp_last come from BASE (the caller drops
+ * them for pp 1). Returns false for names that are not layouts. */
 bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayout *out);
 
 /* Canonical name: tp{T}pp{P} plus vpp{V} when V > 1. */

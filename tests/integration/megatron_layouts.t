@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Megatron-core views of Hugging Face sources: every rank file of many layouts loaded with
+# torch 1.13 (host) and torch 2.6 (weights_only=True, mmap=True), checked key by key and tensor
+# by tensor against an independent reference split, plus forward equivalence of the per-rank
+# files against a Hugging Face forward pass; and equality with files Megatron-LM itself wrote.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+models="$TESTS_TOP/tests/lib/models.py"
+ref="$TESTS_TOP/tests/lib/reference.py"
+for a in llama qwen2 qwen3 mistral; do $PY "$models" write $a "$WORK/$a" --shards 2; done
+torch2_available && have2=1 || have2=0
+
+# check_layouts ARCH "OPTIONS" "REFERENCE ARGS" LAYOUT...
+check_layouts() {
+  local arch=$1 opts=$2 rargs=$3 mnt
+  shift 3
+  mnt=$WORK/mnt-$arch-$(echo "$opts" | tr ',=' '__')
+  if ! mount_ckptfs "$WORK/$arch" "$mnt" ${opts:+-o "$opts"}; then
+    ok 1 "$arch -o $opts: mount"
+    return
+  fi
+  for l in "$@"; do
+    # shellcheck disable=SC2086
+    check "$arch $l ${opts:-default}: torch 1.13 loads, tensors = reference, forward = HF" \
+      $PY "$ref" check "$WORK/$arch" "$mnt/$l" "$l" $rargs
+    if ((have2)); then
+      # shellcheck disable=SC2086
+      check "$arch $l ${opts:-default}: torch 2.6 weights_only+mmap loads, same checks" \
+        torch2_python "$WORK" "$ref" check "$WORK/$arch" "$mnt/$l" "$l" $rargs --torch2
+    fi
+  done
+}
+
+check_layouts llama "" "" tp1pp1 tp2pp1 tp4pp1 tp1pp2 tp2pp2 tp1pp4vpp2 tp2pp2vpp2 tp8pp1
+check_layouts llama "spec=local" "--spec local" tp2pp2 tp1pp4vpp2
+check_layouts llama "pp_first=2,pp_last=2" "--pp-first 2 --pp-last 2" tp2pp3 tp1pp3vpp2 tp1pp4
+check_layouts llama "megatron_args=off" "--no-args" tp2pp1
+check_layouts qwen2 "" "" tp2pp1 tp1pp2 tp2pp2vpp2
+check_layouts qwen2 "spec=local" "--spec local" tp2pp1
+check_layouts qwen3 "" "" tp2pp2 tp4pp1
+check_layouts qwen3 "spec=local" "--spec local" tp1pp4vpp2
+check_layouts mistral "vocab_pad=last" "--vocab-pad last" tp2pp1 tp2pp2
+
+# The same rank files Megatron-LM wrote for the same model (Megatron-core 0.17.1, local spec).
+real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
+if [[ ! -d $real ]]; then
+  skip "Megatron-written checkpoints: $real absent"
+elif ((!have2)); then
+  skip "Megatron-written checkpoints need torch 2.6: $TORCH2_WHY"
+else
+  real=$(cd "$real" && pwd)
+  mnt=$WORK/mnt-real
+  mount_ckptfs "$real/hf-llama" "$mnt" -o spec=local
+  check "tp2pp2 spec=local equals Megatron's own save_checkpoint output, key order included" \
+    torch2_python "$WORK:$real" "$TESTS_TOP/tests/lib/compare_megatron.py" \
+    "$real/llama-tp2pp2-torch/iter_0000010" "$mnt/tp2pp2/release"
+fi
+
+# Names, files, tools.
+mnt=$WORK/mnt-llama-
+check "tp2 is a link to tp2pp1" test "$(readlink "$mnt/tp2")" = tp2pp1
+check "files through tp2/ equal tp2pp1/" diff -r "$mnt/tp2/" "$mnt/tp2pp1/"
+check "an unlisted layout opens by name (tp2pp4vpp2)" test -f "$mnt/tp2pp4vpp2/release/mp_rank_01_003/model_optim_rng.pt"
+ls "$mnt/tp3pp1" > /dev/null 2>&1 && rc=0 || rc=1
+ok $((1 - rc)) "tp3pp1 (8 heads, 2 KV heads) does not exist"
+"$CKPTFS" inspect "$WORK/llama" --layout tp3pp1 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+ok $((1 - rc)) "inspect --layout tp3pp1 fails"
+check "and says why" grep -q "tp 3 neither divides nor is a multiple of the 2 query groups" "$WORK/err"
+check "export of tp2pp2 equals cp -r of the mounted view" bash -c \
+  "'$CKPTFS' export '$WORK/llama' tp2pp2 '$WORK/exp' && cp -r '$mnt/tp2pp2' '$WORK/cp' && diff -r '$WORK/exp' '$WORK/cp'"
+f=tp2pp2/release/mp_rank_01_001/model_optim_rng.pt
+check "cat equals the mounted file" cmp <("$CKPTFS" cat "$WORK/llama" "$f") "$mnt/$f"
+
+# crc32=compute gives archives that zipfile and unzip verify; the default CRC 0 does not.
+mnt=$WORK/mnt-crc
+mount_ckptfs "$WORK/qwen2" "$mnt" -o crc32=compute
+check "crc32=compute: zipfile.testzip finds no bad CRC" $PY -c \
+  "import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); sys.exit(z.testzip() is not None)" "$mnt/tp2pp2/release/mp_rank_00_001/model_optim_rng.pt"
+check "crc32=compute: unzip -t passes" bash -c "command -v unzip >/dev/null || exit 0; unzip -tq '$mnt/tp2pp2/release/mp_rank_00_001/model_optim_rng.pt'"
+check "crc32=compute: tensors unchanged" $PY "$ref" check "$WORK/qwen2" "$mnt/tp2pp2" tp2pp2
+$PY -c "import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); sys.exit(z.testzip() is None)" \
+  "$WORK/mnt-qwen2-/tp2pp2/release/mp_rank_00_001/model_optim_rng.pt"
+ok $? "default CRC 0 is what zipfile flags (the check above can fail)"
+done_testing
