@@ -403,61 +403,6 @@ out:
     return result;
 }
 
-static bool is_plain_run_extent(const CkptfsExtent *e)
-{
-    return e->kind == CKPTFS_EXTENT_GATHER && e->u.gather.nrep == 1 && e->u.gather.nitems == 1;
-}
-
-int64_t ckptfs_plan_read_segments(const CkptfsPlan *plan, const CkptfsSrcFiles *files,
-                                  uint64_t offset, size_t len, uint8_t *scratch,
-                                  CkptfsSegment *segs, unsigned max_segs, unsigned *n_segs,
-                                  GError **error)
-{
-    *n_segs = 0;
-    if (offset >= plan->size || len == 0 || max_segs == 0)
-        return 0;
-    if (len > plan->size - offset)
-        len = (size_t)(plan->size - offset);
-    uint64_t end = offset + len, pos = offset;
-    size_t i = find_extent(plan, offset);
-    while (pos < end) {
-        const CkptfsExtent *e = &plan->extents[i];
-        uint64_t e_end = MIN(e->offset + e->size, end);
-        /* The last segment slot takes the whole rest from memory. */
-        bool last_slot = *n_segs + 1 >= max_segs;
-        if (is_plain_run_extent(e) && !last_slot) {
-            const CkptfsGatherItem *item = &e->u.gather.items[0];
-            int fd = ckptfs_srcfiles_get(files, item->src)->fd;
-            uint64_t src_off = item->base + (pos - e->offset);
-            CkptfsSegment *prev = *n_segs ? &segs[*n_segs - 1] : NULL;
-            if (prev && prev->fd == fd && prev->fd_offset + prev->len == src_off)
-                prev->len += (size_t)(e_end - pos);
-            else
-                segs[(*n_segs)++] = (CkptfsSegment){.fd = fd, .fd_offset = src_off,
-                                                    .len = (size_t)(e_end - pos)};
-            pos = e_end;
-            i++;
-            continue;
-        }
-        /* Memory: up to the next plain run (or everything left, in the last slot). */
-        uint64_t mem_end = e_end;
-        size_t j = i + 1;
-        while (mem_end < end && (last_slot || !is_plain_run_extent(&plan->extents[j])))
-            mem_end = MIN(plan->extents[j].offset + plan->extents[j].size, end), j++;
-        uint8_t *dst = scratch + (pos - offset);
-        if (ckptfs_plan_read(plan, files, dst, (size_t)(mem_end - pos), pos, error) < 0)
-            return -1;
-        CkptfsSegment *prev = *n_segs ? &segs[*n_segs - 1] : NULL;
-        if (prev && prev->fd < 0 && prev->mem + prev->len == dst)
-            prev->len += (size_t)(mem_end - pos);
-        else
-            segs[(*n_segs)++] = (CkptfsSegment){.fd = -1, .mem = dst, .len = (size_t)(mem_end - pos)};
-        pos = mem_end;
-        i = j;
-    }
-    return (int64_t)len;
-}
-
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
 {
     for (size_t i = 0; i < plan->n_extents; i++) {

@@ -20,8 +20,6 @@ static void mount_usage(FILE *out)
             "  -f          stay in the foreground\n"
             "  -d          debug: print every FUSE request (implies -f)\n"
             "  -o OPTIONS  comma-separated; ckptfs options:\n%s"
-            "              splice: answer reads of plain source ranges by splice(2) instead\n"
-            "              of copying (measured slower here; see docs/performance.md)\n"
             "              FUSE options: allow_other (adds default_permissions),\n"
             "              auto_unmount, fsname=NAME, and the other options of mount.fuse3(8)\n"
             "Unmount with: fusermount3 -u MNT\n",
@@ -47,7 +45,6 @@ typedef struct {
     CkptfsOptions options;
     GPtrArray *fuse_opts; /* char* */
     bool has_fsname, has_subtype, allow_other;
-    bool splice;
 } MountArgs;
 
 static bool take_options(MountArgs *a, const char *list)
@@ -56,10 +53,6 @@ static bool take_options(MountArgs *a, const char *list)
     for (char **item = items; *item; item++) {
         if (**item == '\0' || is_mount8_only(*item))
             continue;
-        if (strcmp(*item, "splice") == 0 || strcmp(*item, "nosplice") == 0) {
-            a->splice = strcmp(*item, "splice") == 0;
-            continue;
-        }
         if (strcmp(*item, "rw") == 0) {
             fprintf(stderr, "ckptfs: option rw: ckptfs is a read-only file system\n");
             return false;
@@ -170,7 +163,6 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     CkptfsFuseContext ctx = {.mount = mount, .uid = getuid(), .gid = getgid(),
                              .mtime = newest_source_mtime(mount->source),
                              .foreground = a->foreground,
-                             .splice = a->splice,
                              .read_buffer = G_PRIVATE_INIT(g_free)};
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(argv, g_strdup("ckptfs"));

@@ -66,15 +66,11 @@ static void reply_failure(fuse_req_t req, int rc, GError *error)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
+    (void)userdata;
     if (conn->max_readahead > READ_AHEAD)
         conn->max_readahead = READ_AHEAD;
     /* Nothing changes behind the kernel's back: no need to revalidate cached data. */
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
-    CkptfsFuseContext *ctx = userdata;
-    if (ctx->splice && (conn->capable & FUSE_CAP_SPLICE_WRITE))
-        conn->want |= FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE;
-    else
-        ctx->splice = false;
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -244,53 +240,12 @@ static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
     return rb->data;
 }
 
-#define MAX_SEGMENTS 16
-
-/* Plain source ranges go to the kernel as file descriptors (spliced, no copy through this
- * process); headers, gathers and padding as memory. */
-static void reply_spliced(fuse_req_t req, CkptfsFuseContext *ctx, const CkptfsPlan *plan,
-                          size_t size, off_t off)
-{
-    uint8_t *scratch = thread_read_buffer(ctx, size ? size : 1);
-    CkptfsSegment segs[MAX_SEGMENTS];
-    unsigned n = 0;
-    GError *error = NULL;
-    if (ckptfs_plan_read_segments(plan, ctx->mount->source->files, (uint64_t)off, size, scratch,
-                                  segs, MAX_SEGMENTS, &n, &error) < 0) {
-        reply_failure(req, -EIO, error);
-        return;
-    }
-    if (n == 0) {
-        fuse_reply_buf(req, NULL, 0);
-        return;
-    }
-    struct fuse_bufvec *bv = g_malloc0(sizeof *bv + (n - 1) * sizeof(struct fuse_buf));
-    bv->count = n;
-    for (unsigned k = 0; k < n; k++) {
-        struct fuse_buf *b = &bv->buf[k];
-        b->size = segs[k].len;
-        if (segs[k].fd >= 0) {
-            b->flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-            b->fd = segs[k].fd;
-            b->pos = (off_t)segs[k].fd_offset;
-        } else {
-            b->mem = (void *)segs[k].mem;
-        }
-    }
-    fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
-    g_free(bv);
-}
-
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
     (void)ino;
     CkptfsFuseContext *ctx = ctx_of(req);
     const CkptfsPlan *plan = (const CkptfsPlan *)(uintptr_t)fi->fh;
-    if (ctx->splice) {
-        reply_spliced(req, ctx, plan, size, off);
-        return;
-    }
     uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     GError *error = NULL;
     int64_t n = ckptfs_plan_read(plan, ctx->mount->source->files, buf, size, (uint64_t)off, &error);

@@ -16,7 +16,6 @@ typedef struct {
     gid_t gid;
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
-    bool splice;           /* answer reads of plain source ranges by splicing from the file */
     GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */
     char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
     gint read_ahead_raised;

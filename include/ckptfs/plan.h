@@ -87,23 +87,6 @@ const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index);
 int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
                          size_t len, uint64_t offset, GError **error);
 
-/* A read described for zero-copy replies: FD >= 0 is a byte range of an open source file
- * (which the FUSE layer may splice), FD < 0 is MEM. */
-typedef struct {
-    int fd;
-    uint64_t fd_offset;
-    const uint8_t *mem;
-    size_t len;
-} CkptfsSegment;
-
-/* Describes [OFFSET, OFFSET + LEN) as at most MAX_SEGS segments: plain runs of a source file
- * as file ranges, everything else read into SCRATCH (LEN bytes) at the same relative position.
- * Returns the bytes covered (short only at end of file) or -1 with an error. */
-int64_t ckptfs_plan_read_segments(const CkptfsPlan *plan, const CkptfsSrcFiles *files,
-                                  uint64_t offset, size_t len, uint8_t *scratch,
-                                  CkptfsSegment *segs, unsigned max_segs, unsigned *n_segs,
-                                  GError **error);
-
 /* The distinct source files a plan reads from (for change detection at open). */
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes /* of guint32 */);
 

@@ -42,12 +42,6 @@ for size in 1 64K 40000 100M; do
   done
 done
 
-# The same bytes when reads are answered by splicing source ranges.
-check "-o splice: mounts" mount_ckptfs "$WORK/sharded" "$WORK/mnt-splice" -o splice,hf_shard_size=64K
-check "-o splice: re-sharded view follows the rules" \
-  $PY "$check_hf" compare "$WORK/sharded" "$WORK/mnt-splice/hf" --shard-size 65536
-check "-o splice: pass-through files identical" cmp "$WORK/sharded/tokenizer.json" "$WORK/mnt-splice/hf/tokenizer.json"
-
 # cat, export and cp -r agree with reads through the mount.
 mnt=$WORK/mnt-sharded-64K
 check "export writes the re-sharded view" "$CKPTFS" export "$WORK/sharded" hf "$WORK/export" -o hf_shard_size=64K

@@ -122,33 +122,6 @@ static void test_random_plans(const Sources *s, GRand *rng)
                 tap_diag("plan %d read off=%llu len=%zu: got %lld want %lld", p,
                          (unsigned long long)off, len, (long long)got, (long long)want);
         }
-        /* The same reads described as segments (file ranges + memory), reassembled. */
-        for (int r = 0; r < 50; r++) {
-            uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)expect->len + 100);
-            size_t len = (size_t)g_rand_int_range(rng, 1, 4096);
-            CkptfsSegment segs[8];
-            unsigned nsegs = 0;
-            uint8_t *scratch = g_malloc(len), *out = g_malloc0(len);
-            unsigned max = (unsigned)g_rand_int_range(rng, 1, 9);
-            int64_t got = ckptfs_plan_read_segments(plan, s->files, off, len, scratch, segs, max,
-                                                    &nsegs, NULL);
-            size_t at = 0;
-            for (unsigned k = 0; k < nsegs; k++) {
-                if (segs[k].fd >= 0)
-                    g_assert(pread(segs[k].fd, out + at, segs[k].len, (off_t)segs[k].fd_offset) ==
-                             (ssize_t)segs[k].len);
-                else
-                    memcpy(out + at, segs[k].mem, segs[k].len);
-                at += segs[k].len;
-            }
-            int64_t want = off >= expect->len ? 0 : (int64_t)MIN((uint64_t)len, expect->len - off);
-            reads++;
-            if (got == want && at == (size_t)want && nsegs <= max &&
-                (want == 0 || memcmp(out, expect->data + off, (size_t)want) == 0))
-                reads_ok++;
-            g_free(scratch);
-            g_free(out);
-        }
         /* Whole-file read in one call. */
         int64_t got = ckptfs_plan_read(plan, s->files, buf, expect->len + 10, 0, NULL);
         reads++;
