@@ -70,6 +70,16 @@ check "export of tp2pp2 equals cp -r of the mounted view" bash -c \
   "'$CKPTFS' export '$WORK/llama' tp2pp2 '$WORK/exp' && cp -r '$mnt/tp2pp2' '$WORK/cp' && diff -r '$WORK/exp' '$WORK/cp'"
 f=tp2pp2/release/mp_rank_01_001/model_optim_rng.pt
 check "cat equals the mounted file" cmp <("$CKPTFS" cat "$WORK/llama" "$f") "$mnt/$f"
+pids=()
+for i in 1 2 3 4; do
+  for r in 00_000 01_000 00_001 01_001; do
+    $PY "$TESTS_TOP/tests/lib/check_hf.py" random-reads "$mnt/tp2pp2/release/mp_rank_$r/model_optim_rng.pt" \
+      "$WORK/exp/release/mp_rank_$r/model_optim_rng.pt" 100 &
+    pids+=($!)
+  done
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
+ok $rc "4 concurrent readers x every tp2pp2 rank file: random reads equal the export"
 
 # crc32=compute gives archives that zipfile and unzip verify; the default CRC 0 does not.
 mnt=$WORK/mnt-crc

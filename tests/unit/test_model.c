@@ -153,6 +153,28 @@ int main(void)
     tap_ok(!ok && strstr(why, "num_key_value_heads"), "heads not a multiple of KV heads (%s)", why);
     g_free(why);
 
+    {
+        JsonObject *config = config_of("{" LLAMA "}");
+        CkptfsCatalog *c = catalog_of(&llama);
+        /* Re-add one norm as F32: the weights are then a mix of dtypes. */
+        CkptfsCatalog *mixed = ckptfs_catalog_new();
+        for (unsigned i = 0; i < ckptfs_catalog_count(c); i++) {
+            const CkptfsTensor *t = ckptfs_catalog_at(c, i);
+            bool odd = strcmp(t->name, "model.layers.1.input_layernorm.weight") == 0;
+            ckptfs_catalog_add_contiguous(mixed, t->name, odd ? CKPTFS_DTYPE_F32 : t->dtype,
+                                          t->ndim, t->shape, 0, 0);
+        }
+        GError *error = NULL;
+        bool mixed_ok = ckptfs_model_from_config(config, mixed, &m, &error);
+        tap_ok(!mixed_ok && error && strstr(error->message, "model.layers.1.input_layernorm.weight") &&
+                   strstr(error->message, "mixed"),
+               "a dtype mix is refused naming the tensor (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        ckptfs_catalog_free(mixed);
+        ckptfs_catalog_free(c);
+        json_object_unref(config);
+    }
+
     ok = run("{" LLAMA ", \"num_hidden_layers\": -2}", &llama, &m, &why);
     tap_ok(!ok, "negative layer count is refused (%s)", why);
     g_free(why);
