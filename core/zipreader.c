@@ -1,0 +1,288 @@
+#include "ckptfs/zipreader.h"
+
+#include <string.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/units.h"
+
+#define EOCD_SIG 0x06054b50u
+#define EOCD64_SIG 0x06064b50u
+#define LOCATOR_SIG 0x07064b50u
+#define CD_SIG 0x02014b50u
+#define LOCAL_SIG 0x04034b50u
+#define MAX_CD_SIZE (256u << 20)
+#define MAX_ENTRIES (1u << 20)
+
+struct CkptfsZip {
+    char *path;
+    unsigned src;
+    char *top;
+    GPtrArray *entries;  /* CkptfsZipEntry* */
+    GHashTable *by_name; /* name -> entry */
+};
+
+static void entry_free(gpointer p)
+{
+    CkptfsZipEntry *e = p;
+    g_free(e->name);
+    g_free(e);
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static bool bad(GError **error, const char *path, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static bool bad(GError **error, const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: %s", path, msg);
+    return false;
+}
+
+/* Finds the end records: fills the directory's offset, size and entry count. */
+static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char *path,
+                           uint64_t *cd_offset, uint64_t *cd_size, uint64_t *count, GError **error)
+{
+    uint64_t size = ckptfs_srcfiles_get(files, src)->size;
+    if (size < 22)
+        return bad(error, path, "%" G_GUINT64_FORMAT " bytes is too short for a zip archive", size);
+    size_t tail_len = (size_t)MIN(size, (uint64_t)(65535 + 22 + 20));
+    g_autofree uint8_t *tail = g_malloc(tail_len);
+    if (!ckptfs_srcfiles_pread(files, src, tail, tail_len, size - tail_len, error))
+        return false;
+    /* The end record is the last signature whose comment length reaches the end exactly. */
+    ssize_t at = -1;
+    for (ssize_t i = (ssize_t)tail_len - 22; i >= 0; i--)
+        if (get32(tail + i) == EOCD_SIG && (size_t)i + 22 + get16(tail + i + 20) == tail_len) {
+            at = i;
+            break;
+        }
+    if (at < 0)
+        return bad(error, path, "not a zip archive (no end of central directory record); "
+                                "not a torch.save file, or truncated?");
+    const uint8_t *e = tail + at;
+    if (get16(e + 4) != 0 || get16(e + 6) != 0)
+        return bad(error, path, "multi-disk zip archives are not supported");
+    *count = get16(e + 10);
+    *cd_size = get32(e + 12);
+    *cd_offset = get32(e + 16);
+    if (*count == 0xffff || *cd_size == 0xffffffffu || *cd_offset == 0xffffffffu) {
+        if (at < 20 || get32(e - 20) != LOCATOR_SIG)
+            return bad(error, path, "ZIP64 sizes without a ZIP64 locator");
+        uint64_t rec_off = get64(e - 20 + 8);
+        uint8_t rec[56];
+        if (rec_off > size - sizeof rec)
+            return bad(error, path, "ZIP64 end record offset %" G_GUINT64_FORMAT " is outside the file", rec_off);
+        if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, rec_off, error))
+            return false;
+        if (get32(rec) != EOCD64_SIG)
+            return bad(error, path, "no ZIP64 end record where the locator points");
+        *count = get64(rec + 32);
+        *cd_size = get64(rec + 40);
+        *cd_offset = get64(rec + 48);
+    }
+    uint64_t cd_end;
+    if (!ckptfs_add_u64(*cd_offset, *cd_size, &cd_end) || cd_end > size)
+        return bad(error, path, "central directory [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
+                                ") runs past the end of the file (%" G_GUINT64_FORMAT " bytes); truncated?",
+                   *cd_offset, *cd_size, size);
+    if (*cd_size > MAX_CD_SIZE || *count > MAX_ENTRIES)
+        return bad(error, path, "central directory of %" G_GUINT64_FORMAT " entries / %" G_GUINT64_FORMAT
+                                " bytes is absurdly large", *count, *cd_size);
+    return true;
+}
+
+/* One central directory entry at P (LEFT bytes left); fills the entry, returns its length. */
+static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path,
+                             CkptfsZipEntry *entry, uint64_t *local_offset, GError **error)
+{
+    if (left < 46 || get32(p) != CD_SIG) {
+        bad(error, path, "central directory entry is malformed");
+        return 0;
+    }
+    uint16_t method = get16(p + 10);
+    uint64_t csize = get32(p + 20), usize = get32(p + 24);
+    size_t name_len = get16(p + 28), extra_len = get16(p + 30), comment_len = get16(p + 32);
+    *local_offset = get32(p + 42);
+    if (46 + name_len + extra_len + comment_len > left) {
+        bad(error, path, "central directory entry runs past the directory");
+        return 0;
+    }
+    entry->name = g_strndup((const char *)p + 46, name_len);
+    /* ZIP64 extended information: the 64-bit values of the fields that are 0xffffffff. */
+    const uint8_t *x = p + 46 + name_len, *xend = x + extra_len;
+    while (x + 4 <= xend) {
+        uint16_t id = get16(x), n = get16(x + 2);
+        const uint8_t *v = x + 4, *vend = v + n;
+        if (vend > xend)
+            break;
+        if (id == 0x0001) {
+            if (usize == 0xffffffffu && v + 8 <= vend)
+                usize = get64(v), v += 8;
+            if (csize == 0xffffffffu && v + 8 <= vend)
+                csize = get64(v), v += 8;
+            if (*local_offset == 0xffffffffu && v + 8 <= vend)
+                *local_offset = get64(v);
+        }
+        x = vend;
+    }
+    if (method != 0) {
+        bad(error, path, "entry '%s' is compressed (method %u); torch.save files store every "
+                         "entry uncompressed",
+            entry->name, method);
+        return 0;
+    }
+    if (csize != usize) {
+        bad(error, path, "entry '%s': stored size %" G_GUINT64_FORMAT " differs from size %" G_GUINT64_FORMAT,
+            entry->name, csize, usize);
+        return 0;
+    }
+    entry->size = usize;
+    return 46 + name_len + extra_len + comment_len;
+}
+
+CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **error)
+{
+    const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
+    uint64_t cd_offset = 0, cd_size = 0, count = 0;
+    if (!find_directory(files, src, file->path, &cd_offset, &cd_size, &count, error))
+        return NULL;
+    g_autofree uint8_t *cd = g_malloc(cd_size ? cd_size : 1);
+    if (!ckptfs_srcfiles_pread(files, src, cd, (size_t)cd_size, cd_offset, error))
+        return NULL;
+    CkptfsZip *zip = g_new0(CkptfsZip, 1);
+    zip->path = g_strdup(file->path);
+    zip->src = src;
+    zip->entries = g_ptr_array_new_with_free_func(entry_free);
+    zip->by_name = g_hash_table_new(g_str_hash, g_str_equal);
+    size_t pos = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        CkptfsZipEntry *e = g_new0(CkptfsZipEntry, 1);
+        g_ptr_array_add(zip->entries, e);
+        uint64_t local;
+        size_t used = parse_cd_entry(cd + pos, (size_t)cd_size - pos, file->path, e, &local, error);
+        if (used == 0)
+            goto fail;
+        pos += used;
+        /* The data starts after the local header, whose extra field may differ from the
+         * directory's (torch pads it for alignment). */
+        uint8_t lh[30];
+        if (local > file->size - MIN(file->size, (uint64_t)sizeof lh)) {
+            bad(error, file->path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is outside the file",
+                e->name, local);
+            goto fail;
+        }
+        if (!ckptfs_srcfiles_pread(files, src, lh, sizeof lh, local, error))
+            goto fail;
+        if (get32(lh) != LOCAL_SIG) {
+            bad(error, file->path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, e->name, local);
+            goto fail;
+        }
+        e->data_offset = local + 30 + get16(lh + 26) + get16(lh + 28);
+        uint64_t end;
+        if (!ckptfs_add_u64(e->data_offset, e->size, &end) || end > file->size) {
+            bad(error, file->path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
+                                   ") runs past the end of the file; truncated?",
+                e->name, e->data_offset, e->size);
+            goto fail;
+        }
+    }
+    /* torch.save puts every entry in one top folder: find it from data.pkl. */
+    for (guint i = 0; i < zip->entries->len && zip->top == NULL; i++) {
+        const char *name = ((CkptfsZipEntry *)g_ptr_array_index(zip->entries, i))->name;
+        const char *slash = strchr(name, '/');
+        if (slash && strcmp(slash + 1, "data.pkl") == 0)
+            zip->top = g_strndup(name, (gsize)(slash - name));
+    }
+    if (zip->top == NULL) {
+        bad(error, file->path, "no data.pkl entry: not a torch.save archive");
+        goto fail;
+    }
+    size_t top_len = strlen(zip->top);
+    for (guint i = 0; i < zip->entries->len; i++) {
+        CkptfsZipEntry *e = g_ptr_array_index(zip->entries, i);
+        if (strncmp(e->name, zip->top, top_len) != 0 || e->name[top_len] != '/') {
+            bad(error, file->path, "entry '%s' is outside the top folder '%s'", e->name, zip->top);
+            goto fail;
+        }
+        memmove(e->name, e->name + top_len + 1, strlen(e->name + top_len + 1) + 1);
+        if (g_hash_table_contains(zip->by_name, e->name)) {
+            bad(error, file->path, "entry '%s/%s' appears twice", zip->top, e->name);
+            goto fail;
+        }
+        g_hash_table_insert(zip->by_name, e->name, e);
+    }
+    return zip;
+fail:
+    ckptfs_zip_free(zip);
+    return NULL;
+}
+
+void ckptfs_zip_free(CkptfsZip *zip)
+{
+    if (zip == NULL)
+        return;
+    g_hash_table_unref(zip->by_name);
+    g_ptr_array_unref(zip->entries);
+    g_free(zip->top);
+    g_free(zip->path);
+    g_free(zip);
+}
+
+const CkptfsZipEntry *ckptfs_zip_find(const CkptfsZip *zip, const char *name)
+{
+    return g_hash_table_lookup(zip->by_name, name);
+}
+
+unsigned ckptfs_zip_count(const CkptfsZip *zip)
+{
+    return zip->entries->len;
+}
+
+const CkptfsZipEntry *ckptfs_zip_at(const CkptfsZip *zip, unsigned index)
+{
+    return index < zip->entries->len ? g_ptr_array_index(zip->entries, index) : NULL;
+}
+
+const char *ckptfs_zip_top_folder(const CkptfsZip *zip)
+{
+    return zip->top;
+}
+
+GBytes *ckptfs_zip_read(const CkptfsZip *zip, const CkptfsSrcFiles *files, const char *name,
+                        uint64_t max, GError **error)
+{
+    const CkptfsZipEntry *e = ckptfs_zip_find(zip, name);
+    if (e == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: no entry '%s/%s'", zip->path,
+                    zip->top, name);
+        return NULL;
+    }
+    if (e->size > max) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: entry '%s/%s' is %" G_GUINT64_FORMAT " bytes (limit %" G_GUINT64_FORMAT ")",
+                    zip->path, zip->top, name, e->size, max);
+        return NULL;
+    }
+    uint8_t *buf = g_malloc(e->size ? e->size : 1);
+    if (!ckptfs_srcfiles_pread(files, zip->src, buf, (size_t)e->size, e->data_offset, error)) {
+        g_free(buf);
+        return NULL;
+    }
+    return g_bytes_new_take(buf, (gsize)e->size);
+}

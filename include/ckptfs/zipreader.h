@@ -1,0 +1,35 @@
+/* Reading torch.save zip archives: the central directory (ZIP64 included) and where each
+ * record's bytes are in the file. STORED entries only; alignment and extra fields as any
+ * torch version writes them. Untrusted input: every offset is checked against the file. */
+#ifndef CKPTFS_ZIPREADER_H
+#define CKPTFS_ZIPREADER_H
+
+#include <glib.h>
+#include <stdint.h>
+
+#include "ckptfs/srcfiles.h"
+
+typedef struct {
+    char *name;           /* below the archive's top folder: "data.pkl", "data/0" */
+    uint64_t data_offset; /* of the record's bytes in the file */
+    uint64_t size;
+} CkptfsZipEntry;
+
+typedef struct CkptfsZip CkptfsZip;
+
+/* Reads the directory of source file SRC. Errors name the file and the entry. */
+CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **error);
+void ckptfs_zip_free(CkptfsZip *zip);
+
+const CkptfsZipEntry *ckptfs_zip_find(const CkptfsZip *zip, const char *name);
+unsigned ckptfs_zip_count(const CkptfsZip *zip);
+const CkptfsZipEntry *ckptfs_zip_at(const CkptfsZip *zip, unsigned index);
+/* The top folder all entries share ("archive", "model_optim_rng", ...). */
+const char *ckptfs_zip_top_folder(const CkptfsZip *zip);
+
+/* Reads a whole (small) record, e.g. data.pkl, from the file the archive was opened from
+ * (FILES must be the same set); refuses records above MAX bytes. */
+GBytes *ckptfs_zip_read(const CkptfsZip *zip, const CkptfsSrcFiles *files, const char *name,
+                        uint64_t max, GError **error);
+
+#endif

@@ -1,0 +1,32 @@
+/* libFuzzer target: any bytes as a pickle. Parsing must end with a value or an error, within
+ * the parser's bounds; a parsed tree is walked to touch every object. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "ckptfs/pickle.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static size_t walk(const CkptfsPy *v, unsigned depth)
+{
+    if (v == NULL || depth > 64)
+        return 0;
+    size_t n = 1;
+    if (v->items)
+        for (guint i = 0; i < v->items->len; i++)
+            n += walk(g_ptr_array_index(v->items, i), depth + 1);
+    return n + walk(v->args, depth + 1) + walk(v->state, depth + 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    GError *error = NULL;
+    CkptfsPickle *p = ckptfs_pickle_parse("fuzz", data, size, &error);
+    if (p == NULL && error == NULL)
+        abort(); /* a failure always says why */
+    if (p)
+        (void)walk(ckptfs_pickle_root(p), 0);
+    g_clear_error(&error);
+    ckptfs_pickle_free(p);
+    return 0;
+}

@@ -1,0 +1,242 @@
+/* Reading torch.save files: the zip directory and the pickle, on files Megatron-LM wrote
+ * (when the shared test data is present), on files ckptfs writes itself, and on hostile
+ * pickles. */
+#include <glib/gstdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/pickle.h"
+#include "ckptfs/torchsave.h"
+#include "ckptfs/zipreader.h"
+#include "tap.h"
+
+static CkptfsPickle *load(const CkptfsSrcFiles *files, unsigned src, CkptfsZip **zip_out,
+                          GError **error)
+{
+    CkptfsZip *zip = ckptfs_zip_open(files, src, error);
+    if (zip == NULL)
+        return NULL;
+    GBytes *pkl = ckptfs_zip_read(zip, files, "data.pkl", 64u << 20, error);
+    CkptfsPickle *p = NULL;
+    if (pkl) {
+        gsize n;
+        const uint8_t *d = g_bytes_get_data(pkl, &n);
+        p = ckptfs_pickle_parse("data.pkl", d, n, error);
+        g_bytes_unref(pkl);
+    }
+    *zip_out = zip;
+    return p;
+}
+
+static void test_megatron_file(void)
+{
+    const char *dir = g_getenv("CKPTFS_TESTDATA");
+    g_autofree char *path = g_build_filename(dir ? dir : "../shared/testdata",
+                                             "megatron-core-0.17.1/llama-tp2pp2-torch/iter_0000010/"
+                                             "mp_rank_01_001/model_optim_rng.pt",
+                                             NULL);
+    if (!g_file_test(path, G_FILE_TEST_EXISTS)) {
+        printf("ok %d # skip Megatron-written file absent (%s)\n", ++tap_count, path);
+        return;
+    }
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new();
+    GError *error = NULL;
+    int src = ckptfs_srcfiles_add(files, path, &error);
+    CkptfsZip *zip = NULL;
+    CkptfsPickle *p = src >= 0 ? load(files, (unsigned)src, &zip, &error) : NULL;
+    tap_ok(p != NULL, "Megatron's rank file parses without executing anything (%s)",
+           error ? error->message : "ok");
+    g_clear_error(&error);
+    if (p) {
+        const CkptfsPy *root = ckptfs_pickle_root(p);
+        const CkptfsPy *version = ckptfs_py_dict_get(root, "checkpoint_version");
+        const CkptfsPy *iteration = ckptfs_py_dict_get(root, "iteration");
+        tap_ok(version && version->kind == CKPTFS_PY_FLOAT && version->f == 3.0 && iteration &&
+                   iteration->i == 10,
+               "checkpoint_version 3.0, iteration 10");
+        const CkptfsPy *args = ckptfs_py_object_state(ckptfs_py_dict_get(root, "args"));
+        const CkptfsPy *tp = ckptfs_py_dict_get(args, "tensor_model_parallel_size");
+        const CkptfsPy *vocab = ckptfs_py_dict_get(args, "padded_vocab_size");
+        tap_ok(tp && tp->i == 2 && vocab && vocab->i == 256,
+               "args Namespace state: tp 2, padded vocab 256");
+        const CkptfsPy *model = ckptfs_py_dict_get(root, "model");
+        const CkptfsPy *qkv = ckptfs_py_dict_get(model, "decoder.layers.0.self_attention.linear_qkv.weight");
+        tap_ok(qkv && qkv->kind == CKPTFS_PY_TENSOR && qkv->tensor.dtype == CKPTFS_DTYPE_BF16 &&
+                   qkv->tensor.ndim == 2 && qkv->tensor.shape[0] == 48 && qkv->tensor.shape[1] == 64 &&
+                   qkv->tensor.stride[0] == 64,
+               "linear_qkv.weight: bf16 [48, 64] row-major");
+        unsigned tensors = 0, found = 0;
+        for (guint i = 0; model && i + 1 < model->items->len; i += 2) {
+            const CkptfsPy *v = g_ptr_array_index(model->items, i + 1);
+            if (v->kind != CKPTFS_PY_TENSOR)
+                continue;
+            tensors++;
+            g_autofree char *rec = g_strdup_printf("data/%s", v->tensor.storage_key);
+            const CkptfsZipEntry *e = ckptfs_zip_find(zip, rec);
+            found += e && e->size == v->tensor.storage_numel * ckptfs_dtype_size(v->tensor.dtype);
+        }
+        tap_ok(tensors > 20 && found == tensors,
+               "every model tensor's storage record exists with numel x itemsize bytes (%u)", tensors);
+        const CkptfsPy *rng = ckptfs_py_dict_get(root, "rng_state");
+        tap_ok(rng != NULL, "rng_state (numpy 2 objects) is kept as opaque values");
+        tap_ok(ckptfs_zip_top_folder(zip) && strcmp(ckptfs_zip_top_folder(zip), "model_optim_rng") == 0,
+               "top folder read from the archive");
+    }
+    ckptfs_pickle_free(p);
+    ckptfs_zip_free(zip);
+    ckptfs_srcfiles_free(files);
+}
+
+/* torch.distributed.checkpoint's .metadata: protocol 4 (FRAME, MEMOIZE, STACK_GLOBAL, ...). */
+static void test_dcp_metadata(void)
+{
+    const char *dir = g_getenv("CKPTFS_TESTDATA");
+    g_autofree char *path = g_build_filename(dir ? dir : "../shared/testdata",
+                                             "megatron-core-0.17.1/llama-tp2pp2-torch_dist/iter_0000010/.metadata",
+                                             NULL);
+    gchar *data = NULL;
+    gsize len = 0;
+    if (!g_file_get_contents(path, &data, &len, NULL)) {
+        printf("ok %d # skip torch_dist test data absent (%s)\n", ++tap_count, path);
+        return;
+    }
+    GError *error = NULL;
+    CkptfsPickle *p = ckptfs_pickle_parse(".metadata", (const uint8_t *)data, len, &error);
+    const CkptfsPy *r = p ? ckptfs_pickle_root(p) : NULL;
+    tap_ok(r && r->kind == CKPTFS_PY_OBJECT &&
+               ckptfs_py_is_global(r->callable, "torch.distributed.checkpoint.metadata", "Metadata"),
+           "Megatron's torch_dist .metadata (protocol 4) parses to an inert Metadata object (%s)",
+           error ? error->message : "ok");
+    g_clear_error(&error);
+    ckptfs_pickle_free(p);
+    g_free(data);
+}
+
+static void emit_iota(gconstpointer ctx, CkptfsPlanBuilder *b)
+{
+    uint8_t bytes[24];
+    for (unsigned i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)(i + GPOINTER_TO_UINT(ctx));
+    ckptfs_plan_add_literal(b, bytes, sizeof bytes);
+}
+
+/* What ckptfs writes, it reads back: values, tensors, records. */
+static void test_round_trip(void)
+{
+    CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    CkptfsValue *ns = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+    ckptfs_value_set(ns, "hidden_size", ckptfs_value_int(4096));
+    ckptfs_value_set(ns, "big", ckptfs_value_int(-(1ll << 40)));
+    ckptfs_value_set(ns, "params_dtype", ckptfs_value_dtype(CKPTFS_DTYPE_BF16));
+    ckptfs_value_set(root, "args", ns);
+    ckptfs_value_set(root, "checkpoint_version", ckptfs_value_float(3.0));
+    CkptfsValue *model = ckptfs_value_container(CKPTFS_VALUE_ODICT);
+    uint64_t shape[2] = {3, 4};
+    ckptfs_value_set(model, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 2, shape, emit_iota, GUINT_TO_POINTER(1)));
+    ckptfs_value_set(model, "w._extra_state", ckptfs_value_none());
+    ckptfs_value_set(root, "model", model);
+    CkptfsPlan *plan = ckptfs_torchsave_plan(root, "archive", false, NULL);
+    ckptfs_value_free(root);
+
+    g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-roundtrip-XXXXXX", NULL);
+    int fd = g_mkstemp(path);
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new();
+    uint64_t size = ckptfs_plan_size(plan);
+    uint8_t *buf = g_malloc(size);
+    ckptfs_plan_read(plan, none, buf, size, 0, NULL);
+    g_assert(write(fd, buf, size) == (ssize_t)size);
+    close(fd);
+    g_free(buf);
+    ckptfs_plan_free(plan);
+    ckptfs_srcfiles_free(none);
+
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new();
+    GError *error = NULL;
+    int src = ckptfs_srcfiles_add(files, path, &error);
+    CkptfsZip *zip = NULL;
+    CkptfsPickle *p = load(files, (unsigned)src, &zip, &error);
+    tap_ok(p != NULL, "a file ckptfs writes parses back (%s)", error ? error->message : "ok");
+    g_clear_error(&error);
+    if (p) {
+        const CkptfsPy *r = ckptfs_pickle_root(p);
+        const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(r, "args"));
+        const CkptfsPy *big = ckptfs_py_dict_get(st, "big");
+        tap_ok(ckptfs_py_dict_get(st, "hidden_size")->i == 4096 && big && big->i == -(1ll << 40),
+               "ints round-trip, LONG1 included");
+        const CkptfsPy *w = ckptfs_py_dict_get(ckptfs_py_dict_get(r, "model"), "w");
+        const CkptfsZipEntry *e = w ? ckptfs_zip_find(zip, "data/0") : NULL;
+        uint8_t rec[24] = {0};
+        bool bytes_ok = e && e->size == 24 && e->data_offset % 64 == 0 &&
+                        ckptfs_srcfiles_pread(files, (unsigned)src, rec, 24, e->data_offset, NULL) &&
+                        rec[0] == 1 && rec[23] == 24;
+        tap_ok(w && w->kind == CKPTFS_PY_TENSOR && w->tensor.shape[1] == 4 && bytes_ok,
+               "tensor [3, 4] and its 64-byte aligned record read back");
+        tap_ok(ckptfs_py_dict_get(ckptfs_py_dict_get(r, "model"), "w._extra_state")->kind == CKPTFS_PY_NONE,
+               "None entries kept in order");
+    }
+    ckptfs_pickle_free(p);
+    ckptfs_zip_free(zip);
+    ckptfs_srcfiles_free(files);
+    g_unlink(path);
+}
+
+static void expect_bad_pickle(const char *what, const uint8_t *data, size_t len, const char *want)
+{
+    GError *error = NULL;
+    CkptfsPickle *p = ckptfs_pickle_parse("hostile.pkl", data, len, &error);
+    tap_ok(p == NULL && error && strstr(error->message, "hostile.pkl") && strstr(error->message, want),
+           "%s: %s", what, error ? error->message : "parsed!");
+    g_clear_error(&error);
+    ckptfs_pickle_free(p);
+}
+
+static void test_hostile(void)
+{
+    GByteArray *deep = g_byte_array_new();
+    g_byte_array_append(deep, (const guint8 *)"\x80\x02", 2);
+    for (int i = 0; i < 5000; i++)
+        g_byte_array_append(deep, (const guint8 *)"(", 1);
+    expect_bad_pickle("5000 nested MARKs", deep->data, deep->len, "nesting deeper");
+    g_byte_array_set_size(deep, 2);
+    for (int i = 0; i < 5000; i++)
+        g_byte_array_append(deep, (const guint8 *)"]", 1);
+    g_byte_array_append(deep, (const guint8 *)".", 1);
+    expect_bad_pickle("5000 lists left on the stack", deep->data, deep->len, "STOP with");
+    g_byte_array_unref(deep);
+    const uint8_t huge_str[] = {0x80, 2, 'X', 0xff, 0xff, 0xff, 0x7f, 'a', '.'};
+    expect_bad_pickle("BINUNICODE claiming 2 GB", huge_str, sizeof huge_str, "truncated");
+    const uint8_t huge8[] = {0x80, 4, 0x8e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '.'};
+    expect_bad_pickle("BINBYTES8 claiming 2^64", huge8, sizeof huge8, "truncated");
+    const uint8_t unknown[] = {0x80, 2, 0xee, '.'};
+    expect_bad_pickle("unknown opcode", unknown, sizeof unknown, "opcode 0xee");
+    const uint8_t memo[] = {0x80, 2, 'h', 7, '.'};
+    expect_bad_pickle("memo entry never stored", memo, sizeof memo, "never stored");
+    const uint8_t under[] = {0x80, 2, 'R', '.'};
+    expect_bad_pickle("REDUCE on an empty stack", under, sizeof under, "underflow");
+    const uint8_t nostop[] = {0x80, 2, 'N'};
+    expect_bad_pickle("no STOP", nostop, sizeof nostop, "without STOP");
+    const uint8_t proto9[] = {0x80, 9, 'N', '.'};
+    expect_bad_pickle("protocol 9", proto9, sizeof proto9, "protocol 9");
+    const uint8_t odd[] = {0x80, 2, '}', '(', 'N', 'u', '.'};
+    expect_bad_pickle("SETITEMS with one item", odd, sizeof odd, "odd number");
+    const uint8_t setlist[] = {0x80, 2, ']', 'N', 'N', 's', '.'};
+    expect_bad_pickle("SETITEM on a list", setlist, sizeof setlist, "not a dict");
+    const uint8_t rce[] = "\x80\x02" "cos\nsystem\n" "X\x02\x00\x00\x00id" "\x85R.";
+    GError *error = NULL;
+    CkptfsPickle *p = ckptfs_pickle_parse("x.pkl", rce, sizeof rce - 1, &error);
+    const CkptfsPy *r = p ? ckptfs_pickle_root(p) : NULL;
+    tap_ok(r && r->kind == CKPTFS_PY_OBJECT && ckptfs_py_is_global(r->callable, "os", "system"),
+           "os.system(...) stays an inert object: nothing is called");
+    ckptfs_pickle_free(p);
+    g_clear_error(&error);
+}
+
+int main(void)
+{
+    test_megatron_file();
+    test_dcp_metadata();
+    test_round_trip();
+    test_hostile();
+    return tap_done();
+}
