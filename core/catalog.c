@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "ckptfs/error.h"
+
 struct CkptfsCatalog {
     GPtrArray *tensors;  /* CkptfsTensor*, source order */
     GHashTable *by_name; /* name -> CkptfsTensor* */
@@ -60,6 +62,60 @@ const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const 
     t->pieces = g_new0(CkptfsPiece, 1);
     t->pieces[0] = (CkptfsPiece){.row0 = 0, .row1 = t->rows, .col0 = 0, .col1 = t->cols,
                                  .src = src, .offset = offset, .row_stride = t->cols * isz};
+    g_ptr_array_add(catalog->tensors, t);
+    g_hash_table_insert(catalog->by_name, t->name, t);
+    catalog->total_bytes += t->nbytes;
+    return t;
+}
+
+const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char *name,
+                                              CkptfsDtype dtype, unsigned ndim,
+                                              const uint64_t *shape, const CkptfsPiece *pieces,
+                                              unsigned npieces, GError **error)
+{
+    if (g_hash_table_contains(catalog->by_name, name)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' is given twice", name);
+        return NULL;
+    }
+    uint64_t numel = 1;
+    ckptfs_shape_numel(shape, ndim, &numel);
+    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = rows ? numel / rows : 0;
+    uint64_t covered = 0;
+    for (unsigned i = 0; i < npieces; i++) {
+        const CkptfsPiece *a = &pieces[i];
+        bool inside = a->row0 < a->row1 && a->col0 < a->col1 && a->row1 <= rows && a->col1 <= cols;
+        for (unsigned j = 0; inside && j < i; j++) {
+            const CkptfsPiece *b = &pieces[j];
+            inside = a->row1 <= b->row0 || b->row1 <= a->row0 || a->col1 <= b->col0 ||
+                     b->col1 <= a->col0;
+        }
+        if (!inside) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "tensor '%s': piece rows [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                        ") x columns [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                        ") is outside the tensor or overlaps another piece",
+                        name, a->row0, a->row1, a->col0, a->col1);
+            return NULL;
+        }
+        covered += (a->row1 - a->row0) * (a->col1 - a->col0);
+    }
+    if (covered != rows * cols) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "tensor '%s': pieces cover %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT
+                    " elements (a rank file is missing part of it)",
+                    name, covered, rows * cols);
+        return NULL;
+    }
+    CkptfsTensor *t = g_new0(CkptfsTensor, 1);
+    t->name = g_strdup(name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    t->rows = rows;
+    t->cols = cols;
+    t->nbytes = numel * ckptfs_dtype_size(dtype);
+    t->npieces = npieces;
+    t->pieces = g_memdup2(pieces, npieces * sizeof *pieces);
     g_ptr_array_add(catalog->tensors, t);
     g_hash_table_insert(catalog->by_name, t->name, t);
     catalog->total_bytes += t->nbytes;

@@ -6,11 +6,19 @@
 #include "ckptfs/layout.h"
 #include "ckptfs/views.h"
 
-/* The layout a bare "vpp2" or "pp4" refines: the source's own split (tp1pp1 for HF). */
+/* The layout a bare "vpp2" or "pp4" refines: the source's own split (tp1pp1 for HF), with the
+ * uneven-pipeline options when given, else the source's own. */
 static CkptfsLayout base_layout(const CkptfsMount *mount)
 {
-    return (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1, .pp_first = mount->options.pp_first,
-                          .pp_last = mount->options.pp_last};
+    CkptfsLayout base = {.tp = 1, .pp = 1, .vpp = 1};
+    if (mount->source->kind == CKPTFS_SOURCE_MEGATRON)
+        base = mount->source->megatron_layout;
+    base.vpp = 1;
+    if (mount->options.pp_first || mount->options.pp_last) {
+        base.pp_first = mount->options.pp_first;
+        base.pp_last = mount->options.pp_last;
+    }
+    return base;
 }
 
 bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayout *layout,

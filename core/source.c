@@ -70,7 +70,9 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     source->top_files = g_ptr_array_new_with_free_func(source_file_free);
     source->weight_files = g_ptr_array_new_with_free_func(g_free);
     source->warnings = g_ptr_array_new_with_free_func(g_free);
-    if (!list_top_files(source, error) || !ckptfs_source_open_hf(source, error)) {
+    bool megatron = ckptfs_source_is_megatron(path);
+    if (!list_top_files(source, error) ||
+        !(megatron ? ckptfs_source_open_megatron(source, error) : ckptfs_source_open_hf(source, error))) {
         ckptfs_source_free(source);
         return NULL;
     }
@@ -98,6 +100,8 @@ const char *ckptfs_source_kind_name(CkptfsSourceKind kind)
     switch (kind) {
     case CKPTFS_SOURCE_HF:
         return "huggingface-safetensors";
+    case CKPTFS_SOURCE_MEGATRON:
+        return "megatron-legacy";
     }
     return "unknown";
 }

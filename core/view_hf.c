@@ -197,18 +197,44 @@ static HfReshard *hf_reshard_new(const CkptfsSource *source, uint64_t max_shard_
     return r;
 }
 
+/* config.json of a source that has none of its own (Megatron): what its model rules read. */
+static CkptfsPlan *plan_config(gpointer owner, gconstpointer key, GError **error)
+{
+    (void)key;
+    (void)error;
+    const CkptfsSource *source = owner;
+    g_autoptr(JsonNode) root = json_node_new(JSON_NODE_OBJECT);
+    json_node_set_object(root, source->config);
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_indent(gen, 2);
+    json_generator_set_root(gen, root);
+    gsize len = 0;
+    g_autofree char *text = json_generator_to_data(gen, &len);
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_literal(b, text, len);
+    ckptfs_plan_add_literal(b, "\n", 1);
+    return ckptfs_plan_builder_finish(b);
+}
+
+/* Hugging Face's default max_shard_size ("5GB") for sources whose weights are not safetensors. */
+#define HF_DEFAULT_SHARD_SIZE 5000000000ull
+
 bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                           const CkptfsOptions *options, GError **error)
 {
     (void)error;
     HfReshard *r = NULL;
-    if (options->hf_shard_size > 0) {
-        r = hf_reshard_new(source, options->hf_shard_size);
+    bool foreign = source->kind != CKPTFS_SOURCE_HF;
+    if (options->hf_shard_size > 0 || foreign) {
+        r = hf_reshard_new(source, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE);
         ckptfs_tree_own(tree, r, hf_reshard_free);
     }
+    if (foreign && source->config != NULL)
+        ckptfs_tree_add_file(tree, dir, "config.json", plan_config, (gpointer)source, NULL);
     /* Non-weight files (config, tokenizer, ...) always pass through; when re-sharding, the old
      * weight files and anything named like a new one are replaced. */
-    for (guint i = 0; i < source->top_files->len; i++) {
+    for (guint i = 0; !foreign && i < source->top_files->len; i++) {
         const CkptfsSourceFile *f = g_ptr_array_index(source->top_files, i);
         if (r == NULL || (!is_weight_file(source, f->name) && !is_generated_name(r, f->name)))
             ckptfs_tree_add_file(tree, dir, f->name, plan_passthrough, NULL, f);

@@ -313,7 +313,7 @@ static CkptfsValue *megatron_args(const MegatronView *v)
     ckptfs_value_set(a, "rope_scaling_factor",
                      ckptfs_value_float(m->rope_scaling_factor > 0 ? m->rope_scaling_factor : 8.0));
     SET_STR("normalization", "RMSNorm");
-    ckptfs_value_set(a, "norm_epsilon", ckptfs_value_float(m->norm_eps));
+    ckptfs_value_set(a, "layernorm_epsilon", ckptfs_value_float(m->norm_eps));
     SET_BOOL("swiglu", true);
     SET_BOOL("untie_embeddings_and_output_weights", !m->tied_embeddings);
     SET_BOOL("add_bias_linear", false);

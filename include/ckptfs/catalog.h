@@ -7,6 +7,7 @@
 #define CKPTFS_CATALOG_H
 
 #include <glib.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ckptfs/dtype.h"
@@ -43,6 +44,14 @@ const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const 
                                                   CkptfsDtype dtype, unsigned ndim,
                                                   const uint64_t *shape, uint32_t src,
                                                   uint64_t offset);
+
+/* Adds a tensor made of PIECES (copied), which must tile its 2-D view exactly: inside it, not
+ * overlapping, covering every element. Returns NULL with an error naming the tensor otherwise,
+ * or when the name is already present. */
+const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char *name,
+                                              CkptfsDtype dtype, unsigned ndim,
+                                              const uint64_t *shape, const CkptfsPiece *pieces,
+                                              unsigned npieces, GError **error);
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
 const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);

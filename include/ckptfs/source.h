@@ -9,11 +9,13 @@
 #include <stdbool.h>
 
 #include "ckptfs/catalog.h"
+#include "ckptfs/layout.h"
 #include "ckptfs/options.h"
 #include "ckptfs/srcfiles.h"
 
 typedef enum {
-    CKPTFS_SOURCE_HF, /* config.json + model.safetensors or shards with an index */
+    CKPTFS_SOURCE_HF,       /* config.json + model.safetensors or shards with an index */
+    CKPTFS_SOURCE_MEGATRON, /* Megatron-core legacy rank files (mp_rank_XX[_YYY]) */
 } CkptfsSourceKind;
 
 typedef struct {
@@ -33,6 +35,7 @@ typedef struct {
     JsonObject *config;      /* config.json, NULL when missing or broken */
     char *config_problem;    /* why config is NULL */
     GPtrArray *warnings;     /* char*: things a user should know that do not stop the mount */
+    CkptfsLayout megatron_layout; /* MEGATRON: the split of the rank files */
 } CkptfsSource;
 
 /* Detects and opens the checkpoint in PATH, validating every header. Errors name the file, the

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Megatron legacy checkpoints as a source: hf/ out of rank files that Megatron-LM wrote is
+# bit-identical to the Hugging Face model they came from; other splits (vpp, tp4, pp4vpp2) of
+# it equal the same views made from that model; round trips through exported views; broken
+# checkpoints fail with one line naming the file.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+ref="$TESTS_TOP/tests/lib/reference.py"
+check_hf="$TESTS_TOP/tests/lib/check_hf.py"
+models="$TESTS_TOP/tests/lib/models.py"
+
+real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
+if [[ -d $real ]]; then
+  real=$(cd "$real" && pwd)
+  mnt=$WORK/mnt-real
+  check "mount Megatron's own tp2pp2 legacy checkpoint" mount_ckptfs "$real/llama-tp2pp2-torch" "$mnt"
+  check "its hf/ tensors are bit-identical to hf-llama" $PY "$check_hf" compare "$real/hf-llama" "$mnt/hf"
+  check "its config.json describes the same model" $PY -c "
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+keys = ['hidden_size', 'num_attention_heads', 'num_key_value_heads', 'num_hidden_layers',
+        'intermediate_size', 'vocab_size', 'tie_word_embeddings', 'rms_norm_eps', 'max_position_embeddings']
+bad = [k for k in keys if a.get(k) != b.get(k)]
+sys.exit(f'differ: {bad}' if bad else 0)" "$real/hf-llama/config.json" "$mnt/hf/config.json"
+  check "vpp2 is tp2pp2vpp2" test "$(readlink "$mnt/vpp2")" = tp2pp2vpp2
+  for l in tp1pp4vpp2 tp2pp2vpp2 tp4pp1 tp1pp1; do
+    check "its $l/ equals the reference split of hf-llama; forward matches HF" \
+      $PY "$ref" check "$real/hf-llama" "$mnt/$l" "$l"
+  done
+else
+  skip "Megatron-written checkpoints absent ($real)"
+fi
+
+# Round trips: HF -> exported layout -> mounted as a source -> hf/ and other layouts.
+for a in llama qwen2 qwen3; do $PY "$models" write $a "$WORK/$a"; done
+for case in "llama tp2pp2 " "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qwen3 tp2pp2 spec=local" \
+            "llama tp1pp3 pp_first=2,pp_last=2"; do
+  read -r a layout opts <<< "$case"
+  exp=$WORK/exp-$a-$layout
+  check "$a: export $layout ${opts}" "$CKPTFS" export "$WORK/$a" "$layout" "$exp" ${opts:+-o "$opts"}
+  mnt=$WORK/mnt-$a-$layout
+  check "$a $layout: the export mounts as a source" mount_ckptfs "$exp" "$mnt"
+  check "$a $layout: its hf/ tensors are bit-identical to the original" \
+    $PY "$check_hf" compare "$WORK/$a" "$mnt/hf"
+  for l in tp1pp4vpp2 tp4pp1; do
+    check "$a $layout -> $l: equals the reference split of the original; forward matches" \
+      $PY "$ref" check "$WORK/$a" "$mnt/$l" "$l"
+  done
+done
+
+# Broken checkpoints.
+good=$WORK/exp-llama-tp2pp2
+bad=$WORK/bad
+cp -r "$good" "$bad-hole"; rm -r "$bad-hole/release/mp_rank_01_001"
+cp -r "$good" "$bad-tracker"; printf 42 > "$bad-tracker/latest_checkpointed_iteration.txt"
+cp -r "$good" "$bad-trunc"; f=$bad-trunc/release/mp_rank_00_001/model_optim_rng.pt; truncate -s 1000 "$f"
+cp -r "$good" "$bad-notzip"; head -c 4096 /dev/urandom > "$bad-notzip/release/mp_rank_01_000/model_optim_rng.pt"
+cp -r "$good" "$bad-shape"
+$PY - "$bad-shape/release/mp_rank_00_000/model_optim_rng.pt" <<'PY'
+import sys, torch
+sd = torch.load(sys.argv[1])
+sd["model"]["decoder.layers.1.mlp.linear_fc2.weight"] = torch.zeros(64, 40, dtype=torch.bfloat16)
+sd["model"]["decoder.layers.0.mlp.surprise.weight"] = torch.zeros(2, dtype=torch.bfloat16)
+torch.save(sd, sys.argv[1])
+PY
+cp -r "$good" "$bad-extra"
+$PY - "$bad-extra/release/mp_rank_00_000/model_optim_rng.pt" <<'PY'
+import sys, torch
+sd = torch.load(sys.argv[1])
+sd["model"]["decoder.layers.0.mlp.surprise.weight"] = torch.zeros(2, dtype=torch.bfloat16)
+torch.save(sd, sys.argv[1])
+PY
+for case in "hole|mp_rank_01_001|missing" "tracker|iter_0000042|does not exist" \
+            "trunc|mp_rank_00_001|zip" "notzip|mp_rank_01_000|not a zip" \
+            "shape|linear_fc2.weight|shape" "extra|surprise.weight|unexpected"; do
+  IFS='|' read -r kind w1 w2 <<< "$case"
+  mkdir -p "$WORK/m-$kind"
+  "$CKPTFS" mount "$bad-$kind" "$WORK/m-$kind" 2> "$WORK/err" && rc=0 || rc=$?
+  [[ $rc -ne 0 && $(wc -l < "$WORK/err") -eq 1 ]] && grep -qF -- "$w1" "$WORK/err" && grep -qF -- "$w2" "$WORK/err"
+  ok $? "$kind: mount fails with one line naming $w1 ($(head -c 220 "$WORK/err"))"
+done
+done_testing
