@@ -17,14 +17,21 @@ void ckptfs_options_init(CkptfsOptions *options)
 
 void ckptfs_options_clear(CkptfsOptions *options)
 {
-    g_strfreev(options->layouts);
-    options->layouts = NULL;
+    g_clear_pointer(&options->layouts, g_strfreev);
+    g_clear_pointer(&options->iteration, g_free);
+    g_clear_pointer(&options->hf_arch, g_free);
+    g_clear_pointer(&options->hf_config, g_free);
+    g_clear_pointer(&options->hf_extra, g_free);
 }
 
 void ckptfs_options_copy(CkptfsOptions *dst, const CkptfsOptions *src)
 {
     *dst = *src;
     dst->layouts = g_strdupv(src->layouts);
+    dst->iteration = g_strdup(src->iteration);
+    dst->hf_arch = g_strdup(src->hf_arch);
+    dst->hf_config = g_strdup(src->hf_config);
+    dst->hf_extra = g_strdup(src->hf_extra);
 }
 
 static bool bad(GError **error, const char *key, const char *why)
@@ -138,6 +145,42 @@ static bool opt_layouts(CkptfsOptions *o, const char *key, const char *value, GE
     return true;
 }
 
+static bool set_string(char **field, const char *value)
+{
+    g_free(*field);
+    *field = g_strdup(value);
+    return true;
+}
+
+static bool opt_iteration(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    char *end = NULL;
+    if (strcmp(value, "release") != 0 && (strtoul(value, &end, 10), end == value || *end))
+        return bad(error, key, "needs \"release\" or an iteration number");
+    return set_string(&o->iteration, value);
+}
+
+static bool opt_hf_arch(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"llama", "mistral", "qwen2", "qwen3", NULL};
+    int i;
+    return parse_choice(key, value, names, &i, error) && set_string(&o->hf_arch, value);
+}
+
+static bool opt_hf_config(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    if (!g_file_test(value, G_FILE_TEST_IS_REGULAR))
+        return bad(error, key, "is not a file");
+    return set_string(&o->hf_config, value);
+}
+
+static bool opt_hf_extra(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    if (!g_file_test(value, G_FILE_TEST_IS_DIR))
+        return bad(error, key, "is not a directory");
+    return set_string(&o->hf_extra, value);
+}
+
 static const struct {
     const char *key;
     OptionFn apply;
@@ -158,6 +201,10 @@ static const struct {
     {"crc32", opt_crc32,
      "zero|compute: CRC fields of synthesized zips are 0 (default; torch does not\n"
      "                           check them) or real, computed on first read (zipfile, unzip -t)"},
+    {"iteration", opt_iteration, "Megatron source: release or N (default: the tracker's)"},
+    {"hf_arch", opt_hf_arch, "Megatron source: llama|mistral|qwen2|qwen3 in hf/config.json"},
+    {"hf_config", opt_hf_config, "Megatron source: serve this config.json in hf/"},
+    {"hf_extra", opt_hf_extra, "Megatron source: pass this directory's files (tokenizer...) to hf/"},
     {"layouts", opt_layouts, "extra layouts to list at the root, e.g. tp8pp2:tp2pp4vpp2"},
 };
 

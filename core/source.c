@@ -19,40 +19,47 @@ static gint source_file_cmp(gconstpointer a, gconstpointer b)
     return strcmp((*(CkptfsSourceFile *const *)a)->name, (*(CkptfsSourceFile *const *)b)->name);
 }
 
-/* Every top-level regular file (symlinks followed, as in a Hugging Face cache snapshot). Sub
- * directories are not part of a checkpoint's files and are left out. */
-static bool list_top_files(CkptfsSource *source, GError **error)
+bool ckptfs_source_add_top_files(CkptfsSource *source, const char *dir_path, GError **error)
 {
     GError *dir_error = NULL;
-    g_autoptr(GDir) dir = g_dir_open(source->dir, 0, &dir_error);
+    g_autoptr(GDir) dir = g_dir_open(dir_path, 0, &dir_error);
     if (dir == NULL) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot list: %s", source->dir,
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot list: %s", dir_path,
                     dir_error->message);
         g_error_free(dir_error);
         return false;
     }
     const char *name;
     while ((name = g_dir_read_name(dir)) != NULL) {
-        g_autofree char *path = g_build_filename(source->dir, name, NULL);
+        g_autofree char *path = g_build_filename(dir_path, name, NULL);
         struct stat st;
         if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
-        int index = ckptfs_srcfiles_add(source->files, path, error);
-        if (index < 0)
+        if (!ckptfs_source_add_file(source, name, path, error))
             return false;
-        CkptfsSourceFile *f = g_new0(CkptfsSourceFile, 1);
-        f->name = g_strdup(name);
-        f->src = (uint32_t)index;
-        f->size = ckptfs_srcfiles_get(source->files, (unsigned)index)->size;
-        g_ptr_array_add(source->top_files, f);
     }
-    g_ptr_array_sort(source->top_files, source_file_cmp);
+    return true;
+}
+
+bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *path,
+                            GError **error)
+{
+    if (ckptfs_source_top_file(source, name) != NULL)
+        return true; /* the first one given wins */
+    int index = ckptfs_srcfiles_add(source->files, path, error);
+    if (index < 0)
+        return false;
+    CkptfsSourceFile *f = g_new0(CkptfsSourceFile, 1);
+    f->name = g_strdup(name);
+    f->src = (uint32_t)index;
+    f->size = ckptfs_srcfiles_get(source->files, (unsigned)index)->size;
+    g_ptr_array_add(source->top_files, f);
+    g_ptr_array_sort(source->top_files, source_file_cmp); /* lookups bisect */
     return true;
 }
 
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options, GError **error)
 {
-    (void)options;
     struct stat st;
     if (stat(path, &st) != 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s: %s", path, g_strerror(errno));
@@ -70,9 +77,12 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     source->top_files = g_ptr_array_new_with_free_func(source_file_free);
     source->weight_files = g_ptr_array_new_with_free_func(g_free);
     source->warnings = g_ptr_array_new_with_free_func(g_free);
-    bool megatron = ckptfs_source_is_megatron(path);
-    if (!list_top_files(source, error) ||
-        !(megatron ? ckptfs_source_open_megatron(source, error) : ckptfs_source_open_hf(source, error))) {
+    /* Every top-level regular file of an HF checkpoint (symlinks followed, as in a Hugging Face
+     * cache snapshot) is part of it; a Megatron checkpoint's are not. */
+    bool ok = ckptfs_source_is_megatron(path)
+                  ? ckptfs_source_open_megatron(source, options, error)
+                  : ckptfs_source_add_top_files(source, path, error) && ckptfs_source_open_hf(source, error);
+    if (!ok) {
         ckptfs_source_free(source);
         return NULL;
     }

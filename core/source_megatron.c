@@ -28,6 +28,7 @@ typedef struct {
 
 typedef struct {
     CkptfsSource *source;
+    const CkptfsOptions *options;
     unsigned T, P, V;
     Rank **ranks; /* [p * T + t] */
     CkptfsLayout layout;
@@ -49,13 +50,15 @@ static void rank_free(Rank *r)
     g_free(r);
 }
 
-/* The iteration directory: DIR itself when it holds rank directories, else what the tracker
- * names (release, or iter_%07d). */
-static char *iteration_dir(const char *dir, GError **error)
+/* The iteration directory: DIR itself when it holds rank directories, else the one -o iteration
+ * or the tracker names (release, or iter_%07d). */
+static char *iteration_dir(const char *dir, const char *wanted, GError **error)
 {
     g_autofree char *tracker = g_build_filename(dir, TRACKER, NULL);
     g_autofree char *text = NULL;
-    if (!g_file_get_contents(tracker, &text, NULL, NULL))
+    if (wanted != NULL)
+        text = g_strdup(wanted);
+    else if (!g_file_get_contents(tracker, &text, NULL, NULL))
         return g_strdup(dir);
     g_strstrip(text);
     char *end;
@@ -69,8 +72,8 @@ static char *iteration_dir(const char *dir, GError **error)
     }
     char *iter = g_build_filename(dir, name, NULL);
     if (!g_file_test(iter, G_FILE_TEST_IS_DIR)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
-                    "%s names %s, which does not exist", tracker, iter);
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s names %s, which does not exist",
+                    wanted ? "option iteration" : tracker, iter);
         g_free(iter);
         return NULL;
     }
@@ -245,9 +248,16 @@ static bool read_args(Mg *m)
                                .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
 
     /* config.json as Hugging Face would write it for this model: the model rules then read it
-     * like any HF config, and hf/ shows it. */
-    const char *arch = m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-    const char *type = m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2" : "llama";
+     * like any HF config, and hf/ shows it. The architecture follows from the weights unless
+     * -o hf_arch says (Mistral and Llama have the same ones). */
+    const char *type = m->options->hf_arch ? m->options->hf_arch
+                       : m->qk_norm        ? "qwen3"
+                       : m->qkv_bias       ? "qwen2"
+                                           : "llama";
+    const char *arch = NULL;
+    for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
+        if (strcmp((*a)->model_type, type) == 0)
+            arch = (*a)->hf_architecture;
     JsonObject *c = json_object_new();
     JsonArray *archs = json_array_new();
     json_array_add_string_element(archs, arch);
@@ -526,13 +536,53 @@ static bool check_unexpected(Mg *m)
     return true;
 }
 
-bool ckptfs_source_open_megatron(CkptfsSource *source, GError **error)
+/* -o hf_config / the config.json of -o hf_extra replace the synthesized one, as given. */
+static bool use_given_config(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    g_autofree char *extra_config = options->hf_extra ? g_build_filename(options->hf_extra, "config.json", NULL) : NULL;
+    const char *path = options->hf_config ? options->hf_config
+                       : extra_config && g_file_test(extra_config, G_FILE_TEST_IS_REGULAR) ? extra_config
+                                                                                            : NULL;
+    if (path == NULL)
+        return true;
+    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    GError *json_error = NULL;
+    if (!json_parser_load_from_file(parser, path, &json_error) ||
+        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a JSON object%s%s", path,
+                    json_error ? ": " : "", json_error ? json_error->message : "");
+        g_clear_error(&json_error);
+        return false;
+    }
+    if (source->config)
+        json_object_unref(source->config);
+    source->config = json_object_ref(json_node_get_object(json_parser_get_root(parser)));
+    return ckptfs_source_add_file(source, "config.json", path, error);
+}
+
+/* Files hf/ passes through from -o hf_extra (tokenizer and the like); weights are not taken. */
+static bool add_extra_files(CkptfsSource *source, const char *dir, GError **error)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    const char *name;
+    while (d && (name = g_dir_read_name(d)) != NULL) {
+        if (g_str_has_suffix(name, ".safetensors") || strcmp(name, "model.safetensors.index.json") == 0)
+            continue;
+        g_autofree char *path = g_build_filename(dir, name, NULL);
+        if (g_file_test(path, G_FILE_TEST_IS_REGULAR) && !ckptfs_source_add_file(source, name, path, error))
+            return false;
+    }
+    return true;
+}
+
+bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *options,
+                                 GError **error)
 {
     source->kind = CKPTFS_SOURCE_MEGATRON;
-    g_autofree char *iter = iteration_dir(source->dir, error);
+    g_autofree char *iter = iteration_dir(source->dir, options->iteration, error);
     if (iter == NULL)
         return false;
-    Mg m = {.source = source, .error = error};
+    Mg m = {.source = source, .options = options, .error = error};
     Collect c = {.pieces = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, (GDestroyNotify)g_array_unref),
                  .order = g_ptr_array_new_with_free_func(g_free),
                  .shapes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, g_free)};
@@ -551,6 +601,8 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, GError **error)
         ok = ckptfs_catalog_add_pieces(source->catalog, name, m.dtype, (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error) != NULL;
     }
+    ok = ok && use_given_config(source, options, error) &&
+         (options->hf_extra == NULL || add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->megatron_layout = m.layout;
     for (unsigned i = 0; m.ranks && i < m.T * m.P; i++)

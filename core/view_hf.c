@@ -230,11 +230,13 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
         r = hf_reshard_new(source, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE);
         ckptfs_tree_own(tree, r, hf_reshard_free);
     }
-    if (foreign && source->config != NULL)
+    /* A foreign source's own files are not Hugging Face files: hf/ shows a config.json made
+     * from its model (unless one was given) and the files given with it (-o hf_extra). */
+    if (foreign && source->config != NULL && ckptfs_source_top_file(source, "config.json") == NULL)
         ckptfs_tree_add_file(tree, dir, "config.json", plan_config, (gpointer)source, NULL);
     /* Non-weight files (config, tokenizer, ...) always pass through; when re-sharding, the old
      * weight files and anything named like a new one are replaced. */
-    for (guint i = 0; !foreign && i < source->top_files->len; i++) {
+    for (guint i = 0; i < source->top_files->len; i++) {
         const CkptfsSourceFile *f = g_ptr_array_index(source->top_files, i);
         if (r == NULL || (!is_weight_file(source, f->name) && !is_generated_name(r, f->name)))
             ckptfs_tree_add_file(tree, dir, f->name, plan_passthrough, NULL, f);

@@ -20,6 +20,11 @@ typedef struct {
     bool megatron_args;           /* put an argparse.Namespace `args` in rank files */
     bool crc32;                   /* real CRC-32s in synthesized zips (computed on read) */
     char **layouts;               /* extra layouts the root lists (NULL-terminated) */
+    /* Megatron sources */
+    char *iteration;              /* "release" or a number: which checkpoint of the directory */
+    char *hf_arch;                /* llama|mistral|qwen2|qwen3: architecture of hf/config.json */
+    char *hf_config;              /* a config.json to serve in hf/ instead of a synthesized one */
+    char *hf_extra;               /* a directory whose files (tokenizer...) hf/ passes through */
 } CkptfsOptions;
 
 typedef enum {
