@@ -35,39 +35,6 @@ void ckptfs_catalog_free(CkptfsCatalog *catalog)
     g_free(catalog);
 }
 
-const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
-                                                  CkptfsDtype dtype, unsigned ndim,
-                                                  const uint64_t *shape, uint32_t src,
-                                                  uint64_t offset)
-{
-    if (g_hash_table_contains(catalog->by_name, name))
-        return NULL;
-    CkptfsTensor *t = g_new0(CkptfsTensor, 1);
-    t->name = g_strdup(name);
-    t->dtype = dtype;
-    t->ndim = ndim;
-    memcpy(t->shape, shape, ndim * sizeof *shape);
-    uint64_t numel = 1;
-    ckptfs_shape_numel(shape, ndim, &numel); /* validated by the source parser */
-    t->rows = ndim > 0 ? shape[0] : 1;
-    t->cols = t->rows > 0 ? numel / t->rows : 0;
-    if (ndim > 0 && t->rows == 0) { /* an empty tensor: keep the columns for its shape */
-        t->cols = 1;
-        for (unsigned d = 1; d < ndim; d++)
-            t->cols *= shape[d];
-    }
-    size_t isz = ckptfs_dtype_size(dtype);
-    t->nbytes = numel * isz;
-    t->npieces = 1;
-    t->pieces = g_new0(CkptfsPiece, 1);
-    t->pieces[0] = (CkptfsPiece){.row0 = 0, .row1 = t->rows, .col0 = 0, .col1 = t->cols,
-                                 .src = src, .offset = offset, .row_stride = t->cols * isz};
-    g_ptr_array_add(catalog->tensors, t);
-    g_hash_table_insert(catalog->by_name, t->name, t);
-    catalog->total_bytes += t->nbytes;
-    return t;
-}
-
 const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char *name,
                                               CkptfsDtype dtype, unsigned ndim,
                                               const uint64_t *shape, const CkptfsPiece *pieces,
@@ -79,7 +46,9 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     }
     uint64_t numel = 1;
     ckptfs_shape_numel(shape, ndim, &numel);
-    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = rows ? numel / rows : 0;
+    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = 1;
+    for (unsigned d = 1; d < ndim; d++)
+        cols *= shape[d];
     uint64_t covered = 0;
     for (unsigned i = 0; i < npieces; i++) {
         const CkptfsPiece *a = &pieces[i];
@@ -120,6 +89,23 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     g_hash_table_insert(catalog->by_name, t->name, t);
     catalog->total_bytes += t->nbytes;
     return t;
+}
+
+const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
+                                                  CkptfsDtype dtype, unsigned ndim,
+                                                  const uint64_t *shape, uint32_t src,
+                                                  uint64_t offset)
+{
+    uint64_t numel = 1;
+    ckptfs_shape_numel(shape, ndim, &numel); /* validated by the source parser */
+    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = 1;
+    for (unsigned d = 1; d < ndim; d++)
+        cols *= shape[d];
+    if (numel == 0) /* an empty tensor has no piece to tile it */
+        return ckptfs_catalog_add_pieces(catalog, name, dtype, ndim, shape, NULL, 0, NULL);
+    CkptfsPiece whole = {.row0 = 0, .row1 = rows, .col0 = 0, .col1 = cols, .src = src,
+                         .offset = offset, .row_stride = cols * ckptfs_dtype_size(dtype)};
+    return ckptfs_catalog_add_pieces(catalog, name, dtype, ndim, shape, &whole, 1, NULL);
 }
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog)

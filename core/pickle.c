@@ -80,24 +80,26 @@ static bool push(Vm *vm, CkptfsPy *v)
     return true;
 }
 
-static CkptfsPy *pop(Vm *vm)
+/* The top object, which must be above the last MARK; removed when TAKE. */
+static CkptfsPy *stack_top(Vm *vm, bool take)
 {
     guint floor = vm->marks->len ? g_array_index(vm->marks, guint, vm->marks->len - 1) : 0;
     if (vm->stack->len <= floor) {
         fail(vm, "stack underflow");
         return NULL;
     }
-    return g_ptr_array_steal_index(vm->stack, vm->stack->len - 1);
+    return take ? g_ptr_array_steal_index(vm->stack, vm->stack->len - 1)
+                : g_ptr_array_index(vm->stack, vm->stack->len - 1);
+}
+
+static CkptfsPy *pop(Vm *vm)
+{
+    return stack_top(vm, true);
 }
 
 static CkptfsPy *top(Vm *vm)
 {
-    guint floor = vm->marks->len ? g_array_index(vm->marks, guint, vm->marks->len - 1) : 0;
-    if (vm->stack->len <= floor) {
-        fail(vm, "stack underflow");
-        return NULL;
-    }
-    return g_ptr_array_index(vm->stack, vm->stack->len - 1);
+    return stack_top(vm, false);
 }
 
 /* Pops everything down to the last MARK into a new array (in order). */
