@@ -58,6 +58,18 @@ for case in "llama tp2pp2 " "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qwen3 tp2pp2 sp
   done
 done
 
+# Rank files written by torch.save itself (torch 1.13: no record alignment), carrying
+# optimizer, RNG state with numpy arrays, BytesIO and uint8 _extra_state, shared storages.
+resaved=$WORK/resaved
+cp -r "$WORK/exp-llama-tp2pp2vpp2" "$resaved"
+check "resave the tp2pp2vpp2 export with torch.save and training state" \
+  $PY "$TESTS_TOP/tests/lib/resave_megatron.py" "$resaved/release"
+mnt=$WORK/mnt-resaved
+check "the torch.save'd checkpoint mounts" mount_ckptfs "$resaved" "$mnt"
+check "its hf/ tensors are bit-identical to the original" $PY "$check_hf" compare "$WORK/llama" "$mnt/hf"
+check "its tp4pp1/ equals the reference split; forward matches" \
+  $PY "$ref" check "$WORK/llama" "$mnt/tp4pp1" tp4pp1
+
 # Broken checkpoints.
 good=$WORK/exp-llama-tp2pp2
 bad=$WORK/bad
