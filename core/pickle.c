@@ -754,10 +754,11 @@ const CkptfsPy *ckptfs_py_dict_get(const CkptfsPy *dict, const char *key)
     if (dict == NULL || dict->items == NULL ||
         (dict->kind != CKPTFS_PY_DICT && dict->kind != CKPTFS_PY_OBJECT))
         return NULL;
-    for (guint i = 0; i + 1 < dict->items->len; i += 2) {
-        const char *k = ckptfs_py_str(g_ptr_array_index(dict->items, i));
+    /* From the end: a key set twice keeps its last value, as in Python. */
+    for (guint i = dict->items->len & ~1u; i >= 2; i -= 2) {
+        const char *k = ckptfs_py_str(g_ptr_array_index(dict->items, i - 2));
         if (k && strcmp(k, key) == 0)
-            return g_ptr_array_index(dict->items, i + 1);
+            return g_ptr_array_index(dict->items, i - 1);
     }
     return NULL;
 }

@@ -519,8 +519,11 @@ static bool check_unexpected(Mg *m)
         unsigned n = 0;
         for (unsigned v = 0; v < m->V; v++) {
             const CkptfsPy *dict = chunk_dict(r, v, m->V);
+            g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
             for (guint k = 0; dict && k + 1 < dict->items->len; k += 2) {
                 const char *key = ckptfs_py_str(g_ptr_array_index(dict->items, k));
+                if (key && !g_hash_table_add(seen, (gpointer)key))
+                    return fail(m, CKPTFS_ERROR_FORMAT, "%s: model entry '%s' is given twice", r->path, key);
                 g_autofree char *tag = g_strdup_printf("%u/%s", v, key ? key : "");
                 if (key == NULL || g_str_has_suffix(key, "._extra_state") ||
                     g_hash_table_contains(r->used, tag))

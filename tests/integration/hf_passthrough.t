@@ -106,15 +106,23 @@ for c in "${CASES[@]}"; do
     if ckptfs_umount "$mnt"; then tap_ok "$name: unmount"; else tap_not_ok "$name: unmount"; fi
 done
 
-# export refuses an existing destination and leaves it alone
+# export never overwrites: a DEST that already holds config.json is refused
+# and that file keeps its content
 src=$WORK/src-single-f32
 mkdir "$WORK/exists"
-echo keep >"$WORK/exists/keep"
-if ck export "$src" hf "$WORK/exists" 2>/dev/null; then
-    tap_not_ok "export into an existing directory fails"
+echo keep >"$WORK/exists/config.json"
+if ck export "$src" hf "$WORK/exists" 2>"$WORK/err-exists"; then
+    tap_not_ok "export onto an existing config.json fails"
 else
-    tap_ok "export into an existing directory fails"
+    tap_ok "export onto an existing config.json fails"
 fi
-tap_is "$(ls -A "$WORK/exists")" "keep" "export into an existing directory leaves it untouched"
+tap_is "$(cat "$WORK/exists/config.json")" "keep" "export does not overwrite an existing file"
+tap_is "$(stderr_lines "$WORK/err-exists")" "1" "export failure prints one line on stderr"
+# export to a path whose parent does not exist fails cleanly
+if ck export "$src" hf "$WORK/no/such/parent" 2>/dev/null; then
+    tap_not_ok "export to DEST with a missing parent fails"
+else
+    tap_ok "export to DEST with a missing parent fails"
+fi
 
 tap_done

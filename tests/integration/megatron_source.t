@@ -43,7 +43,7 @@ fi
 
 # Round trips: HF -> exported layout -> mounted as a source -> hf/ and other layouts.
 for a in llama qwen2 qwen3; do $PY "$models" write $a "$WORK/$a"; done
-for case in "llama tp2pp2 " "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qwen3 tp2pp2 spec=local" \
+for case in "llama tp2pp2 crc32=compute" "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qwen3 tp2pp2 spec=local" \
             "llama tp1pp3 pp_first=2,pp_last=2"; do
   read -r a layout opts <<< "$case"
   exp=$WORK/exp-$a-$layout
@@ -92,7 +92,34 @@ sd = torch.load(sys.argv[1])
 sd["model"]["decoder.layers.0.mlp.surprise.weight"] = torch.zeros(2, dtype=torch.bfloat16)
 torch.save(sd, sys.argv[1])
 PY
-for case in "hole|mp_rank_01_001|missing" "tracker|iter_0000042|does not exist" \
+cp -r "$good" "$bad-deflate"
+$PY - "$bad-deflate/release/mp_rank_01_001/model_optim_rng.pt" <<'PY'
+import sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    items = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+    for name, data in items:
+        z.writestr(name, data)
+PY
+cp -r "$good" "$bad-dupkey"
+$PY - "$bad-dupkey/release/mp_rank_00_000/model_optim_rng.pt" <<'PY'
+import pickle, sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    items = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+name, pkl = next((n, d) for n, d in items if n.endswith("data.pkl"))
+key = b"embedding.word_embeddings.weight"
+# Repeat the first model entry: BINUNICODE key ... is followed by its value; duplicate the key
+# with a None value right after the model's MARK.
+at = pkl.index(pickle.BINUNICODE + len(key).to_bytes(4, "little") + key)
+pkl = pkl[:at] + pickle.BINUNICODE + len(key).to_bytes(4, "little") + key + pickle.NONE + pkl[at:]
+with zipfile.ZipFile(path, "w") as z:
+    for n, d in items:
+        z.writestr(n, pkl if n == name else d)
+PY
+for case in "deflate|mp_rank_01_001|compressed" "dupkey|embedding.word_embeddings.weight|twice" \
+            "hole|mp_rank_01_001|missing" "tracker|iter_0000042|does not exist" \
             "trunc|mp_rank_00_001|zip" "notzip|mp_rank_01_000|not a zip" \
             "shape|linear_fc2.weight|shape" "extra|surprise.weight|unexpected"; do
   IFS='|' read -r kind w1 w2 <<< "$case"
