@@ -225,11 +225,6 @@ size_t ckptfs_plan_extent_count(const CkptfsPlan *plan)
     return plan->n_extents;
 }
 
-const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index)
-{
-    return index < plan->n_extents ? &plan->extents[index] : NULL;
-}
-
 /* Source reads are collected and merged while they continue each other in the same file: a
  * strided gather over full rows costs one read, and pieces separated by small gaps (a TP
  * column split takes 1/T of every row) are read with one preadv whose gaps land in a scratch

@@ -17,7 +17,4 @@ typedef enum {
     CKPTFS_ERROR_CHANGED,     /* a source file changed after it was opened */
 } CkptfsErrorCode;
 
-/* Maps an error code to the errno a file system call should return. */
-int ckptfs_error_errno(const GError *error);
-
 #endif

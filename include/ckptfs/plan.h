@@ -80,7 +80,6 @@ void ckptfs_plan_builder_free(CkptfsPlanBuilder *b);
 void ckptfs_plan_free(CkptfsPlan *plan);
 uint64_t ckptfs_plan_size(const CkptfsPlan *plan);
 size_t ckptfs_plan_extent_count(const CkptfsPlan *plan);
-const CkptfsExtent *ckptfs_plan_extent(const CkptfsPlan *plan, size_t index);
 
 /* Copies up to LEN bytes at OFFSET of the synthesized file into BUF and returns how many
  * (fewer only at end of file; 0 at or past EOF), or -1 with an error naming the source file. */
