@@ -212,14 +212,77 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
 }
 
 /* Reads the model's sizes from rank 0's args and checks the files agree with them. */
+/* The model dict of virtual chunk V of a rank. */
+static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
+{
+    const CkptfsPy *root = ckptfs_pickle_root(r->pickle);
+    if (V == 1)
+        return ckptfs_py_dict_get(root, "model");
+    char key[16];
+    g_snprintf(key, sizeof key, "model%u", v);
+    return ckptfs_py_dict_get(root, key);
+}
+
+/* Rank files saved without args: the sizes come from the config.json given with -o hf_config or
+ * -o hf_extra, the split from the files (virtual chunks from the model0.. keys, the padded
+ * vocabulary from the embedding's rows); locate() then checks every shape against them. */
+static bool read_config_sizes(Mg *m)
+{
+    Rank *r0 = m->ranks[0];
+    JsonObject *c = m->source->config;
+    if (c == NULL)
+        return fail(m, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: no args Namespace; give the model's config.json with -o hf_config=PATH or "
+                    "-o hf_extra=DIR",
+                    r0->path);
+    const char *need[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"};
+    for (size_t i = 0; i < G_N_ELEMENTS(need); i++)
+        if (json_object_get_int_member_with_default(c, need[i], 0) <= 0)
+            return fail(m, CKPTFS_ERROR_FORMAT, "config.json: \"%s\" is missing or not positive (needed "
+                        "for rank files without args)", need[i]);
+    m->layers = (uint64_t)json_object_get_int_member(c, "num_hidden_layers");
+    m->hidden = (uint64_t)json_object_get_int_member(c, "hidden_size");
+    m->heads = (uint64_t)json_object_get_int_member(c, "num_attention_heads");
+    m->ffn = (uint64_t)json_object_get_int_member(c, "intermediate_size");
+    m->vocab = (uint64_t)json_object_get_int_member(c, "vocab_size");
+    m->groups = (uint64_t)json_object_get_int_member_with_default(c, "num_key_value_heads", (gint64)m->heads);
+    m->head_dim = (uint64_t)json_object_get_int_member_with_default(c, "head_dim", (gint64)(m->hidden / m->heads));
+    m->tied = json_object_get_boolean_member_with_default(c, "tie_word_embeddings", false);
+    const char *type = json_object_get_string_member_with_default(c, "model_type", "");
+    m->qkv_bias = strcmp(type, "qwen2") == 0 || json_object_get_boolean_member_with_default(c, "attention_bias", false);
+    m->qk_norm = strcmp(type, "qwen3") == 0;
+    if (m->groups == 0 || m->head_dim == 0)
+        return fail(m, CKPTFS_ERROR_FORMAT, "config.json: num_key_value_heads and head_dim must be positive");
+    const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
+    m->V = 1;
+    while (ckptfs_py_dict_get(root, "model") == NULL) {
+        char key[16];
+        g_snprintf(key, sizeof key, "model%u", m->V);
+        if (ckptfs_py_dict_get(root, key) == NULL)
+            break;
+        m->V++;
+    }
+    const CkptfsPy *emb = ckptfs_py_dict_get(chunk_dict(r0, 0, m->V), "embedding.word_embeddings.weight");
+    if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor.ndim != 2)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: no embedding.word_embeddings.weight matrix", r0->path);
+    m->padded_vocab = emb->tensor.shape[0] * m->T;
+    if (m->padded_vocab < m->vocab)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: the embedding has %" G_GUINT64_FORMAT
+                    " rows over all ranks, fewer than vocab_size %" G_GUINT64_FORMAT, r0->path,
+                    m->padded_vocab, m->vocab);
+    m->layout = (CkptfsLayout){.tp = m->T, .pp = m->P, .vpp = m->V,
+                               .pp_first = m->P > 1 ? m->options->pp_first : 0,
+                               .pp_last = m->P > 1 ? m->options->pp_last : 0};
+    return true;
+}
+
 static bool read_args(Mg *m)
 {
     Rank *r0 = m->ranks[0];
     const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
     const CkptfsPy *args = ckptfs_py_object_state(ckptfs_py_dict_get(root, "args"));
     if (args == NULL)
-        return fail(m, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: no args Namespace (files saved without args are not supported yet)", r0->path);
+        return read_config_sizes(m);
     uint64_t tp = 0, pp = 0;
     if (!arg_uint(m, args, r0->path, "num_layers", &m->layers) ||
         !arg_uint(m, args, r0->path, "hidden_size", &m->hidden) ||
@@ -247,6 +310,8 @@ static bool read_args(Mg *m)
                                .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
                                .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
 
+    if (m->source->config != NULL)
+        return true; /* given with -o hf_config / hf_extra */
     /* config.json as Hugging Face would write it for this model: the model rules then read it
      * like any HF config, and hf/ shows it. The architecture follows from the weights unless
      * -o hf_arch says (Mistral and Llama have the same ones). */
@@ -285,17 +350,6 @@ static bool read_args(Mg *m)
     }
     m->source->config = c;
     return true;
-}
-
-/* The model dict of virtual chunk V of a rank. */
-static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
-{
-    const CkptfsPy *root = ckptfs_pickle_root(r->pickle);
-    if (V == 1)
-        return ckptfs_py_dict_get(root, "model");
-    char key[16];
-    g_snprintf(key, sizeof key, "model%u", v);
-    return ckptfs_py_dict_get(root, key);
 }
 
 typedef struct {
@@ -592,7 +646,7 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
     bool ok = find_ranks(&m, iter);
     for (unsigned i = 0; ok && i < m.T * m.P; i++)
         ok = open_rank(&m, m.ranks[i]);
-    ok = ok && read_args(&m);
+    ok = ok && use_given_config(source, options, error) && read_args(&m);
     if (ok && !ckptfs_layout_validate(&m.layout, &(CkptfsModel){.layers = m.layers, .heads = m.heads,
                                       .kv_heads = m.groups, .ffn = m.ffn}, error))
         ok = false;
@@ -604,8 +658,7 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
         ok = ckptfs_catalog_add_pieces(source->catalog, name, m.dtype, (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error) != NULL;
     }
-    ok = ok && use_given_config(source, options, error) &&
-         (options->hf_extra == NULL || add_extra_files(source, options->hf_extra, error));
+    ok = ok && (options->hf_extra == NULL || add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->megatron_layout = m.layout;
     for (unsigned i = 0; m.ranks && i < m.T * m.P; i++)

@@ -58,6 +58,16 @@ for case in "llama tp2pp2 crc32=compute" "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qw
   done
 done
 
+# Rank files without args: sizes from the config given with -o hf_extra (or hf_config).
+noargs=$WORK/exp-noargs
+check "export tp2pp2vpp2 with megatron_args=off" "$CKPTFS" export "$WORK/qwen2" tp2pp2vpp2 "$noargs" -o megatron_args=off
+"$CKPTFS" inspect "$noargs" > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+[[ $rc -eq 1 ]] && grep -q "hf_config" "$WORK/err"; ok $? "without args and no config: fails saying to give one"
+mnt=$WORK/mnt-noargs
+check "with -o hf_extra=<the HF dir> it mounts" mount_ckptfs "$noargs" "$mnt" -o "hf_extra=$WORK/qwen2"
+check "its hf/ tensors are bit-identical to the original" $PY "$check_hf" compare "$WORK/qwen2" "$mnt/hf"
+check "its tp2pp1/ equals the reference split; forward matches" $PY "$ref" check "$WORK/qwen2" "$mnt/tp2pp1" tp2pp1
+
 # Rank files written by torch.save itself (torch 1.13: no record alignment), carrying
 # optimizer, RNG state with numpy arrays, BytesIO and uint8 _extra_state, shared storages.
 resaved=$WORK/resaved
