@@ -361,6 +361,28 @@ static bool memo_get(Vm *vm, uint64_t index)
     return push(vm, v);
 }
 
+/* The memo index of PUT/GET (text), BINPUT/BINGET (1 byte), LONG_BINPUT/LONG_BINGET (4 bytes). */
+static bool memo_index(Vm *vm, uint8_t op, uint64_t *idx)
+{
+    if (op == 'q' || op == 'h' || op == 'r' || op == 'j') {
+        unsigned n = op == 'q' || op == 'h' ? 1 : 4;
+        if (!need(vm, n))
+            return false;
+        *idx = read_le(vm, n);
+        return true;
+    }
+    const char *line = NULL;
+    size_t len = 0;
+    if (!read_line(vm, &line, &len))
+        return false;
+    g_autofree char *text = g_strndup(line, len);
+    char *end;
+    *idx = strtoull(text, &end, 10);
+    if (*end || end == text)
+        return fail(vm, "bad memo index '%s'", text);
+    return true;
+}
+
 static bool run(Vm *vm)
 {
     while (vm->p < vm->end) {
@@ -634,46 +656,15 @@ static bool run(Vm *vm)
             /* Other targets (tensors, OrderedDicts) carry nothing ckptfs reads in their state. */
             break;
         }
-        case 'p': { /* PUT (text index) */
-            if (!read_line(vm, &line, &len))
+        case 'p': case 'q': case 'r': case 'g': case 'h': case 'j': { /* PUT / GET */
+            uint64_t idx;
+            if (!memo_index(vm, op, &idx) ||
+                !(op == 'p' || op == 'q' || op == 'r' ? memo_put(vm, idx) : memo_get(vm, idx)))
                 return false;
-            g_autofree char *text = g_strndup(line, len);
-            char *end;
-            unsigned long long idx = strtoull(text, &end, 10);
-            if (*end || end == text || !memo_put(vm, idx))
-                return *end || end == text ? fail(vm, "bad PUT index") : false;
             break;
         }
-        case 'q':
-            if (!need(vm, 1) || !memo_put(vm, read_le(vm, 1)))
-                return false;
-            break;
-        case 'r':
-            if (!need(vm, 4) || !memo_put(vm, read_le(vm, 4)))
-                return false;
-            break;
         case 0x94: /* MEMOIZE */
             if (!memo_put(vm, g_hash_table_size(vm->memo)))
-                return false;
-            break;
-        case 'g': { /* GET (text index) */
-            if (!read_line(vm, &line, &len))
-                return false;
-            g_autofree char *text = g_strndup(line, len);
-            char *end;
-            unsigned long long idx = strtoull(text, &end, 10);
-            if (*end || end == text)
-                return fail(vm, "bad GET index");
-            if (!memo_get(vm, idx))
-                return false;
-            break;
-        }
-        case 'h':
-            if (!need(vm, 1) || !memo_get(vm, read_le(vm, 1)))
-                return false;
-            break;
-        case 'j':
-            if (!need(vm, 4) || !memo_get(vm, read_le(vm, 4)))
                 return false;
             break;
         case 'Q': { /* BINPERSID */
