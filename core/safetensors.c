@@ -45,7 +45,7 @@ bool ckptfs_st_header_length(const char *file_name, const uint8_t prefix[8], uin
                     file_name, n, CKPTFS_SAFETENSORS_MAX_HEADER);
         return false;
     }
-    if (n > file_size - 8) {
+    if (file_size < 8 || n > file_size - 8) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: safetensors header length %" G_GUINT64_FORMAT
                     " is larger than the file (%" G_GUINT64_FORMAT " bytes); truncated?",

@@ -7,15 +7,18 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static size_t walk(const CkptfsPy *v, unsigned depth)
+/* Visits at most *BUDGET nodes: memo references can share objects, so an unbounded walk of
+ * the graph as a tree could take exponential time. */
+static size_t walk(const CkptfsPy *v, unsigned depth, size_t *budget)
 {
-    if (v == NULL || depth > 64)
+    if (v == NULL || depth > 64 || *budget == 0)
         return 0;
+    (*budget)--;
     size_t n = 1;
     if (v->items)
         for (guint i = 0; i < v->items->len; i++)
-            n += walk(g_ptr_array_index(v->items, i), depth + 1);
-    return n + walk(v->args, depth + 1) + walk(v->state, depth + 1);
+            n += walk(g_ptr_array_index(v->items, i), depth + 1, budget);
+    return n + walk(v->args, depth + 1, budget) + walk(v->state, depth + 1, budget);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -25,7 +28,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p == NULL && error == NULL)
         abort(); /* a failure always says why */
     if (p)
-        (void)walk(ckptfs_pickle_root(p), 0);
+    {
+        size_t budget = 100000;
+        (void)walk(ckptfs_pickle_root(p), 0, &budget);
+    }
     g_clear_error(&error);
     ckptfs_pickle_free(p);
     return 0;

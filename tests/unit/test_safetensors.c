@@ -85,6 +85,10 @@ static void test_length_prefix(void)
     g_clear_error(&error);
     tap_ok(ckptfs_st_header_length("f.safetensors", p, 8 + 4096, &n, NULL) && n == 4096,
            "a header filling the whole file is fine");
+    const uint8_t two[8] = {2, 0, 0, 0, 0, 0, 0, 0};
+    tap_ok(!ckptfs_st_header_length("f.safetensors", two, 4, &n, NULL) &&
+               !ckptfs_st_header_length("f.safetensors", two, 0, &n, NULL),
+           "a file shorter than the length prefix is refused (no unsigned underflow)");
 }
 
 static void test_malformed(void)
