@@ -64,6 +64,9 @@ static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GE
         return false;
     if (mount->model == NULL)
         return true;
+    CkptfsNode *mcore = ckptfs_tree_add_dir(tree, root, "mcore");
+    if (!ckptfs_mcore_view_build(tree, mcore, mount->source, mount->model, &mount->options, error))
+        return false;
     static const unsigned tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4};
     for (size_t i = 0; i < G_N_ELEMENTS(tps); i++)
         for (size_t j = 0; j < G_N_ELEMENTS(pps); j++) {

@@ -17,12 +17,13 @@ enum {
     OP_APPENDS = 'e', OP_BUILD = 'b', OP_GLOBAL = 'c', OP_EMPTY_DICT = '}', OP_SETITEMS = 'u',
     OP_TUPLE = 't', OP_EMPTY_TUPLE = ')', OP_BINFLOAT = 'G', OP_PROTO = 0x80, OP_NEWOBJ = 0x81,
     OP_TUPLE1 = 0x85, OP_TUPLE2 = 0x86, OP_TUPLE3 = 0x87, OP_NEWTRUE = 0x88, OP_NEWFALSE = 0x89,
-    OP_LONG1 = 0x8a,
+    OP_LONG1 = 0x8a, OP_BINPUT = 'q', OP_LONG_BINPUT = 'r', OP_BINGET = 'h', OP_LONG_BINGET = 'j',
 };
 
 typedef struct {
     GByteArray *out;
-    GPtrArray *tensors; /* const CkptfsValue*, in storage key order */
+    GPtrArray *tensors; /* const CkptfsValue*, in storage key order; NULL: no tensors allowed */
+    GHashTable *globals; /* "module\nname" -> memo index + 1, when globals are memoized */
     GError **error;
     bool failed;
 } Pickler;
@@ -46,13 +47,37 @@ static void put_str(Pickler *p, const char *s)
     g_byte_array_append(p->out, (const guint8 *)s, (guint)n);
 }
 
+static void put_memo_op(Pickler *p, uint8_t short_op, uint8_t long_op, uint64_t index)
+{
+    if (index <= 0xff) {
+        put_byte(p, short_op);
+        put_le(p, index, 1);
+    } else {
+        put_byte(p, long_op);
+        put_le(p, index, 4);
+    }
+}
+
 static void put_global(Pickler *p, const char *module, const char *name)
 {
+    g_autofree char *tag = p->globals ? g_strdup_printf("%s\n%s", module, name) : NULL;
+    if (tag) { /* a big pickle names the same few classes thousands of times */
+        gpointer known = g_hash_table_lookup(p->globals, tag);
+        if (known) {
+            put_memo_op(p, OP_BINGET, OP_LONG_BINGET, GPOINTER_TO_SIZE(known) - 1);
+            return;
+        }
+    }
     put_byte(p, OP_GLOBAL);
     g_byte_array_append(p->out, (const guint8 *)module, (guint)strlen(module));
     put_byte(p, '\n');
     g_byte_array_append(p->out, (const guint8 *)name, (guint)strlen(name));
     put_byte(p, '\n');
+    if (tag) {
+        guint index = g_hash_table_size(p->globals);
+        put_memo_op(p, OP_BINPUT, OP_LONG_BINPUT, index);
+        g_hash_table_insert(p->globals, g_steal_pointer(&tag), GSIZE_TO_POINTER(index + 1));
+    }
 }
 
 /* Python's choice of int opcode: BININT1/2 for small non-negative, BININT for int32, else LONG1
@@ -160,6 +185,12 @@ static void put_tensor(Pickler *p, const CkptfsValue *v)
         stride[d] = numel;
         numel *= v->u.tensor.shape[d];
     }
+    if (p->tensors == NULL) {
+        if (!p->failed)
+            g_set_error(p->error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "a tensor in a plain pickle");
+        p->failed = true;
+        return;
+    }
     char key[24];
     g_snprintf(key, sizeof key, "%u", p->tensors->len);
     g_ptr_array_add(p->tensors, (gpointer)v);
@@ -254,6 +285,15 @@ static void put_value(Pickler *p, const CkptfsValue *v)
     case CKPTFS_VALUE_TENSOR:
         put_tensor(p, v);
         break;
+    case CKPTFS_VALUE_OBJECT:
+        put_global(p, v->u.object.module, v->u.object.name);
+        put_value(p, v->u.object.args);
+        put_byte(p, v->u.object.newobj ? OP_NEWOBJ : OP_REDUCE);
+        if (v->u.object.state) {
+            put_value(p, v->u.object.state);
+            put_byte(p, OP_BUILD);
+        }
+        break;
     }
 }
 
@@ -269,10 +309,16 @@ typedef struct {
 
 typedef struct {
     CkptfsPlanBuilder *b;
+    uint64_t base; /* where the archive starts in the file: its offsets are relative to it */
     const char *archive;
     bool compute_crc;
-    GArray *entries; /* ZipEntry */
+    GArray *entries; /* ZipEntry, offsets relative to base */
 } ZipWriter;
+
+static uint64_t zip_pos(const ZipWriter *z)
+{
+    return ckptfs_plan_builder_size(z->b) - z->base;
+}
 
 static void le16(GByteArray *a, uint16_t v)
 {
@@ -308,7 +354,7 @@ static void crc_field(ZipWriter *z, GByteArray *a, const ZipEntry *e)
         return;
     }
     literal(z, a);
-    ckptfs_plan_add_crc32(z->b, e->data_offset, e->size);
+    ckptfs_plan_add_crc32(z->b, z->base + e->data_offset, e->size);
 }
 
 /* Local header with an "FB" extra field padding the data start to a multiple of 64. */
@@ -316,7 +362,7 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
 {
     g_autofree char *full = g_strdup_printf("%s/%s", z->archive, name);
     size_t name_len = strlen(full);
-    uint64_t at = ckptfs_plan_builder_size(z->b);
+    uint64_t at = zip_pos(z);
     uint64_t data_at = at + 30 + name_len + 4;
     uint64_t pad = (ZIP_ALIGN - data_at % ZIP_ALIGN) % ZIP_ALIGN;
     ZipEntry e = {.name = g_steal_pointer(&full), .header_offset = at, .size = size,
@@ -368,7 +414,7 @@ static void zip_add_bytes(ZipWriter *z, const char *name, const void *data, size
 static void zip_finish(ZipWriter *z)
 {
     g_autoptr(GByteArray) cd = g_byte_array_new();
-    uint64_t cd_offset = ckptfs_plan_builder_size(z->b);
+    uint64_t cd_offset = zip_pos(z);
     /* The directory may be cut by CRC extents: its size is counted from the plan. */
     for (guint i = 0; i < z->entries->len; i++) {
         const ZipEntry *e = &g_array_index(z->entries, ZipEntry, i);
@@ -404,7 +450,7 @@ static void zip_finish(ZipWriter *z)
     }
     literal(z, cd);
     uint64_t n = z->entries->len;
-    uint64_t eocd64_offset = ckptfs_plan_builder_size(z->b);
+    uint64_t eocd64_offset = zip_pos(z);
     uint64_t cd_size = eocd64_offset - cd_offset;
     le32(cd, 0x06064b50); /* ZIP64 end of central directory */
     le64(cd, 44);
@@ -431,21 +477,41 @@ static void zip_finish(ZipWriter *z)
     literal(z, cd);
 }
 
-CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_name,
-                                  bool compute_crc, GError **error)
+static Pickler pickler_new(bool with_tensors, bool memo_globals, GError **error)
 {
-    Pickler p = {.out = g_byte_array_new(), .tensors = g_ptr_array_new(), .error = error};
-    put_byte(&p, OP_PROTO);
-    put_byte(&p, 2);
-    put_value(&p, root);
-    put_byte(&p, OP_STOP);
-    if (p.failed) {
-        g_byte_array_unref(p.out);
-        g_ptr_array_unref(p.tensors);
-        return NULL;
-    }
+    return (Pickler){.out = g_byte_array_new(), .tensors = with_tensors ? g_ptr_array_new() : NULL,
+                     .globals = memo_globals ? g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL) : NULL,
+                     .error = error};
+}
 
-    ZipWriter z = {.b = ckptfs_plan_builder_new(), .archive = archive_name,
+static void pickler_clear(Pickler *p)
+{
+    g_byte_array_unref(p->out);
+    if (p->tensors)
+        g_ptr_array_unref(p->tensors);
+    if (p->globals)
+        g_hash_table_unref(p->globals);
+}
+
+static bool pickle_root(Pickler *p, const CkptfsValue *root)
+{
+    put_byte(p, OP_PROTO);
+    put_byte(p, 2);
+    put_value(p, root);
+    put_byte(p, OP_STOP);
+    return !p->failed;
+}
+
+/* The archive; SIZING_ONLY replaces tensor bytes by zero extents (same size, no source). */
+static bool torchsave_append(CkptfsPlanBuilder *b, const CkptfsValue *root, const char *archive_name,
+                             bool compute_crc, bool sizing_only, GError **error)
+{
+    Pickler p = pickler_new(true, false, error);
+    if (!pickle_root(&p, root)) {
+        pickler_clear(&p);
+        return false;
+    }
+    ZipWriter z = {.b = b, .base = ckptfs_plan_builder_size(b), .archive = archive_name,
                    .compute_crc = compute_crc,
                    .entries = g_array_new(FALSE, FALSE, sizeof(ZipEntry))};
     zip_add_bytes(&z, "data.pkl", p.out->data, p.out->len);
@@ -457,7 +523,10 @@ CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_n
         uint64_t size = ckptfs_value_tensor_nbytes(t);
         zip_begin_entry(&z, name, size);
         uint64_t before = ckptfs_plan_builder_size(z.b);
-        t->u.tensor.emit(t->u.tensor.ctx, z.b);
+        if (sizing_only)
+            ckptfs_plan_add_zero(z.b, size);
+        else
+            t->u.tensor.emit(t->u.tensor.ctx, z.b);
         g_assert(ckptfs_plan_builder_size(z.b) - before == size);
         zip_end_entry(&z, size);
     }
@@ -467,7 +536,41 @@ CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_n
     for (guint i = 0; i < z.entries->len; i++)
         g_free(g_array_index(z.entries, ZipEntry, i).name);
     g_array_unref(z.entries);
-    g_byte_array_unref(p.out);
-    g_ptr_array_unref(p.tensors);
-    return ckptfs_plan_builder_finish(z.b);
+    pickler_clear(&p);
+    return true;
+}
+
+bool ckptfs_torchsave_append(CkptfsPlanBuilder *b, const CkptfsValue *root,
+                             const char *archive_name, bool compute_crc, GError **error)
+{
+    return torchsave_append(b, root, archive_name, compute_crc, false, error);
+}
+
+uint64_t ckptfs_torchsave_size(const CkptfsValue *root, const char *archive_name, GError **error)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    bool ok = torchsave_append(b, root, archive_name, false, true, error);
+    uint64_t size = ckptfs_plan_builder_size(b);
+    ckptfs_plan_builder_free(b);
+    return ok ? size : 0;
+}
+
+CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_name,
+                                  bool compute_crc, GError **error)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    if (!torchsave_append(b, root, archive_name, compute_crc, false, error)) {
+        ckptfs_plan_builder_free(b);
+        return NULL;
+    }
+    return ckptfs_plan_builder_finish(b);
+}
+
+GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error)
+{
+    Pickler p = pickler_new(false, true, error);
+    bool ok = pickle_root(&p, root);
+    GBytes *out = ok ? g_bytes_new(p.out->data, p.out->len) : NULL;
+    pickler_clear(&p);
+    return out;
 }

@@ -22,6 +22,12 @@ void ckptfs_value_free(CkptfsValue *v)
     case CKPTFS_VALUE_NAMESPACE:
         g_ptr_array_unref(v->u.items);
         break;
+    case CKPTFS_VALUE_OBJECT:
+        g_free(v->u.object.module);
+        g_free(v->u.object.name);
+        ckptfs_value_free(v->u.object.args);
+        ckptfs_value_free(v->u.object.state);
+        break;
     default:
         break;
     }
@@ -88,6 +94,26 @@ CkptfsValue *ckptfs_value_tensor(CkptfsDtype dtype, unsigned ndim, const uint64_
     return v;
 }
 
+CkptfsValue *ckptfs_value_object(const char *module, const char *name, CkptfsValue *args,
+                                 CkptfsValue *state, bool newobj)
+{
+    CkptfsValue *v = value_new(CKPTFS_VALUE_OBJECT);
+    v->u.object.module = g_strdup(module);
+    v->u.object.name = g_strdup(name);
+    v->u.object.args = args ? args : ckptfs_value_container(CKPTFS_VALUE_TUPLE);
+    v->u.object.state = state;
+    v->u.object.newobj = newobj;
+    return v;
+}
+
+CkptfsValue *ckptfs_value_int_tuple(const uint64_t *v, unsigned n)
+{
+    CkptfsValue *t = ckptfs_value_container(CKPTFS_VALUE_TUPLE);
+    for (unsigned i = 0; i < n; i++)
+        ckptfs_value_append(t, ckptfs_value_int((int64_t)v[i]));
+    return t;
+}
+
 void ckptfs_value_append(CkptfsValue *container, CkptfsValue *item)
 {
     g_ptr_array_add(container->u.items, item);
@@ -96,6 +122,12 @@ void ckptfs_value_append(CkptfsValue *container, CkptfsValue *item)
 void ckptfs_value_set(CkptfsValue *map, const char *key, CkptfsValue *value)
 {
     g_ptr_array_add(map->u.items, ckptfs_value_str(key));
+    g_ptr_array_add(map->u.items, value);
+}
+
+void ckptfs_value_set_item(CkptfsValue *map, CkptfsValue *key, CkptfsValue *value)
+{
+    g_ptr_array_add(map->u.items, key);
     g_ptr_array_add(map->u.items, value);
 }
 

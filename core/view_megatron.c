@@ -267,10 +267,10 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     return sd;
 }
 
-static CkptfsValue *megatron_args(const MegatronView *v)
+CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
+                                  const CkptfsLayout *l, uint64_t padded_vocab,
+                                  const char *ckpt_format)
 {
-    const CkptfsModel *m = v->model;
-    const CkptfsLayout *l = &v->layout;
     CkptfsValue *a = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
 #define SET_INT(k, x) ckptfs_value_set(a, k, ckptfs_value_int((int64_t)(x)))
 #define SET_BOOL(k, x) ckptfs_value_set(a, k, ckptfs_value_bool(x))
@@ -320,13 +320,16 @@ static CkptfsValue *megatron_args(const MegatronView *v)
     SET_BOOL("add_qkv_bias", m->qkv_bias);
     SET_BOOL("qk_layernorm", m->qk_norm);
     SET_INT("vocab_size", m->vocab);
-    SET_INT("padded_vocab_size", v->padded_vocab);
-    SET_INT("make_vocab_size_divisible_by", v->options->vocab_divisible_by);
+    SET_INT("padded_vocab_size", padded_vocab);
+    SET_INT("make_vocab_size_divisible_by", options->vocab_divisible_by);
     ckptfs_value_set(a, "params_dtype", ckptfs_value_dtype(m->dtype));
     SET_BOOL("bf16", m->dtype == CKPTFS_DTYPE_BF16);
     SET_BOOL("fp16", m->dtype == CKPTFS_DTYPE_F16);
-    SET_STR("transformer_impl", v->options->spec == CKPTFS_SPEC_TE ? "transformer_engine" : "local");
-    SET_STR("ckpt_format", "torch");
+    SET_STR("transformer_impl", options->spec == CKPTFS_SPEC_TE ? "transformer_engine" : "local");
+    SET_STR("ckpt_format", ckpt_format);
+    /* Nothing but weights: loaders then ask for no optimizer or RNG state. */
+    SET_BOOL("no_save_optim", true);
+    SET_BOOL("no_save_rng", true);
     SET_INT("iteration", 0);
     SET_BOOL("use_legacy_models", false);
     ckptfs_value_set(a, "num_experts", ckptfs_value_none());
@@ -346,7 +349,8 @@ static CkptfsPlan *plan_rank_file(gpointer owner, gconstpointer key, GError **er
                     .tensors = g_ptr_array_new_with_free_func(rank_tensor_free)};
     CkptfsValue *top = ckptfs_value_container(CKPTFS_VALUE_DICT);
     if (v->options->megatron_args)
-        ckptfs_value_set(top, "args", megatron_args(v));
+        ckptfs_value_set(top, "args", ckptfs_megatron_args(v->model, v->options, &v->layout,
+                                                           v->padded_vocab, "torch"));
     ckptfs_value_set(top, "checkpoint_version", ckptfs_value_float(3.0));
     ckptfs_value_set(top, "iteration", ckptfs_value_int(0));
     if (v->layout.vpp == 1) {

@@ -15,4 +15,17 @@
 CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_name,
                                   bool compute_crc, GError **error);
 
+/* The same archive appended to B (a file holding several archives, as a torch_dist .distcp
+ * does): its internal offsets are relative to where it starts. */
+bool ckptfs_torchsave_append(CkptfsPlanBuilder *b, const CkptfsValue *root,
+                             const char *archive_name, bool compute_crc, GError **error);
+
+/* The size of the archive ckptfs_torchsave_append would write (0 on error), without touching
+ * any tensor's source. */
+uint64_t ckptfs_torchsave_size(const CkptfsValue *root, const char *archive_name, GError **error);
+
+/* A plain pickle (protocol 2, `pickle.dump`) of ROOT, which must hold no tensors; globals are
+ * memoized as Python's pickler does. */
+GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error);
+
 #endif

@@ -24,6 +24,7 @@ typedef enum {
     CKPTFS_VALUE_NAMESPACE, /* argparse.Namespace: items as a dict */
     CKPTFS_VALUE_DTYPE,     /* torch.bfloat16 ... */
     CKPTFS_VALUE_TENSOR,
+    CKPTFS_VALUE_OBJECT,    /* module.name applied to args (a TUPLE), then BUILD with state */
 } CkptfsValueKind;
 
 /* Appends exactly the tensor's bytes (row-major, contiguous) to B. */
@@ -46,6 +47,12 @@ struct CkptfsValue {
             CkptfsEmitFn emit;
             gconstpointer ctx; /* not owned */
         } tensor;
+        struct {
+            char *module, *name;
+            CkptfsValue *args;  /* TUPLE */
+            CkptfsValue *state; /* NULL: no BUILD */
+            bool newobj;        /* cls.__new__(cls, *args) (NEWOBJ) rather than a call */
+        } object;
     } u;
 };
 
@@ -60,10 +67,20 @@ CkptfsValue *ckptfs_value_container(CkptfsValueKind kind); /* DICT, ODICT, LIST,
 CkptfsValue *ckptfs_value_tensor(CkptfsDtype dtype, unsigned ndim, const uint64_t *shape,
                                  CkptfsEmitFn emit, gconstpointer ctx);
 
+/* An object as pickle rebuilds it: `module.name(*ARGS)` (or `__new__` with NEWOBJ), then
+ * `__setstate__(STATE)` or a __dict__ update when STATE is not NULL. Takes ARGS and STATE. */
+CkptfsValue *ckptfs_value_object(const char *module, const char *name, CkptfsValue *args,
+                                 CkptfsValue *state, bool newobj);
+/* A TUPLE of integers. */
+CkptfsValue *ckptfs_value_int_tuple(const uint64_t *v, unsigned n);
+
 /* Appends to a LIST/TUPLE. */
 void ckptfs_value_append(CkptfsValue *container, CkptfsValue *item);
 /* Adds KEY: VALUE to a DICT/ODICT/NAMESPACE (insertion order kept). */
 void ckptfs_value_set(CkptfsValue *map, const char *key, CkptfsValue *value);
+
+/* Adds KEY: VALUE with any hashable KEY value (DICT only). */
+void ckptfs_value_set_item(CkptfsValue *map, CkptfsValue *key, CkptfsValue *value);
 
 /* Bytes of a tensor value. */
 uint64_t ckptfs_value_tensor_nbytes(const CkptfsValue *v);

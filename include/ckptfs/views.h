@@ -10,6 +10,7 @@
 #include "ckptfs/options.h"
 #include "ckptfs/source.h"
 #include "ckptfs/tree.h"
+#include "ckptfs/value.h"
 
 /* hf/: pass-through of the source's files, or re-sharded safetensors when
  * options->hf_shard_size is set. Adds the view's nodes under DIR. */
@@ -27,5 +28,17 @@ unsigned ckptfs_hf_assign_shards(const CkptfsCatalog *catalog, uint64_t max_shar
 bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                                 const CkptfsModel *model, const CkptfsOptions *options,
                                 const CkptfsLayout *layout, GError **error);
+
+/* args (argparse.Namespace) as Megatron-LM saves them, with what loaders read: sizes, the
+ * split of LAYOUT, vocabulary padding, dtype, spec, CKPT_FORMAT ("torch", "torch_dist"). */
+CkptfsValue *ckptfs_megatron_args(const CkptfsModel *model, const CkptfsOptions *options,
+                                  const CkptfsLayout *layout, uint64_t padded_vocab,
+                                  const char *ckpt_format);
+
+/* mcore/: a torch_dist checkpoint (Megatron-core's sharded format) of MODEL, chunked so that a
+ * loader at any tensor-parallel degree the model allows reads little more than its share. */
+bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
+                             const CkptfsModel *model, const CkptfsOptions *options,
+                             GError **error);
 
 #endif
