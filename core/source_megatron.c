@@ -50,36 +50,6 @@ static void rank_free(Rank *r)
     g_free(r);
 }
 
-/* The iteration directory: DIR itself when it holds rank directories, else the one -o iteration
- * or the tracker names (release, or iter_%07d). */
-static char *iteration_dir(const char *dir, const char *wanted, GError **error)
-{
-    g_autofree char *tracker = g_build_filename(dir, TRACKER, NULL);
-    g_autofree char *text = NULL;
-    if (wanted != NULL)
-        text = g_strdup(wanted);
-    else if (!g_file_get_contents(tracker, &text, NULL, NULL))
-        return g_strdup(dir);
-    g_strstrip(text);
-    char *end;
-    unsigned long it = strtoul(text, &end, 10);
-    g_autofree char *name = strcmp(text, "release") == 0 ? g_strdup("release")
-                            : (*text && *end == '\0') ? g_strdup_printf("iter_%07lu", it) : NULL;
-    if (name == NULL) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: '%s' is neither \"release\" nor an iteration number", tracker, text);
-        return NULL;
-    }
-    char *iter = g_build_filename(dir, name, NULL);
-    if (!g_file_test(iter, G_FILE_TEST_IS_DIR)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s names %s, which does not exist",
-                    wanted ? "option iteration" : tracker, iter);
-        g_free(iter);
-        return NULL;
-    }
-    return iter;
-}
-
 bool ckptfs_source_is_megatron(const char *dir)
 {
     g_autofree char *tracker = g_build_filename(dir, TRACKER, NULL);
@@ -179,38 +149,6 @@ static bool open_rank(Mg *m, Rank *r)
     return r->pickle != NULL;
 }
 
-static const CkptfsPy *arg(const CkptfsPy *args, const char *key)
-{
-    return ckptfs_py_dict_get(args, key);
-}
-
-static bool arg_uint(Mg *m, const CkptfsPy *args, const char *path, const char *key, uint64_t *out)
-{
-    const CkptfsPy *v = arg(args, key);
-    if (v == NULL || v->kind != CKPTFS_PY_INT || v->big || v->i <= 0)
-        return fail(m, CKPTFS_ERROR_FORMAT, "%s: args.%s is missing or not a positive integer", path, key);
-    *out = (uint64_t)v->i;
-    return true;
-}
-
-static bool arg_bool(const CkptfsPy *args, const char *key)
-{
-    const CkptfsPy *v = arg(args, key);
-    return v && v->kind == CKPTFS_PY_BOOL && v->i;
-}
-
-static double arg_double(const CkptfsPy *args, const char *key, double fallback)
-{
-    const CkptfsPy *v = arg(args, key);
-    return v && v->kind == CKPTFS_PY_FLOAT ? v->f : v && v->kind == CKPTFS_PY_INT ? (double)v->i : fallback;
-}
-
-static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fallback)
-{
-    const CkptfsPy *v = arg(args, key);
-    return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
-}
-
 /* Reads the model's sizes from rank 0's args and checks the files agree with them. */
 /* The model dict of virtual chunk V of a rank. */
 static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
@@ -223,36 +161,23 @@ static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
     return ckptfs_py_dict_get(root, key);
 }
 
+static void take_sizes(Mg *m, const CkptfsMegatronSizes *s)
+{
+    m->layers = s->layers, m->hidden = s->hidden, m->heads = s->heads, m->groups = s->groups;
+    m->head_dim = s->head_dim, m->ffn = s->ffn, m->vocab = s->vocab, m->padded_vocab = s->padded_vocab;
+    m->tied = s->tied, m->qkv_bias = s->qkv_bias, m->qk_norm = s->qk_norm;
+}
+
 /* Rank files saved without args: the sizes come from the config.json given with -o hf_config or
  * -o hf_extra, the split from the files (virtual chunks from the model0.. keys, the padded
  * vocabulary from the embedding's rows); locate() then checks every shape against them. */
 static bool read_config_sizes(Mg *m)
 {
     Rank *r0 = m->ranks[0];
-    JsonObject *c = m->source->config;
-    if (c == NULL)
-        return fail(m, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: no args Namespace; give the model's config.json with -o hf_config=PATH or "
-                    "-o hf_extra=DIR",
-                    r0->path);
-    const char *need[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"};
-    for (size_t i = 0; i < G_N_ELEMENTS(need); i++)
-        if (json_object_get_int_member_with_default(c, need[i], 0) <= 0)
-            return fail(m, CKPTFS_ERROR_FORMAT, "config.json: \"%s\" is missing or not positive (needed "
-                        "for rank files without args)", need[i]);
-    m->layers = (uint64_t)json_object_get_int_member(c, "num_hidden_layers");
-    m->hidden = (uint64_t)json_object_get_int_member(c, "hidden_size");
-    m->heads = (uint64_t)json_object_get_int_member(c, "num_attention_heads");
-    m->ffn = (uint64_t)json_object_get_int_member(c, "intermediate_size");
-    m->vocab = (uint64_t)json_object_get_int_member(c, "vocab_size");
-    m->groups = (uint64_t)json_object_get_int_member_with_default(c, "num_key_value_heads", (gint64)m->heads);
-    m->head_dim = (uint64_t)json_object_get_int_member_with_default(c, "head_dim", (gint64)(m->hidden / m->heads));
-    m->tied = json_object_get_boolean_member_with_default(c, "tie_word_embeddings", false);
-    const char *type = json_object_get_string_member_with_default(c, "model_type", "");
-    m->qkv_bias = strcmp(type, "qwen2") == 0 || json_object_get_boolean_member_with_default(c, "attention_bias", false);
-    m->qk_norm = strcmp(type, "qwen3") == 0;
-    if (m->groups == 0 || m->head_dim == 0)
-        return fail(m, CKPTFS_ERROR_FORMAT, "config.json: num_key_value_heads and head_dim must be positive");
+    CkptfsMegatronSizes s;
+    if (!ckptfs_megatron_sizes_from_config(m->source->config, r0->path, &s, m->error))
+        return false;
+    take_sizes(m, &s);
     const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
     m->V = 1;
     while (ckptfs_py_dict_get(root, "model") == NULL) {
@@ -283,72 +208,17 @@ static bool read_args(Mg *m)
     const CkptfsPy *args = ckptfs_py_object_state(ckptfs_py_dict_get(root, "args"));
     if (args == NULL)
         return read_config_sizes(m);
-    uint64_t tp = 0, pp = 0;
-    if (!arg_uint(m, args, r0->path, "num_layers", &m->layers) ||
-        !arg_uint(m, args, r0->path, "hidden_size", &m->hidden) ||
-        !arg_uint(m, args, r0->path, "num_attention_heads", &m->heads) ||
-        !arg_uint(m, args, r0->path, "ffn_hidden_size", &m->ffn) ||
-        !arg_uint(m, args, r0->path, "padded_vocab_size", &m->padded_vocab) ||
-        !arg_uint(m, args, r0->path, "tensor_model_parallel_size", &tp) ||
-        !arg_uint(m, args, r0->path, "pipeline_model_parallel_size", &pp))
+    CkptfsMegatronSizes s;
+    if (!ckptfs_megatron_sizes_from_args(args, r0->path, &s, m->error))
         return false;
-    if (tp != m->T || pp != m->P)
-        return fail(m, CKPTFS_ERROR_FORMAT, "%s: args say tp %" G_GUINT64_FORMAT " pp %" G_GUINT64_FORMAT
-                    " but the directory holds tp %u x pp %u rank files", r0->path, tp, pp, m->T, m->P);
-    if (arg_uint_or(args, "expert_model_parallel_size", 1) != 1 || arg_uint_or(args, "num_experts", 0))
-        return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: mixture-of-experts checkpoints are not supported yet", r0->path);
-    if (!arg_bool(args, "swiglu"))
-        return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true; only SwiGLU models are supported", r0->path);
-    m->groups = arg_bool(args, "group_query_attention") ? arg_uint_or(args, "num_query_groups", m->heads) : m->heads;
-    m->head_dim = arg_uint_or(args, "kv_channels", m->hidden / m->heads);
-    m->vocab = arg_uint_or(args, "vocab_size", m->padded_vocab);
-    m->tied = !arg_bool(args, "untie_embeddings_and_output_weights");
-    m->qkv_bias = arg_bool(args, "add_qkv_bias");
-    m->qk_norm = arg_bool(args, "qk_layernorm");
-    m->V = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1);
-    m->layout = (CkptfsLayout){.tp = m->T, .pp = m->P, .vpp = m->V,
-                               .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
-                               .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
-
-    if (m->source->config != NULL)
-        return true; /* given with -o hf_config / hf_extra */
-    /* config.json as Hugging Face would write it for this model: the model rules then read it
-     * like any HF config, and hf/ shows it. The architecture follows from the weights unless
-     * -o hf_arch says (Mistral and Llama have the same ones). */
-    const char *type = m->options->hf_arch ? m->options->hf_arch
-                       : m->qk_norm        ? "qwen3"
-                       : m->qkv_bias       ? "qwen2"
-                                           : "llama";
-    const char *arch = NULL;
-    for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
-        if (strcmp((*a)->model_type, type) == 0)
-            arch = (*a)->hf_architecture;
-    JsonObject *c = json_object_new();
-    JsonArray *archs = json_array_new();
-    json_array_add_string_element(archs, arch);
-    json_object_set_array_member(c, "architectures", archs);
-    json_object_set_string_member(c, "model_type", type);
-    json_object_set_int_member(c, "hidden_size", (gint64)m->hidden);
-    json_object_set_int_member(c, "intermediate_size", (gint64)m->ffn);
-    json_object_set_int_member(c, "num_attention_heads", (gint64)m->heads);
-    json_object_set_int_member(c, "num_key_value_heads", (gint64)m->groups);
-    json_object_set_int_member(c, "num_hidden_layers", (gint64)m->layers);
-    json_object_set_int_member(c, "head_dim", (gint64)m->head_dim);
-    json_object_set_int_member(c, "vocab_size", (gint64)m->vocab);
-    json_object_set_int_member(c, "max_position_embeddings", (gint64)arg_uint_or(args, "max_position_embeddings", 4096));
-    json_object_set_double_member(c, "rms_norm_eps",
-                                  arg_double(args, "layernorm_epsilon", arg_double(args, "norm_epsilon", 1e-5)));
-    json_object_set_double_member(c, "rope_theta", arg_double(args, "rotary_base", 10000));
-    json_object_set_boolean_member(c, "tie_word_embeddings", m->tied);
-    json_object_set_string_member(c, "hidden_act", "silu");
-    json_object_set_string_member(c, "torch_dtype", "bfloat16");
-    if (arg_bool(args, "use_rope_scaling")) {
-        JsonObject *scaling = json_object_new();
-        json_object_set_string_member(scaling, "rope_type", "llama3");
-        json_object_set_double_member(scaling, "factor", arg_double(args, "rope_scaling_factor", 8.0));
-        json_object_set_object_member(c, "rope_scaling", scaling);
-    }
-    m->source->config = c;
+    if (s.layout.tp != m->T || s.layout.pp != m->P)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: args say tp %u pp %u but the directory holds tp %u x "
+                    "pp %u rank files", r0->path, s.layout.tp, s.layout.pp, m->T, m->P);
+    take_sizes(m, &s);
+    m->V = s.layout.vpp;
+    m->layout = s.layout;
+    if (m->source->config == NULL) /* else given with -o hf_config / hf_extra */
+        ckptfs_megatron_synthesize_config(m->source, &s, args, m->options->hf_arch);
     return true;
 }
 
@@ -593,50 +463,11 @@ static bool check_unexpected(Mg *m)
     return true;
 }
 
-/* -o hf_config / the config.json of -o hf_extra replace the synthesized one, as given. */
-static bool use_given_config(CkptfsSource *source, const CkptfsOptions *options, GError **error)
-{
-    g_autofree char *extra_config = options->hf_extra ? g_build_filename(options->hf_extra, "config.json", NULL) : NULL;
-    const char *path = options->hf_config ? options->hf_config
-                       : extra_config && g_file_test(extra_config, G_FILE_TEST_IS_REGULAR) ? extra_config
-                                                                                            : NULL;
-    if (path == NULL)
-        return true;
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    GError *json_error = NULL;
-    if (!json_parser_load_from_file(parser, path, &json_error) ||
-        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a JSON object%s%s", path,
-                    json_error ? ": " : "", json_error ? json_error->message : "");
-        g_clear_error(&json_error);
-        return false;
-    }
-    if (source->config)
-        json_object_unref(source->config);
-    source->config = json_object_ref(json_node_get_object(json_parser_get_root(parser)));
-    return ckptfs_source_add_file(source, "config.json", path, error);
-}
-
-/* Files hf/ passes through from -o hf_extra (tokenizer and the like); weights are not taken. */
-static bool add_extra_files(CkptfsSource *source, const char *dir, GError **error)
-{
-    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
-    const char *name;
-    while (d && (name = g_dir_read_name(d)) != NULL) {
-        if (g_str_has_suffix(name, ".safetensors") || strcmp(name, "model.safetensors.index.json") == 0)
-            continue;
-        g_autofree char *path = g_build_filename(dir, name, NULL);
-        if (g_file_test(path, G_FILE_TEST_IS_REGULAR) && !ckptfs_source_add_file(source, name, path, error))
-            return false;
-    }
-    return true;
-}
-
 bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *options,
                                  GError **error)
 {
     source->kind = CKPTFS_SOURCE_MEGATRON;
-    g_autofree char *iter = iteration_dir(source->dir, options->iteration, error);
+    g_autofree char *iter = ckptfs_megatron_iteration_dir(source->dir, options->iteration, error);
     if (iter == NULL)
         return false;
     Mg m = {.source = source, .options = options, .error = error};
@@ -646,7 +477,7 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
     bool ok = find_ranks(&m, iter);
     for (unsigned i = 0; ok && i < m.T * m.P; i++)
         ok = open_rank(&m, m.ranks[i]);
-    ok = ok && use_given_config(source, options, error) && read_args(&m);
+    ok = ok && ckptfs_source_use_given_config(source, options, error) && read_args(&m);
     if (ok && !ckptfs_layout_validate(&m.layout, &(CkptfsModel){.layers = m.layers, .heads = m.heads,
                                       .kv_heads = m.groups, .ffn = m.ffn}, error))
         ok = false;
@@ -658,7 +489,7 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
         ok = ckptfs_catalog_add_pieces(source->catalog, name, m.dtype, (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error) != NULL;
     }
-    ok = ok && (options->hf_extra == NULL || add_extra_files(source, options->hf_extra, error));
+    ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->megatron_layout = m.layout;
     for (unsigned i = 0; m.ranks && i < m.T * m.P; i++)
