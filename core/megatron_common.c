@@ -229,3 +229,54 @@ bool ckptfs_source_add_extra_files(CkptfsSource *source, const char *dir, GError
 }
 
 
+
+CkptfsPieceSet *ckptfs_piece_set_new(void)
+{
+    CkptfsPieceSet *set = g_new0(CkptfsPieceSet, 1);
+    set->pieces = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, (GDestroyNotify)g_array_unref);
+    set->order = g_ptr_array_new_with_free_func(g_free);
+    set->shapes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, g_free);
+    return set;
+}
+
+void ckptfs_piece_set_free(CkptfsPieceSet *set)
+{
+    if (set == NULL)
+        return;
+    g_hash_table_unref(set->pieces);
+    g_hash_table_unref(set->shapes);
+    g_ptr_array_unref(set->order);
+    g_free(set);
+}
+
+void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim, uint64_t d0,
+                           uint64_t d1)
+{
+    if (g_hash_table_contains(set->pieces, name))
+        return;
+    char *key = g_strdup(name);
+    g_hash_table_insert(set->pieces, key, g_array_new(FALSE, FALSE, sizeof(CkptfsPiece)));
+    uint64_t *shape = g_new(uint64_t, 3);
+    shape[0] = ndim, shape[1] = d0, shape[2] = d1;
+    g_hash_table_insert(set->shapes, key, shape);
+    g_ptr_array_add(set->order, key);
+}
+
+void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece)
+{
+    g_array_append_val(g_hash_table_lookup(set->pieces, name), *piece);
+}
+
+bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,
+                                 CkptfsDtype dtype, GError **error)
+{
+    for (guint i = 0; i < set->order->len; i++) {
+        const char *name = g_ptr_array_index(set->order, i);
+        GArray *pieces = g_hash_table_lookup(set->pieces, name);
+        const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
+        if (!ckptfs_catalog_add_pieces(catalog, name, dtype, (unsigned)shape[0], shape + 1,
+                                       (const CkptfsPiece *)(void *)pieces->data, pieces->len, error))
+            return false;
+    }
+    return true;
+}

@@ -79,9 +79,10 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     source->warnings = g_ptr_array_new_with_free_func(g_free);
     /* Every top-level regular file of an HF checkpoint (symlinks followed, as in a Hugging Face
      * cache snapshot) is part of it; a Megatron checkpoint's are not. */
-    bool ok = ckptfs_source_is_megatron(path)
-                  ? ckptfs_source_open_megatron(source, options, error)
-                  : ckptfs_source_add_top_files(source, path, error) && ckptfs_source_open_hf(source, error);
+    bool ok = ckptfs_source_is_torch_dist(path, options) ? ckptfs_source_open_torch_dist(source, options, error)
+              : ckptfs_source_is_megatron(path)            ? ckptfs_source_open_megatron(source, options, error)
+                                                           : ckptfs_source_add_top_files(source, path, error) &&
+                                                   ckptfs_source_open_hf(source, error);
     if (!ok) {
         ckptfs_source_free(source);
         return NULL;
@@ -112,6 +113,8 @@ const char *ckptfs_source_kind_name(CkptfsSourceKind kind)
         return "huggingface-safetensors";
     case CKPTFS_SOURCE_MEGATRON:
         return "megatron-legacy";
+    case CKPTFS_SOURCE_TORCH_DIST:
+        return "megatron-torch_dist";
     }
     return "unknown";
 }

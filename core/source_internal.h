@@ -21,7 +21,31 @@ bool ckptfs_source_is_megatron(const char *dir);
 bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *options,
                                  GError **error);
 
+/* Whether DIR is (or its tracker names) a torch_dist checkpoint directory (metadata.json). */
+bool ckptfs_source_is_torch_dist(const char *dir, const CkptfsOptions *options);
+/* Fills SOURCE from a torch_dist checkpoint (.metadata + .distcp archives). */
+bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *options,
+                                   GError **error);
+
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
+
+/* Pieces collected for each HF tensor of a model, by name, before they become the catalog. */
+typedef struct {
+    GHashTable *pieces; /* name -> GArray of CkptfsPiece */
+    GPtrArray *order;   /* names in the order first wanted */
+    GHashTable *shapes; /* name -> uint64_t[3] (ndim, d0, d1) */
+} CkptfsPieceSet;
+
+CkptfsPieceSet *ckptfs_piece_set_new(void);
+void ckptfs_piece_set_free(CkptfsPieceSet *set);
+/* Declares HF tensor NAME (once; later calls are no-ops) with its shape. */
+void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim, uint64_t d0,
+                           uint64_t d1);
+/* Adds a piece to a wanted tensor. */
+void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece);
+/* Adds every wanted tensor to CATALOG, checking its pieces tile it exactly. */
+bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,
+                                 CkptfsDtype dtype, GError **error);
 
 /* The iteration directory under DIR: the one WANTED (-o iteration) or the tracker names
  * (release, or iter_%07d); DIR itself when it has no tracker and nothing is wanted. */

@@ -265,23 +265,11 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     return true;
 }
 
-/* Pieces being collected for each HF tensor of the model, by name. */
-typedef struct {
-    GHashTable *pieces; /* name -> GArray of CkptfsPiece */
-    GPtrArray *order;   /* names in HF order */
-    GHashTable *shapes; /* name -> uint64_t[3] (ndim, d0, d1) */
-} Collect;
+typedef CkptfsPieceSet Collect;
 
 static void want(Collect *c, const char *name, unsigned ndim, uint64_t d0, uint64_t d1)
 {
-    if (g_hash_table_contains(c->pieces, name))
-        return;
-    char *key = g_strdup(name);
-    g_hash_table_insert(c->pieces, key, g_array_new(FALSE, FALSE, sizeof(CkptfsPiece)));
-    uint64_t *shape = g_new(uint64_t, 3);
-    shape[0] = ndim, shape[1] = d0, shape[2] = d1;
-    g_hash_table_insert(c->shapes, key, shape);
-    g_ptr_array_add(c->order, key);
+    ckptfs_piece_set_want(c, name, ndim, d0, d1);
 }
 
 /* Rows [r0, r1) x cols [c0, c1) of HF tensor NAME are at L's row LROW, column LCOL. */
@@ -290,7 +278,7 @@ static void piece(Collect *c, const char *name, uint64_t r0, uint64_t r1, uint64
 {
     CkptfsPiece p = {.row0 = r0, .row1 = r1, .col0 = c0, .col1 = c1, .src = l->src,
                      .offset = l->base + lrow * l->row_stride + lcol * isz, .row_stride = l->row_stride};
-    g_array_append_val(g_hash_table_lookup(c->pieces, name), p);
+    ckptfs_piece_set_add(c, name, &p);
 }
 
 static bool map_layer(Mg *m, Collect *c, unsigned p, unsigned v, uint64_t local, uint64_t g)
@@ -471,9 +459,7 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
     if (iter == NULL)
         return false;
     Mg m = {.source = source, .options = options, .error = error};
-    Collect c = {.pieces = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, (GDestroyNotify)g_array_unref),
-                 .order = g_ptr_array_new_with_free_func(g_free),
-                 .shapes = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, g_free)};
+    Collect *c = ckptfs_piece_set_new();
     bool ok = find_ranks(&m, iter);
     for (unsigned i = 0; ok && i < m.T * m.P; i++)
         ok = open_rank(&m, m.ranks[i]);
@@ -481,22 +467,14 @@ bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *opti
     if (ok && !ckptfs_layout_validate(&m.layout, &(CkptfsModel){.layers = m.layers, .heads = m.heads,
                                       .kv_heads = m.groups, .ffn = m.ffn}, error))
         ok = false;
-    ok = ok && map_model(&m, &c) && check_unexpected(&m);
-    for (guint i = 0; ok && i < c.order->len; i++) {
-        const char *name = g_ptr_array_index(c.order, i);
-        GArray *pieces = g_hash_table_lookup(c.pieces, name);
-        const uint64_t *shape = g_hash_table_lookup(c.shapes, name);
-        ok = ckptfs_catalog_add_pieces(source->catalog, name, m.dtype, (unsigned)shape[0], shape + 1,
-                                       (const CkptfsPiece *)(void *)pieces->data, pieces->len, error) != NULL;
-    }
+    ok = ok && map_model(&m, c) && check_unexpected(&m);
+    ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error);
     ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->megatron_layout = m.layout;
     for (unsigned i = 0; m.ranks && i < m.T * m.P; i++)
         rank_free(m.ranks[i]);
     g_free(m.ranks);
-    g_hash_table_unref(c.pieces);
-    g_hash_table_unref(c.shapes);
-    g_ptr_array_unref(c.order);
+    ckptfs_piece_set_free(c);
     return ok;
 }

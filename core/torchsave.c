@@ -126,25 +126,6 @@ static void put_tuple_of_ints(Pickler *p, const uint64_t *v, unsigned n)
     put_byte(p, n > 3 ? OP_TUPLE : small[n]);
 }
 
-static const char *torch_dtype_name(CkptfsDtype dtype)
-{
-    switch (dtype) {
-    case CKPTFS_DTYPE_BF16: return "bfloat16";
-    case CKPTFS_DTYPE_F16: return "float16";
-    case CKPTFS_DTYPE_F32: return "float32";
-    case CKPTFS_DTYPE_F64: return "float64";
-    case CKPTFS_DTYPE_I64: return "int64";
-    case CKPTFS_DTYPE_I32: return "int32";
-    case CKPTFS_DTYPE_I16: return "int16";
-    case CKPTFS_DTYPE_I8: return "int8";
-    case CKPTFS_DTYPE_U8: return "uint8";
-    case CKPTFS_DTYPE_BOOL: return "bool";
-    case CKPTFS_DTYPE_F8_E4M3: return "float8_e4m3fn";
-    case CKPTFS_DTYPE_F8_E5M2: return "float8_e5m2";
-    default: return NULL;
-    }
-}
-
 static const char *storage_class(CkptfsDtype dtype)
 {
     switch (dtype) {
@@ -275,7 +256,7 @@ static void put_value(Pickler *p, const CkptfsValue *v)
         put_byte(p, OP_BUILD);
         break;
     case CKPTFS_VALUE_DTYPE: {
-        const char *name = torch_dtype_name(v->u.dtype);
+        const char *name = ckptfs_dtype_torch_name(v->u.dtype);
         if (name == NULL)
             fail(p, "dtype", v->u.dtype);
         else

@@ -56,14 +56,14 @@ static bool bad(GError **error, const char *path, const char *fmt, ...)
 
 /* Finds the end records: fills the directory's offset, size and entry count. */
 static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char *path,
-                           uint64_t *cd_offset, uint64_t *cd_size, uint64_t *count, GError **error)
+                           uint64_t base, uint64_t size, uint64_t *cd_offset, uint64_t *cd_size,
+                           uint64_t *count, GError **error)
 {
-    uint64_t size = ckptfs_srcfiles_get(files, src)->size;
     if (size < 22)
         return bad(error, path, "%" G_GUINT64_FORMAT " bytes is too short for a zip archive", size);
     size_t tail_len = (size_t)MIN(size, (uint64_t)(65535 + 22 + 20));
     g_autofree uint8_t *tail = g_malloc(tail_len);
-    if (!ckptfs_srcfiles_pread(files, src, tail, tail_len, size - tail_len, error))
+    if (!ckptfs_srcfiles_pread(files, src, tail, tail_len, base + size - tail_len, error))
         return false;
     /* The end record is the last signature whose comment length reaches the end exactly. */
     ssize_t at = -1;
@@ -86,9 +86,9 @@ static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char
             return bad(error, path, "ZIP64 sizes without a ZIP64 locator");
         uint64_t rec_off = get64(e - 20 + 8);
         uint8_t rec[56];
-        if (rec_off > size - sizeof rec)
+        if (size < sizeof rec || rec_off > size - sizeof rec)
             return bad(error, path, "ZIP64 end record offset %" G_GUINT64_FORMAT " is outside the file", rec_off);
-        if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, rec_off, error))
+        if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, base + rec_off, error))
             return false;
         if (get32(rec) != EOCD64_SIG)
             return bad(error, path, "no ZIP64 end record where the locator points");
@@ -156,17 +156,19 @@ static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path,
     return 46 + name_len + extra_len + comment_len;
 }
 
-CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **error)
+/* The archive at [BASE, BASE + SIZE) of source file SRC; PATH names it in errors. Offsets in
+ * the archive are relative to BASE. */
+static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char *path,
+                           uint64_t base, uint64_t size, GError **error)
 {
-    const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
     uint64_t cd_offset = 0, cd_size = 0, count = 0;
-    if (!find_directory(files, src, file->path, &cd_offset, &cd_size, &count, error))
+    if (!find_directory(files, src, path, base, size, &cd_offset, &cd_size, &count, error))
         return NULL;
     g_autofree uint8_t *cd = g_malloc(cd_size ? cd_size : 1);
-    if (!ckptfs_srcfiles_pread(files, src, cd, (size_t)cd_size, cd_offset, error))
+    if (!ckptfs_srcfiles_pread(files, src, cd, (size_t)cd_size, base + cd_offset, error))
         return NULL;
     CkptfsZip *zip = g_new0(CkptfsZip, 1);
-    zip->path = g_strdup(file->path);
+    zip->path = g_strdup(path);
     zip->src = src;
     zip->entries = g_ptr_array_new_with_free_func(entry_free);
     zip->by_name = g_hash_table_new(g_str_hash, g_str_equal);
@@ -175,30 +177,30 @@ CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **e
         CkptfsZipEntry *e = g_new0(CkptfsZipEntry, 1);
         g_ptr_array_add(zip->entries, e);
         uint64_t local;
-        size_t used = parse_cd_entry(cd + pos, (size_t)cd_size - pos, file->path, e, &local, error);
+        size_t used = parse_cd_entry(cd + pos, (size_t)cd_size - pos, path, e, &local, error);
         if (used == 0)
             goto fail;
         pos += used;
         /* The data starts after the local header, whose extra field may differ from the
          * directory's (torch pads it for alignment). */
         uint8_t lh[30];
-        if (local > file->size - MIN(file->size, (uint64_t)sizeof lh)) {
-            bad(error, file->path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is outside the file",
+        if (size < sizeof lh || local > size - sizeof lh) {
+            bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is outside the file",
                 e->name, local);
             goto fail;
         }
-        if (!ckptfs_srcfiles_pread(files, src, lh, sizeof lh, local, error))
+        if (!ckptfs_srcfiles_pread(files, src, lh, sizeof lh, base + local, error))
             goto fail;
         if (get32(lh) != LOCAL_SIG) {
-            bad(error, file->path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, e->name, local);
+            bad(error, path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, e->name, local);
             goto fail;
         }
-        e->data_offset = local + 30 + get16(lh + 26) + get16(lh + 28);
-        uint64_t end;
-        if (!ckptfs_add_u64(e->data_offset, e->size, &end) || end > file->size) {
-            bad(error, file->path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
+        uint64_t start = local + 30 + get16(lh + 26) + get16(lh + 28), end;
+        e->data_offset = base + start;
+        if (!ckptfs_add_u64(start, e->size, &end) || end > size) {
+            bad(error, path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
                                    ") runs past the end of the file; truncated?",
-                e->name, e->data_offset, e->size);
+                e->name, start, e->size);
             goto fail;
         }
     }
@@ -210,19 +212,19 @@ CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **e
             zip->top = g_strndup(name, (gsize)(slash - name));
     }
     if (zip->top == NULL) {
-        bad(error, file->path, "no data.pkl entry: not a torch.save archive");
+        bad(error, path, "no data.pkl entry: not a torch.save archive");
         goto fail;
     }
     size_t top_len = strlen(zip->top);
     for (guint i = 0; i < zip->entries->len; i++) {
         CkptfsZipEntry *e = g_ptr_array_index(zip->entries, i);
         if (strncmp(e->name, zip->top, top_len) != 0 || e->name[top_len] != '/') {
-            bad(error, file->path, "entry '%s' is outside the top folder '%s'", e->name, zip->top);
+            bad(error, path, "entry '%s' is outside the top folder '%s'", e->name, zip->top);
             goto fail;
         }
         memmove(e->name, e->name + top_len + 1, strlen(e->name + top_len + 1) + 1);
         if (g_hash_table_contains(zip->by_name, e->name)) {
-            bad(error, file->path, "entry '%s/%s' appears twice", zip->top, e->name);
+            bad(error, path, "entry '%s/%s' appears twice", zip->top, e->name);
             goto fail;
         }
         g_hash_table_insert(zip->by_name, e->name, e);
@@ -231,6 +233,25 @@ CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **e
 fail:
     ckptfs_zip_free(zip);
     return NULL;
+}
+
+CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **error)
+{
+    const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
+    return zip_open(files, src, file->path, 0, file->size, error);
+}
+
+CkptfsZip *ckptfs_zip_open_range(const CkptfsSrcFiles *files, unsigned src, uint64_t base,
+                                 uint64_t size, const char *what, GError **error)
+{
+    uint64_t end;
+    const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
+    if (!ckptfs_add_u64(base, size, &end) || end > file->size) {
+        bad(error, what, "[%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT ") runs past the end of "
+                         "the file (%" G_GUINT64_FORMAT " bytes)", base, size, file->size);
+        return NULL;
+    }
+    return zip_open(files, src, what, base, size, error);
 }
 
 void ckptfs_zip_free(CkptfsZip *zip)

@@ -26,6 +26,11 @@ typedef enum {
     CKPTFS_DTYPE_COUNT
 } CkptfsDtype;
 
+/* torch's name ("bfloat16" for torch.bfloat16), NULL for INVALID. */
+const char *ckptfs_dtype_torch_name(CkptfsDtype dtype);
+/* "bfloat16" (or an alias such as "half") -> CKPTFS_DTYPE_BF16; INVALID when unknown. */
+CkptfsDtype ckptfs_dtype_from_torch_name(const char *name);
+
 /* "BF16" -> CKPTFS_DTYPE_BF16; CKPTFS_DTYPE_INVALID for a name we do not know. */
 CkptfsDtype ckptfs_dtype_from_safetensors(const char *name);
 const char *ckptfs_dtype_safetensors_name(CkptfsDtype dtype);

@@ -16,6 +16,7 @@
 typedef enum {
     CKPTFS_SOURCE_HF,       /* config.json + model.safetensors or shards with an index */
     CKPTFS_SOURCE_MEGATRON, /* Megatron-core legacy rank files (mp_rank_XX[_YYY]) */
+    CKPTFS_SOURCE_TORCH_DIST, /* Megatron-core torch_dist (.metadata + .distcp) */
 } CkptfsSourceKind;
 
 typedef struct {

@@ -19,6 +19,11 @@ typedef struct CkptfsZip CkptfsZip;
 
 /* Reads the directory of source file SRC. Errors name the file and the entry. */
 CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **error);
+/* An archive stored inside a file at [BASE, BASE + SIZE) (a torch_dist .distcp holds one per
+ * chunk); its offsets are relative to BASE, entries' data_offset are in the file. WHAT names
+ * it in errors. */
+CkptfsZip *ckptfs_zip_open_range(const CkptfsSrcFiles *files, unsigned src, uint64_t base,
+                                 uint64_t size, const char *what, GError **error);
 void ckptfs_zip_free(CkptfsZip *zip);
 
 const CkptfsZipEntry *ckptfs_zip_find(const CkptfsZip *zip, const char *name);

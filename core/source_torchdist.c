@@ -1,0 +1,576 @@
+/* torch_dist checkpoints (Megatron-core's default format: PyTorch distributed checkpoint
+ * underneath) as a source. `.metadata` says, for every key, its global shape and chunks and
+ * where each chunk's archive is; each chunk is a complete torch.save archive inside a .distcp
+ * file. The model's keys are stacked over layers (see mcore.h); every chunk becomes pieces of
+ * the Hugging Face tensors it holds. Only pickles are parsed (nothing executed); optimizer and
+ * RNG entries are never read. */
+#include <string.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/mcore.h"
+#include "ckptfs/pickle.h"
+#include "ckptfs/zipreader.h"
+#include "source_internal.h"
+
+#define MAX_METADATA (1ull << 31)
+#define MAX_ARCHIVE_PICKLE (64ull << 20)
+
+typedef struct {
+    uint32_t src;
+    uint64_t offset, length;
+    const char *fqn;
+} Span;
+
+typedef struct {
+    CkptfsSource *source;
+    const CkptfsOptions *options;
+    GError **error;
+    char *dir;                  /* the checkpoint directory (metadata.json, .metadata, ...) */
+    char *metadata_path;
+    CkptfsPickle *metadata;
+    CkptfsPickle *common;
+    const CkptfsPy *state_dict_metadata;
+    GHashTable *storage;        /* "fqn\n(offsets)" -> _StorageInfo state dict */
+    GHashTable *file_srcs;      /* relative path -> src + 1 */
+    GArray *spans;              /* Span: the archives read, to refuse overlaps */
+    CkptfsMegatronSizes sizes;
+    CkptfsDtype dtype;
+} Td;
+
+static bool fail(Td *t, CkptfsErrorCode code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static bool fail(Td *t, CkptfsErrorCode code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+    va_end(ap);
+    if (t->error && *t->error == NULL)
+        g_set_error_literal(t->error, CKPTFS_ERROR, code, msg);
+    return false;
+}
+
+static bool has_file(const char *dir, const char *name)
+{
+    g_autofree char *path = g_build_filename(dir, name, NULL);
+    return g_file_test(path, G_FILE_TEST_IS_REGULAR);
+}
+
+/* The checkpoint directory of PATH: PATH itself (an iter_*, release or verl dist_ckpt
+ * directory) or the one its tracker names. NULL when PATH is not a torch_dist checkpoint. */
+static char *checkpoint_dir(const char *path, const char *iteration)
+{
+    if (has_file(path, "metadata.json") && iteration == NULL)
+        return g_strdup(path);
+    g_autofree char *iter = ckptfs_megatron_iteration_dir(path, iteration, NULL);
+    if (iter && strcmp(iter, path) != 0 && has_file(iter, "metadata.json"))
+        return g_steal_pointer(&iter);
+    return NULL;
+}
+
+bool ckptfs_source_is_torch_dist(const char *dir, const CkptfsOptions *options)
+{
+    g_autofree char *found = checkpoint_dir(dir, options->iteration);
+    return found != NULL;
+}
+
+static bool check_metadata_json(Td *t)
+{
+    g_autofree char *path = g_build_filename(t->dir, "metadata.json", NULL);
+    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    GError *json_error = NULL;
+    if (!json_parser_load_from_file(parser, path, &json_error) ||
+        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: not a JSON object%s%s", path, json_error ? ": " : "",
+             json_error ? json_error->message : "");
+        g_clear_error(&json_error);
+        return false;
+    }
+    JsonObject *o = json_node_get_object(json_parser_get_root(parser));
+    const char *backend = json_object_get_string_member_with_default(o, "sharded_backend", "");
+    if (strcmp(backend, "torch_dist") != 0)
+        return fail(t, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: sharded_backend '%s' is not supported (torch_dist is)", path, backend);
+    return true;
+}
+
+static int add_source_file(Td *t, const char *path)
+{
+    return ckptfs_srcfiles_add(t->source->files, path, t->error);
+}
+
+/* Reads and parses a whole small file (.metadata). */
+static CkptfsPickle *parse_file(Td *t, const char *path, uint64_t max)
+{
+    int src = add_source_file(t, path);
+    if (src < 0)
+        return NULL;
+    const CkptfsSrcFile *f = ckptfs_srcfiles_get(t->source->files, (unsigned)src);
+    if (f->size > max) {
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " bytes is over the %" G_GUINT64_FORMAT
+             " limit", path, f->size, max);
+        return NULL;
+    }
+    g_autofree uint8_t *data = g_malloc(f->size ? f->size : 1);
+    if (!ckptfs_srcfiles_pread(t->source->files, (unsigned)src, data, (size_t)f->size, 0, t->error))
+        return NULL;
+    return ckptfs_pickle_parse(path, data, (size_t)f->size, t->error);
+}
+
+/* A torch.save archive's pickle (common.pt, or one chunk's archive). */
+static CkptfsPickle *parse_archive(Td *t, CkptfsZip *zip, const char *what)
+{
+    GBytes *pkl = ckptfs_zip_read(zip, t->source->files, "data.pkl", MAX_ARCHIVE_PICKLE, t->error);
+    if (pkl == NULL)
+        return NULL;
+    gsize n;
+    const uint8_t *data = g_bytes_get_data(pkl, &n);
+    g_autofree char *name = g_strdup_printf("%s: data.pkl", what);
+    CkptfsPickle *p = ckptfs_pickle_parse(name, data, n, t->error);
+    g_bytes_unref(pkl);
+    return p;
+}
+
+/* A torch.Size (REDUCE of torch.Size over a tuple) or a plain tuple of ints. */
+static bool get_dims(const CkptfsPy *v, uint64_t *dims, unsigned *n)
+{
+    if (v && v->kind == CKPTFS_PY_OBJECT && ckptfs_py_is_global(v->callable, "torch", "Size") &&
+        v->args && v->args->kind == CKPTFS_PY_TUPLE && v->args->items->len == 1)
+        v = g_ptr_array_index(v->args->items, 0);
+    if (v == NULL || (v->kind != CKPTFS_PY_TUPLE && v->kind != CKPTFS_PY_LIST) ||
+        v->items->len > CKPTFS_MAX_DIMS)
+        return false;
+    for (guint i = 0; i < v->items->len; i++) {
+        const CkptfsPy *d = g_ptr_array_index(v->items, i);
+        if (d->kind != CKPTFS_PY_INT || d->big || d->i < 0)
+            return false;
+        dims[i] = (uint64_t)d->i;
+    }
+    *n = v->items->len;
+    return true;
+}
+
+static char *dims_text(const uint64_t *dims, unsigned n)
+{
+    GString *s = g_string_new("[");
+    for (unsigned i = 0; i < n; i++)
+        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, i ? ", " : "", dims[i]);
+    g_string_append_c(s, ']');
+    return g_string_free(s, FALSE);
+}
+
+static char *storage_tag(const char *fqn, const uint64_t *offsets, unsigned n)
+{
+    g_autofree char *dims = dims_text(offsets, n);
+    return g_strdup_printf("%s\n%s", fqn, dims);
+}
+
+/* Indexes storage_data: (fqn, chunk offsets) -> where the chunk's archive is. */
+static bool index_storage(Td *t, const CkptfsPy *storage)
+{
+    if (storage == NULL || storage->kind != CKPTFS_PY_DICT)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: no storage_data dict", t->metadata_path);
+    for (guint i = 0; i + 1 < storage->items->len; i += 2) {
+        const CkptfsPy *index = ckptfs_py_object_state(g_ptr_array_index(storage->items, i));
+        const CkptfsPy *info = ckptfs_py_object_state(g_ptr_array_index(storage->items, i + 1));
+        const char *fqn = ckptfs_py_str(ckptfs_py_dict_get(index, "fqn"));
+        if (fqn == NULL || info == NULL)
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: storage_data entry %u is not a MetadataIndex -> "
+                        "_StorageInfo pair", t->metadata_path, i / 2);
+        uint64_t offsets[CKPTFS_MAX_DIMS];
+        unsigned n = 0;
+        const CkptfsPy *off = ckptfs_py_dict_get(index, "offset");
+        if (off && off->kind != CKPTFS_PY_NONE && !get_dims(off, offsets, &n))
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: storage_data entry for '%s' has a bad offset",
+                        t->metadata_path, fqn);
+        g_hash_table_replace(t->storage, storage_tag(fqn, offsets, n), (gpointer)info);
+    }
+    return true;
+}
+
+/* The source file of a chunk archive, by its relative path (a plain name in the directory). */
+static bool chunk_file(Td *t, const char *fqn, const char *rel, uint32_t *src)
+{
+    if (rel == NULL || *rel == '\0' || strchr(rel, '/') || strcmp(rel, ".") == 0 || strcmp(rel, "..") == 0)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s': relative_path '%s' is not a file name in the "
+                    "checkpoint directory", t->metadata_path, fqn, rel ? rel : "(none)");
+    gpointer known = g_hash_table_lookup(t->file_srcs, rel);
+    if (known) {
+        *src = GPOINTER_TO_UINT(known) - 1;
+        return true;
+    }
+    g_autofree char *path = g_build_filename(t->dir, rel, NULL);
+    if (!g_file_test(path, G_FILE_TEST_IS_REGULAR))
+        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (it holds chunks of '%s')", path, fqn);
+    int s = add_source_file(t, path);
+    if (s < 0)
+        return false;
+    g_hash_table_insert(t->file_srcs, g_strdup(rel), GUINT_TO_POINTER((unsigned)s + 1));
+    *src = (uint32_t)s;
+    return true;
+}
+
+typedef struct {
+    uint32_t src;
+    uint64_t base;       /* of the chunk's first element in the file */
+} Chunk;
+
+/* Finds one chunk's bytes: its archive, the tensor in it (shape SIZES, the key's dtype,
+ * contiguous), its record. */
+static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const uint64_t *sizes,
+                         unsigned n, Chunk *out)
+{
+    g_autofree char *tag = storage_tag(fqn, offsets, n);
+    g_autofree char *where = dims_text(offsets, n);
+    const CkptfsPy *info = g_hash_table_lookup(t->storage, tag);
+    if (info == NULL)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s has no storage_data entry",
+                    t->metadata_path, fqn, where);
+    const CkptfsPy *off = ckptfs_py_dict_get(info, "offset"), *len = ckptfs_py_dict_get(info, "length");
+    if (off == NULL || len == NULL || off->kind != CKPTFS_PY_INT || len->kind != CKPTFS_PY_INT ||
+        off->big || len->big || off->i < 0 || len->i <= 0)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s: bad offset/length",
+                    t->metadata_path, fqn, where);
+    uint32_t src = 0;
+    const char *rel = ckptfs_py_str(ckptfs_py_dict_get(info, "relative_path"));
+    if (!chunk_file(t, fqn, rel, &src))
+        return false;
+    g_autofree char *what = g_strdup_printf("%s/%s: '%s' chunk at %s (archive at %" G_GINT64_FORMAT ")",
+                                            t->dir, rel, fqn, where, off->i);
+    CkptfsZip *zip = ckptfs_zip_open_range(t->source->files, src, (uint64_t)off->i, (uint64_t)len->i,
+                                           what, t->error);
+    if (zip == NULL)
+        return false;
+    Span span = {src, (uint64_t)off->i, (uint64_t)len->i, fqn};
+    g_array_append_val(t->spans, span);
+    CkptfsPickle *p = parse_archive(t, zip, what);
+    bool ok = p != NULL;
+    const CkptfsPy *v = p ? ckptfs_pickle_root(p) : NULL;
+    size_t isz = ckptfs_dtype_size(t->dtype);
+    uint64_t numel = 1;
+    for (unsigned d = 0; d < n; d++)
+        numel *= sizes[d];
+    if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor.ndim != n ||
+               memcmp(v->tensor.shape, sizes, n * sizeof *sizes) != 0)) {
+        g_autofree char *want = dims_text(sizes, n);
+        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: not a tensor of the chunk's shape %s", what, want);
+    }
+    if (ok && v->tensor.dtype != t->dtype)
+        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: holds %s, .metadata says %s", what,
+                  ckptfs_dtype_safetensors_name(v->tensor.dtype), ckptfs_dtype_safetensors_name(t->dtype));
+    uint64_t expect = 1;
+    for (unsigned d = n; ok && d-- > 0;) {
+        if (sizes[d] > 1 && v->tensor.stride[d] != expect)
+            ok = fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: the tensor is not stored contiguously", what);
+        expect *= sizes[d];
+    }
+    if (ok) {
+        g_autofree char *record = g_strdup_printf("data/%s", v->tensor.storage_key);
+        const CkptfsZipEntry *e = ckptfs_zip_find(zip, record);
+        if (e == NULL || (v->tensor.offset + numel) * isz > e->size)
+            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: its record %s is missing or too short", what, record);
+        else
+            *out = (Chunk){src, e->data_offset + v->tensor.offset * isz};
+    }
+    ckptfs_pickle_free(p);
+    ckptfs_zip_free(zip);
+    return ok;
+}
+
+/* The key's entry in .metadata: a TensorStorageMetadata of the expected shape and dtype. */
+static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_t *padded_rows)
+{
+    const CkptfsPy *md = ckptfs_py_dict_get(t->state_dict_metadata, key->key);
+    const CkptfsPy *st = ckptfs_py_object_state(md);
+    if (md == NULL) {
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (the model's args imply it)", t->metadata_path, key->key);
+        return NULL;
+    }
+    uint64_t dims[CKPTFS_MAX_DIMS], want[3];
+    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, t->sizes.layers, want);
+    if (st == NULL || !get_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, key->key);
+        return NULL;
+    }
+    /* The vocabulary is padded as the saver's TP required: any row count >= the vocabulary. */
+    bool vocab = key->split == CKPTFS_TP_VOCAB;
+    if (vocab && n == 2 && dims[0] >= t->sizes.vocab)
+        want[0] = dims[0];
+    if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
+        g_autofree char *got = dims_text(dims, n), *exp = dims_text(want, nwant);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; the model's args imply %s",
+             t->metadata_path, key->key, got, exp);
+        return NULL;
+    }
+    *padded_rows = dims[0];
+    const CkptfsPy *props = ckptfs_py_object_state(ckptfs_py_dict_get(st, "properties"));
+    const CkptfsPy *dtype = props && props->kind == CKPTFS_PY_TUPLE && props->items->len > 0
+                                ? g_ptr_array_index(props->items, 0)
+                                : NULL;
+    CkptfsDtype d = dtype && dtype->kind == CKPTFS_PY_GLOBAL && strcmp(dtype->module, "torch") == 0
+                        ? ckptfs_dtype_from_torch_name(dtype->name)
+                        : CKPTFS_DTYPE_INVALID;
+    if (d == CKPTFS_DTYPE_INVALID) {
+        fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->metadata_path, key->key);
+        return NULL;
+    }
+    if (t->dtype == CKPTFS_DTYPE_INVALID)
+        t->dtype = d;
+    if (d != t->dtype) {
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other weights are %s", t->metadata_path, key->key,
+             ckptfs_dtype_safetensors_name(d), ckptfs_dtype_safetensors_name(t->dtype));
+        return NULL;
+    }
+    return st;
+}
+
+/* Every chunk of KEY as pieces of the HF tensors its rows hold. */
+static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
+{
+    uint64_t padded_rows = 0;
+    const CkptfsPy *st = tensor_metadata(t, key, &padded_rows);
+    if (st == NULL)
+        return false;
+    const CkptfsPy *chunks = ckptfs_py_dict_get(st, "chunks");
+    if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->metadata_path, key->key);
+    uint64_t shape[3];
+    unsigned n = ckptfs_mcore_key_shape(key, t->sizes.layers, shape);
+    if (!key->stacked)
+        shape[0] = padded_rows; /* the saver's padded vocabulary */
+    size_t isz = ckptfs_dtype_size(t->dtype);
+    for (guint c = 0; c < chunks->items->len; c++) {
+        const CkptfsPy *cs = ckptfs_py_object_state(g_ptr_array_index(chunks->items, c));
+        uint64_t off[CKPTFS_MAX_DIMS], size[CKPTFS_MAX_DIMS];
+        unsigned no = 0, ns = 0;
+        if (!get_dims(ckptfs_py_dict_get(cs, "offsets"), off, &no) ||
+            !get_dims(ckptfs_py_dict_get(cs, "sizes"), size, &ns) || no != n || ns != n)
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u has no offsets/sizes of rank %u",
+                        t->metadata_path, key->key, c, n);
+        for (unsigned d = 0; d < n; d++)
+            if (size[d] == 0 || off[d] > shape[d] || size[d] > shape[d] - off[d]) {
+                g_autofree char *o = dims_text(off, n), *s = dims_text(size, n), *g = dims_text(shape, n);
+                return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s of size %s lies outside %s",
+                            t->metadata_path, key->key, o, s, g);
+            }
+        Chunk where = {0, 0};
+        if (!locate_chunk(t, key->key, off, size, n, &where))
+            return false;
+        /* The chunk as layers x rows x columns of the per-layer matrix. */
+        unsigned d = 0;
+        uint64_t l0 = key->stacked ? off[d] : 0, nl = key->stacked ? size[d++] : 1;
+        uint64_t r0 = off[d], nr = size[d++];
+        uint64_t c0 = key->ndim == 2 ? off[d] : 0, nc = key->ndim == 2 ? size[d] : 1;
+        for (uint64_t l = l0; l < l0 + nl; l++)
+            for (guint s = 0; s < key->segments->len; s++) {
+                const CkptfsMcoreSegment *seg = &g_array_index(key->segments, CkptfsMcoreSegment, s);
+                uint64_t a = MAX(r0, seg->row0), z = MIN(r0 + nr, seg->row0 + seg->rows);
+                if (a >= z)
+                    continue;
+                g_autofree char *hf = key->stacked ? ckptfs_hf_layer_name(l, seg->hf_name) : g_strdup(seg->hf_name);
+                CkptfsPiece p = {.row0 = seg->hf_row0 + (a - seg->row0), .row1 = seg->hf_row0 + (z - seg->row0),
+                                 .col0 = c0, .col1 = c0 + nc, .src = where.src,
+                                 .offset = where.base + (((l - l0) * nr + (a - r0)) * nc) * isz,
+                                 .row_stride = nc * isz};
+                ckptfs_piece_set_add(set, hf, &p);
+            }
+    }
+    return true;
+}
+
+/* HF tensors in Hugging Face's order, with their shapes. */
+static void want_hf_tensors(const CkptfsMegatronSizes *s, GPtrArray *keys, CkptfsPieceSet *set)
+{
+    uint64_t q = s->heads * s->head_dim, kv = s->groups * s->head_dim;
+    ckptfs_piece_set_want(set, "model.embed_tokens.weight", 2, s->vocab, s->hidden);
+    for (uint64_t l = 0; l < s->layers; l++) {
+        const struct {
+            const char *suffix;
+            unsigned ndim;
+            uint64_t d0, d1;
+            bool present;
+        } layer[] = {
+            {"input_layernorm.weight", 1, s->hidden, 0, true},
+            {"self_attn.q_proj.weight", 2, q, s->hidden, true},
+            {"self_attn.k_proj.weight", 2, kv, s->hidden, true},
+            {"self_attn.v_proj.weight", 2, kv, s->hidden, true},
+            {"self_attn.q_proj.bias", 1, q, 0, s->qkv_bias},
+            {"self_attn.k_proj.bias", 1, kv, 0, s->qkv_bias},
+            {"self_attn.v_proj.bias", 1, kv, 0, s->qkv_bias},
+            {"self_attn.q_norm.weight", 1, s->head_dim, 0, s->qk_norm},
+            {"self_attn.k_norm.weight", 1, s->head_dim, 0, s->qk_norm},
+            {"self_attn.o_proj.weight", 2, s->hidden, q, true},
+            {"post_attention_layernorm.weight", 1, s->hidden, 0, true},
+            {"mlp.gate_proj.weight", 2, s->ffn, s->hidden, true},
+            {"mlp.up_proj.weight", 2, s->ffn, s->hidden, true},
+            {"mlp.down_proj.weight", 2, s->hidden, s->ffn, true},
+        };
+        for (size_t i = 0; i < G_N_ELEMENTS(layer); i++)
+            if (layer[i].present) {
+                g_autofree char *name = ckptfs_hf_layer_name(l, layer[i].suffix);
+                ckptfs_piece_set_want(set, name, layer[i].ndim, layer[i].d0, layer[i].d1);
+            }
+    }
+    ckptfs_piece_set_want(set, "model.norm.weight", 1, s->hidden, 0);
+    if (!s->tied)
+        ckptfs_piece_set_want(set, "lm_head.weight", 2, s->vocab, s->hidden);
+    (void)keys;
+}
+
+/* Keys that are neither the model's weights nor what a loader may skip. */
+static bool check_unexpected(Td *t, GPtrArray *keys)
+{
+    g_autoptr(GHashTable) known = g_hash_table_new(g_str_hash, g_str_equal);
+    for (guint k = 0; k < keys->len; k++)
+        g_hash_table_add(known, (gpointer)((CkptfsMcoreKey *)g_ptr_array_index(keys, k))->key);
+    g_autoptr(GString) extra = g_string_new(NULL);
+    unsigned n = 0;
+    const CkptfsPy *sdm = t->state_dict_metadata;
+    for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
+        const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
+        if (key == NULL)
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: a state_dict_metadata key is not a string", t->metadata_path);
+        if (g_hash_table_contains(known, key) || strstr(key, "._extra_state") ||
+            g_str_has_prefix(key, "optimizer.") || g_str_has_prefix(key, "rng_state") ||
+            g_str_has_prefix(key, "rerun_state_machine") ||
+            (t->sizes.tied && strcmp(key, "output_layer.weight") == 0))
+            continue;
+        if (n++ < 5)
+            g_string_append_printf(extra, "%s'%s'", extra->len ? ", " : "", key);
+    }
+    if (n > 0)
+        return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s", t->metadata_path, n,
+                    extra->str, n > 5 ? ", ..." : "");
+    return true;
+}
+
+static gint cmp_span(gconstpointer a, gconstpointer b)
+{
+    const Span *x = a, *y = b;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Two chunks whose archives share bytes are a corrupt checkpoint, not two views of data. */
+static bool check_overlaps(Td *t)
+{
+    g_array_sort(t->spans, cmp_span);
+    for (guint i = 1; i < t->spans->len; i++) {
+        const Span *a = &g_array_index(t->spans, Span, i - 1), *b = &g_array_index(t->spans, Span, i);
+        if (a->src == b->src && a->offset + a->length > b->offset)
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: the archives of '%s' (at %" G_GUINT64_FORMAT
+                        ") and '%s' (at %" G_GUINT64_FORMAT ") overlap",
+                        ckptfs_srcfiles_get(t->source->files, a->src)->path, a->fqn, a->offset,
+                        b->fqn, b->offset);
+    }
+    return true;
+}
+
+static bool read_common(Td *t, const CkptfsPy **args)
+{
+    g_autofree char *path = g_build_filename(t->dir, "common.pt", NULL);
+    *args = NULL;
+    if (!g_file_test(path, G_FILE_TEST_IS_REGULAR))
+        return true; /* sizes must then come from a given config.json */
+    int src = add_source_file(t, path);
+    if (src < 0)
+        return false;
+    CkptfsZip *zip = ckptfs_zip_open(t->source->files, (unsigned)src, t->error);
+    if (zip == NULL)
+        return false;
+    t->common = parse_archive(t, zip, path);
+    ckptfs_zip_free(zip);
+    if (t->common == NULL)
+        return false;
+    *args = ckptfs_py_object_state(ckptfs_py_dict_get(ckptfs_pickle_root(t->common), "args"));
+    return true;
+}
+
+/* The padded vocabulary from the embedding's entry, for checkpoints saved without args. */
+static uint64_t metadata_rows(Td *t, const char *key)
+{
+    uint64_t dims[CKPTFS_MAX_DIMS];
+    unsigned n = 0;
+    const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->state_dict_metadata, key));
+    return st && get_dims(ckptfs_py_dict_get(st, "size"), dims, &n) && n == 2 ? dims[0] : 0;
+}
+
+static bool open_torch_dist(Td *t)
+{
+    const CkptfsOptions *options = t->options;
+    if (!check_metadata_json(t))
+        return false;
+    t->metadata_path = g_build_filename(t->dir, ".metadata", NULL);
+    if (!g_file_test(t->metadata_path, G_FILE_TEST_IS_REGULAR))
+        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (metadata.json says torch_dist)", t->metadata_path);
+    t->metadata = parse_file(t, t->metadata_path, MAX_METADATA);
+    if (t->metadata == NULL)
+        return false;
+    const CkptfsPy *root = ckptfs_pickle_root(t->metadata);
+    const CkptfsPy *state = ckptfs_py_object_state(root);
+    if (root->kind != CKPTFS_PY_OBJECT ||
+        !ckptfs_py_is_global(root->callable, "torch.distributed.checkpoint.metadata", "Metadata") ||
+        state == NULL)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: not a torch.distributed.checkpoint Metadata", t->metadata_path);
+    t->state_dict_metadata = ckptfs_py_dict_get(state, "state_dict_metadata");
+    if (t->state_dict_metadata == NULL || t->state_dict_metadata->kind != CKPTFS_PY_DICT)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: no state_dict_metadata dict", t->metadata_path);
+    if (!index_storage(t, ckptfs_py_dict_get(state, "storage_data")))
+        return false;
+
+    const CkptfsPy *args = NULL;
+    if (!read_common(t, &args) || !ckptfs_source_use_given_config(t->source, options, t->error))
+        return false;
+    if (args) {
+        g_autofree char *common = g_build_filename(t->dir, "common.pt", NULL);
+        if (!ckptfs_megatron_sizes_from_args(args, common, &t->sizes, t->error))
+            return false;
+        if (t->source->config == NULL)
+            ckptfs_megatron_synthesize_config(t->source, &t->sizes, args, options->hf_arch);
+    } else {
+        if (!ckptfs_megatron_sizes_from_config(t->source->config, t->dir, &t->sizes, t->error))
+            return false;
+        t->sizes.tied = metadata_rows(t, "output_layer.weight") == 0;
+    }
+    CkptfsModel shape = {.layers = t->sizes.layers, .hidden = t->sizes.hidden, .heads = t->sizes.heads,
+                         .kv_heads = t->sizes.groups, .head_dim = t->sizes.head_dim, .ffn = t->sizes.ffn,
+                         .vocab = t->sizes.vocab, .tied_embeddings = t->sizes.tied,
+                         .qkv_bias = t->sizes.qkv_bias, .qk_norm = t->sizes.qk_norm};
+    if (shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
+                    "of %" G_GUINT64_FORMAT " query groups", t->dir, shape.heads, shape.kv_heads);
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&shape, 0);
+    CkptfsPieceSet *set = ckptfs_piece_set_new();
+    want_hf_tensors(&t->sizes, keys, set);
+    bool ok = check_unexpected(t, keys);
+    for (guint k = 0; ok && k < keys->len; k++)
+        ok = map_key(t, g_ptr_array_index(keys, k), set);
+    ok = ok && check_overlaps(t) &&
+         ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error);
+    ckptfs_piece_set_free(set);
+    if (!ok)
+        return false;
+    t->source->megatron_layout = (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
+    return options->hf_extra == NULL || ckptfs_source_add_extra_files(t->source, options->hf_extra, t->error);
+}
+
+bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *options,
+                                   GError **error)
+{
+    source->kind = CKPTFS_SOURCE_TORCH_DIST;
+    Td t = {.source = source, .options = options, .error = error,
+            .storage = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+            .file_srcs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
+            .spans = g_array_new(FALSE, FALSE, sizeof(Span))};
+    t.dir = checkpoint_dir(source->dir, options->iteration);
+    bool ok = t.dir != NULL ? open_torch_dist(&t)
+                            : fail(&t, CKPTFS_ERROR_NOT_FOUND, "%s: no torch_dist checkpoint (metadata.json)", source->dir);
+    ckptfs_pickle_free(t.metadata);
+    ckptfs_pickle_free(t.common);
+    g_hash_table_unref(t.storage);
+    g_hash_table_unref(t.file_srcs);
+    g_array_unref(t.spans);
+    g_free(t.metadata_path);
+    g_free(t.dir);
+    return ok;
+}
