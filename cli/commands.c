@@ -284,9 +284,15 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     uint64_t bytes = ckptfs_catalog_total_bytes(s->catalog);
     g_autofree char *human = g_format_size(bytes);
     printf("source:       %s\n", s->dir);
-    printf("format:       %s (%u weight file%s%s)\n", ckptfs_source_kind_name(s->kind),
-           s->weight_files->len, s->weight_files->len == 1 ? "" : "s",
-           s->has_index ? ", with index" : "");
+    if (s->kind == CKPTFS_SOURCE_HF)
+        printf("format:       %s (%u weight file%s%s)\n", ckptfs_source_kind_name(s->kind),
+               s->weight_files->len, s->weight_files->len == 1 ? "" : "s",
+               s->has_index ? ", with index" : "");
+    else {
+        g_autofree char *saved = ckptfs_layout_name(&s->megatron_layout);
+        printf("format:       %s (%u files read; saved as %s)\n", ckptfs_source_kind_name(s->kind),
+               ckptfs_srcfiles_count(s->files), saved);
+    }
     printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", ckptfs_catalog_count(s->catalog),
            human, bytes);
     printf("dtypes:      ");

@@ -71,7 +71,7 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     if (covered != rows * cols) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s': pieces cover %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT
-                    " elements (a rank file is missing part of it)",
+                    " elements (a rank file or chunk is missing)",
                     name, covered, rows * cols);
         return NULL;
     }

@@ -11,7 +11,7 @@
 static CkptfsLayout base_layout(const CkptfsMount *mount)
 {
     CkptfsLayout base = {.tp = 1, .pp = 1, .vpp = 1};
-    if (mount->source->kind == CKPTFS_SOURCE_MEGATRON)
+    if (mount->source->kind != CKPTFS_SOURCE_HF)
         base = mount->source->megatron_layout;
     base.vpp = 1;
     if (mount->options.pp_first || mount->options.pp_last) {

@@ -550,7 +550,9 @@ static bool open_torch_dist(Td *t)
     ckptfs_piece_set_free(set);
     if (!ok)
         return false;
-    t->source->megatron_layout = (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
+    /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
+    CkptfsLayout saved = t->sizes.layout;
+    t->source->megatron_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
     return options->hf_extra == NULL || ckptfs_source_add_extra_files(t->source, options->hf_extra, t->error);
 }
 
