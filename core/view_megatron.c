@@ -305,7 +305,9 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_INT("max_position_embeddings", m->max_positions);
     SET_INT("seq_length", m->max_positions);
     SET_STR("position_embedding_type", "rope");
-    SET_BOOL("add_position_embedding", false);
+    /* What Megatron's own Llama examples run with (rope, no --no-position-embedding): its
+     * check_checkpoint_args compares it when not fine-tuning; with rope it changes nothing. */
+    SET_BOOL("add_position_embedding", true);
     SET_INT("rotary_base", (int64_t)m->rope_theta);
     ckptfs_value_set(a, "rotary_percent", ckptfs_value_float(1.0));
     SET_BOOL("rotary_interleaved", false);
