@@ -521,6 +521,15 @@ static bool open_torch_dist(Td *t)
     const CkptfsPy *args = NULL;
     if (!read_common(t, &args) || !ckptfs_source_use_given_config(t->source, options, t->error))
         return false;
+    /* verl saves model/dist_ckpt/ without args beside model/huggingface/ (config, tokenizer). */
+    g_autofree char *parent = g_path_get_dirname(t->dir);
+    g_autofree char *verl_hf = g_build_filename(parent, "huggingface", NULL);
+    bool verl_layout = options->hf_extra == NULL && options->hf_config == NULL && has_file(verl_hf, "config.json");
+    if (verl_layout) {
+        CkptfsOptions with_hf = {.hf_extra = verl_hf};
+        if (!ckptfs_source_use_given_config(t->source, &with_hf, t->error))
+            return false;
+    }
     if (args) {
         g_autofree char *common = g_build_filename(t->dir, "common.pt", NULL);
         if (!ckptfs_megatron_sizes_from_args(args, common, &t->sizes, t->error))
@@ -553,7 +562,8 @@ static bool open_torch_dist(Td *t)
     /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
     CkptfsLayout saved = t->sizes.layout;
     t->source->megatron_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
-    return options->hf_extra == NULL || ckptfs_source_add_extra_files(t->source, options->hf_extra, t->error);
+    const char *extra = options->hf_extra ? options->hf_extra : verl_layout ? verl_hf : NULL;
+    return extra == NULL || ckptfs_source_add_extra_files(t->source, extra, t->error);
 }
 
 bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *options,

@@ -65,6 +65,14 @@ if [[ -n $real ]]; then
     "'$CKPTFS' inspect '$td/iter_0000010' | grep -q 'megatron-torch_dist'"
   check "inspect names the format and the saved split" bash -c \
     "'$CKPTFS' inspect '$td' | grep -q 'megatron-torch_dist.*saved as tp2pp2'"
+  # verl's layout: model/dist_ckpt/ (no args in common.pt) beside model/huggingface/.
+  v=$WORK/verl/global_step_10/actor/model
+  mkdir -p "$v/huggingface"
+  cp -r "$td/iter_0000010" "$v/dist_ckpt" && rm "$v/dist_ckpt/common.pt"
+  cp "$real/hf-llama/config.json" "$real/hf-llama/tokenizer.json" "$v/huggingface/"
+  check "verl's model/dist_ckpt/ mounts, sizes from model/huggingface/config.json" mount_ckptfs "$v/dist_ckpt" "$WORK/mnt-verl"
+  check "its hf/ is bit-identical to hf-llama, with the tokenizer passed through" bash -c \
+    "$PY '$check_hf' compare '$real/hf-llama' '$WORK/mnt-verl/hf' && cmp '$real/hf-llama/tokenizer.json' '$WORK/mnt-verl/hf/tokenizer.json'"
   check "its mcore/ equals the mcore/ of hf-llama" bash -c \
     "mkdir -p '$WORK/mnt-hfl' && '$CKPTFS' mount '$real/hf-llama' '$WORK/mnt-hfl' && diff -r -x common.pt '$WORK/mnt-hfl/mcore' '$mnt/mcore'"
   if [[ $have2 -eq 1 ]]; then
