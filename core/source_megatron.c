@@ -251,17 +251,23 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     if (t->tensor.dtype != m->dtype)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other tensors are %s", r->path, key,
                     ckptfs_dtype_safetensors_name(t->tensor.dtype), ckptfs_dtype_safetensors_name(m->dtype));
-    if ((t->tensor.ndim == 2 && (t->tensor.stride[1] != 1 || t->tensor.stride[0] != cols)) ||
-        (t->tensor.ndim == 1 && t->tensor.stride[0] != 1))
-        return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' is not stored contiguously", r->path, key);
+    /* Rows may be apart (a view of a wider matrix, every n-th element of a vector); elements
+     * within a row must be adjacent: pieces are runs of bytes. */
+    uint64_t row_step = t->tensor.ndim == 0 ? cols : t->tensor.stride[0];
+    if ((t->tensor.ndim == 2 && cols > 1 && t->tensor.stride[1] != 1) ||
+        (t->tensor.ndim == 2 && rows > 1 && row_step < cols) || (rows > 1 && row_step == 0))
+        return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has strides that are not row-major (a "
+                    "transposed view); save it contiguous", r->path, key);
     g_autofree char *record = g_strdup_printf("data/%s", t->tensor.storage_key);
     const CkptfsZipEntry *e = ckptfs_zip_find(r->zip, record);
     size_t isz = ckptfs_dtype_size(t->tensor.dtype);
-    if (e == NULL || (t->tensor.offset + rows * cols) * isz > e->size)
+    uint64_t span = rows > 1 ? (rows - 1) * row_step + cols : rows * cols;
+    bool huge = rows > 1 && row_step > (UINT64_MAX / isz - cols) / (rows - 1);
+    if (e == NULL || huge || t->tensor.offset > e->size / isz || (t->tensor.offset + span) * isz > e->size)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s': its storage record %s is missing or too short",
                     r->path, key, record);
     *out = (Located){.src = r->src, .base = e->data_offset + t->tensor.offset * isz, .rows = rows,
-                     .cols = cols, .row_stride = cols * isz};
+                     .cols = cols, .row_stride = row_step * isz};
     return true;
 }
 

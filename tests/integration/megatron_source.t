@@ -102,6 +102,8 @@ sd = torch.load(sys.argv[1])
 sd["model"]["decoder.layers.0.mlp.surprise.weight"] = torch.zeros(2, dtype=torch.bfloat16)
 torch.save(sd, sys.argv[1])
 PY
+cp -r "$WORK/exp-llama-tp2pp2vpp2" "$bad-transposed"
+$PY "$TESTS_TOP/tests/lib/resave_megatron.py" "$bad-transposed/release" --transposed
 cp -r "$good" "$bad-deflate"
 $PY - "$bad-deflate/release/mp_rank_01_001/model_optim_rng.pt" <<'PY'
 import sys, zipfile
@@ -131,7 +133,8 @@ PY
 for case in "deflate|mp_rank_01_001|compressed" "dupkey|embedding.word_embeddings.weight|twice" \
             "hole|mp_rank_01_001|missing" "tracker|iter_0000042|does not exist" \
             "trunc|mp_rank_00_001|zip" "notzip|mp_rank_01_000|not a zip" \
-            "shape|linear_fc2.weight|shape" "extra|surprise.weight|unexpected"; do
+            "shape|linear_fc2.weight|shape" "extra|surprise.weight|unexpected" \
+            "transposed|model_optim_rng.pt|not row-major"; do
   IFS='|' read -r kind w1 w2 <<< "$case"
   mkdir -p "$WORK/m-$kind"
   "$CKPTFS" mount "$bad-$kind" "$WORK/m-$kind" 2> "$WORK/err" && rc=0 || rc=$?
