@@ -91,4 +91,31 @@ check "crc32=compute: tensors unchanged" $PY "$ref" check "$WORK/qwen2" "$mnt/tp
 $PY -c "import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); sys.exit(z.testzip() is None)" \
   "$WORK/mnt-qwen2-/tp2pp2/release/mp_rank_00_001/model_optim_rng.pt"
 ok $? "default CRC 0 is what zipfile flags (the check above can fail)"
+
+# A record of 4 GiB and more (a tp1 embedding of a 1.1M vocabulary, 4.5 GB; the source is a
+# sparse file): ZIP64 sizes and offsets in the directory, loaded lazily with torch 2.6 mmap.
+$PY "$TESTS_TOP/tests/lib/models.py" write-huge-vocab "$WORK/huge"
+mnt=$WORK/mnt-huge
+mount_ckptfs "$WORK/huge" "$mnt"
+f=$mnt/tp1pp1/release/mp_rank_00/model_optim_rng.pt
+check "huge record: zipfile reads the ZIP64 directory (record 0 is 4.5 GB, record 1 beyond 4 GiB)" $PY -c "
+import sys, zipfile
+i = zipfile.ZipFile(sys.argv[1]).infolist()
+d = {x.filename: x for x in i}
+sys.exit(not (d['archive/data/0'].file_size == 1100032 * 2048 * 2 and d['archive/data/1'].header_offset > 2**32))" "$f"
+if [[ $have2 -eq 1 ]]; then
+  cat > "$WORK/huge_load.py" <<'PY'
+import argparse, sys, torch
+torch.serialization.add_safe_globals([argparse.Namespace])
+sd = torch.load(sys.argv[1], mmap=True, weights_only=True, map_location="cpu")["model"]
+e, q = sd["embedding.word_embeddings.weight"], sd["decoder.layers.0.self_attention.linear_qkv.weight"]
+ok = (tuple(e.shape) == (1100032, 2048) and e[0].float().eq(1).all() and e[1099999].float().eq(3).all()
+      and e[1100000:].float().eq(0).all() and e[1:4].float().eq(0).all() and tuple(q.shape) == (3072, 2048))
+sys.exit(0 if ok else "wrong tensors")
+PY
+  check "huge record: torch 2.6 mmap load gives the right shape, first/last rows and zero padding" \
+    torch2_python "$WORK" "$WORK/huge_load.py" "$f"
+else
+  skip "huge record load needs torch 2.6 ($TORCH2_WHY)"
+fi
 done_testing

@@ -5,6 +5,9 @@ reference: safetensors reading, the Megatron split of DESIGN section 4, and forw
   models.py write ARCH DIR [--shards N] [--tokenizer] [--layers L]
     ARCH: llama (GQA, untied), qwen2 (qkv bias, tied), qwen3 (q/k norm, head_dim 16 != 64/8),
           mistral (GQA, untied), mixed (dtypes F32/F16/BF16/I64, scalar and 3-D tensors)
+  models.py write-huge-vocab DIR
+    a one-layer Llama whose embedding and lm_head are 4.5 GB each (vocab 1,100,000 x 2048 bf16):
+    a sparse file of 9 GB with data only in the first and last embedding rows (1.0 and 3.0)
 """
 import json
 import os
@@ -175,8 +178,44 @@ def as_array(t):
     return np.frombuffer(raw, dtype=np_dt).reshape(shape)
 
 
+def write_huge_vocab(out, vocab=1100000, hidden=2048):
+    """Records of 4 GiB and more without using the disk: the data area is a hole."""
+    cfg = dict(config_for("llama", 1), vocab_size=vocab, hidden_size=hidden, intermediate_size=512,
+               num_attention_heads=16, num_key_value_heads=4)
+    cfg.pop("head_dim", None)
+    d = hidden // 16
+    shapes = [("model.embed_tokens.weight", [vocab, hidden])]
+    p = "model.layers.0."
+    shapes += [(p + "input_layernorm.weight", [hidden]), (p + "self_attn.q_proj.weight", [hidden, hidden]),
+               (p + "self_attn.k_proj.weight", [4 * d, hidden]), (p + "self_attn.v_proj.weight", [4 * d, hidden]),
+               (p + "self_attn.o_proj.weight", [hidden, hidden]), (p + "post_attention_layernorm.weight", [hidden]),
+               (p + "mlp.gate_proj.weight", [512, hidden]), (p + "mlp.up_proj.weight", [512, hidden]),
+               (p + "mlp.down_proj.weight", [hidden, 512]), ("model.norm.weight", [hidden]),
+               ("lm_head.weight", [vocab, hidden])]
+    header, offset = {}, 0
+    for name, shape in shapes:
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        base = f.tell()
+        f.write(b"\x80\x3f" * hidden)                      # row 0: 1.0
+        f.seek(base + (vocab - 1) * hidden * 2)
+        f.write(b"\x40\x40" * hidden)                      # last row: 3.0
+        f.truncate(base + offset)
+
+
 def main():
     args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "write-huge-vocab":
+        write_huge_vocab(args[1])
+        return
     if len(args) >= 3 and args[0] == "write":
         arch, out = args[1], args[2]
         shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 1
