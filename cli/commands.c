@@ -197,6 +197,10 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     for (guint i = 0; i < views->len; i++)
         json_builder_add_string_value(b, g_ptr_array_index(views, i));
     json_builder_end_array(b);
+    if (s->found) {
+        json_builder_set_member_name(b, "found");
+        json_builder_add_string_value(b, s->found);
+    }
     json_builder_set_member_name(b, "warnings");
     json_builder_begin_array(b);
     for (guint i = 0; i < s->warnings->len; i++)
@@ -290,7 +294,7 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                s->has_index ? ", with index" : "");
     else {
         g_autofree char *saved = ckptfs_layout_name(&s->megatron_layout);
-        printf("format:       %s (%u files read; saved as %s)\n", ckptfs_source_kind_name(s->kind),
+        printf("format:       %s (%u files opened; saved as %s)\n", ckptfs_source_kind_name(s->kind),
                ckptfs_srcfiles_count(s->files), saved);
     }
     printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", ckptfs_catalog_count(s->catalog),
@@ -333,6 +337,8 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     for (guint i = 0; i < views->len; i++)
         printf(" %s", (char *)g_ptr_array_index(views, i));
     printf("\n");
+    if (s->found)
+        printf("found:        %s\n", s->found);
     for (guint i = 0; i < s->warnings->len; i++)
         printf("warning:      %s\n", (char *)g_ptr_array_index(s->warnings, i));
     ckptfs_mount_free(mount);

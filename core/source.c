@@ -99,6 +99,7 @@ void ckptfs_source_free(CkptfsSource *source)
     g_ptr_array_unref(source->top_files);
     g_ptr_array_unref(source->weight_files);
     g_ptr_array_unref(source->warnings);
+    g_free(source->found);
     if (source->config)
         json_object_unref(source->config);
     g_free(source->config_problem);

@@ -35,6 +35,7 @@ typedef struct {
     GArray *spans;              /* Span: the archives read, to refuse overlaps */
     CkptfsMegatronSizes sizes;
     CkptfsDtype dtype;
+    unsigned chunks, objects, skipped; /* model chunks read, _extra_state objects, others */
 } Td;
 
 static bool fail(Td *t, CkptfsErrorCode code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
@@ -355,6 +356,7 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
         Chunk where = {0, 0};
         if (!locate_chunk(t, key->key, off, size, n, &where))
             return false;
+        t->chunks++;
         /* The chunk as layers x rows x columns of the per-layer matrix. */
         unsigned d = 0;
         uint64_t l0 = key->stacked ? off[d] : 0, nl = key->stacked ? size[d++] : 1;
@@ -429,11 +431,18 @@ static bool check_unexpected(Td *t, GPtrArray *keys)
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
         if (key == NULL)
             return fail(t, CKPTFS_ERROR_FORMAT, "%s: a state_dict_metadata key is not a string", t->metadata_path);
-        if (g_hash_table_contains(known, key) || strstr(key, "._extra_state") ||
-            g_str_has_prefix(key, "optimizer.") || g_str_has_prefix(key, "rng_state") ||
-            g_str_has_prefix(key, "rerun_state_machine") ||
-            (t->sizes.tied && strcmp(key, "output_layer.weight") == 0))
+        if (g_hash_table_contains(known, key))
             continue;
+        if (strstr(key, "._extra_state")) {
+            t->objects++;
+            continue;
+        }
+        if (g_str_has_prefix(key, "optimizer.") || g_str_has_prefix(key, "rng_state") ||
+            g_str_has_prefix(key, "rerun_state_machine") ||
+            (t->sizes.tied && strcmp(key, "output_layer.weight") == 0)) {
+            t->skipped++;
+            continue;
+        }
         if (n++ < 5)
             g_string_append_printf(extra, "%s'%s'", extra->len ? ", " : "", key);
     }
@@ -559,6 +568,10 @@ static bool open_torch_dist(Td *t)
     ckptfs_piece_set_free(set);
     if (!ok)
         return false;
+    t->source->found = g_strdup_printf(
+        "%u model keys in %u chunks over %u .distcp files; %u _extra_state objects and %u optimizer/RNG "
+        "entries left unread", keys->len, t->chunks, g_hash_table_size(t->file_srcs),
+        t->objects, t->skipped);
     /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
     CkptfsLayout saved = t->sizes.layout;
     t->source->megatron_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};

@@ -36,6 +36,7 @@ typedef struct {
     JsonObject *config;      /* config.json, NULL when missing or broken */
     char *config_problem;    /* why config is NULL */
     GPtrArray *warnings;     /* char*: things a user should know that do not stop the mount */
+    char *found;             /* what the reader found, in a line (Megatron sources), or NULL */
     CkptfsLayout megatron_layout; /* MEGATRON: the split of the rank files */
 } CkptfsSource;
 
