@@ -1,6 +1,11 @@
 #!/usr/bin/python3
 """Seed corpora of the pickle and zip fuzz targets, written with Debian's torch 1.13 and
-Python's pickle. Usage: make_torch_corpus.py PICKLE_DIR ZIP_DIR"""
+Python's pickle. Usage: make_torch_corpus.py PICKLE_DIR ZIP_DIR
+
+Also in the pickle corpus: dcp_metadata_p2.pkl, the `.metadata` of mcore/ for a one-layer
+`models.py write llama --layers 1` (protocol 2, as ckptfs writes it), and dcp_metadata_p4.pkl,
+the same Metadata loaded and dumped again by torch 2.6's Python (protocol 4: FRAME, MEMOIZE,
+STACK_GLOBAL), as torch writes `.metadata` files."""
 import argparse
 import collections
 import io
