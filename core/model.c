@@ -126,34 +126,42 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
     return true;
 }
 
-static bool check_layer_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, uint64_t i,
-                                GError **error)
+unsigned ckptfs_hf_layer_tensors(const CkptfsModel *m, CkptfsHfShape *out)
 {
     const uint64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
     const struct {
-        const char *suffix;
-        unsigned ndim;
-        uint64_t d0, d1;
+        CkptfsHfShape shape;
         bool wanted;
-    } need[] = {
-        {"input_layernorm.weight", 1, m->hidden, 0, true},
-        {"self_attn.q_proj.weight", 2, q, m->hidden, true},
-        {"self_attn.k_proj.weight", 2, kv, m->hidden, true},
-        {"self_attn.v_proj.weight", 2, kv, m->hidden, true},
-        {"self_attn.q_proj.bias", 1, q, 0, m->qkv_bias},
-        {"self_attn.k_proj.bias", 1, kv, 0, m->qkv_bias},
-        {"self_attn.v_proj.bias", 1, kv, 0, m->qkv_bias},
-        {"self_attn.q_norm.weight", 1, m->head_dim, 0, m->qk_norm},
-        {"self_attn.k_norm.weight", 1, m->head_dim, 0, m->qk_norm},
-        {"self_attn.o_proj.weight", 2, m->hidden, q, true},
-        {"post_attention_layernorm.weight", 1, m->hidden, 0, true},
-        {"mlp.gate_proj.weight", 2, m->ffn, m->hidden, true},
-        {"mlp.up_proj.weight", 2, m->ffn, m->hidden, true},
-        {"mlp.down_proj.weight", 2, m->hidden, m->ffn, true},
+    } all[] = {
+        {{"input_layernorm.weight", 1, m->hidden, 0}, true},
+        {{"self_attn.q_proj.weight", 2, q, m->hidden}, true},
+        {{"self_attn.k_proj.weight", 2, kv, m->hidden}, true},
+        {{"self_attn.v_proj.weight", 2, kv, m->hidden}, true},
+        {{"self_attn.q_proj.bias", 1, q, 0}, m->qkv_bias},
+        {{"self_attn.k_proj.bias", 1, kv, 0}, m->qkv_bias},
+        {{"self_attn.v_proj.bias", 1, kv, 0}, m->qkv_bias},
+        {{"self_attn.q_norm.weight", 1, m->head_dim, 0}, m->qk_norm},
+        {{"self_attn.k_norm.weight", 1, m->head_dim, 0}, m->qk_norm},
+        {{"self_attn.o_proj.weight", 2, m->hidden, q}, true},
+        {{"post_attention_layernorm.weight", 1, m->hidden, 0}, true},
+        {{"mlp.gate_proj.weight", 2, m->ffn, m->hidden}, true},
+        {{"mlp.up_proj.weight", 2, m->ffn, m->hidden}, true},
+        {{"mlp.down_proj.weight", 2, m->hidden, m->ffn}, true},
     };
-    for (size_t k = 0; k < G_N_ELEMENTS(need); k++) {
-        if (!need[k].wanted)
-            continue;
+    G_STATIC_ASSERT(G_N_ELEMENTS(all) <= CKPTFS_HF_LAYER_TENSORS_MAX);
+    unsigned n = 0;
+    for (size_t k = 0; k < G_N_ELEMENTS(all); k++)
+        if (all[k].wanted)
+            out[n++] = all[k].shape;
+    return n;
+}
+
+static bool check_layer_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, uint64_t i,
+                                GError **error)
+{
+    CkptfsHfShape need[CKPTFS_HF_LAYER_TENSORS_MAX];
+    unsigned n = ckptfs_hf_layer_tensors(m, need);
+    for (unsigned k = 0; k < n; k++) {
         g_autofree char *name = ckptfs_hf_layer_name(i, need[k].suffix);
         if (!expect_tensor(catalog, m, name, need[k].ndim, need[k].d0, need[k].d1, error))
             return false;

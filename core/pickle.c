@@ -242,8 +242,11 @@ static CkptfsDtype torch_dtype(const CkptfsPy *g)
     return CKPTFS_DTYPE_INVALID;
 }
 
-static bool int_tuple(const CkptfsPy *t, uint64_t *out, unsigned *n)
+bool ckptfs_py_dims(const CkptfsPy *t, uint64_t *out, unsigned *n)
 {
+    if (t && t->kind == CKPTFS_PY_OBJECT && ckptfs_py_is_global(t->callable, "torch", "Size") &&
+        t->args && t->args->kind == CKPTFS_PY_TUPLE && t->args->items->len == 1)
+        t = g_ptr_array_index(t->args->items, 0);
     if (t == NULL || t->kind != CKPTFS_PY_TUPLE || t->items->len > CKPTFS_MAX_DIMS)
         return false;
     for (guint i = 0; i < t->items->len; i++) {
@@ -282,8 +285,8 @@ static CkptfsPy *make_tensor(Vm *vm, const CkptfsPy *args, bool v3)
     if (t == NULL)
         return NULL;
     unsigned nd_size = 0, nd_stride = 0;
-    if (!int_tuple(g_ptr_array_index(args->items, 2), t->tensor.shape, &nd_size) ||
-        !int_tuple(g_ptr_array_index(args->items, 3), t->tensor.stride, &nd_stride) ||
+    if (!ckptfs_py_dims(g_ptr_array_index(args->items, 2), t->tensor.shape, &nd_size) ||
+        !ckptfs_py_dims(g_ptr_array_index(args->items, 3), t->tensor.stride, &nd_stride) ||
         nd_size != nd_stride) {
         fail(vm, "tensor size/stride are not matching tuples of at most %d non-negative ints",
              CKPTFS_MAX_DIMS);

@@ -131,25 +131,6 @@ static CkptfsPickle *parse_archive(Td *t, CkptfsZip *zip, const char *what)
     return p;
 }
 
-/* A torch.Size (REDUCE of torch.Size over a tuple) or a plain tuple of ints. */
-static bool get_dims(const CkptfsPy *v, uint64_t *dims, unsigned *n)
-{
-    if (v && v->kind == CKPTFS_PY_OBJECT && ckptfs_py_is_global(v->callable, "torch", "Size") &&
-        v->args && v->args->kind == CKPTFS_PY_TUPLE && v->args->items->len == 1)
-        v = g_ptr_array_index(v->args->items, 0);
-    if (v == NULL || (v->kind != CKPTFS_PY_TUPLE && v->kind != CKPTFS_PY_LIST) ||
-        v->items->len > CKPTFS_MAX_DIMS)
-        return false;
-    for (guint i = 0; i < v->items->len; i++) {
-        const CkptfsPy *d = g_ptr_array_index(v->items, i);
-        if (d->kind != CKPTFS_PY_INT || d->big || d->i < 0)
-            return false;
-        dims[i] = (uint64_t)d->i;
-    }
-    *n = v->items->len;
-    return true;
-}
-
 static char *dims_text(const uint64_t *dims, unsigned n)
 {
     GString *s = g_string_new("[");
@@ -180,7 +161,7 @@ static bool index_storage(Td *t, const CkptfsPy *storage)
         uint64_t offsets[CKPTFS_MAX_DIMS];
         unsigned n = 0;
         const CkptfsPy *off = ckptfs_py_dict_get(index, "offset");
-        if (off && off->kind != CKPTFS_PY_NONE && !get_dims(off, offsets, &n))
+        if (off && off->kind != CKPTFS_PY_NONE && !ckptfs_py_dims(off, offsets, &n))
             return fail(t, CKPTFS_ERROR_FORMAT, "%s: storage_data entry for '%s' has a bad offset",
                         t->metadata_path, fqn);
         g_hash_table_replace(t->storage, storage_tag(fqn, offsets, n), (gpointer)info);
@@ -288,7 +269,7 @@ static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_
     }
     uint64_t dims[CKPTFS_MAX_DIMS], want[3];
     unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, t->sizes.layers, want);
-    if (st == NULL || !get_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
+    if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, key->key);
         return NULL;
     }
@@ -343,8 +324,8 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
         const CkptfsPy *cs = ckptfs_py_object_state(g_ptr_array_index(chunks->items, c));
         uint64_t off[CKPTFS_MAX_DIMS], size[CKPTFS_MAX_DIMS];
         unsigned no = 0, ns = 0;
-        if (!get_dims(ckptfs_py_dict_get(cs, "offsets"), off, &no) ||
-            !get_dims(ckptfs_py_dict_get(cs, "sizes"), size, &ns) || no != n || ns != n)
+        if (!ckptfs_py_dims(ckptfs_py_dict_get(cs, "offsets"), off, &no) ||
+            !ckptfs_py_dims(ckptfs_py_dict_get(cs, "sizes"), size, &ns) || no != n || ns != n)
             return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u has no offsets/sizes of rank %u",
                         t->metadata_path, key->key, c, n);
         for (unsigned d = 0; d < n; d++)
@@ -380,42 +361,19 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
 }
 
 /* HF tensors in Hugging Face's order, with their shapes. */
-static void want_hf_tensors(const CkptfsMegatronSizes *s, GPtrArray *keys, CkptfsPieceSet *set)
+static void want_hf_tensors(const CkptfsModel *m, CkptfsPieceSet *set)
 {
-    uint64_t q = s->heads * s->head_dim, kv = s->groups * s->head_dim;
-    ckptfs_piece_set_want(set, "model.embed_tokens.weight", 2, s->vocab, s->hidden);
-    for (uint64_t l = 0; l < s->layers; l++) {
-        const struct {
-            const char *suffix;
-            unsigned ndim;
-            uint64_t d0, d1;
-            bool present;
-        } layer[] = {
-            {"input_layernorm.weight", 1, s->hidden, 0, true},
-            {"self_attn.q_proj.weight", 2, q, s->hidden, true},
-            {"self_attn.k_proj.weight", 2, kv, s->hidden, true},
-            {"self_attn.v_proj.weight", 2, kv, s->hidden, true},
-            {"self_attn.q_proj.bias", 1, q, 0, s->qkv_bias},
-            {"self_attn.k_proj.bias", 1, kv, 0, s->qkv_bias},
-            {"self_attn.v_proj.bias", 1, kv, 0, s->qkv_bias},
-            {"self_attn.q_norm.weight", 1, s->head_dim, 0, s->qk_norm},
-            {"self_attn.k_norm.weight", 1, s->head_dim, 0, s->qk_norm},
-            {"self_attn.o_proj.weight", 2, s->hidden, q, true},
-            {"post_attention_layernorm.weight", 1, s->hidden, 0, true},
-            {"mlp.gate_proj.weight", 2, s->ffn, s->hidden, true},
-            {"mlp.up_proj.weight", 2, s->ffn, s->hidden, true},
-            {"mlp.down_proj.weight", 2, s->hidden, s->ffn, true},
-        };
-        for (size_t i = 0; i < G_N_ELEMENTS(layer); i++)
-            if (layer[i].present) {
-                g_autofree char *name = ckptfs_hf_layer_name(l, layer[i].suffix);
-                ckptfs_piece_set_want(set, name, layer[i].ndim, layer[i].d0, layer[i].d1);
-            }
-    }
-    ckptfs_piece_set_want(set, "model.norm.weight", 1, s->hidden, 0);
-    if (!s->tied)
-        ckptfs_piece_set_want(set, "lm_head.weight", 2, s->vocab, s->hidden);
-    (void)keys;
+    ckptfs_piece_set_want(set, "model.embed_tokens.weight", 2, m->vocab, m->hidden);
+    CkptfsHfShape layer[CKPTFS_HF_LAYER_TENSORS_MAX];
+    unsigned n = ckptfs_hf_layer_tensors(m, layer);
+    for (uint64_t l = 0; l < m->layers; l++)
+        for (unsigned i = 0; i < n; i++) {
+            g_autofree char *name = ckptfs_hf_layer_name(l, layer[i].suffix);
+            ckptfs_piece_set_want(set, name, layer[i].ndim, layer[i].d0, layer[i].d1);
+        }
+    ckptfs_piece_set_want(set, "model.norm.weight", 1, m->hidden, 0);
+    if (!m->tied_embeddings)
+        ckptfs_piece_set_want(set, "lm_head.weight", 2, m->vocab, m->hidden);
 }
 
 /* Keys that are neither the model's weights nor what a loader may skip. */
@@ -501,7 +459,7 @@ static uint64_t metadata_rows(Td *t, const char *key)
     uint64_t dims[CKPTFS_MAX_DIMS];
     unsigned n = 0;
     const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->state_dict_metadata, key));
-    return st && get_dims(ckptfs_py_dict_get(st, "size"), dims, &n) && n == 2 ? dims[0] : 0;
+    return st && ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n) && n == 2 ? dims[0] : 0;
 }
 
 static bool open_torch_dist(Td *t)
@@ -559,7 +517,7 @@ static bool open_torch_dist(Td *t)
                     "of %" G_GUINT64_FORMAT " query groups", t->dir, shape.heads, shape.kv_heads);
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&shape, 0);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
-    want_hf_tensors(&t->sizes, keys, set);
+    want_hf_tensors(&shape, set);
     bool ok = check_unexpected(t, keys);
     for (guint k = 0; ok && k < keys->len; k++)
         ok = map_key(t, g_ptr_array_index(keys, k), set);

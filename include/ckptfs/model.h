@@ -39,6 +39,16 @@ const CkptfsArchitecture *const *ckptfs_architectures(void);
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                               CkptfsModel *model, GError **error);
 
+/* The HF tensors of one decoder layer of MODEL (bias and q/k norms as it has them), in
+ * Hugging Face's module order: name suffix and shape (d1 0 for 1-D). Returns the count. */
+#define CKPTFS_HF_LAYER_TENSORS_MAX 16
+typedef struct {
+    const char *suffix; /* "self_attn.q_proj.weight" */
+    unsigned ndim;
+    uint64_t d0, d1;
+} CkptfsHfShape;
+unsigned ckptfs_hf_layer_tensors(const CkptfsModel *model, CkptfsHfShape *out);
+
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
 
