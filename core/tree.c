@@ -20,6 +20,7 @@ struct CkptfsNode {
     gpointer hook_owner;
     /* files */
     CkptfsPlanFn plan_fn;
+    bool scattered;
     gpointer plan_owner;
     gconstpointer plan_key;
     CkptfsPlan *plan; /* built once, then read without the lock */
@@ -140,6 +141,12 @@ CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const cha
     return n;
 }
 
+void ckptfs_tree_mark_scattered(CkptfsNode *file)
+{
+    if (file)
+        file->scattered = true;
+}
+
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target)
 {
@@ -195,6 +202,7 @@ static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GErro
         rc = ensure_plan(node, error);
         attr->nlink = 1;
         attr->size = rc == 0 ? ckptfs_plan_size(node->plan) : 0;
+        attr->scattered = node->scattered;
         break;
     case CKPTFS_NODE_SYMLINK:
         attr->nlink = 1;

@@ -364,8 +364,8 @@ static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, 
     ckptfs_tree_add_file(tree, dir, ".metadata", plan_metadata, v, NULL);
     for (unsigned f = 0; f < v->nfiles; f++) {
         g_autofree char *name = distcp_name(f);
-        ckptfs_tree_add_file(tree, dir, name, plan_distcp, v,
-                             &g_array_index(v->file_first, guint, f));
+        ckptfs_tree_mark_scattered(ckptfs_tree_add_file(tree, dir, name, plan_distcp, v,
+                                                        &g_array_index(v->file_first, guint, f)));
     }
     return true;
 }

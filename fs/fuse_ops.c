@@ -12,6 +12,7 @@
 /* The tree never changes while mounted: let the kernel cache names and attributes for long. */
 #define CACHE_TIMEOUT 86400.0
 #define READ_AHEAD (1u << 20)
+#define SCATTERED_BLKSIZE (16u << 10)
 
 void ckptfs_fuse_log(const CkptfsFuseContext *ctx, const char *fmt, ...)
 {
@@ -38,7 +39,9 @@ static void to_stat(const CkptfsFuseContext *ctx, const CkptfsAttr *attr, struct
     st->st_uid = ctx->uid;
     st->st_gid = ctx->gid;
     st->st_size = (off_t)attr->size;
-    st->st_blksize = READ_AHEAD;
+    /* stdio and Python size their buffers from st_blksize: large for copies, small for files
+     * whose readers jump between small archives (a loader's few chunks of a .distcp). */
+    st->st_blksize = attr->scattered ? SCATTERED_BLKSIZE : READ_AHEAD;
     st->st_blocks = (blkcnt_t)((attr->size + 511) / 512);
     st->st_atim = st->st_mtim = st->st_ctim = ctx->mtime;
     switch (attr->type) {

@@ -34,6 +34,7 @@ typedef struct {
     CkptfsNodeType type;
     uint64_t size;
     uint32_t nlink;
+    bool scattered; /* read at scattered offsets (small buffers serve readers better) */
 } CkptfsAttr;
 
 CkptfsTree *ckptfs_tree_new(void);
@@ -51,6 +52,9 @@ void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulate
 CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name);
 CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                  CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key);
+/* Marks a file node as read at scattered offsets (many small archives in one file, each
+ * loader taking a few): its attributes then advise small I/O buffers. */
+void ckptfs_tree_mark_scattered(CkptfsNode *file);
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target);
 
