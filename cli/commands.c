@@ -26,9 +26,18 @@ static bool parse_cmd_args_inner(const char *cmd, int argc, char **argv, int min
 {
     memset(a, 0, sizeof *a);
     ckptfs_options_init(&a->options);
+    bool options_done = false; /* after "--" every argument is a path */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (allow_json && strcmp(arg, "--json") == 0) {
+        if (!options_done && strcmp(arg, "--") == 0) {
+            options_done = true;
+        } else if (options_done) {
+            if (a->npos >= max_pos) {
+                fprintf(stderr, "ckptfs %s: unexpected argument '%s'\n", cmd, arg);
+                return false;
+            }
+            a->pos[a->npos++] = arg;
+        } else if (allow_json && strcmp(arg, "--json") == 0) {
             a->json = true;
         } else if (allow_json && strcmp(arg, "--layout") == 0 && i + 1 < argc) {
             a->layout = argv[++i];

@@ -29,9 +29,10 @@ static void mount_usage(FILE *out)
 /* Options that mount(8) and fstab hand over but that mean nothing to a FUSE file system. */
 static bool is_mount8_only(const char *opt)
 {
+    /* exec/noexec, suid/nosuid, dev/nodev, sync/async, atime/noatime go to libfuse, which
+     * applies them as mount flags. */
     static const char *const ignored[] = {"ro", "defaults", "auto", "noauto", "nofail", "user",
-                                          "users", "nouser", "_netdev", "owner", "group", "exec",
-                                          "noexec", "sync", "async", "atime", "noatime",
+                                          "users", "nouser", "_netdev", "owner", "group",
                                           "relatime", "norelatime", "strictatime", NULL};
     for (const char *const *p = ignored; *p; p++)
         if (strcmp(opt, *p) == 0)
@@ -81,11 +82,22 @@ static int parse_args(MountArgs *a, int argc, char **argv)
 {
     const char *positional[2];
     int npos = 0;
+    bool options_done = false; /* after "--" every argument is a path */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
+        if (!options_done && strcmp(arg, "--") == 0) {
+            options_done = true;
+            continue;
+        }
+        if (!options_done && (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0))
             return 2;
-        if (strcmp(arg, "-f") == 0) {
+        if (options_done) {
+            if (npos >= 2) {
+                fprintf(stderr, "ckptfs: unexpected argument '%s'\n", arg);
+                return 1;
+            }
+            positional[npos++] = arg;
+        } else if (strcmp(arg, "-f") == 0) {
             a->foreground = true;
         } else if (strcmp(arg, "-d") == 0) {
             a->debug = a->foreground = true;

@@ -61,4 +61,10 @@ for kind in no-config broken-config unknown-arch missing-layers wrong-shape; do
   ls "$mnt/tp1pp1" > /dev/null 2>&1 && rc=0 || rc=1
   ok $((1 - rc)) "$kind: tp1pp1 does not exist"
 done
+# "--" ends the options: a source or mount point whose name starts with "-".
+cp -r "$src" "$WORK/-dash-src" && mkdir -p "$WORK/-dash-mnt"
+(cd "$WORK" && "$CKPTFS" inspect -- -dash-src > /dev/null); ok $? "inspect -- -dash-src works"
+(cd "$WORK" && "$CKPTFS" mount -- -dash-src -dash-mnt) && ls "$WORK/-dash-mnt/hf" > /dev/null
+ok $? "mount -- -dash-src -dash-mnt works"
+(cd "$WORK" && "$CKPTFS" inspect -dash-src 2> /dev/null); [[ $? -ne 0 ]]; ok $? "without --, -dash-src is an unknown option"
 done_testing

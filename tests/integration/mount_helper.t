@@ -13,7 +13,7 @@ mkdir -p "$WORK/sbin" "$WORK/mnt" "$WORK/mnt2"
 # As installed: the helper in sbin, found by mount(8); ckptfs beside it (it looks there first).
 cp "$TESTS_TOP/mount-helpers/mount.ckptfs" "$WORK/sbin/mount.fuse.ckptfs"
 ln -s "$CKPTFS" "$WORK/sbin/ckptfs"
-echo "$WORK/src $WORK/mnt2 fuse.ckptfs ro,noauto,nofail,hf_shard_size=64K 0 0" > "$WORK/fstab"
+echo "$WORK/src $WORK/mnt2 fuse.ckptfs ro,noauto,nofail,noexec,nosuid,nodev,hf_shard_size=64K 0 0" > "$WORK/fstab"
 
 sbin=$(readlink -f /usr/sbin)
 unshare --mount --propagation private bash -s "$WORK" "$sbin" "$TESTS_TOP" <<'INNER'
@@ -36,6 +36,7 @@ umount "$work/mnt"; ok $? "umount works"
 
 mount "$work/mnt2" 2>"$work/err"; ok $? "mount MNT from the fstab line ($(head -c 200 "$work/err"))"
 ls "$work/mnt2/hf" | grep -q "model-00001-of-"; ok $? "the fstab options reach ckptfs (re-sharded hf/)"
+grep " $work/mnt2 " /proc/mounts | grep -q "noexec"; ok $? "noexec, nosuid, nodev from fstab become mount flags"
 umount "$work/mnt2"; ok $? "umount the fstab mount"
 
 mount -t fuse.ckptfs "$work/nowhere" "$work/mnt" 2>"$work/err" && rc=0 || rc=1
