@@ -9,7 +9,7 @@ require_fuse
 check_hf="$TESTS_TOP/tests/lib/check_hf.py"
 ref="$TESTS_TOP/tests/lib/reference.py"
 models="$TESTS_TOP/tests/lib/models.py"
-dcp="$TESTS_TOP/tests/lib/dcp_check.py"
+dcp="$TESTS_TOP/tests/lib/dcp_check.py"  # torch 2.6 (the Debian 13 root)
 torch2_available && have2=1 || have2=0
 [[ $have2 -eq 1 ]] || diag "torch 2.6 checks skipped: $TORCH2_WHY"
 
@@ -23,6 +23,8 @@ for a in llama qwen2 qwen3; do
   check "$a: mount" mount_ckptfs "$WORK/$a" "$mnt"
   check "$a: mcore/ has the tracker and release/ with metadata.json, common.pt, .metadata, .distcp" bash -c \
     "[[ \$(cat '$mnt/mcore/latest_checkpointed_iteration.txt') == release ]] && cd '$mnt/mcore/release' && ls -A | grep -qx .metadata && ls | grep -qx common.pt && ls | grep -qx metadata.json && ls | grep -q '^__0_0.distcp$'"
+  check "$a: torch 1.13 (host) loads every chunk of mcore/; assembled tensors are the stacked weights" \
+    $PY "$TESTS_TOP/tests/lib/dcp_host.py" "$mnt/mcore/release" "$WORK/$a"
   if [[ $have2 -eq 1 ]]; then
     check "$a: dcp.load of mcore/ (torch 2.6, no process group) gives the stacked source weights" \
       torch2_python "$WORK" "$dcp" load "$mnt/mcore/release" "$WORK/$a" --ckptfs-view

@@ -56,10 +56,9 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import as_array, read_checkpoint  # noqa: E402
+from mcore_expect import LP, HFModel, expected_tensors  # noqa: E402
 
 ST_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-LP = "decoder.layers."
 EXTRA_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
                  "mlp.linear_fc2")
 IGNORED_PREFIXES = ("optimizer.", "rng_state")
@@ -86,71 +85,9 @@ def check(cond, msg):
         raise Fail(msg)
 
 
-# --- the expectation, from the Hugging Face model (numpy only) ---
-
-class HFModel:
-    def __init__(self, d):
-        self.cfg = c = json.load(open(os.path.join(d, "config.json")))
-        self.raw = read_checkpoint(d)
-        self.L, self.H = c["num_hidden_layers"], c["hidden_size"]
-        self.nh = c["num_attention_heads"]
-        self.ng = c.get("num_key_value_heads", self.nh)
-        self.d = c.get("head_dim", self.H // self.nh)
-        self.F, self.vocab = c["intermediate_size"], c["vocab_size"]
-        self.tied = c.get("tie_word_embeddings", False)
-
-    def has(self, name):
-        return name in self.raw
-
-    def get(self, name):
-        """Raw values (bf16 as uint16 bits) and the torch dtype."""
-        return as_array(self.raw[name]), ST_TORCH[self.raw[name][0]]
-
-
-def qkv_interleave(m, q, k, v):
-    """[q; k; v] (leading dim = rows) -> per group: q rows of its heads, k rows, v rows."""
-    g, rest = m.ng, q.shape[1:]
-    parts = [q.reshape(g, -1, *rest), k.reshape(g, -1, *rest), v.reshape(g, -1, *rest)]
-    return np.concatenate(parts, axis=1).reshape(-1, *rest)
-
-
-def expected_tensors(m, vpad):
-    """Megatron key -> (numpy raw values, torch dtype), with the vocabulary padded to vpad rows."""
-    out = {}
-
-    def vocab_rows(name):
-        a, dt = m.get(name)
-        pad = np.zeros((vpad - a.shape[0],) + a.shape[1:], a.dtype)
-        return np.concatenate([a, pad]), dt
-
-    out["embedding.word_embeddings.weight"] = vocab_rows("model.embed_tokens.weight")
-    if not m.tied:
-        out["output_layer.weight"] = vocab_rows("lm_head.weight")
-    out["decoder.final_layernorm.weight"] = m.get("model.norm.weight")
-
-    def layer(i, name):
-        return m.get(f"model.layers.{i}.{name}")[0]
-
-    per_layer = {
-        "self_attention.linear_qkv.layer_norm_weight": lambda i: layer(i, "input_layernorm.weight"),
-        "self_attention.linear_qkv.weight": lambda i: qkv_interleave(
-            m, *(layer(i, f"self_attn.{p}_proj.weight") for p in "qkv")),
-        "self_attention.linear_proj.weight": lambda i: layer(i, "self_attn.o_proj.weight"),
-        "mlp.linear_fc1.layer_norm_weight": lambda i: layer(i, "post_attention_layernorm.weight"),
-        "mlp.linear_fc1.weight": lambda i: np.concatenate(
-            [layer(i, "mlp.gate_proj.weight"), layer(i, "mlp.up_proj.weight")]),
-        "mlp.linear_fc2.weight": lambda i: layer(i, "mlp.down_proj.weight"),
-    }
-    if m.has("model.layers.0.self_attn.q_proj.bias"):
-        per_layer["self_attention.linear_qkv.bias"] = lambda i: qkv_interleave(
-            m, *(layer(i, f"self_attn.{p}_proj.bias") for p in "qkv"))
-    if m.has("model.layers.0.self_attn.q_norm.weight"):
-        per_layer["self_attention.q_layernorm.weight"] = lambda i: layer(i, "self_attn.q_norm.weight")
-        per_layer["self_attention.k_layernorm.weight"] = lambda i: layer(i, "self_attn.k_norm.weight")
-    dt = m.get("model.layers.0.input_layernorm.weight")[1]
-    for name, fn in per_layer.items():
-        out[LP + name] = (np.stack([fn(i) for i in range(m.L)]), dt)
-    return out
+def expected_torch(m, vpad):
+    """The expectation with torch dtypes."""
+    return {k: (a, ST_TORCH[dt]) for k, (a, dt) in expected_tensors(m, vpad).items()}
 
 
 def extra_state_keys(L):
@@ -317,7 +254,7 @@ def cmd_load(args):
     md = FileSystemReader(args.ckpt).read_metadata()
     check("embedding.word_embeddings.weight" in md.state_dict_metadata,
           "no embedding.word_embeddings.weight in .metadata")
-    expected = expected_tensors(m, padded_vocab(md, m.vocab, args.vocab_divisible_by))
+    expected = expected_torch(m, padded_vocab(md, m.vocab, args.vocab_divisible_by))
     check_key_set(md, expected, m.L)
     check_shapes(md, expected)
     check_common(args.ckpt, m, args.ckptfs_view)
@@ -519,7 +456,7 @@ def source_args(m, vpad, tp):
 
 
 def source_state_dict(m, vpad, rank, N, irregular):
-    expected = expected_tensors(m, vpad)
+    expected = expected_torch(m, vpad)
     layout = irregular_boxes if irregular else regular_boxes
     sd, boxes_of = {}, {}
     for key, (a, dt) in expected.items():
