@@ -55,4 +55,9 @@ d, hpg = 32, 2  # head dim, heads per query group
 groups = [torch.cat([q[g*hpg*d:(g+1)*hpg*d], k[g*d:(g+1)*d], v[g*d:(g+1)*d]]) for g in (2, 3)]
 print("  equals groups 2-3 of [q;k;v] from hf/:", torch.equal(qkv, torch.cat(groups)))
 PY
+
+echo; echo "== ls -lA $work/mnt/mcore/release  (torch_dist: Megatron --ckpt-format torch_dist, verl)"
+ls -lA "$work/mnt/mcore/release"
+echo "(tests/lib/dcp_host.py loads it chunk by chunk with this torch; torch 2.x: torch.distributed.checkpoint.load)"
+/usr/bin/python3 "$top/tests/lib/dcp_host.py" "$work/mnt/mcore/release" "$work/llama"
 echo; echo "== unmount: fusermount3 -u $work/mnt"
