@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
 #include "ckptfs/units.h"
 
 static void entry_free(gpointer data)
@@ -183,6 +184,9 @@ CkptfsStHeader *ckptfs_st_parse_header(const char *file_name, const char *json, 
                     "%s: safetensors header contains a NUL byte; not JSON", file_name);
         return NULL;
     }
+    g_autofree char *what = g_strdup_printf("%s: safetensors header", file_name);
+    if (!ckptfs_json_check_strict(what, json, json_len, error))
+        return NULL;
     g_autoptr(JsonParser) parser = json_parser_new_immutable();
     GError *json_error = NULL;
     if (!json_parser_load_from_data(parser, json, (gssize)json_len, &json_error)) {
