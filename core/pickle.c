@@ -37,7 +37,10 @@ static void py_free(gpointer data)
     g_free(v->s);
     g_free(v->module);
     g_free(v->name);
-    g_free(v->tensor.storage_key);
+    if (v->tensor) {
+        g_free(v->tensor->storage_key);
+        g_free(v->tensor);
+    }
     if (v->items)
         g_ptr_array_unref(v->items);
     g_free(v);
@@ -66,6 +69,8 @@ static CkptfsPy *new_obj(Vm *vm, CkptfsPyKind kind)
     if (kind == CKPTFS_PY_TUPLE || kind == CKPTFS_PY_LIST || kind == CKPTFS_PY_DICT ||
         kind == CKPTFS_PY_SET)
         v->items = g_ptr_array_new();
+    if (kind == CKPTFS_PY_TENSOR)
+        v->tensor = g_new0(CkptfsPyTensor, 1);
     g_ptr_array_add(vm->arena, v);
     return v;
 }
@@ -285,18 +290,18 @@ static CkptfsPy *make_tensor(Vm *vm, const CkptfsPy *args, bool v3)
     if (t == NULL)
         return NULL;
     unsigned nd_size = 0, nd_stride = 0;
-    if (!ckptfs_py_dims(g_ptr_array_index(args->items, 2), t->tensor.shape, &nd_size) ||
-        !ckptfs_py_dims(g_ptr_array_index(args->items, 3), t->tensor.stride, &nd_stride) ||
+    if (!ckptfs_py_dims(g_ptr_array_index(args->items, 2), t->tensor->shape, &nd_size) ||
+        !ckptfs_py_dims(g_ptr_array_index(args->items, 3), t->tensor->stride, &nd_stride) ||
         nd_size != nd_stride) {
         fail(vm, "tensor size/stride are not matching tuples of at most %d non-negative ints",
              CKPTFS_MAX_DIMS);
         return NULL;
     }
-    t->tensor.ndim = nd_size;
-    t->tensor.storage_key = g_strdup(key->s);
-    t->tensor.dtype = dtype;
-    t->tensor.storage_numel = (uint64_t)numel->i;
-    t->tensor.offset = (uint64_t)off->i;
+    t->tensor->ndim = nd_size;
+    t->tensor->storage_key = g_strdup(key->s);
+    t->tensor->dtype = dtype;
+    t->tensor->storage_numel = (uint64_t)numel->i;
+    t->tensor->offset = (uint64_t)off->i;
     return t;
 }
 

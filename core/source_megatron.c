@@ -188,9 +188,9 @@ static bool read_config_sizes(Mg *m)
         m->V++;
     }
     const CkptfsPy *emb = ckptfs_py_dict_get(chunk_dict(r0, 0, m->V), "embedding.word_embeddings.weight");
-    if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor.ndim != 2)
+    if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor->ndim != 2)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no embedding.word_embeddings.weight matrix", r0->path);
-    m->padded_vocab = emb->tensor.shape[0] * m->T;
+    m->padded_vocab = emb->tensor->shape[0] * m->T;
     if (m->padded_vocab < m->vocab)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: the embedding has %" G_GUINT64_FORMAT
                     " rows over all ranks, fewer than vocab_size %" G_GUINT64_FORMAT, r0->path,
@@ -237,36 +237,36 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     g_hash_table_add(r->used, g_strdup_printf("%u/%s", v, key));
     if (t == NULL || t->kind != CKPTFS_PY_TENSOR)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is missing or not a tensor", r->path, key);
-    uint64_t got_rows = t->tensor.ndim ? t->tensor.shape[0] : 1, got_cols = 1;
-    for (unsigned d = 1; d < t->tensor.ndim; d++)
-        got_cols *= t->tensor.shape[d];
-    if (t->tensor.ndim > 2 || got_rows != rows || got_cols != cols)
+    uint64_t got_rows = t->tensor->ndim ? t->tensor->shape[0] : 1, got_cols = 1;
+    for (unsigned d = 1; d < t->tensor->ndim; d++)
+        got_cols *= t->tensor->shape[d];
+    if (t->tensor->ndim > 2 || got_rows != rows || got_cols != cols)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     "]; the args imply [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
                     r->path, key, got_rows, got_cols, rows, cols);
-    if (t->tensor.dtype == CKPTFS_DTYPE_INVALID)
+    if (t->tensor->dtype == CKPTFS_DTYPE_INVALID)
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has a storage type ckptfs does not know", r->path, key);
     if (m->dtype == CKPTFS_DTYPE_INVALID)
-        m->dtype = t->tensor.dtype;
-    if (t->tensor.dtype != m->dtype)
+        m->dtype = t->tensor->dtype;
+    if (t->tensor->dtype != m->dtype)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other tensors are %s", r->path, key,
-                    ckptfs_dtype_safetensors_name(t->tensor.dtype), ckptfs_dtype_safetensors_name(m->dtype));
+                    ckptfs_dtype_safetensors_name(t->tensor->dtype), ckptfs_dtype_safetensors_name(m->dtype));
     /* Rows may be apart (a view of a wider matrix, every n-th element of a vector); elements
      * within a row must be adjacent: pieces are runs of bytes. */
-    uint64_t row_step = t->tensor.ndim == 0 ? cols : t->tensor.stride[0];
-    if ((t->tensor.ndim == 2 && cols > 1 && t->tensor.stride[1] != 1) ||
-        (t->tensor.ndim == 2 && rows > 1 && row_step < cols) || (rows > 1 && row_step == 0))
+    uint64_t row_step = t->tensor->ndim == 0 ? cols : t->tensor->stride[0];
+    if ((t->tensor->ndim == 2 && cols > 1 && t->tensor->stride[1] != 1) ||
+        (t->tensor->ndim == 2 && rows > 1 && row_step < cols) || (rows > 1 && row_step == 0))
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has strides that are not row-major (a "
                     "transposed view); save it contiguous", r->path, key);
-    g_autofree char *record = g_strdup_printf("data/%s", t->tensor.storage_key);
+    g_autofree char *record = g_strdup_printf("data/%s", t->tensor->storage_key);
     const CkptfsZipEntry *e = ckptfs_zip_find(r->zip, record);
-    size_t isz = ckptfs_dtype_size(t->tensor.dtype);
+    size_t isz = ckptfs_dtype_size(t->tensor->dtype);
     uint64_t span = rows > 1 ? (rows - 1) * row_step + cols : rows * cols;
     bool huge = rows > 1 && row_step > (UINT64_MAX / isz - cols) / (rows - 1);
-    if (e == NULL || huge || t->tensor.offset > e->size / isz || (t->tensor.offset + span) * isz > e->size)
+    if (e == NULL || huge || t->tensor->offset > e->size / isz || (t->tensor->offset + span) * isz > e->size)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s': its storage record %s is missing or too short",
                     r->path, key, record);
-    *out = (Located){.src = r->src, .base = e->data_offset + t->tensor.offset * isz, .rows = rows,
+    *out = (Located){.src = r->src, .base = e->data_offset + t->tensor->offset * isz, .rows = rows,
                      .cols = cols, .row_stride = row_step * isz};
     return true;
 }

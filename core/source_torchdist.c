@@ -231,27 +231,27 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     uint64_t numel = 1;
     for (unsigned d = 0; d < n; d++)
         numel *= sizes[d];
-    if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor.ndim != n ||
-               memcmp(v->tensor.shape, sizes, n * sizeof *sizes) != 0)) {
+    if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor->ndim != n ||
+               memcmp(v->tensor->shape, sizes, n * sizeof *sizes) != 0)) {
         g_autofree char *want = dims_text(sizes, n);
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: not a tensor of the chunk's shape %s", what, want);
     }
-    if (ok && v->tensor.dtype != t->dtype)
+    if (ok && v->tensor->dtype != t->dtype)
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: holds %s, .metadata says %s", what,
-                  ckptfs_dtype_safetensors_name(v->tensor.dtype), ckptfs_dtype_safetensors_name(t->dtype));
+                  ckptfs_dtype_safetensors_name(v->tensor->dtype), ckptfs_dtype_safetensors_name(t->dtype));
     uint64_t expect = 1;
     for (unsigned d = n; ok && d-- > 0;) {
-        if (sizes[d] > 1 && v->tensor.stride[d] != expect)
+        if (sizes[d] > 1 && v->tensor->stride[d] != expect)
             ok = fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: the tensor is not stored contiguously", what);
         expect *= sizes[d];
     }
     if (ok) {
-        g_autofree char *record = g_strdup_printf("data/%s", v->tensor.storage_key);
+        g_autofree char *record = g_strdup_printf("data/%s", v->tensor->storage_key);
         const CkptfsZipEntry *e = ckptfs_zip_find(zip, record);
-        if (e == NULL || (v->tensor.offset + numel) * isz > e->size)
+        if (e == NULL || (v->tensor->offset + numel) * isz > e->size)
             ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: its record %s is missing or too short", what, record);
         else
-            *out = (Chunk){src, e->data_offset + v->tensor.offset * isz};
+            *out = (Chunk){src, e->data_offset + v->tensor->offset * isz};
     }
     ckptfs_pickle_free(p);
     ckptfs_zip_free(zip);

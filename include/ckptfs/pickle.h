@@ -29,6 +29,16 @@ typedef enum {
     CKPTFS_PY_TENSOR, /* torch._utils._rebuild_tensor_v2 / _rebuild_parameter */
 } CkptfsPyKind;
 
+typedef struct {
+    char *storage_key;     /* the record name under data/ */
+    CkptfsDtype dtype;     /* from the storage class */
+    uint64_t storage_numel;
+    uint64_t offset;       /* in elements */
+    unsigned ndim;
+    uint64_t shape[CKPTFS_MAX_DIMS];
+    uint64_t stride[CKPTFS_MAX_DIMS];
+} CkptfsPyTensor;
+
 typedef struct CkptfsPy CkptfsPy;
 struct CkptfsPy {
     CkptfsPyKind kind;
@@ -40,15 +50,7 @@ struct CkptfsPy {
     GPtrArray *items;    /* TUPLE LIST DICT SET */
     char *module, *name; /* GLOBAL */
     CkptfsPy *callable, *args, *state; /* OBJECT (args also for PERSID) */
-    struct {
-        char *storage_key;     /* the record name under data/ */
-        CkptfsDtype dtype;     /* from the storage class */
-        uint64_t storage_numel;
-        uint64_t offset;       /* in elements */
-        unsigned ndim;
-        uint64_t shape[CKPTFS_MAX_DIMS];
-        uint64_t stride[CKPTFS_MAX_DIMS];
-    } tensor;
+    CkptfsPyTensor *tensor; /* TENSOR only: most objects of a big pickle are not tensors */
 };
 
 typedef struct CkptfsPickle CkptfsPickle;

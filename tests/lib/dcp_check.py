@@ -33,6 +33,7 @@ Hugging Face model (DESIGN section 4). Run with torch 2.x (the Debian 13 root).
 Exit status 0 = pass; otherwise one line on stderr says why. Informative lines start with '# '.
 """
 import argparse
+import datetime
 import importlib
 import io
 import itertools
@@ -40,6 +41,7 @@ import json
 import os
 import random
 import sys
+import time
 import traceback
 import warnings
 
@@ -63,6 +65,7 @@ EXTRA_MODULES = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp
                  "mlp.linear_fc2")
 IGNORED_PREFIXES = ("optimizer.", "rng_state")
 ITERATION = 7
+RANK_TIMEOUT = 120  # seconds for a gloo collective in make-source
 METADATA_JSON = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                  "common_backend": "torch", "common_backend_version": 1}
 
@@ -480,7 +483,8 @@ def make_source_rank(rank, args):
     N = args.ranks
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(os.path.join(args.out_dir, ".store"), N)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=N)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=N,
+                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT))
     try:
         m = HFModel(args.hf_dir)
         vpad = -(-m.vocab // 128) * 128
@@ -501,8 +505,11 @@ def make_source_rank(rank, args):
             with open(os.path.join(args.out_dir, "latest_checkpointed_iteration.txt"), "w") as f:
                 f.write(str(ITERATION))
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    # No destroy_process_group(): with gloo it can wait forever on peers that already left;
+    # the process exits right after.
 
 
 def cmd_make_source(args):
@@ -511,7 +518,13 @@ def cmd_make_source(args):
     store = os.path.join(args.out_dir, ".store")
     if os.path.exists(store):
         os.unlink(store)
-    torch.multiprocessing.spawn(make_source_rank, args=(args,), nprocs=args.ranks)
+    ranks = torch.multiprocessing.spawn(make_source_rank, args=(args,), nprocs=args.ranks, join=False)
+    deadline = time.monotonic() + 2 * RANK_TIMEOUT
+    while not ranks.join(timeout=1):  # a rank that hangs must fail the test, not stall it
+        if time.monotonic() > deadline:
+            for p in ranks.processes:
+                p.kill()
+            raise Fail(f"make-source: the {args.ranks} ranks did not finish within {2 * RANK_TIMEOUT} s")
     if os.path.exists(store):
         os.unlink(store)
     it_dir = os.path.join(args.out_dir, f"iter_{ITERATION:07d}")

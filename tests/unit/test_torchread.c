@@ -62,9 +62,9 @@ static void test_megatron_file(void)
                "args Namespace state: tp 2, padded vocab 256");
         const CkptfsPy *model = ckptfs_py_dict_get(root, "model");
         const CkptfsPy *qkv = ckptfs_py_dict_get(model, "decoder.layers.0.self_attention.linear_qkv.weight");
-        tap_ok(qkv && qkv->kind == CKPTFS_PY_TENSOR && qkv->tensor.dtype == CKPTFS_DTYPE_BF16 &&
-                   qkv->tensor.ndim == 2 && qkv->tensor.shape[0] == 48 && qkv->tensor.shape[1] == 64 &&
-                   qkv->tensor.stride[0] == 64,
+        tap_ok(qkv && qkv->kind == CKPTFS_PY_TENSOR && qkv->tensor->dtype == CKPTFS_DTYPE_BF16 &&
+                   qkv->tensor->ndim == 2 && qkv->tensor->shape[0] == 48 && qkv->tensor->shape[1] == 64 &&
+                   qkv->tensor->stride[0] == 64,
                "linear_qkv.weight: bf16 [48, 64] row-major");
         unsigned tensors = 0, found = 0;
         for (guint i = 0; model && i + 1 < model->items->len; i += 2) {
@@ -72,9 +72,9 @@ static void test_megatron_file(void)
             if (v->kind != CKPTFS_PY_TENSOR)
                 continue;
             tensors++;
-            g_autofree char *rec = g_strdup_printf("data/%s", v->tensor.storage_key);
+            g_autofree char *rec = g_strdup_printf("data/%s", v->tensor->storage_key);
             const CkptfsZipEntry *e = ckptfs_zip_find(zip, rec);
-            found += e && e->size == v->tensor.storage_numel * ckptfs_dtype_size(v->tensor.dtype);
+            found += e && e->size == v->tensor->storage_numel * ckptfs_dtype_size(v->tensor->dtype);
         }
         tap_ok(tensors > 20 && found == tensors,
                "every model tensor's storage record exists with numel x itemsize bytes (%u)", tensors);
@@ -170,7 +170,7 @@ static void test_round_trip(void)
         bool bytes_ok = e && e->size == 24 && e->data_offset % 64 == 0 &&
                         ckptfs_srcfiles_pread(files, (unsigned)src, rec, 24, e->data_offset, NULL) &&
                         rec[0] == 1 && rec[23] == 24;
-        tap_ok(w && w->kind == CKPTFS_PY_TENSOR && w->tensor.shape[1] == 4 && bytes_ok,
+        tap_ok(w && w->kind == CKPTFS_PY_TENSOR && w->tensor->shape[1] == 4 && bytes_ok,
                "tensor [3, 4] and its 64-byte aligned record read back");
         tap_ok(ckptfs_py_dict_get(ckptfs_py_dict_get(r, "model"), "w._extra_state")->kind == CKPTFS_PY_NONE,
                "None entries kept in order");
