@@ -78,7 +78,8 @@ torch2_root_ensure() {
 }
 # torch2_python DIRS SCRIPT ARGS...: runs python3 of the root on SCRIPT, with the directories
 # in DIRS (colon-separated: mounts and files the script reads) and the tests' lib visible at the
-# same paths; in a private mount namespace, so nothing leaks if the test dies.
+# same paths; in a private mount namespace, so nothing leaks if the test dies; killed after
+# TORCH2_TIMEOUT seconds (900), so a hung loader fails its check instead of stalling the run.
 torch2_python() {
   local dirs="$1:$TESTS_TOP/tests/lib"
   shift
@@ -89,5 +90,6 @@ torch2_python() {
     for d in "${list[@]}"; do
       mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1
     done
-    exec chroot "$root" /usr/bin/python3 "$@"' _ "$TORCH2_ROOT" "$dirs" "$@"
+    exec timeout --kill-after=10 "${TORCH2_TIMEOUT:-900}" chroot "$root" /usr/bin/python3 "$@"' \
+    _ "$TORCH2_ROOT" "$dirs" "$@"
 }
