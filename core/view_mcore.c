@@ -42,16 +42,24 @@ typedef struct {
     const Item *item;
 } ItemRef;
 
-static void mcore_view_free(gpointer p)
+static void clear_items(McoreView *v)
 {
-    McoreView *v = p;
     if (v->items) {
         for (guint i = 0; i < v->items->len; i++)
             g_free(g_array_index(v->items, Item, i).object_fqn);
         g_array_unref(v->items);
+        v->items = NULL;
     }
-    if (v->file_first)
+    if (v->file_first) {
         g_array_unref(v->file_first);
+        v->file_first = NULL;
+    }
+}
+
+static void mcore_view_free(gpointer p)
+{
+    McoreView *v = p;
+    clear_items(v);
     g_ptr_array_unref(v->keys);
     g_free(v);
 }
@@ -139,6 +147,7 @@ static void add_key_items(McoreView *v, const CkptfsMcoreKey *key, uint64_t laye
 static bool lay_out_items(McoreView *v, GError **error)
 {
     const CkptfsModel *m = v->model;
+    clear_items(v); /* a failed attempt is retried on the next lookup */
     v->items = g_array_new(FALSE, FALSE, sizeof(Item));
     for (guint k = 0; k < v->keys->len; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
