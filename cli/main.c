@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ckptfs/srcfiles.h"
 #include "commands.h"
 #include "daemon.h"
 
@@ -28,6 +29,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* Sources may have thousands of files: allow every descriptor the system lets us have. */
+    ckptfs_raise_fd_limit();
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);

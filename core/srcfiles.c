@@ -3,31 +3,75 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/readfile.h"
+
+/* A file with its place in the descriptor cache. */
+typedef struct {
+    CkptfsSrcFile pub;
+    int fd;         /* -1 while closed */
+    unsigned pins;  /* reads in progress with fd: it is not closed under them */
+    GList *lru;     /* its link in the open list while open */
+    gint changed;   /* set once a change was seen: every later read fails */
+} SrcFile;
 
 struct CkptfsSrcFiles {
-    GPtrArray *files;     /* CkptfsSrcFile* */
+    GPtrArray *files;     /* SrcFile* */
     GHashTable *by_path;  /* path -> index + 1 */
+    GMutex lock;          /* the cache: fd, pins, lru of every file, open */
+    GQueue open;          /* SrcFile* with an fd, most recently used first */
+    unsigned max_open;
 };
+
+/* Descriptors left to the rest of the process (FUSE, stdio, libraries) besides the cache. */
+#define FDS_RESERVED 64u
+#define MAX_OPEN_DEFAULT 65536u
 
 static void srcfile_free(gpointer data)
 {
-    CkptfsSrcFile *f = data;
+    SrcFile *f = data;
     if (f->fd >= 0)
         close(f->fd);
-    g_free(f->path);
+    g_free(f->pub.path);
     g_free(f);
 }
 
-CkptfsSrcFiles *ckptfs_srcfiles_new(void)
+uint64_t ckptfs_raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+}
+
+/* Half the descriptors the process may still open, so that other mounts and sources in the
+ * same process (tests, the CLI) have room too. */
+static unsigned default_max_open(void)
+{
+    struct rlimit rl;
+    uint64_t limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 1024;
+    uint64_t n = limit > 2 * FDS_RESERVED ? (limit - FDS_RESERVED) / 2 : 8;
+    return (unsigned)MIN(n, (uint64_t)MAX_OPEN_DEFAULT);
+}
+
+CkptfsSrcFiles *ckptfs_srcfiles_new(unsigned max_open)
 {
     CkptfsSrcFiles *files = g_new0(CkptfsSrcFiles, 1);
     files->files = g_ptr_array_new_with_free_func(srcfile_free);
     files->by_path = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_mutex_init(&files->lock);
+    g_queue_init(&files->open);
+    files->max_open = max_open ? max_open : default_max_open();
     return files;
 }
 
@@ -37,12 +81,80 @@ void ckptfs_srcfiles_free(CkptfsSrcFiles *files)
         return;
     g_ptr_array_unref(files->files);
     g_hash_table_unref(files->by_path);
+    g_queue_clear(&files->open);
+    g_mutex_clear(&files->lock);
     g_free(files);
 }
 
-static int64_t stat_mtime_ns(const struct stat *st)
+static int64_t ns(const struct timespec *t)
 {
-    return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+static bool same_file(const CkptfsSrcFile *f, const struct stat *st)
+{
+    return st->st_ino == f->ino && st->st_dev == f->dev && (uint64_t)st->st_size == f->size &&
+           ns(&st->st_mtim) == f->mtime_ns && ns(&st->st_ctim) == f->ctime_ns;
+}
+
+static bool report_changed(SrcFile *f, GError **error)
+{
+    g_atomic_int_set(&f->changed, 1);
+    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
+                "%s: source file changed after the mount (inode, size, mtime or ctime differ); "
+                "remount to serve the new contents",
+                f->pub.path);
+    return false;
+}
+
+/* Opens PATH without blocking (a FIFO would) and checks it is a regular file. */
+static int open_regular(const char *path, struct stat *st, GError **error)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        g_set_error(error, CKPTFS_ERROR, e == ENOENT ? CKPTFS_ERROR_NOT_FOUND : CKPTFS_ERROR_IO,
+                    "%s: cannot open: %s", path, e == ELOOP ? "a symlink loop" : g_strerror(e));
+        return -1;
+    }
+    if (fstat(fd, st) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
+                    g_strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file (%s)", path,
+                    ckptfs_file_kind(st->st_mode));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Under the lock: closes least recently used descriptors no read is using until one more
+ * fits. When every open one is in use, the cache goes over its size for a while. */
+static void make_room(CkptfsSrcFiles *files)
+{
+    for (GList *l = files->open.tail; l != NULL && files->open.length >= files->max_open;) {
+        GList *prev = l->prev;
+        SrcFile *f = l->data;
+        if (f->pins == 0) {
+            close(f->fd);
+            f->fd = -1;
+            g_queue_delete_link(&files->open, l);
+            f->lru = NULL;
+        }
+        l = prev;
+    }
+}
+
+static void cache_insert(CkptfsSrcFiles *files, SrcFile *f, int fd)
+{
+    make_room(files);
+    f->fd = fd;
+    g_queue_push_head(&files->open, f);
+    f->lru = files->open.head;
 }
 
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
@@ -50,33 +162,25 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     gpointer known = g_hash_table_lookup(files->by_path, path);
     if (known != NULL)
         return GPOINTER_TO_INT(known) - 1;
-
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot open: %s", path,
-                    g_strerror(errno));
-        return -1;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
-                    g_strerror(errno));
-        close(fd);
+    int fd = open_regular(path, &st, error);
+    if (fd < 0)
         return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    CkptfsSrcFile *f = g_new0(CkptfsSrcFile, 1);
-    f->path = g_strdup(path);
-    f->fd = fd;
-    f->size = (uint64_t)st.st_size;
-    f->mtime_ns = stat_mtime_ns(&st);
-    f->ino = st.st_ino;
-    f->dev = st.st_dev;
+    SrcFile *f = g_new0(SrcFile, 1);
+    f->pub.path = g_strdup(path);
+    f->pub.size = (uint64_t)st.st_size;
+    f->pub.mtime_ns = ns(&st.st_mtim);
+    f->pub.ctime_ns = ns(&st.st_ctim);
+    f->pub.ino = st.st_ino;
+    f->pub.dev = st.st_dev;
+    f->pub.uid = st.st_uid;
+    f->pub.gid = st.st_gid;
+    f->pub.mode = st.st_mode & 07777;
+    f->fd = -1;
+    g_mutex_lock(&files->lock);
     g_ptr_array_add(files->files, f);
+    cache_insert(files, f, fd);
+    g_mutex_unlock(&files->lock);
     int index = (int)files->files->len - 1;
     g_hash_table_insert(files->by_path, g_strdup(path), GINT_TO_POINTER(index + 1));
     return index;
@@ -89,59 +193,123 @@ unsigned ckptfs_srcfiles_count(const CkptfsSrcFiles *files)
 
 const CkptfsSrcFile *ckptfs_srcfiles_get(const CkptfsSrcFiles *files, unsigned index)
 {
-    return index < files->files->len ? g_ptr_array_index(files->files, index) : NULL;
+    return index < files->files->len ? &((SrcFile *)g_ptr_array_index(files->files, index))->pub
+                                     : NULL;
+}
+
+unsigned ckptfs_srcfiles_open_count(const CkptfsSrcFiles *files)
+{
+    CkptfsSrcFiles *mutable = (CkptfsSrcFiles *)files;
+    g_mutex_lock(&mutable->lock);
+    unsigned n = files->open.length;
+    g_mutex_unlock(&mutable->lock);
+    return n;
+}
+
+/* The descriptor of file INDEX, pinned until release_fd; opened again (and checked to be the
+ * same file) when the cache had closed it. */
+static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **out, GError **error)
+{
+    CkptfsSrcFiles *files = (CkptfsSrcFiles *)cfiles; /* the cache changes; the set does not */
+    if (index >= files->files->len) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
+        return -1;
+    }
+    SrcFile *f = g_ptr_array_index(files->files, index);
+    *out = f;
+    if (g_atomic_int_get(&f->changed))
+        return report_changed(f, error), -1;
+    g_mutex_lock(&files->lock);
+    if (f->fd >= 0) {
+        f->pins++;
+        g_queue_unlink(&files->open, f->lru);
+        g_queue_push_head_link(&files->open, f->lru);
+        int fd = f->fd;
+        g_mutex_unlock(&files->lock);
+        return fd;
+    }
+    struct stat st;
+    GError *open_error = NULL;
+    int fd = open_regular(f->pub.path, &st, &open_error);
+    if (fd >= 0 && !same_file(&f->pub, &st)) {
+        close(fd);
+        g_mutex_unlock(&files->lock);
+        return report_changed(f, error), -1;
+    }
+    if (fd < 0) {
+        g_mutex_unlock(&files->lock);
+        if (open_error->code == CKPTFS_ERROR_NOT_FOUND || open_error->code == CKPTFS_ERROR_FORMAT) {
+            g_error_free(open_error);
+            return report_changed(f, error), -1;
+        }
+        g_propagate_error(error, open_error);
+        return -1;
+    }
+    cache_insert(files, f, fd);
+    f->pins++;
+    g_mutex_unlock(&files->lock);
+    return fd;
+}
+
+static void release_fd(const CkptfsSrcFiles *cfiles, SrcFile *f)
+{
+    CkptfsSrcFiles *files = (CkptfsSrcFiles *)cfiles;
+    g_mutex_lock(&files->lock);
+    f->pins--;
+    g_mutex_unlock(&files->lock);
+}
+
+/* After a read: the bytes are the file's as first opened only if nothing changed it (a
+ * writer's timestamps change before its data does). */
+static bool check_after_read(SrcFile *f, int fd, GError **error)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", f->pub.path,
+                    g_strerror(errno));
+        return false;
+    }
+    return same_file(&f->pub, &st) || report_changed(f, error);
+}
+
+static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error)
+{
+    if (got == 0 && offset >= f->pub.size)
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO,
+                    "%s: read at offset %" G_GUINT64_FORMAT " is past its end (%" G_GUINT64_FORMAT
+                    " bytes)", f->pub.path, offset, f->pub.size);
+    else if (got < 0)
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO,
+                    "%s: read at offset %" G_GUINT64_FORMAT " failed: %s", f->pub.path, offset,
+                    g_strerror(errno));
+    else
+        report_changed(f, error); /* it ends before the size it had */
+    return false;
 }
 
 bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
                            uint64_t offset, GError **error)
 {
-    const CkptfsSrcFile *f = ckptfs_srcfiles_get(files, index);
-    if (f == NULL) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
-        return false;
-    }
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = pread(f->fd, p, len, (off_t)offset);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: read at offset %" G_GUINT64_FORMAT " failed: %s",
-                        f->path, offset, g_strerror(errno));
-            return false;
-        }
-        if (n == 0) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
-                        "%s: file ends before offset %" G_GUINT64_FORMAT " (it changed after the mount?)",
-                        f->path, offset);
-            return false;
-        }
-        p += n;
-        len -= (size_t)n;
-        offset += (uint64_t)n;
-    }
-    return true;
+    struct iovec iov = {buf, len};
+    return ckptfs_srcfiles_preadv(files, index, &iov, 1, offset, error);
 }
 
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error)
 {
-    if (n == 1)
-        return ckptfs_srcfiles_pread(files, index, iov[0].iov_base, iov[0].iov_len, offset, error);
-    const CkptfsSrcFile *f = ckptfs_srcfiles_get(files, index);
-    if (f == NULL) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
+    SrcFile *f;
+    int fd = acquire_fd(files, index, &f, error);
+    if (fd < 0)
         return false;
-    }
-    while (n > 0) {
-        ssize_t got = preadv(f->fd, iov, n, (off_t)offset);
+    bool ok = true;
+    while (ok && n > 0) {
+        ssize_t got = n == 1 ? pread(fd, iov->iov_base, iov->iov_len, (off_t)offset)
+                             : preadv(fd, iov, n, (off_t)offset);
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0) {
-            g_set_error(error, CKPTFS_ERROR, got < 0 ? CKPTFS_ERROR_IO : CKPTFS_ERROR_CHANGED,
-                        "%s: read at offset %" G_GUINT64_FORMAT " failed: %s", f->path, offset,
-                        got < 0 ? g_strerror(errno) : "file ends early (it changed after the mount?)");
-            return false;
+            ok = read_failed(f, got, offset, error);
+            break;
         }
         offset += (uint64_t)got;
         /* Drop the buffers filled; shorten the one filled in part. */
@@ -155,23 +323,47 @@ bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct 
             iov->iov_len -= (size_t)got;
         }
     }
-    return true;
+    ok = ok && check_after_read(f, fd, error);
+    release_fd(files, f);
+    return ok;
 }
 
 bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GError **error)
 {
-    const CkptfsSrcFile *f = ckptfs_srcfiles_get(files, index);
-    if (f == NULL)
+    if (index >= files->files->len)
         return false;
+    SrcFile *f = g_ptr_array_index(files->files, index);
     struct stat st;
-    /* Compare the path's current file too: a file replaced by rename keeps the old fd valid. */
-    if (stat(f->path, &st) != 0 || st.st_ino != f->ino || st.st_dev != f->dev ||
-        (uint64_t)st.st_size != f->size || stat_mtime_ns(&st) != f->mtime_ns) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
-                    "%s: source file changed after the mount (size, mtime or inode differ); "
-                    "remount to serve the new contents",
-                    f->path);
-        return false;
-    }
+    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !same_file(&f->pub, &st))
+        return report_changed(f, error);
     return true;
+}
+
+CkptfsAccess ckptfs_srcfiles_access(const CkptfsSrcFiles *files, const uint32_t *indexes,
+                                    unsigned n, uint32_t daemon_uid, uint32_t daemon_gid)
+{
+    unsigned count = n ? n : files->files->len;
+    CkptfsAccess a = {.mode = 0444};
+    bool one_uid = true, one_gid = true;
+    for (unsigned i = 0; i < count; i++) {
+        const CkptfsSrcFile *f = ckptfs_srcfiles_get(files, n ? indexes[i] : i);
+        if (f == NULL)
+            continue;
+        if (i == 0)
+            a.uid = f->uid, a.gid = f->gid;
+        one_uid &= f->uid == a.uid;
+        one_gid &= f->gid == a.gid;
+        a.mode &= f->mode;
+    }
+    if (count == 0)
+        a.uid = daemon_uid, a.gid = daemon_gid;
+    if (!one_uid) {
+        a.uid = daemon_uid;
+        a.mode |= 0400;
+    }
+    if (!one_gid) {
+        a.gid = daemon_gid;
+        a.mode = (a.mode & ~0040u) | ((a.mode & 0004) << 3);
+    }
+    return a;
 }

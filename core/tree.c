@@ -24,6 +24,7 @@ struct CkptfsNode {
     gpointer plan_owner;
     gconstpointer plan_key;
     CkptfsPlan *plan; /* built once, then read without the lock */
+    CkptfsAccess access; /* set with the plan */
     /* symlinks */
     char *target;
 };
@@ -35,6 +36,9 @@ typedef struct {
 
 struct CkptfsTree {
     GMutex lock;
+    CkptfsAccessFn file_access;
+    gpointer access_owner;
+    CkptfsAccess dir_access;
     GPtrArray *nodes; /* index = ino - 1 */
     GArray *owned;    /* Owned, freed in reverse order */
 };
@@ -85,6 +89,7 @@ CkptfsTree *ckptfs_tree_new(void)
     g_mutex_init(&tree->lock);
     tree->nodes = g_ptr_array_new_with_free_func(node_free);
     tree->owned = g_array_new(FALSE, FALSE, sizeof(Owned));
+    tree->dir_access = (CkptfsAccess){.mode = 0555};
     node_new(tree, NULL, "", CKPTFS_NODE_DIR);
     return tree;
 }
@@ -101,6 +106,14 @@ void ckptfs_tree_free(CkptfsTree *tree)
     g_array_unref(tree->owned);
     g_mutex_clear(&tree->lock);
     g_free(tree);
+}
+
+void ckptfs_tree_set_access(CkptfsTree *tree, CkptfsAccessFn file_access, gpointer owner,
+                            CkptfsAccess dir_access)
+{
+    tree->file_access = file_access;
+    tree->access_owner = owner;
+    tree->dir_access = dir_access;
 }
 
 void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy)
@@ -175,13 +188,15 @@ static int ensure_populated(CkptfsTree *tree, CkptfsNode *dir, GError **error)
     return 0;
 }
 
-static int ensure_plan(CkptfsNode *node, GError **error)
+static int ensure_plan(CkptfsTree *tree, CkptfsNode *node, GError **error)
 {
     if (node->type != CKPTFS_NODE_FILE || node->plan != NULL)
         return 0;
     CkptfsPlan *plan = node->plan_fn(node->plan_owner, node->plan_key, error);
     if (plan == NULL)
         return -EIO;
+    node->access = tree->file_access ? tree->file_access(tree->access_owner, plan)
+                                     : (CkptfsAccess){.mode = 0444};
     /* Readers take the pointer without the lock: publish it fully built. */
     g_atomic_pointer_set(&node->plan, plan);
     return 0;
@@ -197,15 +212,18 @@ static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GErro
     case CKPTFS_NODE_DIR:
         rc = ensure_populated(tree, node, error);
         attr->nlink = 2 + node->subdirs;
+        attr->access = tree->dir_access;
         break;
     case CKPTFS_NODE_FILE:
-        rc = ensure_plan(node, error);
+        rc = ensure_plan(tree, node, error);
         attr->nlink = 1;
         attr->size = rc == 0 ? ckptfs_plan_size(node->plan) : 0;
         attr->scattered = node->scattered;
+        attr->access = node->access;
         break;
     case CKPTFS_NODE_SYMLINK:
         attr->nlink = 1;
+        attr->access = (CkptfsAccess){tree->dir_access.uid, tree->dir_access.gid, 0777};
         attr->size = strlen(node->target);
         break;
     }
@@ -286,7 +304,7 @@ int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GE
     int rc = node == NULL ? -ENOENT : node->type == CKPTFS_NODE_DIR ? -EISDIR
                                     : node->type != CKPTFS_NODE_FILE ? -EINVAL : 0;
     if (rc == 0)
-        rc = ensure_plan(node, error);
+        rc = ensure_plan(tree, node, error);
     if (rc == 0)
         *plan = node->plan;
     g_mutex_unlock(&tree->lock);

@@ -20,8 +20,9 @@ static void mount_usage(FILE *out)
             "  -f          stay in the foreground\n"
             "  -d          debug: print every FUSE request (implies -f)\n"
             "  -o OPTIONS  comma-separated; ckptfs options:\n%s"
-            "              FUSE options: allow_other (adds default_permissions),\n"
-            "              auto_unmount, fsname=NAME, and the other options of mount.fuse3(8)\n"
+            "              nonempty    mount over a non-empty directory or another ckptfs mount\n"
+            "              FUSE options: allow_other, auto_unmount, fsname=NAME, and the other\n"
+            "              options of mount.fuse3(8); default_permissions is always on\n"
             "Unmount with: fusermount3 -u MNT\n",
             options_help);
 }
@@ -45,7 +46,7 @@ typedef struct {
     const char *src, *mnt;
     CkptfsOptions options;
     GPtrArray *fuse_opts; /* char* */
-    bool has_fsname, has_subtype, allow_other;
+    bool has_fsname, has_subtype, nonempty;
 } MountArgs;
 
 static bool take_options(MountArgs *a, const char *list)
@@ -54,6 +55,10 @@ static bool take_options(MountArgs *a, const char *list)
     for (char **item = items; *item; item++) {
         if (**item == '\0' || is_mount8_only(*item))
             continue;
+        if (strcmp(*item, "nonempty") == 0) { /* ours: libfuse 3 dropped it */
+            a->nonempty = true;
+            continue;
+        }
         if (strcmp(*item, "rw") == 0) {
             fprintf(stderr, "ckptfs: option rw: ckptfs is a read-only file system\n");
             return false;
@@ -69,7 +74,6 @@ static bool take_options(MountArgs *a, const char *list)
         case CKPTFS_OPTION_UNKNOWN:
             a->has_fsname |= g_str_has_prefix(*item, "fsname=");
             a->has_subtype |= g_str_has_prefix(*item, "subtype=");
-            a->allow_other |= strcmp(*item, "allow_other") == 0;
             g_ptr_array_add(a->fuse_opts, g_strdup(*item));
             break;
         }
@@ -128,7 +132,30 @@ static int parse_args(MountArgs *a, int argc, char **argv)
     return 0;
 }
 
-static bool check_mountpoint(const char *mnt)
+/* The device ("major:minor") of the ckptfs file system mounted at MNT, or NULL, from
+ * mountinfo (a stat of a mount point this process serves would wait for our own reply). */
+static char *ckptfs_mount_device(const char *mnt)
+{
+    g_autofree char *real = realpath(mnt, NULL);
+    g_autofree char *info = NULL;
+    if (real == NULL || !g_file_get_contents("/proc/self/mountinfo", &info, NULL, NULL))
+        return NULL;
+    g_auto(GStrv) lines = g_strsplit(info, "\n", -1);
+    for (char **line = lines; *line; line++) {
+        g_auto(GStrv) f = g_strsplit(*line, " ", 6);
+        if (g_strv_length(f) >= 5 && strcmp(f[4], real) == 0 && strstr(*line, " fuse.ckptfs "))
+            return g_strdup(f[2]);
+    }
+    return NULL;
+}
+
+static bool dir_is_empty(const char *dir)
+{
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+    return d == NULL || g_dir_read_name(d) == NULL; /* GDir skips . and .. */
+}
+
+static bool check_mountpoint(const char *mnt, bool nonempty)
 {
     struct stat st;
     if (stat(mnt, &st) != 0) {
@@ -139,7 +166,32 @@ static bool check_mountpoint(const char *mnt)
         fprintf(stderr, "ckptfs: mount point %s: not a directory\n", mnt);
         return false;
     }
+    if (nonempty)
+        return true;
+    g_autofree char *device = ckptfs_mount_device(mnt);
+    if (device != NULL) {
+        fprintf(stderr, "ckptfs: mount point %s: already a ckptfs mount (unmount it first, or "
+                        "-o nonempty to mount over it)\n", mnt);
+        return false;
+    }
+    if (!dir_is_empty(mnt)) {
+        fprintf(stderr, "ckptfs: mount point %s: not empty (-o nonempty mounts over it)\n", mnt);
+        return false;
+    }
     return true;
+}
+
+/* VALUE as one item of a libfuse option list, which splits at commas and takes a backslash
+ * as an escape: a path with a comma must not become a second option. */
+static char *escape_option_value(const char *value)
+{
+    GString *out = g_string_new(NULL);
+    for (const char *p = value; *p; p++) {
+        if (*p == ',' || *p == '\\')
+            g_string_append_c(out, '\\');
+        g_string_append_c(out, *p);
+    }
+    return g_string_free(out, FALSE);
 }
 
 static struct timespec newest_source_mtime(const CkptfsSource *source)
@@ -153,26 +205,16 @@ static struct timespec newest_source_mtime(const CkptfsSource *source)
     return (struct timespec){.tv_sec = newest / 1000000000, .tv_nsec = newest % 1000000000};
 }
 
-/* The sysfs read-ahead knob of the new mount's device, from mountinfo (a stat() of the mount
- * point would wait for our own reply). NULL when not found. */
+/* The sysfs read-ahead knob of the new mount's device. NULL when not found. */
 static char *read_ahead_knob(const char *mnt)
 {
-    g_autofree char *real = realpath(mnt, NULL);
-    g_autofree char *info = NULL;
-    if (real == NULL || !g_file_get_contents("/proc/self/mountinfo", &info, NULL, NULL))
-        return NULL;
-    g_auto(GStrv) lines = g_strsplit(info, "\n", -1);
-    for (char **line = lines; *line; line++) {
-        g_auto(GStrv) f = g_strsplit(*line, " ", 6);
-        if (g_strv_length(f) >= 5 && strcmp(f[4], real) == 0 && strstr(*line, " fuse.ckptfs "))
-            return g_strdup_printf("/sys/class/bdi/%s/read_ahead_kb", f[2]);
-    }
-    return NULL;
+    g_autofree char *device = ckptfs_mount_device(mnt);
+    return device ? g_strdup_printf("/sys/class/bdi/%s/read_ahead_kb", device) : NULL;
 }
 
 static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
 {
-    CkptfsFuseContext ctx = {.mount = mount, .uid = getuid(), .gid = getgid(),
+    CkptfsFuseContext ctx = {.mount = mount,
                              .mtime = newest_source_mtime(mount->source),
                              .foreground = a->foreground,
                              .read_buffer = G_PRIVATE_INIT(g_free)};
@@ -181,12 +223,14 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     if (a->debug)
         g_ptr_array_add(argv, g_strdup("-d"));
     g_autoptr(GString) opts = g_string_new("ro");
-    if (!a->has_fsname)
-        g_string_append_printf(opts, ",fsname=%s", abs_src);
+    if (!a->has_fsname) {
+        g_autofree char *escaped = escape_option_value(abs_src);
+        g_string_append_printf(opts, ",fsname=%s", escaped);
+    }
     if (!a->has_subtype)
         g_string_append(opts, ",subtype=ckptfs");
-    if (a->allow_other)
-        g_string_append(opts, ",default_permissions");
+    /* Files carry their sources' owners and modes: the kernel enforces them. */
+    g_string_append(opts, ",default_permissions");
     for (guint i = 0; i < a->fuse_opts->len; i++)
         g_string_append_printf(opts, ",%s", (char *)g_ptr_array_index(a->fuse_opts, i));
     g_ptr_array_add(argv, g_strdup("-o"));
@@ -227,7 +271,7 @@ out_destroy:
 
 static int validate_and_serve(MountArgs *a)
 {
-    if (!check_mountpoint(a->mnt))
+    if (!check_mountpoint(a->mnt, a->nonempty))
         return 1;
     /* The daemon changes to / when it detaches: keep absolute source paths. */
     g_autofree char *abs_src = g_canonicalize_filename(a->src, NULL);

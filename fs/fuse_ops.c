@@ -36,8 +36,8 @@ static void to_stat(const CkptfsFuseContext *ctx, const CkptfsAttr *attr, struct
     memset(st, 0, sizeof *st);
     st->st_ino = attr->ino;
     st->st_nlink = attr->nlink;
-    st->st_uid = ctx->uid;
-    st->st_gid = ctx->gid;
+    st->st_uid = attr->access.uid;
+    st->st_gid = attr->access.gid;
     st->st_size = (off_t)attr->size;
     /* stdio and Python size their buffers from st_blksize: large for copies, small for files
      * whose readers jump between small archives (a loader's few chunks of a .distcp). */
@@ -46,10 +46,10 @@ static void to_stat(const CkptfsFuseContext *ctx, const CkptfsAttr *attr, struct
     st->st_atim = st->st_mtim = st->st_ctim = ctx->mtime;
     switch (attr->type) {
     case CKPTFS_NODE_DIR:
-        st->st_mode = S_IFDIR | 0555;
+        st->st_mode = S_IFDIR | attr->access.mode;
         break;
     case CKPTFS_NODE_FILE:
-        st->st_mode = S_IFREG | 0444;
+        st->st_mode = S_IFREG | attr->access.mode;
         break;
     case CKPTFS_NODE_SYMLINK:
         st->st_mode = S_IFLNK | 0777;

@@ -12,8 +12,6 @@
 
 typedef struct {
     CkptfsMount *mount;
-    uid_t uid;
-    gid_t gid;
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
     GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */

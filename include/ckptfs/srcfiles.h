@@ -1,6 +1,10 @@
-/* The set of source files a mount reads from. Each file is opened once (read-only) and
- * identified by a small index that extents refer to. Its size, mtime and inode are recorded so
- * that a file changed after the mount is detected instead of served as silent wrong data. */
+/* The set of source files a mount reads from. Each file is identified by a small index that
+ * extents refer to, and by what it was when first opened: inode, size, mtime and ctime (which
+ * users cannot set back). Every read checks the file is still that one, so a shard rewritten
+ * under a mount gives errors, never old and new bytes mixed.
+ *
+ * Descriptors are kept in a bounded cache (least recently used closed first): a source may have
+ * more files than the process may hold open; a file reopened is checked to be the same. */
 #ifndef CKPTFS_SRCFILES_H
 #define CKPTFS_SRCFILES_H
 
@@ -13,35 +17,59 @@ typedef struct CkptfsSrcFiles CkptfsSrcFiles;
 
 typedef struct {
     char *path;       /* as opened (absolute or relative to the cwd at mount time) */
-    int fd;
     uint64_t size;
-    int64_t mtime_ns;
+    int64_t mtime_ns, ctime_ns;
     uint64_t ino;
     uint64_t dev;
+    uint32_t uid, gid; /* owner of the file (symlinks followed) */
+    uint32_t mode;     /* its permission bits */
 } CkptfsSrcFile;
 
-CkptfsSrcFiles *ckptfs_srcfiles_new(void);
+/* Who may read something made of source files: an owner, a group and permission bits. */
+typedef struct {
+    uint32_t uid, gid, mode;
+} CkptfsAccess;
+
+/* A set whose descriptor cache holds up to MAX_OPEN files (0: derived from RLIMIT_NOFILE). */
+CkptfsSrcFiles *ckptfs_srcfiles_new(unsigned max_open);
 void ckptfs_srcfiles_free(CkptfsSrcFiles *files);
 
-/* Opens PATH (following symlinks; it must be a regular file) and returns its index, or -1 with
- * an error naming the file. Opening the same path twice returns the same index. */
+/* Raises the soft RLIMIT_NOFILE to the hard limit (a process-wide setting: the command does it
+ * once at start). Returns the soft limit now in force. */
+uint64_t ckptfs_raise_fd_limit(void);
+
+/* Opens PATH (following symlinks; it must be a regular file; a FIFO never blocks) and returns
+ * its index, or -1 with an error naming the file. Opening the same path twice returns the same
+ * index. */
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error);
 
 unsigned ckptfs_srcfiles_count(const CkptfsSrcFiles *files);
 const CkptfsSrcFile *ckptfs_srcfiles_get(const CkptfsSrcFiles *files, unsigned index);
+/* Descriptors open now (at most the cache size). */
+unsigned ckptfs_srcfiles_open_count(const CkptfsSrcFiles *files);
 
-/* Reads exactly LEN bytes at OFFSET of file INDEX into BUF. A short read (the file shrank) or a
- * failed read is an error naming the file; EINTR is retried. */
+/* Reads exactly LEN bytes at OFFSET of file INDEX into BUF. A short read (the file shrank), a
+ * failed read, or a file that is no longer what it was is an error naming the file (CHANGED
+ * for the last two; the file then stays refused). */
 bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
                            uint64_t offset, GError **error);
 
 /* Reads the contiguous range starting at OFFSET of file INDEX into the N buffers of IOV, like
- * preadv, until all are full (retrying short reads). */
+ * preadv, until all are full (retrying short reads), with the same checks. */
 struct iovec;
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error);
 
-/* Checks that file INDEX still has the size, mtime and inode it had when opened. */
+/* Checks that the path of file INDEX still names the file first opened, unchanged (a file
+ * replaced by rename is caught here; one changed in place by every read too). */
 bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GError **error);
+
+/* The access of something made of files INDEXES[0..N) (all files when N is 0): each permission
+ * class keeps only the read bits every file grants it, so nobody reads bytes through a view that
+ * a file of the source would not let them read. Files of different owners give the result to
+ * DAEMON_UID (which opened them all) with read for the owner; of different groups, to
+ * DAEMON_GID with the group getting only what others get. */
+CkptfsAccess ckptfs_srcfiles_access(const CkptfsSrcFiles *files, const uint32_t *indexes,
+                                    unsigned n, uint32_t daemon_uid, uint32_t daemon_gid);
 
 #endif

@@ -35,10 +35,19 @@ typedef struct {
     uint64_t size;
     uint32_t nlink;
     bool scattered; /* read at scattered offsets (small buffers serve readers better) */
+    CkptfsAccess access; /* owner, group and permission bits (no file-type bits) */
 } CkptfsAttr;
+
+/* Who may read a file, from the source files its plan reads (see ckptfs_srcfiles_access). */
+typedef CkptfsAccess (*CkptfsAccessFn)(gpointer owner, const CkptfsPlan *plan);
 
 CkptfsTree *ckptfs_tree_new(void);
 void ckptfs_tree_free(CkptfsTree *tree);
+
+/* Sets how files get their access (computed once, with the plan) and the access of
+ * directories and symlinks. Without it everything is root's: 0555 directories, 0444 files. */
+void ckptfs_tree_set_access(CkptfsTree *tree, CkptfsAccessFn file_access, gpointer owner,
+                            CkptfsAccess dir_access);
 
 /* Keeps DATA alive for the life of the tree (freed with DESTROY at the end). */
 void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy);

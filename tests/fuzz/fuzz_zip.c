@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (fd < 0 || write(fd, data, size) != (ssize_t)size)
         abort();
     close(fd);
-    CkptfsSrcFiles *files = ckptfs_srcfiles_new();
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     int src = ckptfs_srcfiles_add(files, path, NULL);
     GError *error = NULL;
     CkptfsZip *zip = src >= 0 ? ckptfs_zip_open(files, (unsigned)src, &error) : NULL;

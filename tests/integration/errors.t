@@ -24,9 +24,10 @@ while IFS=$'\t' read -r kind expect; do
   ok $? "$kind: inspect fails with one line"
 done < "$WORK/cases"
 
-"$CKPTFS" mount "$WORK/does-not-exist" "$WORK/bad" 2> "$WORK/err" && rc=0 || rc=$?
+mkdir -p "$WORK/empty"
+"$CKPTFS" mount "$WORK/does-not-exist" "$WORK/empty" 2> "$WORK/err" && rc=0 || rc=$?
 [[ $rc -ne 0 ]] && grep -q "does-not-exist" "$WORK/err"; ok $? "missing source: fails naming it"
-"$CKPTFS" mount "$WORK/bad/overlap/model.safetensors" "$WORK/bad" 2> "$WORK/err" && rc=0 || rc=$?
+"$CKPTFS" mount "$WORK/bad/overlap/model.safetensors" "$WORK/empty" 2> "$WORK/err" && rc=0 || rc=$?
 [[ $rc -ne 0 ]] && grep -q "not a directory" "$WORK/err"; ok $? "source is a file: fails"
 src=$WORK/bad/soft/no-config
 "$CKPTFS" mount "$src" "$WORK/no-such-mnt" 2> "$WORK/err" && rc=0 || rc=$?

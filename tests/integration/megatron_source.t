@@ -58,6 +58,19 @@ for case in "llama tp2pp2 crc32=compute" "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qw
   done
 done
 
+# An uneven source (pp3 with 2 layers on the first and last stages) keeps its stage sizes for
+# layouts with 3 stages only: any other split of the 8 layers is even unless -o pp_first/pp_last.
+mnt=$WORK/mnt-llama-tp1pp3
+check "uneven pp3 source -> tp2pp2: even stages; equals the reference split" \
+  $PY "$ref" check "$WORK/llama" "$mnt/tp2pp2" tp2pp2
+check "uneven pp3 source -> tp2pp3: the source's own stages (2, 4, 2)" \
+  $PY "$ref" check "$WORK/llama" "$mnt/tp2pp3" tp2pp3 --pp-first 2 --pp-last 2
+mnt=$WORK/mnt-llama-tp1pp3-opts
+check "with -o pp_first=1,pp_last=3 the options win" \
+  mount_ckptfs "$WORK/exp-llama-tp1pp3" "$mnt" -o pp_first=1,pp_last=3
+check "  tp1pp4 has stages 1, 2, 2, 3; equals the reference split" \
+  $PY "$ref" check "$WORK/llama" "$mnt/tp1pp4" tp1pp4 --pp-first 1 --pp-last 3
+
 # Rank files without args: sizes from the config given with -o hf_extra (or hf_config).
 noargs=$WORK/exp-noargs
 check "export tp2pp2vpp2 with megatron_args=off" "$CKPTFS" export "$WORK/qwen2" tp2pp2vpp2 "$noargs" -o megatron_args=off

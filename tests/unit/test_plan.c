@@ -23,7 +23,7 @@ typedef struct {
 static void sources_init(Sources *s, GRand *rng)
 {
     s->dir = g_dir_make_tmp("ckptfs-plan-XXXXXX", NULL);
-    s->files = ckptfs_srcfiles_new();
+    s->files = ckptfs_srcfiles_new(0);
     for (int i = 0; i < NSRC; i++) {
         s->data[i] = g_malloc(SRC_SIZE);
         for (int j = 0; j < SRC_SIZE; j++)

@@ -40,7 +40,7 @@ static void test_megatron_file(void)
         printf("ok %d # skip Megatron-written file absent (%s)\n", ++tap_count, path);
         return;
     }
-    CkptfsSrcFiles *files = ckptfs_srcfiles_new();
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     GError *error = NULL;
     int src = ckptfs_srcfiles_add(files, path, &error);
     CkptfsZip *zip = NULL;
@@ -141,7 +141,7 @@ static void test_round_trip(void)
 
     g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-roundtrip-XXXXXX", NULL);
     int fd = g_mkstemp(path);
-    CkptfsSrcFiles *none = ckptfs_srcfiles_new();
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
     uint64_t size = ckptfs_plan_size(plan);
     uint8_t *buf = g_malloc(size);
     ckptfs_plan_read(plan, none, buf, size, 0, NULL);
@@ -151,7 +151,7 @@ static void test_round_trip(void)
     ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(none);
 
-    CkptfsSrcFiles *files = ckptfs_srcfiles_new();
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     GError *error = NULL;
     int src = ckptfs_srcfiles_add(files, path, &error);
     CkptfsZip *zip = NULL;

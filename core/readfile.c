@@ -1,0 +1,91 @@
+#include "ckptfs/readfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+
+const char *ckptfs_file_kind(unsigned mode)
+{
+    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
+           : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+const char *ckptfs_path_not_regular(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return errno == ELOOP ? "a symlink loop" : NULL;
+    return S_ISREG(st.st_mode) ? NULL : ckptfs_file_kind(st.st_mode);
+}
+
+bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_t *len,
+                            GError **error)
+{
+    *contents = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        g_set_error(error, CKPTFS_ERROR, e == ENOENT ? CKPTFS_ERROR_NOT_FOUND : CKPTFS_ERROR_IO,
+                    "%s: cannot open: %s", path, e == ELOOP ? "a symlink loop" : g_strerror(e));
+        return false;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
+                    g_strerror(errno));
+        close(fd);
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file (%s)", path,
+                    ckptfs_file_kind(st.st_mode));
+        close(fd);
+        return false;
+    }
+    if ((uint64_t)st.st_size > max) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: %" G_GUINT64_FORMAT " bytes, more than the %zu this file may have", path,
+                    (guint64)st.st_size, max);
+        close(fd);
+        return false;
+    }
+    /* Read until EOF, but never past MAX (the file may grow while read). */
+    size_t cap = (size_t)st.st_size + 1, used = 0;
+    char *buf = g_malloc(cap + 1);
+    for (;;) {
+        if (used == cap) {
+            if (cap > max) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: more than the %zu bytes this file may have", path, max);
+                g_free(buf);
+                close(fd);
+                return false;
+            }
+            cap = MIN(cap * 2, max + 1);
+            buf = g_realloc(buf, cap + 1);
+        }
+        ssize_t n = read(fd, buf + used, cap - used);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: read failed: %s", path,
+                        g_strerror(errno));
+            g_free(buf);
+            close(fd);
+            return false;
+        }
+        if (n == 0)
+            break;
+        used += (size_t)n;
+    }
+    close(fd);
+    buf[used] = '\0';
+    *contents = buf;
+    if (len != NULL)
+        *len = used;
+    return true;
+}

@@ -1,0 +1,25 @@
+/* Small files read whole (trackers, config.json, index files, metadata.json): never blocks on a
+ * FIFO or device, never reads without bound. */
+#ifndef CKPTFS_READFILE_H
+#define CKPTFS_READFILE_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Reads the whole of PATH into *CONTENTS (NUL-terminated, g_free it) and its length into *LEN
+ * (may be NULL). PATH is opened with O_NONBLOCK, so a FIFO fails instead of blocking; anything
+ * but a regular file (after symlinks) is refused as "not a regular file", a file larger than
+ * MAX bytes as too large. Errors name the file. */
+bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_t *len,
+                            GError **error);
+
+/* "a directory", "a FIFO", ... for a file type in MODE ("a regular file" for one). */
+const char *ckptfs_file_kind(unsigned mode);
+
+/* What kind of thing PATH is, for messages: "a directory", "a FIFO", "a symlink loop", ... or
+ * NULL when it is a regular file (after symlinks) or does not exist. */
+const char *ckptfs_path_not_regular(const char *path);
+
+#endif
