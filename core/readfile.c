@@ -14,12 +14,18 @@ const char *ckptfs_file_kind(unsigned mode)
            : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
 }
 
-const char *ckptfs_path_not_regular(const char *path)
+const char *ckptfs_path_problem(const char *path)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return errno == ELOOP ? "a symlink loop" : NULL;
-    return S_ISREG(st.st_mode) ? NULL : ckptfs_file_kind(st.st_mode);
+    if (stat(path, &st) != 0) {
+        if (errno == ELOOP)
+            return "a symlink loop";
+        return lstat(path, &st) == 0 ? "a dangling symlink" : "missing";
+    }
+    return S_ISREG(st.st_mode) ? NULL : S_ISDIR(st.st_mode) ? "not a regular file (a directory)"
+           : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
+           : S_ISSOCK(st.st_mode) ? "not a regular file (a socket)"
+                                  : "not a regular file (a device)";
 }
 
 bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_t *len,

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/readfile.h"
 #include "ckptfs/safetensors.h"
 #include "ckptfs/source.h"
 #include "source_internal.h"
@@ -92,8 +93,9 @@ static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weigh
     const CkptfsSourceFile *file = ckptfs_source_top_file(source, shard);
     g_autofree char *path = g_build_filename(source->dir, shard, NULL);
     if (file == NULL) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
-                    "%s: missing (named by %s)", path, INDEX_NAME);
+        const char *problem = ckptfs_path_problem(path);
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s: %s (named by %s)", path,
+                    problem ? problem : "missing", INDEX_NAME);
         return false;
     }
     CkptfsStHeader *header = read_st_header(source, file, error);
@@ -119,7 +121,7 @@ static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weigh
                 break;
             }
         }
-        g_hash_table_insert(seen_in, g_strdup(e->name), (gpointer)g_intern_string(shard));
+        g_hash_table_insert(seen_in, g_strdup(e->name), (gpointer)shard); /* SHARD outlives SEEN_IN */
         ckptfs_catalog_add_contiguous(source->catalog, e->name, e->dtype, e->ndim, e->shape,
                                       file->src, header->data_start + e->begin);
     }
@@ -133,6 +135,16 @@ static bool open_weights(CkptfsSource *source, GError **error)
 {
     if (ckptfs_source_top_file(source, INDEX_NAME) == NULL) {
         if (ckptfs_source_top_file(source, SINGLE_NAME) == NULL) {
+            /* Present but unreadable as a file: say what it is rather than "no weights". */
+            static const char *const names[] = {INDEX_NAME, SINGLE_NAME};
+            for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
+                g_autofree char *path = g_build_filename(source->dir, names[i], NULL);
+                const char *problem = ckptfs_path_problem(path);
+                if (problem != NULL && strcmp(problem, "missing") != 0) {
+                    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: %s", path, problem);
+                    return false;
+                }
+            }
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
                         "%s: no safetensors weights (expected %s or %s)", source->dir,
                         SINGLE_NAME, INDEX_NAME);

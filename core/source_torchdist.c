@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/readfile.h"
 #include "ckptfs/mcore.h"
 #include "ckptfs/pickle.h"
 #include "ckptfs/zipreader.h"
@@ -181,8 +182,9 @@ static bool chunk_file(Td *t, const char *fqn, const char *rel, uint32_t *src)
         return true;
     }
     g_autofree char *path = g_build_filename(t->dir, rel, NULL);
-    if (!g_file_test(path, G_FILE_TEST_IS_REGULAR))
-        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (it holds chunks of '%s')", path, fqn);
+    const char *problem = ckptfs_path_problem(path);
+    if (problem != NULL)
+        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: %s (it holds chunks of '%s')", path, problem, fqn);
     int s = add_source_file(t, path);
     if (s < 0)
         return false;

@@ -18,8 +18,8 @@ bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_
 /* "a directory", "a FIFO", ... for a file type in MODE ("a regular file" for one). */
 const char *ckptfs_file_kind(unsigned mode);
 
-/* What kind of thing PATH is, for messages: "a directory", "a FIFO", "a symlink loop", ... or
- * NULL when it is a regular file (after symlinks) or does not exist. */
-const char *ckptfs_path_not_regular(const char *path);
+/* Why PATH cannot be read as a file, for messages: "missing", "a dangling symlink", "a symlink
+ * loop", "not a regular file (a FIFO)", ...; NULL when it is a regular file (after symlinks). */
+const char *ckptfs_path_problem(const char *path);
 
 #endif
