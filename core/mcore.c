@@ -1,5 +1,7 @@
 #include "ckptfs/mcore.h"
 
+#include <string.h>
+
 #include "ckptfs/layout.h"
 
 static void segment(CkptfsMcoreKey *k, const char *hf_name, uint64_t hf_row0, uint64_t row0,
@@ -18,94 +20,228 @@ static void key_free(gpointer p)
 {
     CkptfsMcoreKey *k = p;
     g_array_unref(k->segments);
+    g_free(k->key);
     g_free(k);
 }
 
-static CkptfsMcoreKey *add_key(GPtrArray *keys, const char *name, bool stacked, unsigned ndim,
-                               uint64_t rows, uint64_t cols, CkptfsTpSplit split)
+static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_vocab)
 {
-    CkptfsMcoreKey *k = g_new0(CkptfsMcoreKey, 1);
-    *k = (CkptfsMcoreKey){name, stacked, ndim, rows, ndim == 1 ? 1 : cols, split,
-                          g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment))};
-    g_array_set_clear_func(k->segments, segment_clear);
-    g_ptr_array_add(keys, k);
-    return k;
+    switch (dim) {
+    case CKPTFS_DIM_ONE:
+        return 1;
+    case CKPTFS_DIM_HIDDEN:
+        return m->hidden;
+    case CKPTFS_DIM_HEAD:
+        return m->head_dim;
+    case CKPTFS_DIM_Q:
+        return m->heads * m->head_dim;
+    case CKPTFS_DIM_QKV:
+        return (m->heads + 2 * m->kv_heads) * m->head_dim;
+    case CKPTFS_DIM_FFN:
+        return m->ffn;
+    case CKPTFS_DIM_FFN2:
+        return 2 * m->ffn;
+    case CKPTFS_DIM_VOCAB:
+        return padded_vocab;
+    }
+    return 0;
 }
 
-/* A tensor that is one HF tensor as is. */
-static void add_whole(GPtrArray *keys, const char *name, bool stacked, unsigned ndim, uint64_t rows,
-                      uint64_t cols, CkptfsTpSplit split, const char *hf_name)
+bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied_output_copy)
 {
-    segment(add_key(keys, name, stacked, ndim, rows, cols, split), hf_name, 0, 0, rows);
+    switch (rule->need) {
+    case CKPTFS_NEED_ALWAYS:
+        return true;
+    case CKPTFS_NEED_QKV_BIAS:
+        return m->qkv_bias;
+    case CKPTFS_NEED_QK_NORM:
+        return m->qk_norm;
+    case CKPTFS_NEED_OUTPUT:
+        return !m->tied_embeddings || tied_output_copy;
+    }
+    return false;
 }
 
-/* Fused QKV: for each query group, the q rows of its heads, then its k and v rows. */
-static void add_qkv(GPtrArray *keys, const CkptfsModel *m, const char *name, unsigned ndim,
-                    const char *q, const char *k, const char *v)
+/* The row segments of a key, from its recipe: which rows of which HF tensors fill it. */
+static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *const *hf)
 {
     uint64_t d = m->head_dim, hpg = m->heads / m->kv_heads, block = (hpg + 2) * d;
-    CkptfsMcoreKey *key = add_key(keys, name, true, ndim, block * m->kv_heads, m->hidden,
-                                  CKPTFS_TP_ROWS);
-    for (uint64_t g = 0; g < m->kv_heads; g++) {
-        segment(key, q, g * hpg * d, g * block, hpg * d);
-        segment(key, k, g * d, g * block + hpg * d, d);
-        segment(key, v, g * d, g * block + (hpg + 1) * d, d);
+    uint64_t q = m->heads * d, kv = m->kv_heads * d;
+    switch (key->rule->recipe) {
+    case CKPTFS_RECIPE_WHOLE: /* the vocabulary's padding rows are left uncovered */
+        segment(key, hf[0], 0, 0, key->split == CKPTFS_TP_VOCAB ? m->vocab : key->rows);
+        break;
+    case CKPTFS_RECIPE_QKV:
+    case CKPTFS_RECIPE_QKV_FUSED: {
+        bool fused = key->rule->recipe == CKPTFS_RECIPE_QKV_FUSED;
+        const char *k = fused ? hf[0] : hf[1], *v = fused ? hf[0] : hf[2];
+        uint64_t k0 = fused ? q : 0, v0 = fused ? q + kv : 0;
+        for (uint64_t g = 0; g < m->kv_heads; g++) {
+            segment(key, hf[0], g * hpg * d, g * block, hpg * d);
+            segment(key, k, k0 + g * d, g * block + hpg * d, d);
+            segment(key, v, v0 + g * d, g * block + (hpg + 1) * d, d);
+        }
+        break;
+    }
+    case CKPTFS_RECIPE_HALVES:
+        segment(key, hf[0], 0, 0, key->rows / 2);
+        segment(key, hf[1], 0, key->rows / 2, key->rows / 2);
+        break;
+    case CKPTFS_RECIPE_HALVES_FUSED:
+        segment(key, hf[0], 0, 0, key->rows / 2);
+        segment(key, hf[0], key->rows / 2, key->rows / 2, key->rows / 2);
+        break;
     }
 }
 
-GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab)
+GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool tied_output_copy)
 {
     GPtrArray *keys = g_ptr_array_new_with_free_func(key_free);
-    uint64_t H = m->hidden, q = m->heads * m->head_dim, F = m->ffn;
-    CkptfsMcoreKey *emb = add_key(keys, "embedding.word_embeddings.weight", false, 2, padded_vocab,
-                                  H, CKPTFS_TP_VOCAB);
-    segment(emb, "model.embed_tokens.weight", 0, 0, m->vocab);
-    add_whole(keys, "decoder.layers.self_attention.linear_qkv.layer_norm_weight", true, 1, H, 1,
-              CKPTFS_TP_REPLICATED, "input_layernorm.weight");
-    add_qkv(keys, m, "decoder.layers.self_attention.linear_qkv.weight", 2,
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight");
-    if (m->qkv_bias)
-        add_qkv(keys, m, "decoder.layers.self_attention.linear_qkv.bias", 1,
-                "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias");
-    if (m->qk_norm) {
-        add_whole(keys, "decoder.layers.self_attention.q_layernorm.weight", true, 1, m->head_dim,
-                  1, CKPTFS_TP_REPLICATED, "self_attn.q_norm.weight");
-        add_whole(keys, "decoder.layers.self_attention.k_layernorm.weight", true, 1, m->head_dim,
-                  1, CKPTFS_TP_REPLICATED, "self_attn.k_norm.weight");
-    }
-    add_whole(keys, "decoder.layers.self_attention.linear_proj.weight", true, 2, H, q,
-              CKPTFS_TP_COLS, "self_attn.o_proj.weight");
-    add_whole(keys, "decoder.layers.mlp.linear_fc1.layer_norm_weight", true, 1, H, 1,
-              CKPTFS_TP_REPLICATED, "post_attention_layernorm.weight");
-    CkptfsMcoreKey *fc1 = add_key(keys, "decoder.layers.mlp.linear_fc1.weight", true, 2, 2 * F, H,
-                                  CKPTFS_TP_ROW_HALVES);
-    segment(fc1, "mlp.gate_proj.weight", 0, 0, F);
-    segment(fc1, "mlp.up_proj.weight", 0, F, F);
-    add_whole(keys, "decoder.layers.mlp.linear_fc2.weight", true, 2, H, F, CKPTFS_TP_COLS,
-              "mlp.down_proj.weight");
-    add_whole(keys, "decoder.final_layernorm.weight", false, 1, H, 1, CKPTFS_TP_REPLICATED,
-              "model.norm.weight");
-    /* Tied embeddings: Megatron stores no output layer, whatever the pipeline. */
-    if (!m->tied_embeddings) {
-        CkptfsMcoreKey *out = add_key(keys, "output_layer.weight", false, 2, padded_vocab, H,
-                                      CKPTFS_TP_VOCAB);
-        segment(out, "lm_head.weight", 0, 0, m->vocab);
+    const CkptfsFamily *family = m->arch->family;
+    for (unsigned i = 0; i < family->n_rules; i++) {
+        const CkptfsRule *r = &family->rules[i];
+        if (r->extra_state || !ckptfs_rule_present(r, m, tied_output_copy))
+            continue;
+        CkptfsMcoreKey *k = g_new0(CkptfsMcoreKey, 1);
+        bool stacked = r->scope == CKPTFS_SCOPE_LAYER;
+        *k = (CkptfsMcoreKey){stacked ? g_strconcat("decoder.layers.", r->name, NULL) : g_strdup(r->name),
+                              r, stacked, r->ndim, dim_value(m, r->rows, padded_vocab),
+                              r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split,
+                              g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment))};
+        g_array_set_clear_func(k->segments, segment_clear);
+        /* Tied embeddings: the output layer is the embedding's copy. */
+        const char *tied[1] = {r->tied_hf};
+        add_segments(k, m, r->need == CKPTFS_NEED_OUTPUT && m->tied_embeddings ? tied : r->hf);
+        g_ptr_array_add(keys, k);
     }
     return keys;
 }
 
-const char *const *ckptfs_mcore_extra_state_modules(const CkptfsModel *model)
+const CkptfsMcoreKey *ckptfs_mcore_key_of(const GPtrArray *keys, const CkptfsRule *rule)
 {
-    /* Local spec: the four linear layers. TE spec adds its attention and, with q/k norms,
-     * those; a loader ignores entries it does not ask for. */
-    static const char *const plain[] = {
-        "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-        "mlp.linear_fc2", "self_attention.core_attention", NULL};
-    static const char *const with_qk_norm[] = {
-        "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-        "mlp.linear_fc2", "self_attention.core_attention", "self_attention.q_layernorm",
-        "self_attention.k_layernorm", NULL};
-    return model->qk_norm ? with_qk_norm : plain;
+    for (guint i = 0; i < keys->len; i++)
+        if (((const CkptfsMcoreKey *)g_ptr_array_index(keys, i))->rule == rule)
+            return g_ptr_array_index(keys, i);
+    return NULL;
+}
+
+const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec)
+{
+    return !te_spec && rule->local_name ? rule->local_name : rule->name;
+}
+
+static gint cmp_legacy_te(gconstpointer a, gconstpointer b)
+{
+    return (*(const CkptfsRule *const *)a)->te_order - (*(const CkptfsRule *const *)b)->te_order;
+}
+
+static gint cmp_legacy_local(gconstpointer a, gconstpointer b)
+{
+    return (*(const CkptfsRule *const *)a)->local_order - (*(const CkptfsRule *const *)b)->local_order;
+}
+
+GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, bool te_spec,
+                                 bool tied_output_copy)
+{
+    GPtrArray *out = g_ptr_array_new();
+    const CkptfsFamily *family = m->arch->family;
+    for (unsigned i = 0; i < family->n_rules; i++) {
+        const CkptfsRule *r = &family->rules[i];
+        int order = te_spec ? r->te_order : r->local_order;
+        if (r->scope == scope && order != CKPTFS_ABSENT && ckptfs_rule_present(r, m, tied_output_copy))
+            g_ptr_array_add(out, (gpointer)r);
+    }
+    g_ptr_array_sort(out, te_spec ? cmp_legacy_te : cmp_legacy_local);
+    return out;
+}
+
+GPtrArray *ckptfs_mcore_extra_state_modules(const CkptfsModel *m)
+{
+    GPtrArray *out = g_ptr_array_new_with_free_func(g_free);
+    const CkptfsFamily *family = m->arch->family;
+    for (unsigned i = 0; i < family->n_rules; i++) {
+        const CkptfsRule *r = &family->rules[i];
+        if (r->extra_state && r->scope == CKPTFS_SCOPE_LAYER && r->te_order != CKPTFS_ABSENT &&
+            ckptfs_rule_present(r, m, false) && g_str_has_suffix(r->name, "._extra_state"))
+            g_ptr_array_add(out, g_strndup(r->name, strlen(r->name) - strlen("._extra_state")));
+    }
+    return out;
+}
+
+GArray *ckptfs_mcore_hf_tensors(const GPtrArray *keys, bool layer_keys)
+{
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(CkptfsHfShape));
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (k->stacked != layer_keys)
+            continue;
+        for (guint s = 0; s < k->segments->len; s++) {
+            const CkptfsMcoreSegment *seg = &g_array_index(k->segments, CkptfsMcoreSegment, s);
+            CkptfsHfShape *shape = NULL;
+            for (guint j = 0; j < out->len && shape == NULL; j++)
+                if (strcmp(g_array_index(out, CkptfsHfShape, j).name, seg->hf_name) == 0)
+                    shape = &g_array_index(out, CkptfsHfShape, j);
+            if (shape == NULL) {
+                CkptfsHfShape fresh = {seg->hf_name, k->ndim, 0, k->ndim == 2 ? k->cols : 0};
+                g_array_append_val(out, fresh);
+                shape = &g_array_index(out, CkptfsHfShape, out->len - 1);
+            }
+            shape->d0 = MAX(shape->d0, seg->hf_row0 + seg->rows);
+        }
+    }
+    return out;
+}
+
+/* Rows [A, Z) of KEY's matrix as parts: its segments where they cover them, padding between. */
+static void rows_as_parts(const CkptfsMcoreKey *key, uint64_t a, uint64_t z, uint64_t col0,
+                          uint64_t cols, GArray *parts)
+{
+    uint64_t at = a;
+    for (guint i = 0; i < key->segments->len && at < z; i++) {
+        const CkptfsMcoreSegment *s = &g_array_index(key->segments, CkptfsMcoreSegment, i);
+        uint64_t lo = MAX(at, s->row0), hi = MIN(z, s->row0 + s->rows);
+        if (lo >= hi)
+            continue;
+        if (lo > at) {
+            CkptfsSharePart pad = {NULL, 0, lo - at, col0, cols};
+            g_array_append_val(parts, pad);
+        }
+        CkptfsSharePart p = {s->hf_name, s->hf_row0 + (lo - s->row0), hi - lo, col0, cols};
+        g_array_append_val(parts, p);
+        at = hi;
+    }
+    if (at < z) {
+        CkptfsSharePart pad = {NULL, 0, z - at, col0, cols};
+        g_array_append_val(parts, pad);
+    }
+}
+
+GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows,
+                           uint64_t *cols)
+{
+    GArray *parts = g_array_new(FALSE, FALSE, sizeof(CkptfsSharePart));
+    uint64_t R = key->rows, C = key->cols, half = R / 2;
+    *rows = R, *cols = C;
+    switch (key->split) {
+    case CKPTFS_TP_REPLICATED:
+        rows_as_parts(key, 0, R, 0, C, parts);
+        break;
+    case CKPTFS_TP_ROWS:
+    case CKPTFS_TP_VOCAB: /* the key's rows are the vocabulary as padded for T */
+        rows_as_parts(key, r * R / T, (r + 1) * R / T, 0, C, parts);
+        *rows = (r + 1) * R / T - r * R / T;
+        break;
+    case CKPTFS_TP_ROW_HALVES:
+        rows_as_parts(key, r * half / T, (r + 1) * half / T, 0, C, parts);
+        rows_as_parts(key, half + r * half / T, half + (r + 1) * half / T, 0, C, parts);
+        *rows = 2 * ((r + 1) * half / T - r * half / T);
+        break;
+    case CKPTFS_TP_COLS:
+        rows_as_parts(key, 0, R, r * C / T, (r + 1) * C / T - r * C / T, parts);
+        *cols = (r + 1) * C / T - r * C / T;
+        break;
+    }
+    return parts;
 }
 
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape)

@@ -3,16 +3,29 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/mcore.h"
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false};
-static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false};
-static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false};
-static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true};
-static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, NULL};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama};
+static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama};
+static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama};
+static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama};
+static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3};
+static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
     return architectures;
+}
+
+const CkptfsArchitecture *ckptfs_architecture_find(const char *name, bool qkv_bias, bool qk_norm)
+{
+    for (const CkptfsArchitecture *const *a = architectures; *a; a++) {
+        if (name ? strcmp(name, (*a)->model_type) == 0 || strcmp(name, (*a)->hf_architecture) == 0
+                 : (*a)->qkv_bias == qkv_bias && (*a)->qk_norm == qk_norm)
+            return *a;
+    }
+    /* Attention biases on a Qwen3-like model: Llama's rules with attention_bias. */
+    return name ? NULL : ckptfs_architecture_find(NULL, false, qk_norm);
 }
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
@@ -126,46 +139,24 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
     return true;
 }
 
-unsigned ckptfs_hf_layer_tensors(const CkptfsModel *m, CkptfsHfShape *out)
+/* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape. */
+static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError **error)
 {
-    const uint64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
-    const struct {
-        CkptfsHfShape shape;
-        bool wanted;
-    } all[] = {
-        {{"input_layernorm.weight", 1, m->hidden, 0}, true},
-        {{"self_attn.q_proj.weight", 2, q, m->hidden}, true},
-        {{"self_attn.k_proj.weight", 2, kv, m->hidden}, true},
-        {{"self_attn.v_proj.weight", 2, kv, m->hidden}, true},
-        {{"self_attn.q_proj.bias", 1, q, 0}, m->qkv_bias},
-        {{"self_attn.k_proj.bias", 1, kv, 0}, m->qkv_bias},
-        {{"self_attn.v_proj.bias", 1, kv, 0}, m->qkv_bias},
-        {{"self_attn.q_norm.weight", 1, m->head_dim, 0}, m->qk_norm},
-        {{"self_attn.k_norm.weight", 1, m->head_dim, 0}, m->qk_norm},
-        {{"self_attn.o_proj.weight", 2, m->hidden, q}, true},
-        {{"post_attention_layernorm.weight", 1, m->hidden, 0}, true},
-        {{"mlp.gate_proj.weight", 2, m->ffn, m->hidden}, true},
-        {{"mlp.up_proj.weight", 2, m->ffn, m->hidden}, true},
-        {{"mlp.down_proj.weight", 2, m->hidden, m->ffn}, true},
-    };
-    G_STATIC_ASSERT(G_N_ELEMENTS(all) <= CKPTFS_HF_LAYER_TENSORS_MAX);
-    unsigned n = 0;
-    for (size_t k = 0; k < G_N_ELEMENTS(all); k++)
-        if (all[k].wanted)
-            out[n++] = all[k].shape;
-    return n;
-}
-
-static bool check_layer_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, uint64_t i,
-                                GError **error)
-{
-    CkptfsHfShape need[CKPTFS_HF_LAYER_TENSORS_MAX];
-    unsigned n = ckptfs_hf_layer_tensors(m, need);
-    for (unsigned k = 0; k < n; k++) {
-        g_autofree char *name = ckptfs_hf_layer_name(i, need[k].suffix);
-        if (!expect_tensor(catalog, m, name, need[k].ndim, need[k].d0, need[k].d1, error))
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
+    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
+    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
+    for (guint k = 0; k < outer->len; k++) {
+        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, k);
+        if (!expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, error))
             return false;
     }
+    for (uint64_t i = 0; i < m->layers; i++)
+        for (guint k = 0; k < layer->len; k++) {
+            const CkptfsHfShape *t = &g_array_index(layer, CkptfsHfShape, k);
+            g_autofree char *name = ckptfs_hf_layer_name(i, t->name);
+            if (!expect_tensor(catalog, m, name, t->ndim, t->d0, t->d1, error))
+                return false;
+        }
     return true;
 }
 
@@ -225,17 +216,11 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
             model->rope_scaling_factor = get_double(s, "factor", 8.0);
     }
 
-    if (!expect_tensor(catalog, model, "model.embed_tokens.weight", 2, model->vocab, model->hidden,
-                       error) ||
-        !expect_tensor(catalog, model, "model.norm.weight", 1, model->hidden, 0, error))
+    /* Tied embeddings with an lm_head anyway: it must still be the embedding's shape. */
+    if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
+        !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, error))
         return false;
-    bool has_lm_head = ckptfs_catalog_find(catalog, "lm_head.weight") != NULL;
-    if (!model->tied_embeddings || has_lm_head) {
-        if (!expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, error))
-            return false;
-    }
-    for (uint64_t i = 0; i < model->layers; i++)
-        if (!check_layer_tensors(catalog, model, i, error))
-            return false;
+    if (!check_tensors(catalog, model, error))
+        return false;
     return true;
 }

@@ -362,20 +362,23 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
     return true;
 }
 
-/* HF tensors in Hugging Face's order, with their shapes. */
-static void want_hf_tensors(const CkptfsModel *m, CkptfsPieceSet *set)
+/* HF tensors in the order of the keys they fill, with their shapes. */
+static void want_hf_tensors(const CkptfsModel *m, const GPtrArray *keys, CkptfsPieceSet *set)
 {
-    ckptfs_piece_set_want(set, "model.embed_tokens.weight", 2, m->vocab, m->hidden);
-    CkptfsHfShape layer[CKPTFS_HF_LAYER_TENSORS_MAX];
-    unsigned n = ckptfs_hf_layer_tensors(m, layer);
+    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
+    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
+    const CkptfsHfShape *embedding = &g_array_index(outer, CkptfsHfShape, 0);
+    ckptfs_piece_set_want(set, embedding->name, embedding->ndim, embedding->d0, embedding->d1);
     for (uint64_t l = 0; l < m->layers; l++)
-        for (unsigned i = 0; i < n; i++) {
-            g_autofree char *name = ckptfs_hf_layer_name(l, layer[i].suffix);
-            ckptfs_piece_set_want(set, name, layer[i].ndim, layer[i].d0, layer[i].d1);
+        for (guint i = 0; i < layer->len; i++) {
+            const CkptfsHfShape *t = &g_array_index(layer, CkptfsHfShape, i);
+            g_autofree char *name = ckptfs_hf_layer_name(l, t->name);
+            ckptfs_piece_set_want(set, name, t->ndim, t->d0, t->d1);
         }
-    ckptfs_piece_set_want(set, "model.norm.weight", 1, m->hidden, 0);
-    if (!m->tied_embeddings)
-        ckptfs_piece_set_want(set, "lm_head.weight", 2, m->vocab, m->hidden);
+    for (guint i = 1; i < outer->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, i);
+        ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
+    }
 }
 
 /* Keys that are neither the model's weights nor what a loader may skip. */
@@ -513,13 +516,14 @@ static bool open_torch_dist(Td *t)
     CkptfsModel shape = {.layers = t->sizes.layers, .hidden = t->sizes.hidden, .heads = t->sizes.heads,
                          .kv_heads = t->sizes.groups, .head_dim = t->sizes.head_dim, .ffn = t->sizes.ffn,
                          .vocab = t->sizes.vocab, .tied_embeddings = t->sizes.tied,
-                         .qkv_bias = t->sizes.qkv_bias, .qk_norm = t->sizes.qk_norm};
+                         .qkv_bias = t->sizes.qkv_bias, .qk_norm = t->sizes.qk_norm,
+                         .arch = ckptfs_architecture_find(NULL, t->sizes.qkv_bias, t->sizes.qk_norm)};
     if (shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
                     "of %" G_GUINT64_FORMAT " query groups", t->dir, shape.heads, shape.kv_heads);
-    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&shape, 0);
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&shape, 0, false);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
-    want_hf_tensors(&shape, set);
+    want_hf_tensors(&shape, keys, set);
     bool ok = check_unexpected(t, keys);
     for (guint k = 0; ok && k < keys->len; k++)
         ok = map_key(t, g_ptr_array_index(keys, k), set);

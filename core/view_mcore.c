@@ -151,24 +151,25 @@ static bool lay_out_items(McoreView *v, GError **error)
     v->items = g_array_new(FALSE, FALSE, sizeof(Item));
     for (guint k = 0; k < v->keys->len; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-        if (!key->stacked && key->split == CKPTFS_TP_VOCAB && strcmp(key->key, "output_layer.weight"))
+        if (key->rule->scope == CKPTFS_SCOPE_FIRST)
             add_key_items(v, key, 0);
     }
+    g_autoptr(GPtrArray) modules = ckptfs_mcore_extra_state_modules(m);
     for (uint64_t l = 0; l < m->layers; l++) {
         for (guint k = 0; k < v->keys->len; k++) {
             const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
             if (key->stacked)
                 add_key_items(v, key, l);
         }
-        for (const char *const *mod = ckptfs_mcore_extra_state_modules(m); *mod; mod++)
+        for (guint i = 0; i < modules->len; i++)
             add_item(v, (Item){.object_fqn = g_strdup_printf(
                                    "decoder.layers.%s._extra_state/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
-                                   *mod, l, m->layers),
+                                   (const char *)g_ptr_array_index(modules, i), l, m->layers),
                                .layer = l});
     }
     for (guint k = 0; k < v->keys->len; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-        if (!key->stacked && (key->split != CKPTFS_TP_VOCAB || !strcmp(key->key, "output_layer.weight")))
+        if (key->rule->scope == CKPTFS_SCOPE_LAST)
             add_key_items(v, key, 0);
     }
 
@@ -397,7 +398,7 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
      * (Megatron allows that mismatch for the vocabulary, and only for it). */
     v->padded_vocab = ckptfs_padded_vocab(model->vocab, options->vocab_divisible_by,
                                           v->ntps ? v->tps[v->ntps - 1] : 1);
-    v->keys = ckptfs_mcore_keys(model, v->padded_vocab);
+    v->keys = ckptfs_mcore_keys(model, v->padded_vocab, false);
     ckptfs_tree_own(tree, v, mcore_view_free);
 
     /* Megatron reads the tracker as text; "release" loads weights only. */

@@ -5,6 +5,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/layout.h"
+#include "ckptfs/mcore.h"
 #include "ckptfs/torchsave.h"
 #include "ckptfs/value.h"
 #include "ckptfs/views.h"
@@ -46,7 +47,16 @@ typedef struct {
     const CkptfsOptions *options;
     CkptfsLayout layout;
     uint64_t padded_vocab;
+    GPtrArray *keys; /* CkptfsMcoreKey*: vocabulary padded for this TP; with pp > 1 the last
+                        stage's copy of tied embeddings */
 } MegatronView;
+
+static void megatron_view_free(gpointer p)
+{
+    MegatronView *v = p;
+    g_ptr_array_unref(v->keys);
+    g_free(v);
+}
 
 typedef struct {
     const MegatronView *view;
@@ -59,17 +69,6 @@ typedef struct {
     unsigned r; /* tp rank */
     GPtrArray *tensors; /* RankTensor*, owned */
 } RankBuild;
-
-static const CkptfsTensor *hf_tensor(const MegatronView *v, const char *name)
-{
-    return ckptfs_catalog_find(v->source->catalog, name);
-}
-
-static const CkptfsTensor *hf_layer_tensor(const MegatronView *v, uint64_t layer, const char *suffix)
-{
-    g_autofree char *name = ckptfs_hf_layer_name(layer, suffix);
-    return ckptfs_catalog_find(v->source->catalog, name);
-}
 
 static RankTensor *rank_tensor_new(RankBuild *rb)
 {
@@ -89,181 +88,72 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
     g_array_append_val(t->parts, p);
 }
 
-static CkptfsValue *tensor_value(RankTensor *t, unsigned ndim, uint64_t d0, uint64_t d1)
+/* What this rank holds of KEY (of LAYER, for stacked keys): the parts of its share, each a
+ * rectangle of a catalog tensor; padding rows are zero, or with -o vocab_pad=last copies of the
+ * vocabulary's last row. */
+static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64_t layer)
 {
-    uint64_t shape[2] = {d0, d1};
-    return ckptfs_value_tensor(t->dtype, ndim, shape, rank_tensor_emit, t);
-}
-
-/* A replicated tensor (norms). */
-static CkptfsValue *whole(RankBuild *rb, const CkptfsTensor *src)
-{
+    const MegatronView *v = rb->view;
+    const CkptfsCatalog *catalog = v->source->catalog;
+    uint64_t rows, cols;
+    g_autoptr(GArray) parts = ckptfs_mcore_share(key, v->layout.tp, rb->r, &rows, &cols);
     RankTensor *t = rank_tensor_new(rb);
-    add_part(t, src, 0, src->rows, 0, src->cols);
-    return ckptfs_value_tensor(t->dtype, src->ndim, src->shape, rank_tensor_emit, t);
-}
-
-/* Column-parallel rows [r*R/T, (r+1)*R/T) of several tensors stacked by rows (fc1: [gate; up]). */
-static CkptfsValue *row_split(RankBuild *rb, const CkptfsTensor *const *srcs, unsigned n)
-{
-    unsigned T = rb->view->layout.tp, r = rb->r;
-    RankTensor *t = rank_tensor_new(rb);
-    uint64_t rows = 0;
-    for (unsigned i = 0; i < n; i++) {
-        uint64_t R = srcs[i]->rows;
-        add_part(t, srcs[i], r * R / T, (r + 1) * R / T, 0, srcs[i]->cols);
-        rows += R / T;
-    }
-    return tensor_value(t, 2, rows, srcs[0]->cols);
-}
-
-/* Row-parallel: columns [r*C/T, (r+1)*C/T). */
-static CkptfsValue *col_split(RankBuild *rb, const CkptfsTensor *src)
-{
-    unsigned T = rb->view->layout.tp, r = rb->r;
-    RankTensor *t = rank_tensor_new(rb);
-    uint64_t C = src->cols;
-    add_part(t, src, 0, src->rows, r * C / T, (r + 1) * C / T);
-    return tensor_value(t, 2, src->rows, C / T);
-}
-
-/* Fused QKV (weight or bias): for each query group g, [q rows of its heads; k rows; v rows];
- * rank r takes rows [r*R/T, (r+1)*R/T) of that interleaved tensor, which also covers T larger
- * than the number of groups (a rank then holds part of one group's block). */
-static CkptfsValue *qkv_split(RankBuild *rb, const CkptfsTensor *q, const CkptfsTensor *k,
-                              const CkptfsTensor *v, bool is_bias)
-{
-    const CkptfsModel *m = rb->view->model;
-    unsigned T = rb->view->layout.tp, r = rb->r;
-    uint64_t d = m->head_dim, hpg = m->heads / m->kv_heads;
-    uint64_t block = (hpg + 2) * d, R = block * m->kv_heads;
-    uint64_t lo = r * R / T, hi = (r + 1) * R / T;
-    RankTensor *t = rank_tensor_new(rb);
-    for (uint64_t g = 0; g < m->kv_heads; g++) {
-        const struct {
-            const CkptfsTensor *src;
-            uint64_t src_row, at, rows;
-        } segs[3] = {
-            {q, g * hpg * d, g * block, hpg * d},
-            {k, g * d, g * block + hpg * d, d},
-            {v, g * d, g * block + (hpg + 1) * d, d},
-        };
-        for (int s = 0; s < 3; s++) {
-            uint64_t a = MAX(lo, segs[s].at), z = MIN(hi, segs[s].at + segs[s].rows);
-            if (a < z)
-                add_part(t, segs[s].src, segs[s].src_row + (a - segs[s].at),
-                         segs[s].src_row + (z - segs[s].at), 0, segs[s].src->cols);
+    for (guint i = 0; i < parts->len; i++) {
+        const CkptfsSharePart *p = &g_array_index(parts, CkptfsSharePart, i);
+        if (p->hf != NULL) {
+            g_autofree char *name = key->stacked ? ckptfs_hf_layer_name(layer, p->hf) : g_strdup(p->hf);
+            add_part(t, ckptfs_catalog_find(catalog, name), p->hf_row0, p->hf_row0 + p->rows, p->col0,
+                     p->col0 + p->cols);
+        } else if (key->split == CKPTFS_TP_VOCAB && v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST) {
+            const CkptfsMcoreSegment *vocab = &g_array_index(key->segments, CkptfsMcoreSegment, 0);
+            const CkptfsTensor *src = ckptfs_catalog_find(catalog, vocab->hf_name);
+            for (uint64_t row = 0; row < p->rows; row++)
+                add_part(t, src, vocab->rows - 1, vocab->rows, p->col0, p->col0 + p->cols);
+        } else {
+            add_part(t, NULL, 0, p->rows, 0, p->cols);
         }
     }
-    return is_bias ? tensor_value(t, 1, (hi - lo), 0) : tensor_value(t, 2, hi - lo, q->cols);
+    uint64_t shape[2] = {rows, cols};
+    return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
 }
 
-/* Vocab-parallel (embedding, output layer): the padded vocabulary split by rows. */
-static CkptfsValue *vocab_split(RankBuild *rb, const CkptfsTensor *src)
+/* The entries of SCOPE (LAYER: of global layer GLOBAL, numbered LOCAL in its chunk) in the
+ * order Megatron's modules register them; _extra_state entries are None. */
+static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint64_t global,
+                        uint64_t local)
 {
     const MegatronView *v = rb->view;
-    unsigned T = v->layout.tp, r = rb->r;
-    uint64_t per_rank = v->padded_vocab / T, lo = r * per_rank, hi = lo + per_rank;
-    uint64_t vocab = v->model->vocab, cols = src->cols;
-    RankTensor *t = rank_tensor_new(rb);
-    add_part(t, src, lo, MIN(hi, vocab), 0, cols);
-    for (uint64_t row = MAX(lo, vocab); row < hi; row++) {
-        if (v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST)
-            add_part(t, src, vocab - 1, vocab, 0, cols);
-        else
-            add_part(t, NULL, row, row + 1, 0, cols);
-    }
-    return tensor_value(t, 2, per_rank, cols);
-}
-
-static void set_none(CkptfsValue *odict, const char *key)
-{
-    ckptfs_value_set(odict, key, ckptfs_value_none());
-}
-
-/* Keys of one layer, in the order Megatron's modules register them. */
-static void add_layer(RankBuild *rb, CkptfsValue *sd, uint64_t global, uint64_t local)
-{
-    const MegatronView *v = rb->view;
-    const CkptfsModel *m = v->model;
     bool te = v->options->spec == CKPTFS_SPEC_TE;
-    g_autofree char *pre = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".", local);
-#define KEY(suffix) (g_snprintf(key, sizeof key, "%s%s", pre, suffix), key)
-    char key[256];
-    const CkptfsTensor *q = hf_layer_tensor(v, global, "self_attn.q_proj.weight");
-    const CkptfsTensor *k = hf_layer_tensor(v, global, "self_attn.k_proj.weight");
-    const CkptfsTensor *vv = hf_layer_tensor(v, global, "self_attn.v_proj.weight");
-    const CkptfsTensor *fc1[2] = {hf_layer_tensor(v, global, "mlp.gate_proj.weight"),
-                                  hf_layer_tensor(v, global, "mlp.up_proj.weight")};
-
-    if (te)
-        set_none(sd, KEY("self_attention.core_attention._extra_state"));
-    else
-        ckptfs_value_set(sd, KEY("input_layernorm.weight"),
-                         whole(rb, hf_layer_tensor(v, global, "input_layernorm.weight")));
-    ckptfs_value_set(sd, KEY("self_attention.linear_proj.weight"),
-                     col_split(rb, hf_layer_tensor(v, global, "self_attn.o_proj.weight")));
-    set_none(sd, KEY("self_attention.linear_proj._extra_state"));
-    if (te)
-        ckptfs_value_set(sd, KEY("self_attention.linear_qkv.layer_norm_weight"),
-                         whole(rb, hf_layer_tensor(v, global, "input_layernorm.weight")));
-    ckptfs_value_set(sd, KEY("self_attention.linear_qkv.weight"), qkv_split(rb, q, k, vv, false));
-    if (m->qkv_bias)
-        ckptfs_value_set(sd, KEY("self_attention.linear_qkv.bias"),
-                         qkv_split(rb, hf_layer_tensor(v, global, "self_attn.q_proj.bias"),
-                                   hf_layer_tensor(v, global, "self_attn.k_proj.bias"),
-                                   hf_layer_tensor(v, global, "self_attn.v_proj.bias"), true));
-    set_none(sd, KEY("self_attention.linear_qkv._extra_state"));
-    if (m->qk_norm) {
-        ckptfs_value_set(sd, KEY("self_attention.q_layernorm.weight"),
-                         whole(rb, hf_layer_tensor(v, global, "self_attn.q_norm.weight")));
-        if (te)
-            set_none(sd, KEY("self_attention.q_layernorm._extra_state"));
-        ckptfs_value_set(sd, KEY("self_attention.k_layernorm.weight"),
-                         whole(rb, hf_layer_tensor(v, global, "self_attn.k_norm.weight")));
-        if (te)
-            set_none(sd, KEY("self_attention.k_layernorm._extra_state"));
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(v->model, scope, te, v->layout.pp > 1);
+    for (guint i = 0; i < rules->len; i++) {
+        const CkptfsRule *rule = g_ptr_array_index(rules, i);
+        const char *name = ckptfs_rule_legacy_name(rule, te);
+        g_autofree char *key = scope == CKPTFS_SCOPE_LAYER
+                                   ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
+                                   : g_strdup(name);
+        if (rule->extra_state)
+            ckptfs_value_set(sd, key, ckptfs_value_none());
+        else
+            ckptfs_value_set(sd, key, share_value(rb, ckptfs_mcore_key_of(v->keys, rule), global));
     }
-    const CkptfsTensor *post_norm = hf_layer_tensor(v, global, "post_attention_layernorm.weight");
-    if (te)
-        ckptfs_value_set(sd, KEY("mlp.linear_fc1.layer_norm_weight"), whole(rb, post_norm));
-    else
-        ckptfs_value_set(sd, KEY("pre_mlp_layernorm.weight"), whole(rb, post_norm));
-    ckptfs_value_set(sd, KEY("mlp.linear_fc1.weight"), row_split(rb, fc1, 2));
-    set_none(sd, KEY("mlp.linear_fc1._extra_state"));
-    ckptfs_value_set(sd, KEY("mlp.linear_fc2.weight"),
-                     col_split(rb, hf_layer_tensor(v, global, "mlp.down_proj.weight")));
-    set_none(sd, KEY("mlp.linear_fc2._extra_state"));
-#undef KEY
 }
 
-/* The state dict of virtual chunk VC on pipeline stage P. */
+/* The state dict of virtual chunk VC on pipeline stage P. Tied embeddings: no output weight
+ * with pp 1; a copy of the embedding on the last stage otherwise (Megatron keeps them in sync
+ * across stages). */
 static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
 {
     const MegatronView *v = rb->view;
     const CkptfsLayout *l = &v->layout;
     CkptfsValue *sd = ckptfs_value_container(CKPTFS_VALUE_ODICT);
     if (p == 0 && vc == 0)
-        ckptfs_value_set(sd, "embedding.word_embeddings.weight",
-                         vocab_split(rb, hf_tensor(v, "model.embed_tokens.weight")));
+        add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
     uint64_t first, count;
     ckptfs_layout_chunk_layers(l, v->model, p, vc, &first, &count);
     for (uint64_t i = 0; i < count; i++)
-        add_layer(rb, sd, first + i, i);
-    if (p == l->pp - 1 && vc == l->vpp - 1) {
-        ckptfs_value_set(sd, "decoder.final_layernorm.weight",
-                         whole(rb, hf_tensor(v, "model.norm.weight")));
-        if (v->options->spec == CKPTFS_SPEC_TE)
-            set_none(sd, "decoder.final_layernorm._extra_state");
-        /* Tied embeddings: no output weight with pp 1; a copy of the embedding on the last
-         * stage otherwise (Megatron keeps them in sync across stages). */
-        const CkptfsTensor *head = hf_tensor(v, "lm_head.weight");
-        if (v->model->tied_embeddings)
-            head = l->pp > 1 ? hf_tensor(v, "model.embed_tokens.weight") : NULL;
-        if (head)
-            ckptfs_value_set(sd, "output_layer.weight", vocab_split(rb, head));
-        set_none(sd, "output_layer._extra_state");
-    }
+        add_entries(rb, sd, CKPTFS_SCOPE_LAYER, first + i, i);
+    if (p == l->pp - 1 && vc == l->vpp - 1)
+        add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
     return sd;
 }
 
@@ -391,7 +281,8 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
     v->options = options;
     v->layout = *layout;
     v->padded_vocab = ckptfs_padded_vocab(model->vocab, options->vocab_divisible_by, layout->tp);
-    ckptfs_tree_own(tree, v, g_free);
+    v->keys = ckptfs_mcore_keys(model, v->padded_vocab, layout->pp > 1);
+    ckptfs_tree_own(tree, v, megatron_view_free);
 
     /* Megatron reads the tracker as text; "release" means iteration 0, no optimizer. */
     ckptfs_tree_add_file(tree, dir, "latest_checkpointed_iteration.txt", plan_literal_text, NULL,

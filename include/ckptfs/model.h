@@ -9,12 +9,14 @@
 #include <stdint.h>
 
 #include "ckptfs/catalog.h"
+#include "ckptfs/mapping.h"
 
 typedef struct {
     const char *hf_architecture; /* "LlamaForCausalLM" */
     const char *model_type;      /* "llama" */
     bool qkv_bias;               /* q/k/v projections always carry a bias (Qwen2) */
     bool qk_norm;                /* per-head RMSNorm on q and k (Qwen3) */
+    const CkptfsFamily *family;  /* the Megatron mapping of its tensors */
 } CkptfsArchitecture;
 
 typedef struct {
@@ -34,20 +36,16 @@ typedef struct {
 /* The table of known architectures, NULL-terminated. */
 const CkptfsArchitecture *const *ckptfs_architectures(void);
 
+/* The architecture named NAME (a model_type such as "qwen2", or an HF class name), or when NAME
+ * is NULL the first whose built-in features are these (a Megatron checkpoint says only which
+ * features it has): Llama for none, Qwen2 for q/k/v biases, Qwen3 for q/k norms. NULL when
+ * none matches. */
+const CkptfsArchitecture *ckptfs_architecture_find(const char *name, bool qkv_bias, bool qk_norm);
+
 /* Reads CONFIG (config.json) and checks every tensor the rules need exists in CATALOG with the
  * expected shape and one common dtype. Errors name config.json or the tensor and the problem. */
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                               CkptfsModel *model, GError **error);
-
-/* The HF tensors of one decoder layer of MODEL (bias and q/k norms as it has them), in
- * Hugging Face's module order: name suffix and shape (d1 0 for 1-D). Returns the count. */
-#define CKPTFS_HF_LAYER_TENSORS_MAX 16
-typedef struct {
-    const char *suffix; /* "self_attn.q_proj.weight" */
-    unsigned ndim;
-    uint64_t d0, d1;
-} CkptfsHfShape;
-unsigned ckptfs_hf_layer_tensors(const CkptfsModel *model, CkptfsHfShape *out);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);

@@ -46,12 +46,133 @@ static void check_segments(const CkptfsMcoreKey *k)
     tap_ok(ok, "%s: segments tile its %" G_GUINT64_FORMAT " rows in order", k->key, k->rows);
 }
 
+/* Parts of a share as "hf:row0+rows" (or "pad+rows") joined by spaces. */
+static char *share_text(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows, uint64_t *cols)
+{
+    g_autoptr(GArray) parts = ckptfs_mcore_share(key, T, r, rows, cols);
+    GString *out = g_string_new(NULL);
+    for (guint i = 0; i < parts->len; i++) {
+        const CkptfsSharePart *p = &g_array_index(parts, CkptfsSharePart, i);
+        if (p->hf)
+            g_string_append_printf(out, "%s%s:%" G_GUINT64_FORMAT "+%" G_GUINT64_FORMAT, i ? " " : "",
+                                   p->hf, p->hf_row0, p->rows);
+        else
+            g_string_append_printf(out, "%spad+%" G_GUINT64_FORMAT, i ? " " : "", p->rows);
+        if (p->col0 || p->cols != key->cols)
+            g_string_append_printf(out, "[%" G_GUINT64_FORMAT "+%" G_GUINT64_FORMAT "]", p->col0, p->cols);
+    }
+    return g_string_free(out, FALSE);
+}
+
+#define EXPECT_SHARE(key, T, r, want_rows, want_cols, want, what)                                \
+    do {                                                                                        \
+        uint64_t rows_, cols_;                                                                  \
+        g_autofree char *got_ = share_text(key, T, r, &rows_, &cols_);                          \
+        if (!tap_ok(strcmp(got_, want) == 0 && rows_ == (want_rows) && cols_ == (want_cols), "%s", what)) \
+            tap_diag("  got %s (%" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT ")", got_, rows_, cols_); \
+    } while (0)
+
+/* What one legacy TP rank holds, against Megatron's rules worked out by hand on a small model:
+ * 4 heads in 2 groups of head dim 2 (QKV blocks of (2 + 2) * 2 = 8 rows), hidden 8, ffn 6. */
+static void test_shares(const CkptfsModel *big)
+{
+    CkptfsModel m = {.layers = 2, .hidden = 8, .heads = 4, .kv_heads = 2, .head_dim = 2, .ffn = 6,
+                     .vocab = 10, .arch = big->arch};
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&m, 16, false);
+    const CkptfsMcoreKey *qkv = find_key(keys, "decoder.layers.self_attention.linear_qkv.weight");
+    EXPECT_SHARE(qkv, 2, 1, 8, 8,
+                 "self_attn.q_proj.weight:4+4 self_attn.k_proj.weight:2+2 self_attn.v_proj.weight:2+2",
+                 "qkv tp2 rank 1: group 1's q, k, v rows");
+    EXPECT_SHARE(qkv, 4, 1, 4, 8, "self_attn.k_proj.weight:0+2 self_attn.v_proj.weight:0+2",
+                 "qkv tp4 rank 1 (more ranks than groups): group 0's k and v");
+    const CkptfsMcoreKey *fc1 = find_key(keys, "decoder.layers.mlp.linear_fc1.weight");
+    EXPECT_SHARE(fc1, 2, 1, 6, 8, "mlp.gate_proj.weight:3+3 mlp.up_proj.weight:3+3",
+                 "fc1 tp2 rank 1: the second half of gate, then of up");
+    const CkptfsMcoreKey *fc2 = find_key(keys, "decoder.layers.mlp.linear_fc2.weight");
+    EXPECT_SHARE(fc2, 2, 1, 8, 3, "mlp.down_proj.weight:0+8[3+3]", "fc2 tp2 rank 1: columns [3, 6)");
+    const CkptfsMcoreKey *emb = find_key(keys, "embedding.word_embeddings.weight");
+    EXPECT_SHARE(emb, 2, 1, 8, 8, "model.embed_tokens.weight:8+2 pad+6",
+                 "embedding tp2 rank 1 of 16 padded rows: rows [8, 10), then 6 of padding");
+    const CkptfsMcoreKey *norm = find_key(keys, "decoder.layers.mlp.linear_fc1.layer_norm_weight");
+    EXPECT_SHARE(norm, 4, 3, 8, 1, "post_attention_layernorm.weight:0+8", "norms: whole on every rank");
+}
+
+static char *entry_names(const CkptfsModel *m, CkptfsScope scope, bool te, bool tied_copy)
+{
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(m, scope, te, tied_copy);
+    GString *out = g_string_new(NULL);
+    for (guint i = 0; i < rules->len; i++)
+        g_string_append_printf(out, "%s%s", i ? " " : "",
+                               ckptfs_rule_legacy_name(g_ptr_array_index(rules, i), te));
+    return g_string_free(out, FALSE);
+}
+
+/* The order Megatron-core's modules register a layer's state (TE and local GPT layer specs). */
+static void test_legacy_order(const CkptfsModel *m)
+{
+    g_autofree char *te = entry_names(m, CKPTFS_SCOPE_LAYER, true, false);
+    tap_ok(strcmp(te, "self_attention.core_attention._extra_state self_attention.linear_proj.weight "
+                      "self_attention.linear_proj._extra_state self_attention.linear_qkv.layer_norm_weight "
+                      "self_attention.linear_qkv.weight self_attention.linear_qkv._extra_state "
+                      "self_attention.q_layernorm.weight self_attention.q_layernorm._extra_state "
+                      "self_attention.k_layernorm.weight self_attention.k_layernorm._extra_state "
+                      "mlp.linear_fc1.layer_norm_weight mlp.linear_fc1.weight mlp.linear_fc1._extra_state "
+                      "mlp.linear_fc2.weight mlp.linear_fc2._extra_state") == 0,
+           "TE layer entries in module order (%s)", te);
+    g_autofree char *local = entry_names(m, CKPTFS_SCOPE_LAYER, false, false);
+    tap_ok(strcmp(local, "input_layernorm.weight self_attention.linear_proj.weight "
+                         "self_attention.linear_proj._extra_state self_attention.linear_qkv.weight "
+                         "self_attention.linear_qkv._extra_state self_attention.q_layernorm.weight "
+                         "self_attention.k_layernorm.weight pre_mlp_layernorm.weight mlp.linear_fc1.weight "
+                         "mlp.linear_fc1._extra_state mlp.linear_fc2.weight mlp.linear_fc2._extra_state") == 0,
+           "local layer entries in module order (%s)", local);
+    CkptfsModel tied = *m;
+    tied.tied_embeddings = true;
+    g_autofree char *last_pp1 = entry_names(&tied, CKPTFS_SCOPE_LAST, true, false);
+    g_autofree char *last_pp2 = entry_names(&tied, CKPTFS_SCOPE_LAST, false, true);
+    tap_ok(strcmp(last_pp1, "decoder.final_layernorm.weight decoder.final_layernorm._extra_state "
+                            "output_layer._extra_state") == 0 &&
+               strcmp(last_pp2, "decoder.final_layernorm.weight output_layer.weight output_layer._extra_state") == 0,
+           "tied: no output weight with pp 1, the embedding's copy with pp > 1 (%s | %s)", last_pp1, last_pp2);
+}
+
+/* Phi-3's fused projections fill the same keys: q/k/v and gate/up rows at their offsets. */
+static void test_phi3(const CkptfsModel *llama)
+{
+    CkptfsModel m = {.layers = 2, .hidden = 8, .heads = 4, .kv_heads = 2, .head_dim = 2, .ffn = 6,
+                     .vocab = 10, .arch = ckptfs_architecture_find("Phi3ForCausalLM", false, false)};
+    tap_ok(m.arch && m.arch->family == &ckptfs_family_phi3, "Phi3ForCausalLM has the phi3 rules");
+    if (m.arch == NULL)
+        return;
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&m, 16, false);
+    const CkptfsMcoreKey *qkv = find_key(keys, "decoder.layers.self_attention.linear_qkv.weight");
+    EXPECT_SHARE(qkv, 2, 1, 8, 8,
+                 "self_attn.qkv_proj.weight:4+4 self_attn.qkv_proj.weight:10+2 self_attn.qkv_proj.weight:14+2",
+                 "phi3 qkv tp2 rank 1: group 1's q rows, then k at 8 + 2, v at 12 + 2");
+    const CkptfsMcoreKey *fc1 = find_key(keys, "decoder.layers.mlp.linear_fc1.weight");
+    EXPECT_SHARE(fc1, 2, 0, 6, 8, "mlp.gate_up_proj.weight:0+3 mlp.gate_up_proj.weight:6+3",
+                 "phi3 fc1 tp2 rank 0: gate rows [0, 3), up rows [6, 9) of gate_up_proj");
+    g_autoptr(GArray) hf = ckptfs_mcore_hf_tensors(keys, true);
+    GString *names = g_string_new(NULL);
+    for (guint i = 0; i < hf->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(hf, CkptfsHfShape, i);
+        g_string_append_printf(names, "%s%s[%" G_GUINT64_FORMAT ",%" G_GUINT64_FORMAT "]", i ? " " : "",
+                               t->name, t->d0, t->d1);
+    }
+    tap_ok(strcmp(names->str, "input_layernorm.weight[8,0] self_attn.qkv_proj.weight[16,8] "
+                              "self_attn.o_proj.weight[8,8] post_attention_layernorm.weight[8,0] "
+                              "mlp.gate_up_proj.weight[12,8] mlp.down_proj.weight[8,6]") == 0,
+           "phi3 layer tensors and shapes (%s)", names->str);
+    g_string_free(names, TRUE);
+    (void)llama;
+}
+
 int main(void)
 {
     /* Llama-3-8B-like: 32 heads, 8 groups, head dim 128, hidden 4096, ffn 14336, vocab 128256. */
     CkptfsModel m = {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .head_dim = 128,
-                     .ffn = 14336, .vocab = 128256};
-    GPtrArray *keys = ckptfs_mcore_keys(&m, 129024);
+                     .ffn = 14336, .vocab = 128256, .arch = ckptfs_architecture_find("llama", false, false)};
+    GPtrArray *keys = ckptfs_mcore_keys(&m, 129024, false);
     tap_is_u64(keys->len, 9, "untied, no bias, no q/k norm: 9 keys");
     for (guint i = 0; i < keys->len; i++)
         check_segments(g_ptr_array_index(keys, i));
@@ -88,7 +209,7 @@ int main(void)
     /* Qwen2-like: bias, tied; Qwen3-like: q/k norms. */
     CkptfsModel q2 = m;
     q2.qkv_bias = true, q2.tied_embeddings = true;
-    keys = ckptfs_mcore_keys(&q2, 129024);
+    keys = ckptfs_mcore_keys(&q2, 129024, false);
     const CkptfsMcoreKey *bias = find_key(keys, "decoder.layers.self_attention.linear_qkv.bias");
     tap_ok(bias && bias->ndim == 1 && bias->rows == 6144 && bias->cols == 1 && bias->segments->len == 24,
            "qkv bias: [6144] per layer, interleaved like the weight");
@@ -96,14 +217,15 @@ int main(void)
     g_ptr_array_unref(keys);
     CkptfsModel q3 = m;
     q3.qk_norm = true;
-    keys = ckptfs_mcore_keys(&q3, 129024);
+    keys = ckptfs_mcore_keys(&q3, 129024, false);
     const CkptfsMcoreKey *qn = find_key(keys, "decoder.layers.self_attention.q_layernorm.weight");
     tap_ok(qn && qn->rows == 128 && qn->split == CKPTFS_TP_REPLICATED, "q_layernorm: [head_dim], replicated");
-    const char *const *mods = ckptfs_mcore_extra_state_modules(&q3);
-    unsigned n = 0;
-    while (mods[n])
-        n++;
-    tap_is_u64(n, 7, "q/k norm models: extra states of 4 linears, core attention and the two norms");
+    GPtrArray *mods = ckptfs_mcore_extra_state_modules(&q3);
+    tap_is_u64(mods->len, 7, "q/k norm models: extra states of 4 linears, core attention and the two norms");
+    g_ptr_array_unref(mods);
     g_ptr_array_unref(keys);
+    test_shares(&m);
+    test_legacy_order(&q3);
+    test_phi3(&m);
     return tap_done();
 }

@@ -1,0 +1,83 @@
+/* The Hugging Face <-> Megatron-core mapping, as data: one table of rules per architecture
+ * family. Each rule is one Megatron state-dict entry (a weight, or an `_extra_state` object):
+ * its torch_dist / Transformer Engine name and its local-spec name, its place in a legacy
+ * state dict for each spec, its shape in model dimensions, how tensor parallelism splits it and
+ * which Hugging Face tensors fill it (the recipe). Every user derives what it needs from the
+ * table: the mcore/ keys and chunks, the legacy rank-file views, the legacy and torch_dist
+ * sources (the same segments read backwards), and the Hugging Face tensors a model must have. */
+#ifndef CKPTFS_MAPPING_H
+#define CKPTFS_MAPPING_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* How Megatron's tensor parallelism splits an entry (what one TP rank holds). */
+typedef enum {
+    CKPTFS_TP_REPLICATED, /* norms: every rank holds the whole tensor */
+    CKPTFS_TP_ROWS,       /* column-parallel: rows [r*R/T, (r+1)*R/T) (QKV, its bias) */
+    CKPTFS_TP_ROW_HALVES, /* fc1: the same rows of each half ([gate; up]) */
+    CKPTFS_TP_COLS,       /* row-parallel: columns [r*C/T, (r+1)*C/T) (linear_proj, fc2) */
+    CKPTFS_TP_VOCAB,      /* vocab-parallel: rows of the vocabulary as padded for T */
+} CkptfsTpSplit;
+
+/* Sizes in model dimensions. */
+typedef enum {
+    CKPTFS_DIM_ONE,    /* the column count of a vector */
+    CKPTFS_DIM_HIDDEN, /* hidden_size */
+    CKPTFS_DIM_HEAD,   /* head_dim */
+    CKPTFS_DIM_Q,      /* heads * head_dim */
+    CKPTFS_DIM_QKV,    /* (heads + 2 * kv_heads) * head_dim */
+    CKPTFS_DIM_FFN,    /* intermediate_size */
+    CKPTFS_DIM_FFN2,   /* 2 * intermediate_size */
+    CKPTFS_DIM_VOCAB,  /* the vocabulary, padded in Megatron (vocab_size in Hugging Face) */
+} CkptfsDim;
+
+/* Which Hugging Face tensors fill an entry, row segment by row segment. */
+typedef enum {
+    CKPTFS_RECIPE_WHOLE,        /* hf[0] as it is */
+    CKPTFS_RECIPE_QKV,          /* per query group: its q rows of hf[0], k rows of hf[1], v of hf[2] */
+    CKPTFS_RECIPE_QKV_FUSED,    /* the same from hf[0] = [q; k; v] (one fused projection) */
+    CKPTFS_RECIPE_HALVES,       /* [hf[0]; hf[1]] (fc1 = [gate; up]) */
+    CKPTFS_RECIPE_HALVES_FUSED, /* hf[0] = [gate; up] already */
+} CkptfsRecipe;
+
+/* When an entry exists. */
+typedef enum {
+    CKPTFS_NEED_ALWAYS,
+    CKPTFS_NEED_QKV_BIAS, /* the model has q/k/v biases */
+    CKPTFS_NEED_QK_NORM,  /* per-head q/k norms */
+    CKPTFS_NEED_OUTPUT,   /* an untied output layer (or, in legacy files, the last stage's copy
+                             of tied embeddings: TIED_HF) */
+} CkptfsNeed;
+
+/* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last. */
+typedef enum { CKPTFS_SCOPE_FIRST, CKPTFS_SCOPE_LAYER, CKPTFS_SCOPE_LAST } CkptfsScope;
+
+#define CKPTFS_ABSENT (-1) /* an order for a spec that has no such entry */
+
+typedef struct {
+    CkptfsScope scope;
+    bool extra_state;       /* an `_extra_state` object, not a weight */
+    const char *name;       /* torch_dist and TE-spec name; for layers after "decoder.layers.N." */
+    const char *local_name; /* local-spec name in legacy files, when it differs (NULL: NAME) */
+    int te_order, local_order; /* position in a legacy state dict (per scope), or CKPTFS_ABSENT */
+    CkptfsNeed need;
+    unsigned ndim;          /* of one layer's tensor: 1 or 2 */
+    CkptfsDim rows, cols;
+    CkptfsTpSplit split;
+    CkptfsRecipe recipe;
+    const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N." */
+    const char *tied_hf;    /* NEED_OUTPUT: what tied embeddings copy */
+} CkptfsRule;
+
+typedef struct {
+    const char *name; /* "llama": separate q/k/v and gate/up projections */
+    const CkptfsRule *rules;
+    unsigned n_rules;
+} CkptfsFamily;
+
+/* The families ckptfs knows. */
+extern const CkptfsFamily ckptfs_family_llama; /* Llama, Mistral, Qwen2, Qwen3 */
+extern const CkptfsFamily ckptfs_family_phi3;  /* Phi-3: fused qkv_proj and gate_up_proj */
+
+#endif
