@@ -148,7 +148,7 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     json_builder_set_member_name(b, "source");
     json_builder_add_string_value(b, s->dir);
     json_builder_set_member_name(b, "format");
-    json_builder_add_string_value(b, ckptfs_source_kind_name(s->kind));
+    json_builder_add_string_value(b, s->format->name);
     json_builder_set_member_name(b, "weight_files");
     json_builder_begin_array(b);
     for (guint i = 0; i < s->weight_files->len; i++)
@@ -297,15 +297,8 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     uint64_t bytes = ckptfs_catalog_total_bytes(s->catalog);
     g_autofree char *human = g_format_size(bytes);
     printf("source:       %s\n", s->dir);
-    if (s->kind == CKPTFS_SOURCE_HF)
-        printf("format:       %s (%u weight file%s%s)\n", ckptfs_source_kind_name(s->kind),
-               s->weight_files->len, s->weight_files->len == 1 ? "" : "s",
-               s->has_index ? ", with index" : "");
-    else {
-        g_autofree char *saved = ckptfs_layout_name(&s->megatron_layout);
-        printf("format:       %s (%u files opened; saved as %s)\n", ckptfs_source_kind_name(s->kind),
-               ckptfs_srcfiles_count(s->files), saved);
-    }
+    g_autofree char *about = s->format->describe(s);
+    printf("format:       %s (%s)\n", s->format->name, about);
     printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", ckptfs_catalog_count(s->catalog),
            human, bytes);
     printf("dtypes:      ");

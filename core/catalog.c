@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "ckptfs/checked.h"
 #include "ckptfs/error.h"
 
 struct CkptfsCatalog {
@@ -44,15 +45,29 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' is given twice", name);
         return NULL;
     }
-    uint64_t numel = 1;
-    ckptfs_shape_numel(shape, ndim, &numel);
-    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = 1;
-    for (unsigned d = 1; d < ndim; d++)
-        cols *= shape[d];
+    /* Sources check their numbers; these checks keep the catalog's own arithmetic (and every
+     * read that follows from it) from wrapping whatever a source let through. */
+    size_t isz = ckptfs_dtype_size(dtype);
+    uint64_t numel = 0, nbytes = 0, rows = ndim > 0 ? shape[0] : 1, cols = 1;
+    if (!ckptfs_dims_product(shape, ndim, &numel) || !ckptfs_mul_u64(numel, isz, &nbytes) ||
+        (ndim > 1 && !ckptfs_dims_product(shape + 1, ndim - 1, &cols))) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "tensor '%s': its %u-dimensional shape overflows 64 bits", name, ndim);
+        return NULL;
+    }
     uint64_t covered = 0;
     for (unsigned i = 0; i < npieces; i++) {
         const CkptfsPiece *a = &pieces[i];
+        uint64_t end;
         bool inside = a->row0 < a->row1 && a->col0 < a->col1 && a->row1 <= rows && a->col1 <= cols;
+        if (inside && !ckptfs_rows_end(a->offset, a->row1 - a->row0, a->row_stride,
+                                       (a->col1 - a->col0) * isz, 1, &end)) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "tensor '%s': piece of %" G_GUINT64_FORMAT " rows %" G_GUINT64_FORMAT
+                        " bytes apart from offset %" G_GUINT64_FORMAT " overflows 64 bits",
+                        name, a->row1 - a->row0, a->row_stride, a->offset);
+            return NULL;
+        }
         for (unsigned j = 0; inside && j < i; j++) {
             const CkptfsPiece *b = &pieces[j];
             inside = a->row1 <= b->row0 || b->row1 <= a->row0 || a->col1 <= b->col0 ||
@@ -66,7 +81,7 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                         name, a->row0, a->row1, a->col0, a->col1);
             return NULL;
         }
-        covered += (a->row1 - a->row0) * (a->col1 - a->col0);
+        covered += (a->row1 - a->row0) * (a->col1 - a->col0); /* disjoint, inside: <= numel */
     }
     if (covered != rows * cols) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
@@ -82,12 +97,13 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     memcpy(t->shape, shape, ndim * sizeof *shape);
     t->rows = rows;
     t->cols = cols;
-    t->nbytes = numel * ckptfs_dtype_size(dtype);
+    t->nbytes = nbytes;
     t->npieces = npieces;
     t->pieces = g_memdup2(pieces, npieces * sizeof *pieces);
     g_ptr_array_add(catalog->tensors, t);
     g_hash_table_insert(catalog->by_name, t->name, t);
-    catalog->total_bytes += t->nbytes;
+    if (!ckptfs_add_u64(catalog->total_bytes, t->nbytes, &catalog->total_bytes))
+        catalog->total_bytes = UINT64_MAX; /* only shown; every tensor's own size is exact */
     return t;
 }
 
@@ -96,11 +112,9 @@ const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const 
                                                   const uint64_t *shape, uint32_t src,
                                                   uint64_t offset)
 {
-    uint64_t numel = 1;
-    ckptfs_shape_numel(shape, ndim, &numel); /* validated by the source parser */
-    uint64_t rows = ndim > 0 ? shape[0] : 1, cols = 1;
-    for (unsigned d = 1; d < ndim; d++)
-        cols *= shape[d];
+    uint64_t numel = 0, rows = ndim > 0 ? shape[0] : 1, cols = 1;
+    if (!ckptfs_dims_product(shape, ndim, &numel) || (ndim > 1 && !ckptfs_dims_product(shape + 1, ndim - 1, &cols)))
+        return NULL; /* the source parser refuses such shapes first */
     if (numel == 0) /* an empty tensor has no piece to tile it */
         return ckptfs_catalog_add_pieces(catalog, name, dtype, ndim, shape, NULL, 0, NULL);
     CkptfsPiece whole = {.row0 = 0, .row1 = rows, .col0 = 0, .col1 = cols, .src = src,

@@ -1,14 +1,18 @@
-/* Strict JSON (RFC 8259) for headers from untrusted files. json-glib 1.6 accepts single
- * quotes, comments, hex numbers, leading zeros, raw control characters and text after the
- * value, which Python's json and the safetensors library refuse; a \u0000 would cut a tensor
- * name short. This pass runs first so ckptfs refuses what they refuse. */
+/* Strict JSON (RFC 8259) for every JSON a source holds: safetensors headers, config.json,
+ * model.safetensors.index.json, metadata.json. json-glib 1.6 accepts single quotes, comments,
+ * hex numbers, leading zeros, raw control characters and text after the value, which Python's
+ * json and the safetensors library refuse; a \u0000 would cut a name short; it keeps the last
+ * of repeated keys, misreads integers past 64 bits as other numbers and recurses once per
+ * nesting level (100000 levels overflow the stack). This pass runs first, in one pass over the
+ * bytes and at most CKPTFS_MAX_JSON_DEPTH levels of recursion, so json-glib only ever sees
+ * what Python's json reads the same way. */
 #include "ckptfs/json_strict.h"
 
 #include <string.h>
 
 #include "ckptfs/error.h"
-
-#define MAX_DEPTH 64
+#include "ckptfs/limits.h"
+#include "ckptfs/readfile.h"
 
 typedef struct {
     const char *what;
@@ -16,11 +20,29 @@ typedef struct {
     GError **error;
 } Scan;
 
+static ptrdiff_t offset_of(const Scan *s, const unsigned char *at)
+{
+    return (const char *)at - (const char *)s->start;
+}
+
 static bool bad(Scan *s, const char *why)
 {
     g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not valid JSON at byte %td: %s",
-                s->what, (const char *)s->p - (const char *)s->start, why);
+                s->what, offset_of(s, s->p), why);
     return false;
+}
+
+/* KEY for a one-line message: at most 80 characters, control characters and quotes escaped
+ * (UTF-8 kept as it is). */
+static char *printable_key(const char *key)
+{
+    char utf8_bytes[129] = {0};
+    for (int i = 0; i < 128; i++)
+        utf8_bytes[i] = (char)(0x80 + i);
+    bool long_key = g_utf8_strlen(key, -1) > 80;
+    g_autofree char *cut = long_key ? g_utf8_substring(key, 0, 80) : g_strdup(key);
+    g_autofree char *escaped = g_strescape(cut, utf8_bytes);
+    return g_strconcat(escaped, long_key ? "..." : "", NULL);
 }
 
 static void skip_ws(Scan *s)
@@ -51,13 +73,15 @@ static bool string(Scan *s, GString *out)
         if (c < 0x20)
             return bad(s, "a control character inside a string");
         if (c != '\\') {
-            const char *next = g_utf8_find_next_char((const char *)s->p, (const char *)s->end);
-            const unsigned char *stop = next ? (const unsigned char *)next : s->end;
-            if (g_utf8_get_char_validated((const char *)s->p, stop - s->p) >= (gunichar)-2)
+            /* One character, as long as its encoding says: a stray continuation byte after
+             * it is the next character, and refused there. */
+            gunichar u = c < 0x80 ? c : g_utf8_get_char_validated((const char *)s->p, s->end - s->p);
+            if (u >= (gunichar)-2)
                 return bad(s, "invalid UTF-8");
+            int n = c < 0x80 ? 1 : g_unichar_to_utf8(u, NULL);
             if (out)
-                g_string_append_len(out, (const char *)s->p, stop - s->p);
-            s->p = stop;
+                g_string_append_len(out, (const char *)s->p, n);
+            s->p += n;
             continue;
         }
         if (s->end - s->p < 2)
@@ -102,8 +126,21 @@ static bool digits(Scan *s)
     return s->p > from;
 }
 
+/* Whether the integer literal FROM..TO ("-"? digits, no leading zero) fits in 64 bits, as
+ * json-glib stores it. */
+static bool fits_int64(const unsigned char *from, const unsigned char *to)
+{
+    bool negative = *from == '-';
+    const char *digits = (const char *)from + negative;
+    size_t n = (size_t)((const char *)to - digits);
+    const char *limit = negative ? "9223372036854775808" : "9223372036854775807";
+    return n < 19 || (n == 19 && memcmp(digits, limit, 19) <= 0);
+}
+
 static bool number(Scan *s)
 {
+    const unsigned char *from = s->p;
+    bool integer = true;
     if (*s->p == '-')
         s->p++;
     if (s->p < s->end && *s->p == '0') {
@@ -114,16 +151,25 @@ static bool number(Scan *s)
         return bad(s, "an invalid number");
     }
     if (s->p < s->end && *s->p == '.') {
+        integer = false;
         s->p++;
         if (!digits(s))
             return bad(s, "an invalid number");
     }
     if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
+        integer = false;
         s->p++;
         if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
             s->p++;
         if (!digits(s))
             return bad(s, "an invalid number");
+    }
+    if (integer && !fits_int64(from, s->p)) {
+        g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: integer %.*s%s does not fit in 64 bits at byte %td", s->what,
+                    (int)MIN(s->p - from, 24), (const char *)from, s->p - from > 24 ? "..." : "",
+                    offset_of(s, from));
+        return false;
     }
     return true;
 }
@@ -137,32 +183,43 @@ static bool literal(Scan *s, const char *word)
     return true;
 }
 
-static bool value(Scan *s, unsigned depth, GHashTable *keys);
+static bool value(Scan *s, unsigned depth);
 
-/* An object or array; KEYS (top level only) collects the object's keys to refuse repeats. */
-static bool container(Scan *s, unsigned depth, GHashTable *keys)
+/* An object or array at nesting level DEPTH (the top-level object is 0). An object's keys are
+ * collected, decoded, to refuse one given twice, at every level: json-glib would keep only the
+ * last, Python's json too, so the two could disagree with a reader that keeps the first. */
+static bool container(Scan *s, unsigned depth)
 {
     bool object = *s->p == '{';
     char close = object ? '}' : ']';
-    if (depth >= MAX_DEPTH)
-        return bad(s, "nesting too deep");
+    if (depth >= CKPTFS_MAX_JSON_DEPTH) {
+        g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: nesting deeper than %d at byte %td",
+                    s->what, CKPTFS_MAX_JSON_DEPTH, offset_of(s, s->p));
+        return false;
+    }
     s->p++;
     skip_ws(s);
     if (s->p < s->end && *s->p == close) {
         s->p++;
         return true;
     }
+    g_autoptr(GHashTable) keys = object ? g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)
+                                        : NULL;
+    g_autoptr(GString) key = object ? g_string_new(NULL) : NULL;
     for (;;) {
         skip_ws(s);
         if (object) {
             if (s->p >= s->end || *s->p != '"')
                 return bad(s, "an object key that is not a double-quoted string");
-            g_autoptr(GString) key = keys ? g_string_new(NULL) : NULL;
+            const unsigned char *key_at = s->p;
+            g_string_truncate(key, 0);
             if (!string(s, key))
                 return false;
-            if (keys && !g_hash_table_add(keys, g_strdup(key->str))) {
-                g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: '%s' is given twice",
-                            s->what, key->str);
+            if (!g_hash_table_add(keys, g_strdup(key->str))) {
+                g_autofree char *shown = printable_key(key->str);
+                g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: key '%s' is given twice in one object at byte %td", s->what, shown,
+                            offset_of(s, key_at));
                 return false;
             }
             skip_ws(s);
@@ -170,7 +227,7 @@ static bool container(Scan *s, unsigned depth, GHashTable *keys)
                 return bad(s, "a missing ':'");
             s->p++;
         }
-        if (!value(s, depth + 1, NULL))
+        if (!value(s, depth + 1))
             return false;
         skip_ws(s);
         if (s->p < s->end && *s->p == ',') {
@@ -185,7 +242,7 @@ static bool container(Scan *s, unsigned depth, GHashTable *keys)
     }
 }
 
-static bool value(Scan *s, unsigned depth, GHashTable *keys)
+static bool value(Scan *s, unsigned depth)
 {
     skip_ws(s);
     if (s->p >= s->end)
@@ -193,7 +250,7 @@ static bool value(Scan *s, unsigned depth, GHashTable *keys)
     switch (*s->p) {
     case '{':
     case '[':
-        return container(s, depth, keys);
+        return container(s, depth);
     case '"':
         return string(s, NULL);
     case 't':
@@ -214,13 +271,50 @@ bool ckptfs_json_check_strict(const char *what, const char *data, size_t len, GE
     Scan s = {what, (const unsigned char *)data, (const unsigned char *)data,
               (const unsigned char *)data + len, error};
     skip_ws(&s);
-    if (s.p >= s.end || *s.p != '{')
-        return bad(&s, "the header is not a JSON object");
-    g_autoptr(GHashTable) keys = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    if (!value(&s, 0, keys))
+    if (s.p >= s.end || *s.p != '{') {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a JSON object at byte %td",
+                    what, offset_of(&s, s.p));
+        return false;
+    }
+    if (!value(&s, 0))
         return false;
     skip_ws(&s);
     if (s.p != s.end)
         return bad(&s, "text after the JSON object");
     return true;
+}
+
+JsonObject *ckptfs_json_parse_object(const char *what, const char *data, size_t len, GError **error)
+{
+    if (len > G_MAXSSIZE) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: %zu bytes of JSON is too large",
+                    what, len);
+        return NULL;
+    }
+    if (!ckptfs_json_check_strict(what, data, len, error))
+        return NULL;
+    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    GError *json_error = NULL;
+    if (!json_parser_load_from_data(parser, data, (gssize)len, &json_error)) {
+        /* Not expected after the strict check; refused all the same. */
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not valid JSON: %s", what,
+                    json_error->message);
+        g_error_free(json_error);
+        return NULL;
+    }
+    JsonNode *root = json_parser_get_root(parser);
+    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a JSON object", what);
+        return NULL;
+    }
+    return json_object_ref(json_node_get_object(root));
+}
+
+JsonObject *ckptfs_json_load_object(const char *path, GError **error)
+{
+    g_autofree char *data = NULL;
+    size_t len = 0;
+    if (!ckptfs_read_small_file(path, CKPTFS_MAX_JSON_BYTES, &data, &len, error))
+        return NULL;
+    return ckptfs_json_parse_object(path, data, len, error);
 }

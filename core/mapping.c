@@ -22,6 +22,17 @@
 #define EXTRA(scope_, name_, te_at, local_at, need_)                                           \
     {scope_, true, name_, NULL, te_at, local_at, need_, 0, CKPTFS_DIM_ONE, CKPTFS_DIM_ONE,     \
      CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
+/* o_proj, and the norm before the MLP (fused into fc1 by Transformer Engine). */
+#define ATTENTION_OUT_AND_MLP_NORM                                                            \
+    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_proj.weight", NULL, 1, 1,               \
+     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, \
+     {"self_attn.o_proj.weight"}, NULL},                                                       \
+    LAYER_NORM("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight", 11, 8,          \
+               "post_attention_layernorm.weight")
+#define MLP_OUT                                                                               \
+    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc2.weight", NULL, 14, 11, CKPTFS_NEED_ALWAYS, 2,   \
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,                    \
+     {"mlp.down_proj.weight"}, NULL}
 /* The layer's extra states (in the order mcore/ lists their objects) and the last stage. */
 #define LAYER_EXTRAS_AND_LAST                                                                 \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_qkv._extra_state", 6, 5, CKPTFS_NEED_ALWAYS), \
@@ -52,17 +63,11 @@ static const CkptfsRule llama_rules[] = {
      {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}, NULL},
     QK_NORM("self_attention.q_layernorm.weight", 7, 6, "self_attn.q_norm.weight"),
     QK_NORM("self_attention.k_layernorm.weight", 9, 7, "self_attn.k_norm.weight"),
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_proj.weight", NULL, 1, 1,
-     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
-     {"self_attn.o_proj.weight"}, NULL},
-    LAYER_NORM("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight", 11, 8,
-               "post_attention_layernorm.weight"),
+    ATTENTION_OUT_AND_MLP_NORM,
     {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc1.weight", NULL, 12, 9, CKPTFS_NEED_ALWAYS, 2,
      CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES,
      {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, NULL},
-    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc2.weight", NULL, 14, 11, CKPTFS_NEED_ALWAYS, 2,
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
-     {"mlp.down_proj.weight"}, NULL},
+    MLP_OUT,
     LAYER_EXTRAS_AND_LAST,
 };
 
@@ -74,17 +79,11 @@ static const CkptfsRule phi3_rules[] = {
     {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_qkv.weight", NULL, 4, 3,
      CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
      CKPTFS_RECIPE_QKV_FUSED, {"self_attn.qkv_proj.weight"}, NULL},
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_proj.weight", NULL, 1, 1,
-     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
-     {"self_attn.o_proj.weight"}, NULL},
-    LAYER_NORM("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight", 11, 8,
-               "post_attention_layernorm.weight"),
+    ATTENTION_OUT_AND_MLP_NORM,
     {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc1.weight", NULL, 12, 9, CKPTFS_NEED_ALWAYS, 2,
      CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES_FUSED,
      {"mlp.gate_up_proj.weight"}, NULL},
-    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc2.weight", NULL, 14, 11, CKPTFS_NEED_ALWAYS, 2,
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
-     {"mlp.down_proj.weight"}, NULL},
+    MLP_OUT,
     LAYER_EXTRAS_AND_LAST,
 };
 

@@ -5,6 +5,10 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/mcore.h"
+#include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
+#include "ckptfs/readfile.h"
 #include "source_internal.h"
 
 #define TRACKER "latest_checkpointed_iteration.txt"
@@ -15,18 +19,35 @@ char *ckptfs_megatron_iteration_dir(const char *dir, const char *wanted, GError 
 {
     g_autofree char *tracker = g_build_filename(dir, TRACKER, NULL);
     g_autofree char *text = NULL;
-    if (wanted != NULL)
+    size_t len = 0;
+    GError *read_error = NULL;
+    if (wanted != NULL) {
         text = g_strdup(wanted);
-    else if (!g_file_get_contents(tracker, &text, NULL, NULL))
-        return g_strdup(dir);
+        len = strlen(text);
+    } else if (!ckptfs_read_small_file(tracker, CKPTFS_MAX_TRACKER_BYTES, &text, &len, &read_error)) {
+        /* No tracker is normal (DIR holds the rank directories); a FIFO, directory or device
+         * there, or one too large, is an error naming it. */
+        if (g_error_matches(read_error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND)) {
+            g_error_free(read_error);
+            return g_strdup(dir);
+        }
+        g_propagate_error(error, read_error);
+        return NULL;
+    }
+    bool has_nul = strlen(text) != len; /* "release\0..." is not "release" */
     g_strstrip(text);
     char *end;
     unsigned long it = strtoul(text, &end, 10);
-    g_autofree char *name = strcmp(text, "release") == 0 ? g_strdup("release")
-                            : (*text && *end == '\0') ? g_strdup_printf("iter_%07lu", it) : NULL;
+    g_autofree char *name = has_nul                        ? NULL
+                            : strcmp(text, "release") == 0 ? g_strdup("release")
+                            : (*text && *end == '\0')      ? g_strdup_printf("iter_%07lu", it)
+                                                           : NULL;
     if (name == NULL) {
+        /* The text shown escaped and cut short: the message stays one line. */
+        g_autofree char *shown = g_strescape(text, NULL);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: '%s' is neither \"release\" nor an iteration number", tracker, text);
+                    "%s: '%.40s%s' is neither \"release\" nor an iteration number", tracker, shown,
+                    strlen(shown) > 40 || has_nul ? "..." : "");
         return NULL;
     }
     char *iter = g_build_filename(dir, name, NULL);
@@ -77,16 +98,32 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
     return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
 }
 
-bool ckptfs_megatron_sizes_from_args(const CkptfsPy *args, const char *path,
-                                     CkptfsMegatronSizes *s, GError **error)
+/* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first
+ * with its features. */
+static bool pick_architecture(const char *named, const char *what, CkptfsModel *m, GError **error)
 {
-    memset(s, 0, sizeof *s);
+    m->arch = ckptfs_architecture_find(named, m->qkv_bias, m->qk_norm);
+    if (m->arch == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: architecture '%s' has no Megatron rules", what, named);
+        return false;
+    }
+    m->qkv_bias |= m->arch->qkv_bias;
+    m->qk_norm |= m->arch->qk_norm;
+    return true;
+}
+
+bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
+                                     CkptfsMegatronModel *out, GError **error)
+{
+    memset(out, 0, sizeof *out);
+    CkptfsModel *s = &out->model;
     uint64_t tp = 0, pp = 0;
     if (!arg_uint(args, path, "num_layers", &s->layers, error) ||
         !arg_uint(args, path, "hidden_size", &s->hidden, error) ||
         !arg_uint(args, path, "num_attention_heads", &s->heads, error) ||
         !arg_uint(args, path, "ffn_hidden_size", &s->ffn, error) ||
-        !arg_uint(args, path, "padded_vocab_size", &s->padded_vocab, error) ||
+        !arg_uint(args, path, "padded_vocab_size", &out->padded_vocab, error) ||
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
@@ -100,23 +137,54 @@ bool ckptfs_megatron_sizes_from_args(const CkptfsPy *args, const char *path,
                     "%s: args.swiglu is not true; only SwiGLU models are supported", path);
         return false;
     }
-    s->groups = arg_bool(args, "group_query_attention") ? arg_uint_or(args, "num_query_groups", s->heads) : s->heads;
+    s->kv_heads = arg_bool(args, "group_query_attention") ? arg_uint_or(args, "num_query_groups", s->heads) : s->heads;
     s->head_dim = arg_uint_or(args, "kv_channels", s->hidden / s->heads);
-    s->vocab = arg_uint_or(args, "vocab_size", s->padded_vocab);
-    s->tied = !arg_bool(args, "untie_embeddings_and_output_weights");
+    s->vocab = arg_uint_or(args, "vocab_size", out->padded_vocab);
+    s->tied_embeddings = !arg_bool(args, "untie_embeddings_and_output_weights");
     s->qkv_bias = arg_bool(args, "add_qkv_bias");
     s->qk_norm = arg_bool(args, "qk_layernorm");
-    s->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
-                               .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
-                               .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
-                               .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
+    s->max_positions = arg_uint_or(args, "max_position_embeddings", 4096);
+    s->norm_eps = arg_double(args, "layernorm_epsilon", arg_double(args, "norm_epsilon", 1e-5));
+    s->rope_theta = arg_double(args, "rotary_base", 10000);
+    s->rope_scaling_factor = arg_bool(args, "use_rope_scaling") ? arg_double(args, "rope_scaling_factor", 8.0) : 0;
+    const CkptfsPy *named = arg(args, "hf_architecture");
+    if (!pick_architecture(hf_arch ? hf_arch : ckptfs_py_str(named), path, s, error))
+        return false;
+    out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
+                                 .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
+                                 .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
+                                 .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
     return true;
 }
 
-bool ckptfs_megatron_sizes_from_config(JsonObject *c, const char *what, CkptfsMegatronSizes *s,
+/* Members of a given config.json, type-checked: json-glib's getters log a critical and give 0
+ * or NULL for a member of another type. Missing or null reads as FALLBACK, an integer that is
+ * not one as -1. */
+static gint64 config_int(JsonObject *c, const char *key, gint64 fallback)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    if (n == NULL || JSON_NODE_HOLDS_NULL(n))
+        return fallback;
+    return JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 ? json_node_get_int(n) : -1;
+}
+
+static bool config_bool(JsonObject *c, const char *key)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
+}
+
+static const char *config_string(JsonObject *c, const char *key)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n) : "";
+}
+
+bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMegatronModel *out,
                                        GError **error)
 {
-    memset(s, 0, sizeof *s);
+    memset(out, 0, sizeof *out);
+    CkptfsModel *s = &out->model;
     if (c == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: no args Namespace; give the model's config.json with -o hf_config=PATH or "
@@ -125,65 +193,67 @@ bool ckptfs_megatron_sizes_from_config(JsonObject *c, const char *what, CkptfsMe
     }
     const char *need[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"};
     for (size_t i = 0; i < G_N_ELEMENTS(need); i++)
-        if (json_object_get_int_member_with_default(c, need[i], 0) <= 0) {
+        if (config_int(c, need[i], 0) <= 0) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                         "config.json: \"%s\" is missing or not positive (needed for %s without args)",
                         need[i], what);
             return false;
         }
-    s->layers = (uint64_t)json_object_get_int_member(c, "num_hidden_layers");
-    s->hidden = (uint64_t)json_object_get_int_member(c, "hidden_size");
-    s->heads = (uint64_t)json_object_get_int_member(c, "num_attention_heads");
-    s->ffn = (uint64_t)json_object_get_int_member(c, "intermediate_size");
-    s->vocab = (uint64_t)json_object_get_int_member(c, "vocab_size");
-    s->groups = (uint64_t)json_object_get_int_member_with_default(c, "num_key_value_heads", (gint64)s->heads);
-    s->head_dim = (uint64_t)json_object_get_int_member_with_default(c, "head_dim", (gint64)(s->hidden / s->heads));
-    s->tied = json_object_get_boolean_member_with_default(c, "tie_word_embeddings", false);
-    const char *type = json_object_get_string_member_with_default(c, "model_type", "");
-    s->qkv_bias = strcmp(type, "qwen2") == 0 || json_object_get_boolean_member_with_default(c, "attention_bias", false);
-    s->qk_norm = strcmp(type, "qwen3") == 0;
-    if (s->groups == 0 || s->head_dim == 0) {
+    s->layers = (uint64_t)config_int(c, "num_hidden_layers", 0);
+    s->hidden = (uint64_t)config_int(c, "hidden_size", 0);
+    s->heads = (uint64_t)config_int(c, "num_attention_heads", 0);
+    s->ffn = (uint64_t)config_int(c, "intermediate_size", 0);
+    s->vocab = (uint64_t)config_int(c, "vocab_size", 0);
+    gint64 groups = config_int(c, "num_key_value_heads", (gint64)s->heads);
+    gint64 head_dim = config_int(c, "head_dim", (gint64)(s->hidden / s->heads));
+    s->kv_heads = groups > 0 ? (uint64_t)groups : 0;
+    s->head_dim = head_dim > 0 ? (uint64_t)head_dim : 0;
+    s->tied_embeddings = config_bool(c, "tie_word_embeddings");
+    s->qkv_bias = config_bool(c, "attention_bias");
+    if (s->kv_heads == 0 || s->head_dim == 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "config.json: num_key_value_heads and head_dim must be positive");
         return false;
     }
-    return true;
+    /* The architecture the config names; its built-in features (Qwen2's biases, Qwen3's norms). */
+    const char *type = config_string(c, "model_type");
+    return pick_architecture(*type ? type : NULL, "config.json", s, error);
 }
 
-void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsMegatronSizes *s,
-                                       const CkptfsPy *args, const char *hf_arch)
+char *ckptfs_megatron_describe(const CkptfsSource *source)
+{
+    g_autofree char *saved = ckptfs_layout_name(&source->saved_layout);
+    return g_strdup_printf("%u files opened; saved as %s", ckptfs_srcfiles_count(source->files), saved);
+}
+
+void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *m)
 {
     /* config.json as Hugging Face would write it for this model: the model rules then read it
-     * like any HF config, and hf/ shows it. The architecture follows from the weights unless
-     * -o hf_arch says (Mistral and Llama have the same ones). */
-    const char *type = hf_arch ? hf_arch : s->qk_norm ? "qwen3" : s->qkv_bias ? "qwen2" : "llama";
-    const char *arch = NULL;
-    for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
-        if (strcmp((*a)->model_type, type) == 0)
-            arch = (*a)->hf_architecture;
+     * like any HF config, and hf/ shows it. */
     JsonObject *c = json_object_new();
     JsonArray *archs = json_array_new();
-    json_array_add_string_element(archs, arch);
+    json_array_add_string_element(archs, m->arch->hf_architecture);
     json_object_set_array_member(c, "architectures", archs);
-    json_object_set_string_member(c, "model_type", type);
-    json_object_set_int_member(c, "hidden_size", (gint64)s->hidden);
-    json_object_set_int_member(c, "intermediate_size", (gint64)s->ffn);
-    json_object_set_int_member(c, "num_attention_heads", (gint64)s->heads);
-    json_object_set_int_member(c, "num_key_value_heads", (gint64)s->groups);
-    json_object_set_int_member(c, "num_hidden_layers", (gint64)s->layers);
-    json_object_set_int_member(c, "head_dim", (gint64)s->head_dim);
-    json_object_set_int_member(c, "vocab_size", (gint64)s->vocab);
-    json_object_set_int_member(c, "max_position_embeddings", (gint64)arg_uint_or(args, "max_position_embeddings", 4096));
-    json_object_set_double_member(c, "rms_norm_eps",
-                                  arg_double(args, "layernorm_epsilon", arg_double(args, "norm_epsilon", 1e-5)));
-    json_object_set_double_member(c, "rope_theta", arg_double(args, "rotary_base", 10000));
-    json_object_set_boolean_member(c, "tie_word_embeddings", s->tied);
+    json_object_set_string_member(c, "model_type", m->arch->model_type);
+    json_object_set_int_member(c, "hidden_size", (gint64)m->hidden);
+    json_object_set_int_member(c, "intermediate_size", (gint64)m->ffn);
+    json_object_set_int_member(c, "num_attention_heads", (gint64)m->heads);
+    json_object_set_int_member(c, "num_key_value_heads", (gint64)m->kv_heads);
+    json_object_set_int_member(c, "num_hidden_layers", (gint64)m->layers);
+    json_object_set_int_member(c, "head_dim", (gint64)m->head_dim);
+    json_object_set_int_member(c, "vocab_size", (gint64)m->vocab);
+    json_object_set_int_member(c, "max_position_embeddings", (gint64)m->max_positions);
+    json_object_set_double_member(c, "rms_norm_eps", m->norm_eps);
+    json_object_set_double_member(c, "rope_theta", m->rope_theta);
+    json_object_set_boolean_member(c, "tie_word_embeddings", m->tied_embeddings);
+    if (m->qkv_bias && !m->arch->qkv_bias)
+        json_object_set_boolean_member(c, "attention_bias", true);
     json_object_set_string_member(c, "hidden_act", "silu");
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
-    if (arg_bool(args, "use_rope_scaling")) {
+    if (m->rope_scaling_factor > 0) {
         JsonObject *scaling = json_object_new();
         json_object_set_string_member(scaling, "rope_type", "llama3");
-        json_object_set_double_member(scaling, "factor", arg_double(args, "rope_scaling_factor", 8.0));
+        json_object_set_double_member(scaling, "factor", m->rope_scaling_factor);
         json_object_set_object_member(c, "rope_scaling", scaling);
     }
     source->config = c;
@@ -198,18 +268,12 @@ bool ckptfs_source_use_given_config(CkptfsSource *source, const CkptfsOptions *o
                                                                                             : NULL;
     if (path == NULL)
         return true;
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    GError *json_error = NULL;
-    if (!json_parser_load_from_file(parser, path, &json_error) ||
-        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a JSON object%s%s", path,
-                    json_error ? ": " : "", json_error ? json_error->message : "");
-        g_clear_error(&json_error);
+    JsonObject *given = ckptfs_json_load_object(path, error);
+    if (given == NULL)
         return false;
-    }
     if (source->config)
         json_object_unref(source->config);
-    source->config = json_object_ref(json_node_get_object(json_parser_get_root(parser)));
+    source->config = given;
     return ckptfs_source_add_file(source, "config.json", path, error);
 }
 
@@ -265,6 +329,24 @@ void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim,
 void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece)
 {
     g_array_append_val(g_hash_table_lookup(set->pieces, name), *piece);
+}
+
+void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, const GPtrArray *keys)
+{
+    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
+    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
+    /* The embedding, every layer's tensors, then the final norm and output layer. */
+    for (guint i = 0; i < outer->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, i);
+        if (i == 1)
+            for (uint64_t l = 0; l < m->layers; l++)
+                for (guint k = 0; k < layer->len; k++) {
+                    const CkptfsHfShape *lt = &g_array_index(layer, CkptfsHfShape, k);
+                    g_autofree char *name = ckptfs_hf_layer_name(l, lt->name);
+                    ckptfs_piece_set_want(set, name, lt->ndim, lt->d0, lt->d1);
+                }
+        ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
+    }
 }
 
 bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/mcore.h"
 
 static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama};
@@ -216,11 +217,40 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
             model->rope_scaling_factor = get_double(s, "factor", 8.0);
     }
 
+    if (!ckptfs_model_check_limits(model, "config.json", error))
+        return false;
     /* Tied embeddings with an lm_head anyway: it must still be the embedding's shape. */
     if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
         !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, error))
         return false;
     if (!check_tensors(catalog, model, error))
         return false;
+    return true;
+}
+
+bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error)
+{
+    const struct {
+        const char *name;
+        uint64_t value, limit;
+    } dims[] = {
+        {"hidden size", model->hidden, CKPTFS_MAX_MODEL_DIM},
+        {"attention heads", model->heads, CKPTFS_MAX_MODEL_DIM},
+        {"key/value heads", model->kv_heads, CKPTFS_MAX_MODEL_DIM},
+        {"head dim", model->head_dim, CKPTFS_MAX_MODEL_DIM},
+        {"ffn size", model->ffn, CKPTFS_MAX_MODEL_DIM},
+        {"vocabulary", model->vocab, CKPTFS_MAX_VOCAB},
+        {"layers", model->layers, (CKPTFS_MAX_SOURCE_TENSORS - 3) / CKPTFS_MAX_LAYER_TENSORS},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(dims); i++)
+        if (dims[i].value > dims[i].limit) {
+            g_autofree char *why = i + 1 < G_N_ELEMENTS(dims) ? g_strdup("") : g_strdup_printf(
+                " (a layer makes up to %u tensors, a source holds at most %u)",
+                CKPTFS_MAX_LAYER_TENSORS, CKPTFS_MAX_SOURCE_TENSORS);
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: %" G_GUINT64_FORMAT " %s is over the limit of %" G_GUINT64_FORMAT "%s",
+                        what, dims[i].value, dims[i].name, dims[i].limit, why);
+            return false;
+        }
     return true;
 }

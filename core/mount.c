@@ -11,9 +11,7 @@
 /* The layout a bare "vpp2" or "pp4" refines: the source's own split (tp1pp1 for HF). */
 static CkptfsLayout base_layout(const CkptfsMount *mount)
 {
-    CkptfsLayout base = {.tp = 1, .pp = 1, .vpp = 1};
-    if (mount->source->kind != CKPTFS_SOURCE_HF)
-        base = mount->source->megatron_layout;
+    CkptfsLayout base = mount->source->saved_layout;
     base.vpp = 1;
     return base;
 }

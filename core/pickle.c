@@ -10,40 +10,71 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/limits.h"
 
-#define MAX_MARKS 1024          /* nesting of MARK-delimited structures */
-#define MAX_STACK (1u << 22)
-#define MAX_OBJECTS (1u << 22)
-#define MAX_MEMO (1u << 22)
+/* Objects are allocated in blocks of this many, and strings in one string chunk: a big pickle
+ * holds millions of small values, and a malloc each doubled its memory. */
+#define BLOCK_OBJECTS 4096u
+#define SMALL_INTS 256
+
+/* Every value of a pickle, freed together. */
+typedef struct {
+    GPtrArray *blocks;     /* CkptfsPy[BLOCK_OBJECTS] each */
+    unsigned used;         /* objects taken in the last block */
+    uint64_t objects;      /* in all blocks */
+    GStringChunk *strings; /* the bytes of STR, BYTES, GLOBAL names, storage keys */
+    GPtrArray *empty;      /* the items of every container while it is empty */
+} Arena;
 
 struct CkptfsPickle {
-    GPtrArray *arena; /* every object, freed together */
+    Arena arena;
     CkptfsPy *root;
 };
 
 typedef struct {
     const char *what;
     const uint8_t *p, *end, *start;
-    GPtrArray *arena;
+    Arena *arena;
     GPtrArray *stack;
-    GArray *marks; /* guint stack heights */
-    GHashTable *memo;
+    GArray *marks;      /* guint stack heights */
+    GPtrArray *memo;    /* memo[index]: the dense part (indexes written in order, as pickle does) */
+    GHashTable *memo_sparse; /* the other indexes */
+    guint memo_count;   /* entries in both */
+    CkptfsPy *none, *true_, *false_, *empty_tuple, *small_int[SMALL_INTS]; /* shared */
     GError **error;
 } Vm;
 
-static void py_free(gpointer data)
+static void arena_init(Arena *a)
 {
-    CkptfsPy *v = data;
-    g_free(v->s);
-    g_free(v->module);
-    g_free(v->name);
-    if (v->tensor) {
-        g_free(v->tensor->storage_key);
-        g_free(v->tensor);
+    a->blocks = g_ptr_array_new();
+    a->used = BLOCK_OBJECTS;
+    a->objects = 0;
+    a->strings = g_string_chunk_new(64 * 1024);
+    a->empty = g_ptr_array_new();
+}
+
+static void arena_clear(Arena *a)
+{
+    for (guint b = 0; b < a->blocks->len; b++) {
+        CkptfsPy *block = g_ptr_array_index(a->blocks, b);
+        unsigned n = b + 1 == a->blocks->len ? a->used : BLOCK_OBJECTS;
+        for (unsigned i = 0; i < n; i++) {
+            CkptfsPy *v = &block[i];
+            if (v->items)
+                g_ptr_array_unref(v->items);
+            if (v->kind == CKPTFS_PY_TENSOR)
+                g_free(v->tensor);
+        }
+        g_free(block);
     }
-    if (v->items)
-        g_ptr_array_unref(v->items);
-    g_free(v);
+    g_ptr_array_unref(a->blocks);
+    g_string_chunk_free(a->strings);
+    g_ptr_array_unref(a->empty);
+}
+
+static char *arena_strndup(Arena *a, const void *bytes, size_t len)
+{
+    return g_string_chunk_insert_len(a->strings, bytes, (gssize)len);
 }
 
 static bool fail(Vm *vm, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
@@ -58,29 +89,50 @@ static bool fail(Vm *vm, const char *fmt, ...)
     return false;
 }
 
-static CkptfsPy *new_obj(Vm *vm, CkptfsPyKind kind)
+/* A new value; containers get ITEMS (taken), or an empty array when NULL. */
+static CkptfsPy *new_value(Vm *vm, CkptfsPyKind kind, GPtrArray *items)
 {
-    if (vm->arena->len >= MAX_OBJECTS) {
-        fail(vm, "more than %u objects", MAX_OBJECTS);
+    Arena *a = vm->arena;
+    if (a->objects >= CKPTFS_MAX_PICKLE_OBJECTS) {
+        if (items)
+            g_ptr_array_unref(items);
+        fail(vm, "more than %u objects (limit)", CKPTFS_MAX_PICKLE_OBJECTS);
         return NULL;
     }
-    CkptfsPy *v = g_new0(CkptfsPy, 1);
-    v->kind = kind;
+    if (a->used == BLOCK_OBJECTS) {
+        g_ptr_array_add(a->blocks, g_new(CkptfsPy, BLOCK_OBJECTS));
+        a->used = 0;
+    }
+    CkptfsPy *v = &((CkptfsPy *)g_ptr_array_index(a->blocks, a->blocks->len - 1))[a->used++];
+    a->objects++;
+    *v = (CkptfsPy){.kind = kind};
     if (kind == CKPTFS_PY_TUPLE || kind == CKPTFS_PY_LIST || kind == CKPTFS_PY_DICT ||
         kind == CKPTFS_PY_SET)
-        v->items = g_ptr_array_new();
+        v->items = items ? items : g_ptr_array_ref(a->empty);
     if (kind == CKPTFS_PY_TENSOR)
         v->tensor = g_new0(CkptfsPyTensor, 1);
-    g_ptr_array_add(vm->arena, v);
     return v;
+}
+
+static CkptfsPy *new_obj(Vm *vm, CkptfsPyKind kind)
+{
+    return new_value(vm, kind, NULL);
+}
+
+/* A value nothing changes, made once: None, True, False, (), small ints. */
+static CkptfsPy *shared(Vm *vm, CkptfsPy **slot, CkptfsPyKind kind, int64_t i)
+{
+    if (*slot == NULL && (*slot = new_obj(vm, kind)) != NULL)
+        (*slot)->i = i;
+    return *slot;
 }
 
 static bool push(Vm *vm, CkptfsPy *v)
 {
     if (v == NULL)
         return false;
-    if (vm->stack->len >= MAX_STACK)
-        return fail(vm, "stack deeper than %u", MAX_STACK);
+    if (vm->stack->len >= CKPTFS_MAX_PICKLE_STACK)
+        return fail(vm, "stack deeper than %u", CKPTFS_MAX_PICKLE_STACK);
     g_ptr_array_add(vm->stack, v);
     return true;
 }
@@ -158,7 +210,7 @@ static bool push_string(Vm *vm, CkptfsPyKind kind, uint64_t n)
     CkptfsPy *v = new_obj(vm, kind);
     if (v == NULL)
         return false;
-    v->s = g_strndup((const char *)vm->p, (gsize)n);
+    v->s = arena_strndup(vm->arena, vm->p, (size_t)n);
     v->len = (size_t)n;
     vm->p += n;
     return push(vm, v);
@@ -166,6 +218,8 @@ static bool push_string(Vm *vm, CkptfsPyKind kind, uint64_t n)
 
 static bool push_int(Vm *vm, int64_t i, bool big)
 {
+    if (!big && i >= 0 && i < SMALL_INTS)
+        return push(vm, shared(vm, &vm->small_int[i], CKPTFS_PY_INT, i));
     CkptfsPy *v = new_obj(vm, CKPTFS_PY_INT);
     if (v == NULL)
         return false;
@@ -198,8 +252,8 @@ static bool push_global(Vm *vm, const char *module, size_t mlen, const char *nam
     CkptfsPy *g = new_obj(vm, CKPTFS_PY_GLOBAL);
     if (g == NULL)
         return false;
-    g->module = g_strndup(module, mlen);
-    g->name = g_strndup(name, nlen);
+    g->module = arena_strndup(vm->arena, module, mlen);
+    g->name = arena_strndup(vm->arena, name, nlen);
     return push(vm, g);
 }
 
@@ -298,7 +352,7 @@ static CkptfsPy *make_tensor(Vm *vm, const CkptfsPy *args, bool v3)
         return NULL;
     }
     t->tensor->ndim = nd_size;
-    t->tensor->storage_key = g_strdup(key->s);
+    t->tensor->storage_key = key->s; /* in the same arena */
     t->tensor->dtype = dtype;
     t->tensor->storage_numel = (uint64_t)numel->i;
     t->tensor->offset = (uint64_t)off->i;
@@ -333,9 +387,11 @@ static bool op_reduce(Vm *vm)
     return push(vm, result);
 }
 
-/* Items added to something: a dict, a list or a set, or an opaque object that collects them. */
+/* ITEMS (taken) added to something: a dict, a list or a set, or an opaque object that collects
+ * them. An empty target takes the array itself, sized as it was popped. */
 static bool add_items(Vm *vm, CkptfsPy *target, GPtrArray *items, bool pairs)
 {
+    g_autoptr(GPtrArray) taken = items;
     if (pairs && items->len % 2 != 0)
         return fail(vm, "SETITEMS with an odd number of items");
     bool ok = target->kind == (pairs ? CKPTFS_PY_DICT : CKPTFS_PY_LIST) ||
@@ -343,27 +399,53 @@ static bool add_items(Vm *vm, CkptfsPy *target, GPtrArray *items, bool pairs)
     if (!ok)
         return fail(vm, "%s on something that is not a %s", pairs ? "SETITEM" : "APPEND",
                     pairs ? "dict" : "list");
-    if (target->items == NULL)
-        target->items = g_ptr_array_new();
+    if (target->items == NULL || target->items == vm->arena->empty) {
+        if (target->items)
+            g_ptr_array_unref(target->items);
+        target->items = g_steal_pointer(&taken);
+        return true;
+    }
     for (guint i = 0; i < items->len; i++)
         g_ptr_array_add(target->items, g_ptr_array_index(items, i));
     return true;
 }
 
+static CkptfsPy *memo_lookup(Vm *vm, uint64_t index)
+{
+    CkptfsPy *v = index < vm->memo->len ? g_ptr_array_index(vm->memo, index) : NULL;
+    if (v == NULL && g_hash_table_size(vm->memo_sparse) > 0) /* the array may have grown past it */
+        v = g_hash_table_lookup(vm->memo_sparse, &index);
+    return v;
+}
+
+/* Pickles number their memo entries 0, 1, 2...: those go to an array (8 bytes each), which
+ * grows only as far as twice the entries stored; any other index goes to a hash table. */
 static bool memo_put(Vm *vm, uint64_t index)
 {
     CkptfsPy *v = top(vm);
     if (v == NULL)
         return false;
-    if (g_hash_table_size(vm->memo) >= MAX_MEMO && !g_hash_table_contains(vm->memo, GSIZE_TO_POINTER(index)))
-        return fail(vm, "memo larger than %u entries", MAX_MEMO);
-    g_hash_table_insert(vm->memo, GSIZE_TO_POINTER((gsize)index), v);
+    bool is_new = memo_lookup(vm, index) == NULL;
+    if (is_new && vm->memo_count >= CKPTFS_MAX_PICKLE_MEMO)
+        return fail(vm, "memo larger than %u entries (limit)", CKPTFS_MAX_PICKLE_MEMO);
+    vm->memo_count += is_new;
+    if (index < vm->memo->len || index <= 2 * (uint64_t)vm->memo_count + 1024) {
+        if (index >= vm->memo->len)
+            g_ptr_array_set_size(vm->memo, (guint)index + 1);
+        g_ptr_array_index(vm->memo, index) = v;
+        if (!is_new && g_hash_table_size(vm->memo_sparse) > 0)
+            g_hash_table_remove(vm->memo_sparse, &index);
+    } else {
+        uint64_t *key = g_new(uint64_t, 1);
+        *key = index;
+        g_hash_table_replace(vm->memo_sparse, key, v);
+    }
     return true;
 }
 
 static bool memo_get(Vm *vm, uint64_t index)
 {
-    CkptfsPy *v = g_hash_table_lookup(vm->memo, GSIZE_TO_POINTER((gsize)index));
+    CkptfsPy *v = memo_lookup(vm, index);
     if (v == NULL)
         return fail(vm, "memo entry %" G_GUINT64_FORMAT " was never stored", index);
     return push(vm, v);
@@ -416,8 +498,8 @@ static bool run(Vm *vm)
                             vm->marks->len);
             return true;
         case '(': /* MARK */
-            if (vm->marks->len >= MAX_MARKS)
-                return fail(vm, "nesting deeper than %d", MAX_MARKS);
+            if (vm->marks->len >= CKPTFS_MAX_PICKLE_MARKS)
+                return fail(vm, "nesting deeper than %d", CKPTFS_MAX_PICKLE_MARKS);
             g_array_append_val(vm->marks, vm->stack->len);
             break;
         case '0': /* POP */
@@ -440,18 +522,14 @@ static bool run(Vm *vm)
             break;
         }
         case 'N':
-            if (!push(vm, new_obj(vm, CKPTFS_PY_NONE)))
+            if (!push(vm, shared(vm, &vm->none, CKPTFS_PY_NONE, 0)))
                 return false;
             break;
-        case 0x88: case 0x89: { /* NEWTRUE NEWFALSE */
-            CkptfsPy *v = new_obj(vm, CKPTFS_PY_BOOL);
-            if (v == NULL)
-                return false;
-            v->i = op == 0x88;
-            if (!push(vm, v))
+        case 0x88: case 0x89: /* NEWTRUE NEWFALSE */
+            if (!push(vm, op == 0x88 ? shared(vm, &vm->true_, CKPTFS_PY_BOOL, 1)
+                                     : shared(vm, &vm->false_, CKPTFS_PY_BOOL, 0)))
                 return false;
             break;
-        }
         case 'J':
             if (!need(vm, 4) || !push_int(vm, (int32_t)(uint32_t)read_le(vm, 4), false))
                 return false;
@@ -549,9 +627,12 @@ static bool run(Vm *vm)
             vm->p++; /* the newline */
             break;
         }
-        case ')': case ']': case '}': case 0x8f: /* EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET */
-            if (!push(vm, new_obj(vm, op == ')' ? CKPTFS_PY_TUPLE : op == ']' ? CKPTFS_PY_LIST
-                                          : op == '}' ? CKPTFS_PY_DICT : CKPTFS_PY_SET)))
+        case ')': /* EMPTY_TUPLE */
+            if (!push(vm, shared(vm, &vm->empty_tuple, CKPTFS_PY_TUPLE, 0)))
+                return false;
+            break;
+        case ']': case '}': case 0x8f: /* EMPTY_LIST EMPTY_DICT EMPTY_SET */
+            if (!push(vm, new_obj(vm, op == ']' ? CKPTFS_PY_LIST : op == '}' ? CKPTFS_PY_DICT : CKPTFS_PY_SET)))
                 return false;
             break;
         case 't': case 'l': case 'd': case 0x91: { /* TUPLE LIST DICT FROZENSET */
@@ -564,52 +645,49 @@ static bool run(Vm *vm)
                 g_ptr_array_unref(items);
                 return fail(vm, "DICT with an odd number of items");
             }
-            CkptfsPy *v = new_obj(vm, kind);
-            if (v == NULL) {
-                g_ptr_array_unref(items);
-                return false;
-            }
-            g_ptr_array_unref(v->items);
-            v->items = items;
-            if (!push(vm, v))
+            if (!push(vm, new_value(vm, kind, items)))
                 return false;
             break;
         }
         case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
             unsigned n = op - 0x84u;
-            CkptfsPy *v = new_obj(vm, CKPTFS_PY_TUPLE);
-            if (v == NULL)
-                return false;
             CkptfsPy *got[3];
             for (unsigned i = 0; i < n; i++)
                 if ((got[n - 1 - i] = pop(vm)) == NULL)
                     return false;
+            GPtrArray *items = g_ptr_array_sized_new(n);
             for (unsigned i = 0; i < n; i++)
-                g_ptr_array_add(v->items, got[i]);
-            if (!push(vm, v))
+                g_ptr_array_add(items, got[i]);
+            if (!push(vm, new_value(vm, CKPTFS_PY_TUPLE, items)))
                 return false;
             break;
         }
         case 'a': case 's': { /* APPEND, SETITEM */
             unsigned n = op == 'a' ? 1 : 2;
-            g_autoptr(GPtrArray) items = g_ptr_array_new();
             CkptfsPy *got[2];
             for (unsigned i = 0; i < n; i++)
                 if ((got[n - 1 - i] = pop(vm)) == NULL)
                     return false;
+            CkptfsPy *target = top(vm);
+            if (target == NULL)
+                return false;
+            GPtrArray *items = g_ptr_array_sized_new(n);
             for (unsigned i = 0; i < n; i++)
                 g_ptr_array_add(items, got[i]);
-            CkptfsPy *target = top(vm);
-            if (target == NULL || !add_items(vm, target, items, op == 's'))
+            if (!add_items(vm, target, items, op == 's'))
                 return false;
             break;
         }
         case 'e': case 'u': case 0x90: { /* APPENDS, SETITEMS, ADDITEMS */
-            g_autoptr(GPtrArray) items = pop_mark(vm);
+            GPtrArray *items = pop_mark(vm);
             if (items == NULL)
                 return false;
             CkptfsPy *target = top(vm);
-            if (target == NULL || !add_items(vm, target, items, op == 'u'))
+            if (target == NULL) {
+                g_ptr_array_unref(items);
+                return false;
+            }
+            if (!add_items(vm, target, items, op == 'u'))
                 return false;
             break;
         }
@@ -672,7 +750,7 @@ static bool run(Vm *vm)
             break;
         }
         case 0x94: /* MEMOIZE */
-            if (!memo_put(vm, g_hash_table_size(vm->memo)))
+            if (!memo_put(vm, vm->memo_count))
                 return false;
             break;
         case 'Q': { /* BINPERSID */
@@ -711,22 +789,22 @@ static bool run(Vm *vm)
 CkptfsPickle *ckptfs_pickle_parse(const char *what, const uint8_t *data, size_t len,
                                   GError **error)
 {
+    CkptfsPickle *pickle = g_new0(CkptfsPickle, 1);
+    arena_init(&pickle->arena);
     Vm vm = {.what = what, .p = data, .start = data, .end = data + len, .error = error,
-             .arena = g_ptr_array_new_with_free_func(py_free), .stack = g_ptr_array_new(),
-             .marks = g_array_new(FALSE, FALSE, sizeof(guint)),
-             .memo = g_hash_table_new(g_direct_hash, g_direct_equal)};
-    bool ok = run(&vm);
-    CkptfsPickle *pickle = NULL;
-    if (ok) {
-        pickle = g_new0(CkptfsPickle, 1);
-        pickle->arena = vm.arena;
+             .arena = &pickle->arena, .stack = g_ptr_array_new(),
+             .marks = g_array_new(FALSE, FALSE, sizeof(guint)), .memo = g_ptr_array_new(),
+             .memo_sparse = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL)};
+    if (run(&vm)) {
         pickle->root = g_ptr_array_index(vm.stack, 0);
     } else {
-        g_ptr_array_unref(vm.arena);
+        ckptfs_pickle_free(pickle);
+        pickle = NULL;
     }
     g_ptr_array_unref(vm.stack);
     g_array_unref(vm.marks);
-    g_hash_table_unref(vm.memo);
+    g_ptr_array_unref(vm.memo);
+    g_hash_table_unref(vm.memo_sparse);
     return pickle;
 }
 
@@ -734,7 +812,7 @@ void ckptfs_pickle_free(CkptfsPickle *pickle)
 {
     if (pickle == NULL)
         return;
-    g_ptr_array_unref(pickle->arena);
+    arena_clear(&pickle->arena);
     g_free(pickle);
 }
 

@@ -3,8 +3,10 @@
 #include <json-glib/json-glib.h>
 #include <string.h>
 
+#include "ckptfs/checked.h"
 #include "ckptfs/error.h"
 #include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/units.h"
 
 static void entry_free(gpointer data)
@@ -25,12 +27,34 @@ void ckptfs_st_header_free(CkptfsStHeader *header)
 
 bool ckptfs_shape_numel(const uint64_t *shape, unsigned ndim, uint64_t *numel)
 {
-    uint64_t n = 1;
-    for (unsigned i = 0; i < ndim; i++)
-        if (!ckptfs_mul_u64(n, shape[i], &n))
-            return false;
-    *numel = n;
-    return true;
+    return ckptfs_dims_product(shape, ndim, numel);
+}
+
+uint64_t ckptfs_st_count_tensors(const char *json, size_t len)
+{
+    /* Keys are the strings followed by ':' one level into the top object; "__metadata__" is not
+     * a tensor. Any bytes at all are scanned safely: this runs before the JSON is validated. */
+    uint64_t keys = 0;
+    unsigned depth = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = json[i];
+        if (c == '"') {
+            size_t start = i++;
+            while (i < len && json[i] != '"')
+                i += json[i] == '\\' ? 2 : 1;
+            size_t j = i + 1;
+            while (j < len && (json[j] == ' ' || json[j] == '\t' || json[j] == '\n' || json[j] == '\r'))
+                j++;
+            if (depth == 1 && j < len && json[j] == ':' &&
+                !(i - start == 13 && memcmp(json + start, "\"__metadata__", 13) == 0))
+                keys++;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return keys;
 }
 
 bool ckptfs_st_header_length(const char *file_name, const uint8_t prefix[8], uint64_t file_size,
@@ -63,17 +87,29 @@ bool ckptfs_st_header_length(const char *file_name, const uint8_t prefix[8], uin
     return true;
 }
 
-/* A JSON integer >= 0 (json-glib parses anything too large for int64 as a double). */
-static bool node_get_u64(JsonNode *node, uint64_t *out)
+/* A JSON integer >= 0 into *OUT: NULL, or why it is not one, for "shape[1] <why>" (a new
+ * string). Integers beyond 64 bits never get here: the strict JSON pass refuses them. */
+static char *node_get_u64(JsonNode *node, uint64_t *out)
 {
-    if (node == NULL || JSON_NODE_TYPE(node) != JSON_NODE_VALUE ||
-        json_node_get_value_type(node) != G_TYPE_INT64)
-        return false;
+    GType type = node && JSON_NODE_TYPE(node) == JSON_NODE_VALUE ? json_node_get_value_type(node) : G_TYPE_NONE;
+    if (type == G_TYPE_DOUBLE)
+        return g_strdup_printf("is not an integer (%g)", json_node_get_double(node));
+    if (type != G_TYPE_INT64)
+        return g_strdup("is not a number");
     gint64 v = json_node_get_int(node);
     if (v < 0)
-        return false;
+        return g_strdup_printf("%" G_GINT64_FORMAT " is negative", v);
     *out = (uint64_t)v;
-    return true;
+    return NULL;
+}
+
+static char *dims_text(const uint64_t *dims, unsigned n)
+{
+    GString *s = g_string_new("[");
+    for (unsigned i = 0; i < n; i++)
+        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, i ? ", " : "", dims[i]);
+    g_string_append_c(s, ']');
+    return g_string_free(s, FALSE);
 }
 
 static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
@@ -108,26 +144,35 @@ static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
     if (ndim > CKPTFS_MAX_DIMS)
         BAD("%u dimensions (at most %d supported)", ndim, CKPTFS_MAX_DIMS);
     entry->ndim = ndim;
-    for (guint i = 0; i < ndim; i++)
-        if (!node_get_u64(json_array_get_element(shape, i), &entry->shape[i]))
-            BAD("shape[%u] is not a non-negative integer", i);
+    for (guint i = 0; i < ndim; i++) {
+        g_autofree char *why = node_get_u64(json_array_get_element(shape, i), &entry->shape[i]);
+        if (why)
+            BAD("shape[%u] %s", i, why);
+    }
 
     JsonNode *offs_node = json_object_get_member(obj, "data_offsets");
     if (offs_node == NULL || !JSON_NODE_HOLDS_ARRAY(offs_node) ||
         json_array_get_length(json_node_get_array(offs_node)) != 2)
         BAD("missing \"data_offsets\" or not a [begin, end] pair");
     JsonArray *offs = json_node_get_array(offs_node);
-    if (!node_get_u64(json_array_get_element(offs, 0), &entry->begin) ||
-        !node_get_u64(json_array_get_element(offs, 1), &entry->end))
-        BAD("data_offsets are not non-negative integers");
+    uint64_t *ends[2] = {&entry->begin, &entry->end};
+    for (guint i = 0; i < 2; i++) {
+        g_autofree char *why = node_get_u64(json_array_get_element(offs, i), ends[i]);
+        if (why)
+            BAD("data_offsets[%u] %s", i, why);
+    }
     if (entry->end < entry->begin)
         BAD("data_offsets [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] end before begin",
             entry->begin, entry->end);
 
     uint64_t numel, nbytes;
-    if (!ckptfs_shape_numel(entry->shape, ndim, &numel) ||
-        !ckptfs_mul_u64(numel, ckptfs_dtype_size(entry->dtype), &nbytes))
-        BAD("shape is too large");
+    if (!ckptfs_dims_product(entry->shape, ndim, &numel)) {
+        g_autofree char *dims = dims_text(entry->shape, ndim);
+        BAD("shape %s: its element count overflows 64 bits", dims);
+    }
+    if (!ckptfs_mul_u64(numel, ckptfs_dtype_size(entry->dtype), &nbytes))
+        BAD("%" G_GUINT64_FORMAT " %s elements of %zu bytes: their size overflows 64 bits", numel,
+            dtype_name, ckptfs_dtype_size(entry->dtype));
     if (entry->end - entry->begin != nbytes)
         BAD("shape and dtype %s need %" G_GUINT64_FORMAT " bytes but data_offsets [%" G_GUINT64_FORMAT
             ", %" G_GUINT64_FORMAT "] hold %" G_GUINT64_FORMAT,
@@ -184,31 +229,24 @@ CkptfsStHeader *ckptfs_st_parse_header(const char *file_name, const char *json, 
                     "%s: safetensors header contains a NUL byte; not JSON", file_name);
         return NULL;
     }
+    /* Counted before parsing: json-glib's tree costs ~1.5 KB a tensor. */
+    uint64_t tensors = ckptfs_st_count_tensors(json, json_len);
+    if (tensors > CKPTFS_MAX_HEADER_TENSORS) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: safetensors header lists %" G_GUINT64_FORMAT " tensors (limit %u per file)",
+                    file_name, tensors, CKPTFS_MAX_HEADER_TENSORS);
+        return NULL;
+    }
     g_autofree char *what = g_strdup_printf("%s: safetensors header", file_name);
-    if (!ckptfs_json_check_strict(what, json, json_len, error))
+    g_autoptr(JsonObject) obj = ckptfs_json_parse_object(what, json, json_len, error);
+    if (obj == NULL)
         return NULL;
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    GError *json_error = NULL;
-    if (!json_parser_load_from_data(parser, json, (gssize)json_len, &json_error)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: safetensors header is not valid JSON: %s", file_name,
-                    json_error->message);
-        g_error_free(json_error);
-        return NULL;
-    }
-    JsonNode *root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: safetensors header is not a JSON object", file_name);
-        return NULL;
-    }
 
     CkptfsStHeader *header = g_new0(CkptfsStHeader, 1);
     header->data_start = data_start;
     header->entries = g_ptr_array_new_with_free_func(entry_free);
     header->metadata = g_ptr_array_new_with_free_func(g_free);
 
-    JsonObject *obj = json_node_get_object(root);
     g_autoptr(GList) members = json_object_get_members(obj);
     for (GList *m = members; m; m = m->next) {
         const char *name = m->data;

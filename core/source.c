@@ -58,6 +58,11 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
     return true;
 }
 
+/* The registry: formats tried in order (a torch_dist directory may also have a tracker; a
+ * directory that is neither Megatron format is read as Hugging Face). */
+static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_torch_dist, &ckptfs_format_megatron,
+                                                    &ckptfs_format_hf};
+
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options, GError **error)
 {
     struct stat st;
@@ -77,13 +82,11 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     source->top_files = g_ptr_array_new_with_free_func(source_file_free);
     source->weight_files = g_ptr_array_new_with_free_func(g_free);
     source->warnings = g_ptr_array_new_with_free_func(g_free);
-    /* Every top-level regular file of an HF checkpoint (symlinks followed, as in a Hugging Face
-     * cache snapshot) is part of it; a Megatron checkpoint's are not. */
-    bool ok = ckptfs_source_is_torch_dist(path, options) ? ckptfs_source_open_torch_dist(source, options, error)
-              : ckptfs_source_is_megatron(path)            ? ckptfs_source_open_megatron(source, options, error)
-                                                           : ckptfs_source_add_top_files(source, path, error) &&
-                                                   ckptfs_source_open_hf(source, error);
-    if (!ok) {
+    source->saved_layout = (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
+    for (size_t i = 0; i < G_N_ELEMENTS(formats) && source->format == NULL; i++)
+        if (formats[i]->probe(path, options))
+            source->format = formats[i];
+    if (!source->format->open(source, options, error)) {
         ckptfs_source_free(source);
         return NULL;
     }
@@ -105,19 +108,6 @@ void ckptfs_source_free(CkptfsSource *source)
     g_free(source->config_problem);
     ckptfs_srcfiles_free(source->files);
     g_free(source);
-}
-
-const char *ckptfs_source_kind_name(CkptfsSourceKind kind)
-{
-    switch (kind) {
-    case CKPTFS_SOURCE_HF:
-        return "huggingface-safetensors";
-    case CKPTFS_SOURCE_MEGATRON:
-        return "megatron-legacy";
-    case CKPTFS_SOURCE_TORCH_DIST:
-        return "megatron-torch_dist";
-    }
-    return "unknown";
 }
 
 const CkptfsSourceFile *ckptfs_source_top_file(const CkptfsSource *source, const char *name)

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/readfile.h"
 #include "ckptfs/safetensors.h"
 #include "ckptfs/source.h"
@@ -40,27 +42,21 @@ static bool valid_shard_name(const char *name)
            strcmp(name, "..") != 0 && strstr(name, "..") == NULL;
 }
 
-/* weight_map of the index: tensor name -> shard file name (both owned by the parser). */
-static JsonObject *read_weight_map(CkptfsSource *source, JsonParser *parser, GError **error)
+/* weight_map of the index: tensor name -> shard file name (a new reference; the names are
+ * owned by it). */
+static JsonObject *read_weight_map(CkptfsSource *source, GError **error)
 {
     g_autofree char *path = g_build_filename(source->dir, INDEX_NAME, NULL);
-    GError *json_error = NULL;
-    if (!json_parser_load_from_mapped_file(parser, path, &json_error)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not valid JSON: %s", path,
-                    json_error->message);
-        g_error_free(json_error);
+    g_autoptr(JsonObject) index = ckptfs_json_load_object(path, error);
+    if (index == NULL)
         return NULL;
-    }
-    JsonNode *root = json_parser_get_root(parser);
-    JsonNode *map = root && JSON_NODE_HOLDS_OBJECT(root)
-                        ? json_object_get_member(json_node_get_object(root), "weight_map")
-                        : NULL;
+    JsonNode *map = json_object_get_member(index, "weight_map");
     if (map == NULL || !JSON_NODE_HOLDS_OBJECT(map)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: no \"weight_map\" object", path);
         return NULL;
     }
-    JsonObject *weight_map = json_node_get_object(map);
+    g_autoptr(JsonObject) weight_map = json_object_ref(json_node_get_object(map));
     g_autoptr(GList) names = json_object_get_members(weight_map);
     for (GList *n = names; n; n = n->next) {
         JsonNode *v = json_object_get_member(weight_map, n->data);
@@ -83,7 +79,7 @@ static JsonObject *read_weight_map(CkptfsSource *source, JsonParser *parser, GEr
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: weight_map is empty", path);
         return NULL;
     }
-    return weight_map;
+    return g_steal_pointer(&weight_map);
 }
 
 /* Adds the tensors of one safetensors file to the catalog, checking them against the index. */
@@ -101,6 +97,12 @@ static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weigh
     CkptfsStHeader *header = read_st_header(source, file, error);
     if (header == NULL)
         return false;
+    if ((uint64_t)ckptfs_catalog_count(source->catalog) + header->entries->len > CKPTFS_MAX_SOURCE_TENSORS) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: its %u tensors make the source hold "
+                    "more than %u tensors (limit)", path, header->entries->len, CKPTFS_MAX_SOURCE_TENSORS);
+        ckptfs_st_header_free(header);
+        return false;
+    }
     bool ok = true;
     for (guint i = 0; i < header->entries->len && ok; i++) {
         const CkptfsStEntry *e = g_ptr_array_index(header->entries, i);
@@ -153,11 +155,15 @@ static bool open_weights(CkptfsSource *source, GError **error)
         g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
         return add_shard(source, SINGLE_NAME, NULL, seen, error);
     }
-    source->has_index = true;
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
-    JsonObject *weight_map = read_weight_map(source, parser, error);
+    g_autoptr(JsonObject) weight_map = read_weight_map(source, error);
     if (weight_map == NULL)
         return false;
+    if (json_object_get_size(weight_map) > CKPTFS_MAX_SOURCE_TENSORS) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s/%s: weight_map lists %u tensors (limit %u "
+                    "per source)", source->dir, INDEX_NAME, json_object_get_size(weight_map),
+                    CKPTFS_MAX_SOURCE_TENSORS);
+        return false;
+    }
 
     /* Shards in file name order, as transformers loads them. */
     g_autoptr(GHashTable) shard_set = g_hash_table_new(g_str_hash, g_str_equal);
@@ -187,31 +193,29 @@ static bool open_weights(CkptfsSource *source, GError **error)
 
 static void read_config(CkptfsSource *source)
 {
-    const CkptfsSourceFile *file = ckptfs_source_top_file(source, "config.json");
-    if (file == NULL) {
-        source->config_problem = g_strdup("config.json is missing");
-        return;
-    }
     g_autofree char *path = g_build_filename(source->dir, "config.json", NULL);
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    if (ckptfs_source_top_file(source, "config.json") == NULL) {
+        /* Present but not a regular file: say what it is rather than "missing". */
+        const char *problem = ckptfs_path_problem(path);
+        source->config_problem = problem && strcmp(problem, "missing") != 0
+                                     ? g_strdup_printf("%s: %s", path, problem)
+                                     : g_strdup("config.json is missing");
+        return;
+    }
     GError *json_error = NULL;
-    if (!json_parser_load_from_mapped_file(parser, path, &json_error)) {
-        source->config_problem = g_strdup_printf("%s: not valid JSON: %s", path, json_error->message);
+    source->config = ckptfs_json_load_object(path, &json_error);
+    if (source->config == NULL) {
+        source->config_problem = g_strdup(json_error->message);
         g_error_free(json_error);
-        return;
     }
-    JsonNode *root = json_parser_get_root(parser);
-    if (root == NULL || !JSON_NODE_HOLDS_OBJECT(root)) {
-        source->config_problem = g_strdup_printf("%s: not a JSON object", path);
-        return;
-    }
-    source->config = json_object_ref(json_node_get_object(root));
 }
 
-bool ckptfs_source_open_hf(CkptfsSource *source, GError **error)
+/* Every top-level regular file of an HF checkpoint (symlinks followed, as in a Hugging Face
+ * cache snapshot) is part of it. */
+static bool open_hf(CkptfsSource *source, const CkptfsOptions *options, GError **error)
 {
-    source->kind = CKPTFS_SOURCE_HF;
-    if (!open_weights(source, error))
+    (void)options;
+    if (!ckptfs_source_add_top_files(source, source->dir, error) || !open_weights(source, error))
         return false;
     read_config(source);
     if (source->config == NULL)
@@ -220,3 +224,18 @@ bool ckptfs_source_open_hf(CkptfsSource *source, GError **error)
                                         source->config_problem));
     return true;
 }
+
+static bool probe_hf(const char *dir, const CkptfsOptions *options)
+{
+    (void)dir, (void)options;
+    return true; /* the last format tried: anything else is read as Hugging Face */
+}
+
+static char *describe_hf(const CkptfsSource *source)
+{
+    unsigned n = source->weight_files->len;
+    return g_strdup_printf("%u weight file%s%s", n, n == 1 ? "" : "s",
+                           ckptfs_source_top_file(source, INDEX_NAME) ? ", with index" : "");
+}
+
+const CkptfsSourceFormat ckptfs_format_hf = {"huggingface-safetensors", probe_hf, open_hf, describe_hf};

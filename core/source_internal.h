@@ -2,6 +2,7 @@
 #ifndef CKPTFS_SOURCE_INTERNAL_H
 #define CKPTFS_SOURCE_INTERNAL_H
 
+#include "ckptfs/model.h"
 #include "ckptfs/pickle.h"
 #include "ckptfs/source.h"
 
@@ -12,20 +13,10 @@ bool ckptfs_source_add_top_files(CkptfsSource *source, const char *dir_path, GEr
 bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *path,
                             GError **error);
 
-/* Fills SOURCE (whose dir, files and top_files are set) from a Hugging Face checkpoint. */
-bool ckptfs_source_open_hf(CkptfsSource *source, GError **error);
-
-/* Whether DIR looks like a Megatron legacy checkpoint (tracker file or mp_rank_* dirs). */
-bool ckptfs_source_is_megatron(const char *dir);
-/* Fills SOURCE from a Megatron-core legacy checkpoint (per-rank torch.save files). */
-bool ckptfs_source_open_megatron(CkptfsSource *source, const CkptfsOptions *options,
-                                 GError **error);
-
-/* Whether DIR is (or its tracker names) a torch_dist checkpoint directory (metadata.json). */
-bool ckptfs_source_is_torch_dist(const char *dir, const CkptfsOptions *options);
-/* Fills SOURCE from a torch_dist checkpoint (.metadata + .distcp archives). */
-bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *options,
-                                   GError **error);
+/* The formats of the registry, each in its own file. */
+extern const CkptfsSourceFormat ckptfs_format_hf;         /* source_hf.c */
+extern const CkptfsSourceFormat ckptfs_format_megatron;   /* source_megatron.c */
+extern const CkptfsSourceFormat ckptfs_format_torch_dist; /* source_torchdist.c */
 
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
 
@@ -51,23 +42,30 @@ bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catal
  * (release, or iter_%07d); DIR itself when it has no tracker and nothing is wanted. */
 char *ckptfs_megatron_iteration_dir(const char *dir, const char *wanted, GError **error);
 
+/* What a Megatron checkpoint says of its model: the one model description (sizes, features,
+ * architecture), the vocabulary as padded, and the split it was saved with. */
 typedef struct {
-    uint64_t layers, hidden, heads, groups, head_dim, ffn, vocab, padded_vocab;
-    bool tied, qkv_bias, qk_norm;
-    CkptfsLayout layout; /* the split the checkpoint was saved with */
-} CkptfsMegatronSizes;
+    CkptfsModel model;
+    uint64_t padded_vocab;
+    CkptfsLayout layout;
+} CkptfsMegatronModel;
 
-/* The model's sizes from ARGS (an argparse.Namespace's state; PATH names it in errors). */
-bool ckptfs_megatron_sizes_from_args(const CkptfsPy *args, const char *path,
-                                     CkptfsMegatronSizes *sizes, GError **error);
+/* The model from ARGS (an argparse.Namespace's state; PATH names it in errors). The
+ * architecture is HF_ARCH when given (-o hf_arch), else the one args name (hf_architecture, as
+ * ckptfs writes it), else the first whose features the args have. */
+bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
+                                     CkptfsMegatronModel *out, GError **error);
 /* The same from a given config.json (checkpoints saved without args; WHAT names them). The
  * padded vocabulary and the layout are left 0. */
-bool ckptfs_megatron_sizes_from_config(JsonObject *config, const char *what,
-                                       CkptfsMegatronSizes *sizes, GError **error);
-/* Sets SOURCE's config.json to what Hugging Face would write for SIZES (+ eps, rope from ARGS;
- * the architecture from HF_ARCH when given). */
-void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsMegatronSizes *sizes,
-                                       const CkptfsPy *args, const char *hf_arch);
+bool ckptfs_megatron_model_from_config(JsonObject *config, const char *what,
+                                       CkptfsMegatronModel *out, GError **error);
+/* inspect's line for both Megatron formats: files opened and the split saved. */
+char *ckptfs_megatron_describe(const CkptfsSource *source);
+/* Sets SOURCE's config.json to what Hugging Face would write for MODEL. */
+void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *model);
+/* Declares every Hugging Face tensor of MODEL (KEYS: its mcore keys) in SET, in the order the
+ * keys use them: the catalog of a Megatron source lists them so. */
+void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *model, const GPtrArray *keys);
 /* -o hf_config / the config.json of -o hf_extra as SOURCE's config.json, when given. */
 bool ckptfs_source_use_given_config(CkptfsSource *source, const CkptfsOptions *options,
                                     GError **error);

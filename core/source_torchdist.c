@@ -6,15 +6,16 @@
  * RNG entries are never read. */
 #include <string.h>
 
+#include "ckptfs/checked.h"
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/readfile.h"
 #include "ckptfs/mcore.h"
 #include "ckptfs/pickle.h"
 #include "ckptfs/zipreader.h"
 #include "source_internal.h"
 
-#define MAX_METADATA (1ull << 31)
-#define MAX_ARCHIVE_PICKLE (64ull << 20)
 
 typedef struct {
     uint32_t src;
@@ -34,22 +35,12 @@ typedef struct {
     GHashTable *storage;        /* "fqn\n(offsets)" -> _StorageInfo state dict */
     GHashTable *file_srcs;      /* relative path -> src + 1 */
     GArray *spans;              /* Span: the archives read, to refuse overlaps */
-    CkptfsMegatronSizes sizes;
+    CkptfsMegatronModel saved; /* the model, its padded vocabulary and saved split */
     CkptfsDtype dtype;
     unsigned chunks, objects, skipped; /* model chunks read, _extra_state objects, others */
 } Td;
 
-static bool fail(Td *t, CkptfsErrorCode code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
-static bool fail(Td *t, CkptfsErrorCode code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    g_autofree char *msg = g_strdup_vprintf(fmt, ap);
-    va_end(ap);
-    if (t->error && *t->error == NULL)
-        g_set_error_literal(t->error, CKPTFS_ERROR, code, msg);
-    return false;
-}
+#define fail(ctx, ...) ckptfs_fail((ctx)->error, __VA_ARGS__)
 
 static bool has_file(const char *dir, const char *name)
 {
@@ -69,7 +60,7 @@ static char *checkpoint_dir(const char *path, const char *iteration)
     return NULL;
 }
 
-bool ckptfs_source_is_torch_dist(const char *dir, const CkptfsOptions *options)
+static bool probe_torch_dist(const char *dir, const CkptfsOptions *options)
 {
     g_autofree char *found = checkpoint_dir(dir, options->iteration);
     return found != NULL;
@@ -78,20 +69,22 @@ bool ckptfs_source_is_torch_dist(const char *dir, const CkptfsOptions *options)
 static bool check_metadata_json(Td *t)
 {
     g_autofree char *path = g_build_filename(t->dir, "metadata.json", NULL);
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
     GError *json_error = NULL;
-    if (!json_parser_load_from_file(parser, path, &json_error) ||
-        !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser))) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: not a JSON object%s%s", path, json_error ? ": " : "",
-             json_error ? json_error->message : "");
-        g_clear_error(&json_error);
+    g_autoptr(JsonObject) o = ckptfs_json_load_object(path, &json_error);
+    if (o == NULL) {
+        fail(t, (CkptfsErrorCode)json_error->code, "%s", json_error->message);
+        g_error_free(json_error);
         return false;
     }
-    JsonObject *o = json_node_get_object(json_parser_get_root(parser));
-    const char *backend = json_object_get_string_member_with_default(o, "sharded_backend", "");
+    /* Checked as a string: json-glib gives NULL (and logs) for a number or an object. */
+    JsonNode *node = json_object_get_member(o, "sharded_backend");
+    bool is_string = node && JSON_NODE_HOLDS_VALUE(node) && json_node_get_value_type(node) == G_TYPE_STRING;
+    g_autofree char *backend = g_strescape(is_string ? json_node_get_string(node) : "", NULL);
+    if (!is_string)
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: no \"sharded_backend\" string", path);
     if (strcmp(backend, "torch_dist") != 0)
         return fail(t, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: sharded_backend '%s' is not supported (torch_dist is)", path, backend);
+                    "%s: sharded_backend '%.40s' is not supported (torch_dist is)", path, backend);
     return true;
 }
 
@@ -121,7 +114,7 @@ static CkptfsPickle *parse_file(Td *t, const char *path, uint64_t max)
 /* A torch.save archive's pickle (common.pt, or one chunk's archive). */
 static CkptfsPickle *parse_archive(Td *t, CkptfsZip *zip, const char *what)
 {
-    GBytes *pkl = ckptfs_zip_read(zip, t->source->files, "data.pkl", MAX_ARCHIVE_PICKLE, t->error);
+    GBytes *pkl = ckptfs_zip_read(zip, t->source->files, "data.pkl", CKPTFS_MAX_ARCHIVE_PICKLE_BYTES, t->error);
     if (pkl == NULL)
         return NULL;
     gsize n;
@@ -230,9 +223,11 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     bool ok = p != NULL;
     const CkptfsPy *v = p ? ckptfs_pickle_root(p) : NULL;
     size_t isz = ckptfs_dtype_size(t->dtype);
-    uint64_t numel = 1;
-    for (unsigned d = 0; d < n; d++)
-        numel *= sizes[d];
+    uint64_t numel = 0, offset = v && v->kind == CKPTFS_PY_TENSOR ? v->tensor->offset : 0;
+    if (ok && !ckptfs_dims_product(sizes, n, &numel)) {
+        g_autofree char *shape = dims_text(sizes, n);
+        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: shape %s overflows 64 bits", what, shape);
+    }
     if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor->ndim != n ||
                memcmp(v->tensor->shape, sizes, n * sizeof *sizes) != 0)) {
         g_autofree char *want = dims_text(sizes, n);
@@ -250,10 +245,18 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     if (ok) {
         g_autofree char *record = g_strdup_printf("data/%s", v->tensor->storage_key);
         const CkptfsZipEntry *e = ckptfs_zip_find(zip, record);
-        if (e == NULL || (v->tensor->offset + numel) * isz > e->size)
-            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: its record %s is missing or too short", what, record);
+        uint64_t end = 0;
+        if (e == NULL)
+            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: its record %s is missing", what, record);
+        else if (!ckptfs_elements_end(offset, numel, isz, &end))
+            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: storage offset %" G_GUINT64_FORMAT " + %" G_GUINT64_FORMAT
+                      " elements of %zu bytes overflows 64 bits", what, offset, numel, isz);
+        else if (end > e->size)
+            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: elements [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                      ") need %" G_GUINT64_FORMAT " bytes but its record %s has %" G_GUINT64_FORMAT,
+                      what, offset, offset + numel, end, record, e->size);
         else
-            *out = (Chunk){src, e->data_offset + v->tensor->offset * isz};
+            *out = (Chunk){src, e->data_offset + offset * isz}; /* offset * isz <= end */
     }
     ckptfs_pickle_free(p);
     ckptfs_zip_free(zip);
@@ -270,14 +273,14 @@ static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_
         return NULL;
     }
     uint64_t dims[CKPTFS_MAX_DIMS], want[3];
-    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, t->sizes.layers, want);
+    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, t->saved.model.layers, want);
     if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, key->key);
         return NULL;
     }
     /* The vocabulary is padded as the saver's TP required: any row count >= the vocabulary. */
     bool vocab = key->split == CKPTFS_TP_VOCAB;
-    if (vocab && n == 2 && dims[0] >= t->sizes.vocab)
+    if (vocab && n == 2 && dims[0] >= t->saved.model.vocab)
         want[0] = dims[0];
     if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
         g_autofree char *got = dims_text(dims, n), *exp = dims_text(want, nwant);
@@ -318,7 +321,7 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
     if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->metadata_path, key->key);
     uint64_t shape[3];
-    unsigned n = ckptfs_mcore_key_shape(key, t->sizes.layers, shape);
+    unsigned n = ckptfs_mcore_key_shape(key, t->saved.model.layers, shape);
     if (!key->stacked)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
     size_t isz = ckptfs_dtype_size(t->dtype);
@@ -362,25 +365,6 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
     return true;
 }
 
-/* HF tensors in the order of the keys they fill, with their shapes. */
-static void want_hf_tensors(const CkptfsModel *m, const GPtrArray *keys, CkptfsPieceSet *set)
-{
-    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
-    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
-    const CkptfsHfShape *embedding = &g_array_index(outer, CkptfsHfShape, 0);
-    ckptfs_piece_set_want(set, embedding->name, embedding->ndim, embedding->d0, embedding->d1);
-    for (uint64_t l = 0; l < m->layers; l++)
-        for (guint i = 0; i < layer->len; i++) {
-            const CkptfsHfShape *t = &g_array_index(layer, CkptfsHfShape, i);
-            g_autofree char *name = ckptfs_hf_layer_name(l, t->name);
-            ckptfs_piece_set_want(set, name, t->ndim, t->d0, t->d1);
-        }
-    for (guint i = 1; i < outer->len; i++) {
-        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, i);
-        ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
-    }
-}
-
 /* Keys that are neither the model's weights nor what a loader may skip. */
 static bool check_unexpected(Td *t, GPtrArray *keys)
 {
@@ -402,7 +386,7 @@ static bool check_unexpected(Td *t, GPtrArray *keys)
         }
         if (g_str_has_prefix(key, "optimizer.") || g_str_has_prefix(key, "rng_state") ||
             g_str_has_prefix(key, "rerun_state_machine") ||
-            (t->sizes.tied && strcmp(key, "output_layer.weight") == 0)) {
+            (t->saved.model.tied_embeddings && strcmp(key, "output_layer.weight") == 0)) {
             t->skipped++;
             continue;
         }
@@ -475,7 +459,7 @@ static bool open_torch_dist(Td *t)
     t->metadata_path = g_build_filename(t->dir, ".metadata", NULL);
     if (!g_file_test(t->metadata_path, G_FILE_TEST_IS_REGULAR))
         return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (metadata.json says torch_dist)", t->metadata_path);
-    t->metadata = parse_file(t, t->metadata_path, MAX_METADATA);
+    t->metadata = parse_file(t, t->metadata_path, CKPTFS_MAX_DCP_METADATA_BYTES);
     if (t->metadata == NULL)
         return false;
     const CkptfsPy *root = ckptfs_pickle_root(t->metadata);
@@ -504,26 +488,28 @@ static bool open_torch_dist(Td *t)
     }
     if (args) {
         g_autofree char *common = g_build_filename(t->dir, "common.pt", NULL);
-        if (!ckptfs_megatron_sizes_from_args(args, common, &t->sizes, t->error))
+        if (!ckptfs_megatron_model_from_args(args, common, options->hf_arch, &t->saved, t->error))
             return false;
         if (t->source->config == NULL)
-            ckptfs_megatron_synthesize_config(t->source, &t->sizes, args, options->hf_arch);
+            ckptfs_megatron_synthesize_config(t->source, &t->saved.model);
     } else {
-        if (!ckptfs_megatron_sizes_from_config(t->source->config, t->dir, &t->sizes, t->error))
+        if (!ckptfs_megatron_model_from_config(t->source->config, t->dir, &t->saved, t->error))
             return false;
-        t->sizes.tied = metadata_rows(t, "output_layer.weight") == 0;
+        t->saved.model.tied_embeddings = metadata_rows(t, "output_layer.weight") == 0;
     }
-    CkptfsModel shape = {.layers = t->sizes.layers, .hidden = t->sizes.hidden, .heads = t->sizes.heads,
-                         .kv_heads = t->sizes.groups, .head_dim = t->sizes.head_dim, .ffn = t->sizes.ffn,
-                         .vocab = t->sizes.vocab, .tied_embeddings = t->sizes.tied,
-                         .qkv_bias = t->sizes.qkv_bias, .qk_norm = t->sizes.qk_norm,
-                         .arch = ckptfs_architecture_find(NULL, t->sizes.qkv_bias, t->sizes.qk_norm)};
-    if (shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0)
+    const CkptfsModel *model = &t->saved.model;
+    /* Sizes a hostile source gives: bounded before anything is built per layer. */
+    g_autofree char *sizes_from = args ? g_build_filename(t->dir, "common.pt", NULL)
+                                       : g_strdup_printf("%s: config.json", t->dir);
+    if (!ckptfs_model_check_limits(model, sizes_from, t->error))
+        return false;
+    if (model->kv_heads == 0 || model->heads % model->kv_heads != 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
-                    "of %" G_GUINT64_FORMAT " query groups", t->dir, shape.heads, shape.kv_heads);
-    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&shape, 0, false);
+                    "of %" G_GUINT64_FORMAT " query groups", t->dir, model->heads, model->kv_heads);
+    /* The vocabulary's padding is the saver's: each key's shape is checked against .metadata. */
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(model, 0, false);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
-    want_hf_tensors(&shape, keys, set);
+    ckptfs_piece_set_want_model(set, model, keys);
     bool ok = check_unexpected(t, keys);
     for (guint k = 0; ok && k < keys->len; k++)
         ok = map_key(t, g_ptr_array_index(keys, k), set);
@@ -537,16 +523,14 @@ static bool open_torch_dist(Td *t)
         "entries left unread", keys->len, t->chunks, g_hash_table_size(t->file_srcs),
         t->objects, t->skipped);
     /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
-    CkptfsLayout saved = t->sizes.layout;
-    t->source->megatron_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
+    CkptfsLayout saved = t->saved.layout;
+    t->source->saved_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
     const char *extra = options->hf_extra ? options->hf_extra : verl_layout ? verl_hf : NULL;
     return extra == NULL || ckptfs_source_add_extra_files(t->source, extra, t->error);
 }
 
-bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *options,
-                                   GError **error)
+static bool open_torch_dist_source(CkptfsSource *source, const CkptfsOptions *options, GError **error)
 {
-    source->kind = CKPTFS_SOURCE_TORCH_DIST;
     Td t = {.source = source, .options = options, .error = error,
             .storage = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
             .file_srcs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
@@ -563,3 +547,6 @@ bool ckptfs_source_open_torch_dist(CkptfsSource *source, const CkptfsOptions *op
     g_free(t.dir);
     return ok;
 }
+
+const CkptfsSourceFormat ckptfs_format_torch_dist = {"megatron-torch_dist", probe_torch_dist,
+                                                     open_torch_dist_source, ckptfs_megatron_describe};

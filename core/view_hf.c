@@ -159,7 +159,7 @@ static CkptfsPlan *plan_index(gpointer owner, gconstpointer key, GError **error)
 
 static bool is_weight_file(const CkptfsSource *source, const char *name)
 {
-    if (strcmp(name, INDEX_NAME) == 0 && source->has_index)
+    if (strcmp(name, INDEX_NAME) == 0) /* only a source read from its index lists one */
         return true;
     for (guint i = 0; i < source->weight_files->len; i++)
         if (strcmp(g_ptr_array_index(source->weight_files, i), name) == 0)
@@ -225,7 +225,8 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
 {
     (void)error;
     HfReshard *r = NULL;
-    bool foreign = source->kind != CKPTFS_SOURCE_HF;
+    /* Weights not held in safetensors files of the source (a Megatron checkpoint): hf/ makes them. */
+    bool foreign = source->weight_files->len == 0;
     if (options->hf_shard_size > 0 || foreign) {
         r = hf_reshard_new(source, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE);
         ckptfs_tree_own(tree, r, hf_reshard_free);

@@ -2,16 +2,15 @@
 
 #include <string.h>
 
+#include "ckptfs/checked.h"
 #include "ckptfs/error.h"
-#include "ckptfs/units.h"
+#include "ckptfs/limits.h"
 
 #define EOCD_SIG 0x06054b50u
 #define EOCD64_SIG 0x06064b50u
 #define LOCATOR_SIG 0x07064b50u
 #define CD_SIG 0x02014b50u
 #define LOCAL_SIG 0x04034b50u
-#define MAX_CD_SIZE (256u << 20)
-#define MAX_ENTRIES (1u << 20)
 
 struct CkptfsZip {
     char *path;
@@ -54,6 +53,59 @@ static bool bad(GError **error, const char *path, const char *fmt, ...)
     return false;
 }
 
+/* The ZIP64 end of central directory record the locator at LOC (20 bytes) points to, checked
+ * and cross-checked with the classic end record E: fills the directory's offset, size and
+ * entry count. Readers disagree on archives whose records disagree (miniz, which torch.load
+ * uses, takes the ZIP64 values; Python's zipfile looks for the record just before the locator;
+ * an older ckptfs took the classic values), so only the archive every reader sees the same is
+ * accepted: one disk, the record where the locator says and just before it, and every classic
+ * field that is not saturated (0xffff / 0xffffffff) equal to its ZIP64 counterpart. */
+static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char *path,
+                           uint64_t base, uint64_t size, uint64_t loc_at, const uint8_t *loc,
+                           const uint8_t *e, uint64_t *cd_offset, uint64_t *cd_size,
+                           uint64_t *count, GError **error)
+{
+    uint32_t record_disk = get32(loc + 4), disks = get32(loc + 16);
+    uint64_t rec_off = get64(loc + 8);
+    if (record_disk != 0 || disks != 1)
+        return bad(error, path, "ZIP64 locator says the archive spans %u disks (its end record on "
+                                "disk %u); multi-disk zip archives are not supported", disks, record_disk);
+    uint8_t rec[56];
+    if (!ckptfs_range_inside(rec_off, sizeof rec, size))
+        return bad(error, path, "ZIP64 locator points to offset %" G_GUINT64_FORMAT ", outside the "
+                                "archive (%" G_GUINT64_FORMAT " bytes)", rec_off, size);
+    if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, base + rec_off, error))
+        return false;
+    if (get32(rec) != EOCD64_SIG)
+        return bad(error, path, "no ZIP64 end record where the locator points (offset %" G_GUINT64_FORMAT ")",
+                   rec_off);
+    uint64_t rec_size = get64(rec + 4);
+    if (rec_size != sizeof rec - 12 || rec_off + sizeof rec != loc_at)
+        return bad(error, path, "ZIP64 end record at %" G_GUINT64_FORMAT " has size %" G_GUINT64_FORMAT
+                                " and is not right before its locator at %" G_GUINT64_FORMAT
+                                " (torch.save writes 44 and there)", rec_off, rec_size, loc_at);
+    uint64_t on_disk = get64(rec + 24);
+    *count = get64(rec + 32);
+    *cd_size = get64(rec + 40);
+    *cd_offset = get64(rec + 48);
+    if (get32(rec + 16) != 0 || get32(rec + 20) != 0 || on_disk != *count)
+        return bad(error, path, "ZIP64 end record: %" G_GUINT64_FORMAT " entries on this disk of %"
+                                G_GUINT64_FORMAT " (disk %u, directory on disk %u); multi-disk zip "
+                                "archives are not supported", on_disk, *count, get32(rec + 16), get32(rec + 20));
+    uint16_t classic_count = get16(e + 10);
+    uint32_t classic_size = get32(e + 12), classic_offset = get32(e + 16);
+    if (classic_count != 0xffff && classic_count != *count)
+        return bad(error, path, "ZIP64 end record says %" G_GUINT64_FORMAT " entries, the classic "
+                                "end record %u", *count, classic_count);
+    if (classic_size != 0xffffffffu && classic_size != *cd_size)
+        return bad(error, path, "ZIP64 end record says a central directory of %" G_GUINT64_FORMAT
+                                " bytes, the classic end record %u", *cd_size, classic_size);
+    if (classic_offset != 0xffffffffu && classic_offset != *cd_offset)
+        return bad(error, path, "ZIP64 end record says the central directory is at offset %"
+                                G_GUINT64_FORMAT ", the classic end record at %u", *cd_offset, classic_offset);
+    return true;
+}
+
 /* Finds the end records: fills the directory's offset, size and entry count. */
 static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char *path,
                            uint64_t base, uint64_t size, uint64_t *cd_offset, uint64_t *cd_size,
@@ -78,32 +130,28 @@ static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char
     const uint8_t *e = tail + at;
     if (get16(e + 4) != 0 || get16(e + 6) != 0)
         return bad(error, path, "multi-disk zip archives are not supported");
+    if (get16(e + 8) != get16(e + 10))
+        return bad(error, path, "end record: %u entries on this disk of %u; multi-disk zip archives "
+                                "are not supported", get16(e + 8), get16(e + 10));
     *count = get16(e + 10);
     *cd_size = get32(e + 12);
     *cd_offset = get32(e + 16);
-    if (*count == 0xffff || *cd_size == 0xffffffffu || *cd_offset == 0xffffffffu) {
-        if (at < 20 || get32(e - 20) != LOCATOR_SIG)
-            return bad(error, path, "ZIP64 sizes without a ZIP64 locator");
-        uint64_t rec_off = get64(e - 20 + 8);
-        uint8_t rec[56];
-        if (size < sizeof rec || rec_off > size - sizeof rec)
-            return bad(error, path, "ZIP64 end record offset %" G_GUINT64_FORMAT " is outside the file", rec_off);
-        if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, base + rec_off, error))
+    uint64_t eocd_at = size - tail_len + (uint64_t)at;
+    if (at >= 20 && get32(e - 20) == LOCATOR_SIG) {
+        if (!read_zip64_end(files, src, path, base, size, eocd_at - 20, e - 20, e, cd_offset,
+                            cd_size, count, error))
             return false;
-        if (get32(rec) != EOCD64_SIG)
-            return bad(error, path, "no ZIP64 end record where the locator points");
-        *count = get64(rec + 32);
-        *cd_size = get64(rec + 40);
-        *cd_offset = get64(rec + 48);
+    } else if (*count == 0xffff || *cd_size == 0xffffffffu || *cd_offset == 0xffffffffu) {
+        return bad(error, path, "ZIP64 sizes without a ZIP64 locator");
     }
-    uint64_t cd_end;
-    if (!ckptfs_add_u64(*cd_offset, *cd_size, &cd_end) || cd_end > size)
+    if (!ckptfs_range_inside(*cd_offset, *cd_size, size))
         return bad(error, path, "central directory [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
                                 ") runs past the end of the file (%" G_GUINT64_FORMAT " bytes); truncated?",
                    *cd_offset, *cd_size, size);
-    if (*cd_size > MAX_CD_SIZE || *count > MAX_ENTRIES)
+    if (*cd_size > CKPTFS_MAX_ZIP_DIRECTORY_BYTES || *count > CKPTFS_MAX_ZIP_ENTRIES)
         return bad(error, path, "central directory of %" G_GUINT64_FORMAT " entries / %" G_GUINT64_FORMAT
-                                " bytes is absurdly large", *count, *cd_size);
+                                " bytes is over the limit (%u entries, %u bytes)",
+                   *count, *cd_size, CKPTFS_MAX_ZIP_ENTRIES, CKPTFS_MAX_ZIP_DIRECTORY_BYTES);
     return true;
 }
 
@@ -184,7 +232,7 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
         /* The data starts after the local header, whose extra field may differ from the
          * directory's (torch pads it for alignment). */
         uint8_t lh[30];
-        if (size < sizeof lh || local > size - sizeof lh) {
+        if (!ckptfs_range_inside(local, sizeof lh, size)) {
             bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is outside the file",
                 e->name, local);
             goto fail;
@@ -195,14 +243,21 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
             bad(error, path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, e->name, local);
             goto fail;
         }
-        uint64_t start = local + 30 + get16(lh + 26) + get16(lh + 28), end;
+        uint64_t start = local + 30 + get16(lh + 26) + get16(lh + 28); /* < size + 2^17 */
         e->data_offset = base + start;
-        if (!ckptfs_add_u64(start, e->size, &end) || end > size) {
+        if (!ckptfs_range_inside(start, e->size, size)) {
             bad(error, path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
                                    ") runs past the end of the file; truncated?",
                 e->name, start, e->size);
             goto fail;
         }
+    }
+    /* Python's zipfile reads entries until the directory's size is used up, miniz (torch.load)
+     * reads the count: both must agree. */
+    if (pos != cd_size) {
+        bad(error, path, "central directory has %" G_GUINT64_FORMAT " bytes after its %" G_GUINT64_FORMAT
+                         " entries", (uint64_t)cd_size - pos, count);
+        goto fail;
     }
     /* torch.save puts every entry in one top folder: find it from data.pkl. */
     for (guint i = 0; i < zip->entries->len && zip->top == NULL; i++) {
@@ -244,9 +299,8 @@ CkptfsZip *ckptfs_zip_open(const CkptfsSrcFiles *files, unsigned src, GError **e
 CkptfsZip *ckptfs_zip_open_range(const CkptfsSrcFiles *files, unsigned src, uint64_t base,
                                  uint64_t size, const char *what, GError **error)
 {
-    uint64_t end;
     const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
-    if (!ckptfs_add_u64(base, size, &end) || end > file->size) {
+    if (!ckptfs_range_inside(base, size, file->size)) {
         bad(error, what, "[%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT ") runs past the end of "
                          "the file (%" G_GUINT64_FORMAT " bytes)", base, size, file->size);
         return NULL;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine (as root) and runs every test: C unit tests, integration
-# tests through real FUSE mounts (loaded with torch 1.13 on the host and torch 2.6 +
-# safetensors in a Debian 13 root), the fuzz smoke run, then the unit and integration tests
-# again with the AddressSanitizer/UBSan build.
+# Sets up a fresh Debian 12 machine (as root) and runs every test: C unit tests (under CTest,
+# then again with the rest under prove), integration tests through real FUSE mounts (loaded
+# with torch 1.13 on the host and torch 2.6 + safetensors in a Debian 13 root), the fuzz smoke
+# run, then the unit and integration tests again with the AddressSanitizer/UBSan build.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -21,6 +21,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 integration=(tests/integration/*.t)
 fuzz=()
 [[ -e tests/fuzz/fuzz.t ]] && fuzz=(tests/fuzz/fuzz.t)
+
+echo "== release build: unit tests under CTest (no root or FUSE needed)"
+ctest --test-dir build --output-on-failure
 
 echo "== release build"
 CKPTFS_BIN="$top/build/ckptfs" prove --timer build/tests/test_* "${integration[@]}" "${fuzz[@]}"

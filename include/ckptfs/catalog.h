@@ -39,15 +39,15 @@ CkptfsCatalog *ckptfs_catalog_new(void);
 void ckptfs_catalog_free(CkptfsCatalog *catalog);
 
 /* Adds a tensor stored contiguously (row-major) at OFFSET of source file SRC. Returns NULL
- * (and adds nothing) when the name is already present. */
+ * (and adds nothing) when the name is already present or the shape overflows 64 bits. */
 const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
                                                   CkptfsDtype dtype, unsigned ndim,
                                                   const uint64_t *shape, uint32_t src,
                                                   uint64_t offset);
 
 /* Adds a tensor made of PIECES (copied), which must tile its 2-D view exactly: inside it, not
- * overlapping, covering every element. Returns NULL with an error naming the tensor otherwise,
- * or when the name is already present. */
+ * overlapping, covering every element, each piece's last byte within 64 bits. Returns NULL with
+ * an error naming the tensor otherwise, or when the name is already present. */
 const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char *name,
                                               CkptfsDtype dtype, unsigned ndim,
                                               const uint64_t *shape, const CkptfsPiece *pieces,

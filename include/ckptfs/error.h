@@ -17,4 +17,8 @@ typedef enum {
     CKPTFS_ERROR_CHANGED,     /* a source file changed after it was opened */
 } CkptfsErrorCode;
 
+/* Sets *ERROR, unless ERROR is NULL or already set (the first problem found is the one
+ * reported), and returns false: `return ckptfs_fail(error, CODE, "...", ...);`. */
+gboolean ckptfs_fail(GError **error, CkptfsErrorCode code, const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+
 #endif

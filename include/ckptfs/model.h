@@ -47,6 +47,12 @@ const CkptfsArchitecture *ckptfs_architecture_find(const char *name, bool qkv_bi
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                               CkptfsModel *model, GError **error);
 
+/* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
+ * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),
+ * so that no product of them the mapping rules form can wrap, and few enough layers for
+ * CKPTFS_MAX_SOURCE_TENSORS. Errors start with WHAT. */
+bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error);
+
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
 

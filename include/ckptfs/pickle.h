@@ -39,18 +39,31 @@ typedef struct {
     uint64_t stride[CKPTFS_MAX_DIMS];
 } CkptfsPyTensor;
 
+/* One value. A big .metadata holds millions, so the fields of different kinds share memory:
+ * read only those of the value's kind. None, booleans, integers 0..255 and the empty tuple are
+ * shared by every place that holds them; values are never changed once parsed. */
 typedef struct CkptfsPy CkptfsPy;
 struct CkptfsPy {
     CkptfsPyKind kind;
     bool big;
-    int64_t i;
-    double f;
-    char *s;
-    size_t len;
-    GPtrArray *items;    /* TUPLE LIST DICT SET */
-    char *module, *name; /* GLOBAL */
-    CkptfsPy *callable, *args, *state; /* OBJECT (args also for PERSID) */
-    CkptfsPyTensor *tensor; /* TENSOR only: most objects of a big pickle are not tensors */
+    union {
+        int64_t i; /* INT BOOL */
+        double f;  /* FLOAT */
+    };
+    GPtrArray *items; /* TUPLE LIST DICT SET; OBJECT: what APPENDS/SETITEMS gave it (or NULL) */
+    union {
+        struct {
+            char *s; /* STR BYTES */
+            size_t len;
+        };
+        struct {
+            char *module, *name; /* GLOBAL */
+        };
+        struct {
+            CkptfsPy *callable, *args, *state; /* OBJECT (args also for PERSID) */
+        };
+        CkptfsPyTensor *tensor; /* TENSOR */
+    };
 };
 
 typedef struct CkptfsPickle CkptfsPickle;

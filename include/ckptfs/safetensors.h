@@ -8,10 +8,9 @@
 #include <stdint.h>
 
 #include "ckptfs/dtype.h"
+#include "ckptfs/limits.h" /* CKPTFS_SAFETENSORS_MAX_HEADER, CKPTFS_MAX_HEADER_TENSORS */
 
 #define CKPTFS_MAX_DIMS 8
-/* Headers above this size are refused before any allocation (real ones are a few MB). */
-#define CKPTFS_SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u)
 
 typedef struct {
     char *name;
@@ -42,6 +41,11 @@ CkptfsStHeader *ckptfs_st_parse_header(const char *file_name, const char *json, 
 
 /* numel of SHAPE; false on overflow. */
 bool ckptfs_shape_numel(const uint64_t *shape, unsigned ndim, uint64_t *numel);
+
+/* How many tensors the header JSON (JSON_LEN bytes, not yet validated) lists: the keys of its
+ * top-level object other than "__metadata__". A cheap scan, so that a header of a million
+ * tensors is refused before it is parsed into a tree. */
+uint64_t ckptfs_st_count_tensors(const char *json, size_t json_len);
 
 /* Builds a header as Hugging Face writes one: the 8-byte length, then compact JSON with
  * "__metadata__" first and tensors in the given order, padded with spaces so the data area

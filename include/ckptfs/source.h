@@ -13,40 +13,45 @@
 #include "ckptfs/options.h"
 #include "ckptfs/srcfiles.h"
 
-typedef enum {
-    CKPTFS_SOURCE_HF,       /* config.json + model.safetensors or shards with an index */
-    CKPTFS_SOURCE_MEGATRON, /* Megatron-core legacy rank files (mp_rank_XX[_YYY]) */
-    CKPTFS_SOURCE_TORCH_DIST, /* Megatron-core torch_dist (.metadata + .distcp) */
-} CkptfsSourceKind;
-
+typedef struct CkptfsSourceFormat CkptfsSourceFormat;
 typedef struct {
     char *name;   /* file name inside the source directory */
     uint32_t src; /* index in the source's file set */
     uint64_t size;
 } CkptfsSourceFile;
 
-typedef struct {
-    CkptfsSourceKind kind;
+typedef struct CkptfsSource {
+    const CkptfsSourceFormat *format; /* the registry row that opened it */
     char *dir;              /* the source directory as given */
     CkptfsSrcFiles *files;  /* every file opened */
     CkptfsCatalog *catalog; /* tensors in source order */
     GPtrArray *top_files;   /* CkptfsSourceFile*: every top-level regular file, sorted by name */
-    GPtrArray *weight_files; /* char*: safetensors files holding the weights, in source order */
-    bool has_index;          /* model.safetensors.index.json present */
+    GPtrArray *weight_files; /* char*: top files holding the weights (safetensors shards), in
+                                source order; re-sharding hf/ replaces them and the index */
     JsonObject *config;      /* config.json, NULL when missing or broken */
     char *config_problem;    /* why config is NULL */
     GPtrArray *warnings;     /* char*: things a user should know that do not stop the mount */
-    char *found;             /* what the reader found, in a line (Megatron sources), or NULL */
-    CkptfsLayout megatron_layout; /* MEGATRON: the split of the rank files */
+    char *found;             /* what the reader found, in a line, or NULL */
+    CkptfsLayout saved_layout; /* the split it was saved with (tp1pp1 for Hugging Face): what a
+                                  bare "vpp2" or "pp4" view refines */
 } CkptfsSource;
+
+/* One checkpoint format: a row of the source registry (source.c), tried in order. */
+struct CkptfsSourceFormat {
+    const char *name; /* "megatron-legacy" */
+    /* Whether DIR holds this format (names and small files only). */
+    bool (*probe)(const char *dir, const CkptfsOptions *options);
+    /* Fills SOURCE (dir, files, catalog and lists set up), validating every header. */
+    bool (*open)(CkptfsSource *source, const CkptfsOptions *options, GError **error);
+    /* What it holds in a few words for inspect: "4 weight files, with index". */
+    char *(*describe)(const CkptfsSource *source);
+};
 
 /* Detects and opens the checkpoint in PATH, validating every header. Errors name the file, the
  * tensor and the problem. */
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
                                  GError **error);
 void ckptfs_source_free(CkptfsSource *source);
-
-const char *ckptfs_source_kind_name(CkptfsSourceKind kind);
 
 /* A top-level file by name, or NULL. */
 const CkptfsSourceFile *ckptfs_source_top_file(const CkptfsSource *source, const char *name);

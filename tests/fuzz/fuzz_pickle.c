@@ -18,7 +18,9 @@ static size_t walk(const CkptfsPy *v, unsigned depth, size_t *budget)
     if (v->items)
         for (guint i = 0; i < v->items->len; i++)
             n += walk(g_ptr_array_index(v->items, i), depth + 1, budget);
-    return n + walk(v->args, depth + 1, budget) + walk(v->state, depth + 1, budget);
+    if (v->kind == CKPTFS_PY_OBJECT || v->kind == CKPTFS_PY_PERSID) /* the fields of other kinds share memory */
+        n += walk(v->args, depth + 1, budget) + (v->kind == CKPTFS_PY_OBJECT ? walk(v->state, depth + 1, budget) : 0);
+    return n;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -63,11 +63,16 @@ done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
 ok $rc "4 concurrent readers x every shard: random reads equal the exported bytes"
 
-# Read-only.
+# Read-only: the kernel refuses every change to a read-only mount before it reaches ckptfs.
+set_xattr() { $PY -c "import os, sys; os.setxattr(sys.argv[1], 'user.x', b'1')" "$1"; }
 mnt=$WORK/mnt-sharded
 for cmd in "touch $mnt/hf/new" "rm $mnt/hf/config.json" "mkdir $mnt/hf/d" \
            "mv $mnt/hf/config.json $mnt/hf/c2" "truncate -s 0 $mnt/hf/config.json" \
-           "chmod 600 $mnt/hf/config.json"; do
+           "chmod 600 $mnt/hf/config.json" "ln $mnt/hf/config.json $mnt/hf/hard" \
+           "ln -s config.json $mnt/hf/soft" "mkfifo $mnt/hf/fifo" "rmdir $mnt/hf" \
+           "set_xattr $mnt/hf/config.json" \
+           "chown nobody $mnt/hf/config.json" \
+           "fallocate -l 4096 $mnt/hf/config.json"; do
   out=$($cmd 2>&1) && rc=0 || rc=1
   [[ $rc -eq 1 && $out == *"Read-only file system"* ]]; ok $? "EROFS: $cmd"
 done

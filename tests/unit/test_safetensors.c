@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/safetensors.h"
 #include "ckptfs/units.h"
 #include "tap.h"
@@ -108,7 +109,7 @@ static void test_malformed(void)
     expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
                  "nine dimensions", "'w'", "dimensions");
     expect_error("{\"w\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,8]}}",
-                 8, "numel overflow", "'w'", "too large");
+                 8, "numel overflow", "'w'", "overflows 64 bits");
     expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[2]}}", 2, "no data_offsets", "'w'",
                  "data_offsets");
     expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0]}}", 2,
@@ -195,11 +196,59 @@ static void test_sizes(void)
     }
 }
 
+/* Numbers near 2^63 and 2^64 in a header: refused with the value and what overflows, never
+ * wrapped into a range that passes the checks. */
+static void test_hostile_sizes(void)
+{
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,0]}}", 0,
+                 "[2^62, 8] elements (2^65, 0 when wrapped)", "'w'",
+                 "shape [4611686018427387904, 8]: its element count overflows 64 bits");
+    expect_error("{\"w\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}", 0,
+                 "2^62 F32 elements (2^64 bytes, 0 when wrapped)", "'w'",
+                 "4611686018427387904 F32 elements of 4 bytes: their size overflows 64 bits");
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[18446744073709551615],\"data_offsets\":[0,0]}}", 0,
+                 "shape 2^64 - 1", "18446744073709551615", NULL);
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[2,-4],\"data_offsets\":[0,8]}}", 8,
+                 "negative dimension, named with its value", "'w'", "shape[1] -4 is negative");
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[8.5],\"data_offsets\":[0,8]}}", 8,
+                 "fractional dimension", "'w'", "shape[0] is not an integer (8.5)");
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,-1]}}", 1,
+                 "negative offset", "'w'", "data_offsets[1] -1 is negative");
+    expect_error("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[9223372036854775803,"
+                 "9223372036854775807]}}", 4, "offsets just below 2^63", "'w'", "run past the end");
+
+    tap_is_u64(ckptfs_st_count_tensors("{}", 2), 0, "count: no tensors");
+    const char *three = "{\"__metadata__\":{\"a\":\"b\",\"c\":\"d\"},\"x\":{\"shape\":[1,{\"k\":2}]},"
+                        " \"y \\\" : {\" \t:\n{}, \"z\" : 1}";
+    tap_is_u64(ckptfs_st_count_tensors(three, strlen(three)), 3,
+               "count: top-level keys but __metadata__; nested keys and escaped quotes are not keys");
+    const char *junk = "}}]]\"\\{{:::\":\":{\"";
+    tap_ok(ckptfs_st_count_tensors(junk, strlen(junk)) < 10, "count: any bytes are scanned safely");
+
+    /* One more tensor than a header may list: refused by counting, before json-glib parses it. */
+    GString *big = g_string_new("{");
+    for (unsigned i = 0; i <= CKPTFS_MAX_HEADER_TENSORS; i++)
+        g_string_append_printf(big, "%s\"t%u\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                               i ? "," : "", i);
+    g_string_append_c(big, '}');
+    GError *error = NULL;
+    CkptfsStHeader *h = ckptfs_st_parse_header("f.safetensors", big->str, big->len, 8 + big->len, &error);
+    g_autofree char *want = g_strdup_printf("%u tensors (limit %u", CKPTFS_MAX_HEADER_TENSORS + 1,
+                                            CKPTFS_MAX_HEADER_TENSORS);
+    tap_ok(h == NULL && error && strstr(error->message, "f.safetensors") && strstr(error->message, want),
+           "a header of %u tensors is refused (%s)", CKPTFS_MAX_HEADER_TENSORS + 1,
+           error ? error->message : "accepted");
+    ckptfs_st_header_free(h);
+    g_clear_error(&error);
+    g_string_free(big, TRUE);
+}
+
 int main(void)
 {
     test_valid();
     test_length_prefix();
     test_malformed();
+    test_hostile_sizes();
     test_build();
     test_sizes();
     return tap_done();

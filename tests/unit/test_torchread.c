@@ -232,11 +232,153 @@ static void test_hostile(void)
     g_clear_error(&error);
 }
 
+static uint64_t le(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = n; i-- > 0;)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void put_le(uint8_t *p, unsigned n, uint64_t v)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Opens DATA as a zip file: NULL with *WHY set, or the archive. */
+static bool zip_opens(const uint8_t *data, size_t len, char **why)
+{
+    g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-zip64-XXXXXX", NULL);
+    int fd = g_mkstemp(path);
+    g_assert(fd >= 0 && write(fd, data, len) == (ssize_t)len);
+    close(fd);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    GError *error = NULL;
+    int src = ckptfs_srcfiles_add(files, path, &error);
+    CkptfsZip *zip = src >= 0 ? ckptfs_zip_open(files, (unsigned)src, &error) : NULL;
+    *why = g_strdup(error ? error->message : "opened");
+    g_clear_error(&error);
+    ckptfs_zip_free(zip);
+    ckptfs_srcfiles_free(files);
+    g_unlink(path);
+    return zip != NULL;
+}
+
+/* ZIP64 end records that contradict the classic one (torch.load refuses each), and ones that
+ * agree (accepted, saturated classic fields included). ckptfs writes both kinds of records. */
+static void test_zip64_cross_check(void)
+{
+    CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    uint64_t shape[1] = {12}; /* emit_iota gives 24 bytes */
+    ckptfs_value_set(root, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL));
+    CkptfsValue *more = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    ckptfs_value_set(more, "x", ckptfs_value_int(1));
+    ckptfs_value_set(root, "more", more);
+    CkptfsPlan *plan = ckptfs_torchsave_plan(root, "archive", false, NULL);
+    ckptfs_value_free(root);
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
+    size_t size = (size_t)ckptfs_plan_size(plan);
+    g_autofree uint8_t *good = g_malloc(size);
+    ckptfs_plan_read(plan, none, good, size, 0, NULL);
+    ckptfs_plan_free(plan);
+    ckptfs_srcfiles_free(none);
+
+    size_t eocd = size - 22, loc = eocd - 20, rec = loc - 56;
+    g_assert(le(good + eocd, 4) == 0x06054b50 && le(good + loc, 4) == 0x07064b50 &&
+             le(good + rec, 4) == 0x06064b50);
+    uint64_t count = le(good + rec + 32, 8), cd_offset = le(good + rec + 48, 8);
+    char *why = NULL;
+    bool opened = zip_opens(good, size, &why);
+    tap_ok(opened, "the archive as written opens (%s)", why);
+    g_free(why);
+
+    const struct {
+        const char *what;
+        size_t at;
+        unsigned width;
+        uint64_t value;
+        size_t at2;
+        unsigned width2;
+        uint64_t value2;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {"ZIP64 count one less than the classic one", rec + 24, 8, count - 1, rec + 32, 8, count - 1,
+         "ZIP64 end record says"},
+        {"ZIP64 count one more", rec + 24, 8, count + 1, rec + 32, 8, count + 1, "ZIP64 end record says"},
+        {"ZIP64 directory offset off by one", rec + 48, 8, cd_offset - 1, 0, 0, 0, "at offset"},
+        {"ZIP64 directory size off by 46", rec + 40, 8, le(good + rec + 40, 8) + 46, 0, 0, 0, "bytes, the classic"},
+        {"ZIP64 entries on this disk != total", rec + 24, 8, count - 1, 0, 0, 0, "entries on this disk"},
+        {"locator outside the file", loc + 8, 8, size + 100, 0, 0, 0, "outside the archive"},
+        {"locator: 2 disks", loc + 16, 4, 2, 0, 0, 0, "spans 2 disks"},
+        {"locator: 0 disks", loc + 16, 4, 0, 0, 0, 0, "spans 0 disks"},
+        {"ZIP64 record size 40", rec + 4, 8, 40, 0, 0, 0, "has size 40"},
+        {"ZIP64 record signature wrong", rec, 4, 0x06064b51, 0, 0, 0, "no ZIP64 end record"},
+        {"classic entries on this disk != total", eocd + 8, 2, count - 1, 0, 0, 0, "entries on this disk"},
+        {"classic offset saturated, no locator", loc, 4, 0, eocd + 16, 4, 0xffffffffu, "without a ZIP64 locator"},
+        {"classic offset and size saturated, ZIP64 agrees", eocd + 16, 4, 0xffffffffu, eocd + 12, 4,
+         0xffffffffu, NULL},
+        {"classic counts saturated, ZIP64 agrees", eocd + 8, 2, 0xffff, eocd + 10, 2, 0xffff, NULL},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree uint8_t *bad = g_memdup2(good, size);
+        put_le(bad + cases[i].at, cases[i].width, cases[i].value);
+        if (cases[i].width2)
+            put_le(bad + cases[i].at2, cases[i].width2, cases[i].value2);
+        opened = zip_opens(bad, size, &why);
+        if (cases[i].want)
+            tap_ok(!opened && strstr(why, cases[i].want), "%s: refused (%s)", cases[i].what, why);
+        else
+            tap_ok(opened, "%s: accepted (%s)", cases[i].what, why);
+        g_free(why);
+    }
+    /* Bytes after the last entry in the directory: zipfile would read them as entries. */
+    g_autofree uint8_t *grown = g_malloc(size + 46);
+    size_t cd_end = (size_t)(cd_offset + le(good + rec + 40, 8));
+    memcpy(grown, good, cd_end);
+    memset(grown + cd_end, 0, 46);
+    memcpy(grown + cd_end + 46, good + cd_end, size - cd_end);
+    uint8_t *g_rec = grown + rec + 46, *g_loc = grown + loc + 46, *g_eocd = grown + eocd + 46;
+    put_le(g_rec + 40, 8, le(g_rec + 40, 8) + 46);
+    put_le(g_loc + 8, 8, rec + 46);
+    put_le(g_eocd + 12, 4, le(g_eocd + 12, 4) + 46);
+    opened = zip_opens(grown, size + 46, &why);
+    tap_ok(!opened && strstr(why, "46 bytes after its"),
+           "a directory with bytes after its entries: refused (%s)", why);
+    g_free(why);
+}
+
+/* The memo: indexes in order go to an array, others to a hash table, both found again; a
+ * value shared by many places (None, small ints, the empty tuple) is one object. */
+static void test_pickle_memo_and_sharing(void)
+{
+    const uint8_t data[] = {0x80, 2, ']', 'q', 0,           /* [] -> memo 0 */
+                            'K', 7, 'r', 0x40, 0x42, 0x0f, 0, /* 7 -> memo 1000000 */
+                            '0', '0',                         /* pop both */
+                            '(', 'h', 0, 'j', 0x40, 0x42, 0x0f, 0, 'N', 'N', ')', ')', 'K', 7, 'K', 7, 't', '.'};
+    GError *error = NULL;
+    CkptfsPickle *p = ckptfs_pickle_parse("memo.pkl", data, sizeof data, &error);
+    const CkptfsPy *r = p ? ckptfs_pickle_root(p) : NULL;
+    bool shape_ok = r && r->kind == CKPTFS_PY_TUPLE && r->items->len == 8;
+    tap_ok(shape_ok, "memo at 0 and at 1000000 both read back (%s)", error ? error->message : "ok");
+    if (shape_ok) {
+        const CkptfsPy *const *v = (const CkptfsPy *const *)r->items->pdata;
+        tap_ok(v[0]->kind == CKPTFS_PY_LIST && v[1]->kind == CKPTFS_PY_INT && v[1]->i == 7,
+               "the values memoized");
+        tap_ok(v[2] == v[3] && v[4] == v[5] && v[6] == v[7] && v[1] == v[6] && v[4]->items->len == 0,
+               "None, () and 7 are shared, not one object each");
+    }
+    g_clear_error(&error);
+    ckptfs_pickle_free(p);
+}
+
 int main(void)
 {
     test_megatron_file();
     test_dcp_metadata();
     test_round_trip();
     test_hostile();
+    test_zip64_cross_check();
+    test_pickle_memo_and_sharing();
     return tap_done();
 }

@@ -1,0 +1,622 @@
+/* The namespace (core/tree.c) on its own, without a source or FUSE: lookups and attributes,
+ * stable inode numbers, readdir offsets and a full buffer, directories filled on first use,
+ * names created on lookup by a resolve hook, symlinks, plans built once (also under concurrent
+ * lookups), errors (ENOENT, ENOTDIR, EISDIR, EINVAL, EIO with the reason), and access: files
+ * get what the access hook computes from their plan, directories and symlinks the directory
+ * access. */
+#include <errno.h>
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/plan.h"
+#include "ckptfs/srcfiles.h"
+#include "ckptfs/tree.h"
+#include "tap.h"
+
+/* --- plans: a file's key says what its plan holds --- */
+
+typedef struct {
+    gint built;     /* plan_fn calls that returned a plan (atomic) */
+    gint failed;    /* plan_fn calls that failed */
+    gint accessed;  /* access hook calls */
+} Counters;
+
+typedef struct {
+    const char *text;  /* literal bytes, or NULL */
+    int src;           /* source file to read 16 bytes of, or -1 */
+    int src2;          /* a second one, or -1 */
+    bool fail;         /* the plan cannot be built */
+} FileKey;
+
+static CkptfsPlan *plan_of(gpointer owner, gconstpointer key, GError **error)
+{
+    Counters *c = owner;
+    const FileKey *k = key;
+    if (k->fail) {
+        g_atomic_int_inc(&c->failed);
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "plan of the broken file: no luck");
+        return NULL;
+    }
+    /* Slow enough that concurrent lookups overlap. */
+    g_usleep(2000);
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    if (k->text)
+        ckptfs_plan_add_literal(b, k->text, strlen(k->text));
+    if (k->src >= 0)
+        ckptfs_plan_add_run(b, (uint32_t)k->src, 0, 16);
+    if (k->src2 >= 0)
+        ckptfs_plan_add_run(b, (uint32_t)k->src2, 0, 16);
+    g_atomic_int_inc(&c->built);
+    return ckptfs_plan_builder_finish(b);
+}
+
+/* --- hooks --- */
+
+typedef struct {
+    int populate_calls;
+    int resolve_calls;
+    Counters *counters;
+    const FileKey *hello;
+} Hooks;
+
+static const FileKey key_hello = {"hello\n", -1, -1, false};
+static const FileKey key_world = {"world!!\n", -1, -1, false};
+
+static bool populate_lazy(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GError **error)
+{
+    Hooks *h = owner;
+    h->populate_calls++;
+    ckptfs_tree_add_file(tree, dir, "a", plan_of, h->counters, h->hello);
+    ckptfs_tree_add_file(tree, dir, "b", plan_of, h->counters, &key_world);
+    ckptfs_tree_add_dir(tree, dir, "sub");
+    return true;
+}
+
+static bool populate_broken(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GError **error)
+{
+    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "the broken directory cannot be listed");
+}
+
+/* Creates "made-<x>" names on lookup (files); "dir-<x>" as a directory that resolves the same
+ * way; anything else is refused with a reason. */
+static CkptfsNode *resolve_made(CkptfsTree *tree, CkptfsNode *dir, const char *name, gpointer owner,
+                                GError **error)
+{
+    Hooks *h = owner;
+    h->resolve_calls++;
+    if (g_str_has_prefix(name, "made-"))
+        return ckptfs_tree_add_file(tree, dir, name, plan_of, h->counters, &key_world);
+    if (g_str_has_prefix(name, "dir-")) {
+        CkptfsNode *sub = ckptfs_tree_add_dir(tree, dir, name);
+        ckptfs_tree_set_dir_hooks(tree, sub, NULL, resolve_made, owner);
+        return sub;
+    }
+    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "'%s' is not a name this directory makes",
+                name);
+    return NULL;
+}
+
+/* --- readdir collection --- */
+
+typedef struct {
+    GPtrArray *names;
+    GArray *inos;
+    GArray *next;
+    GArray *types;
+    guint limit; /* entries accepted before "the buffer is full" */
+} Listing;
+
+static void listing_init(Listing *l, guint limit)
+{
+    l->names = g_ptr_array_new_with_free_func(g_free);
+    l->inos = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    l->next = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+    l->types = g_array_new(FALSE, FALSE, sizeof(int));
+    l->limit = limit;
+}
+
+static void listing_clear(Listing *l)
+{
+    g_ptr_array_unref(l->names);
+    g_array_unref(l->inos);
+    g_array_unref(l->next);
+    g_array_unref(l->types);
+}
+
+static bool collect(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next_offset)
+{
+    Listing *l = ctx;
+    if (l->names->len >= l->limit)
+        return false;
+    g_ptr_array_add(l->names, g_strdup(name));
+    g_array_append_val(l->inos, attr->ino);
+    g_array_append_val(l->next, next_offset);
+    int type = attr->type;
+    g_array_append_val(l->types, type);
+    return true;
+}
+
+static char *joined(const Listing *l)
+{
+    GString *s = g_string_new(NULL);
+    for (guint i = 0; i < l->names->len; i++)
+        g_string_append_printf(s, "%s%s", i ? " " : "", (const char *)g_ptr_array_index(l->names, i));
+    return g_string_free(s, FALSE);
+}
+
+/* --- tests --- */
+
+static void test_basic(void)
+{
+    Counters c = {0};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    CkptfsNode *d1 = ckptfs_tree_add_dir(tree, root, "d1");
+    CkptfsNode *d2 = ckptfs_tree_add_dir(tree, root, "d2");
+    CkptfsNode *f = ckptfs_tree_add_file(tree, root, "f", plan_of, &c, &key_hello);
+    ckptfs_tree_add_file(tree, d1, "inner", plan_of, &c, &key_world);
+    CkptfsNode *link = ckptfs_tree_add_symlink(tree, root, "l", "d1/inner");
+    tap_ok(d1 && d2 && f && link, "nodes are added");
+    tap_ok(ckptfs_tree_add_dir(tree, root, "d1") == NULL &&
+               ckptfs_tree_add_file(tree, root, "f", plan_of, &c, &key_hello) == NULL &&
+               ckptfs_tree_add_symlink(tree, root, "d2", "x") == NULL,
+           "a name already present is refused (dir, file or symlink over any kind)");
+
+    CkptfsAttr a;
+    int rc = ckptfs_tree_getattr(tree, CKPTFS_ROOT_INO, &a, NULL);
+    tap_ok(rc == 0 && a.ino == CKPTFS_ROOT_INO && a.type == CKPTFS_NODE_DIR && a.nlink == 4,
+           "root: ino 1, a directory, nlink 2 + its 2 subdirectories (got rc %d nlink %u)", rc, a.nlink);
+    tap_ok(a.access.uid == 0 && a.access.gid == 0 && a.access.mode == 0555,
+           "without set_access, directories are root's 0555 (got %u:%u %o)", a.access.uid,
+           a.access.gid, a.access.mode);
+
+    CkptfsAttr fa;
+    rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "f", &fa, NULL);
+    tap_ok(rc == 0 && fa.type == CKPTFS_NODE_FILE && fa.size == 6 && fa.nlink == 1 &&
+               fa.access.mode == 0444 && fa.access.uid == 0,
+           "file: size of its plan (6), nlink 1, root's 0444 without set_access");
+    uint64_t f_ino = fa.ino;
+    bool stable = true;
+    for (int i = 0; i < 5; i++) {
+        CkptfsAttr again;
+        stable &= ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "f", &again, NULL) == 0 && again.ino == f_ino;
+        stable &= ckptfs_tree_getattr(tree, f_ino, &again, NULL) == 0 && again.ino == f_ino &&
+                  again.size == 6;
+    }
+    CkptfsAttr via_path;
+    stable &= ckptfs_tree_resolve(tree, "f", &via_path, NULL) == 0 && via_path.ino == f_ino;
+    stable &= ckptfs_tree_resolve(tree, "./d1//../f", &via_path, NULL) != 0; /* no ".." walking */
+    tap_ok(stable, "lookups, getattr and resolve give the same inode every time");
+
+    CkptfsAttr inner;
+    rc = ckptfs_tree_resolve(tree, "d1/inner", &inner, NULL);
+    CkptfsAttr inner2;
+    int rc2 = ckptfs_tree_resolve(tree, "./d1//inner/", &inner2, NULL);
+    tap_ok(rc == 0 && rc2 == 0 && inner.ino == inner2.ino && inner.size == 8,
+           "resolve walks paths, skipping empty and '.' parts");
+    CkptfsAttr r;
+    tap_ok(ckptfs_tree_resolve(tree, "", &r, NULL) == 0 && r.ino == CKPTFS_ROOT_INO,
+           "resolve of \"\" is the root");
+    tap_ok(ckptfs_tree_plan(tree, f_ino, &(const CkptfsPlan *){NULL}, NULL) == 0 && c.built == 2,
+           "each file's plan was built once (2 files looked up, %d builds)", c.built);
+
+    /* Plans read back. */
+    const CkptfsPlan *plan = NULL, *plan2 = NULL;
+    ckptfs_tree_plan(tree, f_ino, &plan, NULL);
+    ckptfs_tree_plan(tree, f_ino, &plan2, NULL);
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
+    char buf[16] = {0};
+    int64_t n = plan ? ckptfs_plan_read(plan, none, buf, sizeof buf, 0, NULL) : -1;
+    tap_ok(plan && plan == plan2 && n == 6 && memcmp(buf, "hello\n", 6) == 0,
+           "ckptfs_tree_plan hands out the one cached plan, which reads the file's bytes");
+    ckptfs_srcfiles_free(none);
+
+    /* Symlinks. */
+    CkptfsAttr la;
+    rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "l", &la, NULL);
+    const char *target = NULL;
+    int rl = rc == 0 ? ckptfs_tree_readlink(tree, la.ino, &target) : rc;
+    tap_ok(rc == 0 && la.type == CKPTFS_NODE_SYMLINK && la.size == strlen("d1/inner") &&
+               la.access.mode == 0777 && rl == 0 && target && strcmp(target, "d1/inner") == 0,
+           "symlink: type, size = target length, 0777, readlink gives the target");
+    tap_ok(ckptfs_tree_readlink(tree, f_ino, &target) == -EINVAL &&
+               ckptfs_tree_readlink(tree, 9999, &target) == -ENOENT,
+           "readlink: EINVAL on a file, ENOENT on an unknown inode");
+    CkptfsAttr through;
+    tap_ok(ckptfs_tree_resolve(tree, "l/inner", &through, NULL) == -ENOTDIR,
+           "resolve does not follow symlinks: l/inner is ENOTDIR");
+    const CkptfsPlan *p = NULL;
+    tap_ok(ckptfs_tree_plan(tree, la.ino, &p, NULL) == -EINVAL, "no plan for a symlink (EINVAL)");
+
+    /* Errors. */
+    GError *error = NULL;
+    tap_ok(ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "nope", &a, &error) == -ENOENT,
+           "lookup of a missing name: ENOENT");
+    g_clear_error(&error);
+    tap_ok(ckptfs_tree_lookup(tree, f_ino, "x", &a, NULL) == -ENOTDIR,
+           "lookup under a file: ENOTDIR");
+    tap_ok(ckptfs_tree_lookup(tree, 0, "x", &a, NULL) == -ENOENT &&
+               ckptfs_tree_lookup(tree, 12345, "x", &a, NULL) == -ENOENT,
+           "lookup under inode 0 or an unknown inode: ENOENT");
+    tap_ok(ckptfs_tree_getattr(tree, 0, &a, NULL) == -ENOENT &&
+               ckptfs_tree_getattr(tree, 12345, &a, NULL) == -ENOENT,
+           "getattr of inode 0 or an unknown inode: ENOENT");
+    tap_ok(ckptfs_tree_plan(tree, CKPTFS_ROOT_INO, &p, NULL) == -EISDIR &&
+               ckptfs_tree_plan(tree, 12345, &p, NULL) == -ENOENT,
+           "plan of a directory: EISDIR; of an unknown inode: ENOENT");
+    Listing l;
+    listing_init(&l, 100);
+    tap_ok(ckptfs_tree_readdir(tree, f_ino, 0, collect, &l, NULL) == -ENOTDIR &&
+               ckptfs_tree_readdir(tree, 12345, 0, collect, &l, NULL) == -ENOENT && l.names->len == 0,
+           "readdir of a file: ENOTDIR; of an unknown inode: ENOENT; nothing listed");
+    listing_clear(&l);
+    tap_ok(ckptfs_tree_resolve(tree, "d1/missing", &a, NULL) == -ENOENT &&
+               ckptfs_tree_resolve(tree, "f/x", &a, NULL) == -ENOTDIR,
+           "resolve: ENOENT for a missing leaf, ENOTDIR through a file");
+
+    ckptfs_tree_free(tree);
+}
+
+static void test_readdir(void)
+{
+    Counters c = {0};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    enum { N = 25 };
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        g_snprintf(name, sizeof name, "e%02d", N - 1 - i); /* insertion order != name order */
+        if (i % 5 == 0)
+            ckptfs_tree_add_dir(tree, root, name);
+        else if (i % 5 == 1)
+            ckptfs_tree_add_symlink(tree, root, name, "e00");
+        else
+            ckptfs_tree_add_file(tree, root, name, plan_of, &c, &key_hello);
+    }
+    Listing all;
+    listing_init(&all, 1000);
+    int rc = ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, 0, collect, &all, NULL);
+    int built_by_readdir = c.built;
+    bool order = all.names->len == N;
+    bool next_ok = true, ino_ok = true;
+    for (guint i = 0; order && i < all.names->len; i++) {
+        char want[16];
+        g_snprintf(want, sizeof want, "e%02d", N - 1 - (int)i);
+        order &= strcmp(g_ptr_array_index(all.names, i), want) == 0;
+        next_ok &= g_array_index(all.next, uint64_t, i) == i + 1;
+        CkptfsAttr a;
+        ino_ok &= ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, g_ptr_array_index(all.names, i), &a, NULL) == 0 &&
+                  a.ino == g_array_index(all.inos, uint64_t, i) &&
+                  (int)a.type == g_array_index(all.types, int, i);
+    }
+    tap_ok(rc == 0 && order, "readdir lists every entry in insertion order, without . and ..");
+    tap_ok(next_ok, "each entry's next offset is its index + 1");
+    tap_ok(ino_ok, "readdir's inode and type agree with lookup");
+    tap_ok(built_by_readdir == 0 && c.built == 15,
+           "plans are built by lookups, not by readdir (%d after readdir, %d after 15 file lookups)",
+           built_by_readdir, c.built);
+
+    /* Resuming at every offset. */
+    bool resume_ok = true;
+    for (uint64_t off = 0; off <= N + 2; off++) {
+        Listing part;
+        listing_init(&part, 1000);
+        resume_ok &= ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, off, collect, &part, NULL) == 0;
+        uint64_t want = off >= N ? 0 : N - off;
+        resume_ok &= part.names->len == want;
+        for (guint i = 0; resume_ok && i < part.names->len; i++)
+            resume_ok &= strcmp(g_ptr_array_index(part.names, i), g_ptr_array_index(all.names, off + i)) == 0 &&
+                         g_array_index(part.next, uint64_t, i) == off + i + 1;
+        listing_clear(&part);
+    }
+    tap_ok(resume_ok, "readdir from every offset 0..%d lists the rest (nothing past the end)", N + 2);
+
+    /* A small buffer: FN says full after 4 entries; continuing from the last next offset. */
+    GPtrArray *seen = g_ptr_array_new_with_free_func(g_free);
+    uint64_t off = 0;
+    int calls = 0;
+    while (calls++ < 100) {
+        Listing part;
+        listing_init(&part, 4);
+        ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, off, collect, &part, NULL);
+        for (guint i = 0; i < part.names->len; i++)
+            g_ptr_array_add(seen, g_strdup(g_ptr_array_index(part.names, i)));
+        bool done = part.names->len == 0;
+        if (!done)
+            off = g_array_index(part.next, uint64_t, part.names->len - 1);
+        listing_clear(&part);
+        if (done)
+            break;
+    }
+    bool same = seen->len == all.names->len;
+    for (guint i = 0; same && i < seen->len; i++)
+        same &= strcmp(g_ptr_array_index(seen, i), g_ptr_array_index(all.names, i)) == 0;
+    tap_ok(same && calls == 8, "a full buffer stops the listing; resuming at the last next offset "
+                               "loses and repeats nothing (%d calls)", calls);
+    g_ptr_array_unref(seen);
+
+    /* A name added later is listed at the end; earlier offsets are unchanged. */
+    ckptfs_tree_add_file(tree, root, "late", plan_of, &c, &key_hello);
+    Listing after;
+    listing_init(&after, 1000);
+    ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, N, collect, &after, NULL);
+    tap_ok(after.names->len == 1 && strcmp(g_ptr_array_index(after.names, 0), "late") == 0,
+           "an entry added later appears after the others (offset %d)", N);
+    listing_clear(&after);
+    listing_clear(&all);
+    ckptfs_tree_free(tree);
+}
+
+static void test_hooks(void)
+{
+    Counters c = {0};
+    Hooks h = {.counters = &c, .hello = &key_hello};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    CkptfsNode *lazy = ckptfs_tree_add_dir(tree, root, "lazy");
+    ckptfs_tree_set_dir_hooks(tree, lazy, populate_lazy, resolve_made, &h);
+    CkptfsNode *resolving = ckptfs_tree_add_dir(tree, root, "resolving");
+    ckptfs_tree_set_dir_hooks(tree, resolving, NULL, resolve_made, &h);
+    CkptfsNode *broken = ckptfs_tree_add_dir(tree, root, "broken");
+    ckptfs_tree_set_dir_hooks(tree, broken, populate_broken, NULL, &h);
+
+    /* Listing the root does not fill its subdirectories. */
+    Listing l;
+    listing_init(&l, 100);
+    ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, 0, collect, &l, NULL);
+    listing_clear(&l);
+    tap_is_u64(h.populate_calls, 0, "listing the parent does not populate a lazy directory");
+
+    CkptfsAttr a;
+    int rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "lazy", &a, NULL);
+    uint64_t lazy_ino = a.ino;
+    tap_ok(rc == 0 && h.populate_calls == 1 && a.nlink == 3,
+           "looking a lazy directory up populates it once (nlink 3 with its one subdir; calls %d)",
+           h.populate_calls);
+    listing_init(&l, 100);
+    ckptfs_tree_readdir(tree, lazy_ino, 0, collect, &l, NULL);
+    g_autofree char *names = joined(&l);
+    listing_clear(&l);
+    ckptfs_tree_lookup(tree, lazy_ino, "a", &a, NULL);
+    ckptfs_tree_getattr(tree, lazy_ino, &a, NULL);
+    tap_ok(strcmp(names, "a b sub") == 0 && h.populate_calls == 1,
+           "its listing is what populate added (%s); populate ran once in all", names);
+
+    /* Resolve: a name that is not there yet is created on lookup, once. */
+    rc = ckptfs_tree_lookup(tree, lazy_ino, "made-1", &a, NULL);
+    uint64_t made_ino = a.ino;
+    int calls_after_first = h.resolve_calls;
+    CkptfsAttr again;
+    int rc2 = ckptfs_tree_lookup(tree, lazy_ino, "made-1", &again, NULL);
+    tap_ok(rc == 0 && a.type == CKPTFS_NODE_FILE && a.size == 8 && rc2 == 0 && again.ino == made_ino &&
+               h.resolve_calls == calls_after_first && calls_after_first == 1,
+           "a name resolved on lookup becomes a node: same inode later, resolve called once");
+    tap_ok(ckptfs_tree_lookup(tree, lazy_ino, "a", &a, NULL) == 0 && h.resolve_calls == 1,
+           "names that exist do not go through resolve");
+    listing_init(&l, 100);
+    ckptfs_tree_readdir(tree, lazy_ino, 0, collect, &l, NULL);
+    g_autofree char *names2 = joined(&l);
+    listing_clear(&l);
+    tap_ok(strcmp(names2, "a b sub made-1") == 0, "the resolved name is listed after the others (%s)",
+           names2);
+    GError *error = NULL;
+    rc = ckptfs_tree_lookup(tree, lazy_ino, "other", &a, &error);
+    tap_ok(rc == -ENOENT && error && strstr(error->message, "'other' is not a name"),
+           "resolve refusing a name: ENOENT with its reason (%s)", error ? error->message : "no error");
+    g_clear_error(&error);
+    rc = ckptfs_tree_resolve(tree, "resolving/dir-x/made-2", &a, NULL);
+    tap_ok(rc == 0 && a.type == CKPTFS_NODE_FILE,
+           "resolve hooks chain along a path: a directory made on lookup, then a file in it (rc %d)", rc);
+    rc = ckptfs_tree_resolve(tree, "resolving/dir-x", &again, NULL);
+    tap_ok(rc == 0 && again.type == CKPTFS_NODE_DIR && again.nlink == 2,
+           "a directory made on lookup is found again as it is (nlink 2: no subdirectories)");
+    CkptfsAttr r;
+    ckptfs_tree_getattr(tree, CKPTFS_ROOT_INO, &r, NULL);
+    tap_is_u64(r.nlink, 5, "root nlink counts lazy, resolving, broken");
+
+    /* A directory that cannot be filled. */
+    rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "broken", &a, &error);
+    tap_ok(rc == -EIO && error && strstr(error->message, "cannot be listed"),
+           "a directory whose populate fails: EIO with the reason (%s)", error ? error->message : "none");
+    g_clear_error(&error);
+
+    ckptfs_tree_free(tree);
+}
+
+/* A file whose plan cannot be built: EIO with the reason, on lookup and on plan. */
+static void test_plan_errors(void)
+{
+    Counters c = {0};
+    static const FileKey bad = {NULL, -1, -1, true};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    CkptfsNode *f = ckptfs_tree_add_file(tree, root, "bad", plan_of, &c, &bad);
+    GError *error = NULL;
+    CkptfsAttr a;
+    int rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "bad", &a, &error);
+    tap_ok(rc == -EIO && error && strstr(error->message, "no luck"),
+           "lookup of a file whose plan fails: EIO with the reason (%s)", error ? error->message : "none");
+    g_clear_error(&error);
+    const CkptfsPlan *p = NULL;
+    rc = ckptfs_tree_plan(tree, 2, &p, &error);
+    tap_ok(f && rc == -EIO && p == NULL && error, "ckptfs_tree_plan of it: EIO, no plan");
+    g_clear_error(&error);
+    ckptfs_tree_free(tree);
+}
+
+/* Access: set_access decides; files take their plan's access, computed once with the plan. */
+typedef struct {
+    const CkptfsSrcFiles *files;
+    Counters *counters;
+} AccessCtx;
+
+static CkptfsAccess access_of(gpointer owner, const CkptfsPlan *plan)
+{
+    AccessCtx *ctx = owner;
+    g_atomic_int_inc(&ctx->counters->accessed);
+    g_autoptr(GArray) srcs = g_array_new(FALSE, FALSE, sizeof(guint32));
+    ckptfs_plan_sources(plan, srcs);
+    return ckptfs_srcfiles_access(ctx->files, (const uint32_t *)(void *)srcs->data, srcs->len, 4242, 4343);
+}
+
+static void test_access(void)
+{
+    g_autofree char *dir = g_dir_make_tmp("ckptfs-tree-XXXXXX", NULL);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    static const unsigned modes[] = {0640, 0604, 0444};
+    for (int i = 0; i < 3; i++) {
+        g_autofree char *path = g_strdup_printf("%s/s%d", dir, i);
+        g_file_set_contents(path, "0123456789abcdefXXXX", 20, NULL);
+        g_chmod(path, modes[i]);
+        ckptfs_srcfiles_add(files, path, NULL);
+    }
+    uint32_t uid = (uint32_t)geteuid(), gid = (uint32_t)getegid();
+    Counters c = {0};
+    AccessCtx ctx = {files, &c};
+    CkptfsTree *tree = ckptfs_tree_new();
+    ckptfs_tree_set_access(tree, access_of, &ctx, (CkptfsAccess){1001, 1002, 0550});
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    static const FileKey k0 = {NULL, 0, -1, false}, k01 = {"x", 0, 1, false}, k2 = {NULL, 2, -1, false},
+                         klit = {"generated", -1, -1, false};
+    ckptfs_tree_add_file(tree, root, "from0", plan_of, &c, &k0);
+    ckptfs_tree_add_file(tree, root, "from01", plan_of, &c, &k01);
+    ckptfs_tree_add_file(tree, root, "from2", plan_of, &c, &k2);
+    ckptfs_tree_add_file(tree, root, "literal", plan_of, &c, &klit);
+    CkptfsNode *sub = ckptfs_tree_add_dir(tree, root, "sub");
+    ckptfs_tree_add_symlink(tree, sub, "link", "../from0");
+
+    CkptfsAttr a;
+    ckptfs_tree_getattr(tree, CKPTFS_ROOT_INO, &a, NULL);
+    tap_ok(a.access.uid == 1001 && a.access.gid == 1002 && a.access.mode == 0550,
+           "the root directory has the directory access (%u:%u %o)", a.access.uid, a.access.gid,
+           a.access.mode);
+    ckptfs_tree_resolve(tree, "sub", &a, NULL);
+    tap_ok(a.access.uid == 1001 && a.access.mode == 0550, "subdirectories too");
+    ckptfs_tree_resolve(tree, "sub/link", &a, NULL);
+    tap_ok(a.access.uid == 1001 && a.access.gid == 1002 && a.access.mode == 0777,
+           "symlinks: the directory owner, 0777");
+
+    struct {
+        const char *name;
+        unsigned mode;
+    } want[] = {{"from0", 0440}, {"from01", 0400}, {"from2", 0444}, {"literal", 0400}};
+    for (size_t i = 0; i < G_N_ELEMENTS(want); i++) {
+        int rc = ckptfs_tree_resolve(tree, want[i].name, &a, NULL);
+        tap_ok(rc == 0 && a.access.uid == uid && a.access.gid == gid && a.access.mode == want[i].mode,
+               "%s: the read bits its source files all grant, their owner (%o, want %o)", want[i].name,
+               a.access.mode, want[i].mode);
+    }
+    int before = c.accessed;
+    for (int i = 0; i < 3; i++) {
+        ckptfs_tree_resolve(tree, "from0", &a, NULL);
+        ckptfs_tree_getattr(tree, a.ino, &a, NULL);
+    }
+    Listing l;
+    listing_init(&l, 100);
+    ckptfs_tree_readdir(tree, CKPTFS_ROOT_INO, 0, collect, &l, NULL);
+    listing_clear(&l);
+    tap_ok(before == 4 && c.accessed == 4 && c.built == 4,
+           "access computed once per file, with its plan (%d access calls, %d plans)", c.accessed,
+           c.built);
+
+    ckptfs_tree_free(tree);
+    ckptfs_srcfiles_free(files);
+    for (int i = 0; i < 3; i++) {
+        g_autofree char *path = g_strdup_printf("%s/s%d", dir, i);
+        g_unlink(path);
+    }
+    g_rmdir(dir);
+}
+
+/* Many threads look up the same new names at once: one node per name, one plan per file. */
+typedef struct {
+    CkptfsTree *tree;
+    uint64_t dir_ino;
+    uint64_t inos[8];
+    int errors;
+} ThreadCtx;
+
+static gpointer lookup_thread(gpointer data)
+{
+    ThreadCtx *t = data;
+    for (int i = 0; i < 8; i++) {
+        char name[16];
+        if (i % 2)
+            g_snprintf(name, sizeof name, "made-%d", i);
+        else
+            g_strlcpy(name, "a", sizeof name);
+        CkptfsAttr a;
+        if (ckptfs_tree_lookup(t->tree, t->dir_ino, name, &a, NULL) != 0)
+            t->errors++;
+        t->inos[i] = a.ino;
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    Counters c = {0};
+    Hooks h = {.counters = &c, .hello = &key_hello};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *lazy = ckptfs_tree_add_dir(tree, ckptfs_tree_root(tree), "lazy");
+    ckptfs_tree_set_dir_hooks(tree, lazy, populate_lazy, resolve_made, &h);
+    CkptfsAttr la;
+    ckptfs_tree_resolve(tree, "lazy", &la, NULL);
+    enum { T = 8 };
+    ThreadCtx ctx[T];
+    GThread *threads[T];
+    for (int i = 0; i < T; i++) {
+        ctx[i] = (ThreadCtx){.tree = tree, .dir_ino = la.ino};
+        threads[i] = g_thread_new("lookup", lookup_thread, &ctx[i]);
+    }
+    for (int i = 0; i < T; i++)
+        g_thread_join(threads[i]);
+    bool same = true;
+    int errors = 0;
+    for (int i = 0; i < T; i++) {
+        errors += ctx[i].errors;
+        same &= memcmp(ctx[i].inos, ctx[0].inos, sizeof ctx[0].inos) == 0;
+    }
+    /* a (1 plan) + made-1, made-3, made-5, made-7 (4 plans). */
+    tap_ok(errors == 0 && same && h.populate_calls == 1 && h.resolve_calls == 4 && c.built == 5,
+           "%d threads looking up the same names: same inodes, populate once, each name resolved "
+           "once, each plan built once (%d resolves, %d plans)", T, h.resolve_calls, c.built);
+    ckptfs_tree_free(tree);
+}
+
+static void free_counter(gpointer data)
+{
+    (*(int *)data)++;
+}
+
+static void test_own(void)
+{
+    int freed = 0;
+    CkptfsTree *tree = ckptfs_tree_new();
+    ckptfs_tree_own(tree, &freed, free_counter);
+    ckptfs_tree_own(tree, &freed, free_counter);
+    CkptfsNode *f = ckptfs_tree_add_file(tree, ckptfs_tree_root(tree), "s", plan_of,
+                                         &(Counters){0}, &key_hello);
+    ckptfs_tree_mark_scattered(f);
+    CkptfsAttr a;
+    tap_ok(ckptfs_tree_resolve(tree, "s", &a, NULL) == 0 && a.scattered,
+           "a file marked scattered says so in its attributes");
+    ckptfs_tree_free(tree);
+    tap_is_u64(freed, 2, "data the tree owns is freed with it");
+}
+
+int main(void)
+{
+    test_basic();
+    test_readdir();
+    test_hooks();
+    test_plan_errors();
+    test_access();
+    test_threads();
+    test_own();
+    return tap_done();
+}
