@@ -12,7 +12,6 @@
 
 #include "ckptfs/dtype.h"
 #include "ckptfs/plan.h"
-#include "ckptfs/safetensors.h"
 
 typedef struct {
     uint64_t row0, row1; /* rows [row0, row1) of the 2-D view */

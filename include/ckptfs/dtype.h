@@ -4,6 +4,9 @@
 
 #include <stddef.h>
 
+/* Dimensions of a tensor ckptfs reads or writes (safetensors, pickled tensors, views). */
+#define CKPTFS_MAX_DIMS 8
+
 typedef enum {
     CKPTFS_DTYPE_INVALID = 0,
     CKPTFS_DTYPE_BOOL,

@@ -10,7 +10,6 @@
 #include <stdint.h>
 
 #include "ckptfs/dtype.h"
-#include "ckptfs/safetensors.h"
 
 typedef enum {
     CKPTFS_PY_NONE,

@@ -10,8 +10,6 @@
 #include "ckptfs/dtype.h"
 #include "ckptfs/limits.h" /* CKPTFS_SAFETENSORS_MAX_HEADER, CKPTFS_MAX_HEADER_TENSORS */
 
-#define CKPTFS_MAX_DIMS 8
-
 typedef struct {
     char *name;
     CkptfsDtype dtype;

@@ -9,7 +9,6 @@
 
 #include "ckptfs/dtype.h"
 #include "ckptfs/plan.h"
-#include "ckptfs/safetensors.h"
 
 typedef enum {
     CKPTFS_VALUE_NONE,

@@ -427,7 +427,7 @@ static bool hf_file_is_original(CkptfsMount *m, char **why)
 
 /* ------------------------------------------------------------------ the rank-file oracle */
 
-/* Megatron's legacy layout, written out independently of core/mapping.c: which HF rows and
+/* Megatron's legacy layout, written out independently of core/model/mapping.c: which HF rows and
  * columns (or zero rows) make up each rank tensor. */
 typedef struct {
     const Tensor *src; /* NULL: zero rows */

@@ -1,4 +1,4 @@
-/* The namespace (core/tree.c) on its own, without a source or FUSE: lookups and attributes,
+/* The namespace (core/view/tree.c) on its own, without a source or FUSE: lookups and attributes,
  * stable inode numbers, readdir offsets and a full buffer, directories filled on first use,
  * names created on lookup by a resolve hook, symlinks, plans built once (also under concurrent
  * lookups), errors (ENOENT, ENOTDIR, EISDIR, EINVAL, EIO with the reason), and access: files

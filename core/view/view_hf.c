@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/safetensors.h"
 #include "ckptfs/views.h"
 
 #define INDEX_NAME "model.safetensors.index.json"

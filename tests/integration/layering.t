@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The stages of core/ (base, io, format, model, source, view: docs/design.md) depend only on
+# earlier ones: every header of include/ckptfs/ and every .c file of core/ includes only headers
+# of its own or an earlier stage. A header belongs to the stage of its .c file.
+source "$(dirname "$0")/../lib/common.sh"
+cd "$TESTS_TOP" || exit 1
+stages=(base io format model source view)
+rank_of_stage() { local i; for i in "${!stages[@]}"; do [[ ${stages[$i]} == "$1" ]] && echo "$i"; done; }
+# Headers with no .c of their own.
+declare -A header_stage=([error]=base [limits]=base [checked]=base [views]=view)
+stage_of_header() {
+  local name=$1 c
+  [[ -n ${header_stage[$name]:-} ]] && { echo "${header_stage[$name]}"; return; }
+  c=$(ls core/*/"$name".c 2>/dev/null | head -1)
+  [[ -n $c ]] && basename "$(dirname "$c")"
+}
+for h in include/ckptfs/*.h; do
+  name=$(basename "$h" .h)
+  st=$(stage_of_header "$name")
+  [[ -n $st ]]; ok $? "include/ckptfs/$name.h belongs to a stage (${st:-none})"
+done
+check_file() { # FILE STAGE
+  local f=$1 st=$2 bad="" inc ist
+  for inc in $(grep -o '#include "ckptfs/[a-z_]*\.h"' "$f" | sed 's/.*ckptfs\///; s/\.h"//'); do
+    ist=$(stage_of_header "$inc")
+    [[ -n $ist && $(rank_of_stage "$ist") -le $(rank_of_stage "$st") ]] || bad+=" $inc.h($ist)"
+  done
+  [[ -z $bad ]]; ok $? "$f ($st) includes only its own or earlier stages${bad:+: not$bad}"
+}
+for h in include/ckptfs/*.h; do check_file "$h" "$(stage_of_header "$(basename "$h" .h)")"; done
+for f in core/*/*.c; do check_file "$f" "$(basename "$(dirname "$f")")"; done
+done_testing
