@@ -72,3 +72,12 @@ size_t ckptfs_dtype_size(CkptfsDtype dtype)
         return 0;
     return dtype_table[dtype].size;
 }
+
+char *ckptfs_dims_text(const uint64_t *dims, unsigned n)
+{
+    GString *s = g_string_new("[");
+    for (unsigned i = 0; i < n; i++)
+        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, i ? ", " : "", dims[i]);
+    g_string_append_c(s, ']');
+    return g_string_free(s, FALSE);
+}

@@ -103,15 +103,6 @@ static char *node_get_u64(JsonNode *node, uint64_t *out)
     return NULL;
 }
 
-static char *dims_text(const uint64_t *dims, unsigned n)
-{
-    GString *s = g_string_new("[");
-    for (unsigned i = 0; i < n; i++)
-        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, i ? ", " : "", dims[i]);
-    g_string_append_c(s, ']');
-    return g_string_free(s, FALSE);
-}
-
 static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
                         CkptfsStEntry *entry, GError **error)
 {
@@ -167,7 +158,7 @@ static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
 
     uint64_t numel, nbytes;
     if (!ckptfs_dims_product(entry->shape, ndim, &numel)) {
-        g_autofree char *dims = dims_text(entry->shape, ndim);
+        g_autofree char *dims = ckptfs_dims_text(entry->shape, ndim);
         BAD("shape %s: its element count overflows 64 bits", dims);
     }
     if (!ckptfs_mul_u64(numel, ckptfs_dtype_size(entry->dtype), &nbytes))

@@ -125,18 +125,9 @@ static CkptfsPickle *parse_archive(Td *t, CkptfsZip *zip, const char *what)
     return p;
 }
 
-static char *dims_text(const uint64_t *dims, unsigned n)
-{
-    GString *s = g_string_new("[");
-    for (unsigned i = 0; i < n; i++)
-        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, i ? ", " : "", dims[i]);
-    g_string_append_c(s, ']');
-    return g_string_free(s, FALSE);
-}
-
 static char *storage_tag(const char *fqn, const uint64_t *offsets, unsigned n)
 {
-    g_autofree char *dims = dims_text(offsets, n);
+    g_autofree char *dims = ckptfs_dims_text(offsets, n);
     return g_strdup_printf("%s\n%s", fqn, dims);
 }
 
@@ -197,7 +188,7 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
                          unsigned n, Chunk *out)
 {
     g_autofree char *tag = storage_tag(fqn, offsets, n);
-    g_autofree char *where = dims_text(offsets, n);
+    g_autofree char *where = ckptfs_dims_text(offsets, n);
     const CkptfsPy *info = g_hash_table_lookup(t->storage, tag);
     if (info == NULL)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s has no storage_data entry",
@@ -225,12 +216,12 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     size_t isz = ckptfs_dtype_size(t->dtype);
     uint64_t numel = 0, offset = v && v->kind == CKPTFS_PY_TENSOR ? v->tensor->offset : 0;
     if (ok && !ckptfs_dims_product(sizes, n, &numel)) {
-        g_autofree char *shape = dims_text(sizes, n);
+        g_autofree char *shape = ckptfs_dims_text(sizes, n);
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: shape %s overflows 64 bits", what, shape);
     }
     if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor->ndim != n ||
                memcmp(v->tensor->shape, sizes, n * sizeof *sizes) != 0)) {
-        g_autofree char *want = dims_text(sizes, n);
+        g_autofree char *want = ckptfs_dims_text(sizes, n);
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: not a tensor of the chunk's shape %s", what, want);
     }
     if (ok && v->tensor->dtype != t->dtype)
@@ -283,7 +274,7 @@ static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_
     if (vocab && n == 2 && dims[0] >= t->saved.model.vocab)
         want[0] = dims[0];
     if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
-        g_autofree char *got = dims_text(dims, n), *exp = dims_text(want, nwant);
+        g_autofree char *got = ckptfs_dims_text(dims, n), *exp = ckptfs_dims_text(want, nwant);
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; the model's args imply %s",
              t->metadata_path, key->key, got, exp);
         return NULL;
@@ -335,7 +326,7 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
                         t->metadata_path, key->key, c, n);
         for (unsigned d = 0; d < n; d++)
             if (size[d] == 0 || off[d] > shape[d] || size[d] > shape[d] - off[d]) {
-                g_autofree char *o = dims_text(off, n), *s = dims_text(size, n), *g = dims_text(shape, n);
+                g_autofree char *o = ckptfs_dims_text(off, n), *s = ckptfs_dims_text(size, n), *g = ckptfs_dims_text(shape, n);
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s of size %s lies outside %s",
                             t->metadata_path, key->key, o, s, g);
             }

@@ -3,9 +3,13 @@
 #define CKPTFS_DTYPE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Dimensions of a tensor ckptfs reads or writes (safetensors, pickled tensors, views). */
 #define CKPTFS_MAX_DIMS 8
+
+/* A shape as Python prints it in messages: "[4096, 128]". */
+char *ckptfs_dims_text(const uint64_t *dims, unsigned n);
 
 typedef enum {
     CKPTFS_DTYPE_INVALID = 0,
