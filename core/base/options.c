@@ -162,9 +162,10 @@ static bool opt_iteration(CkptfsOptions *o, const char *key, const char *value, 
 
 static bool opt_hf_arch(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    static const char *const names[] = {"llama", "mistral", "qwen2", "qwen3", NULL};
-    int i;
-    return parse_choice(key, value, names, &i, error) && set_string(&o->hf_arch, value);
+    /* Checked against the architecture table when a Megatron source is opened. */
+    if (*value == '\0')
+        return bad(error, key, "give an architecture (llama, mistral, qwen2, qwen3, phi3, ...)");
+    return set_string(&o->hf_arch, value);
 }
 
 static bool opt_hf_config(CkptfsOptions *o, const char *key, const char *value, GError **error)
@@ -202,7 +203,7 @@ static const struct {
      "zero|compute: CRC fields of synthesized zips are 0 (default; torch does not\n"
      "                           check them) or real, computed on first read (zipfile, unzip -t)"},
     {"iteration", opt_iteration, "Megatron source: release or N (default: the tracker's)"},
-    {"hf_arch", opt_hf_arch, "Megatron source: llama|mistral|qwen2|qwen3 in hf/config.json"},
+    {"hf_arch", opt_hf_arch, "Megatron source: the architecture (llama, mistral, qwen2, qwen3, phi3)"},
     {"hf_config", opt_hf_config, "Megatron source: serve this config.json in hf/"},
     {"hf_extra", opt_hf_extra, "Megatron source: pass this directory's files (tokenizer...) to hf/"},
     {"layouts", opt_layouts, "extra layouts to list at the root, e.g. tp8pp2:tp2pp4vpp2"},

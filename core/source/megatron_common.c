@@ -98,14 +98,40 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
     return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
 }
 
+/* Members of a given config.json, type-checked: json-glib's getters log a critical and give 0
+ * or NULL for a member of another type. Missing or null reads as FALLBACK, an integer that is
+ * not one as -1. */
+static gint64 config_int(JsonObject *c, const char *key, gint64 fallback)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    if (n == NULL || JSON_NODE_HOLDS_NULL(n))
+        return fallback;
+    return JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 ? json_node_get_int(n) : -1;
+}
+
+static bool config_bool(JsonObject *c, const char *key)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
+}
+
+static const char *config_string(JsonObject *c, const char *key)
+{
+    JsonNode *n = json_object_get_member(c, key);
+    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n) : "";
+}
+
 /* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first
  * with its features. */
 static bool pick_architecture(const char *named, const char *what, CkptfsModel *m, GError **error)
 {
     m->arch = ckptfs_architecture_find(named, m->qkv_bias, m->qk_norm);
     if (m->arch == NULL) {
+        g_autoptr(GString) known = g_string_new(NULL);
+        for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
+            g_string_append_printf(known, "%s%s", known->len ? ", " : "", (*a)->model_type);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: architecture '%s' has no Megatron rules", what, named);
+                    "%s: architecture '%s' has no Megatron rules (known: %s)", what, named, known->str);
         return false;
     }
     m->qkv_bias |= m->arch->qkv_bias;
@@ -114,7 +140,8 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
 }
 
 bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
-                                     CkptfsMegatronModel *out, GError **error)
+                                     JsonObject *given_config, CkptfsMegatronModel *out,
+                                     GError **error)
 {
     memset(out, 0, sizeof *out);
     CkptfsModel *s = &out->model;
@@ -147,37 +174,18 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     s->norm_eps = arg_double(args, "layernorm_epsilon", arg_double(args, "norm_epsilon", 1e-5));
     s->rope_theta = arg_double(args, "rotary_base", 10000);
     s->rope_scaling_factor = arg_bool(args, "use_rope_scaling") ? arg_double(args, "rope_scaling_factor", 8.0) : 0;
-    const CkptfsPy *named = arg(args, "hf_architecture");
-    if (!pick_architecture(hf_arch ? hf_arch : ckptfs_py_str(named), path, s, error))
+    /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
+     * checkpoint (-o hf_config / hf_extra), else the features. */
+    const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
+    if (named == NULL && given_config != NULL && *config_string(given_config, "model_type"))
+        named = config_string(given_config, "model_type");
+    if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error))
         return false;
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
                                  .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
                                  .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
                                  .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
     return true;
-}
-
-/* Members of a given config.json, type-checked: json-glib's getters log a critical and give 0
- * or NULL for a member of another type. Missing or null reads as FALLBACK, an integer that is
- * not one as -1. */
-static gint64 config_int(JsonObject *c, const char *key, gint64 fallback)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    if (n == NULL || JSON_NODE_HOLDS_NULL(n))
-        return fallback;
-    return JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 ? json_node_get_int(n) : -1;
-}
-
-static bool config_bool(JsonObject *c, const char *key)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
-}
-
-static const char *config_string(JsonObject *c, const char *key)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n) : "";
 }
 
 bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMegatronModel *out,

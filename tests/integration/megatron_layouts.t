@@ -118,4 +118,49 @@ PY
 else
   skip "huge record load needs torch 2.6 ($TORCH2_WHY)"
 fi
+
+# Phi-3: fused self_attn.qkv_proj = [q; k; v] and mlp.gate_up_proj = [gate; up] in the Hugging
+# Face files, the same Megatron keys as Llama (linear_qkv interleaved per query group, fc1 =
+# [gate; up] halves per TP rank). The reference cuts the fused tensors itself (models.unfuse)
+# and its HF forward multiplies by the fused tensors as stored (modeling_phi3.py's slicing).
+# 8 heads, 2 query groups: tp4/tp8 hold part of one group's block.
+$PY "$models" write phi3 "$WORK/phi3" --shards 2
+check "phi3: the checkpoint holds fused qkv_proj/gate_up_proj and no separate q/k/v/gate/up" $PY -c "
+import sys; sys.path.insert(0, sys.argv[2])
+from models import read_checkpoint
+names = set(read_checkpoint(sys.argv[1]))
+fused = all(f'model.layers.{i}.{n}' in names for i in range(8) for n in ('self_attn.qkv_proj.weight', 'mlp.gate_up_proj.weight'))
+sep = [n for n in names if n.endswith(('.q_proj.weight', '.k_proj.weight', '.v_proj.weight', '.gate_proj.weight', '.up_proj.weight'))]
+sys.exit(0 if fused and not sep else f'fused {fused}, separate {sep[:3]}')" "$WORK/phi3" "$TESTS_TOP/tests/lib"
+check_layouts phi3 "" "" tp1pp1 tp2pp2 tp4pp1 tp2pp2vpp2 tp8pp1
+check_layouts phi3 "spec=local" "--spec local" tp2pp1 tp1pp4vpp2
+mnt=$WORK/mnt-phi3-
+check "phi3: hf/ tensors are the source's, fused names included" $PY "$TESTS_TOP/tests/lib/check_hf.py" compare "$WORK/phi3" "$mnt/hf"
+check "phi3: export tp2pp2 equals the mounted view" bash -c \
+  "'$CKPTFS' export '$WORK/phi3' tp2pp2 '$WORK/exp-phi3' && diff -r '$WORK/exp-phi3' '$mnt/tp2pp2'"
+# The reference tells q from k from v and gate from up: a checkpoint with k and v (or gate and
+# up) exchanged inside the fused tensors must not pass against the views of the original.
+$PY - "$WORK/phi3" "$WORK/phi3-swap" "$TESTS_TOP/tests/lib" <<'PY'
+import json, os, shutil, sys
+sys.path.insert(0, sys.argv[3])
+from models import as_array, read_checkpoint, write_checkpoint
+src, out = sys.argv[1], sys.argv[2]
+cfg = json.load(open(os.path.join(src, "config.json")))
+d = cfg["hidden_size"] // cfg["num_attention_heads"]
+q, kv, f = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["intermediate_size"]
+for what in ("kv", "gateup"):
+    t = {n: (dt, as_array((dt, shape, raw)).copy()) for n, (dt, shape, raw) in read_checkpoint(src).items()}
+    for n, (dt, a) in t.items():
+        if what == "kv" and n.endswith("qkv_proj.weight"):
+            a[q:q + kv], a[q + kv:] = a[q + kv:].copy(), a[q:q + kv].copy()
+        if what == "gateup" and n.endswith("gate_up_proj.weight"):
+            a[:f], a[f:] = a[f:].copy(), a[:f].copy()
+    write_checkpoint(f"{out}-{what}", t, cfg)
+PY
+for what in kv gateup; do
+  key=linear_qkv.weight; [[ $what == gateup ]] && key=linear_fc1.weight
+  $PY "$ref" check "$WORK/phi3-swap-$what" "$mnt/tp2pp2" tp2pp2 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+  [[ $rc -eq 1 ]] && grep -q "$key: values differ" "$WORK/err"
+  ok $? "phi3: the reference of a $what-exchanged checkpoint rejects the original's tp2pp2 ($(head -c 120 "$WORK/err"))"
+done
 done_testing

@@ -58,6 +58,53 @@ for case in "llama tp2pp2 crc32=compute" "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qw
   done
 done
 
+# Phi-3 round trips: the rank files hold the Llama keys (linear_qkv, linear_fc1); hf/ of the
+# export must give back the fused self_attn.qkv_proj / mlp.gate_up_proj, bit-identical.
+a=phi3
+$PY "$models" write $a "$WORK/$a"
+for case in "tp2pp2 " "tp2pp2vpp2 spec=local"; do
+  read -r layout opts <<< "$case"
+  exp=$WORK/exp-$a-$layout
+  check "$a: export $layout ${opts}" "$CKPTFS" export "$WORK/$a" "$layout" "$exp" ${opts:+-o "$opts"}
+  mnt=$WORK/mnt-$a-$layout
+  check "$a $layout: the export mounts as a source" mount_ckptfs "$exp" "$mnt"
+  check "$a $layout: its hf/ tensors are bit-identical to the original (fused names)" \
+    $PY "$check_hf" compare "$WORK/$a" "$mnt/hf"
+  check "$a $layout: its hf/config.json names Phi3ForCausalLM" \
+    grep -q '"Phi3ForCausalLM"' "$mnt/hf/config.json"
+  for l in tp1pp4vpp2 tp4pp1; do
+    check "$a $layout -> $l: equals the reference split of the original; forward matches" \
+      $PY "$ref" check "$WORK/$a" "$mnt/$l" "$l"
+  done
+done
+# Rank files without args (megatron_args=off): the architecture comes from the config given.
+exp=$WORK/exp-$a-noargs
+check "$a: export tp2pp1 with megatron_args=off" "$CKPTFS" export "$WORK/$a" tp2pp1 "$exp" -o megatron_args=off
+check "$a: with -o hf_extra=<the HF dir> it mounts" mount_ckptfs "$exp" "$WORK/mnt-$a-noargs" -o "hf_extra=$WORK/$a"
+check "$a: its hf/ tensors are bit-identical to the original (fused names)" \
+  $PY "$check_hf" compare "$WORK/$a" "$WORK/mnt-$a-noargs/hf"
+# Megatron's own rank files carry no hf_architecture in args (ckptfs's views add it): a
+# Megatron-trained Phi-3 gets its fused Hugging Face names with -o hf_arch=phi3.
+exp=$WORK/exp-$a-megatron-args
+cp -r "$WORK/exp-$a-tp2pp2" "$exp"
+check "$a: drop args.hf_architecture from the tp2pp2 rank files (torch.save)" $PY - "$exp/release" <<'PY'
+import os, sys, torch
+for rank in sorted(os.listdir(sys.argv[1])):
+    path = os.path.join(sys.argv[1], rank, "model_optim_rng.pt")
+    sd = torch.load(path, map_location="cpu")
+    del sd["args"].hf_architecture
+    torch.save(sd, path)
+PY
+mkdir -p "$WORK/mnt-$a-megatron-args"
+check "$a: they mount with -o hf_arch=phi3" mount_ckptfs "$exp" "$WORK/mnt-$a-megatron-args" -o hf_arch=phi3
+check "$a: its hf/ tensors are bit-identical to the original (fused names)" \
+  $PY "$check_hf" compare "$WORK/$a" "$WORK/mnt-$a-megatron-args/hf"
+mkdir -p "$WORK/mnt-$a-megatron-extra"
+check "$a: or with -o hf_extra=<the HF dir> (its config.json names the architecture)" \
+  mount_ckptfs "$exp" "$WORK/mnt-$a-megatron-extra" -o "hf_extra=$WORK/$a"
+check "$a: its hf/ tensors are bit-identical to the original (fused names)" \
+  $PY "$check_hf" compare "$WORK/$a" "$WORK/mnt-$a-megatron-extra/hf"
+
 # An uneven source (pp3 with 2 layers on the first and last stages) keeps its stage sizes for
 # layouts with 3 stages only: any other split of the 8 layers is even unless -o pp_first/pp_last.
 mnt=$WORK/mnt-llama-tp1pp3

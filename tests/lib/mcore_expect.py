@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """What a torch_dist checkpoint of a Hugging Face model holds, from the HF files with numpy only
 (DESIGN section 4, written independently of ckptfs): Megatron GPTModel's stacked keys, q/k/v
-interleaved per query group, fc1 = [gate; up], the vocabulary padded with zero rows. Used by
+interleaved per query group, fc1 = [gate; up], the vocabulary padded with zero rows. Phi-3's
+fused projections are split first (models.unfuse). Used by
 dcp_check.py (torch 2.x) and dcp_host.py (torch 1.13)."""
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import as_array, read_checkpoint  # noqa: E402
+from models import as_array, read_checkpoint, unfuse  # noqa: E402
 
 LP = "decoder.layers."
 
@@ -18,7 +19,9 @@ LP = "decoder.layers."
 class HFModel:
     def __init__(self, d):
         self.cfg = c = json.load(open(os.path.join(d, "config.json")))
-        self.raw = read_checkpoint(d)
+        # Phi-3's fused qkv_proj / gate_up_proj cut into q/k/v and gate/up (models.unfuse):
+        # the stacked keys below are defined over the separate tensors.
+        self.raw = unfuse(c, read_checkpoint(d))[0]
         self.L, self.H = c["num_hidden_layers"], c["hidden_size"]
         self.nh = c["num_attention_heads"]
         self.ng = c.get("num_key_value_heads", self.nh)

@@ -4,7 +4,9 @@ reference: safetensors reading, the Megatron split of DESIGN section 4, and forw
 
   models.py write ARCH DIR [--shards N] [--tokenizer] [--layers L]
     ARCH: llama (GQA, untied), qwen2 (qkv bias, tied), qwen3 (q/k norm, head_dim 16 != 64/8),
-          mistral (GQA, untied), mixed (dtypes F32/F16/BF16/I64, scalar and 3-D tensors)
+          mistral (GQA, untied), phi3 (GQA, untied, fused self_attn.qkv_proj = [q; k; v] and
+          mlp.gate_up_proj = [gate; up] as Phi-3's checkpoints hold them),
+          mixed (dtypes F32/F16/BF16/I64, scalar and 3-D tensors)
   models.py write-huge-vocab DIR
     a one-layer Llama whose embedding and lm_head are 4.5 GB each (vocab 1,100,000 x 2048 bf16):
     a sparse file of 9 GB with data only in the first and last embedding rows (1.0 and 3.0)
@@ -28,7 +30,21 @@ ARCHS = {
                   tie_word_embeddings=True),
     "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_key_value_heads=2,
                   tie_word_embeddings=False, head_dim=16),
+    # The fields of Phi-3-mini-4k-instruct's config.json (Phi-3-medium has GQA: 40 heads, 10 KV
+    # heads); sliding_window null (Megatron has no such argument), rope_scaling null. The ffn
+    # size (112) differs from the qkv rows ((8 + 2 * 2) * 8 = 96), so no size mix-up fits.
+    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", num_key_value_heads=2,
+                 intermediate_size=112,
+                 tie_word_embeddings=False, rms_norm_eps=1e-5, attention_bias=False,
+                 attention_dropout=0.0, embd_pdrop=0.0, resid_pdrop=0.0, initializer_range=0.02,
+                 original_max_position_embeddings=512, rope_scaling=None, sliding_window=None,
+                 bos_token_id=1, eos_token_id=32, pad_token_id=32, use_cache=True,
+                 transformers_version="4.40.2"),
 }
+
+# Families whose Hugging Face checkpoints hold fused projections (rows stacked: [q; k; v] and
+# [gate; up]).
+FUSED = {"phi3"}
 
 
 def bf16_bits(a):
@@ -56,10 +72,18 @@ def model_tensors(cfg, seed=0):
     kv = cfg["num_key_value_heads"] * d
     bias = cfg["model_type"] == "qwen2"
     qk = cfg["model_type"] == "qwen3"
+    fused = cfg["model_type"] in FUSED
     shapes = [("model.embed_tokens.weight", (v, h))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes += [(p + "input_layernorm.weight", (h,)), (p + "self_attn.q_proj.weight", (nh * d, h)),
+        shapes.append((p + "input_layernorm.weight", (h,)))
+        if fused:  # Phi-3 (modeling_phi3.py): qkv_proj = [q; k; v], gate_up_proj = [gate; up]
+            shapes += [(p + "self_attn.qkv_proj.weight", (nh * d + 2 * kv, h)),
+                       (p + "self_attn.o_proj.weight", (h, nh * d)),
+                       (p + "post_attention_layernorm.weight", (h,)),
+                       (p + "mlp.gate_up_proj.weight", (2 * f, h)), (p + "mlp.down_proj.weight", (h, f))]
+            continue
+        shapes += [(p + "self_attn.q_proj.weight", (nh * d, h)),
                    (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h))]
         if bias:
             shapes += [(p + "self_attn.q_proj.bias", (nh * d,)), (p + "self_attn.k_proj.bias", (kv,)),
@@ -176,6 +200,39 @@ def as_array(t):
     dt, shape, raw = t
     np_dt = ST_DTYPES[dt][0]
     return np.frombuffer(raw, dtype=np_dt).reshape(shape)
+
+
+def unfuse(cfg, raw):
+    """Phi-3's fused projections cut into the separate tensors of a Llama checkpoint, from the
+    definition of the fused layout (modeling_phi3.py slices the projection's output so):
+    self_attn.qkv_proj rows [0, nh*d) are q_proj, the next ng*d rows k_proj, the last ng*d rows
+    v_proj; mlp.gate_up_proj rows [0, F) are gate_proj, [F, 2F) up_proj. raw: name -> (dtype,
+    shape, bytes) as read_checkpoint gives. Returns (the tensors with every fused one replaced by
+    its parts, the fused ones as they were); other families come back unchanged."""
+    if cfg.get("model_type") not in FUSED:
+        return raw, {}
+    nh, h = cfg["num_attention_heads"], cfg["hidden_size"]
+    ng = cfg.get("num_key_value_heads", nh)
+    d = cfg.get("head_dim", h // nh)
+    f = cfg["intermediate_size"]
+    out, fused = dict(raw), {}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for sep in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                    "mlp.up_proj"):
+            assert p + sep + ".weight" not in raw, f"{cfg['model_type']} with a separate {p}{sep}"
+        cuts = {"self_attn.qkv_proj.weight": [("self_attn.q_proj.weight", 0, nh * d),
+                                              ("self_attn.k_proj.weight", nh * d, (nh + ng) * d),
+                                              ("self_attn.v_proj.weight", (nh + ng) * d, (nh + 2 * ng) * d)],
+                "mlp.gate_up_proj.weight": [("mlp.gate_proj.weight", 0, f),
+                                            ("mlp.up_proj.weight", f, 2 * f)]}
+        for name, parts in cuts.items():
+            dt, shape, data = fused[p + name] = out.pop(p + name)
+            assert shape == (parts[-1][2], h), f"{p}{name}: shape {shape}, expected {(parts[-1][2], h)}"
+            row = h * ST_DTYPES[dt][1]
+            for part, lo, hi in parts:
+                out[p + part] = (dt, (hi - lo, h), data[lo * row:hi * row])
+    return out, fused
 
 
 def write_huge_vocab(out, vocab=1100000, hidden=2048):

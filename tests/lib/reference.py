@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import as_array, bf16_to_f32, read_checkpoint  # noqa: E402
+from models import FUSED, as_array, bf16_to_f32, read_checkpoint, unfuse  # noqa: E402
 
 
 def parse_layout(name):
@@ -55,6 +55,12 @@ class Model:
         self.bias = c["model_type"] == "qwen2" or c.get("attention_bias", False)
         self.qk = c["model_type"] == "qwen3"
         self.eps, self.theta = c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0)
+        # Phi-3 stores fused projections: self_attn.qkv_proj = [q; k; v] and
+        # mlp.gate_up_proj = [gate; up], rows stacked (modeling_phi3.py slices its output so).
+        # Only the split tensors stay in self.raw, so nothing below uses a fused one unsplit;
+        # hf_forward alone reads the fused ones as stored (self.fused_raw).
+        self.fused = c.get("model_type") in FUSED
+        self.raw, self.fused_raw = unfuse(c, self.raw)
 
     def bits(self, name):  # uint16 bf16 bit patterns
         return as_array(self.raw[name])
@@ -174,13 +180,21 @@ def silu(x):
 
 
 def hf_forward(m, tokens):
+    """Hugging Face semantics; for Phi-3 straight from the fused tensors as stored (not through
+    models.unfuse), so a wrong split there shows as a forward mismatch."""
     f = lambda n: bf16_to_f32(m.bits(n))  # noqa: E731
+    gf = lambda i, s: bf16_to_f32(as_array(m.fused_raw[f"model.layers.{i}.{s}"]))  # noqa: E731
     x = f("model.embed_tokens.weight")[tokens]
     T = len(tokens)
     for i in range(m.L):
         g = lambda s: bf16_to_f32(m.layer(i, s))  # noqa: E731
         h = rms(x, g("input_layernorm.weight"), m.eps)
-        q, k, v = h @ g("self_attn.q_proj.weight").T, h @ g("self_attn.k_proj.weight").T, h @ g("self_attn.v_proj.weight").T
+        if m.fused:  # modeling_phi3.py: one matmul, its output sliced [q | k | v]
+            qkv = h @ gf(i, "self_attn.qkv_proj.weight").T
+            qe, ke = m.nh * m.d, m.nh * m.d + m.ng * m.d
+            q, k, v = qkv[:, :qe], qkv[:, qe:ke], qkv[:, ke:]
+        else:
+            q, k, v = h @ g("self_attn.q_proj.weight").T, h @ g("self_attn.k_proj.weight").T, h @ g("self_attn.v_proj.weight").T
         if m.bias:
             q, k, v = q + g("self_attn.q_proj.bias"), k + g("self_attn.k_proj.bias"), v + g("self_attn.v_proj.bias")
         q = q.reshape(T, m.nh, m.d).transpose(1, 0, 2)
@@ -191,7 +205,11 @@ def hf_forward(m, tokens):
         a = attention(rope(q, m.theta), rope(k, m.theta), v, m.nh, m.ng)
         x = x + a.transpose(1, 0, 2).reshape(T, -1) @ g("self_attn.o_proj.weight").T
         h = rms(x, g("post_attention_layernorm.weight"), m.eps)
-        x = x + (silu(h @ g("mlp.gate_proj.weight").T) * (h @ g("mlp.up_proj.weight").T)) @ g("mlp.down_proj.weight").T
+        if m.fused:  # modeling_phi3.py: gate, up = gate_up_proj(h).chunk(2); up * silu(gate)
+            gate, up = np.split(h @ gf(i, "mlp.gate_up_proj.weight").T, 2, axis=1)
+        else:
+            gate, up = h @ g("mlp.gate_proj.weight").T, h @ g("mlp.up_proj.weight").T
+        x = x + (silu(gate) * up) @ g("mlp.down_proj.weight").T
     x = rms(x, f("model.norm.weight"), m.eps)
     return x @ f("model.embed_tokens.weight" if m.tied else "lm_head.weight").T
 
@@ -296,7 +314,13 @@ def check(argv):
                                num_attention_heads=m.nh, num_query_groups=m.ng, kv_channels=m.d,
                                padded_vocab_size=padded, untie_embeddings_and_output_weights=not m.tied,
                                add_qkv_bias=m.bias, qk_layernorm=m.qk, swiglu=True,
-                               normalization="RMSNorm", params_dtype=torch.bfloat16)
+                               normalization="RMSNorm", params_dtype=torch.bfloat16,
+                               vocab_size=m.vocab, layernorm_epsilon=m.eps,
+                               rotary_base=int(m.theta),
+                               max_position_embeddings=m.cfg.get("max_position_embeddings", 4096))
+            if "architectures" in m.cfg:
+                # What a Megatron source made of these files names in hf/config.json.
+                expect_args["hf_architecture"] = m.cfg["architectures"][0]
             for k, val in expect_args.items():
                 if getattr(args, k, "<missing>") != val:
                     errors.append(f"{name}: args.{k} = {getattr(args, k, '<missing>')!r}, want {val!r}")
