@@ -297,6 +297,11 @@ bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *bu
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error)
 {
+    /* Nothing to read (an empty zip record): done, and not an early end of the file. */
+    while (n > 0 && iov->iov_len == 0)
+        iov++, n--;
+    if (n == 0)
+        return index < files->files->len || ckptfs_fail(error, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
     SrcFile *f;
     int fd = acquire_fd(files, index, &f, error);
     if (fd < 0)

@@ -121,6 +121,9 @@ static void test_changes(const char *dir)
            error ? error->message : "read");
     g_clear_error(&error);
 
+    tap_ok(ckptfs_srcfiles_pread(files, (unsigned)b, buf, 0, 10, NULL) &&
+               ckptfs_srcfiles_pread(files, (unsigned)b, buf, 4, 0, NULL),
+           "a read of nothing succeeds and is not taken for a change");
     read = ckptfs_srcfiles_pread(files, (unsigned)b, buf, 64, FILE_SIZE - 10, &error);
     tap_ok(!read && error && error->code == CKPTFS_ERROR_IO,
            "a read past the end is an error, not a change (%s)", error ? error->message : "read");
