@@ -8,10 +8,26 @@
 
 #include "ckptfs/error.h"
 
+/* File types other than regular files, named for messages. */
+static const struct {
+    unsigned type;
+    const char *kind, *problem;
+} other_kinds[] = {
+    {S_IFDIR, "a directory", "not a regular file (a directory)"},
+    {S_IFIFO, "a FIFO", "not a regular file (a FIFO)"},
+    {S_IFSOCK, "a socket", "not a regular file (a socket)"},
+    {S_IFCHR, "a character device", "not a regular file (a device)"},
+    {S_IFBLK, "a block device", "not a regular file (a device)"},
+};
+
 const char *ckptfs_file_kind(unsigned mode)
 {
-    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
-           : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+    if (S_ISREG(mode))
+        return "a regular file";
+    for (size_t i = 0; i < G_N_ELEMENTS(other_kinds); i++)
+        if ((mode & S_IFMT) == other_kinds[i].type)
+            return other_kinds[i].kind;
+    return "not a regular file";
 }
 
 const char *ckptfs_path_problem(const char *path)
@@ -22,36 +38,46 @@ const char *ckptfs_path_problem(const char *path)
             return "a symlink loop";
         return lstat(path, &st) == 0 ? "a dangling symlink" : "missing";
     }
-    return S_ISREG(st.st_mode) ? NULL : S_ISDIR(st.st_mode) ? "not a regular file (a directory)"
-           : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
-           : S_ISSOCK(st.st_mode) ? "not a regular file (a socket)"
-                                  : "not a regular file (a device)";
+    if (S_ISREG(st.st_mode))
+        return NULL;
+    for (size_t i = 0; i < G_N_ELEMENTS(other_kinds); i++)
+        if ((st.st_mode & S_IFMT) == other_kinds[i].type)
+            return other_kinds[i].problem;
+    return "not a regular file";
+}
+
+int ckptfs_open_regular(const char *path, struct stat *st, GError **error)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        g_set_error(error, CKPTFS_ERROR, e == ENOENT ? CKPTFS_ERROR_NOT_FOUND : CKPTFS_ERROR_IO,
+                    "%s: cannot open: %s", path, e == ELOOP ? "a symlink loop" : g_strerror(e));
+        return -1;
+    }
+    if (fstat(fd, st) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
+                    g_strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file (%s)", path,
+                    ckptfs_file_kind(st->st_mode));
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_t *len,
                             GError **error)
 {
     *contents = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-        int e = errno;
-        g_set_error(error, CKPTFS_ERROR, e == ENOENT ? CKPTFS_ERROR_NOT_FOUND : CKPTFS_ERROR_IO,
-                    "%s: cannot open: %s", path, e == ELOOP ? "a symlink loop" : g_strerror(e));
-        return false;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
-                    g_strerror(errno));
-        close(fd);
+    int fd = ckptfs_open_regular(path, &st, error);
+    if (fd < 0)
         return false;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file (%s)", path,
-                    ckptfs_file_kind(st.st_mode));
-        close(fd);
-        return false;
-    }
     if ((uint64_t)st.st_size > max) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: %" G_GUINT64_FORMAT " bytes, more than the %zu this file may have", path,

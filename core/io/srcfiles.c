@@ -107,31 +107,6 @@ static bool report_changed(SrcFile *f, GError **error)
     return false;
 }
 
-/* Opens PATH without blocking (a FIFO would) and checks it is a regular file. */
-static int open_regular(const char *path, struct stat *st, GError **error)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-        int e = errno;
-        g_set_error(error, CKPTFS_ERROR, e == ENOENT ? CKPTFS_ERROR_NOT_FOUND : CKPTFS_ERROR_IO,
-                    "%s: cannot open: %s", path, e == ELOOP ? "a symlink loop" : g_strerror(e));
-        return -1;
-    }
-    if (fstat(fd, st) != 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", path,
-                    g_strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st->st_mode)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: not a regular file (%s)", path,
-                    ckptfs_file_kind(st->st_mode));
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 /* Under the lock: closes least recently used descriptors no read is using until one more
  * fits. When every open one is in use, the cache goes over its size for a while. */
 static void make_room(CkptfsSrcFiles *files)
@@ -163,7 +138,7 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     if (known != NULL)
         return GPOINTER_TO_INT(known) - 1;
     struct stat st;
-    int fd = open_regular(path, &st, error);
+    int fd = ckptfs_open_regular(path, &st, error);
     if (fd < 0)
         return -1;
     SrcFile *f = g_new0(SrcFile, 1);
@@ -230,7 +205,7 @@ static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **ou
     }
     struct stat st;
     GError *open_error = NULL;
-    int fd = open_regular(f->pub.path, &st, &open_error);
+    int fd = ckptfs_open_regular(f->pub.path, &st, &open_error);
     if (fd >= 0 && !same_file(&f->pub, &st)) {
         close(fd);
         g_mutex_unlock(&files->lock);

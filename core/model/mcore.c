@@ -130,14 +130,15 @@ const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec)
     return !te_spec && rule->local_name ? rule->local_name : rule->name;
 }
 
-static gint cmp_legacy_te(gconstpointer a, gconstpointer b)
+static int legacy_order(const CkptfsRule *rule, bool te_spec)
 {
-    return (*(const CkptfsRule *const *)a)->te_order - (*(const CkptfsRule *const *)b)->te_order;
+    return te_spec ? rule->te_order : rule->local_order;
 }
 
-static gint cmp_legacy_local(gconstpointer a, gconstpointer b)
+static gint cmp_legacy_order(gconstpointer a, gconstpointer b, gpointer te_spec)
 {
-    return (*(const CkptfsRule *const *)a)->local_order - (*(const CkptfsRule *const *)b)->local_order;
+    bool te = GPOINTER_TO_INT(te_spec);
+    return legacy_order(*(const CkptfsRule *const *)a, te) - legacy_order(*(const CkptfsRule *const *)b, te);
 }
 
 GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, bool te_spec,
@@ -147,11 +148,10 @@ GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, bool t
     const CkptfsFamily *family = m->arch->family;
     for (unsigned i = 0; i < family->n_rules; i++) {
         const CkptfsRule *r = &family->rules[i];
-        int order = te_spec ? r->te_order : r->local_order;
-        if (r->scope == scope && order != CKPTFS_ABSENT && ckptfs_rule_present(r, m, tied_output_copy))
+        if (r->scope == scope && legacy_order(r, te_spec) != CKPTFS_ABSENT && ckptfs_rule_present(r, m, tied_output_copy))
             g_ptr_array_add(out, (gpointer)r);
     }
-    g_ptr_array_sort(out, te_spec ? cmp_legacy_te : cmp_legacy_local);
+    g_ptr_array_sort_with_data(out, cmp_legacy_order, GINT_TO_POINTER(te_spec));
     return out;
 }
 

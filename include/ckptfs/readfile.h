@@ -22,4 +22,10 @@ const char *ckptfs_file_kind(unsigned mode);
  * loop", "not a regular file (a FIFO)", ...; NULL when it is a regular file (after symlinks). */
 const char *ckptfs_path_problem(const char *path);
 
+/* Opens PATH read-only without blocking (a FIFO would) and checks, after symlinks, that it is a
+ * regular file ("not a regular file (a FIFO)" otherwise); fills ST. Returns the descriptor, or
+ * -1 with an error naming the file. */
+struct stat;
+int ckptfs_open_regular(const char *path, struct stat *st, GError **error);
+
 #endif
