@@ -110,6 +110,16 @@ static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *val
     return true;
 }
 
+static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"off", "on", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->moe_grouped_gemm = i == 1;
+    return true;
+}
+
 static bool opt_crc32(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     static const char *const names[] = {"zero", "compute", NULL};
@@ -192,6 +202,8 @@ static const struct {
      "                           units; 5GB = decimal, as Hugging Face's max_shard_size);\n"
      "                           default: the source's own files, byte-identical"},
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
+    {"moe_grouped_gemm", opt_moe_grouped_gemm,
+     "off|on: experts as SequentialMLP local_experts (default) or TEGroupedMLP weight{e} keys"},
     {"vocab_divisible_by", opt_vocab_divisible_by,
      "pad the vocabulary to a multiple of N x tp (default 128)"},
     {"vocab_pad", opt_vocab_pad, "zero|last: padding rows are zeros (default) or the last row"},

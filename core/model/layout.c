@@ -23,11 +23,15 @@ static bool take_part(const char **p, const char *prefix, unsigned *out)
 bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayout *out)
 {
     CkptfsLayout l = {.tp = base->tp, .pp = base->pp, .vpp = 1,
-                      .pp_first = base->pp_first, .pp_last = base->pp_last};
+                      .pp_first = base->pp_first, .pp_last = base->pp_last,
+                      .ep = base->ep, .etp = base->etp};
     const char *p = name;
     bool any = false;
     unsigned v;
     if (take_part(&p, "tp", &v)) {
+        /* etp followed the base's tp: it follows the new one */
+        if (l.etp == 0 || l.etp == l.tp)
+            l.etp = 0;
         l.tp = v;
         l.pp = 1;
         any = true;
@@ -41,17 +45,83 @@ bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayou
         l.vpp = v;
         any = true;
     }
+    if (take_part(&p, "ep", &v)) {
+        l.ep = v;
+        any = true;
+    }
+    if (take_part(&p, "etp", &v)) {
+        l.etp = v;
+        any = true;
+    }
     if (!any || *p != '\0')
         return false;
     *out = l;
     return true;
 }
 
+unsigned ckptfs_layout_ep(const CkptfsLayout *layout)
+{
+    return layout->ep ? layout->ep : 1;
+}
+
+unsigned ckptfs_layout_etp(const CkptfsLayout *layout)
+{
+    return layout->etp ? layout->etp : layout->tp;
+}
+
 char *ckptfs_layout_name(const CkptfsLayout *layout)
 {
+    GString *name = g_string_new(NULL);
+    g_string_printf(name, "tp%upp%u", layout->tp, layout->pp);
     if (layout->vpp > 1)
-        return g_strdup_printf("tp%upp%uvpp%u", layout->tp, layout->pp, layout->vpp);
-    return g_strdup_printf("tp%upp%u", layout->tp, layout->pp);
+        g_string_append_printf(name, "vpp%u", layout->vpp);
+    if (ckptfs_layout_ep(layout) > 1)
+        g_string_append_printf(name, "ep%u", ckptfs_layout_ep(layout));
+    if (ckptfs_layout_etp(layout) != layout->tp)
+        g_string_append_printf(name, "etp%u", ckptfs_layout_etp(layout));
+    return g_string_free(name, FALSE);
+}
+
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+GArray *ckptfs_layout_rank_files(const CkptfsLayout *layout)
+{
+    GArray *files = g_array_new(FALSE, FALSE, sizeof(CkptfsRankFile));
+    uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
+    uint64_t expert_grid = etp * ep, world = tp / gcd(tp, expert_grid) * expert_grid;
+    for (uint64_t g = 0; g < world; g++) {
+        bool dense_dp0 = g / tp == 0, expert_dp0 = g / expert_grid == 0;
+        if (!dense_dp0 && !expert_dp0)
+            continue;
+        CkptfsRankFile f = {(unsigned)(g % tp), (unsigned)(g / etp % ep), (unsigned)(g % etp)};
+        bool named = false;
+        for (guint i = 0; i < files->len && !named; i++) {
+            const CkptfsRankFile *o = &g_array_index(files, CkptfsRankFile, i);
+            named = o->tp == f.tp && o->ep == f.ep;
+        }
+        if (!named)
+            g_array_append_val(files, f);
+    }
+    return files;
+}
+
+char *ckptfs_rank_file_dir(const CkptfsLayout *layout, unsigned pp_rank, const CkptfsRankFile *file)
+{
+    GString *name = g_string_new(NULL);
+    g_string_printf(name, "mp_rank_%02u", file->tp);
+    if (layout->pp > 1)
+        g_string_append_printf(name, "_%03u", pp_rank);
+    if (ckptfs_layout_ep(layout) > 1)
+        g_string_append_printf(name, "_%03u", file->ep);
+    return g_string_free(name, FALSE);
 }
 
 #define INVALID(...)                                                                          \
@@ -87,8 +157,19 @@ bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model
                 t, model->kv_heads);
     if (model->heads % t != 0)
         INVALID("tp %u does not divide the %" G_GUINT64_FORMAT " attention heads", t, model->heads);
-    if (model->ffn % t != 0)
+    if (model->ffn % t != 0 && ckptfs_model_moe_layers(model) < model->layers)
         INVALID("tp %u does not divide ffn_hidden_size %" G_GUINT64_FORMAT, t, model->ffn);
+    unsigned ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
+    if (model->experts == 0 && (ep > 1 || etp != t))
+        INVALID("the model has no experts; ep and etp apply to mixture-of-experts models");
+    if (model->experts % ep != 0)
+        INVALID("ep %u does not divide the %" G_GUINT64_FORMAT " experts", ep, model->experts);
+    if (model->experts && model->moe_ffn % etp != 0)
+        INVALID("etp %u does not divide the experts' ffn size %" G_GUINT64_FORMAT, etp, model->moe_ffn);
+    if (model->shared_ffn % t != 0)
+        INVALID("tp %u does not divide the shared expert's ffn size %" G_GUINT64_FORMAT, t, model->shared_ffn);
+    if ((uint64_t)etp * ep > 65536)
+        INVALID("etp %u x ep %u is more GPUs per stage than ckptfs lays out (65536)", etp, ep);
     if (layout->pp > model->layers)
         INVALID("pp %u is more than the %" G_GUINT64_FORMAT " layers", layout->pp, model->layers);
     if (layout->vpp > 1 && layout->pp == 1)

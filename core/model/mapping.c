@@ -1,91 +1,165 @@
 /* The mapping tables. Rows are in Megatron-core's module order, which is the order of keys in
  * a torch_dist checkpoint; the order columns give a legacy state dict's order for each spec
  * (Transformer Engine fuses the pre-attention and pre-MLP norms into the next linear layer and
- * adds _extra_state entries for its attention and q/k norms). */
+ * adds _extra_state entries for its attention and q/k norms). Rules of dense-MLP and MoE
+ * layers share order numbers: a layer holds one kind or the other. */
 #include "ckptfs/mapping.h"
 
 #include <glib.h>
 
 #define NONE CKPTFS_ABSENT
 
-/* Entries every dense GPT family shares around the attention and MLP projections. */
+/* A weight of one layer: its names, legacy orders (TE, local), when it exists, its shape in
+ * model dimensions, its TP split and its recipe of HF tensors. */
+#define WEIGHT(name_, local_, te_at, local_at, need_, ndim_, rows_, cols_, split_, recipe_, ...)  \
+    {CKPTFS_SCOPE_LAYER, false, false, name_, local_, NULL, te_at, local_at, need_, ndim_,      \
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL}
+/* The same, one per routed expert. */
+#define EXPERT_WEIGHT(name_, te_at, local_at, rows_, cols_, split_, recipe_, ...)              \
+    {CKPTFS_SCOPE_LAYER, false, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 2,  \
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL}
+
+/* Entries every GPT family shares around the attention and MLP projections. */
 #define EMBEDDING                                                                             \
-    {CKPTFS_SCOPE_FIRST, false, "embedding.word_embeddings.weight", NULL, 0, 0,               \
+    {CKPTFS_SCOPE_FIRST, false, false, "embedding.word_embeddings.weight", NULL, NULL, 0, 0,  \
      CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
      CKPTFS_RECIPE_WHOLE, {"model.embed_tokens.weight"}, NULL}
-#define LAYER_NORM(name_, local_, te_at, local_at, hf_)                                        \
-    {CKPTFS_SCOPE_LAYER, false, name_, local_, te_at, local_at, CKPTFS_NEED_ALWAYS, 1,        \
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL}
-#define QK_NORM(name_, te_at, local_at, hf_)                                                   \
-    {CKPTFS_SCOPE_LAYER, false, name_, NULL, te_at, local_at, CKPTFS_NEED_QK_NORM, 1,          \
-     CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL}
+#define LAYER_NORM(name_, local_, te_at, local_at, need_, hf_)                                 \
+    WEIGHT(name_, local_, te_at, local_at, need_, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,          \
+           CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, hf_)
+#define INPUT_NORM                                                                            \
+    LAYER_NORM("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", 3, 0,  \
+               CKPTFS_NEED_ALWAYS, "input_layernorm.weight")
+#define QKV(need_, recipe_, ...)                                                              \
+    WEIGHT("self_attention.linear_qkv.weight", NULL, 4, 3, need_, 2, CKPTFS_DIM_QKV,            \
+           CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS, recipe_, __VA_ARGS__)
+#define QKV_BIAS                                                                              \
+    WEIGHT("self_attention.linear_qkv.bias", NULL, 5, 4, CKPTFS_NEED_QKV_BIAS, 1, CKPTFS_DIM_QKV, \
+           CKPTFS_DIM_ONE, CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.bias",            \
+           "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+#define QK_NORMS                                                                              \
+    WEIGHT("self_attention.q_layernorm.weight", NULL, 7, 6, CKPTFS_NEED_QK_NORM, 1,              \
+           CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,            \
+           "self_attn.q_norm.weight"),                                                         \
+    WEIGHT("self_attention.k_layernorm.weight", NULL, 9, 7, CKPTFS_NEED_QK_NORM, 1,              \
+           CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,            \
+           "self_attn.k_norm.weight")
 #define EXTRA(scope_, name_, te_at, local_at, need_)                                           \
-    {scope_, true, name_, NULL, te_at, local_at, need_, 0, CKPTFS_DIM_ONE, CKPTFS_DIM_ONE,     \
-     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
-/* o_proj, and the norm before the MLP (fused into fc1 by Transformer Engine). */
+    {scope_, true, false, name_, NULL, NULL, te_at, local_at, need_, 0, CKPTFS_DIM_ONE,        \
+     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
+#define EXPERT_EXTRA(name_, te_at, local_at)                                                  \
+    {CKPTFS_SCOPE_LAYER, true, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 0,   \
+     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
+/* o_proj, and the norm before a dense MLP (fused into fc1 by Transformer Engine). */
 #define ATTENTION_OUT_AND_MLP_NORM                                                            \
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_proj.weight", NULL, 1, 1,               \
-     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, \
-     {"self_attn.o_proj.weight"}, NULL},                                                       \
+    WEIGHT("self_attention.linear_proj.weight", NULL, 1, 1, CKPTFS_NEED_ALWAYS, 2,              \
+           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,                 \
+           "self_attn.o_proj.weight"),                                                         \
     LAYER_NORM("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight", 11, 8,          \
-               "post_attention_layernorm.weight")
+               CKPTFS_NEED_DENSE_MLP, "post_attention_layernorm.weight")
+#define MLP_IN(recipe_, ...)                                                                  \
+    WEIGHT("mlp.linear_fc1.weight", NULL, 12, 9, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2,     \
+           CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, recipe_, __VA_ARGS__)
 #define MLP_OUT                                                                               \
-    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc2.weight", NULL, 14, 11, CKPTFS_NEED_ALWAYS, 2,   \
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,                    \
-     {"mlp.down_proj.weight"}, NULL}
+    WEIGHT("mlp.linear_fc2.weight", NULL, 14, 11, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN,  \
+           CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight")
+#define DENSE_MLP                                                                             \
+    MLP_IN(CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"), MLP_OUT
+
+/* An MoE layer: its own pre-MLP norm (Megatron's local spec saves it under TE's fused name in
+ * torch_dist), the router, the routed experts, the shared expert. */
+#define MOE_NORM_AND_ROUTER(router_hf)                                                        \
+    {CKPTFS_SCOPE_LAYER, false, false, "pre_mlp_layernorm.weight", NULL,                       \
+     "mlp.linear_fc1.layer_norm_weight", 11, 8, CKPTFS_NEED_MOE, 1, CKPTFS_DIM_HIDDEN,         \
+     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,                                \
+     {"post_attention_layernorm.weight"}, NULL},                                               \
+    WEIGHT("mlp.router.weight", NULL, 12, 9, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS,            \
+           CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, router_hf)
+/* Experts' fc1 = [gate; up] and fc2, split by expert tensor parallelism. */
+#define EXPERTS(gate_hf, up_hf, down_hf)                                                      \
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 13, 10, CKPTFS_DIM_MOE_FFN2,         \
+                  CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, gate_hf, up_hf),  \
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc1._extra_state", 14, 11),                       \
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 15, 12, CKPTFS_DIM_HIDDEN,           \
+                  CKPTFS_DIM_MOE_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, down_hf),             \
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 16, 13)
+/* Qwen2-MoE's shared expert: its sigmoid gate [1, H] first (Megatron registers it first), then
+ * an MLP split by dense TP. */
+#define SHARED_EXPERT                                                                         \
+    WEIGHT("mlp.shared_experts.gate_weight", NULL, 17, 14, CKPTFS_NEED_SHARED_GATE, 2,          \
+           CKPTFS_DIM_ONE, CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,          \
+           "mlp.shared_expert_gate.weight"),                                                   \
+    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 18, 15, CKPTFS_NEED_SHARED_EXPERT, 2,  \
+           CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, \
+           "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),          \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 19, 16,            \
+          CKPTFS_NEED_SHARED_EXPERT),                                                           \
+    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 20, 17, CKPTFS_NEED_SHARED_EXPERT, 2,  \
+           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,         \
+           "mlp.shared_expert.down_proj.weight"),                                              \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 21, 18,            \
+          CKPTFS_NEED_SHARED_EXPERT)
+
 /* The layer's extra states (in the order mcore/ lists their objects) and the last stage. */
 #define LAYER_EXTRAS_AND_LAST                                                                 \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_qkv._extra_state", 6, 5, CKPTFS_NEED_ALWAYS), \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_proj._extra_state", 2, 2, CKPTFS_NEED_ALWAYS), \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13, 10, CKPTFS_NEED_ALWAYS),       \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 15, 12, CKPTFS_NEED_ALWAYS),       \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13, 10, CKPTFS_NEED_DENSE_MLP),    \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 15, 12, CKPTFS_NEED_DENSE_MLP),    \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0, NONE, CKPTFS_NEED_ALWAYS), \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.q_layernorm._extra_state", 8, NONE, CKPTFS_NEED_QK_NORM), \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.k_layernorm._extra_state", 10, NONE, CKPTFS_NEED_QK_NORM), \
-    {CKPTFS_SCOPE_LAST, false, "decoder.final_layernorm.weight", NULL, 0, 0, CKPTFS_NEED_ALWAYS, \
-     1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,          \
-     {"model.norm.weight"}, NULL},                                                            \
+    {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,      \
+     CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,           \
+     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL},                                        \
     EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS), \
-    {CKPTFS_SCOPE_LAST, false, "output_layer.weight", NULL, 2, 1, CKPTFS_NEED_OUTPUT, 2,        \
-     CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB, CKPTFS_RECIPE_WHOLE,                 \
-     {"lm_head.weight"}, "model.embed_tokens.weight"},                                         \
+    {CKPTFS_SCOPE_LAST, false, false, "output_layer.weight", NULL, NULL, 2, 1,                 \
+     CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
+     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight"},                    \
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS)
 
+#define SEPARATE_QKV                                                                          \
+    QKV(CKPTFS_NEED_ALWAYS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight", \
+        "self_attn.v_proj.weight"),                                                            \
+    QKV_BIAS, QK_NORMS
+
 static const CkptfsRule llama_rules[] = {
-    EMBEDDING,
-    LAYER_NORM("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", 3, 0,
-               "input_layernorm.weight"),
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_qkv.weight", NULL, 4, 3,
-     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV,
-     {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, NULL},
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_qkv.bias", NULL, 5, 4,
-     CKPTFS_NEED_QKV_BIAS, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV,
-     {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}, NULL},
-    QK_NORM("self_attention.q_layernorm.weight", 7, 6, "self_attn.q_norm.weight"),
-    QK_NORM("self_attention.k_layernorm.weight", 9, 7, "self_attn.k_norm.weight"),
-    ATTENTION_OUT_AND_MLP_NORM,
-    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc1.weight", NULL, 12, 9, CKPTFS_NEED_ALWAYS, 2,
-     CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES,
-     {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, NULL},
-    MLP_OUT,
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM, DENSE_MLP,
     LAYER_EXTRAS_AND_LAST,
 };
 
 /* Phi-3: the same Megatron entries, filled from fused Hugging Face projections. */
 static const CkptfsRule phi3_rules[] = {
     EMBEDDING,
-    LAYER_NORM("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight", 3, 0,
-               "input_layernorm.weight"),
-    {CKPTFS_SCOPE_LAYER, false, "self_attention.linear_qkv.weight", NULL, 4, 3,
-     CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
-     CKPTFS_RECIPE_QKV_FUSED, {"self_attn.qkv_proj.weight"}, NULL},
+    INPUT_NORM,
+    QKV(CKPTFS_NEED_ALWAYS, CKPTFS_RECIPE_QKV_FUSED, "self_attn.qkv_proj.weight"),
     ATTENTION_OUT_AND_MLP_NORM,
-    {CKPTFS_SCOPE_LAYER, false, "mlp.linear_fc1.weight", NULL, 12, 9, CKPTFS_NEED_ALWAYS, 2,
-     CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES_FUSED,
-     {"mlp.gate_up_proj.weight"}, NULL},
+    MLP_IN(CKPTFS_RECIPE_HALVES_FUSED, "mlp.gate_up_proj.weight"),
     MLP_OUT,
+    LAYER_EXTRAS_AND_LAST,
+};
+
+/* Mixtral: every layer is MoE; experts are w1 (gate), w3 (up), w2 (down). */
+static const CkptfsRule mixtral_rules[] = {
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM, DENSE_MLP,
+    MOE_NORM_AND_ROUTER("block_sparse_moe.gate.weight"),
+    EXPERTS("block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
+            "block_sparse_moe.experts.{e}.w2.weight"),
+    LAYER_EXTRAS_AND_LAST,
+};
+
+/* Qwen2-MoE and Qwen3-MoE: dense layers (mlp_only_layers, decoder_sparse_step) among MoE
+ * layers; Qwen2-MoE adds a gated shared expert. */
+static const CkptfsRule qwen_moe_rules[] = {
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM, DENSE_MLP,
+    MOE_NORM_AND_ROUTER("mlp.gate.weight"),
+    EXPERTS("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight"),
+    SHARED_EXPERT,
     LAYER_EXTRAS_AND_LAST,
 };
 
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules)};
 const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules)};
+const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules)};
+const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules)};

@@ -21,6 +21,7 @@ static void key_free(gpointer p)
     CkptfsMcoreKey *k = p;
     g_array_unref(k->segments);
     g_free(k->key);
+    g_free(k->local_key);
     g_free(k);
 }
 
@@ -43,6 +44,16 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return 2 * m->ffn;
     case CKPTFS_DIM_VOCAB:
         return padded_vocab;
+    case CKPTFS_DIM_EXPERTS:
+        return m->experts;
+    case CKPTFS_DIM_MOE_FFN:
+        return m->moe_ffn;
+    case CKPTFS_DIM_MOE_FFN2:
+        return 2 * m->moe_ffn;
+    case CKPTFS_DIM_SHARED_FFN:
+        return m->shared_ffn;
+    case CKPTFS_DIM_SHARED_FFN2:
+        return 2 * m->shared_ffn;
     }
     return 0;
 }
@@ -58,8 +69,32 @@ bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied
         return m->qk_norm;
     case CKPTFS_NEED_OUTPUT:
         return !m->tied_embeddings || tied_output_copy;
+    case CKPTFS_NEED_DENSE_MLP:
+        return ckptfs_model_moe_layers(m) < m->layers;
+    case CKPTFS_NEED_MOE:
+        return ckptfs_model_moe_layers(m) > 0;
+    case CKPTFS_NEED_SHARED_EXPERT:
+        return ckptfs_model_moe_layers(m) > 0 && m->shared_ffn > 0;
+    case CKPTFS_NEED_SHARED_GATE:
+        return ckptfs_model_moe_layers(m) > 0 && m->shared_ffn > 0 && m->shared_gate;
     }
     return false;
+}
+
+bool ckptfs_rule_in_layer(const CkptfsRule *rule, const CkptfsModel *m, uint64_t layer)
+{
+    if (!ckptfs_rule_present(rule, m, false))
+        return false;
+    switch (rule->need) {
+    case CKPTFS_NEED_DENSE_MLP:
+        return !ckptfs_model_layer_is_moe(m, layer);
+    case CKPTFS_NEED_MOE:
+    case CKPTFS_NEED_SHARED_EXPERT:
+    case CKPTFS_NEED_SHARED_GATE:
+        return ckptfs_model_layer_is_moe(m, layer);
+    default:
+        return true;
+    }
 }
 
 /* The row segments of a key, from its recipe: which rows of which HF tensors fill it. */
@@ -104,8 +139,11 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
             continue;
         CkptfsMcoreKey *k = g_new0(CkptfsMcoreKey, 1);
         bool stacked = r->scope == CKPTFS_SCOPE_LAYER;
+        const char *local = r->local_dist_name ? r->local_dist_name : r->name;
         *k = (CkptfsMcoreKey){stacked ? g_strconcat("decoder.layers.", r->name, NULL) : g_strdup(r->name),
-                              r, stacked, r->ndim, dim_value(m, r->rows, padded_vocab),
+                              stacked ? g_strconcat("decoder.layers.", local, NULL) : g_strdup(local),
+                              r, stacked, r->expert, r->expert ? m->experts : 0,
+                              r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment))};
         g_array_set_clear_func(k->segments, segment_clear);
@@ -141,53 +179,117 @@ static gint cmp_legacy_order(gconstpointer a, gconstpointer b, gpointer te_spec)
     return legacy_order(*(const CkptfsRule *const *)a, te) - legacy_order(*(const CkptfsRule *const *)b, te);
 }
 
-GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, bool te_spec,
-                                 bool tied_output_copy)
+GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, uint64_t layer,
+                                 bool te_spec, bool tied_output_copy)
 {
     GPtrArray *out = g_ptr_array_new();
     const CkptfsFamily *family = m->arch->family;
     for (unsigned i = 0; i < family->n_rules; i++) {
         const CkptfsRule *r = &family->rules[i];
-        if (r->scope == scope && legacy_order(r, te_spec) != CKPTFS_ABSENT && ckptfs_rule_present(r, m, tied_output_copy))
+        bool present = scope == CKPTFS_SCOPE_LAYER ? ckptfs_rule_in_layer(r, m, layer)
+                                                   : ckptfs_rule_present(r, m, tied_output_copy);
+        if (r->scope == scope && legacy_order(r, te_spec) != CKPTFS_ABSENT && present)
             g_ptr_array_add(out, (gpointer)r);
     }
     g_ptr_array_sort_with_data(out, cmp_legacy_order, GINT_TO_POINTER(te_spec));
     return out;
 }
 
-GPtrArray *ckptfs_mcore_extra_state_modules(const CkptfsModel *m)
+char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j)
 {
-    GPtrArray *out = g_ptr_array_new_with_free_func(g_free);
+    /* rule->name is "mlp.experts.experts.<linear>.<param>" */
+    const char *linear = rule->name + strlen("mlp.experts.experts.");
+    if (!grouped)
+        return g_strdup_printf("mlp.experts.local_experts.%" G_GUINT64_FORMAT ".%s", j, linear);
+    if (rule->extra_state)
+        return g_strdup_printf("mlp.experts.%s", linear);
+    return g_strdup_printf("mlp.experts.%s%" G_GUINT64_FORMAT, linear, j);
+}
+
+GPtrArray *ckptfs_mcore_extra_state_rules(const CkptfsModel *m)
+{
+    GPtrArray *out = g_ptr_array_new();
     const CkptfsFamily *family = m->arch->family;
     for (unsigned i = 0; i < family->n_rules; i++) {
         const CkptfsRule *r = &family->rules[i];
         if (r->extra_state && r->scope == CKPTFS_SCOPE_LAYER && r->te_order != CKPTFS_ABSENT &&
-            ckptfs_rule_present(r, m, false) && g_str_has_suffix(r->name, "._extra_state"))
-            g_ptr_array_add(out, g_strndup(r->name, strlen(r->name) - strlen("._extra_state")));
+            ckptfs_rule_present(r, m, false))
+            g_ptr_array_add(out, (gpointer)r);
     }
     return out;
 }
 
-GArray *ckptfs_mcore_hf_tensors(const GPtrArray *keys, bool layer_keys)
+char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf)
+{
+    if (!key->stacked)
+        return g_strdup(hf);
+    g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
+    g_auto(GStrv) parts = g_strsplit(hf, "{e}", -1);
+    g_autofree char *suffix = g_strjoinv(e, parts);
+    return ckptfs_hf_layer_name(layer, suffix);
+}
+
+/* Adds the tensors of KEY's segments (layer LAYER, expert E) to OUT, each once (SEEN: name ->
+ * its index + 1), its rows as far as a segment reaches. */
+static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *k, uint64_t layer,
+                           uint64_t e)
+{
+    for (guint s = 0; s < k->segments->len; s++) {
+        const CkptfsMcoreSegment *seg = &g_array_index(k->segments, CkptfsMcoreSegment, s);
+        char *name = ckptfs_mcore_hf_name(k, layer, e, seg->hf_name);
+        guint at = GPOINTER_TO_UINT(g_hash_table_lookup(seen, name));
+        if (at == 0) {
+            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0};
+            g_array_append_val(out, fresh);
+            at = out->len;
+            g_hash_table_insert(seen, name, GUINT_TO_POINTER(at));
+        } else {
+            g_free(name);
+        }
+        CkptfsHfShape *shape = &g_array_index(out, CkptfsHfShape, at - 1);
+        shape->d0 = MAX(shape->d0, seg->hf_row0 + seg->rows);
+    }
+}
+
+static void hf_shape_clear(gpointer p)
+{
+    g_free(((CkptfsHfShape *)p)->name);
+}
+
+GArray *ckptfs_model_hf_tensors(const CkptfsModel *m, const GPtrArray *keys)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(CkptfsHfShape));
+    g_array_set_clear_func(out, hf_shape_clear);
+    g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
     for (guint i = 0; i < keys->len; i++) {
         const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
-        if (k->stacked != layer_keys)
-            continue;
-        for (guint s = 0; s < k->segments->len; s++) {
-            const CkptfsMcoreSegment *seg = &g_array_index(k->segments, CkptfsMcoreSegment, s);
-            CkptfsHfShape *shape = NULL;
-            for (guint j = 0; j < out->len && shape == NULL; j++)
-                if (strcmp(g_array_index(out, CkptfsHfShape, j).name, seg->hf_name) == 0)
-                    shape = &g_array_index(out, CkptfsHfShape, j);
-            if (shape == NULL) {
-                CkptfsHfShape fresh = {seg->hf_name, k->ndim, 0, k->ndim == 2 ? k->cols : 0};
-                g_array_append_val(out, fresh);
-                shape = &g_array_index(out, CkptfsHfShape, out->len - 1);
+        if (k->rule->scope == CKPTFS_SCOPE_FIRST)
+            add_hf_tensors(out, seen, k, 0, 0);
+    }
+    for (uint64_t l = 0; l < m->layers; l++) {
+        bool experts_done = false;
+        for (guint i = 0; i < keys->len; i++) {
+            const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+            if (!k->stacked || !ckptfs_rule_in_layer(k->rule, m, l) || (k->expert && experts_done))
+                continue;
+            if (!k->expert) {
+                add_hf_tensors(out, seen, k, l, 0);
+                continue;
             }
-            shape->d0 = MAX(shape->d0, seg->hf_row0 + seg->rows);
+            /* Expert by expert: all of expert 0's tensors, then expert 1's. */
+            for (uint64_t e = 0; e < m->experts; e++)
+                for (guint j = i; j < keys->len; j++) {
+                    const CkptfsMcoreKey *ek = g_ptr_array_index(keys, j);
+                    if (ek->expert)
+                        add_hf_tensors(out, seen, ek, l, e);
+                }
+            experts_done = true;
         }
+    }
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (k->rule->scope == CKPTFS_SCOPE_LAST)
+            add_hf_tensors(out, seen, k, 0, 0);
     }
     return out;
 }
@@ -247,12 +349,22 @@ GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, ui
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape)
 {
     unsigned n = 0;
-    if (key->stacked)
+    if (key->stacked && layers > 0)
         shape[n++] = layers;
+    if (key->expert)
+        shape[n++] = key->experts;
     shape[n++] = key->rows;
     if (key->ndim == 2)
         shape[n++] = key->cols;
     return n;
+}
+
+char *ckptfs_mcore_key_name(const CkptfsMcoreKey *key, bool te_spec, bool per_layer, uint64_t layer)
+{
+    const char *name = te_spec ? key->key : key->local_key;
+    if (!per_layer || !key->stacked)
+        return g_strdup(name);
+    return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", layer, name + strlen("decoder.layers."));
 }
 
 static gint cmp_u64(gconstpointer a, gconstpointer b)

@@ -6,27 +6,82 @@
 #include "ckptfs/limits.h"
 #include "ckptfs/mcore.h"
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama};
-static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama};
-static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama};
-static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama};
-static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3};
-static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3, NULL};
+static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", NULL, false, false, true};
+static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
+                                                 "shared_expert_intermediate_size", true, true, false};
+static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", NULL, false, true, false};
+
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL};
+static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL};
+static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL};
+static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL};
+static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL};
+static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
+                                           &ckptfs_family_mixtral, &mixtral_moe};
+static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
+                                             &ckptfs_family_qwen_moe, &qwen2_moe_config};
+static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
+                                             &ckptfs_family_qwen_moe, &qwen3_moe_config};
+static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
+                                                          &mixtral, &qwen2_moe, &qwen3_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
     return architectures;
 }
 
-const CkptfsArchitecture *ckptfs_architecture_find(const char *name, bool qkv_bias, bool qk_norm)
+/* Whether A is what a checkpoint with these features was made from. */
+static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bool loose_bias)
+{
+    bool moe = f->experts > 0, shared = f->shared_ffn > 0;
+    if ((a->moe != NULL) != moe || (moe && (a->moe->shared_ffn_key != NULL) != shared))
+        return false;
+    /* Qwen2-MoE without a shared expert is not a Qwen2-MoE checkpoint; with one, its biases
+     * and norms are what they are. */
+    if (moe && shared)
+        return a->qk_norm == f->qk_norm;
+    return (loose_bias || a->qkv_bias == f->qkv_bias) && a->qk_norm == f->qk_norm;
+}
+
+const CkptfsArchitecture *ckptfs_architecture_find(const char *name, const CkptfsModel *features)
 {
     for (const CkptfsArchitecture *const *a = architectures; *a; a++) {
         if (name ? strcmp(name, (*a)->model_type) == 0 || strcmp(name, (*a)->hf_architecture) == 0
-                 : (*a)->qkv_bias == qkv_bias && (*a)->qk_norm == qk_norm)
+                 : features_match(*a, features, false))
             return *a;
     }
-    /* Attention biases on a Qwen3-like model: Llama's rules with attention_bias. */
-    return name ? NULL : ckptfs_architecture_find(NULL, false, qk_norm);
+    if (name)
+        return NULL;
+    /* Attention biases on a Qwen3-like or Mixtral-like model: their rules with attention_bias. */
+    for (const CkptfsArchitecture *const *a = architectures; *a; a++)
+        if (!(*a)->qkv_bias && features_match(*a, features, true))
+            return *a;
+    return NULL;
+}
+
+bool ckptfs_model_layer_is_moe(const CkptfsModel *m, uint64_t layer)
+{
+    return m->experts > 0 && (layer >= CKPTFS_MAX_LAYERS || !(m->dense_layer[layer / 8] & (1u << (layer % 8))));
+}
+
+void ckptfs_model_set_dense_layer(CkptfsModel *m, uint64_t layer)
+{
+    if (layer < CKPTFS_MAX_LAYERS)
+        m->dense_layer[layer / 8] |= (uint8_t)(1u << (layer % 8));
+}
+
+uint64_t ckptfs_model_moe_layers(const CkptfsModel *m)
+{
+    uint64_t n = 0;
+    for (uint64_t l = 0; l < m->layers; l++)
+        n += ckptfs_model_layer_is_moe(m, l);
+    return n;
+}
+
+bool ckptfs_model_layers_homogeneous(const CkptfsModel *m)
+{
+    uint64_t moe = ckptfs_model_moe_layers(m);
+    return moe == 0 || moe == m->layers;
 }
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
@@ -144,20 +199,67 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
 static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError **error)
 {
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
-    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
-    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
-    for (guint k = 0; k < outer->len; k++) {
-        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, k);
+    g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
+    for (guint k = 0; k < tensors->len; k++) {
+        const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
         if (!expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, error))
             return false;
     }
-    for (uint64_t i = 0; i < m->layers; i++)
-        for (guint k = 0; k < layer->len; k++) {
-            const CkptfsHfShape *t = &g_array_index(layer, CkptfsHfShape, k);
-            g_autofree char *name = ckptfs_hf_layer_name(i, t->name);
-            if (!expect_tensor(catalog, m, name, t->ndim, t->d0, t->d1, error))
-                return false;
-        }
+    return true;
+}
+
+/* Config fields of routing schemes ckptfs has no rules for: a model using them would be served
+ * with the wrong semantics, so it is refused. */
+static const char *const unsupported_moe_fields[] = {
+    "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
+    "moe_layer_freq", "scoring_func", "topk_method", NULL};
+
+/* The experts of an MoE architecture: sizes, shared expert, routing, which layers are dense. */
+bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    const CkptfsMoeConfig *moe = model->arch->moe;
+    for (const char *const *f = unsupported_moe_fields; *f; f++)
+        if (json_object_has_member(config, *f))
+            CONFIG_ERROR("\"%s\" is set: %s routing with it is not supported", *f,
+                         model->arch->hf_architecture);
+    if (!get_uint(config, moe->experts_key, true, 0, &model->experts, error) ||
+        !get_uint(config, "num_experts_per_tok", true, 0, &model->topk, error) ||
+        !get_uint(config, moe->ffn_key, true, 0, &model->moe_ffn, error))
+        return false;
+    if (moe->shared_ffn_key) {
+        JsonNode *n = json_object_get_member(config, moe->shared_ffn_key);
+        bool none = n == NULL || JSON_NODE_HOLDS_NULL(n) ||
+                    (JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 && json_node_get_int(n) == 0);
+        if (!none && !get_uint(config, moe->shared_ffn_key, true, 0, &model->shared_ffn, error))
+            return false;
+    }
+    model->shared_gate = model->shared_ffn > 0 && moe->shared_gate;
+    model->renormalize = moe->always_renormalize || get_bool(config, "norm_topk_prob", false);
+    if (model->topk > model->experts)
+        CONFIG_ERROR("num_experts_per_tok %" G_GUINT64_FORMAT " is more than the %" G_GUINT64_FORMAT " experts",
+                     model->topk, model->experts);
+    if (!moe->dense_layers)
+        return true;
+    uint64_t step = 1;
+    if (!get_uint(config, "decoder_sparse_step", false, 1, &step, error))
+        return false;
+    for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
+        if ((l + 1) % step != 0)
+            ckptfs_model_set_dense_layer(model, l);
+    JsonNode *only = json_object_get_member(config, "mlp_only_layers");
+    if (only == NULL || JSON_NODE_HOLDS_NULL(only))
+        return true;
+    if (!JSON_NODE_HOLDS_ARRAY(only))
+        CONFIG_ERROR("\"mlp_only_layers\" is not a list of layer numbers");
+    JsonArray *list = json_node_get_array(only);
+    for (guint i = 0; i < json_array_get_length(list); i++) {
+        JsonNode *e = json_array_get_element(list, i);
+        if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64 ||
+            json_node_get_int(e) < 0 || (uint64_t)json_node_get_int(e) >= model->layers)
+            CONFIG_ERROR("\"mlp_only_layers\" entry %u is not a layer number below num_hidden_layers %" G_GUINT64_FORMAT,
+                         i, model->layers);
+        ckptfs_model_set_dense_layer(model, (uint64_t)json_node_get_int(e));
+    }
     return true;
 }
 
@@ -219,6 +321,10 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
 
     if (!ckptfs_model_check_limits(model, "config.json", error))
         return false;
+    if (model->arch->moe && !ckptfs_model_read_moe(config, model, error))
+        return false;
+    if (!ckptfs_model_check_limits(model, "config.json", error))
+        return false;
     /* Tied embeddings with an lm_head anyway: it must still be the embedding's shape. */
     if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
         !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, error))
@@ -240,12 +346,16 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"head dim", model->head_dim, CKPTFS_MAX_MODEL_DIM},
         {"ffn size", model->ffn, CKPTFS_MAX_MODEL_DIM},
         {"vocabulary", model->vocab, CKPTFS_MAX_VOCAB},
-        {"layers", model->layers, (CKPTFS_MAX_SOURCE_TENSORS - 3) / CKPTFS_MAX_LAYER_TENSORS},
+        {"expert ffn size", model->moe_ffn, CKPTFS_MAX_MODEL_DIM},
+        {"shared expert ffn size", model->shared_ffn, CKPTFS_MAX_MODEL_DIM},
+        {"experts", model->experts, CKPTFS_MAX_EXPERTS},
+        {"layers", model->layers,
+         MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(dims); i++)
         if (dims[i].value > dims[i].limit) {
             g_autofree char *why = i + 1 < G_N_ELEMENTS(dims) ? g_strdup("") : g_strdup_printf(
-                " (a layer makes up to %u tensors, a source holds at most %u)",
+                " (a layer makes up to %u tensors and 3 per expert, a source holds at most %u)",
                 CKPTFS_MAX_LAYER_TENSORS, CKPTFS_MAX_SOURCE_TENSORS);
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                         "%s: %" G_GUINT64_FORMAT " %s is over the limit of %" G_GUINT64_FORMAT "%s",

@@ -125,7 +125,7 @@ static const char *config_string(JsonObject *c, const char *key)
  * with its features. */
 static bool pick_architecture(const char *named, const char *what, CkptfsModel *m, GError **error)
 {
-    m->arch = ckptfs_architecture_find(named, m->qkv_bias, m->qk_norm);
+    m->arch = ckptfs_architecture_find(named, m);
     if (m->arch == NULL) {
         g_autoptr(GString) known = g_string_new(NULL);
         for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
@@ -136,6 +136,105 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     }
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
+    if ((m->arch->moe != NULL) != (m->experts > 0)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: architecture %s %s experts but the checkpoint has %s", what,
+                    m->arch->hf_architecture, m->arch->moe ? "has" : "has no",
+                    m->experts ? "experts" : "none");
+        return false;
+    }
+    if (m->arch->moe && !m->arch->moe->dense_layers && ckptfs_model_moe_layers(m) < m->layers) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s has no dense layers but the checkpoint has some (moe_layer_freq)", what,
+                    m->arch->hf_architecture);
+        return false;
+    }
+    if (m->arch->moe && m->shared_ffn > 0 && m->arch->moe->shared_ffn_key == NULL) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s has no shared expert but the checkpoint has one", what,
+                    m->arch->hf_architecture);
+        return false;
+    }
+    return true;
+}
+
+/* Megatron MoE arguments whose routing ckptfs has no rules for (what they enable, when set):
+ * refused rather than served with HF semantics that differ. */
+static bool check_moe_routing(const CkptfsPy *args, const char *path, GError **error)
+{
+    const char *score = ckptfs_py_str(arg(args, "moe_router_score_function"));
+    if (score && strcmp(score, "softmax") != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: args.moe_router_score_function is '%s'; only softmax routing is supported", path, score);
+        return false;
+    }
+    static const char *const set_means_unsupported[] = {
+        "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk", NULL};
+    for (const char *const *k = set_means_unsupported; *k; k++) {
+        const CkptfsPy *v = arg(args, *k);
+        if (v && v->kind != CKPTFS_PY_NONE) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                        "%s: args.%s is set; that routing is not supported", path, *k);
+            return false;
+        }
+    }
+    if (arg_bool(args, "moe_router_enable_expert_bias")) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: args.moe_router_enable_expert_bias is set; routing with an expert bias is not supported",
+                    path);
+        return false;
+    }
+    return true;
+}
+
+/* The experts from args: sizes, routing, the shared expert, which layers are MoE. */
+static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
+{
+    const CkptfsPy *n = arg(args, "num_experts");
+    if (n == NULL || n->kind == CKPTFS_PY_NONE)
+        return true;
+    if (!arg_uint(args, path, "num_experts", &s->experts, error) || !check_moe_routing(args, path, error))
+        return false;
+    s->topk = arg_uint_or(args, "moe_router_topk", 2);
+    s->moe_ffn = arg_uint_or(args, "moe_ffn_hidden_size", s->ffn);
+    s->shared_ffn = arg_uint_or(args, "moe_shared_expert_intermediate_size", 0);
+    s->shared_gate = s->shared_ffn > 0 && arg_bool(args, "moe_shared_expert_gate");
+    s->renormalize = !arg_bool(args, "moe_router_pre_softmax");
+    if (s->experts > CKPTFS_MAX_EXPERTS || s->topk > s->experts) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: args.num_experts %" G_GUINT64_FORMAT " with moe_router_topk %" G_GUINT64_FORMAT
+                    " (at most %u experts, top-k at most their number)", path, s->experts, s->topk,
+                    CKPTFS_MAX_EXPERTS);
+        return false;
+    }
+    /* moe_layer_freq: every N-th layer (from layer 0), or a 0/1 pattern of every layer. */
+    const CkptfsPy *freq = arg(args, "moe_layer_freq");
+    if (freq && freq->kind == CKPTFS_PY_INT && !freq->big && freq->i > 0) {
+        for (uint64_t l = 0; l < s->layers && l < CKPTFS_MAX_LAYERS; l++)
+            if (l % (uint64_t)freq->i != 0)
+                ckptfs_model_set_dense_layer(s, l);
+    } else if (freq && freq->kind == CKPTFS_PY_LIST) {
+        if (freq->items->len != s->layers) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "%s: args.moe_layer_freq lists %u layers, num_layers is %" G_GUINT64_FORMAT,
+                        path, freq->items->len, s->layers);
+            return false;
+        }
+        for (guint l = 0; l < freq->items->len; l++) {
+            const CkptfsPy *v = g_ptr_array_index(freq->items, l);
+            if (v->kind != CKPTFS_PY_INT || (v->i != 0 && v->i != 1)) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: args.moe_layer_freq entry %u is not 0 or 1", path, l);
+                return false;
+            }
+            if (v->i == 0)
+                ckptfs_model_set_dense_layer(s, l);
+        }
+    } else if (freq && freq->kind != CKPTFS_PY_NONE) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: args.moe_layer_freq is neither a positive integer nor a list", path);
+        return false;
+    }
     return true;
 }
 
@@ -154,11 +253,13 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
-    if (arg_uint_or(args, "expert_model_parallel_size", 1) != 1 || arg_uint_or(args, "num_experts", 0)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: mixture-of-experts checkpoints are not supported yet", path);
+    if (s->layers > CKPTFS_MAX_LAYERS) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: args.num_layers %" G_GUINT64_FORMAT
+                    " is over the limit of %u", path, s->layers, CKPTFS_MAX_LAYERS);
         return false;
     }
+    if (!moe_from_args(args, path, s, error))
+        return false;
     if (!arg_bool(args, "swiglu")) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: args.swiglu is not true; only SwiGLU models are supported", path);
@@ -184,7 +285,9 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
                                  .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
                                  .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
-                                 .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0)};
+                                 .pp_last = (unsigned)arg_uint_or(args, "decoder_last_pipeline_num_layers", 0),
+                                 .ep = (unsigned)MIN(arg_uint_or(args, "expert_model_parallel_size", 1), 65536),
+                                 .etp = (unsigned)MIN(arg_uint_or(args, "expert_tensor_parallel_size", tp), 65536)};
     return true;
 }
 
@@ -225,6 +328,10 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     }
     /* The architecture the config names; its built-in features (Qwen2's biases, Qwen3's norms). */
     const char *type = config_string(c, "model_type");
+    const CkptfsArchitecture *named = ckptfs_architecture_find(*type ? type : NULL, s);
+    s->arch = named;
+    if (named && named->moe && !ckptfs_model_read_moe(c, s, error))
+        return false;
     return pick_architecture(*type ? type : NULL, "config.json", s, error);
 }
 
@@ -258,6 +365,24 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         json_object_set_boolean_member(c, "attention_bias", true);
     json_object_set_string_member(c, "hidden_act", "silu");
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
+    if (m->arch->moe) {
+        const CkptfsMoeConfig *moe = m->arch->moe;
+        json_object_set_int_member(c, moe->experts_key, (gint64)m->experts);
+        json_object_set_int_member(c, "num_experts_per_tok", (gint64)m->topk);
+        json_object_set_int_member(c, moe->ffn_key, (gint64)m->moe_ffn);
+        if (moe->shared_ffn_key)
+            json_object_set_int_member(c, moe->shared_ffn_key, (gint64)m->shared_ffn);
+        if (!moe->always_renormalize)
+            json_object_set_boolean_member(c, "norm_topk_prob", m->renormalize);
+        if (moe->dense_layers) {
+            JsonArray *dense = json_array_new();
+            for (uint64_t l = 0; l < m->layers; l++)
+                if (!ckptfs_model_layer_is_moe(m, l))
+                    json_array_add_int_element(dense, (gint64)l);
+            json_object_set_int_member(c, "decoder_sparse_step", 1);
+            json_object_set_array_member(c, "mlp_only_layers", dense);
+        }
+    }
     if (m->rope_scaling_factor > 0) {
         JsonObject *scaling = json_object_new();
         json_object_set_string_member(scaling, "rope_type", "llama3");
@@ -341,18 +466,9 @@ void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPie
 
 void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, const GPtrArray *keys)
 {
-    g_autoptr(GArray) outer = ckptfs_mcore_hf_tensors(keys, false);
-    g_autoptr(GArray) layer = ckptfs_mcore_hf_tensors(keys, true);
-    /* The embedding, every layer's tensors, then the final norm and output layer. */
-    for (guint i = 0; i < outer->len; i++) {
-        const CkptfsHfShape *t = &g_array_index(outer, CkptfsHfShape, i);
-        if (i == 1)
-            for (uint64_t l = 0; l < m->layers; l++)
-                for (guint k = 0; k < layer->len; k++) {
-                    const CkptfsHfShape *lt = &g_array_index(layer, CkptfsHfShape, k);
-                    g_autofree char *name = ckptfs_hf_layer_name(l, lt->name);
-                    ckptfs_piece_set_want(set, name, lt->ndim, lt->d0, lt->d1);
-                }
+    g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
+    for (guint i = 0; i < tensors->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, i);
         ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
     }
 }

@@ -269,7 +269,7 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
 static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, CkptfsScope scope,
                         uint64_t local, uint64_t global)
 {
-    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(&m->saved.model, scope, m->te, false);
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(&m->saved.model, scope, global, m->te, false);
     for (guint i = 0; i < rules->len; i++) {
         const CkptfsRule *rule = g_ptr_array_index(rules, i);
         if (rule->extra_state)
@@ -292,7 +292,7 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
                 const CkptfsSharePart *part = &g_array_index(parts, CkptfsSharePart, k);
                 if (part->hf == NULL)
                     continue; /* vocabulary padding */
-                g_autofree char *hf = key->stacked ? ckptfs_hf_layer_name(global, part->hf) : g_strdup(part->hf);
+                g_autofree char *hf = ckptfs_mcore_hf_name(key, global, 0, part->hf);
                 CkptfsPiece piece = {.row0 = part->hf_row0, .row1 = part->hf_row0 + part->rows,
                                      .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l.src,
                                      .offset = l.base + row * l.row_stride, .row_stride = l.row_stride};

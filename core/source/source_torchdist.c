@@ -345,7 +345,7 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
                 uint64_t a = MAX(r0, seg->row0), z = MIN(r0 + nr, seg->row0 + seg->rows);
                 if (a >= z)
                     continue;
-                g_autofree char *hf = key->stacked ? ckptfs_hf_layer_name(l, seg->hf_name) : g_strdup(seg->hf_name);
+                g_autofree char *hf = ckptfs_mcore_hf_name(key, l, 0, seg->hf_name);
                 CkptfsPiece p = {.row0 = seg->hf_row0 + (a - seg->row0), .row1 = seg->hf_row0 + (z - seg->row0),
                                  .col0 = c0, .col1 = c0 + nc, .src = where.src,
                                  .offset = where.base + (((l - l0) * nr + (a - r0)) * nc) * isz,

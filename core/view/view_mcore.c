@@ -79,8 +79,7 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
             continue;
         if (a > row) /* padding rows before it */
             ckptfs_plan_add_zero(b, (a - row) * width * isz);
-        g_autofree char *name = k->stacked ? ckptfs_hf_layer_name(it->layer, seg->hf_name)
-                                           : g_strdup(seg->hf_name);
+        g_autofree char *name = ckptfs_mcore_hf_name(k, it->layer, 0, seg->hf_name);
         const CkptfsTensor *t = ckptfs_catalog_find(ref->view->source->catalog, name);
         g_assert(t != NULL); /* the model rules checked every tensor */
         ckptfs_tensor_emit_rect(t, b, seg->hf_row0 + (a - seg->row0), seg->hf_row0 + (z - seg->row0),
@@ -154,17 +153,17 @@ static bool lay_out_items(McoreView *v, GError **error)
         if (key->rule->scope == CKPTFS_SCOPE_FIRST)
             add_key_items(v, key, 0);
     }
-    g_autoptr(GPtrArray) modules = ckptfs_mcore_extra_state_modules(m);
+    g_autoptr(GPtrArray) extras = ckptfs_mcore_extra_state_rules(m);
     for (uint64_t l = 0; l < m->layers; l++) {
         for (guint k = 0; k < v->keys->len; k++) {
             const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
             if (key->stacked)
                 add_key_items(v, key, l);
         }
-        for (guint i = 0; i < modules->len; i++)
+        for (guint i = 0; i < extras->len; i++)
             add_item(v, (Item){.object_fqn = g_strdup_printf(
-                                   "decoder.layers.%s._extra_state/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
-                                   (const char *)g_ptr_array_index(modules, i), l, m->layers),
+                                   "decoder.layers.%s/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
+                                   ((const CkptfsRule *)g_ptr_array_index(extras, i))->name, l, m->layers),
                                .layer = l});
     }
     for (guint k = 0; k < v->keys->len; k++) {

@@ -1,6 +1,6 @@
-/* tpXppY[vppV]/: Megatron-core legacy checkpoints (per-rank torch.save files) of a model in
- * the catalog, for any valid layout. Every rank tensor is a list of rectangles of catalog
- * tensors (plus padding rows), so its bytes come from the source by extent. */
+/* tpXppY[vppV][epE][etpX]/: Megatron-core legacy checkpoints (per-rank torch.save files) of a
+ * model in the catalog, for any valid layout. Every rank tensor is a list of rectangles of
+ * catalog tensors (plus padding rows), so its bytes come from the source by extent. */
 #include <string.h>
 
 #include "ckptfs/error.h"
@@ -60,13 +60,14 @@ static void megatron_view_free(gpointer p)
 
 typedef struct {
     const MegatronView *view;
-    unsigned tp_rank, pp_rank;
+    unsigned pp_rank;
+    CkptfsRankFile ranks; /* dense TP, EP and expert TP ranks */
 } RankFile;
 
 /* Everything one rank file's values point to while its plan is built. */
 typedef struct {
     const MegatronView *view;
-    unsigned r; /* tp rank */
+    const CkptfsRankFile *ranks;
     GPtrArray *tensors; /* RankTensor*, owned */
 } RankBuild;
 
@@ -88,20 +89,22 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
     g_array_append_val(t->parts, p);
 }
 
-/* What this rank holds of KEY (of LAYER, for stacked keys): the parts of its share, each a
- * rectangle of a catalog tensor; padding rows are zero, or with -o vocab_pad=last copies of the
- * vocabulary's last row. */
-static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64_t layer)
+/* What this rank holds of KEY (of LAYER, for stacked keys; of global expert EXPERT, for expert
+ * keys, split by expert TP): the parts of its share, each a rectangle of a catalog tensor;
+ * padding rows are zero, or with -o vocab_pad=last copies of the vocabulary's last row. */
+static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert)
 {
     const MegatronView *v = rb->view;
     const CkptfsCatalog *catalog = v->source->catalog;
     uint64_t rows, cols;
-    g_autoptr(GArray) parts = ckptfs_mcore_share(key, v->layout.tp, rb->r, &rows, &cols);
+    unsigned degree = key->expert ? ckptfs_layout_etp(&v->layout) : v->layout.tp;
+    unsigned rank = key->expert ? rb->ranks->etp : rb->ranks->tp;
+    g_autoptr(GArray) parts = ckptfs_mcore_share(key, degree, rank, &rows, &cols);
     RankTensor *t = rank_tensor_new(rb);
     for (guint i = 0; i < parts->len; i++) {
         const CkptfsSharePart *p = &g_array_index(parts, CkptfsSharePart, i);
         if (p->hf != NULL) {
-            g_autofree char *name = key->stacked ? ckptfs_hf_layer_name(layer, p->hf) : g_strdup(p->hf);
+            g_autofree char *name = ckptfs_mcore_hf_name(key, layer, expert, p->hf);
             add_part(t, ckptfs_catalog_find(catalog, name), p->hf_row0, p->hf_row0 + p->rows, p->col0,
                      p->col0 + p->cols);
         } else if (key->split == CKPTFS_TP_VOCAB && v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST) {
@@ -117,6 +120,40 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
     return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
 }
 
+/* One entry: NAME (after "decoder.layers.LOCAL." for layer rules) holding RULE's share. */
+static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, const char *name,
+                      uint64_t global, uint64_t local, uint64_t expert)
+{
+    g_autofree char *key = rule->scope == CKPTFS_SCOPE_LAYER
+                               ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
+                               : g_strdup(name);
+    if (rule->extra_state)
+        ckptfs_value_set(sd, key, ckptfs_value_none());
+    else
+        ckptfs_value_set(sd, key, share_value(rb, ckptfs_mcore_key_of(rb->view->keys, rule), global, expert));
+}
+
+/* The run of expert rules RULES[A, Z) for this rank's local experts: SequentialMLP registers
+ * each expert's linears in turn, TEGroupedMLP each linear's weights of every expert, then its
+ * one _extra_state. */
+static void add_experts(RankBuild *rb, CkptfsValue *sd, GPtrArray *rules, guint a, guint z,
+                        uint64_t global, uint64_t local)
+{
+    const MegatronView *v = rb->view;
+    bool grouped = v->options->moe_grouped_gemm;
+    uint64_t per_rank = v->model->experts / ckptfs_layout_ep(&v->layout);
+    uint64_t first = rb->ranks->ep * per_rank;
+    for (uint64_t outer = 0; outer < (grouped ? z - a : per_rank); outer++)
+        for (uint64_t inner = 0; inner < (grouped ? per_rank : z - a); inner++) {
+            uint64_t j = grouped ? inner : outer;
+            const CkptfsRule *rule = g_ptr_array_index(rules, a + (grouped ? outer : inner));
+            if (grouped && rule->extra_state && j + 1 < per_rank)
+                continue; /* after the linear's last weight */
+            g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
+            add_entry(rb, sd, rule, name, global, local, first + j);
+        }
+}
+
 /* The entries of SCOPE (LAYER: of global layer GLOBAL, numbered LOCAL in its chunk) in the
  * order Megatron's modules register them; _extra_state entries are None. */
 static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint64_t global,
@@ -124,17 +161,18 @@ static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint6
 {
     const MegatronView *v = rb->view;
     bool te = v->options->spec == CKPTFS_SPEC_TE;
-    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(v->model, scope, te, v->layout.pp > 1);
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(v->model, scope, global, te, v->layout.pp > 1);
     for (guint i = 0; i < rules->len; i++) {
         const CkptfsRule *rule = g_ptr_array_index(rules, i);
-        const char *name = ckptfs_rule_legacy_name(rule, te);
-        g_autofree char *key = scope == CKPTFS_SCOPE_LAYER
-                                   ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
-                                   : g_strdup(name);
-        if (rule->extra_state)
-            ckptfs_value_set(sd, key, ckptfs_value_none());
-        else
-            ckptfs_value_set(sd, key, share_value(rb, ckptfs_mcore_key_of(v->keys, rule), global));
+        if (rule->expert) {
+            guint end = i;
+            while (end < rules->len && ((const CkptfsRule *)g_ptr_array_index(rules, end))->expert)
+                end++;
+            add_experts(rb, sd, rules, i, end, global, local);
+            i = end - 1;
+            continue;
+        }
+        add_entry(rb, sd, rule, ckptfs_rule_legacy_name(rule, te), global, local, 0);
     }
 }
 
@@ -155,6 +193,40 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     if (p == l->pp - 1 && vc == l->vpp - 1)
         add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
     return sd;
+}
+
+/* What Megatron needs to build the same experts and route as Hugging Face does (softmax scores
+ * in fp32, top-k renormalised unless moe_router_pre_softmax, no load-balancing loss). */
+static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptions *options,
+                         const CkptfsLayout *l)
+{
+    if (m->experts == 0) {
+        ckptfs_value_set(a, "num_experts", ckptfs_value_none());
+        return;
+    }
+    ckptfs_value_set(a, "num_experts", ckptfs_value_int((int64_t)m->experts));
+    ckptfs_value_set(a, "moe_router_topk", ckptfs_value_int((int64_t)m->topk));
+    ckptfs_value_set(a, "moe_ffn_hidden_size", ckptfs_value_int((int64_t)m->moe_ffn));
+    ckptfs_value_set(a, "moe_shared_expert_intermediate_size",
+                     m->shared_ffn ? ckptfs_value_int((int64_t)m->shared_ffn) : ckptfs_value_none());
+    ckptfs_value_set(a, "moe_shared_expert_gate", ckptfs_value_bool(m->shared_gate));
+    ckptfs_value_set(a, "moe_router_pre_softmax", ckptfs_value_bool(!m->renormalize));
+    ckptfs_value_set(a, "moe_router_score_function", ckptfs_value_str("softmax"));
+    ckptfs_value_set(a, "moe_router_dtype", ckptfs_value_str("fp32"));
+    ckptfs_value_set(a, "moe_router_load_balancing_type", ckptfs_value_str("none"));
+    ckptfs_value_set(a, "moe_aux_loss_coeff", ckptfs_value_float(0.0));
+    ckptfs_value_set(a, "moe_token_dispatcher_type", ckptfs_value_str("alltoall"));
+    ckptfs_value_set(a, "moe_grouped_gemm", ckptfs_value_bool(options->moe_grouped_gemm));
+    if (ckptfs_model_moe_layers(m) == m->layers) {
+        ckptfs_value_set(a, "moe_layer_freq", ckptfs_value_int(1));
+    } else {
+        CkptfsValue *pattern = ckptfs_value_container(CKPTFS_VALUE_LIST);
+        for (uint64_t i = 0; i < m->layers; i++)
+            ckptfs_value_append(pattern, ckptfs_value_int(ckptfs_model_layer_is_moe(m, i)));
+        ckptfs_value_set(a, "moe_layer_freq", pattern);
+    }
+    /* Megatron requires sequence parallelism for MoE with tensor parallelism. */
+    ckptfs_value_set(a, "sequence_parallel", ckptfs_value_bool(l->tp > 1));
 }
 
 CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
@@ -183,7 +255,8 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
         SET_INT("decoder_last_pipeline_num_layers", l->pp_last);
     else
         ckptfs_value_set(a, "decoder_last_pipeline_num_layers", ckptfs_value_none());
-    SET_INT("expert_model_parallel_size", 1);
+    SET_INT("expert_model_parallel_size", ckptfs_layout_ep(l));
+    SET_INT("expert_tensor_parallel_size", ckptfs_layout_etp(l));
     SET_INT("num_layers", m->layers);
     SET_INT("encoder_num_layers", m->layers);
     SET_INT("hidden_size", m->hidden);
@@ -224,7 +297,7 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_BOOL("no_save_rng", true);
     SET_INT("iteration", 0);
     SET_BOOL("use_legacy_models", false);
-    ckptfs_value_set(a, "num_experts", ckptfs_value_none());
+    add_moe_args(a, m, options, l);
     SET_STR("hf_architecture", m->arch->hf_architecture);
 #undef SET_INT
 #undef SET_BOOL
@@ -237,7 +310,7 @@ static CkptfsPlan *plan_rank_file(gpointer owner, gconstpointer key, GError **er
     (void)owner;
     const RankFile *rf = key;
     const MegatronView *v = rf->view;
-    RankBuild rb = {.view = v, .r = rf->tp_rank,
+    RankBuild rb = {.view = v, .ranks = &rf->ranks,
                     .tensors = g_ptr_array_new_with_free_func(rank_tensor_free)};
     CkptfsValue *top = ckptfs_value_container(CKPTFS_VALUE_DICT);
     if (v->options->megatron_args)
@@ -288,15 +361,14 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
     ckptfs_tree_add_file(tree, dir, "latest_checkpointed_iteration.txt", plan_literal_text, NULL,
                          "release");
     CkptfsNode *release = ckptfs_tree_add_dir(tree, dir, "release");
-    RankFile *files = g_new0(RankFile, (gsize)layout->tp * layout->pp);
+    g_autoptr(GArray) stage = ckptfs_layout_rank_files(layout);
+    RankFile *files = g_new0(RankFile, (gsize)stage->len * layout->pp);
     ckptfs_tree_own(tree, files, g_free);
     for (unsigned p = 0; p < layout->pp; p++)
-        for (unsigned t = 0; t < layout->tp; t++) {
-            RankFile *rf = &files[p * layout->tp + t];
-            *rf = (RankFile){.view = v, .tp_rank = t, .pp_rank = p};
-            g_autofree char *name = layout->pp > 1
-                                        ? g_strdup_printf("mp_rank_%02u_%03u", t, p)
-                                        : g_strdup_printf("mp_rank_%02u", t);
+        for (guint i = 0; i < stage->len; i++) {
+            RankFile *rf = &files[p * stage->len + i];
+            *rf = (RankFile){.view = v, .pp_rank = p, .ranks = g_array_index(stage, CkptfsRankFile, i)};
+            g_autofree char *name = ckptfs_rank_file_dir(layout, p, &rf->ranks);
             CkptfsNode *rank_dir = ckptfs_tree_add_dir(tree, release, name);
             ckptfs_tree_add_file(tree, rank_dir, "model_optim_rng.pt", plan_rank_file, NULL, rf);
         }

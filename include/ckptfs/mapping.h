@@ -30,6 +30,11 @@ typedef enum {
     CKPTFS_DIM_FFN,    /* intermediate_size */
     CKPTFS_DIM_FFN2,   /* 2 * intermediate_size */
     CKPTFS_DIM_VOCAB,  /* the vocabulary, padded in Megatron (vocab_size in Hugging Face) */
+    CKPTFS_DIM_EXPERTS,     /* routed experts (the router's rows) */
+    CKPTFS_DIM_MOE_FFN,     /* one expert's intermediate size */
+    CKPTFS_DIM_MOE_FFN2,    /* twice that (fc1 = [gate; up]) */
+    CKPTFS_DIM_SHARED_FFN,  /* the shared expert's intermediate size */
+    CKPTFS_DIM_SHARED_FFN2,
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -48,6 +53,10 @@ typedef enum {
     CKPTFS_NEED_QK_NORM,  /* per-head q/k norms */
     CKPTFS_NEED_OUTPUT,   /* an untied output layer (or, in legacy files, the last stage's copy
                              of tied embeddings: TIED_HF) */
+    CKPTFS_NEED_DENSE_MLP,     /* a layer with a dense MLP (every layer of a dense model) */
+    CKPTFS_NEED_MOE,           /* a mixture-of-experts layer */
+    CKPTFS_NEED_SHARED_EXPERT, /* an MoE layer of a model with a shared expert */
+    CKPTFS_NEED_SHARED_GATE,   /* ... whose output is gated (Qwen2-MoE) */
 } CkptfsNeed;
 
 /* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last. */
@@ -58,15 +67,22 @@ typedef enum { CKPTFS_SCOPE_FIRST, CKPTFS_SCOPE_LAYER, CKPTFS_SCOPE_LAST } Ckptf
 typedef struct {
     CkptfsScope scope;
     bool extra_state;       /* an `_extra_state` object, not a weight */
+    /* One per routed expert: HF names hold "{e}" for the expert's index; torch_dist stacks the
+     * experts in a second axis; legacy names are derived from NAME (mcore.h). */
+    bool expert;
     const char *name;       /* torch_dist and TE-spec name; for layers after "decoder.layers.N." */
     const char *local_name; /* local-spec name in legacy files, when it differs (NULL: NAME) */
+    /* torch_dist name when a local-spec model saved it, when it differs (Megatron's local spec
+     * renames an MoE layer's pre_mlp_layernorm to TE's fused name; NULL: NAME) */
+    const char *local_dist_name;
     int te_order, local_order; /* position in a legacy state dict (per scope), or CKPTFS_ABSENT */
     CkptfsNeed need;
     unsigned ndim;          /* of one layer's tensor: 1 or 2 */
     CkptfsDim rows, cols;
     CkptfsTpSplit split;
     CkptfsRecipe recipe;
-    const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N." */
+    const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
+                               stands for the expert */
     const char *tied_hf;    /* NEED_OUTPUT: what tied embeddings copy */
 } CkptfsRule;
 
@@ -77,7 +93,9 @@ typedef struct {
 } CkptfsFamily;
 
 /* The families ckptfs knows. */
-extern const CkptfsFamily ckptfs_family_llama; /* Llama, Mistral, Qwen2, Qwen3 */
-extern const CkptfsFamily ckptfs_family_phi3;  /* Phi-3: fused qkv_proj and gate_up_proj */
+extern const CkptfsFamily ckptfs_family_llama;    /* Llama, Mistral, Qwen2, Qwen3 */
+extern const CkptfsFamily ckptfs_family_phi3;     /* Phi-3: fused qkv_proj and gate_up_proj */
+extern const CkptfsFamily ckptfs_family_mixtral;  /* Mixtral: block_sparse_moe, w1/w3/w2 */
+extern const CkptfsFamily ckptfs_family_qwen_moe; /* Qwen2-MoE, Qwen3-MoE: mlp.experts, shared expert */
 
 #endif

@@ -21,9 +21,12 @@ typedef struct {
 
 typedef struct {
     char *key;            /* "decoder.layers.self_attention.linear_qkv.weight" */
+    char *local_key;      /* the same as a local-spec model saves it (most often KEY) */
     const CkptfsRule *rule; /* the row of the mapping table it comes from */
     bool stacked;         /* leading layer dimension */
-    unsigned ndim;        /* of one layer's tensor (or of the tensor): 1 or 2 */
+    bool expert;          /* one matrix per routed expert, stacked after the layer axis */
+    uint64_t experts;     /* their number (experts of the model) */
+    unsigned ndim;        /* of one layer's (expert's) tensor: 1 or 2 */
     uint64_t rows, cols;  /* that tensor as a matrix (cols 1 for 1-D) */
     CkptfsTpSplit split;
     GArray *segments;     /* CkptfsMcoreSegment, by row; rows not covered are zero (padding) */
@@ -38,28 +41,41 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *model, uint64_t padded_vocab, bo
 /* The key of RULE in KEYS, or NULL when the model has no such entry. */
 const CkptfsMcoreKey *ckptfs_mcore_key_of(const GPtrArray *keys, const CkptfsRule *rule);
 
-/* Whether MODEL has the entry of RULE (tied embeddings: no output layer unless
+/* Whether MODEL has the entry of RULE in some layer (tied embeddings: no output layer unless
  * TIED_OUTPUT_COPY). */
 bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *model, bool tied_output_copy);
+/* Whether layer LAYER of MODEL has the entry of layer rule RULE (dense-MLP entries in dense
+ * layers, MoE entries in MoE layers). */
+bool ckptfs_rule_in_layer(const CkptfsRule *rule, const CkptfsModel *model, uint64_t layer);
 
 /* The rules of MODEL's family for SCOPE that a legacy state dict of SPEC holds, in its order
- * (tensors and _extra_state entries). */
-GPtrArray *ckptfs_legacy_entries(const CkptfsModel *model, CkptfsScope scope, bool te_spec,
-                                 bool tied_output_copy);
+ * (tensors and _extra_state entries); for LAYER scope those of layer LAYER. Expert rules come
+ * as one run, which a state dict repeats per local expert (mcore.h: ckptfs_expert_legacy_name). */
+GPtrArray *ckptfs_legacy_entries(const CkptfsModel *model, CkptfsScope scope, uint64_t layer,
+                                 bool te_spec, bool tied_output_copy);
 /* The name of RULE's entry in a legacy state dict of SPEC (without "decoder.layers.N."). */
 const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec);
+/* The legacy name of expert rule RULE for local expert J: SequentialMLP's
+ * "mlp.experts.local_experts.J.linear_fc1.weight", or with GROUPED (TEGroupedMLP)
+ * "mlp.experts.linear_fc1.weightJ" (its _extra_state is one per linear: J ignored). */
+char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j);
 
-/* The modules of each layer whose `_extra_state` a torch_dist loader asks for, NULL-ended. */
-GPtrArray *ckptfs_mcore_extra_state_modules(const CkptfsModel *model);
+/* The layer rules whose `_extra_state` objects a torch_dist loader asks for (present in some
+ * layer of MODEL), in table order. */
+GPtrArray *ckptfs_mcore_extra_state_rules(const CkptfsModel *model);
 
-/* The Hugging Face tensors KEYS are made of (layer suffixes for LAYER_KEYS, full names for the
- * others), in order of first use, with their shapes (derived from the segments). */
+/* A Hugging Face tensor of KEY: HF (a segment's or share part's name) of layer LAYER and
+ * expert EXPERT, as the checkpoint names it ("model.layers.3.mlp.experts.5.up_proj.weight"). */
+char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf);
+
+/* Every Hugging Face tensor of MODEL (KEYS: its mcore keys), full names, in checkpoint order:
+ * the embedding, then layer by layer (expert by expert), the final norm and output layer. */
 typedef struct {
-    const char *name;
+    char *name;
     unsigned ndim;
     uint64_t d0, d1; /* d1 0 for 1-D */
 } CkptfsHfShape;
-GArray *ckptfs_mcore_hf_tensors(const GPtrArray *keys, bool layer_keys);
+GArray *ckptfs_model_hf_tensors(const CkptfsModel *model, const GPtrArray *keys);
 
 /* What tensor-parallel rank R of T holds of KEY (one layer of it): a matrix of *ROWS x *COLS
  * whose rows, in order, are these parts. */
@@ -71,8 +87,12 @@ typedef struct {
 GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows,
                            uint64_t *cols);
 
-/* The full shape of KEY for LAYERS layers into SHAPE; returns ndim. */
+/* The full shape of KEY for LAYERS stacked layers (0: one layer's key, no layer axis) into
+ * SHAPE (up to 4 dims, the experts' axis after the layers'); returns ndim. */
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape);
+/* The torch_dist name of KEY as a model of SPEC saves it; with PER_LAYER (a model whose layers
+ * are not all of one kind) the key of layer LAYER alone ("decoder.layers.5.mlp.router.weight"). */
+char *ckptfs_mcore_key_name(const CkptfsMcoreKey *key, bool te_spec, bool per_layer, uint64_t layer);
 
 /* Boundaries (sorted, distinct, from 0 to the extent) of what the TP ranks of each degree in
  * TPS (N of them) load along the split dimension of KEY: rows, or columns for COLS. For VOCAB,

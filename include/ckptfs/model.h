@@ -11,13 +11,30 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/mapping.h"
 
+/* Where a mixture-of-experts architecture keeps its sizes in config.json. */
+typedef struct {
+    const char *experts_key;    /* "num_local_experts" (Mixtral), "num_experts" (Qwen) */
+    const char *ffn_key;        /* one expert's intermediate size */
+    const char *shared_ffn_key; /* the shared expert's (NULL: none) */
+    bool shared_gate;           /* the shared expert's output is gated */
+    bool dense_layers;          /* decoder_sparse_step and mlp_only_layers apply */
+    bool always_renormalize;    /* top-k weights always sum to 1 (no norm_topk_prob field) */
+} CkptfsMoeConfig;
+
 typedef struct {
     const char *hf_architecture; /* "LlamaForCausalLM" */
     const char *model_type;      /* "llama" */
     bool qkv_bias;               /* q/k/v projections always carry a bias (Qwen2) */
     bool qk_norm;                /* per-head RMSNorm on q and k (Qwen3) */
     const CkptfsFamily *family;  /* the Megatron mapping of its tensors */
+    const CkptfsMoeConfig *moe;  /* NULL: a dense architecture */
 } CkptfsArchitecture;
+
+/* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
+#define CKPTFS_MAX_EXPERTS 4096u
+/* Most layers a model may have (for the dense-layer bitmap; the source-tensor cap allows
+ * fewer still). */
+#define CKPTFS_MAX_LAYERS 32768u
 
 typedef struct {
     const CkptfsArchitecture *arch;
@@ -31,21 +48,42 @@ typedef struct {
     /* Llama 3.x rope scaling ("rope_type": "llama3"); factor 0 when absent. */
     double rope_scaling_factor;
     CkptfsDtype dtype; /* of the weights (all the same) */
+    /* Mixture of experts: 0 experts for a dense model. */
+    uint64_t experts, topk, moe_ffn, shared_ffn;
+    bool shared_gate;
+    bool renormalize; /* top-k routing weights renormalised (norm_topk_prob); Megatron's
+                         moe_router_pre_softmax is its negation */
+    uint8_t dense_layer[CKPTFS_MAX_LAYERS / 8]; /* of an MoE model: layers with a dense MLP */
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */
 const CkptfsArchitecture *const *ckptfs_architectures(void);
 
 /* The architecture named NAME (a model_type such as "qwen2", or an HF class name), or when NAME
- * is NULL the first whose built-in features are these (a Megatron checkpoint says only which
- * features it has): Llama for none, Qwen2 for q/k/v biases, Qwen3 for q/k norms. NULL when
- * none matches. */
-const CkptfsArchitecture *ckptfs_architecture_find(const char *name, bool qkv_bias, bool qk_norm);
+ * is NULL the first whose built-in features are FEATURES' (a Megatron checkpoint says only
+ * which features it has): Llama for none, Qwen2 for q/k/v biases, Qwen3 for q/k norms,
+ * Mixtral for experts, Qwen2-MoE for experts with a shared expert, Qwen3-MoE for experts with
+ * q/k norms. NULL when none matches. */
+const CkptfsArchitecture *ckptfs_architecture_find(const char *name, const CkptfsModel *features);
+
+/* Whether layer L of MODEL is a mixture-of-experts layer. */
+bool ckptfs_model_layer_is_moe(const CkptfsModel *model, uint64_t layer);
+/* Marks layer L dense (an MoE model's dense-MLP layer). */
+void ckptfs_model_set_dense_layer(CkptfsModel *model, uint64_t layer);
+/* Whether every layer is of one kind (torch_dist then stacks layers in one key per weight). */
+bool ckptfs_model_layers_homogeneous(const CkptfsModel *model);
+/* Number of MoE layers. */
+uint64_t ckptfs_model_moe_layers(const CkptfsModel *model);
 
 /* Reads CONFIG (config.json) and checks every tensor the rules need exists in CATALOG with the
  * expected shape and one common dtype. Errors name config.json or the tensor and the problem. */
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                               CkptfsModel *model, GError **error);
+
+/* The experts of MODEL (its arch an MoE architecture, its layers set) from CONFIG: their number
+ * and sizes, the shared expert, routing, dense layers. Configs of routing schemes ckptfs has no
+ * rules for are refused. */
+bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error);
 
 /* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
  * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),
