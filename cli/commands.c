@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/layout.h"
 #include "ckptfs/mount.h"
 
 #define COPY_CHUNK (4u << 20)
@@ -196,6 +197,31 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, mount->model->arch->model_type);
     else
         json_builder_add_null_value(b);
+    if (mount->model && mount->model->experts) {
+        const CkptfsModel *m = mount->model;
+        json_builder_set_member_name(b, "experts");
+        json_builder_begin_object(b);
+        const struct {
+            const char *name;
+            uint64_t value;
+        } fields[] = {{"routed", m->experts}, {"top_k", m->topk}, {"ffn", m->moe_ffn},
+                      {"shared_ffn", m->shared_ffn}, {"moe_layers", ckptfs_model_moe_layers(m)}};
+        for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+            json_builder_set_member_name(b, fields[i].name);
+            json_builder_add_int_value(b, (gint64)fields[i].value);
+        }
+        json_builder_set_member_name(b, "shared_gate");
+        json_builder_add_boolean_value(b, m->shared_gate);
+        json_builder_set_member_name(b, "renormalize");
+        json_builder_add_boolean_value(b, m->renormalize);
+        json_builder_set_member_name(b, "dense_layers");
+        json_builder_begin_array(b);
+        for (uint64_t l = 0; l < m->layers; l++)
+            if (!ckptfs_model_layer_is_moe(m, l))
+                json_builder_add_int_value(b, (gint64)l);
+        json_builder_end_array(b);
+        json_builder_end_object(b);
+    }
     json_builder_set_member_name(b, "megatron_problem");
     if (mount->model_problem)
         json_builder_add_string_value(b, mount->model_problem);
@@ -224,6 +250,38 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     printf("%s\n", text);
 }
 
+/* The dense layers of an MoE model as "0, 3-5" (empty when none). */
+static char *dense_layer_list(const CkptfsModel *m)
+{
+    GString *out = g_string_new(NULL);
+    for (uint64_t l = 0; l < m->layers; l++) {
+        if (ckptfs_model_layer_is_moe(m, l))
+            continue;
+        uint64_t end = l;
+        while (end + 1 < m->layers && !ckptfs_model_layer_is_moe(m, end + 1))
+            end++;
+        g_string_append_printf(out, "%s%" G_GUINT64_FORMAT, out->len ? ", " : "", l);
+        if (end > l)
+            g_string_append_printf(out, "-%" G_GUINT64_FORMAT, end);
+        l = end;
+    }
+    return g_string_free(out, FALSE);
+}
+
+/* One line on a model's experts for inspect. */
+static char *experts_text(const CkptfsModel *m)
+{
+    g_autofree char *dense = dense_layer_list(m);
+    return g_strdup_printf("%" G_GUINT64_FORMAT " routed (top-%" G_GUINT64_FORMAT ", ffn %" G_GUINT64_FORMAT
+                           ", %s) in %" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT " layers%s%s%s; %s",
+                           m->experts, m->topk, m->moe_ffn,
+                           m->renormalize ? "weights renormalised" : "weights not renormalised",
+                           ckptfs_model_moe_layers(m), m->layers, *dense ? " (dense: " : "", dense,
+                           *dense ? ")" : "",
+                           m->shared_ffn ? (m->shared_gate ? "a gated shared expert" : "a shared expert")
+                                         : "no shared expert");
+}
+
 /* inspect --layout NAME: is it valid, and what would its files hold. */
 static int inspect_layout(CkptfsMount *mount, const char *name, bool json)
 {
@@ -249,6 +307,12 @@ static int inspect_layout(CkptfsMount *mount, const char *name, bool json)
                layout.vpp);
         if (layout.pp_first || layout.pp_last)
             printf(", first stage %u layers, last stage %u layers", layout.pp_first, layout.pp_last);
+        if (mount->model && mount->model->experts) {
+            g_autoptr(GArray) files = ckptfs_layout_rank_files(&layout);
+            printf(", ep %u (%" G_GUINT64_FORMAT " experts per rank), etp %u; %u rank files per stage",
+                   ckptfs_layout_ep(&layout), mount->model->experts / ckptfs_layout_ep(&layout),
+                   ckptfs_layout_etp(&layout), files->len);
+        }
         printf("\n");
         if (mount->model && layout.tp > mount->model->kv_heads)
             printf("note: tp %u is larger than the %" G_GUINT64_FORMAT
@@ -330,8 +394,12 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
                m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
                m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
-        printf("layouts:      any tp{T}pp{P}[vpp{V}] that divides the model; tp larger than the "
-               "query groups needs Megatron-core >= 0.16\n");
+        if (m->experts) {
+            g_autofree char *experts = experts_text(m);
+            printf("experts:      %s\n", experts);
+        }
+        printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
+               "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
     } else {
         printf("megatron:     no Megatron views: %s\n", mount->model_problem);
     }

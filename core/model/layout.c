@@ -29,11 +29,10 @@ bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayou
     bool any = false;
     unsigned v;
     if (take_part(&p, "tp", &v)) {
-        /* etp followed the base's tp: it follows the new one */
-        if (l.etp == 0 || l.etp == l.tp)
-            l.etp = 0;
+        /* a named tp starts from tp{T}pp1, expert parallelism off */
         l.tp = v;
         l.pp = 1;
+        l.ep = l.etp = 0;
         any = true;
     }
     /* "vpp" must not be read as "v" + "pp". */

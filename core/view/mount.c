@@ -38,7 +38,7 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
     CkptfsLayout base = base_layout(mount);
     if (!ckptfs_layout_parse(name, &base, layout)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
-                    "'%s' is not a view (views: hf, tp{T}pp{P}[vpp{V}], vpp{V})", name);
+                    "'%s' is not a view (views: hf, mcore, tp{T}pp{P}[vpp{V}][ep{E}][etp{X}], vpp{V})", name);
         return false;
     }
     apply_uneven_stages(mount, &base, layout);
@@ -64,7 +64,8 @@ static CkptfsNode *add_layout_view(CkptfsMount *mount, CkptfsNode *root, const C
     return dir;
 }
 
-/* The root lists hf/ and the valid layouts among tp 1,2,4,8 x pp 1,2,4, plus -o layouts=. */
+/* The root lists hf/ and the valid layouts among tp 1,2,4,8 x pp 1,2,4 (and for an MoE model
+ * x ep 2,4,8 with pp 1), plus -o layouts=. */
 static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GError **error)
 {
     CkptfsMount *mount = owner;
@@ -80,6 +81,15 @@ static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GE
     for (size_t i = 0; i < G_N_ELEMENTS(tps); i++)
         for (size_t j = 0; j < G_N_ELEMENTS(pps); j++) {
             g_autofree char *name = g_strdup_printf("tp%upp%u", tps[i], pps[j]);
+            CkptfsLayout layout;
+            if (ckptfs_mount_layout(mount, name, &layout, NULL))
+                add_layout_view(mount, root, &layout, NULL);
+        }
+    /* A mixture of experts: expert-parallel splits too (any other is looked up on demand). */
+    static const unsigned eps[] = {2, 4, 8};
+    for (size_t i = 0; mount->model->experts && i < G_N_ELEMENTS(tps); i++)
+        for (size_t j = 0; j < G_N_ELEMENTS(eps); j++) {
+            g_autofree char *name = g_strdup_printf("tp%upp1ep%u", tps[i], eps[j]);
             CkptfsLayout layout;
             if (ckptfs_mount_layout(mount, name, &layout, NULL))
                 add_layout_view(mount, root, &layout, NULL);

@@ -17,10 +17,10 @@ typedef struct {
                                     as 1 and as tp (Megatron's defaults) */
 } CkptfsLayout;
 
-/* Parses a view name. Parts may be left out: "tp2" = tp2pp1, "vpp2" = BASE's tp/pp with vpp 2,
- * "pp4" = BASE's tp, "ep2" = BASE's tp/pp with ep 2. Order is tp, pp, vpp, ep, etp. pp_first /
- * pp_last come from BASE (the caller drops them for pp 1); ep and etp from BASE unless named
- * (etp follows tp when BASE's etp did). Returns false for names that are not layouts. */
+/* Parses a view name. Parts may be left out: "tp2" = tp2pp1 (ep 1), "vpp2" = BASE's tp/pp/ep
+ * with vpp 2, "pp4" = BASE's tp and ep, "ep2" = BASE's tp/pp with ep 2. Order is tp, pp, vpp,
+ * ep, etp. pp_first/pp_last come from BASE (the caller drops them for pp 1). Returns false for
+ * names that are not layouts. */
 bool ckptfs_layout_parse(const char *name, const CkptfsLayout *base, CkptfsLayout *out);
 
 /* Canonical name: tp{T}pp{P}, vpp{V} when V > 1, ep{E} when E > 1, etp{X} when X != T. */
