@@ -81,35 +81,52 @@ char *ckptfs_layout_name(const CkptfsLayout *layout)
     return g_string_free(name, FALSE);
 }
 
-static uint64_t gcd(uint64_t a, uint64_t b)
+/* Every rank of one stage that writes a legacy file, in rank order (names may repeat). */
+static GArray *writers(const CkptfsLayout *layout)
 {
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(CkptfsRankFile));
+    uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
+    /* In a world of lcm(tp, etp x ep) ranks per stage, dense DP rank 0 is g < tp and expert
+     * DP rank 0 is g < etp x ep. */
+    uint64_t expert_grid = etp * ep, world = MAX(tp, expert_grid);
+    for (uint64_t g = 0; g < world; g++) {
+        CkptfsRankFile f = {(unsigned)(g % tp), (unsigned)(g / etp % ep), (unsigned)(g % etp)};
+        g_array_append_val(out, f);
     }
-    return a;
+    return out;
+}
+
+/* Whether the writers of each file name hold the same expert shard. */
+static bool writers_agree(const CkptfsLayout *layout)
+{
+    g_autoptr(GArray) all = writers(layout);
+    g_autoptr(GHashTable) shard_of = g_hash_table_new(g_int64_hash, g_int64_equal);
+    g_autofree gint64 *names = g_new(gint64, all->len);
+    for (guint i = 0; i < all->len; i++) {
+        const CkptfsRankFile *f = &g_array_index(all, CkptfsRankFile, i);
+        names[i] = (gint64)f->tp << 32 | f->ep;
+        gpointer seen = g_hash_table_lookup(shard_of, &names[i]);
+        if (seen && GPOINTER_TO_UINT(seen) != f->etp + 1)
+            return false;
+        g_hash_table_insert(shard_of, &names[i], GUINT_TO_POINTER(f->etp + 1));
+    }
+    return true;
 }
 
 GArray *ckptfs_layout_rank_files(const CkptfsLayout *layout)
 {
-    GArray *files = g_array_new(FALSE, FALSE, sizeof(CkptfsRankFile));
-    uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
-    uint64_t expert_grid = etp * ep, world = tp / gcd(tp, expert_grid) * expert_grid;
-    for (uint64_t g = 0; g < world; g++) {
-        bool dense_dp0 = g / tp == 0, expert_dp0 = g / expert_grid == 0;
-        if (!dense_dp0 && !expert_dp0)
-            continue;
-        CkptfsRankFile f = {(unsigned)(g % tp), (unsigned)(g / etp % ep), (unsigned)(g % etp)};
-        bool named = false;
-        for (guint i = 0; i < files->len && !named; i++) {
-            const CkptfsRankFile *o = &g_array_index(files, CkptfsRankFile, i);
-            named = o->tp == f.tp && o->ep == f.ep;
-        }
-        if (!named)
-            g_array_append_val(files, f);
+    GArray *all = writers(layout);
+    g_autoptr(GHashTable) named = g_hash_table_new(g_int64_hash, g_int64_equal);
+    g_autofree gint64 *names = g_new(gint64, all->len);
+    guint kept = 0;
+    for (guint i = 0; i < all->len; i++) {
+        const CkptfsRankFile f = g_array_index(all, CkptfsRankFile, i);
+        names[i] = (gint64)f.tp << 32 | f.ep;
+        if (g_hash_table_add(named, &names[i]))
+            g_array_index(all, CkptfsRankFile, kept++) = f;
     }
-    return files;
+    g_array_set_size(all, kept);
+    return all;
 }
 
 char *ckptfs_rank_file_dir(const CkptfsLayout *layout, unsigned pp_rank, const CkptfsRankFile *file)
@@ -169,6 +186,11 @@ bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model
         INVALID("tp %u does not divide the shared expert's ffn size %" G_GUINT64_FORMAT, t, model->shared_ffn);
     if ((uint64_t)etp * ep > 65536)
         INVALID("etp %u x ep %u is more GPUs per stage than ckptfs lays out (65536)", etp, ep);
+    if (!writers_agree(layout))
+        /* Two writers of one (TP rank, EP rank) file with different expert shards: the legacy
+         * format has no name for the expert TP rank, so a share would be lost. */
+        INVALID("etp %u with tp %u: two ranks holding different expert shards would write the same "
+                "legacy rank file (named by TP and EP rank only)", etp, t);
     if (layout->pp > model->layers)
         INVALID("pp %u is more than the %" G_GUINT64_FORMAT " layers", layout->pp, model->layers);
     if (layout->vpp > 1 && layout->pp == 1)

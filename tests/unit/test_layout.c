@@ -139,10 +139,77 @@ static void test_chunks(void)
     tap_is_u64(ckptfs_padded_vocab(128256, 128, 1), 128256, "vocab 128256 is already a multiple");
 }
 
+/* Expert parallelism: names, validation against the experts, and the files Megatron writes. */
+static void test_expert_layouts(void)
+{
+    const CkptfsLayout base = {.tp = 2, .pp = 2, .vpp = 1, .ep = 4};
+    CkptfsLayout l;
+    tap_ok(ckptfs_layout_parse("tp4pp1ep8etp1", &base, &l) && l.tp == 4 && l.pp == 1 &&
+               ckptfs_layout_ep(&l) == 8 && ckptfs_layout_etp(&l) == 1,
+           "tp4pp1ep8etp1: tp 4, ep 8, etp 1");
+    tap_ok(ckptfs_layout_parse("tp2", &base, &l) && ckptfs_layout_ep(&l) == 1 && ckptfs_layout_etp(&l) == 2,
+           "a named tp starts without expert parallelism (etp follows tp)");
+    tap_ok(ckptfs_layout_parse("vpp2", &base, &l) && ckptfs_layout_ep(&l) == 4 && l.vpp == 2,
+           "vpp2 keeps the base's ep");
+    tap_ok(ckptfs_layout_parse("tp1pp4vpp2ep2", &base, &l) && l.pp == 4 && l.vpp == 2 && ckptfs_layout_ep(&l) == 2,
+           "tp1pp4vpp2ep2 parses");
+    tap_ok(!ckptfs_layout_parse("tp2ep2pp2", &base, &l) && !ckptfs_layout_parse("tp2etp1ep2", &base, &l) &&
+               !ckptfs_layout_parse("tp2ep0", &base, &l),
+           "ep after pp, etp after ep; no ep0");
+    CkptfsLayout named = {.tp = 4, .pp = 1, .vpp = 1, .ep = 8, .etp = 1};
+    g_autofree char *n1 = ckptfs_layout_name(&named);
+    CkptfsLayout same_etp = {.tp = 2, .pp = 2, .vpp = 2, .ep = 2, .etp = 2};
+    g_autofree char *n2 = ckptfs_layout_name(&same_etp);
+    tap_ok(strcmp(n1, "tp4pp1ep8etp1") == 0 && strcmp(n2, "tp2pp2vpp2ep2") == 0,
+           "canonical names: etp only when it differs from tp (%s, %s)", n1, n2);
+
+    CkptfsModel m = model_of(4, 8, 2, 96);
+    m.experts = 4, m.moe_ffn = 32, m.topk = 2;
+    CkptfsLayout ep8 = {.tp = 1, .pp = 1, .vpp = 1, .ep = 8};
+    CkptfsLayout etp3 = {.tp = 1, .pp = 1, .vpp = 1, .ep = 2, .etp = 3};
+    CkptfsLayout ok = {.tp = 2, .pp = 2, .vpp = 1, .ep = 4, .etp = 1};
+    expect_valid(&m, ep8, false, "ep 8 does not divide 4 experts");
+    expect_valid(&m, etp3, false, "etp 3 does not divide the expert ffn 32");
+    expect_valid(&m, ok, true, "tp2pp2ep4etp1 is valid for 4 experts");
+    CkptfsModel dense = model_of(4, 8, 2, 96);
+    CkptfsLayout dense_ep = {.tp = 1, .pp = 1, .vpp = 1, .ep = 2};
+    expect_valid(&dense, dense_ep, false, "ep on a dense model");
+
+    /* Megatron's writers: dense DP rank 0 or expert DP rank 0, one file per (TP rank, EP rank). */
+    const struct {
+        CkptfsLayout layout;
+        const char *files;
+    } grids[] = {
+        {{.tp = 1, .pp = 1, .vpp = 1, .ep = 2}, "00_000/0 00_001/0"},
+        {{.tp = 2, .pp = 1, .vpp = 1, .ep = 2}, "00_000/0 01_000/1 00_001/0 01_001/1"},
+        {{.tp = 2, .pp = 1, .vpp = 1, .ep = 2, .etp = 1}, "00_000/0 01_001/0"},
+        {{.tp = 4, .pp = 1, .vpp = 1, .ep = 2, .etp = 1}, "00_000/0 01_001/0 02_000/0 03_001/0"},
+        {{.tp = 2, .pp = 1, .vpp = 1, .ep = 4, .etp = 1}, "00_000/0 01_001/0 00_002/0 01_003/0"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(grids); i++) {
+        g_autoptr(GArray) files = ckptfs_layout_rank_files(&grids[i].layout);
+        GString *got = g_string_new(NULL);
+        for (guint f = 0; f < files->len; f++) {
+            const CkptfsRankFile *r = &g_array_index(files, CkptfsRankFile, f);
+            g_string_append_printf(got, "%s%02u_%03u/%u", f ? " " : "", r->tp, r->ep, r->etp);
+        }
+        g_autofree char *name = ckptfs_layout_name(&grids[i].layout);
+        tap_ok(strcmp(got->str, grids[i].files) == 0, "%s writes %s (got %s)", name, grids[i].files, got->str);
+        g_string_free(got, TRUE);
+    }
+    CkptfsLayout etp_over_tp = {.tp = 1, .pp = 1, .vpp = 1, .ep = 2, .etp = 2};
+    expect_valid(&m, etp_over_tp, false, "tp1 ep2 etp2: two expert shards would share a file name");
+    CkptfsLayout both = {.tp = 2, .pp = 4, .vpp = 1, .ep = 2};
+    CkptfsRankFile f = {1, 1, 1};
+    g_autofree char *dir = ckptfs_rank_file_dir(&both, 3, &f);
+    tap_ok(strcmp(dir, "mp_rank_01_003_001") == 0, "pp and ep: mp_rank_TT_PPP_EEE (%s)", dir);
+}
+
 int main(void)
 {
     test_parse();
     test_validate();
     test_chunks();
+    test_expert_layouts();
     return tap_done();
 }

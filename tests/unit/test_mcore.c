@@ -172,6 +172,71 @@ static void test_phi3(const CkptfsModel *llama)
     (void)llama;
 }
 
+/* Mixture of experts: the expert keys, their HF tensors and legacy names; dense layers among
+ * MoE layers. */
+static void test_moe(void)
+{
+    CkptfsModel m = {.layers = 3, .hidden = 8, .heads = 4, .kv_heads = 2, .head_dim = 2, .ffn = 12,
+                     .vocab = 10, .experts = 4, .topk = 2, .moe_ffn = 6, .shared_ffn = 4, .shared_gate = true, .qkv_bias = true,
+                     .arch = ckptfs_architecture_find("qwen2_moe", NULL)};
+    ckptfs_model_set_dense_layer(&m, 1);
+    tap_ok(m.arch && m.arch->family == &ckptfs_family_qwen_moe && ckptfs_model_layer_is_moe(&m, 0) &&
+               !ckptfs_model_layer_is_moe(&m, 1) && !ckptfs_model_layers_homogeneous(&m),
+           "qwen2_moe: layer 1 dense, layers 0 and 2 MoE");
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&m, 16, false);
+    const CkptfsMcoreKey *fc1 = find_key(keys, "decoder.layers.mlp.experts.experts.linear_fc1.weight");
+    uint64_t shape[4];
+    unsigned n = fc1 ? ckptfs_mcore_key_shape(fc1, 3, shape) : 0;
+    tap_ok(n == 4 && shape[0] == 3 && shape[1] == 4 && shape[2] == 12 && shape[3] == 8,
+           "expert fc1: [L, E, 2F, H] = [3, 4, 12, 8]");
+    n = fc1 ? ckptfs_mcore_key_shape(fc1, 0, shape) : 0;
+    tap_ok(n == 3 && shape[0] == 4, "one layer's expert fc1: [E, 2F, H]");
+    if (fc1) {
+        EXPECT_SHARE(fc1, 2, 1, 6, 8, "mlp.experts.{e}.gate_proj.weight:3+3 mlp.experts.{e}.up_proj.weight:3+3",
+                     "expert fc1 etp2 rank 1: gate rows [3, 6), up rows [3, 6)");
+        g_autofree char *hf = ckptfs_mcore_hf_name(fc1, 2, 3, "mlp.experts.{e}.up_proj.weight");
+        tap_ok(strcmp(hf, "model.layers.2.mlp.experts.3.up_proj.weight") == 0, "expert HF name (%s)", hf);
+        g_autofree char *seq = ckptfs_expert_legacy_name(fc1->rule, false, 1);
+        g_autofree char *grouped = ckptfs_expert_legacy_name(fc1->rule, true, 1);
+        tap_ok(strcmp(seq, "mlp.experts.local_experts.1.linear_fc1.weight") == 0 &&
+                   strcmp(grouped, "mlp.experts.linear_fc1.weight1") == 0,
+               "legacy expert names (%s, %s)", seq, grouped);
+        g_autofree char *te = ckptfs_mcore_key_name(fc1, true, true, 2);
+        tap_ok(strcmp(te, "decoder.layers.2.mlp.experts.experts.linear_fc1.weight") == 0,
+               "per-layer torch_dist name (%s)", te);
+    }
+    const CkptfsMcoreKey *norm = find_key(keys, "decoder.layers.pre_mlp_layernorm.weight");
+    tap_ok(norm && strcmp(norm->local_key, "decoder.layers.mlp.linear_fc1.layer_norm_weight") == 0,
+           "MoE pre-MLP norm: TE name, local spec saves TE's fused name");
+    const CkptfsMcoreKey *gate = find_key(keys, "decoder.layers.mlp.shared_experts.gate_weight");
+    tap_ok(gate && gate->rows == 1 && gate->cols == 8, "shared expert gate [1, H]");
+    g_autoptr(GPtrArray) moe_layer = ckptfs_legacy_entries(&m, CKPTFS_SCOPE_LAYER, 0, false, false);
+    g_autoptr(GPtrArray) dense_layer = ckptfs_legacy_entries(&m, CKPTFS_SCOPE_LAYER, 1, false, false);
+    GString *names = g_string_new(NULL);
+    for (guint i = 0; i < moe_layer->len; i++)
+        g_string_append_printf(names, "%s%s", i ? " " : "",
+                               ckptfs_rule_legacy_name(g_ptr_array_index(moe_layer, i), false));
+    tap_ok(strcmp(names->str, "input_layernorm.weight self_attention.linear_proj.weight "
+                              "self_attention.linear_proj._extra_state self_attention.linear_qkv.weight "
+                              "self_attention.linear_qkv.bias self_attention.linear_qkv._extra_state "
+                              "pre_mlp_layernorm.weight mlp.router.weight "
+                              "mlp.experts.experts.linear_fc1.weight mlp.experts.experts.linear_fc1._extra_state "
+                              "mlp.experts.experts.linear_fc2.weight mlp.experts.experts.linear_fc2._extra_state "
+                              "mlp.shared_experts.gate_weight mlp.shared_experts.linear_fc1.weight "
+                              "mlp.shared_experts.linear_fc1._extra_state mlp.shared_experts.linear_fc2.weight "
+                              "mlp.shared_experts.linear_fc2._extra_state") == 0,
+           "local MoE layer entries in module order (%s)", names->str);
+    g_string_free(names, TRUE);
+    tap_is_u64(dense_layer->len, 11, "dense layer: 11 local entries, as in a dense model with q/k/v biases");
+    g_autoptr(GArray) hf = ckptfs_model_hf_tensors(&m, keys);
+    /* embedding + 2 MoE layers x (4 attn + 3 bias + 2 norms + router + 4 x 3 experts + 3 shared + gate)
+     * + dense layer (4 + 3 + 2 + 3) + norm + lm_head */
+    tap_is_u64(hf->len, 1 + 2 * 26 + 12 + 2, "every HF tensor once, experts expanded");
+    const CkptfsHfShape *e1 = hf->len > 20 ? &g_array_index(hf, CkptfsHfShape, 11) : NULL;
+    tap_ok(e1 && strcmp(e1->name, "model.layers.0.mlp.experts.0.gate_proj.weight") == 0 && e1->d0 == 6 && e1->d1 == 8,
+           "experts in checkpoint order, expert by expert (%s)", e1 ? e1->name : "none");
+}
+
 int main(void)
 {
     /* Llama-3-8B-like: 32 heads, 8 groups, head dim 128, hidden 4096, ffn 14336, vocab 128256. */
@@ -232,5 +297,6 @@ int main(void)
     test_shares(&m);
     test_legacy_order(&q3);
     test_phi3(&m);
+    test_moe();
     return tap_done();
 }
