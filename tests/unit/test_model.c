@@ -9,6 +9,8 @@
 typedef struct {
     unsigned layers, hidden, heads, kv, head_dim, ffn, vocab;
     bool tied, bias, qk_norm, lm_head;
+    unsigned experts, moe_ffn, shared_ffn; /* Qwen-MoE names when experts > 0 */
+    unsigned dense_layers;                 /* bit i: layer i is dense */
 } Shape;
 
 static void add(CkptfsCatalog *c, const char *name, unsigned ndim, uint64_t d0, uint64_t d1)
@@ -40,6 +42,24 @@ static CkptfsCatalog *catalog_of(const Shape *s)
         }
         L("self_attn.o_proj.weight", 2, s->hidden, q);
         L("post_attention_layernorm.weight", 1, s->hidden, 0);
+        if (s->experts && !(s->dense_layers & (1u << i))) {
+            L("mlp.gate.weight", 2, s->experts, s->hidden);
+            for (unsigned e = 0; e < s->experts; e++) {
+                char x[64];
+#define X(suffix, a, b) (g_snprintf(x, sizeof x, "mlp.experts.%u.%s", e, suffix), L(x, 2, a, b))
+                X("gate_proj.weight", s->moe_ffn, s->hidden);
+                X("up_proj.weight", s->moe_ffn, s->hidden);
+                X("down_proj.weight", s->hidden, s->moe_ffn);
+#undef X
+            }
+            if (s->shared_ffn) {
+                L("mlp.shared_expert.gate_proj.weight", 2, s->shared_ffn, s->hidden);
+                L("mlp.shared_expert.up_proj.weight", 2, s->shared_ffn, s->hidden);
+                L("mlp.shared_expert.down_proj.weight", 2, s->hidden, s->shared_ffn);
+                L("mlp.shared_expert_gate.weight", 2, 1, s->hidden);
+            }
+            continue;
+        }
         L("mlp.gate_proj.weight", 2, s->ffn, s->hidden);
         L("mlp.up_proj.weight", 2, s->ffn, s->hidden);
         L("mlp.down_proj.weight", 2, s->hidden, s->ffn);
@@ -77,11 +97,77 @@ static bool run(const char *json, const Shape *s, CkptfsModel *m, char **why)
               "\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, " \
               "\"num_hidden_layers\": 2, \"intermediate_size\": 96, \"vocab_size\": 250"
 
+#define QWEN2_MOE "\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\", " \
+                  "\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, " \
+                  "\"num_hidden_layers\": 3, \"intermediate_size\": 96, \"vocab_size\": 250, " \
+                  "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, " \
+                  "\"shared_expert_intermediate_size\": 48"
+
+/* Mixture of experts: sizes, the shared expert, routing, dense layers, and what is refused. */
+static void test_moe_configs(void)
+{
+    CkptfsModel m;
+    char *why;
+    Shape moe = {3, 64, 8, 2, 8, 96, 250, false, true, false, true, 4, 32, 48, 1u << 1};
+    bool ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [1], \"norm_topk_prob\": false}", &moe, &m, &why);
+    tap_ok(ok && m.experts == 4 && m.topk == 2 && m.moe_ffn == 32 && m.shared_ffn == 48 && m.shared_gate &&
+               !m.renormalize && ckptfs_model_layer_is_moe(&m, 0) && !ckptfs_model_layer_is_moe(&m, 1) &&
+               ckptfs_model_moe_layers(&m) == 2,
+           "Qwen2-MoE with a dense layer 1 (%s)", why);
+    g_free(why);
+    Shape step2 = moe;
+    step2.dense_layers = 1u << 0 | 1u << 2;
+    ok = run("{" QWEN2_MOE ", \"decoder_sparse_step\": 2}", &step2, &m, &why);
+    tap_ok(ok && !ckptfs_model_layer_is_moe(&m, 0) && ckptfs_model_layer_is_moe(&m, 1) &&
+               !ckptfs_model_layer_is_moe(&m, 2),
+           "decoder_sparse_step 2: layers 1, 3, ... are MoE (%s)", why);
+    g_free(why);
+    ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [3]}", &moe, &m, &why);
+    tap_ok(!ok && strstr(why, "mlp_only_layers"), "a dense layer beyond the model is refused (%s)", why);
+    g_free(why);
+    ok = run("{" QWEN2_MOE ", \"num_experts_per_tok\": 5}", &moe, &m, &why);
+    tap_ok(!ok && strstr(why, "num_experts_per_tok"), "top-k above the experts is refused (%s)", why);
+    g_free(why);
+    ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [1], \"n_group\": 8}", &moe, &m, &why);
+    tap_ok(!ok && strstr(why, "n_group"), "an unsupported routing field is refused by name (%s)", why);
+    g_free(why);
+    ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [1], \"num_experts\": 5}", &moe, &m, &why);
+    tap_ok(!ok && strstr(why, "model.layers.0.mlp.gate.weight") && strstr(why, "[5, 64]"),
+           "a router of the wrong size is named (%s)", why);
+    g_free(why);
+    {
+        /* The catalog without one expert tensor. */
+        JsonObject *config = config_of("{" QWEN2_MOE ", \"mlp_only_layers\": [1]}");
+        CkptfsCatalog *full = catalog_of(&moe), *holed = ckptfs_catalog_new();
+        for (unsigned i = 0; i < ckptfs_catalog_count(full); i++) {
+            const CkptfsTensor *t = ckptfs_catalog_at(full, i);
+            if (strcmp(t->name, "model.layers.2.mlp.experts.3.up_proj.weight") != 0)
+                ckptfs_catalog_add_contiguous(holed, t->name, t->dtype, t->ndim, t->shape, 0, 0);
+        }
+        GError *error = NULL;
+        ok = ckptfs_model_from_config(config, holed, &m, &error);
+        tap_ok(!ok && error && strstr(error->message, "model.layers.2.mlp.experts.3.up_proj.weight") &&
+                   strstr(error->message, "missing"),
+               "a missing expert is named (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        ckptfs_catalog_free(holed);
+        ckptfs_catalog_free(full);
+        json_object_unref(config);
+    }
+    g_free(why);
+    Shape wrong = moe;
+    wrong.moe_ffn = 16;
+    ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [1]}", &wrong, &m, &why);
+    tap_ok(!ok && strstr(why, "experts.0.gate_proj.weight") && strstr(why, "[16, 64]"),
+           "an expert of the wrong shape is named with its shape (%s)", why);
+    g_free(why);
+}
+
 int main(void)
 {
     CkptfsModel m;
     char *why;
-    Shape llama = {2, 64, 8, 2, 8, 96, 250, false, false, false, true};
+    Shape llama = {2, 64, 8, 2, 8, 96, 250, false, false, false, true, 0, 0, 0, 0};
 
     bool ok = run("{" LLAMA ", \"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": "
                   "\"llama3\", \"factor\": 8.0}}", &llama, &m, &why);
@@ -178,5 +264,6 @@ int main(void)
     ok = run("{" LLAMA ", \"num_hidden_layers\": -2}", &llama, &m, &why);
     tap_ok(!ok, "negative layer count is refused (%s)", why);
     g_free(why);
+    test_moe_configs();
     return tap_done();
 }
