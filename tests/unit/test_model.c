@@ -154,7 +154,6 @@ static void test_moe_configs(void)
         ckptfs_catalog_free(full);
         json_object_unref(config);
     }
-    g_free(why);
     Shape wrong = moe;
     wrong.moe_ffn = 16;
     ok = run("{" QWEN2_MOE ", \"mlp_only_layers\": [1]}", &wrong, &m, &why);
