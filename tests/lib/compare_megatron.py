@@ -36,6 +36,13 @@ tolerant.load = pickle.load
 tolerant.__version__ = "0"
 
 
+# What Megatron compares or needs to build the same experts and route as the HF model.
+MOE_ARGS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+            "moe_shared_expert_gate", "moe_router_pre_softmax", "moe_router_score_function",
+            "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
+            "moe_router_dtype", "moe_router_load_balancing_type")
+
+
 def main():
     real_dir, view_dir = sys.argv[1:3]
     torch.serialization.add_safe_globals([argparse.Namespace])
@@ -60,7 +67,8 @@ def main():
         for f in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers",
                   "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                   "kv_channels", "padded_vocab_size", "untie_embeddings_and_output_weights",
-                  "add_qkv_bias", "normalization", "swiglu", "params_dtype", "rotary_base"):
+                  "add_qkv_bias", "normalization", "swiglu", "params_dtype", "rotary_base",
+                  "num_experts") + MOE_ARGS * (getattr(real["args"], "num_experts", None) is not None):
             if getattr(real["args"], f) != getattr(ours["args"], f):
                 sys.exit(f"{r}: args.{f}: Megatron {getattr(real['args'], f)!r}, ckptfs {getattr(ours['args'], f)!r}")
     print(f"{len(ranks)} rank files: keys, order and every tensor equal to Megatron's own; args agree")

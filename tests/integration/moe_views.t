@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Mixture-of-experts views of Hugging Face sources: expert-parallel rank files equal to the ones
+# Megatron-LM itself wrote (Mixtral and Qwen2-MoE, local spec, EP 2); layout names, the writer
+# grid (ETP < TP gives a partial TP x EP grid), inspect, and invalid layouts refused with why.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+torch2_available && have2=1 || have2=0
+
+real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
+if [[ ! -d $real ]]; then
+  skip "Megatron-written MoE checkpoints: $real absent"
+  done_testing
+  exit
+fi
+real=$(cd "$real" && pwd)
+
+for model in mixtral qwen2_moe; do
+  check "$model: mount (-o spec=local)" mount_ckptfs "$real/hf-$model" "$WORK/mnt-$model" -o spec=local
+done
+if ((!have2)); then
+  skip "Megatron-written MoE checkpoints need torch 2.6: $TORCH2_WHY"
+else
+  check "mixtral tp2pp1ep2 equals Megatron's own files (keys, order, experts, _extra_state)" \
+    torch2_python "$WORK:$real" "$TESTS_TOP/tests/lib/compare_megatron.py" \
+    "$real/mixtral-tp2pp1ep2-torch/iter_0000010" "$WORK/mnt-mixtral/tp2pp1ep2/release"
+  check "qwen2_moe tp1pp1ep2 equals Megatron's own files (shared expert and its gate included)" \
+    torch2_python "$WORK:$real" "$TESTS_TOP/tests/lib/compare_megatron.py" \
+    "$real/qwen2_moe-tp1pp1ep2-torch-noopt/iter_0000010" "$WORK/mnt-qwen2_moe/tp1pp1ep2/release"
+fi
+
+mnt=$WORK/mnt-mixtral
+check "the root lists expert-parallel layouts" test -d "$mnt/tp2pp1ep2" -a -d "$mnt/tp1pp1ep4"
+check "tp2 ep2 etp1: only mp_rank_00_000 and mp_rank_01_001, as Megatron's writer grid gives" \
+  test "$(ls "$mnt/tp2pp1ep2etp1/release" | tr '\n' ' ')" = "mp_rank_00_000 mp_rank_01_001 "
+check "tp1pp2ep2: mp_rank_TT_PPP_EEE" \
+  test "$(ls "$mnt/tp1pp2ep2/release" | tr '\n' ' ')" = "mp_rank_00_000_000 mp_rank_00_000_001 mp_rank_00_001_000 mp_rank_00_001_001 "
+check "tp4pp1ep8etp1 is refused for 4 experts" bash -c "! ls '$mnt/tp4pp1ep8etp1' 2>/dev/null"
+"$CKPTFS" inspect "$real/hf-mixtral" --layout tp2pp1ep8 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+ok $((1 - rc)) "inspect --layout tp2pp1ep8 fails"
+check "and says why" grep -q "ep 8 does not divide the 4 experts" "$WORK/err"
+"$CKPTFS" inspect "$real/hf-mixtral" --layout tp2pp1etp3 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+ok $((1 - rc)) "inspect --layout tp2pp1etp3 fails"
+check "and says why" grep -q "etp 3 does not divide the experts' ffn size 32" "$WORK/err"
+"$CKPTFS" inspect "$real/hf-llama" --layout tp2pp1ep2 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+ok $((1 - rc)) "ep on a dense model fails"
+check "and says why" grep -q "the model has no experts" "$WORK/err"
+check "inspect shows the experts" bash -c \
+  "'$CKPTFS' inspect '$real/hf-qwen2_moe' | grep -q 'experts:      4 routed (top-2, ffn 32, weights not renormalised) in 4 of 4 layers; a gated shared expert'"
+check "inspect --json has the experts" bash -c \
+  "'$CKPTFS' inspect --json '$real/hf-mixtral' | $PY -c 'import json,sys; e=json.load(sys.stdin)[\"experts\"]; sys.exit(not (e[\"routed\"] == 4 and e[\"top_k\"] == 2 and e[\"renormalize\"]))'"
+check "inspect --layout tp2pp1ep2etp1 counts 2 rank files" bash -c \
+  "'$CKPTFS' inspect '$real/hf-mixtral' --layout tp2pp1ep2etp1 | grep -q 'ep 2 (2 experts per rank), etp 1; 2 rank files per stage'"
+check "export of tp2pp1ep2 equals cp -r of the mounted view" bash -c \
+  "'$CKPTFS' export -o spec=local '$real/hf-mixtral' tp2pp1ep2 '$WORK/exp' && cp -r '$mnt/tp2pp1ep2' '$WORK/cp' && diff -r '$WORK/exp' '$WORK/cp'"
+done_testing
