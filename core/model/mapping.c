@@ -73,31 +73,31 @@
      "mlp.linear_fc1.layer_norm_weight", 11, 8, CKPTFS_NEED_MOE, 1, CKPTFS_DIM_HIDDEN,         \
      CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,                                \
      {"post_attention_layernorm.weight"}, NULL},                                               \
-    WEIGHT("mlp.router.weight", NULL, 12, 9, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS,            \
+    WEIGHT("mlp.router.weight", NULL, 13, 9, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS,            \
            CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, router_hf)
 /* Experts' fc1 = [gate; up] and fc2, split by expert tensor parallelism. */
 #define EXPERTS(gate_hf, up_hf, down_hf)                                                      \
-    EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 13, 10, CKPTFS_DIM_MOE_FFN2,         \
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 14, 10, CKPTFS_DIM_MOE_FFN2,         \
                   CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, gate_hf, up_hf),  \
-    EXPERT_EXTRA("mlp.experts.experts.linear_fc1._extra_state", 14, 11),                       \
-    EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 15, 12, CKPTFS_DIM_HIDDEN,           \
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc1._extra_state", 15, 11),                       \
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 16, 12, CKPTFS_DIM_HIDDEN,           \
                   CKPTFS_DIM_MOE_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, down_hf),             \
-    EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 16, 13)
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 17, 13)
 /* Qwen2-MoE's shared expert: its sigmoid gate [1, H] first (Megatron registers it first), then
  * an MLP split by dense TP. */
 #define SHARED_EXPERT                                                                         \
-    WEIGHT("mlp.shared_experts.gate_weight", NULL, 17, 14, CKPTFS_NEED_SHARED_GATE, 2,          \
+    WEIGHT("mlp.shared_experts.gate_weight", NULL, 18, 14, CKPTFS_NEED_SHARED_GATE, 2,          \
            CKPTFS_DIM_ONE, CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,          \
            "mlp.shared_expert_gate.weight"),                                                   \
-    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 18, 15, CKPTFS_NEED_SHARED_EXPERT, 2,  \
+    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 19, 15, CKPTFS_NEED_SHARED_EXPERT, 2,  \
            CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, \
            "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),          \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 19, 16,            \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 20, 16,            \
           CKPTFS_NEED_SHARED_EXPERT),                                                           \
-    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 20, 17, CKPTFS_NEED_SHARED_EXPERT, 2,  \
+    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 21, 17, CKPTFS_NEED_SHARED_EXPERT, 2,  \
            CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,         \
            "mlp.shared_expert.down_proj.weight"),                                              \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 21, 18,            \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 22, 18,            \
           CKPTFS_NEED_SHARED_EXPERT)
 
 /* The layer's extra states (in the order mcore/ lists their objects) and the last stage. */
@@ -109,6 +109,8 @@
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0, NONE, CKPTFS_NEED_ALWAYS), \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.q_layernorm._extra_state", 8, NONE, CKPTFS_NEED_QK_NORM), \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.k_layernorm._extra_state", 10, NONE, CKPTFS_NEED_QK_NORM), \
+    /* a Transformer Engine norm before the MoE block (TENorm carries FP8 state) */              \
+    EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 12, NONE, CKPTFS_NEED_MOE),     \
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,      \
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,           \
      CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL},                                        \

@@ -149,6 +149,12 @@ static CkptfsAccess dir_access(const CkptfsMount *mount)
 
 CkptfsMount *ckptfs_mount_open(const char *path, const CkptfsOptions *options, GError **error)
 {
+    if (options->moe_grouped_gemm && options->spec == CKPTFS_SPEC_LOCAL) {
+        /* Megatron's local spec builds SequentialMLP experts whatever --moe-grouped-gemm says. */
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
+                    "option moe_grouped_gemm=on needs spec=te: Megatron's local spec has no grouped experts");
+        return NULL;
+    }
     CkptfsSource *source = ckptfs_source_open(path, options, error);
     if (source == NULL)
         return NULL;
