@@ -40,11 +40,73 @@ ARCHS = {
                  original_max_position_embeddings=512, rope_scaling=None, sliding_window=None,
                  bos_token_id=1, eos_token_id=32, pad_token_id=32, use_cache=True,
                  transformers_version="4.40.2"),
+    # Mixture of experts. Mixtral: intermediate_size is the expert ffn; every layer is MoE.
+    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    num_key_value_heads=2, tie_word_embeddings=False, intermediate_size=32,
+                    num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+                    output_router_logits=False, sliding_window=None, attention_dropout=0.0),
+    # Qwen2-MoE: q/k/v biases always; intermediate_size is the dense layers' ffn,
+    # moe_intermediate_size the experts', plus one shared expert with a sigmoid gate.
+    "qwen2_moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                      num_key_value_heads=2, tie_word_embeddings=False, intermediate_size=96,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, decoder_sparse_step=1,
+                      mlp_only_layers=[1], norm_topk_prob=False, router_aux_loss_coef=0.001,
+                      output_router_logits=False, use_sliding_window=False),
+    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                      num_key_value_heads=2, tie_word_embeddings=False, head_dim=8,
+                      attention_bias=False, intermediate_size=96, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+                      mlp_only_layers=[0], norm_topk_prob=True, router_aux_loss_coef=0.001,
+                      output_router_logits=False, use_sliding_window=False),
 }
 
 # Families whose Hugging Face checkpoints hold fused projections (rows stacked: [q; k; v] and
 # [gate; up]).
 FUSED = {"phi3"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
+
+
+def is_moe_layer(cfg, i):
+    """Whether layer i of a Hugging Face config is a mixture-of-experts layer: every Mixtral
+    layer; a Qwen2/Qwen3-MoE layer unless listed in mlp_only_layers or off the
+    decoder_sparse_step grid (Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer)."""
+    t = cfg.get("model_type")
+    if t == "mixtral":
+        return True
+    if t in ("qwen2_moe", "qwen3_moe"):
+        return (i not in cfg.get("mlp_only_layers", []) and cfg.get("num_experts", 0) > 0
+                and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+    return False
+
+
+def moe_mlp_shapes(cfg, i, p, h):
+    """The MLP tensors of layer i (prefix p) of an MoE family, in transformers' module order:
+    MixtralSparseMoeBlock = gate, experts.{e}.{w1 (gate), w2 (down), w3 (up)};
+    Qwen2MoeSparseMoeBlock = gate, experts.{e}.{gate,up,down}_proj, shared_expert.*,
+    shared_expert_gate; a dense Qwen layer = mlp.{gate,up,down}_proj."""
+    if cfg["model_type"] == "mixtral":
+        n, f = cfg["num_local_experts"], cfg["intermediate_size"]
+        out = [(p + "block_sparse_moe.gate.weight", (n, h))]
+        for e in range(n):
+            q = p + f"block_sparse_moe.experts.{e}."
+            out += [(q + "w1.weight", (f, h)), (q + "w2.weight", (h, f)), (q + "w3.weight", (f, h))]
+        return out
+
+    def mlp(q, f):
+        return [(q + "gate_proj.weight", (f, h)), (q + "up_proj.weight", (f, h)),
+                (q + "down_proj.weight", (h, f))]
+
+    if not is_moe_layer(cfg, i):
+        return mlp(p + "mlp.", cfg["intermediate_size"])
+    n, f = cfg["num_experts"], cfg["moe_intermediate_size"]
+    out = [(p + "mlp.gate.weight", (n, h))]
+    for e in range(n):
+        out += mlp(p + f"mlp.experts.{e}.", f)
+    if cfg.get("shared_expert_intermediate_size"):
+        out += mlp(p + "mlp.shared_expert.", cfg["shared_expert_intermediate_size"])
+        out.append((p + "mlp.shared_expert_gate.weight", (1, h)))
+    return out
 
 
 def bf16_bits(a):
@@ -70,8 +132,9 @@ def model_tensors(cfg, seed=0):
     h, f, v, nh = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_attention_heads"]
     d = cfg.get("head_dim", h // nh)
     kv = cfg["num_key_value_heads"] * d
-    bias = cfg["model_type"] == "qwen2"
-    qk = cfg["model_type"] == "qwen3"
+    bias = cfg["model_type"] in ("qwen2", "qwen2_moe")
+    qk = cfg["model_type"] in ("qwen3", "qwen3_moe")
+    moe = cfg["model_type"] in MOE
     fused = cfg["model_type"] in FUSED
     shapes = [("model.embed_tokens.weight", (v, h))]
     for i in range(cfg["num_hidden_layers"]):
@@ -91,8 +154,11 @@ def model_tensors(cfg, seed=0):
         if qk:
             shapes += [(p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,))]
         shapes += [(p + "self_attn.o_proj.weight", (h, nh * d)),
-                   (p + "post_attention_layernorm.weight", (h,)),
-                   (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                   (p + "post_attention_layernorm.weight", (h,))]
+        if moe:
+            shapes += moe_mlp_shapes(cfg, i, p, h)
+            continue
+        shapes += [(p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
                    (p + "mlp.down_proj.weight", (h, f))]
     shapes.append(("model.norm.weight", (h,)))
     if not cfg["tie_word_embeddings"]:
@@ -100,7 +166,12 @@ def model_tensors(cfg, seed=0):
     out = {}
     for name, shape in shapes:
         base = 1.0 if name.endswith("norm.weight") else 0.0
-        out[name] = ("BF16", bf16_bits(rng.standard_normal(shape) * 0.1 + base))
+        # MoE models: embedding and routers (mlp.gate / block_sparse_moe.gate) 5x wider, as in
+        # the checkpoints Megatron's MoE test files were made from, so that a few dozen tokens
+        # reach every expert of every layer (with 0.1 deeper layers route nearly all tokens alike).
+        wide = moe and (name == "model.embed_tokens.weight" or name.endswith(".gate.weight"))
+        scale = 0.5 if wide else 0.1
+        out[name] = ("BF16", bf16_bits(rng.standard_normal(shape) * scale + base))
     return out
 
 
@@ -276,11 +347,15 @@ def main():
     if len(args) >= 3 and args[0] == "write":
         arch, out = args[1], args[2]
         shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 1
-        layers = int(args[args.index("--layers") + 1]) if "--layers" in args else 8
+        layers = int(args[args.index("--layers") + 1]) if "--layers" in args else \
+            4 if arch in MOE else 8
         if arch == "mixed":
             write_checkpoint(out, mixed_tensors(), None, shards, "--tokenizer" in args)
         else:
             cfg = config_for(arch, layers)
+            if "--all-moe" in args:
+                assert "mlp_only_layers" in cfg, f"--all-moe: {arch} has no dense layers"
+                cfg["mlp_only_layers"] = []
             write_checkpoint(out, model_tensors(cfg), cfg, shards, "--tokenizer" in args)
         return
     print(__doc__, file=sys.stderr)

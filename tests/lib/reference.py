@@ -52,8 +52,8 @@ class Model:
         self.d = c.get("head_dim", self.H // self.nh)
         self.F, self.vocab = c["intermediate_size"], c["vocab_size"]
         self.tied = c.get("tie_word_embeddings", False)
-        self.bias = c["model_type"] == "qwen2" or c.get("attention_bias", False)
-        self.qk = c["model_type"] == "qwen3"
+        self.bias = c["model_type"] in ("qwen2", "qwen2_moe") or c.get("attention_bias", False)
+        self.qk = c["model_type"] in ("qwen3", "qwen3_moe")
         self.eps, self.theta = c.get("rms_norm_eps", 1e-6), c.get("rope_theta", 10000.0)
         # Phi-3 stores fused projections: self_attn.qkv_proj = [q; k; v] and
         # mlp.gate_up_proj = [gate; up], rows stacked (modeling_phi3.py slices its output so).
@@ -69,84 +69,114 @@ class Model:
         return self.bits(f"model.layers.{i}.{suffix}")
 
 
+def padded_vocab(m, tp, divisible=128):
+    mult = divisible * tp
+    return (m.vocab + mult - 1) // mult * mult
+
+
+def vocab_split(m, w, r, tp, padded, vocab_pad):
+    rows = padded // tp
+    pad_rows = [w[-1:]] * (padded - m.vocab) if vocab_pad == "last" else \
+        [np.zeros((padded - m.vocab, w.shape[1]), dtype=w.dtype)]
+    full = np.concatenate([w] + pad_rows)
+    return full[r * rows:(r + 1) * rows]
+
+
+def qkv_rows(m, i, r, tp, suffix):
+    """TP rank r's rows of layer i's fused QKV (weight or bias), interleaved per query group."""
+    q, k, v = (m.layer(i, f"self_attn.{x}_proj.{suffix}") for x in "qkv")
+    hpg = m.nh // m.ng
+    blocks = []
+    for g in range(m.ng):
+        blocks += [q[g * hpg * m.d:(g + 1) * hpg * m.d], k[g * m.d:(g + 1) * m.d], v[g * m.d:(g + 1) * m.d]]
+    full = np.concatenate(blocks)
+    R = full.shape[0]
+    return full[r * R // tp:(r + 1) * R // tp]
+
+
+def attention_keys(m, sd, pre, i, r, tp, te):
+    """Layer i's entries from its start through the attention (and its q/k norms), TP rank r."""
+    o = m.layer(i, "self_attn.o_proj.weight")
+    if te:
+        sd[pre + "self_attention.core_attention._extra_state"] = None
+    else:
+        sd[pre + "input_layernorm.weight"] = m.layer(i, "input_layernorm.weight")
+    cols = o.shape[1] // tp
+    sd[pre + "self_attention.linear_proj.weight"] = o[:, r * cols:(r + 1) * cols]
+    sd[pre + "self_attention.linear_proj._extra_state"] = None
+    if te:
+        sd[pre + "self_attention.linear_qkv.layer_norm_weight"] = m.layer(i, "input_layernorm.weight")
+    sd[pre + "self_attention.linear_qkv.weight"] = qkv_rows(m, i, r, tp, "weight")
+    if m.bias:
+        sd[pre + "self_attention.linear_qkv.bias"] = qkv_rows(m, i, r, tp, "bias")
+    sd[pre + "self_attention.linear_qkv._extra_state"] = None
+    if m.qk:
+        sd[pre + "self_attention.q_layernorm.weight"] = m.layer(i, "self_attn.q_norm.weight")
+        if te:
+            sd[pre + "self_attention.q_layernorm._extra_state"] = None
+        sd[pre + "self_attention.k_layernorm.weight"] = m.layer(i, "self_attn.k_norm.weight")
+        if te:
+            sd[pre + "self_attention.k_layernorm._extra_state"] = None
+
+
+def swiglu_fc1(gate, up, r, n):
+    """Column-parallel SwiGLU fc1 share r of n: [gate rows of the share; up rows of the share]."""
+    f = gate.shape[0] // n
+    return np.concatenate([gate[r * f:(r + 1) * f], up[r * f:(r + 1) * f]])
+
+
+def row_split(w, r, n):
+    """Row-parallel share r of n: columns of a [out, in] weight."""
+    c = w.shape[1] // n
+    return w[:, r * c:(r + 1) * c]
+
+
+def dense_mlp_keys(m, sd, pre, i, r, tp, te, hf_prefix="mlp."):
+    """Layer i's pre-MLP norm and dense SwiGLU MLP (HF {hf_prefix}{gate,up,down}_proj), TP rank r."""
+    norm2 = m.layer(i, "post_attention_layernorm.weight")
+    sd[pre + ("mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")] = norm2
+    gate, up = m.layer(i, hf_prefix + "gate_proj.weight"), m.layer(i, hf_prefix + "up_proj.weight")
+    sd[pre + "mlp.linear_fc1.weight"] = swiglu_fc1(gate, up, r, tp)
+    sd[pre + "mlp.linear_fc1._extra_state"] = None
+    sd[pre + "mlp.linear_fc2.weight"] = row_split(m.layer(i, hf_prefix + "down_proj.weight"), r, tp)
+    sd[pre + "mlp.linear_fc2._extra_state"] = None
+
+
+def rank_file(m, tp, pp, vpp, p, r, spec, first, last, vocab_pad, padded, mlp_keys=dense_mlp_keys):
+    """{"model" or "model{v}": state dict} of the file of TP rank r on stage p; mlp_keys(m, sd,
+    pre, i, r, tp, te) adds global layer i's MLP part (norm included) under prefix pre."""
+    te = spec == "te"
+    chunks = {}
+    for v in range(vpp):
+        sd = {}
+        if p == 0 and v == 0:
+            sd["embedding.word_embeddings.weight"] = vocab_split(m, m.bits("model.embed_tokens.weight"), r, tp, padded, vocab_pad)
+        start, count = chunk_layers(m.L, pp, vpp, p, v, first, last)
+        for li in range(count):
+            pre = f"decoder.layers.{li}."
+            attention_keys(m, sd, pre, start + li, r, tp, te)
+            mlp_keys(m, sd, pre, start + li, r, tp, te)
+        if p == pp - 1 and v == vpp - 1:
+            sd["decoder.final_layernorm.weight"] = m.bits("model.norm.weight")
+            if te:
+                sd["decoder.final_layernorm._extra_state"] = None
+            if not m.tied:
+                sd["output_layer.weight"] = vocab_split(m, m.bits("lm_head.weight"), r, tp, padded, vocab_pad)
+            elif pp > 1:
+                sd["output_layer.weight"] = vocab_split(m, m.bits("model.embed_tokens.weight"), r, tp, padded, vocab_pad)
+            sd["output_layer._extra_state"] = None
+        chunks["model" if vpp == 1 else f"model{v}"] = sd
+    return chunks
+
+
 def expected_files(m, tp, pp, vpp, spec, first=0, last=0, vocab_pad="zero", divisible=128):
     """{rank dir: {model key: OrderedDict name -> uint16 array or None}}"""
-    mult = divisible * tp
-    padded = (m.vocab + mult - 1) // mult * mult
-
-    def vocab_split(w, r):
-        rows = padded // tp
-        pad_rows = [w[-1:]] * (padded - m.vocab) if vocab_pad == "last" else \
-            [np.zeros((padded - m.vocab, w.shape[1]), dtype=w.dtype)]
-        full = np.concatenate([w] + pad_rows)
-        return full[r * rows:(r + 1) * rows]
-
-    def qkv(i, r, suffix):
-        q, k, v = (m.layer(i, f"self_attn.{x}_proj.{suffix}") for x in "qkv")
-        hpg = m.nh // m.ng
-        blocks = []
-        for g in range(m.ng):
-            blocks += [q[g * hpg * m.d:(g + 1) * hpg * m.d], k[g * m.d:(g + 1) * m.d], v[g * m.d:(g + 1) * m.d]]
-        full = np.concatenate(blocks)
-        R = full.shape[0]
-        return full[r * R // tp:(r + 1) * R // tp]
-
+    padded = padded_vocab(m, tp, divisible)
     files = {}
     for p in range(pp):
         for r in range(tp):
-            chunks = {}
-            for v in range(vpp):
-                sd = {}
-                if p == 0 and v == 0:
-                    sd["embedding.word_embeddings.weight"] = vocab_split(m.bits("model.embed_tokens.weight"), r)
-                start, count = chunk_layers(m.L, pp, vpp, p, v, first, last)
-                for li in range(count):
-                    i = start + li
-                    pre = f"decoder.layers.{li}."
-                    te = spec == "te"
-                    F = m.F
-                    gate, up = m.layer(i, "mlp.gate_proj.weight"), m.layer(i, "mlp.up_proj.weight")
-                    o, down = m.layer(i, "self_attn.o_proj.weight"), m.layer(i, "mlp.down_proj.weight")
-                    if te:
-                        sd[pre + "self_attention.core_attention._extra_state"] = None
-                    else:
-                        sd[pre + "input_layernorm.weight"] = m.layer(i, "input_layernorm.weight")
-                    cols = o.shape[1] // tp
-                    sd[pre + "self_attention.linear_proj.weight"] = o[:, r * cols:(r + 1) * cols]
-                    sd[pre + "self_attention.linear_proj._extra_state"] = None
-                    if te:
-                        sd[pre + "self_attention.linear_qkv.layer_norm_weight"] = m.layer(i, "input_layernorm.weight")
-                    sd[pre + "self_attention.linear_qkv.weight"] = qkv(i, r, "weight")
-                    if m.bias:
-                        sd[pre + "self_attention.linear_qkv.bias"] = qkv(i, r, "bias")
-                    sd[pre + "self_attention.linear_qkv._extra_state"] = None
-                    if m.qk:
-                        sd[pre + "self_attention.q_layernorm.weight"] = m.layer(i, "self_attn.q_norm.weight")
-                        if te:
-                            sd[pre + "self_attention.q_layernorm._extra_state"] = None
-                        sd[pre + "self_attention.k_layernorm.weight"] = m.layer(i, "self_attn.k_norm.weight")
-                        if te:
-                            sd[pre + "self_attention.k_layernorm._extra_state"] = None
-                    norm2 = m.layer(i, "post_attention_layernorm.weight")
-                    sd[pre + ("mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")] = norm2
-                    f = F // tp
-                    sd[pre + "mlp.linear_fc1.weight"] = np.concatenate([gate[r * f:(r + 1) * f], up[r * f:(r + 1) * f]])
-                    sd[pre + "mlp.linear_fc1._extra_state"] = None
-                    dc = down.shape[1] // tp
-                    sd[pre + "mlp.linear_fc2.weight"] = down[:, r * dc:(r + 1) * dc]
-                    sd[pre + "mlp.linear_fc2._extra_state"] = None
-                if p == pp - 1 and v == vpp - 1:
-                    sd["decoder.final_layernorm.weight"] = m.bits("model.norm.weight")
-                    if spec == "te":
-                        sd["decoder.final_layernorm._extra_state"] = None
-                    if not m.tied:
-                        sd["output_layer.weight"] = vocab_split(m.bits("lm_head.weight"), r)
-                    elif pp > 1:
-                        sd["output_layer.weight"] = vocab_split(m.bits("model.embed_tokens.weight"), r)
-                    sd["output_layer._extra_state"] = None
-                chunks["model" if vpp == 1 else f"model{v}"] = sd
             name = f"mp_rank_{r:02d}" if pp == 1 else f"mp_rank_{r:02d}_{p:03d}"
-            files[name] = chunks
+            files[name] = rank_file(m, tp, pp, vpp, p, r, spec, first, last, vocab_pad, padded)
     return files, padded
 
 
@@ -179,84 +209,117 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
-def hf_forward(m, tokens):
-    """Hugging Face semantics; for Phi-3 straight from the fused tensors as stored (not through
-    models.unfuse), so a wrong split there shows as a forward mismatch."""
+def hf_attention(m, i, x):
+    """x plus layer i's attention block, Hugging Face semantics; for Phi-3 straight from the
+    fused tensors as stored (not through models.unfuse), so a wrong split there shows as a
+    forward mismatch."""
+    g = lambda s: bf16_to_f32(m.layer(i, s))  # noqa: E731
+    T = x.shape[0]
+    h = rms(x, g("input_layernorm.weight"), m.eps)
+    if m.fused:  # modeling_phi3.py: one matmul, its output sliced [q | k | v]
+        qkv = h @ bf16_to_f32(as_array(m.fused_raw[f"model.layers.{i}.self_attn.qkv_proj.weight"])).T
+        qe, ke = m.nh * m.d, m.nh * m.d + m.ng * m.d
+        q, k, v = qkv[:, :qe], qkv[:, qe:ke], qkv[:, ke:]
+    else:
+        q, k, v = h @ g("self_attn.q_proj.weight").T, h @ g("self_attn.k_proj.weight").T, h @ g("self_attn.v_proj.weight").T
+    if m.bias:
+        q, k, v = q + g("self_attn.q_proj.bias"), k + g("self_attn.k_proj.bias"), v + g("self_attn.v_proj.bias")
+    q = q.reshape(T, m.nh, m.d).transpose(1, 0, 2)
+    k = k.reshape(T, m.ng, m.d).transpose(1, 0, 2)
+    v = v.reshape(T, m.ng, m.d).transpose(1, 0, 2)
+    if m.qk:
+        q, k = rms(q, g("self_attn.q_norm.weight"), m.eps), rms(k, g("self_attn.k_norm.weight"), m.eps)
+    a = attention(rope(q, m.theta), rope(k, m.theta), v, m.nh, m.ng)
+    return x + a.transpose(1, 0, 2).reshape(T, -1) @ g("self_attn.o_proj.weight").T
+
+
+def hf_swiglu(m, i, h, prefix="mlp."):
+    """Layer i's dense SwiGLU MLP {prefix}{gate,up,down}_proj on the normed input h."""
+    g = lambda s: bf16_to_f32(m.layer(i, prefix + s))  # noqa: E731
+    if m.fused:  # modeling_phi3.py: gate, up = gate_up_proj(h).chunk(2); up * silu(gate)
+        fused = bf16_to_f32(as_array(m.fused_raw[f"model.layers.{i}.mlp.gate_up_proj.weight"]))
+        gate, up = np.split(h @ fused.T, 2, axis=1)
+    else:
+        gate, up = h @ g("gate_proj.weight").T, h @ g("up_proj.weight").T
+    return (silu(gate) * up) @ g("down_proj.weight").T
+
+
+def hf_forward(m, tokens, mlp=hf_swiglu):
+    """Hugging Face semantics; mlp(m, i, h) is layer i's MLP on its normed input."""
     f = lambda n: bf16_to_f32(m.bits(n))  # noqa: E731
-    gf = lambda i, s: bf16_to_f32(as_array(m.fused_raw[f"model.layers.{i}.{s}"]))  # noqa: E731
     x = f("model.embed_tokens.weight")[tokens]
-    T = len(tokens)
     for i in range(m.L):
-        g = lambda s: bf16_to_f32(m.layer(i, s))  # noqa: E731
-        h = rms(x, g("input_layernorm.weight"), m.eps)
-        if m.fused:  # modeling_phi3.py: one matmul, its output sliced [q | k | v]
-            qkv = h @ gf(i, "self_attn.qkv_proj.weight").T
-            qe, ke = m.nh * m.d, m.nh * m.d + m.ng * m.d
-            q, k, v = qkv[:, :qe], qkv[:, qe:ke], qkv[:, ke:]
-        else:
-            q, k, v = h @ g("self_attn.q_proj.weight").T, h @ g("self_attn.k_proj.weight").T, h @ g("self_attn.v_proj.weight").T
-        if m.bias:
-            q, k, v = q + g("self_attn.q_proj.bias"), k + g("self_attn.k_proj.bias"), v + g("self_attn.v_proj.bias")
-        q = q.reshape(T, m.nh, m.d).transpose(1, 0, 2)
-        k = k.reshape(T, m.ng, m.d).transpose(1, 0, 2)
-        v = v.reshape(T, m.ng, m.d).transpose(1, 0, 2)
-        if m.qk:
-            q, k = rms(q, g("self_attn.q_norm.weight"), m.eps), rms(k, g("self_attn.k_norm.weight"), m.eps)
-        a = attention(rope(q, m.theta), rope(k, m.theta), v, m.nh, m.ng)
-        x = x + a.transpose(1, 0, 2).reshape(T, -1) @ g("self_attn.o_proj.weight").T
-        h = rms(x, g("post_attention_layernorm.weight"), m.eps)
-        if m.fused:  # modeling_phi3.py: gate, up = gate_up_proj(h).chunk(2); up * silu(gate)
-            gate, up = np.split(h @ gf(i, "mlp.gate_up_proj.weight").T, 2, axis=1)
-        else:
-            gate, up = h @ g("mlp.gate_proj.weight").T, h @ g("mlp.up_proj.weight").T
-        x = x + (silu(gate) * up) @ g("mlp.down_proj.weight").T
+        x = hf_attention(m, i, x)
+        x = x + mlp(m, i, rms(x, bf16_to_f32(m.layer(i, "post_attention_layernorm.weight")), m.eps))
     x = rms(x, f("model.norm.weight"), m.eps)
     return x @ f("model.embed_tokens.weight" if m.tied else "lm_head.weight").T
 
 
-def megatron_forward(m, files, tp, pp, vpp, spec, tokens):
-    """Uses only the rank state dicts; every TP rank computes its own slice."""
-    f32 = lambda t: t.float().numpy() if hasattr(t, "float") else bf16_to_f32(t)  # noqa: E731
-    ranks = lambda p: [files[f"mp_rank_{r:02d}" if pp == 1 else f"mp_rank_{r:02d}_{p:03d}"] for r in range(tp)]  # noqa: E731
-    T = len(tokens)
-    emb = [f32(rk["model" if vpp == 1 else "model0"]["embedding.word_embeddings.weight"]) for rk in ranks(0)]
+def f32(t):
+    """A rank file's tensor (torch bf16 or uint16 bits) as float32 numpy."""
+    return t.float().numpy() if hasattr(t, "float") else bf16_to_f32(t)
+
+
+def megatron_attention(m, sds, pre, x, te):
+    """x plus the attention block of layer prefix pre, from the TP ranks' state dicts sds."""
+    g = lambda sd, s: f32(sd[pre + s])  # noqa: E731
+    T, tp, hpg = x.shape[0], len(sds), m.nh // m.ng
+    norm1 = g(sds[0], "self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight")
+    h = rms(x, norm1, m.eps)
+    # Column-parallel QKV: each rank's rows; gathered when a rank holds part of a group.
+    parts = [h @ g(sd, "self_attention.linear_qkv.weight").T +
+             (g(sd, "self_attention.linear_qkv.bias") if m.bias else 0) for sd in sds]
+    qkv = np.concatenate(parts, 1).reshape(T, m.ng, hpg + 2, m.d)
+    q = qkv[:, :, :hpg].reshape(T, m.nh, m.d).transpose(1, 0, 2)
+    k = qkv[:, :, hpg].transpose(1, 0, 2)
+    vv = qkv[:, :, hpg + 1].transpose(1, 0, 2)
+    if m.qk:
+        q = rms(q, g(sds[0], "self_attention.q_layernorm.weight"), m.eps)
+        k = rms(k, g(sds[0], "self_attention.k_layernorm.weight"), m.eps)
+    a = attention(rope(q, m.theta), rope(k, m.theta), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
+    # Row-parallel linear_proj: each rank multiplies its column slice; partials summed.
+    cols = a.shape[1] // tp
+    return x + sum(a[:, r * cols:(r + 1) * cols] @ g(sd, "self_attention.linear_proj.weight").T
+                   for r, sd in enumerate(sds))
+
+
+def megatron_swiglu(shards, h):
+    """A SwiGLU MLP split over ranks: shards = [(fc1 [gate_r; up_r], fc2 columns r)], each rank
+    computing its partial output; partials summed (row-parallel fc2)."""
+    out = 0
+    for fc1, fc2 in shards:
+        a = h @ f32(fc1).T
+        half = a.shape[1] // 2
+        out = out + (silu(a[:, :half]) * a[:, half:]) @ f32(fc2).T
+    return out
+
+
+def megatron_dense_mlp(m, sds, pre, x, te):
+    """The pre-MLP norm and dense MLP of layer prefix pre from the TP ranks' state dicts."""
+    norm2 = f32(sds[0][pre + ("mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")])
+    return megatron_swiglu([(sd[pre + "mlp.linear_fc1.weight"], sd[pre + "mlp.linear_fc2.weight"])
+                            for sd in sds], rms(x, norm2, m.eps))
+
+
+def megatron_forward(m, stages, vpp, spec, tokens, mlp=None):
+    """Uses only the rank state dicts; every TP rank computes its own slice. stages[p] = the
+    files of stage p's TP ranks in rank order. mlp(m, p, v, sds, pre, x, te), when given,
+    returns the MLP output (pre-MLP norm included) of layer prefix pre in chunk v of stage p,
+    sds being the TP ranks' state dicts of that chunk; by default the dense MLP."""
+    te = spec == "te"
+    ck = lambda v: "model" if vpp == 1 else f"model{v}"  # noqa: E731
+    emb = [f32(rk[ck(0)]["embedding.word_embeddings.weight"]) for rk in stages[0]]
     rows = emb[0].shape[0]
     x = np.stack([emb[t // rows][t % rows] for t in tokens])
-    te = spec == "te"
-    hpg = m.nh // m.ng
     for v in range(vpp):
-        for p in range(pp):
-            sds = [rk["model" if vpp == 1 else f"model{v}"] for rk in ranks(p)]
+        for p, files in enumerate(stages):
+            sds = [rk[ck(v)] for rk in files]
             n_layers = len({k.split(".")[2] for k in sds[0] if k.startswith("decoder.layers.")})
             for li in range(n_layers):
                 pre = f"decoder.layers.{li}."
-                g = lambda sd, s: f32(sd[pre + s])  # noqa: E731
-                norm1 = g(sds[0], "self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight")
-                h = rms(x, norm1, m.eps)
-                # Column-parallel QKV: each rank's rows; gathered when a rank holds part of a group.
-                parts = [h @ g(sd, "self_attention.linear_qkv.weight").T +
-                         (g(sd, "self_attention.linear_qkv.bias") if m.bias else 0) for sd in sds]
-                qkv = np.concatenate(parts, 1).reshape(T, m.ng, hpg + 2, m.d)
-                q = qkv[:, :, :hpg].reshape(T, m.nh, m.d).transpose(1, 0, 2)
-                k = qkv[:, :, hpg].transpose(1, 0, 2)
-                vv = qkv[:, :, hpg + 1].transpose(1, 0, 2)
-                if m.qk:
-                    q = rms(q, g(sds[0], "self_attention.q_layernorm.weight"), m.eps)
-                    k = rms(k, g(sds[0], "self_attention.k_layernorm.weight"), m.eps)
-                a = attention(rope(q, m.theta), rope(k, m.theta), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
-                # Row-parallel linear_proj: each rank multiplies its column slice; partials summed.
-                cols = a.shape[1] // tp
-                x = x + sum(a[:, r * cols:(r + 1) * cols] @ g(sd, "self_attention.linear_proj.weight").T
-                            for r, sd in enumerate(sds))
-                norm2 = g(sds[0], "mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight")
-                h = rms(x, norm2, m.eps)
-                out = 0
-                for sd in sds:
-                    fc1 = h @ g(sd, "mlp.linear_fc1.weight").T
-                    half = fc1.shape[1] // 2
-                    out = out + (silu(fc1[:, :half]) * fc1[:, half:]) @ g(sd, "mlp.linear_fc2.weight").T
-                x = x + out
-    last = [rk["model" if vpp == 1 else f"model{vpp - 1}"] for rk in ranks(pp - 1)]
+                x = megatron_attention(m, sds, pre, x, te)
+                x = x + (mlp(m, p, v, sds, pre, x, te) if mlp else megatron_dense_mlp(m, sds, pre, x, te))
+    last = [rk[ck(vpp - 1)] for rk in stages[-1]]
     x = rms(x, f32(last[0]["decoder.final_layernorm.weight"]), m.eps)
     if "output_layer.weight" in last[0]:
         logits = np.concatenate([x @ f32(sd["output_layer.weight"]).T for sd in last], 1)
@@ -265,8 +328,8 @@ def megatron_forward(m, files, tp, pp, vpp, spec, tokens):
     return logits[:, :m.vocab]
 
 
-def check(argv):
-    ap = argparse.ArgumentParser()
+def check_flags(ap):
+    """The flags of `check` (moe_reference.py check takes the same ones and more)."""
     ap.add_argument("src")
     ap.add_argument("view")
     ap.add_argument("layout")
@@ -276,11 +339,56 @@ def check(argv):
     ap.add_argument("--vocab-pad", default="zero")
     ap.add_argument("--no-args", action="store_true")
     ap.add_argument("--torch2", action="store_true")
-    a = ap.parse_args(argv)
-    import torch
-    tp, pp, vpp = parse_layout(a.layout)
-    m = Model(a.src)
-    want, padded = expected_files(m, tp, pp, vpp, a.spec, a.pp_first, a.pp_last, a.vocab_pad)
+
+
+def load_rank_file(torch, path, torch2, with_args):
+    if torch2:
+        # Megatron allowlists argparse.Namespace; files without args need no allowlist.
+        if with_args:
+            torch.serialization.add_safe_globals([argparse.Namespace])
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(path, map_location="cpu")
+
+
+def dense_args(m, tp, pp, vpp, padded, torch):
+    """The args fields every view's files must carry (name -> value)."""
+    want = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                num_layers=m.L, hidden_size=m.H, ffn_hidden_size=m.F,
+                num_attention_heads=m.nh, num_query_groups=m.ng, kv_channels=m.d,
+                padded_vocab_size=padded, untie_embeddings_and_output_weights=not m.tied,
+                add_qkv_bias=m.bias, qk_layernorm=m.qk, swiglu=True,
+                normalization="RMSNorm", params_dtype=torch.bfloat16,
+                vocab_size=m.vocab, layernorm_epsilon=m.eps,
+                rotary_base=int(m.theta),
+                max_position_embeddings=m.cfg.get("max_position_embeddings", 4096))
+    if "architectures" in m.cfg:
+        # What a Megatron source made of these files names in hf/config.json.
+        want["hf_architecture"] = m.cfg["architectures"][0]
+    return want
+
+
+def compare_model(name, got, exp, errors, torch):
+    """One chunk's state dict against the expectation: keys in order, None, bf16 bits."""
+    if list(got) != list(exp):
+        errors.append(f"{name}: keys differ; first: " +
+                      str(next(((x, y) for x, y in zip(got, exp) if x != y), (len(got), len(exp)))))
+        return
+    for k, v in exp.items():
+        t = got[k]
+        if v is None:
+            if t is not None:
+                errors.append(f"{name}/{k}: expected None")
+            continue
+        if t is None or t.dtype != torch.bfloat16 or tuple(t.shape) != v.shape:
+            errors.append(f"{name}/{k}: {None if t is None else (t.dtype, tuple(t.shape))} != bf16 {v.shape}")
+        elif not np.array_equal(t.contiguous().view(torch.int16).numpy().view(np.uint16), v):
+            errors.append(f"{name}/{k}: values differ")
+
+
+def compare_view(a, want, expect_args, torch):
+    """Loads the rank files of view a.view and compares them with want ({rank dir: chunks});
+    returns (errors, {rank dir: loaded file})."""
     errors = []
     tracker = open(os.path.join(a.view, "latest_checkpointed_iteration.txt")).read()
     if tracker != "release":
@@ -291,15 +399,9 @@ def check(argv):
     loaded = {}
     for name, chunks in want.items():
         path = os.path.join(a.view, "release", name, "model_optim_rng.pt")
-        if a.torch2:
-            # Megatron allowlists argparse.Namespace; files without args need no allowlist.
-            if not a.no_args:
-                import argparse as ap_mod
-                torch.serialization.add_safe_globals([ap_mod.Namespace])
-            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        else:
-            sd = torch.load(path, map_location="cpu")
-        loaded[name] = sd
+        if not os.path.exists(path):
+            continue
+        sd = loaded[name] = load_rank_file(torch, path, a.torch2, not a.no_args)
         top = (["args"] if not a.no_args else []) + ["checkpoint_version", "iteration"] + list(chunks)
         if list(sd) != top:
             errors.append(f"{name}: top-level keys {list(sd)} != {top}")
@@ -307,45 +409,34 @@ def check(argv):
         if sd["checkpoint_version"] != 3.0 or sd["iteration"] != 0:
             errors.append(f"{name}: checkpoint_version/iteration")
         if not a.no_args:
-            args = sd["args"]
-            expect_args = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                               virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-                               num_layers=m.L, hidden_size=m.H, ffn_hidden_size=m.F,
-                               num_attention_heads=m.nh, num_query_groups=m.ng, kv_channels=m.d,
-                               padded_vocab_size=padded, untie_embeddings_and_output_weights=not m.tied,
-                               add_qkv_bias=m.bias, qk_layernorm=m.qk, swiglu=True,
-                               normalization="RMSNorm", params_dtype=torch.bfloat16,
-                               vocab_size=m.vocab, layernorm_epsilon=m.eps,
-                               rotary_base=int(m.theta),
-                               max_position_embeddings=m.cfg.get("max_position_embeddings", 4096))
-            if "architectures" in m.cfg:
-                # What a Megatron source made of these files names in hf/config.json.
-                expect_args["hf_architecture"] = m.cfg["architectures"][0]
             for k, val in expect_args.items():
-                if getattr(args, k, "<missing>") != val:
-                    errors.append(f"{name}: args.{k} = {getattr(args, k, '<missing>')!r}, want {val!r}")
+                got = getattr(sd["args"], k, "<missing>")
+                if got != val:
+                    errors.append(f"{name}: args.{k} = {got!r}, want {val!r}")
         for ck, exp in chunks.items():
-            got = sd[ck]
-            if list(got) != list(exp):
-                errors.append(f"{name}/{ck}: keys differ; first: " +
-                              str(next(((x, y) for x, y in zip(got, exp) if x != y), (len(got), len(exp)))))
-                continue
-            for k, v in exp.items():
-                t = got[k]
-                if v is None:
-                    if t is not None:
-                        errors.append(f"{name}/{ck}/{k}: expected None")
-                    continue
-                if t.dtype != torch.bfloat16 or tuple(t.shape) != v.shape:
-                    errors.append(f"{name}/{ck}/{k}: {t.dtype} {tuple(t.shape)} != bf16 {v.shape}")
-                elif not np.array_equal(t.contiguous().view(torch.int16).numpy().view(np.uint16), v):
-                    errors.append(f"{name}/{ck}/{k}: values differ")
+            compare_model(f"{name}/{ck}", sd[ck], exp, errors, torch)
+    return errors, loaded
+
+
+TOKENS = np.array([1, 17, 42, 99, 5, 200, 7, 249, 3, 64])
+
+
+def check(argv):
+    ap = argparse.ArgumentParser()
+    check_flags(ap)
+    a = ap.parse_args(argv)
+    import torch
+    tp, pp, vpp = parse_layout(a.layout)
+    m = Model(a.src)
+    want, padded = expected_files(m, tp, pp, vpp, a.spec, a.pp_first, a.pp_last, a.vocab_pad)
+    errors, loaded = compare_view(a, want, dense_args(m, tp, pp, vpp, padded, torch), torch)
     if errors:
         print("\n".join(errors[:20]), file=sys.stderr)
         sys.exit(1)
-    tokens = np.array([1, 17, 42, 99, 5, 200, 7, 249, 3, 64])
-    ref = hf_forward(m, tokens)
-    got = megatron_forward(m, {k: {c: loaded[k][c] for c in want[k]} for k in want}, tp, pp, vpp, a.spec, tokens)
+    ref = hf_forward(m, TOKENS)
+    stages = [[loaded[f"mp_rank_{r:02d}" if pp == 1 else f"mp_rank_{r:02d}_{p:03d}"] for r in range(tp)]
+              for p in range(pp)]
+    got = megatron_forward(m, stages, vpp, a.spec, TOKENS)
     err = np.abs(got - ref).max() / np.abs(ref).max()
     if not err < 1e-4:
         print(f"logits differ: max relative error {err:.3g}", file=sys.stderr)
