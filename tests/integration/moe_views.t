@@ -5,6 +5,47 @@
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 torch2_available && have2=1 || have2=0
+models="$TESTS_TOP/tests/lib/models.py"
+ref="$TESTS_TOP/tests/lib/moe_reference.py"
+
+check "the MoE reference agrees with itself and with Megatron's own files (selftest)" $PY "$ref" selftest
+
+# Tiny models of each family: 4 experts, top-2; Qwen2-MoE and Qwen3-MoE with a dense layer.
+for a in mixtral qwen2_moe qwen3_moe; do $PY "$models" write $a "$WORK/$a" --shards 2; done
+$PY "$models" write qwen3_moe "$WORK/qwen3_moe-all" --all-moe
+
+# check_layouts SRC "OPTIONS" "REFERENCE ARGS" LAYOUT...: every rank file of each layout loaded
+# by torch 1.13 and torch 2.6 (weights_only), tensor by tensor = the reference, forward = HF.
+check_layouts() {
+  local src=$1 opts=$2 rargs=$3 mnt
+  shift 3
+  mnt=$WORK/mnt-$(basename "$src")-$(echo "$opts" | tr ',=' '__')
+  if ! mount_ckptfs "$WORK/$src" "$mnt" ${opts:+-o "$opts"}; then
+    ok 1 "$src -o $opts: mount"
+    return
+  fi
+  for l in "$@"; do
+    # shellcheck disable=SC2086
+    check "$src $l ${opts:-default}: torch 1.13 loads, tensors = reference, MoE forward = HF" \
+      $PY "$ref" check "$WORK/$src" "$mnt/$l" "$l" $rargs
+    if ((have2)); then
+      # shellcheck disable=SC2086
+      check "$src $l ${opts:-default}: torch 2.6 weights_only+mmap loads, same checks" \
+        torch2_python "$WORK" "$ref" check "$WORK/$src" "$mnt/$l" "$l" $rargs --torch2
+    fi
+  done
+}
+check_layouts mixtral "" "" tp1pp1ep2 tp2pp1ep2 tp1pp2ep2 tp2pp1ep4etp1 tp1pp2vpp2ep2
+check_layouts mixtral "spec=local" "--spec local" tp2pp1ep2 tp1pp2vpp2ep2 tp4pp1ep2etp1
+check_layouts mixtral "moe_grouped_gemm=on" "--grouped" tp2pp1ep2 tp1pp2ep4
+check_layouts qwen2_moe "" "" tp1pp1ep2 tp2pp1ep2 tp1pp2ep2 tp2pp1ep4etp1 tp1pp2vpp2ep2
+check_layouts qwen2_moe "spec=local" "--spec local" tp2pp2ep2 tp2pp1ep2etp1
+check_layouts qwen3_moe "" "" tp1pp1ep2 tp2pp1ep2 tp1pp2ep2 tp2pp1ep4etp1 tp1pp2vpp2ep2
+check_layouts qwen3_moe "spec=local,pp_first=1,pp_last=3" "--spec local --pp-first 1 --pp-last 3" tp1pp2ep4
+check_layouts qwen3_moe-all "moe_grouped_gemm=on" "--grouped" tp2pp2ep2 tp1pp4ep4etp1
+"$CKPTFS" inspect -o spec=local,moe_grouped_gemm=on "$WORK/mixtral" > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+ok $((1 - rc)) "moe_grouped_gemm=on with spec=local is refused"
+check "and says why" grep -q "needs spec=te" "$WORK/err"
 
 real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
 if [[ ! -d $real ]]; then
