@@ -1,9 +1,11 @@
 /* torch_dist checkpoints (Megatron-core's default format: PyTorch distributed checkpoint
  * underneath) as a source. `.metadata` says, for every key, its global shape and chunks and
  * where each chunk's archive is; each chunk is a complete torch.save archive inside a .distcp
- * file. The model's keys are stacked over layers (see mcore.h); every chunk becomes pieces of
- * the Hugging Face tensors it holds. Only pickles are parsed (nothing executed); optimizer and
- * RNG entries are never read. */
+ * file. The model's keys are stacked over layers (see mcore.h), routed experts stacked in a
+ * second axis; a model whose layers are not all of one kind (dense layers among MoE layers)
+ * has one key per layer instead ("decoder.layers.5.mlp.router.weight", no layer axis). Every
+ * chunk, whatever its box, becomes pieces of the Hugging Face tensors it holds. Only pickles
+ * are parsed (nothing executed); optimizer and RNG entries are never read. */
 #include <string.h>
 
 #include "ckptfs/checked.h"
@@ -254,19 +256,54 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     return ok;
 }
 
-/* The key's entry in .metadata: a TensorStorageMetadata of the expected shape and dtype. */
-static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_t *padded_rows)
+/* One entry of the model in .metadata: KEY under the name NAME, with the layer axis when
+ * LAYER_AXIS (stacked layers), else for layer LAYER alone (per-layer keys; ignored for keys
+ * outside the layers). */
+typedef struct {
+    const CkptfsMcoreKey *key;
+    char *name;
+    bool layer_axis;
+    uint64_t layer;
+} Entry;
+
+static void entry_clear(gpointer p)
 {
-    const CkptfsPy *md = ckptfs_py_dict_get(t->state_dict_metadata, key->key);
+    g_free(((Entry *)p)->name);
+}
+
+/* What args say of the sizes of an expert key or the router, for messages about its shape
+ * ("" for other keys). */
+static char *moe_sizes_hint(Td *t, const CkptfsMcoreKey *key)
+{
+    const CkptfsModel *m = &t->saved.model;
+    switch (key->rule->need) {
+    case CKPTFS_NEED_MOE:
+        if (!key->expert && key->rule->rows != CKPTFS_DIM_EXPERTS)
+            return g_strdup("");
+        return g_strdup_printf(" (num_experts %" G_GUINT64_FORMAT ", moe_ffn_hidden_size %" G_GUINT64_FORMAT ")",
+                               m->experts, m->moe_ffn);
+    case CKPTFS_NEED_SHARED_EXPERT:
+    case CKPTFS_NEED_SHARED_GATE:
+        return g_strdup_printf(" (moe_shared_expert_intermediate_size %" G_GUINT64_FORMAT ")", m->shared_ffn);
+    default:
+        return g_strdup("");
+    }
+}
+
+/* The entry's TensorStorageMetadata in .metadata, of the expected shape and dtype. */
+static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_rows)
+{
+    const CkptfsMcoreKey *key = en->key;
+    const CkptfsPy *md = ckptfs_py_dict_get(t->state_dict_metadata, en->name);
     const CkptfsPy *st = ckptfs_py_object_state(md);
     if (md == NULL) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (the model's args imply it)", t->metadata_path, key->key);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (the model's args imply it)", t->metadata_path, en->name);
         return NULL;
     }
-    uint64_t dims[CKPTFS_MAX_DIMS], want[3];
-    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, t->saved.model.layers, want);
+    uint64_t dims[CKPTFS_MAX_DIMS], want[CKPTFS_MAX_DIMS];
+    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, want);
     if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, key->key);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, en->name);
         return NULL;
     }
     /* The vocabulary is padded as the saver's TP required: any row count >= the vocabulary. */
@@ -275,8 +312,9 @@ static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_
         want[0] = dims[0];
     if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
         g_autofree char *got = ckptfs_dims_text(dims, n), *exp = ckptfs_dims_text(want, nwant);
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; the model's args imply %s",
-             t->metadata_path, key->key, got, exp);
+        g_autofree char *hint = moe_sizes_hint(t, key);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; the model's args imply %s%s",
+             t->metadata_path, en->name, got, exp, hint);
         return NULL;
     }
     *padded_rows = dims[0];
@@ -288,31 +326,34 @@ static const CkptfsPy *tensor_metadata(Td *t, const CkptfsMcoreKey *key, uint64_
                         ? ckptfs_dtype_from_torch_name(dtype->name)
                         : CKPTFS_DTYPE_INVALID;
     if (d == CKPTFS_DTYPE_INVALID) {
-        fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->metadata_path, key->key);
+        fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->metadata_path, en->name);
         return NULL;
     }
     if (t->dtype == CKPTFS_DTYPE_INVALID)
         t->dtype = d;
     if (d != t->dtype) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other weights are %s", t->metadata_path, key->key,
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other weights are %s", t->metadata_path, en->name,
              ckptfs_dtype_safetensors_name(d), ckptfs_dtype_safetensors_name(t->dtype));
         return NULL;
     }
     return st;
 }
 
-/* Every chunk of KEY as pieces of the HF tensors its rows hold. */
-static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
+/* Every chunk of the entry as pieces of the HF tensors it holds. A chunk is any box of the
+ * key's [layers,] [experts,] rows[, columns]: it may span layers, experts, and rows of several
+ * segments. */
+static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
 {
+    const CkptfsMcoreKey *key = en->key;
     uint64_t padded_rows = 0;
-    const CkptfsPy *st = tensor_metadata(t, key, &padded_rows);
+    const CkptfsPy *st = tensor_metadata(t, en, &padded_rows);
     if (st == NULL)
         return false;
     const CkptfsPy *chunks = ckptfs_py_dict_get(st, "chunks");
     if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->metadata_path, key->key);
-    uint64_t shape[3];
-    unsigned n = ckptfs_mcore_key_shape(key, t->saved.model.layers, shape);
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->metadata_path, en->name);
+    uint64_t shape[CKPTFS_MAX_DIMS];
+    unsigned n = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, shape);
     if (!key->stacked)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
     size_t isz = ckptfs_dtype_size(t->dtype);
@@ -323,45 +364,101 @@ static bool map_key(Td *t, const CkptfsMcoreKey *key, CkptfsPieceSet *set)
         if (!ckptfs_py_dims(ckptfs_py_dict_get(cs, "offsets"), off, &no) ||
             !ckptfs_py_dims(ckptfs_py_dict_get(cs, "sizes"), size, &ns) || no != n || ns != n)
             return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u has no offsets/sizes of rank %u",
-                        t->metadata_path, key->key, c, n);
+                        t->metadata_path, en->name, c, n);
         for (unsigned d = 0; d < n; d++)
             if (size[d] == 0 || off[d] > shape[d] || size[d] > shape[d] - off[d]) {
                 g_autofree char *o = ckptfs_dims_text(off, n), *s = ckptfs_dims_text(size, n), *g = ckptfs_dims_text(shape, n);
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s of size %s lies outside %s",
-                            t->metadata_path, key->key, o, s, g);
+                            t->metadata_path, en->name, o, s, g);
             }
         Chunk where = {0, 0};
-        if (!locate_chunk(t, key->key, off, size, n, &where))
+        if (!locate_chunk(t, en->name, off, size, n, &where))
             return false;
         t->chunks++;
-        /* The chunk as layers x rows x columns of the per-layer matrix. */
+        /* The chunk as layers x experts x rows x columns of one expert's (layer's) matrix. */
         unsigned d = 0;
-        uint64_t l0 = key->stacked ? off[d] : 0, nl = key->stacked ? size[d++] : 1;
+        uint64_t l0 = en->layer_axis ? off[d] : en->layer, nl = en->layer_axis ? size[d++] : 1;
+        uint64_t e0 = key->expert ? off[d] : 0, ne = key->expert ? size[d++] : 1;
         uint64_t r0 = off[d], nr = size[d++];
         uint64_t c0 = key->ndim == 2 ? off[d] : 0, nc = key->ndim == 2 ? size[d] : 1;
         for (uint64_t l = l0; l < l0 + nl; l++)
-            for (guint s = 0; s < key->segments->len; s++) {
-                const CkptfsMcoreSegment *seg = &g_array_index(key->segments, CkptfsMcoreSegment, s);
-                uint64_t a = MAX(r0, seg->row0), z = MIN(r0 + nr, seg->row0 + seg->rows);
-                if (a >= z)
-                    continue;
-                g_autofree char *hf = ckptfs_mcore_hf_name(key, l, 0, seg->hf_name);
-                CkptfsPiece p = {.row0 = seg->hf_row0 + (a - seg->row0), .row1 = seg->hf_row0 + (z - seg->row0),
-                                 .col0 = c0, .col1 = c0 + nc, .src = where.src,
-                                 .offset = where.base + (((l - l0) * nr + (a - r0)) * nc) * isz,
-                                 .row_stride = nc * isz};
-                ckptfs_piece_set_add(set, hf, &p);
-            }
+            for (uint64_t e = e0; e < e0 + ne; e++)
+                for (guint s = 0; s < key->segments->len; s++) {
+                    const CkptfsMcoreSegment *seg = &g_array_index(key->segments, CkptfsMcoreSegment, s);
+                    uint64_t a = MAX(r0, seg->row0), z = MIN(r0 + nr, seg->row0 + seg->rows);
+                    if (a >= z)
+                        continue;
+                    g_autofree char *hf = ckptfs_mcore_hf_name(key, l, e, seg->hf_name);
+                    /* Products below numel (checked by locate_chunk): no overflow. */
+                    uint64_t at = (((l - l0) * ne + (e - e0)) * nr + (a - r0)) * nc;
+                    CkptfsPiece p = {.row0 = seg->hf_row0 + (a - seg->row0), .row1 = seg->hf_row0 + (z - seg->row0),
+                                     .col0 = c0, .col1 = c0 + nc, .src = where.src,
+                                     .offset = where.base + at * isz, .row_stride = nc * isz};
+                    if (!g_hash_table_contains(set->pieces, hf))
+                        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u holds '%s', which the model "
+                                    "does not have", t->metadata_path, en->name, c, hf);
+                    ckptfs_piece_set_add(set, hf, &p);
+                }
+    }
+    return true;
+}
+
+/* The entry whose chunks fill HF tensor NAME (for messages), or NULL. */
+static const Entry *entry_of_hf(Td *t, GArray *entries, const char *name)
+{
+    for (guint i = 0; i < entries->len; i++) {
+        const Entry *en = &g_array_index(entries, Entry, i);
+        const CkptfsMcoreKey *key = en->key;
+        uint64_t l0 = en->layer_axis ? 0 : en->layer, l1 = en->layer_axis ? t->saved.model.layers : l0 + 1;
+        for (uint64_t l = l0; l < l1; l++)
+            for (uint64_t e = 0; e < (key->expert ? key->experts : 1); e++)
+                for (guint s = 0; s < key->segments->len; s++) {
+                    const CkptfsMcoreSegment *seg = &g_array_index(key->segments, CkptfsMcoreSegment, s);
+                    g_autofree char *hf = ckptfs_mcore_hf_name(key, l, e, seg->hf_name);
+                    if (strcmp(hf, name) == 0)
+                        return en;
+                }
+    }
+    return NULL;
+}
+
+/* Each HF tensor's pieces hold as many elements as the tensor: fewer is a hole in the chunks
+ * (a chunk or an expert missing), more an overlap (two chunks holding the same part). Said in
+ * the checkpoint's terms before the catalog checks the exact tiling. */
+static bool check_coverage(Td *t, GArray *entries, const CkptfsPieceSet *set)
+{
+    for (guint i = 0; i < set->order->len; i++) {
+        const char *name = g_ptr_array_index(set->order, i);
+        GArray *pieces = g_hash_table_lookup(set->pieces, name);
+        const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
+        uint64_t total = shape[1] * (shape[0] == 2 ? shape[2] : 1), held = 0;
+        bool over = false;
+        for (guint k = 0; k < pieces->len && !over; k++) {
+            const CkptfsPiece *p = &g_array_index(pieces, CkptfsPiece, k);
+            uint64_t area = (p->row1 - p->row0) * (p->col1 - p->col0); /* within the tensor */
+            over = area > total - held;
+            held += over ? 0 : area;
+        }
+        if (!over && held == total)
+            continue;
+        const Entry *en = entry_of_hf(t, entries, name);
+        g_autofree char *of = en ? g_strdup_printf("'%s'", en->name) : g_strdup("the model's keys");
+        if (over)
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: chunks of %s overlap: they hold parts of '%s' more "
+                        "than once", t->metadata_path, of, name);
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: chunks of %s leave a hole: they hold %" G_GUINT64_FORMAT
+                    " of the %" G_GUINT64_FORMAT " elements of '%s' (a chunk is missing)",
+                    t->metadata_path, of, held, total, name);
     }
     return true;
 }
 
 /* Keys that are neither the model's weights nor what a loader may skip. */
-static bool check_unexpected(Td *t, GPtrArray *keys)
+static bool check_unexpected(Td *t, GArray *entries)
 {
     g_autoptr(GHashTable) known = g_hash_table_new(g_str_hash, g_str_equal);
-    for (guint k = 0; k < keys->len; k++)
-        g_hash_table_add(known, (gpointer)((CkptfsMcoreKey *)g_ptr_array_index(keys, k))->key);
+    for (guint i = 0; i < entries->len; i++)
+        g_hash_table_add(known, g_array_index(entries, Entry, i).name);
     g_autoptr(GString) extra = g_string_new(NULL);
     unsigned n = 0;
     const CkptfsPy *sdm = t->state_dict_metadata;
@@ -387,6 +484,44 @@ static bool check_unexpected(Td *t, GPtrArray *keys)
     if (n > 0)
         return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s", t->metadata_path, n,
                     extra->str, n > 5 ? ", ..." : "");
+    return true;
+}
+
+/* Whether .metadata names layers one by one ("decoder.layers.5. ..."), as Megatron saves a model
+ * whose layers are not all of one kind (moe_layer_freq a list or > 1, heterogeneous specs). */
+static bool per_layer_names(Td *t)
+{
+    const CkptfsPy *sdm = t->state_dict_metadata;
+    for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
+        const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
+        if (key && g_str_has_prefix(key, "decoder.layers.") && g_ascii_isdigit(key[strlen("decoder.layers.")]))
+            return true;
+    }
+    return false;
+}
+
+/* The entries .metadata must hold for KEYS: stacked keys once, or with PER_LAYER once per
+ * layer that has them; each under the name a TE-spec model saves or, failing that, the one a
+ * local-spec model saves (they differ for an MoE layer's pre-MLP norm). */
+static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *entries)
+{
+    const CkptfsModel *m = &t->saved.model;
+    for (guint k = 0; k < keys->len; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(keys, k);
+        bool each_layer = key->stacked && per_layer;
+        for (uint64_t l = 0; l < (each_layer ? m->layers : 1); l++) {
+            if (each_layer && !ckptfs_rule_in_layer(key->rule, m, l))
+                continue;
+            g_autofree char *te = ckptfs_mcore_key_name(key, true, per_layer, l);
+            g_autofree char *local = ckptfs_mcore_key_name(key, false, per_layer, l);
+            bool te_there = ckptfs_py_dict_get(t->state_dict_metadata, te) != NULL;
+            if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->state_dict_metadata, local) == NULL)
+                return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args imply "
+                            "one of them)", t->metadata_path, te, local);
+            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), key->stacked && !per_layer, l};
+            g_array_append_val(entries, en);
+        }
+    }
     return true;
 }
 
@@ -497,22 +632,33 @@ static bool open_torch_dist(Td *t)
     if (model->kv_heads == 0 || model->heads % model->kv_heads != 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
                     "of %" G_GUINT64_FORMAT " query groups", t->dir, model->heads, model->kv_heads);
+    /* Stacked keys, or one key per layer (Megatron's naming when layers differ in kind). */
+    bool per_layer = per_layer_names(t);
+    if (!per_layer && !ckptfs_model_layers_homogeneous(model))
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: the keys stack every layer, but the model has dense layers "
+                    "among its MoE layers (args.moe_layer_freq), which Megatron saves per layer "
+                    "('decoder.layers.N. ...')", t->metadata_path);
     /* The vocabulary's padding is the saver's: each key's shape is checked against .metadata. */
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(model, 0, false);
+    g_autoptr(GArray) entries = g_array_new(FALSE, FALSE, sizeof(Entry));
+    g_array_set_clear_func(entries, entry_clear);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
     ckptfs_piece_set_want_model(set, model, keys);
-    bool ok = check_unexpected(t, keys);
-    for (guint k = 0; ok && k < keys->len; k++)
-        ok = map_key(t, g_ptr_array_index(keys, k), set);
-    ok = ok && check_overlaps(t) &&
-         ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error);
+    bool ok = model_entries(t, keys, per_layer, entries) && check_unexpected(t, entries);
+    for (guint i = 0; ok && i < entries->len; i++)
+        ok = map_key(t, &g_array_index(entries, Entry, i), set);
+    ok = ok && check_coverage(t, entries, set) && check_overlaps(t);
+    if (ok && !ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error)) {
+        g_prefix_error(t->error, "%s: ", t->metadata_path);
+        ok = false;
+    }
     ckptfs_piece_set_free(set);
     if (!ok)
         return false;
     t->source->found = g_strdup_printf(
-        "%u model keys in %u chunks over %u .distcp files; %u _extra_state objects and %u optimizer/RNG "
-        "entries left unread", keys->len, t->chunks, g_hash_table_size(t->file_srcs),
-        t->objects, t->skipped);
+        "%u model keys%s in %u chunks over %u .distcp files; %u _extra_state objects and %u optimizer/RNG "
+        "entries left unread", entries->len, per_layer ? " (per layer)" : "", t->chunks,
+        g_hash_table_size(t->file_srcs), t->objects, t->skipped);
     /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
     CkptfsLayout saved = t->saved.layout;
     t->source->saved_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
