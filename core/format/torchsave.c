@@ -547,6 +547,74 @@ CkptfsPlan *ckptfs_torchsave_plan(const CkptfsValue *root, const char *archive_n
     return ckptfs_plan_builder_finish(b);
 }
 
+struct CkptfsPickleStream {
+    Pickler p;
+};
+
+CkptfsPickleStream *ckptfs_pickle_stream_new(GError **error)
+{
+    CkptfsPickleStream *s = g_new0(CkptfsPickleStream, 1);
+    s->p = pickler_new(false, true, error);
+    put_byte(&s->p, OP_PROTO);
+    put_byte(&s->p, 2);
+    return s;
+}
+
+void ckptfs_pickle_stream_value(CkptfsPickleStream *s, const CkptfsValue *v)
+{
+    put_value(&s->p, v);
+}
+
+void ckptfs_pickle_stream_str(CkptfsPickleStream *s, const char *str)
+{
+    put_str(&s->p, str);
+}
+
+void ckptfs_pickle_stream_object_begin(CkptfsPickleStream *s, const char *module, const char *name)
+{
+    put_global(&s->p, module, name);
+    put_byte(&s->p, OP_EMPTY_TUPLE);
+    put_byte(&s->p, OP_NEWOBJ);
+}
+
+void ckptfs_pickle_stream_object_end(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_BUILD);
+}
+
+void ckptfs_pickle_stream_dict_begin(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_EMPTY_DICT);
+    put_byte(&s->p, OP_MARK);
+}
+
+void ckptfs_pickle_stream_dict_end(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_SETITEMS);
+}
+
+void ckptfs_pickle_stream_list_begin(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_EMPTY_LIST);
+    put_byte(&s->p, OP_MARK);
+}
+
+void ckptfs_pickle_stream_list_end(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_APPENDS);
+}
+
+GBytes *ckptfs_pickle_stream_finish(CkptfsPickleStream *s)
+{
+    put_byte(&s->p, OP_STOP);
+    GBytes *out = s->p.failed ? NULL : g_byte_array_free_to_bytes(g_steal_pointer(&s->p.out));
+    if (s->p.out == NULL)
+        s->p.out = g_byte_array_new(); /* pickler_clear frees it */
+    pickler_clear(&s->p);
+    g_free(s);
+    return out;
+}
+
 GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error)
 {
     Pickler p = pickler_new(false, true, error);

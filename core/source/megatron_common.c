@@ -253,11 +253,6 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
-    if (s->layers > CKPTFS_MAX_LAYERS) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: args.num_layers %" G_GUINT64_FORMAT
-                    " is over the limit of %u", path, s->layers, CKPTFS_MAX_LAYERS);
-        return false;
-    }
     if (!moe_from_args(args, path, s, error))
         return false;
     if (!arg_bool(args, "swiglu")) {

@@ -3,7 +3,15 @@
  * .metadata (a pickle of torch.distributed.checkpoint's Metadata: every key's global shape and
  * chunks, and where each chunk is) and .distcp files, each a run of small torch.save archives,
  * one per chunk. Chunks are cut at every boundary a tensor-parallel loader of degree 1, 2, 4 or
- * 8 (those the model allows) draws, so each loader reads exactly its share of every tensor. */
+ * 8 (those the model allows) draws, so each loader reads exactly its share of every tensor.
+ *
+ * Mixture of experts, as Megatron-core's sharded_state_dict has it: when every layer is of one
+ * kind, layer keys are stacked (leading layer axis) and expert keys add an expert axis
+ * (decoder.layers.mlp.experts.experts.linear_fc1.weight [L, E, 2F, H]); when dense layers sit
+ * among MoE layers, every layer key is that layer's alone, with its global index and no layer
+ * axis (decoder.layers.5.mlp.experts.experts.linear_fc1.weight [E, 2F, H]). Expert chunks are
+ * one expert each (an expert-parallel loader reads its experts only), cut at the boundaries of
+ * the expert-TP degrees the experts' ffn allows. */
 #include <string.h>
 
 #include "ckptfs/error.h"
@@ -16,11 +24,17 @@
 /* A new .distcp file starts once the current one reaches this size. */
 #define DISTCP_TARGET_SIZE (1ull << 30)
 
+/* One entry of .metadata's state_dict_metadata: a tensor key (for a model whose layers are not
+ * all of one kind, one layer's), or an _extra_state object. */
 typedef struct {
+    char *fqn;
     const CkptfsMcoreKey *key; /* NULL: an _extra_state object */
-    char *object_fqn;          /* _extra_state: its key */
-    uint64_t layer;            /* stacked keys and objects */
-    uint64_t r0, r1, c0, c1;   /* the chunk in the key's (per-layer) matrix */
+} Entry;
+
+typedef struct {
+    guint entry;
+    uint64_t layer, expert;    /* of layer keys and expert keys */
+    uint64_t r0, r1, c0, c1;   /* the chunk in the key's matrix (of one layer and expert) */
     unsigned file;
     uint64_t offset, length;   /* of its archive in the file */
 } Item;
@@ -30,8 +44,12 @@ typedef struct {
     const CkptfsModel *model;
     const CkptfsOptions *options;
     uint64_t padded_vocab;
+    bool te_spec;
+    bool per_layer;        /* MoE and dense layers: per-layer keys, no layer axis */
     unsigned tps[4], ntps; /* tensor-parallel degrees the model allows, of 1, 2, 4, 8 */
+    unsigned etps[4], netps; /* expert tensor-parallel degrees the experts allow */
     GPtrArray *keys;       /* CkptfsMcoreKey* */
+    GArray *entries;       /* Entry */
     GArray *items;         /* Item */
     unsigned nfiles;
     GArray *file_first;    /* first item of each file, then items->len */
@@ -44,9 +62,13 @@ typedef struct {
 
 static void clear_items(McoreView *v)
 {
+    if (v->entries) {
+        for (guint i = 0; i < v->entries->len; i++)
+            g_free(g_array_index(v->entries, Entry, i).fqn);
+        g_array_unref(v->entries);
+        v->entries = NULL;
+    }
     if (v->items) {
-        for (guint i = 0; i < v->items->len; i++)
-            g_free(g_array_index(v->items, Item, i).object_fqn);
         g_array_unref(v->items);
         v->items = NULL;
     }
@@ -64,12 +86,17 @@ static void mcore_view_free(gpointer p)
     g_free(v);
 }
 
-/* The rows [r0, r1) x columns [c0, c1) of a key's matrix (of one layer), row-major. */
+static const CkptfsMcoreKey *item_key(const McoreView *v, const Item *it)
+{
+    return g_array_index(v->entries, Entry, it->entry).key;
+}
+
+/* The rows [r0, r1) x columns [c0, c1) of a key's matrix (of one layer and expert), row-major. */
 static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
 {
     const ItemRef *ref = ctx;
     const Item *it = ref->item;
-    const CkptfsMcoreKey *k = it->key;
+    const CkptfsMcoreKey *k = item_key(ref->view, it);
     size_t isz = ckptfs_dtype_size(ref->view->model->dtype);
     uint64_t row = it->r0, width = it->c1 - it->c0;
     for (guint s = 0; s < k->segments->len && row < it->r1; s++) {
@@ -79,7 +106,7 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
             continue;
         if (a > row) /* padding rows before it */
             ckptfs_plan_add_zero(b, (a - row) * width * isz);
-        g_autofree char *name = ckptfs_mcore_hf_name(k, it->layer, 0, seg->hf_name);
+        g_autofree char *name = ckptfs_mcore_hf_name(k, it->layer, it->expert, seg->hf_name);
         const CkptfsTensor *t = ckptfs_catalog_find(ref->view->source->catalog, name);
         g_assert(t != NULL); /* the model rules checked every tensor */
         ckptfs_tensor_emit_rect(t, b, seg->hf_row0 + (a - seg->row0), seg->hf_row0 + (z - seg->row0),
@@ -90,34 +117,42 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
         ckptfs_plan_add_zero(b, (it->r1 - row) * width * isz);
 }
 
+/* The chunk of a tensor item in its key's global tensor: offsets and sizes of each dimension
+ * (layer when stacked, expert, rows, columns). */
+static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, uint64_t *sizes)
+{
+    const CkptfsMcoreKey *k = item_key(v, it);
+    unsigned n = 0;
+    if (k->stacked && !v->per_layer)
+        offsets[n] = it->layer, sizes[n++] = 1;
+    if (k->expert)
+        offsets[n] = it->expert, sizes[n++] = 1;
+    offsets[n] = it->r0, sizes[n++] = it->r1 - it->r0;
+    if (k->ndim == 2)
+        offsets[n] = it->c0, sizes[n++] = it->c1 - it->c0;
+    return n;
+}
+
 /* What the chunk's archive holds: its tensor, or `[None]` for an _extra_state object (what
  * Megatron saves for layers without FP8 state). */
 static CkptfsValue *item_value(const ItemRef *ref)
 {
     const Item *it = ref->item;
-    if (it->key == NULL) {
+    if (item_key(ref->view, it) == NULL) {
         CkptfsValue *list = ckptfs_value_container(CKPTFS_VALUE_LIST);
         ckptfs_value_append(list, ckptfs_value_none());
         return list;
     }
-    uint64_t shape[3];
-    unsigned n = 0;
-    if (it->key->stacked)
-        shape[n++] = 1;
-    shape[n++] = it->r1 - it->r0;
-    if (it->key->ndim == 2)
-        shape[n++] = it->c1 - it->c0;
+    uint64_t offsets[4], shape[4];
+    unsigned n = item_box(ref->view, it, offsets, shape);
     return ckptfs_value_tensor(ref->view->model->dtype, n, shape, emit_item, ref);
 }
 
-static void item_offsets(const Item *it, uint64_t *offsets, uint64_t *sizes, unsigned *n)
+static guint add_entry(McoreView *v, char *fqn, const CkptfsMcoreKey *key)
 {
-    *n = 0;
-    if (it->key->stacked)
-        offsets[*n] = it->layer, sizes[(*n)++] = 1;
-    offsets[*n] = it->r0, sizes[(*n)++] = it->r1 - it->r0;
-    if (it->key->ndim == 2)
-        offsets[*n] = it->c0, sizes[(*n)++] = it->c1 - it->c0;
+    Entry e = {fqn, key};
+    g_array_append_val(v->entries, e);
+    return v->entries->len - 1;
 }
 
 static void add_item(McoreView *v, Item it)
@@ -125,14 +160,15 @@ static void add_item(McoreView *v, Item it)
     g_array_append_val(v->items, it);
 }
 
-/* The chunks of KEY (for one layer of a stacked key): cut along its split dimension. */
-static void add_key_items(McoreView *v, const CkptfsMcoreKey *key, uint64_t layer)
+/* The chunks of KEY (entry ENTRY) for one layer and expert: cut along its split dimension at
+ * CUTS. */
+static void add_key_items(McoreView *v, guint entry, const CkptfsMcoreKey *key, const GArray *cuts,
+                          uint64_t layer, uint64_t expert)
 {
-    g_autoptr(GArray) cuts = ckptfs_mcore_tp_cuts(key, v->tps, v->ntps, v->model->vocab,
-                                                  v->options->vocab_divisible_by);
     for (guint i = 0; i + 1 < cuts->len; i++) {
         uint64_t a = g_array_index(cuts, uint64_t, i), z = g_array_index(cuts, uint64_t, i + 1);
-        Item it = {.key = key, .layer = layer, .r0 = 0, .r1 = key->rows, .c0 = 0, .c1 = key->cols};
+        Item it = {.entry = entry, .layer = layer, .expert = expert,
+                   .r0 = 0, .r1 = key->rows, .c0 = 0, .c1 = key->cols};
         if (key->split == CKPTFS_TP_COLS)
             it.c0 = a, it.c1 = z;
         else
@@ -141,35 +177,113 @@ static void add_key_items(McoreView *v, const CkptfsMcoreKey *key, uint64_t laye
     }
 }
 
-/* Every chunk in file order: the embedding, each layer's tensors and objects (so a pipeline
- * stage reads one region), the final norm and output layer. Then archive sizes and files. */
+/* The entry of layer key K for layer L: the stacked key's (made once, in key order), or with
+ * per-layer keys a new one. */
+static guint layer_entry(McoreView *v, const guint *stacked_entry, guint k, uint64_t l)
+{
+    if (!v->per_layer)
+        return stacked_entry[k];
+    const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+    return add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, true, l), key);
+}
+
+/* The _extra_state objects of layer L: Megatron's ShardedObjects, one per layer (and expert)
+ * of the stacked axes ("shard_{l}_{L}", "shard_{l}.{e}_{L}.{E}"), or with per-layer keys of
+ * the expert axis alone ("shard_0_1", "shard_{e}_{E}"). */
+static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l)
+{
+    const CkptfsModel *m = v->model;
+    for (guint i = 0; i < extras->len; i++) {
+        const CkptfsRule *r = g_ptr_array_index(extras, i);
+        if (!ckptfs_rule_in_layer(r, m, l))
+            continue;
+        uint64_t n = r->expert ? m->experts : 1;
+        for (uint64_t e = 0; e < n; e++) {
+            char *fqn;
+            if (!v->per_layer && r->expert)
+                fqn = g_strdup_printf("decoder.layers.%s/shard_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT
+                                      "_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT,
+                                      r->name, l, e, m->layers, m->experts);
+            else if (!v->per_layer)
+                fqn = g_strdup_printf("decoder.layers.%s/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
+                                      r->name, l, m->layers);
+            else if (r->expert)
+                fqn = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s/shard_%" G_GUINT64_FORMAT
+                                      "_%" G_GUINT64_FORMAT,
+                                      l, r->name, e, m->experts);
+            else
+                fqn = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s/shard_0_1", l, r->name);
+            add_item(v, (Item){.entry = add_entry(v, fqn, NULL), .layer = l, .expert = e});
+        }
+    }
+}
+
+/* Every chunk in file order: the embedding, each layer's tensors (its experts one after the
+ * other) and objects (so a pipeline stage reads one region), the final norm and output layer.
+ * Then archive sizes and files. */
 static bool lay_out_items(McoreView *v, GError **error)
 {
     const CkptfsModel *m = v->model;
     clear_items(v); /* a failed attempt is retried on the next lookup */
+    v->entries = g_array_new(FALSE, FALSE, sizeof(Entry));
     v->items = g_array_new(FALSE, FALSE, sizeof(Item));
-    for (guint k = 0; k < v->keys->len; k++) {
+    guint nkeys = v->keys->len;
+    g_autofree guint *entry_of = g_new0(guint, nkeys);
+    g_autoptr(GPtrArray) cuts = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
+    for (guint k = 0; k < nkeys; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-        if (key->rule->scope == CKPTFS_SCOPE_FIRST)
-            add_key_items(v, key, 0);
+        bool ex = key->expert;
+        g_ptr_array_add(cuts, ckptfs_mcore_tp_cuts(key, ex ? v->etps : v->tps, ex ? v->netps : v->ntps,
+                                                   m->vocab, v->options->vocab_divisible_by));
+    }
+    /* Entries in key order: the first stage's, the stacked keys' (per-layer keys come layer by
+     * layer), the last stage's. */
+    for (guint k = 0; k < nkeys; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        if (key->rule->scope != CKPTFS_SCOPE_FIRST)
+            continue;
+        entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+        add_key_items(v, entry_of[k], key, g_ptr_array_index(cuts, k), 0, 0);
+    }
+    for (guint k = 0; k < nkeys && !v->per_layer; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        if (key->stacked)
+            entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
     }
     g_autoptr(GPtrArray) extras = ckptfs_mcore_extra_state_rules(m);
+    g_autofree guint *layer_entry_of = g_new0(guint, nkeys);
     for (uint64_t l = 0; l < m->layers; l++) {
-        for (guint k = 0; k < v->keys->len; k++) {
+        bool experts_done = false;
+        for (guint k = 0; k < nkeys; k++) {
             const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-            if (key->stacked)
-                add_key_items(v, key, l);
+            if (!key->stacked || !ckptfs_rule_in_layer(key->rule, m, l) || (key->expert && experts_done))
+                continue;
+            if (!key->expert) {
+                add_key_items(v, layer_entry(v, entry_of, k, l), key, g_ptr_array_index(cuts, k), l, 0);
+                continue;
+            }
+            /* The expert keys, expert by expert: an expert-parallel rank's experts lie together. */
+            for (guint j = k; j < nkeys; j++) {
+                const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+                if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
+                    layer_entry_of[j] = layer_entry(v, entry_of, j, l);
+            }
+            for (uint64_t e = 0; e < m->experts; e++)
+                for (guint j = k; j < nkeys; j++) {
+                    const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+                    if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
+                        add_key_items(v, layer_entry_of[j], ek, g_ptr_array_index(cuts, j), l, e);
+                }
+            experts_done = true;
         }
-        for (guint i = 0; i < extras->len; i++)
-            add_item(v, (Item){.object_fqn = g_strdup_printf(
-                                   "decoder.layers.%s/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
-                                   ((const CkptfsRule *)g_ptr_array_index(extras, i))->name, l, m->layers),
-                               .layer = l});
+        add_layer_objects(v, extras, l);
     }
-    for (guint k = 0; k < v->keys->len; k++) {
+    for (guint k = 0; k < nkeys; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-        if (key->rule->scope == CKPTFS_SCOPE_LAST)
-            add_key_items(v, key, 0);
+        if (key->rule->scope != CKPTFS_SCOPE_LAST)
+            continue;
+        entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+        add_key_items(v, entry_of[k], key, g_ptr_array_index(cuts, k), 0, 0);
     }
 
     v->file_first = g_array_new(FALSE, FALSE, sizeof(guint));
@@ -241,36 +355,36 @@ static CkptfsValue *build_metadata(const McoreView *v)
     const CkptfsModel *m = v->model;
     CkptfsValue *sdm = ckptfs_value_container(CKPTFS_VALUE_DICT);
     CkptfsValue *storage = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    /* Chunks of each key, in key order; then every object. */
-    GHashTable *chunks_of = g_hash_table_new(g_direct_hash, g_direct_equal);
-    for (guint k = 0; k < v->keys->len; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-        uint64_t shape[3];
-        unsigned n = ckptfs_mcore_key_shape(key, m->layers, shape);
+    /* Every tensor entry with its chunks, in entry order; then every object. */
+    g_autofree CkptfsValue **chunks_of = g_new0(CkptfsValue *, v->entries->len);
+    for (guint i = 0; i < v->entries->len; i++) {
+        const Entry *e = &g_array_index(v->entries, Entry, i);
+        if (e->key == NULL)
+            continue;
+        uint64_t shape[4];
+        unsigned n = ckptfs_mcore_key_shape(e->key, v->per_layer ? 0 : m->layers, shape);
         CkptfsValue *state = ckptfs_value_container(CKPTFS_VALUE_DICT);
         ckptfs_value_set(state, "properties", tensor_properties(m->dtype));
         ckptfs_value_set(state, "size", torch_size(shape, n));
-        CkptfsValue *chunks = ckptfs_value_container(CKPTFS_VALUE_LIST);
-        ckptfs_value_set(state, "chunks", chunks);
-        g_hash_table_insert(chunks_of, (gpointer)key, chunks);
-        ckptfs_value_set(sdm, key->key, dataclass(DCP_MODULE, "TensorStorageMetadata", state));
+        chunks_of[i] = ckptfs_value_container(CKPTFS_VALUE_LIST);
+        ckptfs_value_set(state, "chunks", chunks_of[i]);
+        ckptfs_value_set(sdm, e->fqn, dataclass(DCP_MODULE, "TensorStorageMetadata", state));
     }
     for (guint i = 0; i < v->items->len; i++) {
         const Item *it = &g_array_index(v->items, Item, i);
+        const Entry *e = &g_array_index(v->entries, Entry, it->entry);
         CkptfsValue *index = ckptfs_value_container(CKPTFS_VALUE_DICT);
-        ckptfs_value_set(index, "fqn", ckptfs_value_str(it->key ? it->key->key : it->object_fqn));
-        if (it->key) {
-            uint64_t offsets[3], sizes[3];
-            unsigned n;
-            item_offsets(it, offsets, sizes, &n);
+        ckptfs_value_set(index, "fqn", ckptfs_value_str(e->fqn));
+        if (e->key) {
+            uint64_t offsets[4], sizes[4];
+            unsigned n = item_box(v, it, offsets, sizes);
             CkptfsValue *chunk = ckptfs_value_container(CKPTFS_VALUE_DICT);
             ckptfs_value_set(chunk, "offsets", torch_size(offsets, n));
             ckptfs_value_set(chunk, "sizes", torch_size(sizes, n));
-            ckptfs_value_append(g_hash_table_lookup(chunks_of, it->key),
-                                dataclass(DCP_MODULE, "ChunkStorageMetadata", chunk));
+            ckptfs_value_append(chunks_of[it->entry], dataclass(DCP_MODULE, "ChunkStorageMetadata", chunk));
             ckptfs_value_set(index, "offset", torch_size(offsets, n));
         } else {
-            ckptfs_value_set(sdm, it->object_fqn, dataclass(DCP_MODULE, "BytesStorageMetadata", NULL));
+            ckptfs_value_set(sdm, e->fqn, dataclass(DCP_MODULE, "BytesStorageMetadata", NULL));
         }
         ckptfs_value_set(index, "index", ckptfs_value_none());
         CkptfsValue *info = ckptfs_value_container(CKPTFS_VALUE_DICT);
@@ -281,7 +395,6 @@ static CkptfsValue *build_metadata(const McoreView *v)
         ckptfs_value_set_item(storage, dataclass(DCP_MODULE, "MetadataIndex", index),
                               dataclass("torch.distributed.checkpoint.filesystem", "_StorageInfo", info));
     }
-    g_hash_table_unref(chunks_of);
     CkptfsValue *state = ckptfs_value_container(CKPTFS_VALUE_DICT);
     ckptfs_value_set(state, "state_dict_metadata", sdm);
     ckptfs_value_set(state, "planner_data", ckptfs_value_none());
@@ -387,11 +500,19 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
     v->source = source;
     v->model = model;
     v->options = options;
+    v->te_spec = options->spec == CKPTFS_SPEC_TE;
+    /* Megatron stacks layers unless moe_layer_freq is a list (or > 1), which the args say for an
+     * MoE model with any dense layer. */
+    v->per_layer = model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers;
+    /* Degrees of dense TP (checked for an MoE model with its experts unsplit, so that the
+     * experts' ffn does not limit them) and of expert TP (those dividing the experts' ffn). */
     static const unsigned degrees[] = {1, 2, 4, 8};
     for (size_t i = 0; i < G_N_ELEMENTS(degrees); i++) {
-        CkptfsLayout l = {.tp = degrees[i], .pp = 1, .vpp = 1};
+        CkptfsLayout l = {.tp = degrees[i], .pp = 1, .vpp = 1, .etp = model->experts ? 1 : 0};
         if (ckptfs_layout_validate(&l, model, NULL))
             v->tps[v->ntps++] = degrees[i];
+        if (model->experts && model->moe_ffn % degrees[i] == 0)
+            v->etps[v->netps++] = degrees[i];
     }
     /* Padded for the largest degree: a loader with another padding reads the rows it shares
      * (Megatron allows that mismatch for the vocabulary, and only for it). */

@@ -28,4 +28,22 @@ uint64_t ckptfs_torchsave_size(const CkptfsValue *root, const char *archive_name
  * memoized as Python's pickler does. */
 GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error);
 
+/* The same pickle written piece by piece, for structures too large to hold as one value tree
+ * (mcore/'s .metadata of a large MoE has hundreds of thousands of chunks): whole values,
+ * strings, and containers opened and closed around what follows. Objects are built as
+ * dataclasses pickle: NEWOBJ of the class with no arguments, then their state, then BUILD. */
+typedef struct CkptfsPickleStream CkptfsPickleStream;
+CkptfsPickleStream *ckptfs_pickle_stream_new(GError **error);
+void ckptfs_pickle_stream_value(CkptfsPickleStream *s, const CkptfsValue *v);
+void ckptfs_pickle_stream_str(CkptfsPickleStream *s, const char *str);
+void ckptfs_pickle_stream_object_begin(CkptfsPickleStream *s, const char *module, const char *name);
+void ckptfs_pickle_stream_object_end(CkptfsPickleStream *s);
+void ckptfs_pickle_stream_dict_begin(CkptfsPickleStream *s); /* then key, value, key, value ... */
+void ckptfs_pickle_stream_dict_end(CkptfsPickleStream *s);
+void ckptfs_pickle_stream_list_begin(CkptfsPickleStream *s);
+void ckptfs_pickle_stream_list_end(CkptfsPickleStream *s);
+/* The pickle (STOP added), or NULL when a value could not be pickled (the error given to _new
+ * is set); frees S. */
+GBytes *ckptfs_pickle_stream_finish(CkptfsPickleStream *s);
+
 #endif
