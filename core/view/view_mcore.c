@@ -350,57 +350,111 @@ static CkptfsValue *tensor_properties(CkptfsDtype dtype)
     return dataclass(DCP_MODULE, "TensorProperties", state);
 }
 
-static CkptfsValue *build_metadata(const McoreView *v)
+/* Pieces are pickled one by one (a value tree of a large MoE's .metadata would take GBs). */
+static void stream_value(CkptfsPickleStream *ps, CkptfsValue *v)
+{
+    ckptfs_pickle_stream_value(ps, v);
+    ckptfs_value_free(v);
+}
+
+/* ChunkStorageMetadata of each chunk of tensor entry ENTRY (ITEMS_OF: item indexes by entry,
+ * FIRST_OF: where each entry's run starts). */
+static void stream_chunks(CkptfsPickleStream *ps, const McoreView *v, const guint *items_of,
+                          const guint *first_of, guint entry)
+{
+    ckptfs_pickle_stream_list_begin(ps);
+    for (guint k = first_of[entry]; k < first_of[entry + 1]; k++) {
+        const Item *it = &g_array_index(v->items, Item, items_of[k]);
+        uint64_t offsets[4], sizes[4];
+        unsigned n = item_box(v, it, offsets, sizes);
+        CkptfsValue *chunk = ckptfs_value_container(CKPTFS_VALUE_DICT);
+        ckptfs_value_set(chunk, "offsets", torch_size(offsets, n));
+        ckptfs_value_set(chunk, "sizes", torch_size(sizes, n));
+        stream_value(ps, dataclass(DCP_MODULE, "ChunkStorageMetadata", chunk));
+    }
+    ckptfs_pickle_stream_list_end(ps);
+}
+
+/* MetadataIndex -> _StorageInfo of one item. */
+static void stream_storage_entry(CkptfsPickleStream *ps, const McoreView *v, const Item *it)
+{
+    const Entry *e = &g_array_index(v->entries, Entry, it->entry);
+    CkptfsValue *index = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    ckptfs_value_set(index, "fqn", ckptfs_value_str(e->fqn));
+    if (e->key) {
+        uint64_t offsets[4], sizes[4];
+        unsigned n = item_box(v, it, offsets, sizes);
+        ckptfs_value_set(index, "offset", torch_size(offsets, n));
+    }
+    ckptfs_value_set(index, "index", ckptfs_value_none());
+    stream_value(ps, dataclass(DCP_MODULE, "MetadataIndex", index));
+    CkptfsValue *info = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    g_autofree char *file = distcp_name(it->file);
+    ckptfs_value_set(info, "relative_path", ckptfs_value_str(file));
+    ckptfs_value_set(info, "offset", ckptfs_value_int((int64_t)it->offset));
+    ckptfs_value_set(info, "length", ckptfs_value_int((int64_t)it->length));
+    stream_value(ps, dataclass("torch.distributed.checkpoint.filesystem", "_StorageInfo", info));
+}
+
+/* Metadata(state_dict_metadata: every tensor entry with its chunks, in entry order, then every
+ * object; planner_data None; storage_data: where each chunk's archive is; storage_meta None). */
+static GBytes *build_metadata(const McoreView *v, GError **error)
 {
     const CkptfsModel *m = v->model;
-    CkptfsValue *sdm = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    CkptfsValue *storage = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    /* Every tensor entry with its chunks, in entry order; then every object. */
-    g_autofree CkptfsValue **chunks_of = g_new0(CkptfsValue *, v->entries->len);
+    /* The items of each entry, by entry (a counting sort of item indexes). */
+    g_autofree guint *first_of = g_new0(guint, v->entries->len + 1);
+    g_autofree guint *items_of = g_new(guint, MAX(v->items->len, 1));
+    for (guint i = 0; i < v->items->len; i++)
+        first_of[g_array_index(v->items, Item, i).entry + 1]++;
+    for (guint e = 0; e < v->entries->len; e++)
+        first_of[e + 1] += first_of[e];
+    g_autofree guint *fill = g_memdup2(first_of, sizeof(guint) * (v->entries->len + 1));
+    for (guint i = 0; i < v->items->len; i++)
+        items_of[fill[g_array_index(v->items, Item, i).entry]++] = i;
+
+    CkptfsPickleStream *ps = ckptfs_pickle_stream_new(error);
+    ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "Metadata");
+    ckptfs_pickle_stream_dict_begin(ps);
+    ckptfs_pickle_stream_str(ps, "state_dict_metadata");
+    ckptfs_pickle_stream_dict_begin(ps);
     for (guint i = 0; i < v->entries->len; i++) {
         const Entry *e = &g_array_index(v->entries, Entry, i);
         if (e->key == NULL)
             continue;
         uint64_t shape[4];
         unsigned n = ckptfs_mcore_key_shape(e->key, v->per_layer ? 0 : m->layers, shape);
-        CkptfsValue *state = ckptfs_value_container(CKPTFS_VALUE_DICT);
-        ckptfs_value_set(state, "properties", tensor_properties(m->dtype));
-        ckptfs_value_set(state, "size", torch_size(shape, n));
-        chunks_of[i] = ckptfs_value_container(CKPTFS_VALUE_LIST);
-        ckptfs_value_set(state, "chunks", chunks_of[i]);
-        ckptfs_value_set(sdm, e->fqn, dataclass(DCP_MODULE, "TensorStorageMetadata", state));
+        ckptfs_pickle_stream_str(ps, e->fqn);
+        ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "TensorStorageMetadata");
+        ckptfs_pickle_stream_dict_begin(ps);
+        ckptfs_pickle_stream_str(ps, "properties");
+        stream_value(ps, tensor_properties(m->dtype));
+        ckptfs_pickle_stream_str(ps, "size");
+        stream_value(ps, torch_size(shape, n));
+        ckptfs_pickle_stream_str(ps, "chunks");
+        stream_chunks(ps, v, items_of, first_of, i);
+        ckptfs_pickle_stream_dict_end(ps);
+        ckptfs_pickle_stream_object_end(ps);
     }
     for (guint i = 0; i < v->items->len; i++) {
-        const Item *it = &g_array_index(v->items, Item, i);
-        const Entry *e = &g_array_index(v->entries, Entry, it->entry);
-        CkptfsValue *index = ckptfs_value_container(CKPTFS_VALUE_DICT);
-        ckptfs_value_set(index, "fqn", ckptfs_value_str(e->fqn));
-        if (e->key) {
-            uint64_t offsets[4], sizes[4];
-            unsigned n = item_box(v, it, offsets, sizes);
-            CkptfsValue *chunk = ckptfs_value_container(CKPTFS_VALUE_DICT);
-            ckptfs_value_set(chunk, "offsets", torch_size(offsets, n));
-            ckptfs_value_set(chunk, "sizes", torch_size(sizes, n));
-            ckptfs_value_append(chunks_of[it->entry], dataclass(DCP_MODULE, "ChunkStorageMetadata", chunk));
-            ckptfs_value_set(index, "offset", torch_size(offsets, n));
-        } else {
-            ckptfs_value_set(sdm, e->fqn, dataclass(DCP_MODULE, "BytesStorageMetadata", NULL));
+        const Entry *e = &g_array_index(v->entries, Entry, g_array_index(v->items, Item, i).entry);
+        if (e->key == NULL) {
+            ckptfs_pickle_stream_str(ps, e->fqn);
+            stream_value(ps, dataclass(DCP_MODULE, "BytesStorageMetadata", NULL));
         }
-        ckptfs_value_set(index, "index", ckptfs_value_none());
-        CkptfsValue *info = ckptfs_value_container(CKPTFS_VALUE_DICT);
-        g_autofree char *file = distcp_name(it->file);
-        ckptfs_value_set(info, "relative_path", ckptfs_value_str(file));
-        ckptfs_value_set(info, "offset", ckptfs_value_int((int64_t)it->offset));
-        ckptfs_value_set(info, "length", ckptfs_value_int((int64_t)it->length));
-        ckptfs_value_set_item(storage, dataclass(DCP_MODULE, "MetadataIndex", index),
-                              dataclass("torch.distributed.checkpoint.filesystem", "_StorageInfo", info));
     }
-    CkptfsValue *state = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    ckptfs_value_set(state, "state_dict_metadata", sdm);
-    ckptfs_value_set(state, "planner_data", ckptfs_value_none());
-    ckptfs_value_set(state, "storage_data", storage);
-    ckptfs_value_set(state, "storage_meta", ckptfs_value_none());
-    return dataclass(DCP_MODULE, "Metadata", state);
+    ckptfs_pickle_stream_dict_end(ps);
+    ckptfs_pickle_stream_str(ps, "planner_data");
+    stream_value(ps, ckptfs_value_none());
+    ckptfs_pickle_stream_str(ps, "storage_data");
+    ckptfs_pickle_stream_dict_begin(ps);
+    for (guint i = 0; i < v->items->len; i++)
+        stream_storage_entry(ps, v, &g_array_index(v->items, Item, i));
+    ckptfs_pickle_stream_dict_end(ps);
+    ckptfs_pickle_stream_str(ps, "storage_meta");
+    stream_value(ps, ckptfs_value_none());
+    ckptfs_pickle_stream_dict_end(ps);
+    ckptfs_pickle_stream_object_end(ps);
+    return ckptfs_pickle_stream_finish(ps);
 }
 
 /* --- files --- */
@@ -419,9 +473,7 @@ static CkptfsPlan *plan_text(gpointer owner, gconstpointer key, GError **error)
 
 static CkptfsPlan *plan_metadata(gpointer owner, gconstpointer key, GError **error)
 {
-    CkptfsValue *md = build_metadata(owner);
-    GBytes *bytes = ckptfs_pickle_dump(md, error);
-    ckptfs_value_free(md);
+    GBytes *bytes = build_metadata(owner, error);
     if (bytes == NULL)
         return NULL;
     gsize n;
