@@ -100,24 +100,25 @@ static bool opt_vocab_pad(CkptfsOptions *o, const char *key, const char *value, 
     return true;
 }
 
-static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *value, GError **error)
+/* off|on into *OUT. */
+static bool parse_switch(const char *key, const char *value, bool *out, GError **error)
 {
     static const char *const names[] = {"off", "on", NULL};
     int i;
     if (!parse_choice(key, value, names, &i, error))
         return false;
-    o->megatron_args = i == 1;
+    *out = i == 1;
     return true;
+}
+
+static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_switch(key, value, &o->megatron_args, error);
 }
 
 static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    static const char *const names[] = {"off", "on", NULL};
-    int i;
-    if (!parse_choice(key, value, names, &i, error))
-        return false;
-    o->moe_grouped_gemm = i == 1;
-    return true;
+    return parse_switch(key, value, &o->moe_grouped_gemm, error);
 }
 
 static bool opt_crc32(CkptfsOptions *o, const char *key, const char *value, GError **error)
