@@ -1,9 +1,12 @@
 /* Megatron-core legacy checkpoints as a source: per-rank torch.save files for one TP/PP/VPP
- * split. Every global tensor becomes a catalog tensor under its Hugging Face name, made of
- * pieces that point into the rank files (QKV groups de-interleaved, fc1 split into gate and
- * up, row-parallel shards side by side, vocabulary padding cut). Only the pickles are read;
- * tensor data, optimizer and RNG state are never touched. */
+ * split, with expert parallelism (EP, expert TP) for mixtures of experts. Every global tensor
+ * becomes a catalog tensor under its Hugging Face name, made of pieces that point into the rank
+ * files (QKV groups de-interleaved, fc1 split into gate and up, row-parallel shards side by
+ * side, vocabulary padding cut, experts gathered from their EP ranks' files). The file set must
+ * be exactly Megatron's writer grid for the saved layout (ckptfs_layout_rank_files). Only the
+ * pickles are read; tensor data, optimizer and RNG state are never touched. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +22,12 @@
 
 #define TRACKER "latest_checkpointed_iteration.txt"
 
+/* One rank file: mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt. */
 typedef struct {
-    unsigned tp, pp;
+    char *name;          /* the directory's name */
+    unsigned nparts;     /* number parts after mp_rank_TT: 0, 1 (PPP or EEE) or 2 */
+    unsigned num[3];     /* the numbers in the name */
+    unsigned tp, pp, ep, etp; /* dense TP, PP, EP and expert TP ranks (once the layout is known) */
     char *path;
     uint32_t src;
     CkptfsZip *zip;
@@ -31,8 +38,14 @@ typedef struct {
 typedef struct {
     CkptfsSource *source;
     const CkptfsOptions *options;
-    unsigned T, P, V;
-    Rank **ranks; /* [p * T + t] */
+    const char *iter;
+    GHashTable *found;  /* directory name -> Rank* (owned): every mp_rank_* directory */
+    Rank *first;        /* tp, pp and ep rank 0: its args say the layout */
+    unsigned T, P, V, E, X; /* tp, pp, vpp, ep, etp */
+    unsigned F;         /* files per pipeline stage */
+    Rank **ranks;       /* [p * F + i]: stage p's files in Megatron's writer order (borrowed) */
+    unsigned *dense_reader;  /* [t]: the file of a stage whose dense TP share t is read */
+    unsigned *expert_reader; /* [ep * X + etp]: the file whose expert share is read */
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and the saved split */
     GPtrArray *keys;           /* CkptfsMcoreKey* of the model, vocabulary padded as saved */
     bool te;                   /* Transformer Engine names (else the local spec's) */
@@ -40,14 +53,16 @@ typedef struct {
     GError **error;
 } Mg;
 
-static void rank_free(Rank *r)
+static void rank_free(gpointer p)
 {
+    Rank *r = p;
     if (r == NULL)
         return;
     ckptfs_pickle_free(r->pickle);
     ckptfs_zip_free(r->zip);
     if (r->used)
         g_hash_table_unref(r->used);
+    g_free(r->name);
     g_free(r->path);
     g_free(r);
 }
@@ -68,56 +83,60 @@ static bool probe_megatron(const char *dir, const CkptfsOptions *options)
 
 #define fail(ctx, ...) ckptfs_fail((ctx)->error, __VA_ARGS__)
 
-/* Finds the rank files and checks the TP x PP grid has no hole. */
-static bool find_ranks(Mg *m, const char *iter)
+/* "mp_rank_" then digits, then up to a few "_digits" parts: a rank directory. Whether its parts
+ * are the ones the layout names is decided later (names of other shapes are unexpected). */
+static bool parse_rank_name(const char *name, Rank *r)
 {
-    g_autoptr(GDir) d = g_dir_open(iter, 0, NULL);
+    if (!g_str_has_prefix(name, "mp_rank_"))
+        return false;
+    const char *p = name + strlen("mp_rank_");
+    unsigned n = 0;
+    for (;;) {
+        size_t digits = strspn(p, "0123456789");
+        if (digits == 0 || digits > 6)
+            return false;
+        if (n < 3)
+            r->num[n] = (unsigned)strtoul(p, NULL, 10);
+        n++;
+        p += digits;
+        if (*p == '\0')
+            break;
+        if (*p != '_' || n >= 4)
+            return false;
+        p++;
+    }
+    r->nparts = n - 1;
+    return true;
+}
+
+/* Every rank directory of ITER, and the first rank's (tp, pp and ep rank 0), whose args say
+ * the layout. */
+static bool scan_ranks(Mg *m)
+{
+    g_autoptr(GDir) d = g_dir_open(m->iter, 0, NULL);
     if (d == NULL)
-        return fail(m, CKPTFS_ERROR_IO, "%s: cannot list", iter);
-    g_autoptr(GPtrArray) found = g_ptr_array_new();
+        return fail(m, CKPTFS_ERROR_IO, "%s: cannot list", m->iter);
+    m->found = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, rank_free);
     const char *name;
-    unsigned maxt = 0, maxp = 0;
-    bool with_pp = false;
     while ((name = g_dir_read_name(d)) != NULL) {
-        unsigned t, p = 0;
-        char tail;
-        int n = sscanf(name, "mp_rank_%2u_%3u%c", &t, &p, &tail);
-        /* mp_rank_TT or mp_rank_TT_PPP, digits only */
-        size_t len = strlen(name);
-        if (!g_str_has_prefix(name, "mp_rank_") || n < 1 || n > 2 || len != (n == 1 ? 10u : 14u) ||
-            strspn(name + 8, "0123456789") != 2 || (n == 2 && strspn(name + 11, "0123456789") != 3))
+        Rank r = {0};
+        if (!parse_rank_name(name, &r))
             continue;
-        with_pp |= n == 2;
-        Rank *r = g_new0(Rank, 1);
-        r->tp = t;
-        r->pp = p;
-        r->path = g_build_filename(iter, name, "model_optim_rng.pt", NULL);
-        g_ptr_array_add(found, r);
-        maxt = MAX(maxt, t);
-        maxp = MAX(maxp, p);
+        Rank *found = g_new0(Rank, 1);
+        *found = r;
+        found->name = g_strdup(name);
+        found->path = g_build_filename(m->iter, name, "model_optim_rng.pt", NULL);
+        g_hash_table_insert(m->found, found->name, found);
+        bool zero = found->nparts <= 2 && found->num[0] == 0 && found->num[1] == 0 && found->num[2] == 0;
+        /* Of mp_rank_00, mp_rank_00_000 (both exist only in a broken checkpoint): the shorter */
+        if (zero && (m->first == NULL || found->nparts < m->first->nparts))
+            m->first = found;
     }
-    if (found->len == 0)
-        return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s: no mp_rank_* directories", iter);
-    m->T = maxt + 1;
-    m->P = with_pp ? maxp + 1 : 1;
-    m->ranks = g_new0(Rank *, (gsize)m->T * m->P);
-    for (guint i = 0; i < found->len; i++) {
-        Rank *r = g_ptr_array_index(found, i);
-        if (r->tp >= m->T || r->pp >= m->P || m->ranks[r->pp * m->T + r->tp]) {
-            rank_free(r);
-            continue;
-        }
-        m->ranks[r->pp * m->T + r->tp] = r;
-    }
-    for (unsigned p = 0; p < m->P; p++)
-        for (unsigned t = 0; t < m->T; t++)
-            if (m->ranks[p * m->T + t] == NULL) {
-                g_autofree char *want = m->P > 1 ? g_strdup_printf("mp_rank_%02u_%03u", t, p)
-                                                 : g_strdup_printf("mp_rank_%02u", t);
-                return fail(m, CKPTFS_ERROR_NOT_FOUND,
-                            "%s/%s/model_optim_rng.pt: missing (a hole in the tp %u x pp %u grid)",
-                            iter, want, m->T, m->P);
-            }
+    if (g_hash_table_size(m->found) == 0)
+        return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s: no mp_rank_* directories", m->iter);
+    if (m->first == NULL)
+        return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/mp_rank_00/model_optim_rng.pt: missing (no mp_rank_00, "
+                    "mp_rank_00_000 or mp_rank_00_000_000: the first rank's file)", m->iter);
     return true;
 }
 
@@ -142,7 +161,6 @@ static bool open_rank(Mg *m, Rank *r)
     return r->pickle != NULL;
 }
 
-/* Reads the model's sizes from rank 0's args and checks the files agree with them. */
 /* The model dict of virtual chunk V of a rank. */
 static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
 {
@@ -154,12 +172,53 @@ static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
     return ckptfs_py_dict_get(root, key);
 }
 
+/* The largest number at part I of the rank names with NPARTS parts. */
+static unsigned max_name_part(const Mg *m, unsigned nparts, unsigned i)
+{
+    unsigned max = 0;
+    GHashTableIter it;
+    gpointer value;
+    g_hash_table_iter_init(&it, m->found);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        const Rank *r = value;
+        if (r->nparts == nparts)
+            max = MAX(max, r->num[i]);
+    }
+    return max;
+}
+
+/* Without args, the expert TP size from an expert's fc1 rows (2 * ffn / etp) in the first
+ * rank's chunks; tp when none holds an expert (a shape that does not fit is then reported by
+ * locate). */
+static unsigned guess_etp(const Mg *m, const Rank *r)
+{
+    const CkptfsModel *model = &m->saved.model;
+    for (unsigned v = 0; v < m->V; v++) {
+        const CkptfsPy *chunk = chunk_dict(r, v, m->V);
+        for (guint k = 0; chunk && chunk->kind == CKPTFS_PY_DICT && k + 1 < chunk->items->len; k += 2) {
+            const char *key = ckptfs_py_str(g_ptr_array_index(chunk->items, k));
+            const CkptfsPy *t = g_ptr_array_index(chunk->items, k + 1);
+            if (key == NULL || t->kind != CKPTFS_PY_TENSOR || t->tensor->ndim != 2 ||
+                (!g_str_has_suffix(key, ".mlp.experts.local_experts.0.linear_fc1.weight") &&
+                 !g_str_has_suffix(key, ".mlp.experts.linear_fc1.weight0")))
+                continue;
+            uint64_t rows = t->tensor->shape[0];
+            if (rows > 0 && rows % 2 == 0 && model->moe_ffn % (rows / 2) == 0 &&
+                model->moe_ffn / (rows / 2) <= 65536)
+                return (unsigned)(model->moe_ffn / (rows / 2));
+            return m->T;
+        }
+    }
+    return m->T;
+}
+
 /* Rank files saved without args: the sizes come from the config.json given with -o hf_config or
- * -o hf_extra, the split from the files (virtual chunks from the model0.. keys, the padded
- * vocabulary from the embedding's rows); locate() then checks every shape against them. */
+ * -o hf_extra, the split from the files (tp, pp and ep from the directory names, virtual
+ * chunks from the model0.. keys, the padded vocabulary from the embedding's rows, expert TP from
+ * the experts' rows); locate() then checks every shape against them. */
 static bool read_config_sizes(Mg *m)
 {
-    Rank *r0 = m->ranks[0];
+    Rank *r0 = m->first;
     if (!ckptfs_megatron_model_from_config(m->source->config, r0->path, &m->saved, m->error))
         return false;
     const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
@@ -171,6 +230,18 @@ static bool read_config_sizes(Mg *m)
             break;
         m->V++;
     }
+    /* mp_rank_TT_PPP_EEE; mp_rank_TT_XXX is a pipeline stage unless the model has experts
+     * and this first file holds the last stage's final norm (then XXX is the EP rank). */
+    unsigned n = r0->nparts, T = 0;
+    for (unsigned k = 0; k <= 2; k++)
+        T = MAX(T, max_name_part(m, k, 0) + 1);
+    m->T = T, m->P = 1, m->E = 1;
+    bool ep_part = n == 2 || (n == 1 && m->saved.model.experts > 0 &&
+                              ckptfs_py_dict_get(chunk_dict(r0, m->V - 1, m->V), "decoder.final_layernorm.weight"));
+    if (n >= 1 && !(n == 1 && ep_part))
+        m->P = max_name_part(m, n, 1) + 1;
+    if (ep_part)
+        m->E = max_name_part(m, n, n) + 1;
     const CkptfsPy *emb = ckptfs_py_dict_get(chunk_dict(r0, 0, m->V), "embedding.word_embeddings.weight");
     if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor->ndim != 2)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no embedding.word_embeddings.weight matrix", r0->path);
@@ -181,15 +252,19 @@ static bool read_config_sizes(Mg *m)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: the embedding has %" G_GUINT64_FORMAT
                     " rows over all ranks, fewer than vocab_size %" G_GUINT64_FORMAT, r0->path,
                     m->saved.padded_vocab, m->saved.model.vocab);
+    m->X = m->saved.model.experts ? guess_etp(m, r0) : m->T;
     m->saved.layout = (CkptfsLayout){.tp = m->T, .pp = m->P, .vpp = m->V,
                                .pp_first = m->P > 1 ? m->options->pp_first : 0,
-                               .pp_last = m->P > 1 ? m->options->pp_last : 0};
+                               .pp_last = m->P > 1 ? m->options->pp_last : 0,
+                               .ep = m->E, .etp = m->X};
     return true;
 }
 
+/* The model's sizes and the layout it was saved with, from the first rank's args (or, without
+ * args, from a given config.json and the files). */
 static bool read_args(Mg *m)
 {
-    Rank *r0 = m->ranks[0];
+    Rank *r0 = m->first;
     const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
     const CkptfsPy *args = ckptfs_py_object_state(ckptfs_py_dict_get(root, "args"));
     if (args == NULL)
@@ -197,12 +272,142 @@ static bool read_args(Mg *m)
     if (!ckptfs_megatron_model_from_args(args, r0->path, m->options->hf_arch, m->source->config, &m->saved, m->error))
         return false;
     const CkptfsLayout *saved = &m->saved.layout;
-    if (saved->tp != m->T || saved->pp != m->P)
-        return fail(m, CKPTFS_ERROR_FORMAT, "%s: args say tp %u pp %u but the directory holds tp %u x "
-                    "pp %u rank files", r0->path, saved->tp, saved->pp, m->T, m->P);
-    m->V = saved->vpp;
+    m->T = saved->tp, m->P = saved->pp, m->V = saved->vpp;
+    m->E = ckptfs_layout_ep(saved), m->X = ckptfs_layout_etp(saved);
     if (m->source->config == NULL) /* else given with -o hf_config / hf_extra */
         ckptfs_megatron_synthesize_config(m->source, &m->saved.model);
+    return true;
+}
+
+/* Megatron's args that must be the same in every rank file of one checkpoint. */
+static const char *const same_args[] = {
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+    "ffn_hidden_size", "padded_vocab_size", "tensor_model_parallel_size",
+    "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "expert_model_parallel_size", "expert_tensor_parallel_size", "num_experts",
+    "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_router_topk", NULL};
+
+static char *arg_text(const CkptfsPy *v)
+{
+    if (v == NULL)
+        return g_strdup("absent");
+    if (v->kind == CKPTFS_PY_NONE)
+        return g_strdup("None");
+    if ((v->kind == CKPTFS_PY_INT || v->kind == CKPTFS_PY_BOOL) && !v->big)
+        return g_strdup_printf("%" G_GINT64_FORMAT, v->i);
+    return g_strdup("a value of another kind");
+}
+
+static bool args_agree(Mg *m, const Rank *r)
+{
+    const CkptfsPy *want = ckptfs_py_object_state(ckptfs_py_dict_get(ckptfs_pickle_root(m->first->pickle), "args"));
+    const CkptfsPy *got = ckptfs_py_object_state(ckptfs_py_dict_get(ckptfs_pickle_root(r->pickle), "args"));
+    if (want == NULL || got == NULL || r == m->first)
+        return true;
+    for (const char *const *k = same_args; *k; k++) {
+        g_autofree char *a = arg_text(ckptfs_py_dict_get(want, *k));
+        g_autofree char *b = arg_text(ckptfs_py_dict_get(got, *k));
+        if (strcmp(a, b) != 0)
+            return fail(m, CKPTFS_ERROR_FORMAT, "%s: args.%s is %s but %s says %s", r->path, *k, b,
+                        m->first->path, a);
+    }
+    return true;
+}
+
+/* When every rank directory is named as the saved layout names them but their numbers span a
+ * smaller grid (fewer TP, PP or EP ranks than the args say): the two grids, for the message. */
+static char *smaller_grid(const Mg *m)
+{
+    unsigned parts = (m->P > 1) + (m->E > 1), T = 0, P = 1, E = 1;
+    GHashTableIter it;
+    gpointer value;
+    g_hash_table_iter_init(&it, m->found);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        const Rank *r = value;
+        if (r->nparts != parts)
+            return NULL;
+        T = MAX(T, r->num[0] + 1);
+        if (m->P > 1)
+            P = MAX(P, r->num[1] + 1);
+        if (m->E > 1)
+            E = MAX(E, r->num[parts] + 1);
+    }
+    if (T >= m->T && P >= m->P && E >= m->E)
+        return NULL;
+    if (m->E > 1)
+        return g_strdup_printf("args say tp %u pp %u ep %u but the directory holds tp %u x pp %u x ep %u "
+                               "rank files", m->T, m->P, m->E, T, P, E);
+    return g_strdup_printf("args say tp %u pp %u but the directory holds tp %u x pp %u rank files", m->T,
+                           m->P, T, P);
+}
+
+/* The rank files the saved layout has (Megatron's writers: with expert TP below TP not every
+ * TP x EP pair), each found; no other rank directory; then opened, with args that agree. */
+static bool find_ranks(Mg *m)
+{
+    g_autofree char *layout = ckptfs_layout_name(&m->saved.layout);
+    const char *whence = m->first->path;
+    g_autoptr(GArray) stage = ckptfs_layout_rank_files(&m->saved.layout);
+    m->F = stage->len;
+    /* Names are distinct: at most one more lookup than there are directories before a miss
+     * (args may say any layout: nothing is sized by it before its files are found). */
+    GPtrArray *ranks = g_ptr_array_new();
+    g_autoptr(GHashTable) expected = g_hash_table_new(g_str_hash, g_str_equal);
+    for (unsigned p = 0; p < m->P; p++)
+        for (unsigned i = 0; i < m->F; i++) {
+            const CkptfsRankFile *f = &g_array_index(stage, CkptfsRankFile, i);
+            g_autofree char *name = ckptfs_rank_file_dir(&m->saved.layout, p, f);
+            Rank *r = g_hash_table_lookup(m->found, name);
+            if (r == NULL) {
+                g_ptr_array_free(ranks, TRUE);
+                g_autofree char *why = smaller_grid(m);
+                if (why)
+                    return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/model_optim_rng.pt: missing (%s: %s)",
+                                m->iter, name, whence, why);
+                return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/model_optim_rng.pt: missing (a hole in the "
+                            "grid of layout %s, from %s, with %u rank files per pipeline stage)", m->iter,
+                            name, layout, whence, m->F);
+            }
+            r->tp = f->tp, r->pp = p, r->ep = f->ep, r->etp = f->etp;
+            g_ptr_array_add(ranks, r); /* at p * F + i */
+            g_hash_table_add(expected, r->name);
+        }
+    m->ranks = (Rank **)g_ptr_array_free(ranks, FALSE);
+    /* The first in name order of the directories the layout has no file for. */
+    const char *unexpected = NULL;
+    GHashTableIter it;
+    gpointer value;
+    g_hash_table_iter_init(&it, m->found);
+    while (g_hash_table_iter_next(&it, NULL, &value)) {
+        const Rank *r = value;
+        if (!g_hash_table_contains(expected, r->name) && (unexpected == NULL || strcmp(r->name, unexpected) < 0))
+            unexpected = r->name;
+    }
+    if (unexpected)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s/%s: unexpected rank directory (layout %s, from %s, has no "
+                    "such file)", m->iter, unexpected, layout, whence);
+    /* Dense TP share t: from the stage's first file of TP rank t; each expert share (EP rank,
+     * expert TP rank) from the first file that holds it. */
+    m->dense_reader = g_new(unsigned, m->T);
+    m->expert_reader = g_new(unsigned, (gsize)m->E * m->X);
+    for (unsigned t = 0; t < m->T; t++)
+        m->dense_reader[t] = UINT_MAX;
+    for (unsigned k = 0; k < m->E * m->X; k++)
+        m->expert_reader[k] = UINT_MAX;
+    for (unsigned i = m->F; i-- > 0;) {
+        const CkptfsRankFile *f = &g_array_index(stage, CkptfsRankFile, i);
+        m->dense_reader[f->tp] = i;
+        m->expert_reader[f->ep * m->X + f->etp] = i;
+    }
+    for (unsigned k = 0; m->saved.model.experts && k < m->E * m->X; k++)
+        if (m->expert_reader[k] == UINT_MAX)
+            return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: layout %s (from %s): no rank file holds expert "
+                        "TP rank %u of EP rank %u", m->iter, layout, whence, k % m->X, k / m->X);
+    for (unsigned i = 0; i < m->F * m->P; i++) {
+        Rank *r = m->ranks[i];
+        if (r != m->first && (!open_rank(m, r) || !args_agree(m, r)))
+            return false;
+    }
     return true;
 }
 
@@ -263,9 +468,70 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     return true;
 }
 
+/* Adds the pieces of what a file holds of KEY (one layer's, or one expert's) to SET: its parts
+ * (from ckptfs_mcore_share) stacked by rows at L; HF names of layer GLOBAL, expert EXPERT. */
+static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GArray *parts,
+                       const Located *l, uint64_t global, uint64_t expert)
+{
+    uint64_t row = 0;
+    for (guint k = 0; k < parts->len; row += g_array_index(parts, CkptfsSharePart, k).rows, k++) {
+        const CkptfsSharePart *part = &g_array_index(parts, CkptfsSharePart, k);
+        if (part->hf == NULL)
+            continue; /* vocabulary padding */
+        g_autofree char *hf = ckptfs_mcore_hf_name(key, global, expert, part->hf);
+        CkptfsPiece piece = {.row0 = part->hf_row0, .row1 = part->hf_row0 + part->rows,
+                             .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l->src,
+                             .offset = l->base + row * l->row_stride, .row_stride = l->row_stride};
+        ckptfs_piece_set_add(set, hf, &piece);
+    }
+}
+
+/* Whether the experts of layer LOCAL of chunk V of R are TEGroupedMLP's (linear_fc1.weight0),
+ * not SequentialMLP's (local_experts.0.linear_fc1.weight): either scheme is read, each file as
+ * it is; keys of the other scheme are then unexpected. */
+static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t local)
+{
+    const CkptfsPy *chunk = chunk_dict(r, v, m->V);
+    for (unsigned n = 1; n <= 2; n++) {
+        g_autofree char *name = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".mlp.experts.linear_fc%u.weight0",
+                                                local, n);
+        if (ckptfs_py_dict_get(chunk, name) != NULL)
+            return true;
+    }
+    return false;
+}
+
+/* Expert rule RULE of layer LOCAL (global GLOBAL) in chunk V of stage P: every file holds its
+ * EP rank's experts (global k * N/E + j for local j), each split by expert TP; each share is
+ * read from one file, and checked in every file that holds it. */
+static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, const CkptfsRule *rule,
+                        uint64_t local, uint64_t global)
+{
+    const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
+    uint64_t per_rank = m->saved.model.experts / m->E;
+    for (unsigned i = 0; i < m->F; i++) {
+        Rank *r = m->ranks[p * m->F + i];
+        bool grouped = grouped_experts(m, r, v, local);
+        uint64_t rows, cols;
+        g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->X, r->etp, &rows, &cols);
+        bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;
+        for (uint64_t j = 0; j < per_rank; j++) {
+            g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
+            g_autofree char *entry = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+            Located l = {0};
+            if (!locate(m, r, v, entry, rows, cols, &l))
+                return false;
+            if (reader)
+                add_pieces(set, key, parts, &l, global, r->ep * per_rank + j);
+        }
+    }
+    return true;
+}
+
 /* The rank tensors of SCOPE in chunk V of stage P (LAYER: layer LOCAL of the chunk, global
- * layer GLOBAL) mapped back to Hugging Face pieces: each is rank t's TP share of a key of the
- * mapping table. Replicated tensors (norms) must be on every rank; they are read from rank 0. */
+ * layer GLOBAL) mapped back to Hugging Face pieces: each is a file's TP share of a key of the
+ * mapping table. Dense tensors repeat in every EP rank's file and replicated ones (norms,
+ * router) in every file: each is checked everywhere and read from one file. */
 static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, CkptfsScope scope,
                         uint64_t local, uint64_t global)
 {
@@ -274,30 +540,26 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
         const CkptfsRule *rule = g_ptr_array_index(rules, i);
         if (rule->extra_state)
             continue;
+        if (rule->expert) {
+            if (!map_experts(m, set, p, v, rule, local, global))
+                return false;
+            continue;
+        }
         const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
         g_autofree char *entry = scope == CKPTFS_SCOPE_LAYER
                                      ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
                                      : g_strdup(name);
-        for (unsigned t = m->T; t-- > 0;) {
+        for (unsigned f = 0; f < m->F; f++) {
+            Rank *r = m->ranks[p * m->F + f];
             uint64_t rows, cols;
-            g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->T, t, &rows, &cols);
+            g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->T, r->tp, &rows, &cols);
             Located l = {0};
-            if (!locate(m, m->ranks[p * m->T + t], v, entry, rows, cols, &l))
+            if (!locate(m, r, v, entry, rows, cols, &l))
                 return false;
-            if (key->split == CKPTFS_TP_REPLICATED && t != 0)
+            if (m->dense_reader[r->tp] != f || (key->split == CKPTFS_TP_REPLICATED && r->tp != 0))
                 continue;
-            uint64_t row = 0;
-            for (guint k = 0; k < parts->len; row += g_array_index(parts, CkptfsSharePart, k).rows, k++) {
-                const CkptfsSharePart *part = &g_array_index(parts, CkptfsSharePart, k);
-                if (part->hf == NULL)
-                    continue; /* vocabulary padding */
-                g_autofree char *hf = ckptfs_mcore_hf_name(key, global, 0, part->hf);
-                CkptfsPiece piece = {.row0 = part->hf_row0, .row1 = part->hf_row0 + part->rows,
-                                     .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l.src,
-                                     .offset = l.base + row * l.row_stride, .row_stride = l.row_stride};
-                ckptfs_piece_set_add(set, hf, &piece);
-            }
+            add_pieces(set, key, parts, &l, global, 0);
         }
     }
     return true;
@@ -327,15 +589,15 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
     if (!map_entries(m, set, lp, lv, CKPTFS_SCOPE_LAST, 0, 0))
         return false;
     /* Tied: the last stage's copy of the embedding is not a separate HF tensor. */
-    for (unsigned t = 0; model->tied_embeddings && t < m->T; t++)
-        g_hash_table_add(m->ranks[lp * m->T + t]->used, g_strdup_printf("%u/output_layer.weight", lv));
+    for (unsigned f = 0; model->tied_embeddings && f < m->F; f++)
+        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/output_layer.weight", lv));
     return true;
 }
 
 /* Every key of every chunk must have been mapped, or be an _extra_state. */
 static bool check_unexpected(Mg *m)
 {
-    for (unsigned i = 0; i < m->T * m->P; i++) {
+    for (unsigned i = 0; i < m->F * m->P; i++) {
         Rank *r = m->ranks[i];
         g_autoptr(GString) extra = g_string_new(NULL);
         unsigned n = 0;
@@ -366,25 +628,27 @@ static bool open_megatron(CkptfsSource *source, const CkptfsOptions *options, GE
     g_autofree char *iter = ckptfs_megatron_iteration_dir(source->dir, options->iteration, error);
     if (iter == NULL)
         return false;
-    Mg m = {.source = source, .options = options, .error = error};
+    Mg m = {.source = source, .options = options, .iter = iter, .error = error};
     CkptfsPieceSet *c = ckptfs_piece_set_new();
-    bool ok = find_ranks(&m, iter);
-    for (unsigned i = 0; ok && i < m.T * m.P; i++)
-        ok = open_rank(&m, m.ranks[i]);
+    bool ok = scan_ranks(&m) && open_rank(&m, m.first);
     ok = ok && ckptfs_source_use_given_config(source, options, error) && read_args(&m);
-    ok = ok && ckptfs_model_check_limits(&m.saved.model, m.ranks[0]->path, error);
-    if (ok && !ckptfs_layout_validate(&m.saved.layout, &m.saved.model, error))
+    ok = ok && ckptfs_model_check_limits(&m.saved.model, m.first->path, error);
+    if (ok && !ckptfs_layout_validate(&m.saved.layout, &m.saved.model, error)) {
+        g_prefix_error(error, "%s: ", m.first->path);
         ok = false;
-    ok = ok && map_model(&m, c) && check_unexpected(&m);
+    }
+    ok = ok && find_ranks(&m) && map_model(&m, c) && check_unexpected(&m);
     ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error);
     ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->saved_layout = m.saved.layout;
     if (m.keys)
         g_ptr_array_unref(m.keys);
-    for (unsigned i = 0; m.ranks && i < m.T * m.P; i++)
-        rank_free(m.ranks[i]);
     g_free(m.ranks);
+    g_free(m.dense_reader);
+    g_free(m.expert_reader);
+    if (m.found)
+        g_hash_table_unref(m.found);
     ckptfs_piece_set_free(c);
     return ok;
 }
