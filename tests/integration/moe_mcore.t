@@ -80,6 +80,13 @@ for a in "${order[@]}"; do
   fi
   check "$a: cp -r mcore equals ckptfs export mcore" bash -c \
     "cp -r '$WORK/mnt-$a-te/mcore' '$WORK/cp-$a' && '$CKPTFS' export '$hf' mcore '$WORK/exp-$a' >/dev/null && diff -r '$WORK/cp-$a' '$WORK/exp-$a'"
+  # Round trip: the exported mcore/ as a torch_dist source gives the HF model back.
+  if mount_ckptfs "$WORK/exp-$a" "$WORK/mnt-$a-back" -o "hf_extra=$hf"; then
+    check "$a: exported mcore/ mounted as a source: hf/ bit-identical to the HF model" \
+      $PY "$TESTS_TOP/tests/lib/check_hf.py" compare "$hf" "$WORK/mnt-$a-back/hf"
+  else
+    ok 1 "$a: exported mcore/ mounts as a source"
+  fi
 done
 
 # --- against the checkpoint Megatron-core wrote itself (local spec, tp1pp2ep2) ---
