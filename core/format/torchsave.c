@@ -614,12 +614,3 @@ GBytes *ckptfs_pickle_stream_finish(CkptfsPickleStream *s)
     g_free(s);
     return out;
 }
-
-GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error)
-{
-    Pickler p = pickler_new(false, true, error);
-    bool ok = pickle_root(&p, root);
-    GBytes *out = ok ? g_bytes_new(p.out->data, p.out->len) : NULL;
-    pickler_clear(&p);
-    return out;
-}

@@ -24,13 +24,10 @@ bool ckptfs_torchsave_append(CkptfsPlanBuilder *b, const CkptfsValue *root,
  * any tensor's source. */
 uint64_t ckptfs_torchsave_size(const CkptfsValue *root, const char *archive_name, GError **error);
 
-/* A plain pickle (protocol 2, `pickle.dump`) of ROOT, which must hold no tensors; globals are
- * memoized as Python's pickler does. */
-GBytes *ckptfs_pickle_dump(const CkptfsValue *root, GError **error);
-
-/* The same pickle written piece by piece, for structures too large to hold as one value tree
- * (mcore/'s .metadata of a large MoE has hundreds of thousands of chunks): whole values,
- * strings, and containers opened and closed around what follows. Objects are built as
+/* A plain pickle (protocol 2, `pickle.dump`; no tensors; globals memoized as Python's pickler
+ * does) written piece by piece, so that structures too large to hold as one value tree
+ * (mcore/'s .metadata of a large MoE has hundreds of thousands of chunks) need not be: whole
+ * values, strings, and containers opened and closed around what follows. Objects are built as
  * dataclasses pickle: NEWOBJ of the class with no arguments, then their state, then BUILD. */
 typedef struct CkptfsPickleStream CkptfsPickleStream;
 CkptfsPickleStream *ckptfs_pickle_stream_new(GError **error);
