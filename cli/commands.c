@@ -168,6 +168,21 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_int_value(b, (gint64)dtype_counts[d]);
     }
     json_builder_end_object(b);
+    /* The element types on disk, when views serve others (-o dtype, verl's fp32 shards). */
+    json_builder_set_member_name(b, "stored_dtypes");
+    json_builder_begin_object(b);
+    uint64_t stored[CKPTFS_DTYPE_COUNT] = {0};
+    for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
+        stored[ckptfs_catalog_at(s->catalog, i)->stored]++;
+    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
+        if (stored[d] == 0)
+            continue;
+        json_builder_set_member_name(b, ckptfs_dtype_safetensors_name((CkptfsDtype)d));
+        json_builder_add_int_value(b, (gint64)stored[d]);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "converted");
+    json_builder_add_int_value(b, s->converted);
     json_builder_set_member_name(b, "architecture");
     const char *arch = config_architecture(s->config);
     if (arch)
@@ -371,6 +386,17 @@ int ckptfs_cmd_inspect(int argc, char **argv)
             printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d),
                    dtype_counts[d]);
     printf("\n");
+    if (s->converted) {
+        uint64_t stored[CKPTFS_DTYPE_COUNT] = {0};
+        for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
+            stored[ckptfs_catalog_at(s->catalog, i)->stored]++;
+        printf("converted:    %u tensors converted on read; stored as", s->converted);
+        for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
+            if (stored[d])
+                printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d),
+                       stored[d]);
+        printf(" (-o dtype=auto|bf16|fp32)\n");
+    }
     if (s->config != NULL) {
         const char *arch = config_architecture(s->config);
         const char *model_type = config_string(s->config, "model_type");

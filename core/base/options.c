@@ -22,6 +22,8 @@ void ckptfs_options_clear(CkptfsOptions *options)
     g_clear_pointer(&options->hf_arch, g_free);
     g_clear_pointer(&options->hf_config, g_free);
     g_clear_pointer(&options->hf_extra, g_free);
+    g_clear_pointer(&options->step, g_free);
+    g_clear_pointer(&options->role, g_free);
 }
 
 void ckptfs_options_copy(CkptfsOptions *dst, const CkptfsOptions *src)
@@ -32,6 +34,8 @@ void ckptfs_options_copy(CkptfsOptions *dst, const CkptfsOptions *src)
     dst->hf_arch = g_strdup(src->hf_arch);
     dst->hf_config = g_strdup(src->hf_config);
     dst->hf_extra = g_strdup(src->hf_extra);
+    dst->step = g_strdup(src->step);
+    dst->role = g_strdup(src->role);
 }
 
 static bool bad(GError **error, const char *key, const char *why)
@@ -193,6 +197,32 @@ static bool opt_hf_extra(CkptfsOptions *o, const char *key, const char *value, G
     return set_string(&o->hf_extra, value);
 }
 
+static bool opt_dtype(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"auto", "bf16", "fp32", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->dtype = (CkptfsServeDtype)i;
+    return true;
+}
+
+static bool opt_step(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    char *end = NULL;
+    if (strcmp(value, "latest") != 0 && (strtoul(value, &end, 10), end == value || *end || *value == '-'))
+        return bad(error, key, "needs \"latest\" or a step number");
+    return set_string(&o->step, value);
+}
+
+static bool opt_role(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    /* Any role directory name verl writes (actor, critic, ...); checked when the run is read. */
+    if (*value == '\0' || strchr(value, '/') != NULL || strcmp(value, ".") == 0 || strcmp(value, "..") == 0)
+        return bad(error, key, "needs a role directory name such as actor or critic");
+    return set_string(&o->role, value);
+}
+
 static const struct {
     const char *key;
     OptionFn apply;
@@ -219,6 +249,11 @@ static const struct {
     {"hf_arch", opt_hf_arch, "Megatron source: the architecture (llama, mistral, qwen2, qwen3, phi3)"},
     {"hf_config", opt_hf_config, "Megatron source: serve this config.json in hf/"},
     {"hf_extra", opt_hf_extra, "Megatron source: pass this directory's files (tokenizer...) to hf/"},
+    {"dtype", opt_dtype,
+     "auto|bf16|fp32: element type of the weights in every view; auto = the source's\n"
+     "                           own (bf16 for verl's fp32 FSDP shards); others converted on read"},
+    {"step", opt_step, "verl run: mount only this saved step (N or latest)"},
+    {"role", opt_role, "verl run: with step, the role (actor, critic) whose views are the root"},
     {"layouts", opt_layouts, "extra layouts to list at the root, e.g. tp8pp2:tp2pp4vpp2"},
 };
 

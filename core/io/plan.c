@@ -27,6 +27,7 @@ typedef struct {
     uint64_t first; /* literal byte offset, or first gather item */
     uint64_t nrep, rep_size;
     uint32_t nitems;
+    CkptfsConvert convert;
     uint64_t crc_offset, crc_len;
 } BuildExtent;
 
@@ -169,6 +170,57 @@ void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGat
     push_extent(b, e);
 }
 
+/* Output bytes of SRC_BYTES source bytes converted by CONV. */
+static uint64_t converted_size(CkptfsConvert conv, uint64_t src_bytes)
+{
+    return src_bytes / ckptfs_dtype_size(ckptfs_convert_from(conv)) *
+           ckptfs_dtype_size(ckptfs_convert_to(conv));
+}
+
+void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t nrep,
+                             const CkptfsGatherItem *items, uint32_t nitems)
+{
+    g_assert(conv > CKPTFS_CONVERT_NONE && conv < CKPTFS_CONVERT_COUNT);
+    size_t isz = ckptfs_dtype_size(ckptfs_convert_from(conv));
+    uint64_t rep_size = 0;
+    for (uint32_t k = 0; k < nitems; k++) {
+        g_assert(items[k].len % isz == 0); /* pieces are whole elements */
+        rep_size += items[k].len;
+    }
+    if (nrep == 0 || rep_size == 0)
+        return;
+    CkptfsGatherItem run = items[0];
+    if (nitems == 1 && (nrep == 1 || items[0].stride == items[0].len)) {
+        /* One contiguous run: continues the previous converted run when it can. */
+        run.len *= nrep;
+        run.stride = run.len;
+        BuildExtent *last = last_extent(b);
+        if (last && last->kind == CKPTFS_EXTENT_CONVERT && last->convert == conv && last->nrep == 1 &&
+            last->nitems == 1 && last->first == b->items->len - 1) {
+            CkptfsGatherItem *prev = &g_array_index(b->items, CkptfsGatherItem, last->first);
+            if (prev->src == run.src && prev->base + prev->len == run.base) {
+                uint64_t grown = converted_size(conv, run.len);
+                prev->len += run.len;
+                prev->stride = prev->len;
+                last->rep_size += run.len;
+                last->size += grown;
+                b->size += grown;
+                return;
+            }
+        }
+        items = &run, nitems = 1, nrep = 1, rep_size = run.len;
+    }
+    BuildExtent e = {.kind = CKPTFS_EXTENT_CONVERT, .size = converted_size(conv, nrep * rep_size),
+                     .first = b->items->len, .nrep = nrep, .rep_size = rep_size, .nitems = nitems,
+                     .convert = conv};
+    for (uint32_t k = 0; k < nitems; k++)
+        if (items[k].len > 0)
+            g_array_append_val(b->items, items[k]);
+        else
+            e.nitems--;
+    push_extent(b, e);
+}
+
 CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
 {
     CkptfsPlan *plan = g_new0(CkptfsPlan, 1);
@@ -188,7 +240,8 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
         e->kind = be->kind;
         if (be->kind == CKPTFS_EXTENT_LITERAL) {
             e->u.literal = plan->literals + be->first;
-        } else if (be->kind == CKPTFS_EXTENT_GATHER) {
+        } else if (be->kind == CKPTFS_EXTENT_GATHER || be->kind == CKPTFS_EXTENT_CONVERT) {
+            e->u.gather.convert = be->convert;
             e->u.gather.nrep = be->nrep;
             e->u.gather.rep_size = be->rep_size;
             e->u.gather.nitems = be->nitems;
@@ -342,6 +395,50 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
     return n == body || gather_read_rows(e, in_off + body, dst + body, n - (size_t)body, pending, error);
 }
 
+/* Elements converted per source read: the scratch (4 bytes each at most) stays in cache. */
+#define CONVERT_CHUNK 32768u
+
+/* Output bytes [in_off, in_off + n) of a CONVERT extent: the elements they touch are read from
+ * the sources and converted; whole ones straight into DST, a first or last element cut by the
+ * read through a small buffer. */
+static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint64_t in_off,
+                         uint8_t *dst, size_t n, GError **error)
+{
+    CkptfsConvert conv = e->u.gather.convert;
+    size_t isz = ckptfs_dtype_size(ckptfs_convert_from(conv));
+    size_t osz = ckptfs_dtype_size(ckptfs_convert_to(conv));
+    uint64_t first = in_off / osz, end = (in_off + n + osz - 1) / osz; /* elements [first, end) */
+    uint64_t out_end = in_off + n;
+    g_autofree uint8_t *scratch = g_malloc(MIN(end - first, (uint64_t)CONVERT_CHUNK) * isz);
+    bool ok = true;
+    for (uint64_t el = first; el < end && ok;) {
+        uint64_t count = MIN(end - el, (uint64_t)CONVERT_CHUNK);
+        PendingRead pending = {.files = files};
+        ok = gather_read(e, el * isz, scratch, (size_t)(count * isz), &pending, error) &&
+             pending_flush(&pending, error);
+        g_free(pending.skip);
+        if (!ok)
+            break;
+        for (uint64_t i = 0; i < count;) {
+            uint64_t at = (el + i) * osz; /* where element el + i starts in the extent */
+            if (at < in_off || at + osz > out_end) {
+                uint8_t one[8];
+                ckptfs_convert_run(conv, scratch + i * isz, one, 1);
+                uint64_t a = MAX(at, in_off), z = MIN(at + osz, out_end);
+                memcpy(dst + (a - in_off), one + (a - at), (size_t)(z - a));
+                i++;
+                continue;
+            }
+            /* Whole elements from here to the chunk's end or the last, cut one. */
+            uint64_t whole = MIN(count - i, (out_end - at) / osz);
+            ckptfs_convert_run(conv, scratch + i * isz, dst + (at - in_off), (size_t)whole);
+            i += whole;
+        }
+        el += count;
+    }
+    return ok;
+}
+
 #define CRC_CHUNK (1u << 20)
 
 static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const CkptfsExtent *e,
@@ -408,6 +505,12 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
                 goto out;
             }
             break;
+        case CKPTFS_EXTENT_CONVERT:
+            if (!convert_read(e, files, in_off, dst, n, error)) {
+                result = -1;
+                goto out;
+            }
+            break;
         case CKPTFS_EXTENT_CRC32: {
             uint32_t crc;
             if (!crc_value(plan, files, e, &crc, error)) {
@@ -435,7 +538,7 @@ void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
 {
     for (size_t i = 0; i < plan->n_extents; i++) {
         const CkptfsExtent *e = &plan->extents[i];
-        if (e->kind != CKPTFS_EXTENT_GATHER)
+        if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
         for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
             guint32 src = e->u.gather.items[k].src;

@@ -93,6 +93,7 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     CkptfsTensor *t = g_new0(CkptfsTensor, 1);
     t->name = g_strdup(name);
     t->dtype = dtype;
+    t->stored = dtype;
     t->ndim = ndim;
     memcpy(t->shape, shape, ndim * sizeof *shape);
     t->rows = rows;
@@ -122,6 +123,24 @@ const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const 
     return ckptfs_catalog_add_pieces(catalog, name, dtype, ndim, shape, &whole, 1, NULL);
 }
 
+unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
+{
+    unsigned converted = 0;
+    catalog->total_bytes = 0;
+    for (guint i = 0; i < catalog->tensors->len; i++) {
+        CkptfsTensor *t = g_ptr_array_index(catalog->tensors, i);
+        CkptfsDtype serve = t->stored == to || ckptfs_convert_find(t->stored, to) ? to : t->stored;
+        /* Fewer or as many bytes per element as stored (bf16 from fp32), or twice as many from
+         * sizes already checked against 64 bits with 8-byte elements to spare. */
+        t->dtype = serve;
+        t->nbytes = t->rows * t->cols * ckptfs_dtype_size(serve);
+        converted += serve != t->stored;
+        if (!ckptfs_add_u64(catalog->total_bytes, t->nbytes, &catalog->total_bytes))
+            catalog->total_bytes = UINT64_MAX;
+    }
+    return converted;
+}
+
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog)
 {
     return catalog->tensors->len;
@@ -148,7 +167,8 @@ uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog)
 void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                              uint64_t r1, uint64_t c0, uint64_t c1)
 {
-    size_t isz = ckptfs_dtype_size(tensor->dtype);
+    size_t isz = ckptfs_dtype_size(tensor->stored); /* pieces address stored bytes */
+    CkptfsConvert conv = ckptfs_convert_find(tensor->stored, tensor->dtype);
     uint64_t row = r0;
     while (row < r1 && c0 < c1) {
         /* The band ends where any piece crossing these columns starts or ends. */
@@ -182,8 +202,12 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
             g_array_append_val(items, item);
             col = end;
         }
-        ckptfs_plan_add_gather(b, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
-                               items->len);
+        if (conv != CKPTFS_CONVERT_NONE)
+            ckptfs_plan_add_convert(b, conv, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
+                                    items->len);
+        else
+            ckptfs_plan_add_gather(b, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
+                                   items->len);
         row = band_end;
     }
 }

@@ -63,6 +63,32 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
 static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_torch_dist, &ckptfs_format_megatron,
                                                     &ckptfs_format_hf};
 
+/* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,
+ * converted on read, and config.json's torch_dtype saying so. */
+static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options)
+{
+    CkptfsServeDtype want = options->dtype != CKPTFS_SERVE_AUTO ? options->dtype : source->default_dtype;
+    if (want == CKPTFS_SERVE_AUTO)
+        return;
+    CkptfsDtype to = want == CKPTFS_SERVE_BF16 ? CKPTFS_DTYPE_BF16 : CKPTFS_DTYPE_F32;
+    source->converted = ckptfs_catalog_serve_as(source->catalog, to);
+    if (source->converted == 0 || source->config == NULL)
+        return;
+    /* transformers 5 writes "dtype"; earlier versions "torch_dtype" (both read both). */
+    static const char *const keys[] = {"torch_dtype", "dtype"};
+    const char *name = ckptfs_dtype_torch_name(to);
+    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *node = json_object_get_member(source->config, keys[i]);
+        bool present = node != NULL, same = present && JSON_NODE_HOLDS_VALUE(node) &&
+                                            json_node_get_value_type(node) == G_TYPE_STRING &&
+                                            strcmp(json_node_get_string(node), name) == 0;
+        if ((present || i == 0) && !same) {
+            json_object_set_string_member(source->config, keys[i], name);
+            source->config_changed = true;
+        }
+    }
+}
+
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options, GError **error)
 {
     struct stat st;
@@ -90,6 +116,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         ckptfs_source_free(source);
         return NULL;
     }
+    serve_dtype(source, options);
     return source;
 }
 

@@ -226,20 +226,25 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
 {
     (void)error;
     HfReshard *r = NULL;
-    /* Weights not held in safetensors files of the source (a Megatron checkpoint): hf/ makes them. */
-    bool foreign = source->weight_files->len == 0;
+    /* Weights not held in safetensors files of the source (a Megatron checkpoint), or served in
+     * another element type than stored: hf/ makes them. */
+    bool foreign = source->weight_files->len == 0 || source->converted > 0;
     if (options->hf_shard_size > 0 || foreign) {
         r = hf_reshard_new(source, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE);
         ckptfs_tree_own(tree, r, hf_reshard_free);
     }
     /* A foreign source's own files are not Hugging Face files: hf/ shows a config.json made
      * from its model (unless one was given) and the files given with it (-o hf_extra). */
-    if (foreign && source->config != NULL && ckptfs_source_top_file(source, "config.json") == NULL)
+    bool own_config = source->config != NULL &&
+                      (source->config_changed || (foreign && ckptfs_source_top_file(source, "config.json") == NULL));
+    if (own_config)
         ckptfs_tree_add_file(tree, dir, "config.json", plan_config, (gpointer)source, NULL);
     /* Non-weight files (config, tokenizer, ...) always pass through; when re-sharding, the old
      * weight files and anything named like a new one are replaced. */
     for (guint i = 0; i < source->top_files->len; i++) {
         const CkptfsSourceFile *f = g_ptr_array_index(source->top_files, i);
+        if (own_config && strcmp(f->name, "config.json") == 0)
+            continue;
         if (r == NULL || (!is_weight_file(source, f->name) && !is_generated_name(r, f->name)))
             ckptfs_tree_add_file(tree, dir, f->name, plan_passthrough, NULL, f);
     }

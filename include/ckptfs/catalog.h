@@ -23,7 +23,8 @@ typedef struct {
 
 typedef struct {
     char *name;
-    CkptfsDtype dtype;
+    CkptfsDtype dtype;  /* what views serve (nbytes counts it) */
+    CkptfsDtype stored; /* what the pieces' bytes are: another type is converted on read */
     unsigned ndim;
     uint64_t shape[CKPTFS_MAX_DIMS];
     uint64_t rows, cols; /* the 2-D view */
@@ -51,6 +52,11 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                                               CkptfsDtype dtype, unsigned ndim,
                                               const uint64_t *shape, const CkptfsPiece *pieces,
                                               unsigned npieces, GError **error);
+
+/* Serves every floating-point tensor as TO, converted on read from what is stored (tensors
+ * stored as TO are served as stored; integer tensors are never converted). Returns how many
+ * tensors are served converted. */
+unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to);
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
 const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);

@@ -9,6 +9,9 @@
 
 typedef enum { CKPTFS_SPEC_TE, CKPTFS_SPEC_LOCAL } CkptfsSpec;
 typedef enum { CKPTFS_VOCAB_PAD_ZERO, CKPTFS_VOCAB_PAD_LAST } CkptfsVocabPad;
+/* The element type views serve floating-point weights in: the source's own (or its format's
+ * default: bf16 for verl's fp32 FSDP shards), or converted on read. */
+typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsServeDtype;
 
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
@@ -21,11 +24,15 @@ typedef struct {
     bool megatron_args;           /* put an argparse.Namespace `args` in rank files */
     bool crc32;                   /* real CRC-32s in synthesized zips (computed on read) */
     char **layouts;               /* extra layouts the root lists (NULL-terminated) */
+    CkptfsServeDtype dtype;       /* element type of the weights every view serves */
     /* Megatron sources */
     char *iteration;              /* "release" or a number: which checkpoint of the directory */
     char *hf_arch;                /* llama|mistral|qwen2|qwen3: architecture of hf/config.json */
     char *hf_config;              /* a config.json to serve in hf/ instead of a synthesized one */
     char *hf_extra;               /* a directory whose files (tokenizer...) hf/ passes through */
+    /* verl run directories */
+    char *step;                   /* "latest" or N: mount one saved step (default: all of them) */
+    char *role;                   /* actor|critic: with step, the role whose views are the root */
 } CkptfsOptions;
 
 typedef enum {

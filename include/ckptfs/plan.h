@@ -6,6 +6,9 @@
  *   GATHER   repeat NREP times; in repetition j emit, for each item k in order, items[k].len
  *            bytes of source file items[k].src starting at items[k].base + j * items[k].stride.
  *            One item with nrep 1 is a plain contiguous run of a source file.
+ *   CONVERT  a gather whose bytes are elements of one type, emitted as another (fp32 shards
+ *            served as bf16): N source bytes become M output bytes; reads at any offset and
+ *            length convert only the elements they touch.
  * The read engine binary-searches the extent containing an offset and copies from the sources;
  * a plan never holds tensor data. Plans are immutable once built and safe to read from any
  * number of threads. */
@@ -17,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckptfs/convert.h"
 #include "ckptfs/srcfiles.h"
 
 typedef enum {
@@ -25,6 +29,7 @@ typedef enum {
     CKPTFS_EXTENT_GATHER,
     CKPTFS_EXTENT_CRC32, /* 4 bytes: CRC-32 (little-endian) of an earlier range of the same
                             file, computed on first read and cached */
+    CKPTFS_EXTENT_CONVERT,
 } CkptfsExtentKind;
 
 typedef struct {
@@ -45,6 +50,7 @@ typedef struct {
             uint64_t rep_size; /* sum of items[k].len */
             uint32_t nitems;
             const CkptfsGatherItem *items; /* owned by the plan */
+            CkptfsConvert convert;         /* CONVERT: rep_size etc. count source bytes */
         } gather;
         struct {
             uint64_t offset, len; /* the range of this file it covers */
@@ -68,6 +74,10 @@ void ckptfs_plan_add_run(CkptfsPlanBuilder *b, uint32_t src, uint64_t offset, ui
  * nothing; a gather that is really one contiguous run is stored as a run. */
 void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
                             uint32_t nitems);
+/* Appends the elements of a gather (as ckptfs_plan_add_gather; item lengths whole source
+ * elements) converted by CONV. */
+void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t nrep,
+                             const CkptfsGatherItem *items, uint32_t nitems);
 /* Appends the 4-byte CRC-32 of bytes [OFFSET, OFFSET + LEN) of this file, which must come
  * before it and hold no CRC extent. Computed lazily: the first read of it reads the range. */
 void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len);

@@ -34,6 +34,10 @@ typedef struct CkptfsSource {
     char *found;             /* what the reader found, in a line, or NULL */
     CkptfsLayout saved_layout; /* the split it was saved with (tp1pp1 for Hugging Face): what a
                                   bare "vpp2" or "pp4" view refines */
+    CkptfsServeDtype default_dtype; /* what -o dtype=auto serves: AUTO = the stored type; BF16
+                                       for a format whose users' tools cast to bf16 (verl FSDP) */
+    unsigned converted;   /* tensors served in another element type than stored */
+    bool config_changed;  /* config (torch_dtype) no longer says what the config.json file does */
 } CkptfsSource;
 
 /* One checkpoint format: a row of the source registry (source.c), tried in order. */

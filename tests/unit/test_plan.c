@@ -3,6 +3,7 @@
  * catalog's rectangle emission over tensors made of several pieces. */
 #include <glib.h>
 #include <glib/gstdio.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -47,11 +48,39 @@ static void sources_clear(Sources *s)
     ckptfs_srcfiles_free(s->files);
 }
 
+/* bf16 of fp32 bits by the definition, not by bit tricks: the nearer of the two bf16 values
+ * around it (compared in double), the even one on a tie; NaN -> NAN_BITS (what torch gives:
+ * 0xFFFF from a float tensor, 0x7FC0 from a half tensor). */
+static uint16_t reference_bf16_nan(uint32_t u, uint16_t nan_bits)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    if (isnan(f))
+        return nan_bits;
+    uint32_t lo = u & 0xFFFF0000u, hi = lo + 0x10000u;
+    if ((lo & 0x7FFFFFFFu) == 0x7F800000u) /* an infinity is exact */
+        return (uint16_t)(lo >> 16);
+    float flo, fhi;
+    memcpy(&flo, &lo, 4);
+    memcpy(&fhi, &hi, 4);
+    double dlo = fabs((double)f - (double)flo);
+    /* hi of the largest finite magnitude is infinity: rounding there goes up past the max. */
+    double dhi = isinf(fhi) ? fabs(ldexp(1.0, 128) * (f < 0 ? -1 : 1) - (double)f) : fabs((double)fhi - (double)f);
+    if (dlo < dhi || (dlo == dhi && ((lo >> 16) & 1u) == 0))
+        return (uint16_t)(lo >> 16);
+    return (uint16_t)(hi >> 16);
+}
+
+static uint16_t reference_bf16(uint32_t u)
+{
+    return reference_bf16_nan(u, 0xFFFF);
+}
+
 /* Appends a random extent to the plan and the same bytes to EXPECT. */
 static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const Sources *s,
                               GRand *rng)
 {
-    switch (g_rand_int_range(rng, 0, 4)) {
+    switch (g_rand_int_range(rng, 0, 6)) {
     case 0: {
         uint8_t lit[300];
         size_t n = (size_t)g_rand_int_range(rng, 1, sizeof lit);
@@ -74,6 +103,56 @@ static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const So
         uint64_t len = (uint64_t)g_rand_int_range(rng, 1, (gint32)(SRC_SIZE - off) + 1);
         ckptfs_plan_add_run(b, src, off, len);
         g_byte_array_append(expect, s->data[src] + off, (guint)len);
+        break;
+    }
+    case 4:
+    case 5: {
+        /* fp32 -> bf16 or bf16 -> fp32 of a gather of whole elements. */
+        bool narrow = g_rand_boolean(rng);
+        size_t isz = narrow ? 4 : 2;
+        CkptfsGatherItem items[3];
+        uint32_t nitems = (uint32_t)g_rand_int_range(rng, 1, 4);
+        uint64_t nrep = (uint64_t)g_rand_int_range(rng, 1, 30);
+        for (uint32_t k = 0; k < nitems; k++) {
+            items[k].src = (uint32_t)g_rand_int_range(rng, 0, NSRC);
+            items[k].len = isz * (uint64_t)g_rand_int_range(rng, 0, 20);
+            items[k].stride = items[k].len + (uint64_t)g_rand_int_range(rng, 0, 3) * isz * g_rand_int_range(rng, 0, 2);
+            uint64_t span = items[k].stride * (nrep - 1) + items[k].len;
+            items[k].base = (uint64_t)g_rand_int_range(rng, 0, (gint32)(SRC_SIZE - span));
+        }
+        ckptfs_plan_add_convert(b, narrow ? CKPTFS_CONVERT_F32_TO_BF16 : CKPTFS_CONVERT_BF16_TO_F32, nrep,
+                                items, nitems);
+        for (uint64_t j = 0; j < nrep; j++)
+            for (uint32_t k = 0; k < nitems; k++)
+                for (uint64_t e = 0; e < items[k].len / isz; e++) {
+                    const uint8_t *at = s->data[items[k].src] + items[k].base + j * items[k].stride + e * isz;
+                    if (narrow) {
+                        uint32_t u;
+                        memcpy(&u, at, 4);
+                        uint16_t h = reference_bf16(u);
+                        g_byte_array_append(expect, (const uint8_t *)&h, 2);
+                    } else {
+                        uint16_t h;
+                        memcpy(&h, at, 2);
+                        float f = ldexpf(1.0f, 0); /* value rebuilt from sign, exponent, mantissa */
+                        uint32_t exp = (h >> 7) & 0xFFu, mant = h & 0x7Fu;
+                        if (exp == 0xFF)
+                            f = mant ? NAN : INFINITY;
+                        else if (exp == 0)
+                            f = ldexpf((float)mant, -133);
+                        else
+                            f = ldexpf((float)(mant | 0x80u), (int)exp - 134);
+                        uint32_t u;
+                        if (exp == 0xFF && mant) /* NaN: payload kept, bits as stored */
+                            u = (uint32_t)h << 16;
+                        else {
+                            if (h & 0x8000u)
+                                f = -f;
+                            memcpy(&u, &f, 4);
+                        }
+                        g_byte_array_append(expect, (const uint8_t *)&u, 4);
+                    }
+                }
         break;
     }
     default: {
@@ -133,6 +212,53 @@ static void test_random_plans(const Sources *s, GRand *rng)
     }
     tap_ok(plans_ok == 40, "random plans have the reference size (%d/40)", plans_ok);
     tap_ok(reads_ok == reads, "random reads equal the reference (%d/%d)", reads_ok, reads);
+}
+
+/* The conversions on their hard cases: ties both ways, rounding past the largest finite value,
+ * signed zeros, subnormals, infinities, NaNs of both signs; every half-precision value. */
+static void test_conversions(GRand *rng)
+{
+    static const uint32_t special[] = {
+        0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00008000, 0x00018000, 0x3F808000,
+        0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000,
+        0xFF800000, 0x7F800001, 0xFFC00000, 0x7FFFFFFF, 0xFF800001, 0x3F800000, 0x477FE000};
+    int ok = 0, total = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(special) + 100000; i++) {
+        uint32_t u = i < G_N_ELEMENTS(special) ? special[i] : g_rand_int(rng);
+        uint16_t got;
+        ckptfs_convert_run(CKPTFS_CONVERT_F32_TO_BF16, &u, &got, 1);
+        total++;
+        if (got == reference_bf16(u))
+            ok++;
+        else if (total - ok < 5)
+            tap_diag("fp32 %08x -> bf16 %04x, want %04x", u, got, reference_bf16(u));
+    }
+    tap_ok(ok == total, "fp32 -> bf16 rounds to nearest even, NaN -> 0xFFFF (%d/%d values)", ok, total);
+    int ok16 = 0, okb = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t half = (uint16_t)h;
+        uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu, want;
+        if (exp == 0x1F) {
+            want = ((h & 0x8000u) << 16) | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u);
+        } else {
+            float f = exp ? ldexpf((float)(mant | 0x400u), (int)exp - 25) : ldexpf((float)mant, -24);
+            if (h & 0x8000u)
+                f = -f;
+            memcpy(&want, &f, 4);
+        }
+        uint32_t got;
+        uint16_t gotb;
+        ckptfs_convert_run(CKPTFS_CONVERT_F16_TO_F32, &half, &got, 1);
+        ckptfs_convert_run(CKPTFS_CONVERT_F16_TO_BF16, &half, &gotb, 1);
+        ok16 += got == want;
+        okb += gotb == reference_bf16_nan(want, 0x7FC0);
+    }
+    tap_ok(ok16 == 65536, "fp16 -> fp32 is exact for every half value, NaNs made quiet (%d/65536)", ok16);
+    tap_ok(okb == 65536, "fp16 -> bf16 = fp16 -> fp32 -> bf16 for every half value (%d/65536)", okb);
+    tap_ok(ckptfs_convert_find(CKPTFS_DTYPE_F32, CKPTFS_DTYPE_BF16) == CKPTFS_CONVERT_F32_TO_BF16 &&
+               ckptfs_convert_find(CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_BF16) == CKPTFS_CONVERT_NONE &&
+               ckptfs_convert_find(CKPTFS_DTYPE_I64, CKPTFS_DTYPE_BF16) == CKPTFS_CONVERT_NONE,
+           "conversions exist between float types only");
 }
 
 static void test_run_merging(void)
@@ -229,6 +355,7 @@ int main(void)
     Sources s;
     sources_init(&s, rng);
     test_random_plans(&s, rng);
+    test_conversions(rng);
     test_run_merging();
     test_read_errors(&s);
     test_catalog_rects(&s, rng);

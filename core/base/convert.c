@@ -1,0 +1,105 @@
+#include "ckptfs/convert.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static const struct {
+    CkptfsDtype from, to;
+} conversions[CKPTFS_CONVERT_COUNT] = {
+    [CKPTFS_CONVERT_F32_TO_BF16] = {CKPTFS_DTYPE_F32, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_F16_TO_BF16] = {CKPTFS_DTYPE_F16, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_BF16_TO_F32] = {CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_F32},
+    [CKPTFS_CONVERT_F16_TO_F32] = {CKPTFS_DTYPE_F16, CKPTFS_DTYPE_F32},
+};
+
+CkptfsConvert ckptfs_convert_find(CkptfsDtype from, CkptfsDtype to)
+{
+    for (int c = 1; c < CKPTFS_CONVERT_COUNT; c++)
+        if (conversions[c].from == from && conversions[c].to == to)
+            return (CkptfsConvert)c;
+    return CKPTFS_CONVERT_NONE;
+}
+
+CkptfsDtype ckptfs_convert_from(CkptfsConvert conv)
+{
+    return conversions[conv].from;
+}
+
+CkptfsDtype ckptfs_convert_to(CkptfsConvert conv)
+{
+    return conversions[conv].to;
+}
+
+/* torch's rounding: add half an ulp of bf16 (ties to even) and truncate. A NaN becomes NAN_BITS:
+ * 0xFFFF from a float tensor's .bfloat16() on CPU (ATen's vectorised cast, what verl's merger
+ * runs), 0x7FC0 from c10::BFloat16 of one value (the path a half tensor takes). Branch-free so
+ * the loop vectorizes. */
+static inline uint16_t bf16_from_f32_bits(uint32_t u, uint16_t nan_bits)
+{
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? nan_bits : (uint16_t)rounded;
+}
+
+/* IEEE half to single, exactly: subnormal halves become normal singles; infinities keep their
+ * sign; a NaN keeps sign and payload and is made quiet, as torch's cast does. */
+static uint32_t f32_bits_from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+    if (exp == 0x1F)
+        return sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u);
+    if (exp != 0)
+        return sign | ((exp + 112u) << 23) | (mant << 13);
+    if (mant == 0)
+        return sign;
+    uint32_t e = 113; /* 2^-14 = the smallest normal half's exponent, biased for single */
+    while (!(mant & 0x400u)) {
+        mant <<= 1;
+        e--;
+    }
+    return sign | (e << 23) | ((mant & 0x3FFu) << 13);
+}
+
+/* Inputs and outputs may be unaligned (reads land anywhere in a FUSE buffer): memcpy loads. */
+void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
+{
+    const uint8_t *src = in;
+    uint8_t *dst = out;
+    switch (conv) {
+    case CKPTFS_CONVERT_F32_TO_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, src + 4 * i, 4);
+            uint16_t b = bf16_from_f32_bits(u, 0xFFFFu);
+            memcpy(dst + 2 * i, &b, 2);
+        }
+        break;
+    case CKPTFS_CONVERT_F16_TO_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            uint16_t b = bf16_from_f32_bits(f32_bits_from_f16(h), 0x7FC0u);
+            memcpy(dst + 2 * i, &b, 2);
+        }
+        break;
+    case CKPTFS_CONVERT_BF16_TO_F32:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b;
+            memcpy(&b, src + 2 * i, 2);
+            uint32_t u = (uint32_t)b << 16;
+            memcpy(dst + 4 * i, &u, 4);
+        }
+        break;
+    case CKPTFS_CONVERT_F16_TO_F32:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            uint32_t u = f32_bits_from_f16(h);
+            memcpy(dst + 4 * i, &u, 4);
+        }
+        break;
+    case CKPTFS_CONVERT_NONE:
+    case CKPTFS_CONVERT_COUNT:
+        break;
+    }
+}

@@ -1,0 +1,26 @@
+/* Element conversions done on read (fp32 shards served as bf16, bf16 served as fp32), each
+ * bit-for-bit what torch gives for x.to(dtype) on CPU. */
+#ifndef CKPTFS_CONVERT_H
+#define CKPTFS_CONVERT_H
+
+#include <stddef.h>
+
+#include "ckptfs/dtype.h"
+
+typedef enum {
+    CKPTFS_CONVERT_NONE = 0,
+    CKPTFS_CONVERT_F32_TO_BF16, /* round to nearest even; NaN -> 0xFFFF */
+    CKPTFS_CONVERT_F16_TO_BF16, /* exactly to fp32, then as above; NaN -> 0x7FC0 */
+    CKPTFS_CONVERT_BF16_TO_F32, /* exact */
+    CKPTFS_CONVERT_F16_TO_F32,  /* exact; a NaN made quiet */
+    CKPTFS_CONVERT_COUNT
+} CkptfsConvert;
+
+/* The conversion from FROM to TO, or NONE when there is none (or they are equal). */
+CkptfsConvert ckptfs_convert_find(CkptfsDtype from, CkptfsDtype to);
+CkptfsDtype ckptfs_convert_from(CkptfsConvert conv);
+CkptfsDtype ckptfs_convert_to(CkptfsConvert conv);
+/* Converts N elements of IN (the source type) into OUT (the target type). */
+void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n);
+
+#endif
