@@ -11,6 +11,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/layout.h"
 #include "ckptfs/mount.h"
+#include "ckptfs/verl_run.h"
 
 #define COPY_CHUNK (4u << 20)
 
@@ -348,6 +349,109 @@ static bool collect_name(gpointer ctx, const char *name, const CkptfsAttr *attr,
     return true;
 }
 
+static void add_string_or_null(JsonBuilder *b, const char *value)
+{
+    if (value)
+        json_builder_add_string_value(b, value);
+    else
+        json_builder_add_null_value(b);
+}
+
+/* A verl run or step: each step's roles, each opened as the mount of its own it becomes. */
+static int inspect_run(const CkptfsMount *run, bool json)
+{
+    g_autoptr(GArray) steps = NULL;
+    if (run->run_is_step) {
+        steps = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+        g_autofree char *base = g_path_get_basename(run->run_dir);
+        uint64_t step = 0;
+        ckptfs_verl_step_name(base, &step);
+        g_array_append_val(steps, step);
+    } else {
+        steps = ckptfs_verl_steps(run->run_dir);
+    }
+    uint64_t latest = 0;
+    bool has_latest = !run->run_is_step && ckptfs_verl_latest(run->run_dir, &latest, NULL);
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "source");
+    json_builder_add_string_value(b, run->run_dir);
+    json_builder_set_member_name(b, "format");
+    json_builder_add_string_value(b, run->run_is_step ? "verl-step" : "verl-run");
+    json_builder_set_member_name(b, "latest");
+    if (has_latest)
+        json_builder_add_int_value(b, (gint64)latest);
+    else
+        json_builder_add_null_value(b);
+    json_builder_set_member_name(b, "steps");
+    json_builder_begin_array(b);
+    if (!json) {
+        printf("source:       %s\n", run->run_dir);
+        printf("format:       verl %s (%u step%s", run->run_is_step ? "step" : "run", steps->len,
+               steps->len == 1 ? "" : "s");
+        if (has_latest)
+            printf("; latest: global_step_%" G_GUINT64_FORMAT, latest);
+        printf(")\n");
+    }
+    int status = 0;
+    for (guint i = 0; i < steps->len; i++) {
+        uint64_t step = g_array_index(steps, uint64_t, i);
+        g_autofree char *step_dir = run->run_is_step
+                                        ? g_strdup(run->run_dir)
+                                        : g_strdup_printf("%s/global_step_%" G_GUINT64_FORMAT, run->run_dir, step);
+        g_autoptr(GPtrArray) roles = ckptfs_verl_roles(step_dir);
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "step");
+        json_builder_add_int_value(b, (gint64)step);
+        json_builder_set_member_name(b, "roles");
+        json_builder_begin_array(b);
+        for (guint r = 0; r < roles->len; r++) {
+            const char *role = g_ptr_array_index(roles, r);
+            g_autofree char *path = g_build_filename(step_dir, role, NULL);
+            GError *error = NULL;
+            CkptfsOptions options;
+            ckptfs_options_copy(&options, &run->options);
+            CkptfsMount *m = ckptfs_mount_open(path, &options, &error);
+            ckptfs_options_clear(&options);
+            g_autofree char *about = m ? m->source->format->describe(m->source) : NULL;
+            json_builder_begin_object(b);
+            json_builder_set_member_name(b, "role");
+            json_builder_add_string_value(b, role);
+            json_builder_set_member_name(b, "format");
+            add_string_or_null(b, m ? m->source->format->name : NULL);
+            json_builder_set_member_name(b, "found");
+            add_string_or_null(b, m ? (m->source->found ? m->source->found : about) : NULL);
+            json_builder_set_member_name(b, "tensors");
+            json_builder_add_int_value(b, m ? ckptfs_catalog_count(m->source->catalog) : 0);
+            json_builder_set_member_name(b, "megatron");
+            add_string_or_null(b, m && m->model ? m->model->arch->model_type : NULL);
+            json_builder_set_member_name(b, "error");
+            add_string_or_null(b, error ? error->message : NULL);
+            json_builder_end_object(b);
+            if (!json && m)
+                printf("global_step_%" G_GUINT64_FORMAT "/%s: %s (%s); %u tensors; %s\n", step, role,
+                       m->source->format->name, m->source->found ? m->source->found : about,
+                       ckptfs_catalog_count(m->source->catalog),
+                       m->model ? "hf/, mcore/ and Megatron layouts" : "hf/ only (no Megatron rules)");
+            else if (!json)
+                printf("global_step_%" G_GUINT64_FORMAT "/%s: cannot be read: %s\n", step, role, error->message);
+            status |= m == NULL;
+            g_clear_error(&error);
+            ckptfs_mount_free(m);
+        }
+        json_builder_end_array(b);
+        json_builder_end_object(b);
+    }
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+    if (json) {
+        g_autoptr(JsonNode) root = json_builder_get_root(b);
+        g_autofree char *text = json_to_string(root, TRUE);
+        printf("%s\n", text);
+    }
+    return status;
+}
+
 int ckptfs_cmd_inspect(int argc, char **argv)
 {
     CmdArgs a;
@@ -358,6 +462,11 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         return 1;
     if (a.layout != NULL) {
         int status = inspect_layout(mount, a.layout, a.json);
+        ckptfs_mount_free(mount);
+        return status;
+    }
+    if (mount->source == NULL) {
+        int status = inspect_run(mount, a.json);
         ckptfs_mount_free(mount);
         return status;
     }
@@ -571,15 +680,17 @@ static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_
                      Progress *progress, GError **error)
 {
     const CkptfsPlan *plan;
-    int rc = ckptfs_tree_plan(mount->tree, ino, &plan, error);
+    gpointer scope;
+    int rc = ckptfs_tree_plan(mount->tree, ino, &plan, &scope, error);
     if (rc != 0)
         return rc;
-    if (!ckptfs_mount_check_sources(mount, plan, error))
+    const CkptfsMount *owner = ckptfs_mount_of_scope(mount, scope);
+    if (!ckptfs_mount_check_sources(owner, plan, error))
         return -EIO;
     g_autofree uint8_t *buf = g_malloc(COPY_CHUNK);
     uint64_t size = ckptfs_plan_size(plan);
     for (uint64_t off = 0; off < size;) {
-        int64_t n = ckptfs_plan_read(plan, mount->source->files, buf, COPY_CHUNK, off, error);
+        int64_t n = ckptfs_plan_read(plan, owner->source->files, buf, COPY_CHUNK, off, error);
         if (n <= 0)
             return -EIO;
         if (!write_all(fd, buf, (size_t)n)) {

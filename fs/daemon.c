@@ -194,8 +194,12 @@ static char *escape_option_value(const char *value)
     return g_string_free(out, FALSE);
 }
 
-static struct timespec newest_source_mtime(const CkptfsSource *source)
+static struct timespec newest_source_mtime(const CkptfsMount *mount)
 {
+    struct stat st;
+    if (mount->source == NULL) /* a verl run: its directory's, changed as steps are saved */
+        return stat(mount->run_dir, &st) == 0 ? st.st_mtim : (struct timespec){0};
+    const CkptfsSource *source = mount->source;
     int64_t newest = 0;
     for (unsigned i = 0; i < ckptfs_srcfiles_count(source->files); i++) {
         int64_t m = ckptfs_srcfiles_get(source->files, i)->mtime_ns;
@@ -215,7 +219,7 @@ static char *read_ahead_knob(const char *mnt)
 static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
 {
     CkptfsFuseContext ctx = {.mount = mount,
-                             .mtime = newest_source_mtime(mount->source),
+                             .mtime = newest_source_mtime(mount),
                              .foreground = a->foreground,
                              .read_buffer = G_PRIVATE_INIT(g_free)};
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
@@ -282,7 +286,7 @@ static int validate_and_serve(MountArgs *a)
         g_error_free(error);
         return 1;
     }
-    for (guint i = 0; i < mount->source->warnings->len; i++)
+    for (guint i = 0; mount->source && i < mount->source->warnings->len; i++)
         fprintf(stderr, "ckptfs: warning: %s\n",
                 (char *)g_ptr_array_index(mount->source->warnings, i));
     int rc = serve(a, mount, abs_src);

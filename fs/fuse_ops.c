@@ -203,6 +203,11 @@ static void raise_read_ahead(CkptfsFuseContext *ctx)
     }
 }
 
+typedef struct {
+    const CkptfsPlan *plan;
+    const CkptfsSrcFiles *files;
+} OpenFile;
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     CkptfsFuseContext *ctx = ctx_of(req);
@@ -212,15 +217,20 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         return;
     }
     const CkptfsPlan *plan = NULL;
+    gpointer scope = NULL;
     GError *error = NULL;
-    int rc = ckptfs_tree_plan(ctx->mount->tree, ino, &plan, &error);
-    if (rc == 0 && !ckptfs_mount_check_sources(ctx->mount, plan, &error))
+    int rc = ckptfs_tree_plan(ctx->mount->tree, ino, &plan, &scope, &error);
+    const CkptfsMount *owner = ckptfs_mount_of_scope(ctx->mount, scope);
+    if (rc == 0 && !ckptfs_mount_check_sources(owner, plan, &error))
         rc = -EIO;
     if (rc != 0) {
         reply_failure(req, rc, error);
         return;
     }
-    fi->fh = (uint64_t)(uintptr_t)plan;
+    /* What reads need, fixed for the life of the mount: the plan and the files it reads. */
+    OpenFile *open_file = g_new(OpenFile, 1);
+    *open_file = (OpenFile){plan, owner->source->files};
+    fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);
 }
@@ -248,14 +258,21 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
     (void)ino;
     CkptfsFuseContext *ctx = ctx_of(req);
-    const CkptfsPlan *plan = (const CkptfsPlan *)(uintptr_t)fi->fh;
+    const OpenFile *open_file = (const OpenFile *)(uintptr_t)fi->fh;
     uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read(plan, ctx->mount->source->files, buf, size, (uint64_t)off, &error);
+    int64_t n = ckptfs_plan_read(open_file->plan, open_file->files, buf, size, (uint64_t)off, &error);
     if (n < 0)
         reply_failure(req, -EIO, error);
     else
         fuse_reply_buf(req, (const char *)buf, (size_t)n);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    g_free((OpenFile *)(uintptr_t)fi->fh);
+    fuse_reply_err(req, 0);
 }
 
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
@@ -285,6 +302,7 @@ const struct fuse_lowlevel_ops ckptfs_fuse_ops = {
     .readdirplus = op_readdirplus,
     .open = op_open,
     .read = op_read,
+    .release = op_release,
     .readlink = op_readlink,
     .statfs = op_statfs,
 };

@@ -58,9 +58,11 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
     return true;
 }
 
-/* The registry: formats tried in order (a torch_dist directory may also have a tracker; a
- * directory that is neither Megatron format is read as Hugging Face). */
-static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_torch_dist, &ckptfs_format_megatron,
+/* The registry: formats tried in order (a verl FSDP directory is recognised by its own file
+ * names; a torch_dist directory may also have a tracker; a directory that is neither Megatron
+ * format is read as Hugging Face). */
+static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &ckptfs_format_torch_dist,
+                                                    &ckptfs_format_megatron,
                                                     &ckptfs_format_hf};
 
 /* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,
@@ -72,6 +74,8 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options)
         return;
     CkptfsDtype to = want == CKPTFS_SERVE_BF16 ? CKPTFS_DTYPE_BF16 : CKPTFS_DTYPE_F32;
     source->converted = ckptfs_catalog_serve_as(source->catalog, to);
+    if (source->adapter != NULL)
+        ckptfs_catalog_serve_as(source->adapter, to);
     if (source->converted == 0 || source->config == NULL)
         return;
     /* transformers 5 writes "dtype"; earlier versions "torch_dtype" (both read both). */
@@ -126,6 +130,9 @@ void ckptfs_source_free(CkptfsSource *source)
         return;
     g_free(source->dir);
     ckptfs_catalog_free(source->catalog);
+    ckptfs_catalog_free(source->adapter);
+    if (source->adapter_config)
+        json_object_unref(source->adapter_config);
     g_ptr_array_unref(source->top_files);
     g_ptr_array_unref(source->weight_files);
     g_ptr_array_unref(source->warnings);

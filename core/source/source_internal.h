@@ -17,6 +17,7 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
 extern const CkptfsSourceFormat ckptfs_format_hf;         /* source_hf.c */
 extern const CkptfsSourceFormat ckptfs_format_megatron;   /* source_megatron.c */
 extern const CkptfsSourceFormat ckptfs_format_torch_dist; /* source_torchdist.c */
+extern const CkptfsSourceFormat ckptfs_format_verl_fsdp;  /* source_fsdp.c */
 
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
 

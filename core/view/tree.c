@@ -15,6 +15,7 @@ struct CkptfsNode {
     GHashTable *by_name;
     unsigned subdirs;
     bool populated;
+    bool refreshed; /* populate runs again at each listing from the start */
     CkptfsPopulateFn populate;
     CkptfsResolveFn resolve;
     gpointer hook_owner;
@@ -27,6 +28,7 @@ struct CkptfsNode {
     CkptfsAccess access; /* set with the plan */
     /* symlinks */
     char *target;
+    gpointer scope; /* what the view it belongs to set for its subtree (inherited) */
 };
 
 typedef struct {
@@ -67,6 +69,7 @@ static CkptfsNode *node_new(CkptfsTree *tree, CkptfsNode *parent, const char *na
     n->type = type;
     n->name = g_strdup(name);
     n->parent = parent;
+    n->scope = parent ? parent->scope : NULL;
     n->populated = true;
     if (type == CKPTFS_NODE_DIR) {
         n->children = g_ptr_array_new();
@@ -137,6 +140,16 @@ void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulate
     dir->populated = populate == NULL;
 }
 
+void ckptfs_tree_mark_refreshed(CkptfsNode *dir)
+{
+    dir->refreshed = true;
+}
+
+void ckptfs_tree_set_scope(CkptfsNode *dir, gpointer scope)
+{
+    dir->scope = scope;
+}
+
 CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name)
 {
     return node_new(tree, parent, name, CKPTFS_NODE_DIR);
@@ -195,7 +208,7 @@ static int ensure_plan(CkptfsTree *tree, CkptfsNode *node, GError **error)
     CkptfsPlan *plan = node->plan_fn(node->plan_owner, node->plan_key, error);
     if (plan == NULL)
         return -EIO;
-    node->access = tree->file_access ? tree->file_access(tree->access_owner, plan)
+    node->access = tree->file_access ? tree->file_access(tree->access_owner, node->scope, plan)
                                      : (CkptfsAccess){.mode = 0444};
     /* Readers take the pointer without the lock: publish it fully built. */
     g_atomic_pointer_set(&node->plan, plan);
@@ -269,6 +282,9 @@ int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsD
         rc = -ENOENT;
     else if (dir->type != CKPTFS_NODE_DIR)
         rc = -ENOTDIR;
+    else if (offset == 0 && dir->refreshed && dir->populated && dir->populate != NULL &&
+             !dir->populate(tree, dir, dir->hook_owner, error))
+        rc = -EIO; /* a listing from the start shows what appeared since (new entries last) */
     else
         rc = ensure_populated(tree, dir, error);
     /* Children are never removed, so the listing can be handed out without the lock: FN may
@@ -297,7 +313,8 @@ int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target)
     return rc;
 }
 
-int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GError **error)
+int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gpointer *scope,
+                     GError **error)
 {
     g_mutex_lock(&tree->lock);
     CkptfsNode *node = node_get(tree, ino);
@@ -307,6 +324,8 @@ int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GE
         rc = ensure_plan(tree, node, error);
     if (rc == 0)
         *plan = node->plan;
+    if (rc == 0 && scope != NULL)
+        *scope = node->scope;
     g_mutex_unlock(&tree->lock);
     return rc;
 }

@@ -9,7 +9,7 @@
 #define INDEX_NAME "model.safetensors.index.json"
 
 typedef struct {
-    const CkptfsSource *source;
+    const CkptfsCatalog *catalog;
     unsigned nshards;
     GPtrArray **shard_tensors; /* per shard: const CkptfsTensor*, in source order */
     char **shard_names;
@@ -130,7 +130,7 @@ static CkptfsPlan *plan_index(gpointer owner, gconstpointer key, GError **error)
     (void)key;
     (void)error;
     const HfReshard *r = owner;
-    const CkptfsCatalog *catalog = r->source->catalog;
+    const CkptfsCatalog *catalog = r->catalog;
     g_autoptr(GPtrArray) sorted = g_ptr_array_new();
     g_autoptr(GHashTable) shard_name_of = g_hash_table_new(g_direct_hash, g_direct_equal);
     for (unsigned s = 0; s < r->nshards; s++)
@@ -178,34 +178,36 @@ static bool is_generated_name(const HfReshard *r, const char *name)
     return false;
 }
 
-static HfReshard *hf_reshard_new(const CkptfsSource *source, uint64_t max_shard_size)
+/* The shards of CATALOG; one is named SINGLE_NAME. */
+static HfReshard *hf_reshard_new(const CkptfsCatalog *catalog, uint64_t max_shard_size,
+                                 const char *single_name)
 {
-    unsigned n = ckptfs_catalog_count(source->catalog);
+    unsigned n = ckptfs_catalog_count(catalog);
     g_autofree unsigned *shard_of = g_new0(unsigned, n ? n : 1);
     HfReshard *r = g_new0(HfReshard, 1);
-    r->source = source;
-    r->nshards = ckptfs_hf_assign_shards(source->catalog, max_shard_size, shard_of);
+    r->catalog = catalog;
+    r->nshards = ckptfs_hf_assign_shards(catalog, max_shard_size, shard_of);
     r->shard_tensors = g_new0(GPtrArray *, r->nshards ? r->nshards : 1);
     r->shard_names = g_new0(char *, r->nshards ? r->nshards : 1);
     for (unsigned s = 0; s < r->nshards; s++) {
         r->shard_tensors[s] = g_ptr_array_new();
         r->shard_names[s] = r->nshards == 1
-                                ? g_strdup("model.safetensors")
+                                ? g_strdup(single_name)
                                 : g_strdup_printf("model-%05u-of-%05u.safetensors", s + 1, r->nshards);
     }
     for (unsigned i = 0; i < n; i++)
-        g_ptr_array_add(r->shard_tensors[shard_of[i]], (gpointer)ckptfs_catalog_at(source->catalog, i));
+        g_ptr_array_add(r->shard_tensors[shard_of[i]], (gpointer)ckptfs_catalog_at(catalog, i));
     return r;
 }
 
-/* config.json of a source that has none of its own (Megatron): what its model rules read. */
-static CkptfsPlan *plan_config(gpointer owner, gconstpointer key, GError **error)
+/* A JSON object as a file (pretty, two-space indent). */
+static CkptfsPlan *plan_json(gpointer owner, gconstpointer key, GError **error)
 {
     (void)key;
     (void)error;
-    const CkptfsSource *source = owner;
+    JsonObject *object = owner;
     g_autoptr(JsonNode) root = json_node_new(JSON_NODE_OBJECT);
-    json_node_set_object(root, source->config);
+    json_node_set_object(root, object);
     g_autoptr(JsonGenerator) gen = json_generator_new();
     json_generator_set_pretty(gen, TRUE);
     json_generator_set_indent(gen, 2);
@@ -230,7 +232,8 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
      * another element type than stored: hf/ makes them. */
     bool foreign = source->weight_files->len == 0 || source->converted > 0;
     if (options->hf_shard_size > 0 || foreign) {
-        r = hf_reshard_new(source, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE);
+        r = hf_reshard_new(source->catalog, options->hf_shard_size ? options->hf_shard_size : HF_DEFAULT_SHARD_SIZE,
+                           "model.safetensors");
         ckptfs_tree_own(tree, r, hf_reshard_free);
     }
     /* A foreign source's own files are not Hugging Face files: hf/ shows a config.json made
@@ -238,7 +241,7 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
     bool own_config = source->config != NULL &&
                       (source->config_changed || (foreign && ckptfs_source_top_file(source, "config.json") == NULL));
     if (own_config)
-        ckptfs_tree_add_file(tree, dir, "config.json", plan_config, (gpointer)source, NULL);
+        ckptfs_tree_add_file(tree, dir, "config.json", plan_json, source->config, NULL);
     /* Non-weight files (config, tokenizer, ...) always pass through; when re-sharding, the old
      * weight files and anything named like a new one are replaced. */
     for (guint i = 0; i < source->top_files->len; i++) {
@@ -247,6 +250,14 @@ bool ckptfs_hf_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource 
             continue;
         if (r == NULL || (!is_weight_file(source, f->name) && !is_generated_name(r, f->name)))
             ckptfs_tree_add_file(tree, dir, f->name, plan_passthrough, NULL, f);
+    }
+    /* A LoRA run's adapter, as PEFT saves one (verl's merger writes it there too). */
+    if (source->adapter != NULL) {
+        CkptfsNode *lora = ckptfs_tree_add_dir(tree, dir, "lora_adapter");
+        HfReshard *a = hf_reshard_new(source->adapter, UINT64_MAX, "adapter_model.safetensors");
+        ckptfs_tree_own(tree, a, hf_reshard_free);
+        ckptfs_tree_add_file(tree, lora, "adapter_config.json", plan_json, source->adapter_config, NULL);
+        ckptfs_tree_add_file(tree, lora, a->shard_names[0], plan_shard, a, GUINT_TO_POINTER(0));
     }
     if (r == NULL)
         return true;

@@ -11,20 +11,33 @@
 #include "ckptfs/source.h"
 #include "ckptfs/tree.h"
 
-typedef struct {
+typedef struct CkptfsMount CkptfsMount;
+struct CkptfsMount {
     CkptfsOptions options;
-    CkptfsSource *source;
-    CkptfsModel *model;  /* NULL when the source has no Megatron rules */
-    char *model_problem; /* why model is NULL */
-    CkptfsTree *tree;
-} CkptfsMount;
+    CkptfsSource *source; /* NULL for a verl run: each role is a mount of its own, below */
+    CkptfsModel *model;   /* NULL when the source has no Megatron rules */
+    char *model_problem;  /* why model is NULL */
+    CkptfsTree *tree;     /* a run's roles build their views into the run's tree */
+    /* verl run (or step) directories: global_step_N/ROLE/ directories whose views appear when
+     * first looked up; steps saved while mounted appear too. */
+    char *run_dir;
+    bool run_is_step;     /* RUN_DIR is one global_step_N: the root lists its roles */
+    GPtrArray *roles;     /* CkptfsMount*: the roles opened so far (a run's only) */
+    bool tree_borrowed;   /* a role's: the run frees the tree */
+};
 
-/* Opens and validates the source at PATH and sets up the root directory of views. */
+/* Opens and validates the source at PATH and sets up the root directory of views. A verl run
+ * directory (global_step_N/ROLE/) shows its steps and roles, each holding the views of that
+ * checkpoint, or with -o step=N|latest[,role=R] the views of one role at the root. */
 CkptfsMount *ckptfs_mount_open(const char *path, const CkptfsOptions *options, GError **error);
 void ckptfs_mount_free(CkptfsMount *mount);
 
+/* The mount whose source a file of this tree reads: SCOPE as ckptfs_tree_plan gives it. */
+const CkptfsMount *ckptfs_mount_of_scope(const CkptfsMount *mount, gpointer scope);
+
 /* Checks that no source file a plan reads from changed since the mount (done at open, so a
- * replaced or rewritten shard gives EIO instead of silently mixed data). */
+ * replaced or rewritten shard gives EIO instead of silently mixed data). MOUNT is the one of
+ * the file's scope. */
 bool ckptfs_mount_check_sources(const CkptfsMount *mount, const CkptfsPlan *plan, GError **error);
 
 /* Parses and validates a layout view name for this mount; the error says why it is not one. */

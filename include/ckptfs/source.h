@@ -36,6 +36,8 @@ typedef struct CkptfsSource {
                                   bare "vpp2" or "pp4" view refines */
     CkptfsServeDtype default_dtype; /* what -o dtype=auto serves: AUTO = the stored type; BF16
                                        for a format whose users' tools cast to bf16 (verl FSDP) */
+    CkptfsCatalog *adapter;     /* a LoRA run's adapter weights under PEFT's names, or NULL */
+    JsonObject *adapter_config; /* PEFT's adapter_config.json for it */
     unsigned converted;   /* tensors served in another element type than stored */
     bool config_changed;  /* config (torch_dtype) no longer says what the config.json file does */
 } CkptfsSource;

@@ -38,8 +38,9 @@ typedef struct {
     CkptfsAccess access; /* owner, group and permission bits (no file-type bits) */
 } CkptfsAttr;
 
-/* Who may read a file, from the source files its plan reads (see ckptfs_srcfiles_access). */
-typedef CkptfsAccess (*CkptfsAccessFn)(gpointer owner, const CkptfsPlan *plan);
+/* Who may read a file, from the source files its plan reads (see ckptfs_srcfiles_access);
+ * SCOPE is the file's scope (ckptfs_tree_set_scope). */
+typedef CkptfsAccess (*CkptfsAccessFn)(gpointer owner, gpointer scope, const CkptfsPlan *plan);
 
 CkptfsTree *ckptfs_tree_new(void);
 void ckptfs_tree_free(CkptfsTree *tree);
@@ -55,6 +56,13 @@ void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy);
 CkptfsNode *ckptfs_tree_root(CkptfsTree *tree);
 void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulateFn populate,
                                CkptfsResolveFn resolve, gpointer owner);
+
+/* A directory whose populate hook runs again at each listing from the start, adding what
+ * appeared since (entries are never removed): a verl run gains steps while mounted. */
+void ckptfs_tree_mark_refreshed(CkptfsNode *dir);
+/* Sets the scope of DIR, inherited by every node created under it afterwards: what the view
+ * its files belong to needs to read them (the source of a verl run's role). */
+void ckptfs_tree_set_scope(CkptfsNode *dir, gpointer scope);
 
 /* Node creation (callable from populate/resolve hooks, which run under the tree's lock).
  * A name already present returns NULL. */
@@ -82,8 +90,10 @@ int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsD
 
 int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target);
 
-/* The plan of a file node (built if needed). Valid for the life of the tree. */
-int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, GError **error);
+/* The plan of a file node (built if needed) and its scope (SCOPE may be NULL). Valid for the
+ * life of the tree. */
+int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gpointer *scope,
+                     GError **error);
 
 /* Walks a relative path ("hf/config.json", "" = root) with lookups. */
 int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error);

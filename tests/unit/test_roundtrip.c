@@ -249,7 +249,7 @@ static uint8_t *read_view_file(CkptfsMount *m, const char *path, uint64_t *len, 
     int rc = ckptfs_tree_resolve(m->tree, path, &attr, error);
     const CkptfsPlan *plan = NULL;
     if (rc == 0)
-        rc = ckptfs_tree_plan(m->tree, attr.ino, &plan, error);
+        rc = ckptfs_tree_plan(m->tree, attr.ino, &plan, NULL, error);
     if (rc != 0) {
         if (error && *error == NULL)
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "%s: %s", path, g_strerror(-rc));

@@ -201,13 +201,13 @@ static void test_basic(void)
     CkptfsAttr r;
     tap_ok(ckptfs_tree_resolve(tree, "", &r, NULL) == 0 && r.ino == CKPTFS_ROOT_INO,
            "resolve of \"\" is the root");
-    tap_ok(ckptfs_tree_plan(tree, f_ino, &(const CkptfsPlan *){NULL}, NULL) == 0 && c.built == 2,
+    tap_ok(ckptfs_tree_plan(tree, f_ino, &(const CkptfsPlan *){NULL}, NULL, NULL) == 0 && c.built == 2,
            "each file's plan was built once (2 files looked up, %d builds)", c.built);
 
     /* Plans read back. */
     const CkptfsPlan *plan = NULL, *plan2 = NULL;
-    ckptfs_tree_plan(tree, f_ino, &plan, NULL);
-    ckptfs_tree_plan(tree, f_ino, &plan2, NULL);
+    ckptfs_tree_plan(tree, f_ino, &plan, NULL, NULL);
+    ckptfs_tree_plan(tree, f_ino, &plan2, NULL, NULL);
     CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
     char buf[16] = {0};
     int64_t n = plan ? ckptfs_plan_read(plan, none, buf, sizeof buf, 0, NULL) : -1;
@@ -230,7 +230,7 @@ static void test_basic(void)
     tap_ok(ckptfs_tree_resolve(tree, "l/inner", &through, NULL) == -ENOTDIR,
            "resolve does not follow symlinks: l/inner is ENOTDIR");
     const CkptfsPlan *p = NULL;
-    tap_ok(ckptfs_tree_plan(tree, la.ino, &p, NULL) == -EINVAL, "no plan for a symlink (EINVAL)");
+    tap_ok(ckptfs_tree_plan(tree, la.ino, &p, NULL, NULL) == -EINVAL, "no plan for a symlink (EINVAL)");
 
     /* Errors. */
     GError *error = NULL;
@@ -245,8 +245,8 @@ static void test_basic(void)
     tap_ok(ckptfs_tree_getattr(tree, 0, &a, NULL) == -ENOENT &&
                ckptfs_tree_getattr(tree, 12345, &a, NULL) == -ENOENT,
            "getattr of inode 0 or an unknown inode: ENOENT");
-    tap_ok(ckptfs_tree_plan(tree, CKPTFS_ROOT_INO, &p, NULL) == -EISDIR &&
-               ckptfs_tree_plan(tree, 12345, &p, NULL) == -ENOENT,
+    tap_ok(ckptfs_tree_plan(tree, CKPTFS_ROOT_INO, &p, NULL, NULL) == -EISDIR &&
+               ckptfs_tree_plan(tree, 12345, &p, NULL, NULL) == -ENOENT,
            "plan of a directory: EISDIR; of an unknown inode: ENOENT");
     Listing l;
     listing_init(&l, 100);
@@ -442,7 +442,7 @@ static void test_plan_errors(void)
            "lookup of a file whose plan fails: EIO with the reason (%s)", error ? error->message : "none");
     g_clear_error(&error);
     const CkptfsPlan *p = NULL;
-    rc = ckptfs_tree_plan(tree, 2, &p, &error);
+    rc = ckptfs_tree_plan(tree, 2, &p, NULL, &error);
     tap_ok(f && rc == -EIO && p == NULL && error, "ckptfs_tree_plan of it: EIO, no plan");
     g_clear_error(&error);
     ckptfs_tree_free(tree);
@@ -454,8 +454,9 @@ typedef struct {
     Counters *counters;
 } AccessCtx;
 
-static CkptfsAccess access_of(gpointer owner, const CkptfsPlan *plan)
+static CkptfsAccess access_of(gpointer owner, gpointer scope, const CkptfsPlan *plan)
 {
+    (void)scope;
     AccessCtx *ctx = owner;
     g_atomic_int_inc(&ctx->counters->accessed);
     g_autoptr(GArray) srcs = g_array_new(FALSE, FALSE, sizeof(guint32));

@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""Writes one broken verl FSDP role directory per kind under OUT/, each a copy of BASE (a real
+W=4 FSDP2 role directory) with one thing broken, and prints per kind what the one-line error of
+`ckptfs inspect` must name: KIND<TAB>substring<TAB>substring... (DIR in a substring stands for
+the kind's directory). Pickles are edited as opcode streams (pickletools; no torch, nothing
+unpickled) and archives rewritten with zipfile, entries STORED.
+
+  bad_verl.py OUT BASE MARKER
+
+MARKER: a path the hostile pickles would create if anything executed them.
+"""
+import os
+import pickletools
+import shutil
+import struct
+import sys
+import zipfile
+
+W = 4
+
+
+def rank_file(d, r, w=W):
+    return os.path.join(d, f"model_world_size_{w}_rank_{r}.pt")
+
+
+def rewrite_pickle(path, change):
+    """Replaces data.pkl of the torch.save archive PATH by change(old bytes)."""
+    with zipfile.ZipFile(path) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    tmp = path + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            z.writestr(name, change(data) if name.endswith("/data.pkl") else data)
+    os.replace(tmp, path)
+
+
+def ops(data):
+    """(opcode name, argument, start, end) of every opcode."""
+    found = list(pickletools.genops(data))
+    return [(op.name, arg, pos, found[i + 1][2] if i + 1 < len(found) else len(data))
+            for i, (op, arg, pos) in enumerate(found)]
+
+
+def patch_ops(data, change):
+    """The pickle with each opcode replaced by change(name, arg, following ops) when that
+    returns bytes (the memo is by index, so lengths may change)."""
+    out, listed = [], ops(data)
+    for i, (name, arg, start, end) in enumerate(listed):
+        new = change(name, arg, listed[i + 1:])
+        out.append(data[start:end] if new is None else new)
+    return b"".join(out)
+
+
+def unicode(s):
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def rename_key(old, new):
+    def change(name, arg, rest):
+        return unicode(new) if name == "BINUNICODE" and arg == old else None
+    return lambda data: patch_ops(data, change)
+
+
+def global_size(key, rows):
+    """The DTensor of KEY claims ROWS rows: the first BININT1 after its name in the wrapper's
+    (DTensor, dtype, size, ...) arguments."""
+    def change(data):
+        listed, state = ops(data), 0
+        out = bytearray(data)
+        for name, arg, start, end in listed:
+            if state == 0 and name == "BINUNICODE" and arg == key:
+                state = 1
+            elif state == 1 and name == "GLOBAL" and arg == "torch float32":
+                state = 2
+            elif state == 2 and name == "BININT1":
+                out[start + 1] = rows
+                return bytes(out)
+        raise SystemExit(f"no global size of {key}")
+    return change
+
+
+def local_offset(new):
+    """The storage offset of the first local tensor (the BININT1 after its BINPERSID) made NEW."""
+    def change(data):
+        listed = ops(data)
+        for (name, _, _, end), (next_name, _, start, next_end) in zip(listed, listed[1:]):
+            if name == "BINPERSID" and next_name == "BININT1":
+                return data[:start] + new + data[next_end:]
+        raise SystemExit("no local tensor found")
+    return change
+
+
+def mesh_3d(data):
+    """The mesh tensor (after GLOBAL torch IntStorage) made [1, 1, 4] with strides [4, 4, 1]."""
+    state = 0
+
+    def change(name, arg, rest):
+        nonlocal state
+        if name == "GLOBAL" and arg == "torch IntStorage" and state == 0:
+            state = 1
+        elif name == "BINPERSID" and state == 1:
+            state = 2
+        elif name == "BININT1" and state == 2:  # the storage offset
+            state = 3
+        elif name == "BININT1" and state == 3 and rest[0][0] == "TUPLE1":
+            state = 4
+            return b"K\x01K\x01K\x04"
+        elif name == "TUPLE1" and state in (4, 6):
+            state += 1
+            return b"\x87"
+        elif name == "BININT1" and state == 5 and arg == 1:
+            state = 6
+            return b"K\x04K\x04K\x01"
+        return None
+    out = patch_ops(data, change)
+    if state != 7:
+        raise SystemExit("no mesh tensor found")
+    return out
+
+
+def rename_global(old, new):
+    def change(name, arg, rest):
+        module, attr = new.split(" ")
+        return b"c" + module.encode() + b"\n" + attr.encode() + b"\n" if name == "GLOBAL" and arg == old else None
+    return lambda data: patch_ops(data, change)
+
+
+def main():
+    out, base, marker = sys.argv[1:4]
+    cases = []
+
+    def case(kind, expect, change=None, ranks=()):
+        d = os.path.join(out, kind)
+        shutil.copytree(base, d)
+        for r in ranks:
+            rewrite_pickle(rank_file(d, r), change)
+        cases.append((kind, [s.replace("DIR", d) for s in expect]))
+        return d
+
+    d = case("missing-rank", ["DIR/model_world_size_4_rank_2.pt: missing", "rank 2"])
+    os.remove(rank_file(d, 2))
+    d = case("two-world-sizes", ["DIR/model_world_size_8_rank_0.pt", "two different world sizes"])
+    os.rename(rank_file(d, 0), rank_file(d, 0, 8))
+    d = case("truncated", ["DIR/model_world_size_4_rank_1.pt"])
+    size = os.path.getsize(rank_file(d, 1))
+    with open(rank_file(d, 1), "r+b") as f:
+        f.truncate(size // 2)
+    d = case("config-world-size", ["DIR/fsdp_config.json", "world_size 8"])
+    with open(os.path.join(d, "fsdp_config.json"), "w") as f:
+        f.write('{"FSDP_version": 2, "world_size": 8}\n')
+    # Every rank claims 251 rows of a 250-row embedding: the shards do not tile it.
+    case("untiled-shape", ["DIR/model_world_size_4_rank_0.pt", "'model.embed_tokens.weight' has global shape "
+                           "[251, 64]", "do not tile"], global_size("model.embed_tokens.weight", 251), range(W))
+    # One rank disagrees with the others on a global shape.
+    case("shape-differs", ["DIR/model_world_size_4_rank_1.pt", "'model.embed_tokens.weight' has global shape "
+                           "[251, 64]", "[250, 64]"], global_size("model.embed_tokens.weight", 251), [1])
+    # A key renamed in one rank: the others' key is missing there.
+    case("key-missing", ["DIR/model_world_size_4_rank_2.pt", "'model.norm.weighX'"],
+         rename_key("model.norm.weight", "model.norm.weighX"), [2])
+    # Hostile pickles: os.system called by REDUCE, as the whole pickle and as a value.
+    cmd = f"touch {marker}".encode()
+    system = b"cos\nsystem\nX" + struct.pack("<I", len(cmd)) + cmd + b"\x85R"
+    case("hostile-root", ["DIR/model_world_size_4_rank_0.pt", "no state dict"],
+         lambda data: b"\x80\x02" + system + b".", [0])
+    case("hostile-value", ["DIR/model_world_size_4_rank_0.pt", "'model.embed_tokens.weight'", "os.system"],
+         lambda data: b"\x80\x02ccollections\nOrderedDict\n)R" + unicode("model.embed_tokens.weight") + system +
+         b"s.", [0])
+    # A local tensor's storage offset beyond its record, and so far that the byte offset wraps.
+    case("outside-record", ["DIR/model_world_size_4_rank_3.pt", "'model.embed_tokens.weight'", "storage record"],
+         local_offset(b"J" + struct.pack("<i", 2**31 - 1)), [3])
+    case("offset-overflow", ["DIR/model_world_size_4_rank_3.pt", "'model.embed_tokens.weight'", "overflow"],
+         local_offset(b"\x8a\x08" + struct.pack("<q", 2**62)), [3])
+    case("mesh-3d", ["DIR/model_world_size_4_rank_0.pt", "3-D device mesh"], mesh_3d, range(W))
+    case("mesh-names", ["DIR/model_world_size_4_rank_0.pt", "dims named (dp_shard)"],
+         rename_key("fsdp", "dp_shard"), range(W))
+    case("strided-shard", ["DIR/model_world_size_4_rank_0.pt", "_StridedShard is not read"],
+         rename_global("torch.distributed.tensor.placement_types Shard",
+                       "torch.distributed.tensor.placement_types _StridedShard"), range(W))
+    case("lora", ["DIR/model_world_size_4_rank_0.pt", "LoRA checkpoints are not read yet"],
+         rename_key("model.layers.0.self_attn.q_proj.weight",
+                    "model.layers.0.self_attn.q_proj.lora_A.default.weight"), range(W))
+    for kind, expect in cases:
+        print("\t".join([kind] + expect))
+
+
+if __name__ == "__main__":
+    main()
