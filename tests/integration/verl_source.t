@@ -49,6 +49,14 @@ for spec in "${runs[@]}"; do
   if mount_ckptfs "$role" "$mnt" 2> "$WORK/err"; then
     check "  default dtype (bf16, as verl's merger writes): hf/ is bit-identical to src/$model" \
       $PY "$check_hf" compare "$src" "$mnt/hf"
+    if [[ $model != qwen2-critic ]]; then
+      # The same weights from the Hugging Face model they started as: every Megatron file equal.
+      srcmnt=$WORK/src-$model
+      [[ -d $srcmnt/hf ]] || mount_ckptfs "$src" "$srcmnt"
+      for v in tp2pp2 mcore; do
+        check "  $v/ is byte-identical to $v/ of src/$model" diff -r "$mnt/$v" "$srcmnt/$v"
+      done
+    fi
     unmount_ckptfs "$mnt"
   else
     ok 1 "  mount ($(head -c 300 "$WORK/err"))"
