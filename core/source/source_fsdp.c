@@ -38,6 +38,8 @@ typedef struct {
     unsigned dim;                    /* of Shard(dim) */
     uint64_t filled;                 /* of dim DIM, by the ranks read so far */
     bool dropped;                    /* lm_head.weight tied to the embedding */
+    bool adapter;                    /* a LoRA matrix: served in hf/lora_adapter/ */
+    char *served;                    /* its name in hf/ (LoRA runs: PEFT's wrapping removed) */
     GArray *pieces;                  /* CkptfsPiece */
 } Key;
 
@@ -86,6 +88,7 @@ typedef struct {
     GArray *keys;        /* Key, in the first rank's order */
     GHashTable *by_name; /* name -> index in keys + 1 */
     const char *first;   /* the file of the first rank read: its keys are the reference */
+    bool lora;           /* a LoRA run: PEFT's names, adapter matrices */
 } Fsdp;
 
 #define fail(f, ...) ckptfs_fail((f)->error, __VA_ARGS__)
@@ -94,6 +97,7 @@ static void key_clear(gpointer p)
 {
     Key *k = p;
     g_free(k->name);
+    g_free(k->served);
     if (k->pieces)
         g_array_unref(k->pieces);
 }
@@ -604,9 +608,24 @@ static bool decode_entry(Fsdp *f, Rank *r, const char *key, const CkptfsPy *v, E
 
 /* --- keys and pieces --- */
 
-static bool is_lora_key(const char *key)
+/* STR with every FROM replaced by TO (as Python's str.replace). */
+static char *replace_all(const char *str, const char *from, const char *to)
 {
-    return strstr(key, "lora_A") != NULL || strstr(key, "lora_B") != NULL || strstr(key, "base_layer") != NULL;
+    g_auto(GStrv) parts = g_strsplit(str, from, -1);
+    return g_strjoinv(to, parts);
+}
+
+/* A LoRA run's names as verl's merger serves them: adapter matrices (any "lora_" key) under
+ * PEFT's saved names (without the adapter name "default"); the base weights without PEFT's
+ * wrapping (base_model.model., .base_layer). */
+static char *served_name(const char *key, bool *adapter)
+{
+    *adapter = strstr(key, "lora_") != NULL;
+    if (*adapter)
+        return replace_all(key, ".default.weight", ".weight");
+    g_autofree char *a = replace_all(key, "base_model.model.", "");
+    g_autofree char *b = replace_all(a, ".base_layer.weight", ".weight");
+    return replace_all(b, ".base_layer.bias", ".bias");
 }
 
 /* The keys of the first rank read: names, global shapes, types, placements. */
@@ -617,13 +636,14 @@ static bool make_keys(Fsdp *f, Rank *r)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: %u state dict entries (limit %u)", r->path, items->len / 2,
                     CKPTFS_MAX_SOURCE_TENSORS);
     f->first = r->path;
+    for (guint i = 0; i + 1 < items->len && !f->lora; i += 2) {
+        const char *name = ckptfs_py_str(g_ptr_array_index(items, i));
+        f->lora = name != NULL && strstr(name, "lora_") != NULL;
+    }
     for (guint i = 0; i + 1 < items->len; i += 2) {
         const char *name = ckptfs_py_str(g_ptr_array_index(items, i));
         if (!check_key_text(f, r, name, i / 2))
             return false;
-        if (is_lora_key(name))
-            return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' is a LoRA weight: LoRA checkpoints are not read yet",
-                        r->path, name);
         if (g_hash_table_contains(f->by_name, name))
             return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s' is given twice", r->path, name);
         Entry e;
@@ -647,6 +667,7 @@ static bool make_keys(Fsdp *f, Rank *r)
         }
         Key k = {.name = g_strdup(name), .dtype = e.local.dtype, .ndim = e.ndim, .place = e.place, .dim = e.dim,
                  .pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece))};
+        k.served = f->lora ? served_name(name, &k.adapter) : g_strdup(name);
         memcpy(k.shape, e.shape, sizeof k.shape);
         g_array_append_val(f->keys, k);
         g_hash_table_insert(f->by_name, k.name, GUINT_TO_POINTER(f->keys->len));
@@ -856,8 +877,11 @@ static bool to_catalog(Fsdp *f)
                         "shards do not tile it)", f->first, k->name, shape, f->row, k->filled, k->shape[k->dim],
                         k->dim);
         }
-        if (!ckptfs_catalog_add_pieces(f->source->catalog, k->name, k->dtype, k->ndim, k->shape,
-                                       (const CkptfsPiece *)(void *)k->pieces->data, k->pieces->len, f->error)) {
+        if (k->adapter && f->source->adapter == NULL)
+            f->source->adapter = ckptfs_catalog_new();
+        if (!ckptfs_catalog_add_pieces(k->adapter ? f->source->adapter : f->source->catalog, k->served, k->dtype,
+                                       k->ndim, k->shape, (const CkptfsPiece *)(void *)k->pieces->data,
+                                       k->pieces->len, f->error)) {
             g_prefix_error(f->error, "%s: ", f->first);
             return false;
         }
@@ -912,7 +936,81 @@ static void describe_found(Fsdp *f)
     }
     if (f->keys->len == 0)
         g_string_append(s, " nothing (no tensors)");
+    if (f->source->adapter != NULL)
+        g_string_append_printf(s, "; LoRA: %u adapter matrices in hf/lora_adapter/",
+                               ckptfs_catalog_count(f->source->adapter));
     f->source->found = g_string_free(g_steal_pointer(&s), FALSE);
+}
+
+static gint name_cmp(gconstpointer a, gconstpointer b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* adapter_config.json as PEFT writes it for the adapter: rank and alpha from verl's
+ * lora_train_meta.json, the target modules from the adapter's names (as verl's merger finds them). */
+static bool adapter_config(Fsdp *f)
+{
+    CkptfsSource *source = f->source;
+    if (source->adapter == NULL)
+        return true;
+    g_autofree char *meta_path = g_build_filename(source->dir, "lora_train_meta.json", NULL);
+    g_autoptr(JsonObject) meta = NULL;
+    int64_t r = 0, alpha = 0;
+    const char *task = "CAUSAL_LM";
+    if (g_file_test(meta_path, G_FILE_TEST_EXISTS)) {
+        meta = ckptfs_json_load_object(meta_path, f->error);
+        if (meta == NULL)
+            return false;
+        if (!json_int(meta, "r", &r) || r < 1 || !json_int(meta, "lora_alpha", &alpha))
+            return fail(f, CKPTFS_ERROR_FORMAT, "%s: no whole \"r\" of at least 1 and \"lora_alpha\"", meta_path);
+        JsonNode *t = json_object_get_member(meta, "task_type");
+        if (t != NULL && JSON_NODE_HOLDS_VALUE(t) && json_node_get_value_type(t) == G_TYPE_STRING)
+            task = json_node_get_string(t);
+    }
+    g_autoptr(GPtrArray) modules = g_ptr_array_new_with_free_func(g_free);
+    for (unsigned i = 0; i < ckptfs_catalog_count(source->adapter); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(source->adapter, i);
+        g_auto(GStrv) parts = g_strsplit(t->name, ".", -1);
+        guint n = g_strv_length(parts);
+        /* ...q_proj.lora_A.weight: the module is third from the end */
+        if (n >= 3 && !g_ptr_array_find_with_equal_func(modules, parts[n - 3], g_str_equal, NULL))
+            g_ptr_array_add(modules, g_strdup(parts[n - 3]));
+        if (meta == NULL && t->ndim == 2 && strstr(t->name, "lora_A") != NULL)
+            r = (int64_t)MIN(t->shape[0], t->shape[1]);
+    }
+    g_ptr_array_sort(modules, name_cmp);
+    if (meta == NULL) {
+        /* Runs older than the file: the scale cannot be known; say so rather than guess quietly. */
+        alpha = r;
+        g_ptr_array_add(source->warnings,
+                        g_strdup_printf("%s: missing: lora_adapter/adapter_config.json says lora_alpha = r = %"
+                                        G_GINT64_FORMAT "; set it to the run's value", meta_path, r));
+    }
+    JsonObject *c = json_object_new();
+    json_object_set_object_member(c, "alpha_pattern", json_object_new());
+    json_object_set_null_member(c, "base_model_name_or_path");
+    json_object_set_string_member(c, "bias", "none");
+    json_object_set_boolean_member(c, "fan_in_fan_out", false);
+    json_object_set_boolean_member(c, "inference_mode", true);
+    json_object_set_boolean_member(c, "init_lora_weights", true);
+    json_object_set_null_member(c, "layers_pattern");
+    json_object_set_null_member(c, "layers_to_transform");
+    json_object_set_int_member(c, "lora_alpha", alpha);
+    json_object_set_double_member(c, "lora_dropout", 0.0);
+    json_object_set_null_member(c, "modules_to_save");
+    json_object_set_string_member(c, "peft_type", "LORA");
+    json_object_set_int_member(c, "r", r);
+    json_object_set_object_member(c, "rank_pattern", json_object_new());
+    JsonArray *targets = json_array_new();
+    for (guint i = 0; i < modules->len; i++)
+        json_array_add_string_element(targets, g_ptr_array_index(modules, i));
+    json_object_set_array_member(c, "target_modules", targets);
+    json_object_set_string_member(c, "task_type", task);
+    json_object_set_boolean_member(c, "use_dora", false);
+    json_object_set_boolean_member(c, "use_rslora", false);
+    source->adapter_config = c;
+    return true;
 }
 
 static bool read_shards(Fsdp *f)
@@ -925,12 +1023,18 @@ static bool read_shards(Fsdp *f)
         ok = open_rank(f, (unsigned)f->mesh[0], &r);
     }
     ok = ok && make_keys(f, &r);
-    if (ok && config_true(f->source->config, "tie_word_embeddings") &&
-        g_hash_table_contains(f->by_name, "model.embed_tokens.weight")) {
+    if (ok && config_true(f->source->config, "tie_word_embeddings")) {
         /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it. */
-        guint at = GPOINTER_TO_UINT(g_hash_table_lookup(f->by_name, "lm_head.weight"));
-        if (at > 0)
-            g_array_index(f->keys, Key, at - 1).dropped = true;
+        Key *head = NULL;
+        bool embedding = false;
+        for (guint i = 0; i < f->keys->len; i++) {
+            Key *k = &g_array_index(f->keys, Key, i);
+            embedding |= strcmp(k->served, "model.embed_tokens.weight") == 0;
+            if (strcmp(k->served, "lm_head.weight") == 0)
+                head = k;
+        }
+        if (head != NULL && embedding)
+            head->dropped = true;
     }
     for (unsigned j = 0; ok && j < f->row; j++) {
         if (j > 0) {
@@ -939,7 +1043,7 @@ static bool read_shards(Fsdp *f)
         }
         ok = ok && read_rank(f, &r, j);
     }
-    ok = ok && to_catalog(f);
+    ok = ok && to_catalog(f) && adapter_config(f);
     rank_clear(&r);
     return ok;
 }

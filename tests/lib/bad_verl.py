@@ -177,9 +177,13 @@ def main():
     case("strided-shard", ["DIR/model_world_size_4_rank_0.pt", "_StridedShard is not read"],
          rename_global("torch.distributed.tensor.placement_types Shard",
                        "torch.distributed.tensor.placement_types _StridedShard"), range(W))
-    case("lora", ["DIR/model_world_size_4_rank_0.pt", "LoRA checkpoints are not read yet"],
-         rename_key("model.layers.0.self_attn.q_proj.weight",
-                    "model.layers.0.self_attn.q_proj.lora_A.default.weight"), range(W))
+    # A LoRA run (a lora_ key) where two keys become one name once PEFT's wrapping is removed.
+    lora = rename_key("model.layers.0.self_attn.q_proj.weight",
+                      "model.layers.0.self_attn.q_proj.lora_A.default.weight")
+    clash = rename_key("model.layers.0.self_attn.k_proj.weight",
+                       "model.layers.0.self_attn.v_proj.base_layer.weight")
+    case("lora-clash", ["DIR/model_world_size_4_rank_0.pt", "'model.layers.0.self_attn.v_proj.weight' is given twice"],
+         lambda data: clash(lora(data)), range(W))
     for kind, expect in cases:
         print("\t".join([kind] + expect))
 
