@@ -60,11 +60,20 @@ static uint32_t f32_bits_from_f16(uint16_t h)
     return sign | (e << 23) | ((mant & 0x3FFu) << 13);
 }
 
+/* The casts run on every byte a converted view serves: on x86-64, an AVX2 build of them is picked
+ * at load time where the CPU has it (twice the elements per instruction of the baseline). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CONVERT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CONVERT_CLONES
+#endif
+
 /* Inputs and outputs may be unaligned (reads land anywhere in a FUSE buffer): memcpy loads. */
+CONVERT_CLONES
 void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
 {
-    const uint8_t *src = in;
-    uint8_t *dst = out;
+    const uint8_t *restrict src = in;
+    uint8_t *restrict dst = out;
     switch (conv) {
     case CKPTFS_CONVERT_F32_TO_BF16:
         for (size_t i = 0; i < n; i++) {

@@ -395,8 +395,8 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
     return n == body || gather_read_rows(e, in_off + body, dst + body, n - (size_t)body, pending, error);
 }
 
-/* Elements converted per source read: the scratch (4 bytes each at most) stays in cache. */
-#define CONVERT_CHUNK 32768u
+/* Elements converted per source read: few reads, and the scratch (256 KiB of fp32) stays in L2. */
+#define CONVERT_CHUNK 65536u
 
 /* Output bytes [in_off, in_off + n) of a CONVERT extent: the elements they touch are read from
  * the sources and converted; whole ones straight into DST, a first or last element cut by the
