@@ -58,11 +58,11 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
     return true;
 }
 
-/* The registry: formats tried in order (a verl FSDP directory is recognised by its own file
- * names; a torch_dist directory may also have a tracker; a directory that is neither Megatron
- * format is read as Hugging Face). */
-static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &ckptfs_format_torch_dist,
-                                                    &ckptfs_format_megatron,
+/* The registry: formats tried in order (a verl role directory, FSDP or Megatron, is recognised
+ * by its own file names and holds the others' formats below it; a torch_dist directory may also
+ * have a tracker; a directory that is neither Megatron format is read as Hugging Face). */
+static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &ckptfs_format_verl_megatron,
+                                                    &ckptfs_format_torch_dist, &ckptfs_format_megatron,
                                                     &ckptfs_format_hf};
 
 /* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,

@@ -18,6 +18,7 @@ extern const CkptfsSourceFormat ckptfs_format_hf;         /* source_hf.c */
 extern const CkptfsSourceFormat ckptfs_format_megatron;   /* source_megatron.c */
 extern const CkptfsSourceFormat ckptfs_format_torch_dist; /* source_torchdist.c */
 extern const CkptfsSourceFormat ckptfs_format_verl_fsdp;  /* source_fsdp.c */
+extern const CkptfsSourceFormat ckptfs_format_verl_megatron; /* source_verl_megatron.c */
 
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
 
@@ -62,6 +63,16 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
  * padded vocabulary and the layout are left 0. */
 bool ckptfs_megatron_model_from_config(JsonObject *config, const char *what,
                                        CkptfsMegatronModel *out, GError **error);
+/* How the rank files of a legacy directory are named and pickled: Megatron's
+ * (mp_rank_TT[_PPP]/model_optim_rng.pt, a dict with args and model or model0..), or verl's
+ * 2025 saves (mp_rank_TT[_PPP]/model.pt, a list of the virtual chunks' state dicts, no args). */
+typedef struct {
+    const char *rank_file; /* the file in each mp_rank_* directory */
+    bool chunk_list;       /* its pickle's root is a list of per-chunk state dicts */
+} CkptfsRankFiles;
+/* Opens the rank directories of DIR (an iteration directory; verl's model/) into SOURCE. */
+bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
+                                const CkptfsRankFiles *files, GError **error);
 /* inspect's line for both Megatron formats: files opened and the split saved. */
 char *ckptfs_megatron_describe(const CkptfsSource *source);
 /* Sets SOURCE's config.json to what Hugging Face would write for MODEL. */

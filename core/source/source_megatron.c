@@ -3,8 +3,10 @@
  * becomes a catalog tensor under its Hugging Face name, made of pieces that point into the rank
  * files (QKV groups de-interleaved, fc1 split into gate and up, row-parallel shards side by
  * side, vocabulary padding cut, experts gathered from their EP ranks' files). The file set must
- * be exactly Megatron's writer grid for the saved layout (ckptfs_layout_rank_files). Only the
- * pickles are read; tensor data, optimizer and RNG state are never touched. */
+ * be exactly Megatron's writer grid for the saved layout (ckptfs_layout_rank_files). verl's
+ * 2025 saves (mp_rank_TT[_PPP]/model.pt: a list of the chunks' state dicts, no args) are read
+ * the same way. Only the pickles are read; tensor data, optimizer and RNG state are never
+ * touched. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -39,6 +41,7 @@ typedef struct {
     CkptfsSource *source;
     const CkptfsOptions *options;
     const char *iter;
+    const CkptfsRankFiles *files; /* the rank files' name and pickle root */
     GHashTable *found;  /* directory name -> Rank* (owned): every mp_rank_* directory */
     Rank *first;        /* tp, pp and ep rank 0: its args say the layout */
     unsigned T, P, V, E, X; /* tp, pp, vpp, ep, etp */
@@ -125,7 +128,7 @@ static bool scan_ranks(Mg *m)
         Rank *found = g_new0(Rank, 1);
         *found = r;
         found->name = g_strdup(name);
-        found->path = g_build_filename(m->iter, name, "model_optim_rng.pt", NULL);
+        found->path = g_build_filename(m->iter, name, m->files->rank_file, NULL);
         g_hash_table_insert(m->found, found->name, found);
         bool zero = found->nparts <= 2 && found->num[0] == 0 && found->num[1] == 0 && found->num[2] == 0;
         /* Of mp_rank_00, mp_rank_00_000 (both exist only in a broken checkpoint): the shorter */
@@ -135,8 +138,8 @@ static bool scan_ranks(Mg *m)
     if (g_hash_table_size(m->found) == 0)
         return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s: no mp_rank_* directories", m->iter);
     if (m->first == NULL)
-        return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/mp_rank_00/model_optim_rng.pt: missing (no mp_rank_00, "
-                    "mp_rank_00_000 or mp_rank_00_000_000: the first rank's file)", m->iter);
+        return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/mp_rank_00/%s: missing (no mp_rank_00, "
+                    "mp_rank_00_000 or mp_rank_00_000_000: the first rank's file)", m->iter, m->files->rank_file);
     return true;
 }
 
@@ -158,13 +161,25 @@ static bool open_rank(Mg *m, Rank *r)
     r->pickle = ckptfs_pickle_parse(what, data, n, m->error);
     g_bytes_unref(pkl);
     r->used = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    return r->pickle != NULL;
+    if (r->pickle == NULL || !m->files->chunk_list)
+        return r->pickle != NULL;
+    /* verl's model.pt: torch.save of the list of the virtual chunks' state dicts. */
+    const CkptfsPy *root = ckptfs_pickle_root(r->pickle);
+    bool dicts = root->kind == CKPTFS_PY_LIST && root->items->len > 0;
+    for (guint v = 0; dicts && v < root->items->len; v++)
+        dicts = ((const CkptfsPy *)g_ptr_array_index(root->items, v))->kind == CKPTFS_PY_DICT;
+    if (!dicts)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: its root is not a list of state dicts (one per virtual "
+                    "pipeline chunk, as verl saves model.pt)", r->path);
+    return true;
 }
 
 /* The model dict of virtual chunk V of a rank. */
-static const CkptfsPy *chunk_dict(const Rank *r, unsigned v, unsigned V)
+static const CkptfsPy *chunk_dict(const Mg *m, const Rank *r, unsigned v, unsigned V)
 {
     const CkptfsPy *root = ckptfs_pickle_root(r->pickle);
+    if (m->files->chunk_list)
+        return v < root->items->len ? g_ptr_array_index(root->items, v) : NULL;
     if (V == 1)
         return ckptfs_py_dict_get(root, "model");
     char key[16];
@@ -194,7 +209,7 @@ static unsigned guess_etp(const Mg *m, const Rank *r)
 {
     const CkptfsModel *model = &m->saved.model;
     for (unsigned v = 0; v < m->V; v++) {
-        const CkptfsPy *chunk = chunk_dict(r, v, m->V);
+        const CkptfsPy *chunk = chunk_dict(m, r, v, m->V);
         for (guint k = 0; chunk && chunk->kind == CKPTFS_PY_DICT && k + 1 < chunk->items->len; k += 2) {
             const char *key = ckptfs_py_str(g_ptr_array_index(chunk->items, k));
             const CkptfsPy *t = g_ptr_array_index(chunk->items, k + 1);
@@ -222,8 +237,8 @@ static bool read_config_sizes(Mg *m)
     if (!ckptfs_megatron_model_from_config(m->source->config, r0->path, &m->saved, m->error))
         return false;
     const CkptfsPy *root = ckptfs_pickle_root(r0->pickle);
-    m->V = 1;
-    while (ckptfs_py_dict_get(root, "model") == NULL) {
+    m->V = m->files->chunk_list ? root->items->len : 1;
+    while (!m->files->chunk_list && ckptfs_py_dict_get(root, "model") == NULL) {
         char key[16];
         g_snprintf(key, sizeof key, "model%u", m->V);
         if (ckptfs_py_dict_get(root, key) == NULL)
@@ -237,12 +252,18 @@ static bool read_config_sizes(Mg *m)
         T = MAX(T, max_name_part(m, k, 0) + 1);
     m->T = T, m->P = 1, m->E = 1;
     bool ep_part = n == 2 || (n == 1 && m->saved.model.experts > 0 &&
-                              ckptfs_py_dict_get(chunk_dict(r0, m->V - 1, m->V), "decoder.final_layernorm.weight"));
+                              ckptfs_py_dict_get(chunk_dict(m, r0, m->V - 1, m->V), "decoder.final_layernorm.weight"));
     if (n >= 1 && !(n == 1 && ep_part))
         m->P = max_name_part(m, n, 1) + 1;
     if (ep_part)
         m->E = max_name_part(m, n, n) + 1;
-    const CkptfsPy *emb = ckptfs_py_dict_get(chunk_dict(r0, 0, m->V), "embedding.word_embeddings.weight");
+    const CkptfsPy *chunk0 = chunk_dict(m, r0, 0, m->V);
+    const CkptfsPy *emb = ckptfs_py_dict_get(chunk0, "embedding.word_embeddings.weight");
+    /* verl's saves of March 2025 hold its own parallel model's names (model.layers.N.self_attn...). */
+    if (emb == NULL && m->files->chunk_list && ckptfs_py_dict_get(chunk0, "model.embed_tokens.weight"))
+        return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: holds verl's early-2025 parallel model names "
+                    "(model.embed_tokens.weight, model.layers.N.self_attn.qkv_proj.weight ...), a layout "
+                    "ckptfs does not read (Megatron-core names are read)", r0->path);
     if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor->ndim != 2)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no embedding.word_embeddings.weight matrix", r0->path);
     if (!ckptfs_mul_u64(emb->tensor->shape[0], m->T, &m->saved.padded_vocab))
@@ -314,6 +335,16 @@ static bool args_agree(Mg *m, const Rank *r)
     return true;
 }
 
+/* A list of chunk state dicts (verl) holds as many chunks in every file as in the first. */
+static bool chunks_agree(Mg *m, const Rank *r)
+{
+    guint n = ckptfs_pickle_root(r->pickle)->items->len;
+    if (!m->files->chunk_list || n == m->V)
+        return true;
+    return fail(m, CKPTFS_ERROR_FORMAT, "%s: holds %u chunk state dicts but %s holds %u", r->path, n,
+                m->first->path, m->V);
+}
+
 /* When every rank directory is named as the saved layout names them but their numbers span a
  * smaller grid (fewer TP, PP or EP ranks than the args say): the two grids, for the message. */
 static char *smaller_grid(const Mg *m)
@@ -362,11 +393,11 @@ static bool find_ranks(Mg *m)
                 g_ptr_array_free(ranks, TRUE);
                 g_autofree char *why = smaller_grid(m);
                 if (why)
-                    return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/model_optim_rng.pt: missing (%s: %s)",
-                                m->iter, name, whence, why);
-                return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/model_optim_rng.pt: missing (a hole in the "
+                    return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/%s: missing (%s: %s)",
+                                m->iter, name, m->files->rank_file, whence, why);
+                return fail(m, CKPTFS_ERROR_NOT_FOUND, "%s/%s/%s: missing (a hole in the "
                             "grid of layout %s, from %s, with %u rank files per pipeline stage)", m->iter,
-                            name, layout, whence, m->F);
+                            name, m->files->rank_file, layout, whence, m->F);
             }
             r->tp = f->tp, r->pp = p, r->ep = f->ep, r->etp = f->etp;
             g_ptr_array_add(ranks, r); /* at p * F + i */
@@ -405,7 +436,7 @@ static bool find_ranks(Mg *m)
                         "TP rank %u of EP rank %u", m->iter, layout, whence, k % m->X, k / m->X);
     for (unsigned i = 0; i < m->F * m->P; i++) {
         Rank *r = m->ranks[i];
-        if (r != m->first && (!open_rank(m, r) || !args_agree(m, r)))
+        if (r != m->first && (!open_rank(m, r) || !args_agree(m, r) || !chunks_agree(m, r)))
             return false;
     }
     return true;
@@ -422,7 +453,7 @@ typedef struct {
 static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, uint64_t cols,
                    Located *out)
 {
-    const CkptfsPy *t = ckptfs_py_dict_get(chunk_dict(r, v, m->V), key);
+    const CkptfsPy *t = ckptfs_py_dict_get(chunk_dict(m, r, v, m->V), key);
     g_hash_table_add(r->used, g_strdup_printf("%u/%s", v, key));
     if (t == NULL || t->kind != CKPTFS_PY_TENSOR)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is missing or not a tensor", r->path, key);
@@ -491,7 +522,7 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
  * it is; keys of the other scheme are then unexpected. */
 static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t local)
 {
-    const CkptfsPy *chunk = chunk_dict(r, v, m->V);
+    const CkptfsPy *chunk = chunk_dict(m, r, v, m->V);
     for (unsigned n = 1; n <= 2; n++) {
         g_autofree char *name = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".mlp.experts.linear_fc%u.weight0",
                                                 local, n);
@@ -567,7 +598,7 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
 
 static bool map_model(Mg *m, CkptfsPieceSet *set)
 {
-    const CkptfsPy *first = chunk_dict(m->ranks[0], 0, m->V);
+    const CkptfsPy *first = chunk_dict(m, m->ranks[0], 0, m->V);
     if (first == NULL)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no '%s' state dict", m->ranks[0]->path,
                     m->V == 1 ? "model" : "model0");
@@ -602,7 +633,7 @@ static bool check_unexpected(Mg *m)
         g_autoptr(GString) extra = g_string_new(NULL);
         unsigned n = 0;
         for (unsigned v = 0; v < m->V; v++) {
-            const CkptfsPy *dict = chunk_dict(r, v, m->V);
+            const CkptfsPy *dict = chunk_dict(m, r, v, m->V);
             g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
             for (guint k = 0; dict && k + 1 < dict->items->len; k += 2) {
                 const char *key = ckptfs_py_str(g_ptr_array_index(dict->items, k));
@@ -623,12 +654,10 @@ static bool check_unexpected(Mg *m)
     return true;
 }
 
-static bool open_megatron(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *options, const char *iter,
+                                const CkptfsRankFiles *files, GError **error)
 {
-    g_autofree char *iter = ckptfs_megatron_iteration_dir(source->dir, options->iteration, error);
-    if (iter == NULL)
-        return false;
-    Mg m = {.source = source, .options = options, .iter = iter, .error = error};
+    Mg m = {.source = source, .options = options, .iter = iter, .files = files, .error = error};
     CkptfsPieceSet *c = ckptfs_piece_set_new();
     bool ok = scan_ranks(&m) && open_rank(&m, m.first);
     ok = ok && ckptfs_source_use_given_config(source, options, error) && read_args(&m);
@@ -651,6 +680,13 @@ static bool open_megatron(CkptfsSource *source, const CkptfsOptions *options, GE
         g_hash_table_unref(m.found);
     ckptfs_piece_set_free(c);
     return ok;
+}
+
+static bool open_megatron(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    static const CkptfsRankFiles megatron_files = {.rank_file = "model_optim_rng.pt", .chunk_list = false};
+    g_autofree char *iter = ckptfs_megatron_iteration_dir(source->dir, options->iteration, error);
+    return iter != NULL && ckptfs_megatron_open_ranks(source, options, iter, &megatron_files, error);
 }
 
 const CkptfsSourceFormat ckptfs_format_megatron = {"megatron-legacy", probe_megatron, open_megatron,
