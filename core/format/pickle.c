@@ -263,7 +263,7 @@ bool ckptfs_py_is_global(const CkptfsPy *v, const char *module, const char *name
            strcmp(v->name, name) == 0;
 }
 
-static CkptfsDtype storage_dtype(const CkptfsPy *cls)
+CkptfsDtype ckptfs_py_storage_dtype(const CkptfsPy *cls)
 {
     static const struct {
         const char *name;
@@ -337,7 +337,7 @@ static CkptfsPy *make_tensor(Vm *vm, const CkptfsPy *args, bool v3)
     if (tag->kind != CKPTFS_PY_STR || strcmp(tag->s, "storage") != 0 || key->kind != CKPTFS_PY_STR ||
         numel->kind != CKPTFS_PY_INT || numel->big || numel->i < 0)
         return NULL;
-    CkptfsDtype dtype = storage_dtype(cls);
+    CkptfsDtype dtype = ckptfs_py_storage_dtype(cls);
     if (v3 && args->items->len >= 7)
         dtype = torch_dtype(g_ptr_array_index(args->items, 6));
     CkptfsPy *t = new_obj(vm, CKPTFS_PY_TENSOR);

@@ -141,6 +141,20 @@ void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len)
     push_extent(b, e);
 }
 
+/* Appends E with ITEMS (those of zero length left out) as its items. */
+static void push_items_extent(CkptfsPlanBuilder *b, BuildExtent e, const CkptfsGatherItem *items,
+                              uint32_t nitems)
+{
+    e.first = b->items->len;
+    e.nitems = 0;
+    for (uint32_t k = 0; k < nitems; k++)
+        if (items[k].len > 0) {
+            g_array_append_val(b->items, items[k]);
+            e.nitems++;
+        }
+    push_extent(b, e);
+}
+
 void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGatherItem *items,
                             uint32_t nitems)
 {
@@ -159,15 +173,9 @@ void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGat
             ckptfs_plan_add_run(b, items[k].src, items[k].base, items[k].len);
         return;
     }
-    BuildExtent e = {.kind = CKPTFS_EXTENT_GATHER, .size = nrep * rep_size,
-                     .first = b->items->len, .nrep = nrep, .rep_size = rep_size,
-                     .nitems = nitems};
-    for (uint32_t k = 0; k < nitems; k++)
-        if (items[k].len > 0)
-            g_array_append_val(b->items, items[k]);
-        else
-            e.nitems--;
-    push_extent(b, e);
+    BuildExtent e = {.kind = CKPTFS_EXTENT_GATHER, .size = nrep * rep_size, .nrep = nrep,
+                     .rep_size = rep_size};
+    push_items_extent(b, e, items, nitems);
 }
 
 /* Output bytes of SRC_BYTES source bytes converted by CONV. */
@@ -211,14 +219,8 @@ void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t 
         items = &run, nitems = 1, nrep = 1, rep_size = run.len;
     }
     BuildExtent e = {.kind = CKPTFS_EXTENT_CONVERT, .size = converted_size(conv, nrep * rep_size),
-                     .first = b->items->len, .nrep = nrep, .rep_size = rep_size, .nitems = nitems,
-                     .convert = conv};
-    for (uint32_t k = 0; k < nitems; k++)
-        if (items[k].len > 0)
-            g_array_append_val(b->items, items[k]);
-        else
-            e.nitems--;
-    push_extent(b, e);
+                     .nrep = nrep, .rep_size = rep_size, .convert = conv};
+    push_items_extent(b, e, items, nitems);
 }
 
 CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)

@@ -297,24 +297,6 @@ static bool open_rank(Fsdp *f, unsigned rank, Rank *r)
 
 /* --- decoding the pickled values --- */
 
-static CkptfsDtype storage_dtype(const CkptfsPy *cls)
-{
-    static const struct {
-        const char *name;
-        CkptfsDtype dtype;
-    } table[] = {{"FloatStorage", CKPTFS_DTYPE_F32}, {"BFloat16Storage", CKPTFS_DTYPE_BF16},
-                 {"HalfStorage", CKPTFS_DTYPE_F16},  {"DoubleStorage", CKPTFS_DTYPE_F64},
-                 {"IntStorage", CKPTFS_DTYPE_I32},   {"LongStorage", CKPTFS_DTYPE_I64},
-                 {"ShortStorage", CKPTFS_DTYPE_I16}, {"CharStorage", CKPTFS_DTYPE_I8},
-                 {"ByteStorage", CKPTFS_DTYPE_U8},   {"BoolStorage", CKPTFS_DTYPE_BOOL}};
-    if (cls == NULL || cls->kind != CKPTFS_PY_GLOBAL || strcmp(cls->module, "torch") != 0)
-        return CKPTFS_DTYPE_INVALID;
-    for (size_t i = 0; i < G_N_ELEMENTS(table); i++)
-        if (strcmp(cls->name, table[i].name) == 0)
-            return table[i].dtype;
-    return CKPTFS_DTYPE_INVALID;
-}
-
 static const CkptfsPy *item(const CkptfsPy *tuple, guint i)
 {
     return tuple && (tuple->kind == CKPTFS_PY_TUPLE || tuple->kind == CKPTFS_PY_LIST) && i < tuple->items->len
@@ -349,7 +331,7 @@ static bool local_from_args(const CkptfsPy *args, Local *out)
         nsize != nstride)
         return false;
     out->storage_key = key;
-    out->dtype = storage_dtype(item(pid->args, 1));
+    out->dtype = ckptfs_py_storage_dtype(item(pid->args, 1));
     out->offset = (uint64_t)off->i;
     out->ndim = nsize;
     return true;

@@ -79,6 +79,8 @@ const CkptfsPy *ckptfs_py_dict_get(const CkptfsPy *dict, const char *key);
 const CkptfsPy *ckptfs_py_object_state(const CkptfsPy *obj);
 bool ckptfs_py_is_global(const CkptfsPy *v, const char *module, const char *name);
 const char *ckptfs_py_str(const CkptfsPy *v); /* STR value, NUL-terminated, or NULL */
+/* The element type of a torch storage class (torch.FloatStorage), INVALID when unknown. */
+CkptfsDtype ckptfs_py_storage_dtype(const CkptfsPy *cls);
 /* A tuple of non-negative ints (or torch.Size over one) into OUT (CKPTFS_MAX_DIMS at most). */
 bool ckptfs_py_dims(const CkptfsPy *v, uint64_t *out, unsigned *n);
 
