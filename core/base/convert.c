@@ -112,3 +112,46 @@ void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
         break;
     }
 }
+
+float ckptfs_fp8_value(CkptfsDtype fp8, uint8_t code)
+{
+    uint32_t sign = (uint32_t)(code & 0x80u) << 24, bits;
+    if (fp8 == CKPTFS_DTYPE_F8_E5M2) {
+        /* The top byte of an IEEE half. */
+        bits = f32_bits_from_f16((uint16_t)(code << 8));
+    } else {
+        uint32_t exp = (code >> 3) & 0xFu, mant = code & 0x7u;
+        if (exp == 0xF && mant == 0x7) {
+            bits = sign | 0x7FF00000u; /* the only NaN of E4M3fn; torch keeps sign and mantissa */
+        } else if (exp != 0) {
+            bits = sign | ((exp + 120u) << 23) | (mant << 20); /* bias 7 -> 127 */
+        } else if (mant == 0) {
+            bits = sign;
+        } else {
+            /* Subnormal: mant x 2^-9, normal as a float. */
+            uint32_t e = 121; /* 2^-6, the smallest normal E4M3 exponent, biased for single */
+            while (!(mant & 0x8u)) {
+                mant <<= 1;
+                e--;
+            }
+            bits = sign | (e << 23) | ((mant & 0x7u) << 20);
+        }
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+CONVERT_CLONES
+void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, uint16_t *out, size_t n)
+{
+    /* 256 codes: decode once per run through a table, then a vectorizable multiply and round. */
+    float values[256];
+    for (unsigned c = 0; c < 256; c++)
+        values[c] = ckptfs_fp8_value(fp8, (uint8_t)c) * scale;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &values[in[i]], 4);
+        out[i] = bf16_from_f32_bits(u, 0xFFFFu);
+    }
+}

@@ -4,6 +4,7 @@
 #define CKPTFS_CONVERT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ckptfs/dtype.h"
 
@@ -22,5 +23,13 @@ CkptfsDtype ckptfs_convert_from(CkptfsConvert conv);
 CkptfsDtype ckptfs_convert_to(CkptfsConvert conv);
 /* Converts N elements of IN (the source type) into OUT (the target type). */
 void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n);
+
+/* The value of an FP8 code as a float, exactly: E4M3 ("fn": no infinities, S.1111.111 is NaN,
+ * largest 448) or E5M2 (IEEE-like: infinities and NaNs). */
+float ckptfs_fp8_value(CkptfsDtype fp8, uint8_t code);
+/* Block-scaled FP8 to bf16 (DeepSeek-V3's weight_scale_inv): each of N codes of IN becomes
+ * bf16(float(code) * SCALE), the product in fp32 and rounded to nearest even, NaN -> 0xFFFF
+ * (torch's `(x.float() * s).bfloat16()` on CPU). */
+void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, uint16_t *out, size_t n);
 
 #endif

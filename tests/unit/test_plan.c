@@ -261,6 +261,68 @@ static void test_conversions(GRand *rng)
            "conversions exist between float types only");
 }
 
+/* An FP8 code's value from its definition: sign, exponent, mantissa, bias (E4M3fn: bias 7, no
+ * infinities, S.1111.111 NaN; E5M2: bias 15, IEEE infinities and NaNs). */
+static double reference_fp8(CkptfsDtype fp8, uint8_t c)
+{
+    double sign = (c & 0x80) ? -1.0 : 1.0;
+    if (fp8 == CKPTFS_DTYPE_F8_E4M3) {
+        int exp = (c >> 3) & 15, mant = c & 7;
+        if (exp == 15 && mant == 7)
+            return NAN;
+        return sign * (exp ? ldexp(8 + mant, exp - 10) : ldexp(mant, -9));
+    }
+    int exp = (c >> 2) & 31, mant = c & 3;
+    if (exp == 31)
+        return mant ? NAN : sign * INFINITY;
+    return sign * (exp ? ldexp(4 + mant, exp - 17) : ldexp(mant, -16));
+}
+
+/* Every FP8 code of both formats, alone and times block scales of several magnitudes (the
+ * product in fp32, then bf16 by the definition). */
+static void test_fp8(void)
+{
+    static const CkptfsDtype kinds[] = {CKPTFS_DTYPE_F8_E4M3, CKPTFS_DTYPE_F8_E5M2};
+    static const float scales[] = {1.0f, 0.5f, 3.0f, 1.0f / 448.0f, 2.3283064e-10f, 0.0123456789f,
+                                   65504.0f, 1.0e30f, 1.0e-40f /* subnormal */, 0.0f};
+    int values_ok = 0, scaled_ok = 0, scaled_total = 0;
+    for (size_t k = 0; k < G_N_ELEMENTS(kinds); k++)
+        for (unsigned c = 0; c < 256; c++) {
+            double want = reference_fp8(kinds[k], (uint8_t)c);
+            float got = ckptfs_fp8_value(kinds[k], (uint8_t)c);
+            if (isnan(want) ? isnan(got) : ((double)got == want && !signbit(got) == !signbit(want)))
+                values_ok++;
+            else
+                tap_diag("fp8 kind %zu code %02x: %g, want %g", k, c, (double)got, want);
+            for (size_t i = 0; i < G_N_ELEMENTS(scales); i++) {
+                uint8_t code = (uint8_t)c;
+                uint16_t out;
+                ckptfs_convert_fp8_scaled(kinds[k], &code, scales[i], &out, 1);
+                float product = (float)want * scales[i];
+                uint32_t bits;
+                memcpy(&bits, &product, 4);
+                scaled_total++;
+                if (out == reference_bf16(bits))
+                    scaled_ok++;
+                else if (scaled_total - scaled_ok < 5)
+                    tap_diag("fp8 kind %zu code %02x x %g: %04x, want %04x", k, c, (double)scales[i], out,
+                             reference_bf16(bits));
+            }
+        }
+    tap_ok(values_ok == 512, "every E4M3 and E5M2 code decodes to its value (%d/512)", values_ok);
+    tap_ok(scaled_ok == scaled_total, "code x block scale -> bf16 as fp32 product then round to nearest even (%d/%d)",
+           scaled_ok, scaled_total);
+    /* A run: one table for many codes gives what one code at a time gives. */
+    uint8_t codes[1000];
+    uint16_t run[1000], one[1000];
+    for (unsigned i = 0; i < 1000; i++)
+        codes[i] = (uint8_t)(i * 37 + 11);
+    ckptfs_convert_fp8_scaled(CKPTFS_DTYPE_F8_E4M3, codes, 0.03125f, run, 1000);
+    for (unsigned i = 0; i < 1000; i++)
+        ckptfs_convert_fp8_scaled(CKPTFS_DTYPE_F8_E4M3, codes + i, 0.03125f, one + i, 1);
+    tap_ok(memcmp(run, one, sizeof run) == 0, "a run of 1000 codes equals them one by one");
+}
+
 static void test_run_merging(void)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -356,6 +418,7 @@ int main(void)
     sources_init(&s, rng);
     test_random_plans(&s, rng);
     test_conversions(rng);
+    test_fp8();
     test_run_merging();
     test_read_errors(&s);
     test_catalog_rects(&s, rng);
