@@ -427,6 +427,11 @@ static int inspect_run(const CkptfsMount *run, bool json)
             add_string_or_null(b, m && m->model ? m->model->arch->model_type : NULL);
             json_builder_set_member_name(b, "error");
             add_string_or_null(b, error ? error->message : NULL);
+            json_builder_set_member_name(b, "warnings");
+            json_builder_begin_array(b);
+            for (guint w = 0; m && w < m->source->warnings->len; w++)
+                json_builder_add_string_value(b, g_ptr_array_index(m->source->warnings, w));
+            json_builder_end_array(b);
             json_builder_end_object(b);
             if (!json && m)
                 printf("global_step_%" G_GUINT64_FORMAT "/%s: %s (%s); %u tensors; %s\n", step, role,
@@ -435,6 +440,9 @@ static int inspect_run(const CkptfsMount *run, bool json)
                        m->model ? "hf/, mcore/ and Megatron layouts" : "hf/ only (no Megatron rules)");
             else if (!json)
                 printf("global_step_%" G_GUINT64_FORMAT "/%s: cannot be read: %s\n", step, role, error->message);
+            for (guint w = 0; !json && m && w < m->source->warnings->len; w++)
+                printf("global_step_%" G_GUINT64_FORMAT "/%s: warning: %s\n", step, role,
+                       (const char *)g_ptr_array_index(m->source->warnings, w));
             status |= m == NULL;
             g_clear_error(&error);
             ckptfs_mount_free(m);

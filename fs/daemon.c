@@ -216,6 +216,12 @@ static char *read_ahead_knob(const char *mnt)
     return device ? g_strdup_printf("/sys/class/bdi/%s/read_ahead_kb", device) : NULL;
 }
 
+/* A run's roles are opened on lookup, long after the mount: their warnings go to the log. */
+static void log_role_warning(gpointer ctx, const char *where, const char *line)
+{
+    ckptfs_fuse_log(ctx, "%s: warning: %s", where, line);
+}
+
 static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
 {
     CkptfsFuseContext ctx = {.mount = mount,
@@ -241,6 +247,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     g_ptr_array_add(argv, g_strdup(opts->str));
     struct fuse_args args = FUSE_ARGS_INIT((int)argv->len, (char **)argv->pdata);
 
+    ckptfs_mount_set_log(mount, log_role_warning, &ctx);
     struct fuse_session *se = fuse_session_new(&args, &ckptfs_fuse_ops, sizeof ckptfs_fuse_ops, &ctx);
     if (se == NULL) {
         fprintf(stderr, "ckptfs: cannot start the FUSE session (bad option in '%s'?)\n", opts->str);

@@ -76,7 +76,12 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options)
     source->converted = ckptfs_catalog_serve_as(source->catalog, to);
     if (source->adapter != NULL)
         ckptfs_catalog_serve_as(source->adapter, to);
-    if (source->converted == 0 || source->config == NULL)
+    /* The config says what is served whenever some weight is served as TO, converted or not:
+     * verl's huggingface/config.json is the bf16 model's, its shards fp32 (-o dtype=fp32). */
+    bool served = false;
+    for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog) && !served; i++)
+        served = ckptfs_catalog_at(source->catalog, i)->dtype == to;
+    if (!served || source->config == NULL)
         return;
     /* transformers 5 writes "dtype"; earlier versions "torch_dtype" (both read both). */
     static const char *const keys[] = {"torch_dtype", "dtype"};

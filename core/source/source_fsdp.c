@@ -938,14 +938,21 @@ static bool adapter_config(Fsdp *f)
         return true;
     g_autofree char *meta_path = g_build_filename(source->dir, "lora_train_meta.json", NULL);
     g_autoptr(JsonObject) meta = NULL;
-    int64_t r = 0, alpha = 0;
+    int64_t r = 0;
+    double alpha = 0;
     const char *task = "CAUSAL_LM";
     if (g_file_test(meta_path, G_FILE_TEST_EXISTS)) {
         meta = ckptfs_json_load_object(meta_path, f->error);
         if (meta == NULL)
             return false;
-        if (!json_int(meta, "r", &r) || r < 1 || !json_int(meta, "lora_alpha", &alpha))
-            return fail(f, CKPTFS_ERROR_FORMAT, "%s: no whole \"r\" of at least 1 and \"lora_alpha\"", meta_path);
+        /* PEFT takes any number for alpha (16.0 from Python is common). */
+        JsonNode *a = json_object_get_member(meta, "lora_alpha");
+        bool numeric = a != NULL && JSON_NODE_HOLDS_VALUE(a) &&
+                       (json_node_get_value_type(a) == G_TYPE_INT64 || json_node_get_value_type(a) == G_TYPE_DOUBLE);
+        if (!json_int(meta, "r", &r) || r < 1 || !numeric)
+            return fail(f, CKPTFS_ERROR_FORMAT, "%s: no whole \"r\" of at least 1 and numeric \"lora_alpha\"",
+                        meta_path);
+        alpha = json_node_get_value_type(a) == G_TYPE_INT64 ? (double)json_node_get_int(a) : json_node_get_double(a);
         JsonNode *t = json_object_get_member(meta, "task_type");
         if (t != NULL && JSON_NODE_HOLDS_VALUE(t) && json_node_get_value_type(t) == G_TYPE_STRING)
             task = json_node_get_string(t);
@@ -964,7 +971,7 @@ static bool adapter_config(Fsdp *f)
     g_ptr_array_sort(modules, name_cmp);
     if (meta == NULL) {
         /* Runs older than the file: the scale cannot be known; say so rather than guess quietly. */
-        alpha = r;
+        alpha = (double)r;
         g_ptr_array_add(source->warnings,
                         g_strdup_printf("%s: missing: lora_adapter/adapter_config.json says lora_alpha = r = %"
                                         G_GINT64_FORMAT "; set it to the run's value", meta_path, r));
@@ -978,7 +985,10 @@ static bool adapter_config(Fsdp *f)
     json_object_set_boolean_member(c, "init_lora_weights", true);
     json_object_set_null_member(c, "layers_pattern");
     json_object_set_null_member(c, "layers_to_transform");
-    json_object_set_int_member(c, "lora_alpha", alpha);
+    if (alpha == (double)(int64_t)alpha) /* written back as given: 16, or 16.5 */
+        json_object_set_int_member(c, "lora_alpha", (int64_t)alpha);
+    else
+        json_object_set_double_member(c, "lora_alpha", alpha);
     json_object_set_double_member(c, "lora_dropout", 0.0);
     json_object_set_null_member(c, "modules_to_save");
     json_object_set_string_member(c, "peft_type", "LORA");

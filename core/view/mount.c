@@ -74,13 +74,22 @@ static CkptfsNode *add_layout_view(CkptfsMount *mount, CkptfsNode *root, const C
 static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GError **error)
 {
     CkptfsMount *mount = owner;
+    /* -o layouts first: a bad one fails before any view is built. */
+    for (char **name = mount->options.layouts; name && *name; name++) {
+        CkptfsLayout layout;
+        if (!ckptfs_mount_layout(mount, *name, &layout, error)) {
+            g_prefix_error(error, "option layouts: ");
+            return false;
+        }
+    }
+    /* NULL when a failed attempt already made it: views are built once. */
     CkptfsNode *hf = ckptfs_tree_add_dir(tree, root, "hf");
-    if (!ckptfs_hf_view_build(tree, hf, mount->source, &mount->options, error))
+    if (hf != NULL && !ckptfs_hf_view_build(tree, hf, mount->source, &mount->options, error))
         return false;
     if (mount->model == NULL)
         return true;
     CkptfsNode *mcore = ckptfs_tree_add_dir(tree, root, "mcore");
-    if (!ckptfs_mcore_view_build(tree, mcore, mount->source, mount->model, &mount->options, error))
+    if (mcore != NULL && !ckptfs_mcore_view_build(tree, mcore, mount->source, mount->model, &mount->options, error))
         return false;
     static const unsigned tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4};
     for (size_t i = 0; i < G_N_ELEMENTS(tps); i++)
@@ -101,11 +110,8 @@ static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GE
         }
     for (char **name = mount->options.layouts; name && *name; name++) {
         CkptfsLayout layout;
-        if (!ckptfs_mount_layout(mount, *name, &layout, error)) {
-            g_prefix_error(error, "option layouts: ");
-            return false;
-        }
-        add_layout_view(mount, root, &layout, NULL);
+        if (ckptfs_mount_layout(mount, *name, &layout, NULL))
+            add_layout_view(mount, root, &layout, NULL);
     }
     return true;
 }
@@ -129,6 +135,12 @@ static CkptfsNode *resolve_root(CkptfsTree *tree, CkptfsNode *root, const char *
     if (strcmp(canonical, name) == 0)
         return dir;
     return ckptfs_tree_add_symlink(tree, root, name, canonical);
+}
+
+void ckptfs_mount_set_log(CkptfsMount *mount, CkptfsMountLog log, gpointer ctx)
+{
+    mount->log = log;
+    mount->log_ctx = ctx;
 }
 
 const CkptfsMount *ckptfs_mount_of_scope(const CkptfsMount *mount, gpointer scope)
@@ -183,6 +195,15 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
         g_error_free(model_error);
         g_free(model);
     }
+    if (tree != NULL && source->config == NULL) {
+        /* verl's rank 0 writes huggingface/ after the shards: a role without it in a run is
+         * still being saved. Refused for now (retried at the next lookup), not served without
+         * its config for the life of the mount. */
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
+                    "%s: no config.json yet (%s); is the step still being saved?", path, source->config_problem);
+        ckptfs_mount_free(mount);
+        return NULL;
+    }
     if (tree == NULL) {
         mount->tree = ckptfs_tree_new();
         ckptfs_tree_set_access(mount->tree, plan_access, mount, dir_access(mount->source->dir));
@@ -233,19 +254,44 @@ static bool populate_role(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GEr
     if (role == NULL)
         return false;
     g_ptr_array_add(d->run->roles, role);
+    for (guint i = 0; d->run->log != NULL && i < role->source->warnings->len; i++)
+        d->run->log(d->run->log_ctx, d->path, g_ptr_array_index(role->source->warnings, i));
     return populate_root(tree, dir, role, error);
+}
+
+static CkptfsNode *add_role(CkptfsMount *run, CkptfsNode *dir, const char *step_path, const char *name)
+{
+    CkptfsNode *role = ckptfs_tree_add_dir(run->tree, dir, name);
+    if (role != NULL)
+        ckptfs_tree_set_dir_hooks(run->tree, role, populate_role, NULL,
+                                  run_dir_new(run, g_build_filename(step_path, name, NULL)));
+    return role;
 }
 
 static void add_roles(CkptfsMount *run, CkptfsNode *dir, const char *step_path)
 {
     g_autoptr(GPtrArray) roles = ckptfs_verl_roles(step_path);
-    for (guint i = 0; i < roles->len; i++) {
-        const char *name = g_ptr_array_index(roles, i);
-        CkptfsNode *role = ckptfs_tree_add_dir(run->tree, dir, name);
-        if (role != NULL)
-            ckptfs_tree_set_dir_hooks(run->tree, role, populate_role, NULL,
-                                      run_dir_new(run, g_build_filename(step_path, name, NULL)));
-    }
+    for (guint i = 0; i < roles->len; i++)
+        add_role(run, dir, step_path, g_ptr_array_index(roles, i));
+}
+
+/* A role saved after the step was first listed (verl saves the critic after the actor). */
+static CkptfsNode *resolve_role(CkptfsMount *run, CkptfsNode *dir, const char *step_path, const char *name,
+                                GError **error)
+{
+    g_autofree char *path = g_build_filename(step_path, name, NULL);
+    if (strchr(name, '/') == NULL && g_file_test(path, G_FILE_TEST_IS_DIR) && ckptfs_verl_is_role(path))
+        return add_role(run, dir, step_path, name);
+    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "'%s' is not a role of %s", name, step_path);
+    return NULL;
+}
+
+static CkptfsNode *resolve_step(CkptfsTree *tree, CkptfsNode *dir, const char *name, gpointer owner,
+                                GError **error)
+{
+    (void)tree;
+    RunDir *d = owner;
+    return resolve_role(d->run, dir, d->path, name, error);
 }
 
 static bool populate_step(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GError **error)
@@ -261,9 +307,11 @@ static CkptfsNode *add_step(CkptfsMount *run, CkptfsNode *root, uint64_t step)
 {
     g_autofree char *name = g_strdup_printf("global_step_%" G_GUINT64_FORMAT, step);
     CkptfsNode *dir = ckptfs_tree_add_dir(run->tree, root, name);
-    if (dir != NULL)
-        ckptfs_tree_set_dir_hooks(run->tree, dir, populate_step, NULL,
+    if (dir != NULL) {
+        ckptfs_tree_set_dir_hooks(run->tree, dir, populate_step, resolve_step,
                                   run_dir_new(run, g_build_filename(run->run_dir, name, NULL)));
+        ckptfs_tree_mark_refreshed(dir);
+    }
     return dir;
 }
 
@@ -297,7 +345,9 @@ static CkptfsNode *resolve_run(CkptfsTree *tree, CkptfsNode *root, const char *n
     CkptfsMount *run = owner;
     uint64_t step;
     g_autofree char *path = g_build_filename(run->run_dir, name, NULL);
-    if (!run->run_is_step && ckptfs_verl_step_name(name, &step) && g_file_test(path, G_FILE_TEST_IS_DIR))
+    if (run->run_is_step)
+        return resolve_role(run, root, run->run_dir, name, error);
+    if (ckptfs_verl_step_name(name, &step) && g_file_test(path, G_FILE_TEST_IS_DIR))
         return add_step(run, root, step);
     g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND, "'%s' is not a %s of %s", name,
                 run->run_is_step ? "role" : "step (global_step_N) or latest", run->run_dir);
@@ -318,8 +368,7 @@ static CkptfsMount *open_run(const char *path, const CkptfsOptions *options, boo
     ckptfs_tree_set_access(run->tree, plan_access, run, dir_access(path));
     CkptfsNode *root = ckptfs_tree_root(run->tree);
     ckptfs_tree_set_dir_hooks(run->tree, root, populate_run, resolve_run, run);
-    if (!is_step)
-        ckptfs_tree_mark_refreshed(root);
+    ckptfs_tree_mark_refreshed(root);
     return run;
 }
 

@@ -12,6 +12,8 @@
 #include "ckptfs/tree.h"
 
 typedef struct CkptfsMount CkptfsMount;
+/* Where a run sends what a role opened later has to say (its source's warnings). */
+typedef void (*CkptfsMountLog)(gpointer ctx, const char *where, const char *line);
 struct CkptfsMount {
     CkptfsOptions options;
     CkptfsSource *source; /* NULL for a verl run: each role is a mount of its own, below */
@@ -24,6 +26,8 @@ struct CkptfsMount {
     bool run_is_step;     /* RUN_DIR is one global_step_N: the root lists its roles */
     GPtrArray *roles;     /* CkptfsMount*: the roles opened so far (a run's only) */
     bool tree_borrowed;   /* a role's: the run frees the tree */
+    CkptfsMountLog log;   /* a run's: warnings of roles opened while mounted (may be NULL) */
+    gpointer log_ctx;
 };
 
 /* Opens and validates the source at PATH and sets up the root directory of views. A verl run
@@ -31,6 +35,9 @@ struct CkptfsMount {
  * checkpoint, or with -o step=N|latest[,role=R] the views of one role at the root. */
 CkptfsMount *ckptfs_mount_open(const char *path, const CkptfsOptions *options, GError **error);
 void ckptfs_mount_free(CkptfsMount *mount);
+
+/* Sets where a run logs the warnings of roles it opens on lookup. */
+void ckptfs_mount_set_log(CkptfsMount *mount, CkptfsMountLog log, gpointer ctx);
 
 /* The mount whose source a file of this tree reads: SCOPE as ckptfs_tree_plan gives it. */
 const CkptfsMount *ckptfs_mount_of_scope(const CkptfsMount *mount, gpointer scope);

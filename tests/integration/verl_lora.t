@@ -54,8 +54,21 @@ unmount_ckptfs "$mnt"
 rm "$role/lora_train_meta.json"
 check "without lora_train_meta.json inspect warns that lora_alpha is set to r" bash -c \
   "'$CKPTFS' inspect '$role' | grep -q 'warning: .*lora_train_meta.json: missing: lora_adapter/adapter_config.json says lora_alpha = r = 4'"
+fg=$WORK/mnt-fg
+mkdir -p "$fg"
+"$CKPTFS" mount -f "$WORK/run" "$fg" 2> "$WORK/daemon.log" &
+daemon=$!
+for _ in $(seq 100); do mountpoint -q "$fg" && break; sleep 0.1; done
+ls "$fg/global_step_1/actor/hf" > /dev/null 2>&1
+check "a run mounted in the foreground logs the warning of a role opened on lookup" \
+  grep -q "global_step_1/actor: warning: .*lora_train_meta.json: missing" "$WORK/daemon.log"
+unmount_ckptfs "$fg"
+wait "$daemon"
 echo '{"r": 0, "lora_alpha": 8}' > "$role/lora_train_meta.json"
 "$CKPTFS" inspect "$role" > /dev/null 2> "$WORK/err" && rc=0 || rc=1
 ok $((1 - rc)) "a lora_train_meta.json with r = 0 is refused"
 check "  naming the file" grep -q "lora_train_meta.json: no whole \"r\"" "$WORK/err"
+echo '{"r": 4, "lora_alpha": 16.0, "task_type": "CAUSAL_LM"}' > "$role/lora_train_meta.json"
+check "a lora_alpha written as 16.0 (Python's float) is taken" bash -c \
+  "'$CKPTFS' cat '$role' hf/lora_adapter/adapter_config.json | grep -q '\"lora_alpha\" : 16,'"
 done_testing

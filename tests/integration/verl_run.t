@@ -56,7 +56,27 @@ cp -r "$data/fsdp1/llama-w1/global_step_1/actor" "$run/global_step_4/actor"
 check "  a step looked up by name before any listing shows it" \
   $PY "$check_hf" compare "$data/src/llama" "$mnt/global_step_4/actor/hf"
 check "  a name that is no step is not found" bash -c "! ls '$mnt/global_step_99' 2>/dev/null"
+
+# A step listed while verl is still saving it: the actor first, the critic later; a role whose
+# huggingface/ (rank 0 writes it last) is not there yet is refused until it is.
+mkdir -p "$run/global_step_6"
+check "  a step listed while still empty" bash -c "ls -l '$mnt' > /dev/null && test -z \"\$(ls '$mnt/global_step_6')\""
+cp -r "$data/fsdp2/llama-w4/global_step_1/actor" "$run/global_step_6/actor.partial"
+rm -r "$run/global_step_6/actor.partial/huggingface"
+mv "$run/global_step_6/actor.partial" "$run/global_step_6/actor"
+check "  its actor appears in the next listing of the step" diff <(ls "$mnt/global_step_6") <(echo actor)
+check "  an actor without huggingface/ yet is refused (still being saved)" \
+  bash -c "! ls '$mnt/global_step_6/actor' > /dev/null 2>&1"
+cp -r "$data/fsdp2/llama-w4/global_step_1/actor/huggingface" "$run/global_step_6/actor/"
+check "  once huggingface/ is written it serves, with its config" \
+  $PY "$check_hf" compare "$data/src/llama" "$mnt/global_step_6/actor/hf"
+check "  (and its Megatron views)" test -d "$mnt/global_step_6/actor/tp2pp2/release"
+cp -r "$data/fsdp2/qwen2-critic-w2/global_step_1/actor" "$run/global_step_6/critic"
+check "  a critic saved after the step was listed is found by name" \
+  $PY "$check_hf" compare "$data/src/qwen2-critic" "$mnt/global_step_6/critic/hf"
+check "  and listed" diff <(ls "$mnt/global_step_6") <(printf 'actor\ncritic\n')
 unmount_ckptfs "$mnt"
+rm -rf "$run/global_step_6"
 
 # One role's views at the root.
 mnt=$WORK/mnt-step1-critic
@@ -79,6 +99,8 @@ check "  it lists actor and critic" diff <(ls "$mnt") <(printf 'actor\ncritic\n'
 check "  actor/hf is the Llama" $PY "$check_hf" compare "$data/src/llama" "$mnt/actor/hf"
 unmount_ckptfs "$mnt"
 
+check "-o layouts= that a role cannot have: that role is refused, naming the option" bash -c "
+  '$CKPTFS' inspect -o layouts=tp3pp1 '$run' | grep -q 'global_step_1/actor: cannot be read: .*option layouts: '"
 check "ckptfs inspect of the run lists every step and role" bash -c "
   out=\$('$CKPTFS' inspect '$run') &&
   grep -q 'verl run (4 steps; latest: global_step_2)' <<<\"\$out\" &&
@@ -118,6 +140,10 @@ check "  the other role of that step serves" \
 cp "$data/fsdp2/llama-w4/global_step_1/actor/model_world_size_4_rank_2.pt" "$run/global_step_5/actor/"
 check "  once the missing rank file is there, the role serves (retried at the next lookup)" \
   $PY "$check_hf" compare "$data/src/llama" "$mnt/global_step_5/actor/hf"
+rm -r "$run/global_step_5/actor/huggingface"
+check "  inspect of the run shows a role's warnings (a role dir without huggingface/)" bash -c \
+  "'$CKPTFS' inspect '$run' | grep -q '^global_step_5/actor: warning: .*huggingface: missing'"
+cp -r "$data/fsdp2/llama-w4/global_step_1/actor/huggingface" "$run/global_step_5/actor/"
 check "  inspect of the run names the problem of a broken role" bash -c \
   "rm '$run/global_step_5/critic/model_world_size_2_rank_1.pt'; '$CKPTFS' inspect '$run' | grep -q 'global_step_5/critic: cannot be read: .*rank'"
 unmount_ckptfs "$mnt"

@@ -39,8 +39,9 @@ for spec in "${runs[@]}"; do
     check "  -o dtype=fp32: hf/ tensors are src/$model's bf16 values upcast to fp32 exactly" \
       $PY "$verl_check" fp32 "$src" "$mnt/hf"
     check "  hf/ holds exactly src/$model's tensor names" $PY "$verl_check" names "$src" "$mnt/hf"
-    check "  hf/ passes config.json and tokenizer.json through" \
-      test -s "$mnt/hf/config.json" -a -s "$mnt/hf/tokenizer.json"
+    check "  hf/ has config.json and tokenizer.json" test -s "$mnt/hf/config.json" -a -s "$mnt/hf/tokenizer.json"
+    check "  config.json says float32, what the fp32 view serves" $PY -c \
+      "import json,sys; sys.exit(json.load(open('$mnt/hf/config.json'))['torch_dtype'] != 'float32')"
     unmount_ckptfs "$mnt"
   else
     ok 1 "  mount -o dtype=fp32 ($(head -c 300 "$WORK/err"))"
