@@ -75,42 +75,9 @@ MNT=$RUN_DIR/mnt
 mkdir "$MNT"
 DAEMON_PID=""
 
-is_mounted() { grep -qF " $1 fuse" /proc/self/mounts; }
-
-# True while PID runs (a zombie counts as gone).
-alive() {
-    local state
-    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-    [[ -n $state && $state != Z ]]
-}
-
-wait_gone() { # PID SECONDS
-    local i
-    for ((i = 0; i < $2 * 100; i++)); do
-        alive "$1" || return 0
-        sleep 0.01
-    done
-    return 1
-}
-
-# Unmounts $MNT and waits for its daemon to exit (so runs never overlap; a daemon holding GBs
-# takes seconds to exit on a loaded machine). A hung daemon is killed (only the one this script
-# started, by PID).
-unmount() {
-    if is_mounted "$MNT"; then
-        fusermount3 -u "$MNT" 2>/dev/null || true
-    fi
-    if [[ -n $DAEMON_PID ]] && ! wait_gone "$DAEMON_PID" 30; then
-        note "daemon $DAEMON_PID still running 30 s after unmount; killing it"
-        kill "$DAEMON_PID" 2>/dev/null || true
-        wait_gone "$DAEMON_PID" 5 || kill -9 "$DAEMON_PID" 2>/dev/null || true
-        wait_gone "$DAEMON_PID" 5 || true
-    fi
-    if is_mounted "$MNT"; then
-        fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
-    fi
-    DAEMON_PID=""
-}
+# is_mounted, alive, wait_gone, stop_pid, unmount
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 cleanup() {
     local rc=$?

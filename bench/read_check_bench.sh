@@ -68,47 +68,9 @@ mkdir "$MNT"
 DAEMON_PID=""
 STRACE_PID=""
 
-is_mounted() { grep -qF " $1 fuse" /proc/self/mounts; }
-
-# True while PID runs (a zombie counts as gone).
-alive() {
-    local state
-    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
-    [[ -n $state && $state != Z ]]
-}
-
-wait_gone() { # PID TENTHS_OF_SECONDS
-    local i
-    for ((i = 0; i < $2 * 10; i++)); do
-        alive "$1" || return 0
-        sleep 0.01
-    done
-    return 1
-}
-
-# Stops PID (only a process this script started), politely first.
-stop_pid() {
-    [[ -n $1 ]] || return 0
-    wait_gone "$1" 20 && return 0
-    note "process $1 still running after unmount; killing it"
-    kill "$1" 2>/dev/null || true
-    wait_gone "$1" 20 || kill -9 "$1" 2>/dev/null || true
-    wait_gone "$1" 20 || true
-}
-
-# Unmounts $MNT and waits for its daemon (and a strace around it) to exit.
-unmount() {
-    if is_mounted "$MNT"; then
-        fusermount3 -u "$MNT" 2>/dev/null || true
-    fi
-    stop_pid "$DAEMON_PID"
-    stop_pid "$STRACE_PID"
-    if is_mounted "$MNT"; then
-        fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
-    fi
-    DAEMON_PID=""
-    STRACE_PID=""
-}
+# is_mounted, alive, wait_gone, stop_pid, unmount
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 cleanup() {
     local rc=$?

@@ -1,0 +1,46 @@
+# Sourced by the benchmarks that mount: whether a path is mounted, whether a process still runs,
+# and stopping the daemon a benchmark started (only that one, by PID). The caller defines note()
+# and sets MNT and DAEMON_PID (and STRACE_PID when a strace wraps the daemon).
+
+is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
+
+# True while PID runs (a zombie counts as gone: the detached daemon's parent is init, which may
+# reap it late).
+alive() {
+    local state
+    state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z ]]
+}
+
+wait_gone() { # PID SECONDS
+    local i
+    for ((i = 0; i < $2 * 100; i++)); do
+        alive "$1" || return 0
+        sleep 0.01
+    done
+    return 1
+}
+
+# Stops PID, politely first: a daemon holding GBs takes seconds to exit on a loaded machine.
+stop_pid() {
+    [[ -n $1 ]] || return 0
+    wait_gone "$1" 30 && return 0
+    note "process $1 still running 30 s after unmount; killing it"
+    kill "$1" 2>/dev/null || true
+    wait_gone "$1" 5 || kill -9 "$1" 2>/dev/null || true
+    wait_gone "$1" 5 || true
+}
+
+# Unmounts $MNT and waits for its daemon (and a strace around it) to exit, so runs never overlap.
+unmount() {
+    if is_mounted "$MNT"; then
+        fusermount3 -u "$MNT" 2>/dev/null || true
+    fi
+    stop_pid "${DAEMON_PID:-}"
+    stop_pid "${STRACE_PID:-}"
+    if is_mounted "$MNT"; then
+        fusermount3 -u "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null || true
+    fi
+    DAEMON_PID=""
+    STRACE_PID=""
+}
