@@ -1,5 +1,6 @@
 #include "ckptfs/convert.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -10,12 +11,21 @@ static const struct {
     [CKPTFS_CONVERT_F16_TO_BF16] = {CKPTFS_DTYPE_F16, CKPTFS_DTYPE_BF16},
     [CKPTFS_CONVERT_BF16_TO_F32] = {CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_F32},
     [CKPTFS_CONVERT_F16_TO_F32] = {CKPTFS_DTYPE_F16, CKPTFS_DTYPE_F32},
+    [CKPTFS_CONVERT_E4M3_SCALED_TO_BF16] = {CKPTFS_DTYPE_F8_E4M3, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_E5M2_SCALED_TO_BF16] = {CKPTFS_DTYPE_F8_E5M2, CKPTFS_DTYPE_BF16},
 };
+
+/* Whether CONV needs block scales (not found by ckptfs_convert_find: an FP8 tensor without its
+ * scales has no value to convert to). */
+static bool scaled(CkptfsConvert c)
+{
+    return c == CKPTFS_CONVERT_E4M3_SCALED_TO_BF16 || c == CKPTFS_CONVERT_E5M2_SCALED_TO_BF16;
+}
 
 CkptfsConvert ckptfs_convert_find(CkptfsDtype from, CkptfsDtype to)
 {
     for (int c = 1; c < CKPTFS_CONVERT_COUNT; c++)
-        if (conversions[c].from == from && conversions[c].to == to)
+        if (!scaled((CkptfsConvert)c) && conversions[c].from == from && conversions[c].to == to)
             return (CkptfsConvert)c;
     return CKPTFS_CONVERT_NONE;
 }
@@ -107,6 +117,10 @@ void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
             memcpy(dst + 4 * i, &u, 4);
         }
         break;
+    case CKPTFS_CONVERT_E4M3_SCALED_TO_BF16: /* scale 1: ckptfs_convert_fp8_scaled for others */
+    case CKPTFS_CONVERT_E5M2_SCALED_TO_BF16:
+        ckptfs_convert_fp8_scaled(conversions[conv].from, src, 1.0f, out, n);
+        break;
     case CKPTFS_CONVERT_NONE:
     case CKPTFS_CONVERT_COUNT:
         break;
@@ -142,10 +156,36 @@ float ckptfs_fp8_value(CkptfsDtype fp8, uint8_t code)
     return f;
 }
 
+/* E4M3 code to float bits without branches (the loop below vectorizes): normal codes by moving
+ * the fields, subnormals through an integer-to-float conversion, the NaN code kept as torch does. */
+static inline uint32_t e4m3_bits(uint8_t c)
+{
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 0x7u;
+    uint32_t normal = sign | ((e + 120u) << 23) | (m << 20);
+    float sub = (float)m * 0x1p-9f;
+    uint32_t sub_bits;
+    memcpy(&sub_bits, &sub, 4);
+    uint32_t is_normal = 0u - (uint32_t)(e != 0), is_nan = 0u - (uint32_t)((c & 0x7Fu) == 0x7Fu);
+    uint32_t v = (normal & is_normal) | ((sub_bits | sign) & ~is_normal);
+    return (v & ~is_nan) | ((sign | 0x7FF00000u) & is_nan);
+}
+
 CONVERT_CLONES
 void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, uint16_t *out, size_t n)
 {
-    /* 256 codes: decode once per run through a table, then a vectorizable multiply and round. */
+    if (fp8 == CKPTFS_DTYPE_F8_E4M3) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t bits = e4m3_bits(in[i]);
+            float v;
+            memcpy(&v, &bits, 4);
+            float p = v * scale;
+            uint32_t u;
+            memcpy(&u, &p, 4);
+            out[i] = bf16_from_f32_bits(u, 0xFFFFu);
+        }
+        return;
+    }
+    /* E5M2 (rare in checkpoints): the 256 products once, then a table walk. */
     float values[256];
     for (unsigned c = 0; c < 256; c++)
         values[c] = ckptfs_fp8_value(fp8, (uint8_t)c) * scale;

@@ -12,6 +12,8 @@ struct CkptfsPlan {
     CkptfsExtent *extents;
     uint8_t *literals;       /* all literal bytes, one allocation */
     CkptfsGatherItem *items; /* all gather items, one allocation */
+    CkptfsBlockScale *scales; /* of the block-scaled CONVERT extents */
+    uint64_t *cols;           /* their items' first columns */
     /* CRC-32 cache, one slot per CRC extent: the value, then a flag set once it is valid.
      * Two threads may compute the same slot at once; both store the same value. */
     uint32_t *crc_values;
@@ -28,6 +30,7 @@ typedef struct {
     uint64_t nrep, rep_size;
     uint32_t nitems;
     CkptfsConvert convert;
+    int64_t scale; /* index in scales, or -1 */
     uint64_t crc_offset, crc_len;
 } BuildExtent;
 
@@ -35,6 +38,8 @@ struct CkptfsPlanBuilder {
     GArray *extents;   /* BuildExtent */
     GByteArray *literals;
     GArray *items;     /* CkptfsGatherItem */
+    GArray *scales;    /* CkptfsBlockScale, col0 an index into cols until finished */
+    GArray *cols;      /* uint64_t */
     uint64_t size;
     uint32_t n_crcs;
 };
@@ -45,6 +50,8 @@ CkptfsPlanBuilder *ckptfs_plan_builder_new(void)
     b->extents = g_array_new(FALSE, FALSE, sizeof(BuildExtent));
     b->literals = g_byte_array_new();
     b->items = g_array_new(FALSE, FALSE, sizeof(CkptfsGatherItem));
+    b->scales = g_array_new(FALSE, FALSE, sizeof(CkptfsBlockScale));
+    b->cols = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     return b;
 }
 
@@ -55,6 +62,8 @@ void ckptfs_plan_builder_free(CkptfsPlanBuilder *b)
     g_array_unref(b->extents);
     g_byte_array_unref(b->literals);
     g_array_unref(b->items);
+    g_array_unref(b->scales);
+    g_array_unref(b->cols);
     g_free(b);
 }
 
@@ -70,6 +79,8 @@ static BuildExtent *last_extent(CkptfsPlanBuilder *b)
 
 static void push_extent(CkptfsPlanBuilder *b, BuildExtent e)
 {
+    if (e.kind != CKPTFS_EXTENT_CONVERT)
+        e.scale = -1;
     e.offset = b->size;
     g_array_append_val(b->extents, e);
     b->size += e.size;
@@ -203,7 +214,7 @@ void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t 
         run.len *= nrep;
         run.stride = run.len;
         BuildExtent *last = last_extent(b);
-        if (last && last->kind == CKPTFS_EXTENT_CONVERT && last->convert == conv && last->nrep == 1 &&
+        if (last && last->kind == CKPTFS_EXTENT_CONVERT && last->convert == conv && last->scale < 0 && last->nrep == 1 &&
             last->nitems == 1 && last->first == b->items->len - 1) {
             CkptfsGatherItem *prev = &g_array_index(b->items, CkptfsGatherItem, last->first);
             if (prev->src == run.src && prev->base + prev->len == run.base) {
@@ -219,7 +230,26 @@ void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t 
         items = &run, nitems = 1, nrep = 1, rep_size = run.len;
     }
     BuildExtent e = {.kind = CKPTFS_EXTENT_CONVERT, .size = converted_size(conv, nrep * rep_size),
-                     .nrep = nrep, .rep_size = rep_size, .convert = conv};
+                     .nrep = nrep, .rep_size = rep_size, .convert = conv, .scale = -1};
+    push_items_extent(b, e, items, nitems);
+}
+
+void ckptfs_plan_add_scaled(CkptfsPlanBuilder *b, CkptfsConvert conv, const CkptfsBlockScale *scale,
+                            uint64_t nrep, const CkptfsGatherItem *items, uint32_t nitems)
+{
+    uint64_t rep_size = 0;
+    for (uint32_t k = 0; k < nitems; k++)
+        rep_size += items[k].len;
+    if (nrep == 0 || rep_size == 0)
+        return;
+    CkptfsBlockScale copy = *scale;
+    copy.col0 = (const uint64_t *)(uintptr_t)b->cols->len; /* an index until the plan is finished */
+    for (uint32_t k = 0; k < nitems; k++)
+        if (items[k].len > 0) /* as push_items_extent keeps them */
+            g_array_append_val(b->cols, scale->col0[k]);
+    BuildExtent e = {.kind = CKPTFS_EXTENT_CONVERT, .size = converted_size(conv, nrep * rep_size),
+                     .nrep = nrep, .rep_size = rep_size, .convert = conv, .scale = b->scales->len};
+    g_array_append_val(b->scales, copy);
     push_items_extent(b, e, items, nitems);
 }
 
@@ -232,6 +262,10 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
     plan->literals = g_memdup2(b->literals->data, b->literals->len ? b->literals->len : 1);
     plan->items = g_memdup2(b->items->data, (b->items->len ? b->items->len : 1) * sizeof(CkptfsGatherItem));
     plan->n_crcs = b->n_crcs;
+    plan->cols = g_memdup2(b->cols->data, (b->cols->len ? b->cols->len : 1) * sizeof(uint64_t));
+    plan->scales = g_memdup2(b->scales->data, (b->scales->len ? b->scales->len : 1) * sizeof(CkptfsBlockScale));
+    for (guint i = 0; i < b->scales->len; i++)
+        plan->scales[i].col0 = plan->cols + (uintptr_t)plan->scales[i].col0;
     plan->crc_values = g_new0(uint32_t, b->n_crcs ? b->n_crcs : 1);
     plan->crc_ready = g_new0(gint, b->n_crcs ? b->n_crcs : 1);
     for (size_t i = 0; i < plan->n_extents; i++) {
@@ -244,6 +278,7 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
             e->u.literal = plan->literals + be->first;
         } else if (be->kind == CKPTFS_EXTENT_GATHER || be->kind == CKPTFS_EXTENT_CONVERT) {
             e->u.gather.convert = be->convert;
+            e->u.gather.scale = be->kind == CKPTFS_EXTENT_CONVERT && be->scale >= 0 ? &plan->scales[be->scale] : NULL;
             e->u.gather.nrep = be->nrep;
             e->u.gather.rep_size = be->rep_size;
             e->u.gather.nitems = be->nitems;
@@ -265,6 +300,8 @@ void ckptfs_plan_free(CkptfsPlan *plan)
     g_free(plan->extents);
     g_free(plan->literals);
     g_free(plan->items);
+    g_free(plan->scales);
+    g_free(plan->cols);
     g_free(plan->crc_values);
     g_free(plan->crc_ready);
     g_free(plan);
@@ -403,9 +440,77 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
 /* Output bytes [in_off, in_off + n) of a CONVERT extent: the elements they touch are read from
  * the sources and converted; whole ones straight into DST, a first or last element cut by the
  * read through a small buffer. */
+/* Output bytes [in_off, in_off + n) of a block-scaled FP8 extent: the codes they touch are read
+ * (a chunk at a time, merged reads as for a gather), each run of a row converted block by block
+ * with its scale (a row of scales read when the block row changes), the requested bytes copied. */
+static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint64_t in_off, uint8_t *dst,
+                        size_t n, GError **error)
+{
+    const CkptfsBlockScale *sc = e->u.gather.scale;
+    CkptfsDtype fp8 = ckptfs_convert_from(e->u.gather.convert);
+    uint64_t first = in_off / 2, end = (in_off + n + 1) / 2; /* elements: one code, two bytes out */
+    uint64_t rep = first / e->u.gather.rep_size, pos = first % e->u.gather.rep_size;
+    uint32_t k = 0;
+    while (pos >= e->u.gather.items[k].len)
+        pos -= e->u.gather.items[k++].len;
+    size_t chunk = (size_t)MIN(end - first, (uint64_t)CONVERT_CHUNK);
+    g_autofree uint8_t *codes = g_malloc(chunk);
+    g_autofree uint16_t *out = g_malloc(chunk * 2);
+    g_autofree float *scales = g_new(float, sc->cols);
+    uint64_t cached_brow = UINT64_MAX;
+    for (uint64_t el = first; el < end;) {
+        uint64_t count = MIN(end - el, (uint64_t)chunk);
+        PendingRead pending = {.files = files};
+        bool ok = gather_read(e, el, codes, (size_t)count, &pending, error) && pending_flush(&pending, error);
+        g_free(pending.skip);
+        if (!ok)
+            return false;
+        for (uint64_t i = 0; i < count;) {
+            const CkptfsGatherItem *item = &e->u.gather.items[k];
+            uint64_t seg = MIN(item->len - pos, count - i);
+            uint64_t row = sc->row0 + rep, col = sc->col0[k] + pos;
+            uint64_t brow = row / sc->block_rows;
+            if ((col + seg - 1) / sc->block_cols >= sc->cols || brow >= sc->rows) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "block scales of row %" G_GUINT64_FORMAT
+                            " reach past their %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " matrix", row,
+                            sc->rows, sc->cols);
+                return false;
+            }
+            if (brow != cached_brow) {
+                if (!ckptfs_srcfiles_pread(files, sc->src, scales, (size_t)sc->cols * sizeof(float),
+                                           sc->base + brow * sc->row_stride, error))
+                    return false;
+                cached_brow = brow;
+            }
+            for (uint64_t c = col; c < col + seg;) {
+                uint64_t stop = MIN(col + seg, (c / sc->block_cols + 1) * sc->block_cols);
+                ckptfs_convert_fp8_scaled(fp8, codes + i + (c - col), scales[c / sc->block_cols],
+                                          out + i + (c - col), (size_t)(stop - c));
+                c = stop;
+            }
+            i += seg;
+            pos += seg;
+            if (pos == item->len) {
+                pos = 0;
+                if (++k == e->u.gather.nitems) {
+                    k = 0;
+                    rep++;
+                }
+            }
+        }
+        /* The requested bytes of this chunk. */
+        uint64_t a = MAX(el * 2, in_off), z = MIN((el + count) * 2, in_off + n);
+        memcpy(dst + (a - in_off), (const uint8_t *)out + (a - el * 2), (size_t)(z - a));
+        el += count;
+    }
+    return true;
+}
+
 static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint64_t in_off,
                          uint8_t *dst, size_t n, GError **error)
 {
+    if (e->u.gather.scale != NULL)
+        return scaled_read(e, files, in_off, dst, n, error);
     CkptfsConvert conv = e->u.gather.convert;
     size_t isz = ckptfs_dtype_size(ckptfs_convert_from(conv));
     size_t osz = ckptfs_dtype_size(ckptfs_convert_to(conv));
@@ -542,6 +647,14 @@ void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
         const CkptfsExtent *e = &plan->extents[i];
         if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
+        if (e->kind == CKPTFS_EXTENT_CONVERT && e->u.gather.scale != NULL) {
+            guint32 src = e->u.gather.scale->src;
+            bool seen = false;
+            for (guint j = 0; j < out_indexes->len && !seen; j++)
+                seen = g_array_index(out_indexes, guint32, j) == src;
+            if (!seen)
+                g_array_append_val(out_indexes, src);
+        }
         for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
             guint32 src = e->u.gather.items[k].src;
             bool seen = false;

@@ -16,6 +16,7 @@ static void tensor_free(gpointer data)
     CkptfsTensor *t = data;
     g_free(t->name);
     g_free(t->pieces);
+    g_free(t->scale);
     g_free(t);
 }
 
@@ -123,6 +124,45 @@ const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const 
     return ckptfs_catalog_add_pieces(catalog, name, dtype, ndim, shape, &whole, 1, NULL);
 }
 
+bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, const char *scale,
+                                    unsigned block_rows, unsigned block_cols, GError **error)
+{
+    CkptfsTensor *t = g_hash_table_lookup(catalog->by_name, name);
+    const CkptfsTensor *s = g_hash_table_lookup(catalog->by_name, scale);
+    g_assert(t != NULL && s != NULL && block_rows > 0 && block_cols > 0);
+    uint64_t want_rows = t->rows / block_rows + (t->rows % block_rows != 0);
+    uint64_t want_cols = t->cols / block_cols + (t->cols % block_cols != 0);
+    if (t->ndim != 2 || (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' has block scales ('%s') but is not an "
+                    "FP8 matrix", name, scale);
+        return false;
+    }
+    if (s->stored != CKPTFS_DTYPE_F32 || s->ndim != 2 || s->rows != want_rows || s->cols != want_cols ||
+        s->npieces != 1) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s': its scales '%s' are %s [%" G_GUINT64_FORMAT
+                    ", %" G_GUINT64_FORMAT "]; %ux%u blocks of [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] need F32 [%"
+                    G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", name, scale, ckptfs_dtype_safetensors_name(s->stored),
+                    s->rows, s->cols, block_rows, block_cols, t->rows, t->cols, want_rows, want_cols);
+        return false;
+    }
+    g_free(t->scale);
+    t->scale = g_new0(CkptfsBlockScale, 1);
+    *t->scale = (CkptfsBlockScale){.src = s->pieces[0].src, .base = s->pieces[0].offset,
+                                   .row_stride = s->pieces[0].row_stride, .rows = s->rows, .cols = s->cols,
+                                   .block_rows = block_rows, .block_cols = block_cols};
+    return true;
+}
+
+void ckptfs_catalog_remove(CkptfsCatalog *catalog, const char *name)
+{
+    CkptfsTensor *t = g_hash_table_lookup(catalog->by_name, name);
+    if (t == NULL)
+        return;
+    g_hash_table_remove(catalog->by_name, name);
+    catalog->total_bytes -= MIN(t->nbytes, catalog->total_bytes);
+    g_ptr_array_remove(catalog->tensors, t); /* frees it */
+}
+
 unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
 {
     unsigned converted = 0;
@@ -130,6 +170,8 @@ unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
     for (guint i = 0; i < catalog->tensors->len; i++) {
         CkptfsTensor *t = g_ptr_array_index(catalog->tensors, i);
         CkptfsDtype serve = t->stored == to || ckptfs_convert_find(t->stored, to) ? to : t->stored;
+        if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
+            serve = to == CKPTFS_DTYPE_BF16 ? to : t->stored;
         /* Fewer or as many bytes per element as stored (bf16 from fp32), or twice as many from
          * sizes already checked against 64 bits with 8-byte elements to spare. */
         t->dtype = serve;
@@ -169,6 +211,10 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
 {
     size_t isz = ckptfs_dtype_size(tensor->stored); /* pieces address stored bytes */
     CkptfsConvert conv = ckptfs_convert_find(tensor->stored, tensor->dtype);
+    bool scaled = tensor->scale != NULL && tensor->dtype != tensor->stored;
+    if (scaled)
+        conv = tensor->stored == CKPTFS_DTYPE_F8_E4M3 ? CKPTFS_CONVERT_E4M3_SCALED_TO_BF16
+                                                      : CKPTFS_CONVERT_E5M2_SCALED_TO_BF16;
     uint64_t row = r0;
     while (row < r1 && c0 < c1) {
         /* The band ends where any piece crossing these columns starts or ends. */
@@ -184,6 +230,7 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
         }
         /* Items: the pieces covering this band, left to right. */
         g_autoptr(GArray) items = g_array_new(FALSE, FALSE, sizeof(CkptfsGatherItem));
+        g_autoptr(GArray) col0 = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         for (uint64_t col = c0; col < c1;) {
             const CkptfsPiece *hit = NULL;
             for (unsigned p = 0; p < tensor->npieces && !hit; p++) {
@@ -200,9 +247,16 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
                 .len = (end - col) * isz,
             };
             g_array_append_val(items, item);
+            g_array_append_val(col0, col);
             col = end;
         }
-        if (conv != CKPTFS_CONVERT_NONE)
+        if (scaled) {
+            CkptfsBlockScale where = *tensor->scale;
+            where.row0 = row;
+            where.col0 = (const uint64_t *)(void *)col0->data;
+            ckptfs_plan_add_scaled(b, conv, &where, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
+                                   items->len);
+        } else if (conv != CKPTFS_CONVERT_NONE)
             ckptfs_plan_add_convert(b, conv, band_end - row, (const CkptfsGatherItem *)(void *)items->data,
                                     items->len);
         else

@@ -65,6 +65,64 @@ static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &c
                                                     &ckptfs_format_torch_dist, &ckptfs_format_megatron,
                                                     &ckptfs_format_hf};
 
+/* -o dtype=bf16 of a block-FP8 checkpoint (quantization_config {"quant_method": "fp8",
+ * "weight_block_size": [R, C]}: DeepSeek-V3, Qwen3-*-FP8): every FP8 weight X gets its scales
+ * X_scale_inv and is served as bf16, dequantised on read; the scale tensors leave the catalog
+ * and quantization_config leaves config.json. Without -o dtype=bf16 the checkpoint passes
+ * through as it is. */
+static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
+    if (options->dtype != CKPTFS_SERVE_BF16 || q == NULL)
+        return true;
+    g_autofree char *what = g_strdup_printf("%s: config.json: quantization_config", source->dir);
+    JsonObject *qc = JSON_NODE_HOLDS_OBJECT(q) ? json_node_get_object(q) : NULL;
+    JsonNode *method = qc ? json_object_get_member(qc, "quant_method") : NULL;
+    const char *name = method && JSON_NODE_HOLDS_VALUE(method) && json_node_get_value_type(method) == G_TYPE_STRING
+                           ? json_node_get_string(method) : "none given";
+    if (strcmp(name, "fp8") != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: quant_method '%s' is not dequantised "
+                    "(block FP8 \"fp8\" is); without -o dtype=bf16 the checkpoint is served as it is", what, name);
+        return false;
+    }
+    JsonNode *block = json_object_get_member(qc, "weight_block_size");
+    JsonArray *dims = block && JSON_NODE_HOLDS_ARRAY(block) ? json_node_get_array(block) : NULL;
+    gint64 br = 0, bc = 0;
+    if (dims && json_array_get_length(dims) == 2 &&
+        json_node_get_value_type(json_array_get_element(dims, 0)) == G_TYPE_INT64 &&
+        json_node_get_value_type(json_array_get_element(dims, 1)) == G_TYPE_INT64) {
+        br = json_array_get_int_element(dims, 0);
+        bc = json_array_get_int_element(dims, 1);
+    }
+    if (br < 1 || bc < 1 || br > 65536 || bc > 65536) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: weight_block_size is not two block sizes "
+                    "from 1 to 65536 (per-tensor or per-channel FP8 is not dequantised)", what);
+        return false;
+    }
+    g_autoptr(GPtrArray) scales = g_ptr_array_new_with_free_func(g_free);
+    for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(source->catalog, i);
+        if (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)
+            continue;
+        g_autofree char *scale = g_strconcat(t->name, "_scale_inv", NULL);
+        if (ckptfs_catalog_find(source->catalog, scale) == NULL) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: FP8 tensor '%s' has no '%s'", source->dir,
+                        t->name, scale);
+            return false;
+        }
+        if (!ckptfs_catalog_set_block_scale(source->catalog, t->name, scale, (unsigned)br, (unsigned)bc, error)) {
+            g_prefix_error(error, "%s: ", source->dir);
+            return false;
+        }
+        g_ptr_array_add(scales, g_steal_pointer(&scale));
+    }
+    for (guint i = 0; i < scales->len; i++)
+        ckptfs_catalog_remove(source->catalog, g_ptr_array_index(scales, i));
+    json_object_remove_member(source->config, "quantization_config");
+    source->config_changed = true;
+    return true;
+}
+
 /* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,
  * converted on read, and config.json's torch_dtype saying so. */
 static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options)
@@ -122,6 +180,10 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         if (formats[i]->probe(path, options))
             source->format = formats[i];
     if (!source->format->open(source, options, error)) {
+        ckptfs_source_free(source);
+        return NULL;
+    }
+    if (!dequantize_fp8(source, options, error)) {
         ckptfs_source_free(source);
         return NULL;
     }

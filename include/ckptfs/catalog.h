@@ -31,6 +31,7 @@ typedef struct {
     uint64_t nbytes;
     unsigned npieces;
     CkptfsPiece *pieces;
+    CkptfsBlockScale *scale; /* block-scaled FP8: where its scales are (row0, col0 unused); NULL */
 } CkptfsTensor;
 
 typedef struct CkptfsCatalog CkptfsCatalog;
@@ -52,6 +53,13 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                                               CkptfsDtype dtype, unsigned ndim,
                                               const uint64_t *shape, const CkptfsPiece *pieces,
                                               unsigned npieces, GError **error);
+
+/* Gives FP8 tensor NAME its block scales: tensor SCALE of the catalog, fp32 of shape
+ * [ceil(rows / BLOCK_ROWS), ceil(cols / BLOCK_COLS)], stored in one piece. Errors name both. */
+bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, const char *scale,
+                                    unsigned block_rows, unsigned block_cols, GError **error);
+/* Removes tensor NAME (before any view uses the catalog). */
+void ckptfs_catalog_remove(CkptfsCatalog *catalog, const char *name);
 
 /* Serves every floating-point tensor as TO, converted on read from what is stored (tensors
  * stored as TO are served as stored; integer tensors are never converted). Returns how many

@@ -14,6 +14,8 @@ typedef enum {
     CKPTFS_CONVERT_F16_TO_BF16, /* exactly to fp32, then as above; NaN -> 0x7FC0 */
     CKPTFS_CONVERT_BF16_TO_F32, /* exact */
     CKPTFS_CONVERT_F16_TO_F32,  /* exact; a NaN made quiet */
+    CKPTFS_CONVERT_E4M3_SCALED_TO_BF16, /* block-scaled FP8 (needs its scales: plan.h) */
+    CKPTFS_CONVERT_E5M2_SCALED_TO_BF16,
     CKPTFS_CONVERT_COUNT
 } CkptfsConvert;
 

@@ -39,6 +39,20 @@ typedef struct {
     uint64_t len;    /* bytes emitted per repetition */
 } CkptfsGatherItem;
 
+/* Block-scaled FP8 (DeepSeek-V3's weight_scale_inv): element (row, col) of a tensor is
+ * bf16(float(code) * scale[row / block_rows][col / block_cols]), the scales an fp32 matrix stored
+ * row-major in a source file. A CONVERT extent with one knows where its elements are in the
+ * tensor: repetition j is row ROW0 + j, item k starts at column COL0[k]. */
+typedef struct {
+    uint32_t src;        /* the scale matrix's file */
+    uint64_t base;       /* offset of scale[0][0] */
+    uint64_t row_stride; /* bytes between scale rows */
+    uint64_t rows, cols; /* of the scale matrix */
+    uint32_t block_rows, block_cols;
+    uint64_t row0;
+    const uint64_t *col0; /* per item; owned by the plan */
+} CkptfsBlockScale;
+
 typedef struct {
     uint64_t offset; /* where the extent starts in the synthesized file */
     uint64_t size;   /* bytes it covers */
@@ -51,6 +65,7 @@ typedef struct {
             uint32_t nitems;
             const CkptfsGatherItem *items; /* owned by the plan */
             CkptfsConvert convert;         /* CONVERT: rep_size etc. count source bytes */
+            const CkptfsBlockScale *scale; /* CONVERT of block-scaled FP8, else NULL */
         } gather;
         struct {
             uint64_t offset, len; /* the range of this file it covers */
@@ -78,6 +93,10 @@ void ckptfs_plan_add_gather(CkptfsPlanBuilder *b, uint64_t nrep, const CkptfsGat
  * elements) converted by CONV. */
 void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t nrep,
                              const CkptfsGatherItem *items, uint32_t nitems);
+/* Appends block-scaled FP8 elements of a gather (one byte each) as bf16: SCALE (copied, COL0
+ * with NITEMS entries) places them in their tensor. */
+void ckptfs_plan_add_scaled(CkptfsPlanBuilder *b, CkptfsConvert conv, const CkptfsBlockScale *scale,
+                            uint64_t nrep, const CkptfsGatherItem *items, uint32_t nitems);
 /* Appends the 4-byte CRC-32 of bytes [OFFSET, OFFSET + LEN) of this file, which must come
  * before it and hold no CRC extent. Computed lazily: the first read of it reads the range. */
 void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len);
