@@ -1,6 +1,21 @@
 # Sourced by the benchmarks that mount: whether a path is mounted, whether a process still runs,
 # and stopping the daemon a benchmark started (only that one, by PID). The caller defines note()
-# and sets MNT and DAEMON_PID (and STRACE_PID when a strace wraps the daemon).
+# and sets MNT, BIN and DAEMON_PID (and STRACE_PID when a strace wraps the daemon).
+
+now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
+
+# The daemon of binary BIN (default $BIN) serving $MNT: its last argument is the mount point.
+find_daemon() {
+    local bin=${1:-$BIN} pid last
+    for pid in $(pgrep -f -- "$MNT" || true); do
+        [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$bin" ]] || continue
+        last=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)
+        [[ $last == "$MNT" ]] && { echo "$pid"; return 0; }
+    done
+    return 1
+}
+
+status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; } # PID FIELD
 
 is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
 

@@ -63,18 +63,7 @@ trap 'exit 143' TERM
 
 # --- helpers -------------------------------------------------------------------------------------
 
-now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
 
-# The daemon serving $MNT: a ckptfs process (this binary) whose last argument is the mount point.
-find_daemon() {
-    local pid last
-    for pid in $(pgrep -f -- "$MNT" || true); do
-        [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$BIN" ]] || continue
-        last=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)
-        [[ $last == "$MNT" ]] && { echo "$pid"; return 0; }
-    done
-    return 1
-}
 
 # mount SRC [OPTS]: a fresh mount of SRC on $MNT; sets DAEMON_PID.
 do_mount() {

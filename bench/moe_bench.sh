@@ -93,18 +93,7 @@ trap 'exit 143' TERM HUP
 
 # --- helpers -------------------------------------------------------------------------------------
 
-now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
 
-# The daemon serving $MNT: a ckptfs process (this binary) whose last argument is the mount point.
-find_daemon() {
-    local pid last
-    for pid in $(pgrep -f -- "$MNT" || true); do
-        [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$BIN" ]] || continue
-        last=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)
-        [[ $last == "$MNT" ]] && { echo "$pid"; return 0; }
-    done
-    return 1
-}
 
 # do_mount SRC [OPTS]: a fresh mount of SRC on $MNT; sets DAEMON_PID.
 do_mount() {
@@ -119,7 +108,6 @@ do_mount() {
     DAEMON_PID=$(find_daemon) || die "cannot find the ckptfs daemon for $MNT"
 }
 
-status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; } # PID FIELD
 # CPU time (user + system) of PID so far, in microseconds.
 cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) * 1e6 / hz}' "/proc/$1/stat"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }

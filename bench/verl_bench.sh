@@ -86,18 +86,7 @@ trap 'exit 143' TERM HUP
 
 # --- helpers -------------------------------------------------------------------------------------
 
-now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
 
-# The daemon serving $MNT: a ckptfs process (this binary) whose last argument is the mount point.
-find_daemon() {
-    local pid last
-    for pid in $(pgrep -f -- "$MNT" || true); do
-        [[ $(readlink -f "/proc/$pid/exe" 2>/dev/null) == "$BIN" ]] || continue
-        last=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | tail -n 1)
-        [[ $last == "$MNT" ]] && { echo "$pid"; return 0; }
-    done
-    return 1
-}
 
 # mount_role: a fresh mount of $ROLE on $MNT; sets DAEMON_PID.
 mount_role() {
@@ -107,7 +96,6 @@ mount_role() {
     DAEMON_PID=$(find_daemon) || die "cannot find the ckptfs daemon for $MNT"
 }
 
-status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; } # PID FIELD
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }
