@@ -197,16 +197,17 @@ def llama_tensors(cfg):
     """(name, shape) in the state-dict order of transformers' LlamaForCausalLM."""
     h = cfg["hidden_size"]
     ffn = cfg["intermediate_size"]
-    head_dim = h // cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q = cfg["num_attention_heads"] * head_dim
     kv = cfg["num_key_value_heads"] * head_dim
     out = [("model.embed_tokens.weight", (cfg["vocab_size"], h))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out += [
-            (p + "self_attn.q_proj.weight", (h, h)),
+            (p + "self_attn.q_proj.weight", (q, h)),
             (p + "self_attn.k_proj.weight", (kv, h)),
             (p + "self_attn.v_proj.weight", (kv, h)),
-            (p + "self_attn.o_proj.weight", (h, h)),
+            (p + "self_attn.o_proj.weight", (h, q)),
             (p + "mlp.gate_proj.weight", (ffn, h)),
             (p + "mlp.up_proj.weight", (ffn, h)),
             (p + "mlp.down_proj.weight", (h, ffn)),

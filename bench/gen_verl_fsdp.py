@@ -91,29 +91,9 @@ ROLE = "actor"
 
 def llama_tensors(cfg):
     """(name, shape) in the parameter order of transformers' LlamaForCausalLM."""
-    h = cfg["hidden_size"]
-    ffn = cfg["intermediate_size"]
-    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    q = cfg["num_attention_heads"] * head_dim
-    kv = cfg["num_key_value_heads"] * head_dim
-    out = [("model.embed_tokens.weight", (cfg["vocab_size"], h))]
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        out += [
-            (p + "self_attn.q_proj.weight", (q, h)),
-            (p + "self_attn.k_proj.weight", (kv, h)),
-            (p + "self_attn.v_proj.weight", (kv, h)),
-            (p + "self_attn.o_proj.weight", (h, q)),
-            (p + "mlp.gate_proj.weight", (ffn, h)),
-            (p + "mlp.up_proj.weight", (ffn, h)),
-            (p + "mlp.down_proj.weight", (h, ffn)),
-            (p + "input_layernorm.weight", (h,)),
-            (p + "post_attention_layernorm.weight", (h,)),
-        ]
-    out.append(("model.norm.weight", (h,)))
-    if not cfg["tie_word_embeddings"]:
-        out.append(("lm_head.weight", (cfg["vocab_size"], h)))
-    return out
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gen_checkpoint
+    return gen_checkpoint.llama_tensors(cfg)
 
 
 def module_prefixes(cfg):
