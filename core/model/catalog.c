@@ -153,14 +153,23 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
     return true;
 }
 
-void ckptfs_catalog_remove(CkptfsCatalog *catalog, const char *name)
+void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names)
 {
-    CkptfsTensor *t = g_hash_table_lookup(catalog->by_name, name);
-    if (t == NULL)
-        return;
-    g_hash_table_remove(catalog->by_name, name);
-    catalog->total_bytes -= MIN(t->nbytes, catalog->total_bytes);
-    g_ptr_array_remove(catalog->tensors, t); /* frees it */
+    guint kept = 0;
+    for (guint i = 0; i < catalog->tensors->len; i++) {
+        CkptfsTensor *t = g_ptr_array_index(catalog->tensors, i);
+        if (g_hash_table_contains(names, t->name)) {
+            g_hash_table_remove(catalog->by_name, t->name);
+            catalog->total_bytes -= MIN(t->nbytes, catalog->total_bytes);
+            tensor_free(t);
+        } else {
+            catalog->tensors->pdata[kept++] = t;
+        }
+    }
+    /* The freed ones are gone: shrink without the free function seeing them again. */
+    g_ptr_array_set_free_func(catalog->tensors, NULL);
+    g_ptr_array_set_size(catalog->tensors, kept);
+    g_ptr_array_set_free_func(catalog->tensors, tensor_free);
 }
 
 unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)

@@ -99,7 +99,7 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, G
                     "from 1 to 65536 (per-tensor or per-channel FP8 is not dequantised)", what);
         return false;
     }
-    g_autoptr(GPtrArray) scales = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GHashTable) scales = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog); i++) {
         const CkptfsTensor *t = ckptfs_catalog_at(source->catalog, i);
         if (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)
@@ -114,10 +114,9 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, G
             g_prefix_error(error, "%s: ", source->dir);
             return false;
         }
-        g_ptr_array_add(scales, g_steal_pointer(&scale));
+        g_hash_table_add(scales, g_steal_pointer(&scale));
     }
-    for (guint i = 0; i < scales->len; i++)
-        ckptfs_catalog_remove(source->catalog, g_ptr_array_index(scales, i));
+    ckptfs_catalog_remove(source->catalog, scales);
     json_object_remove_member(source->config, "quantization_config");
     source->config_changed = true;
     return true;

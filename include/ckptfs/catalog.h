@@ -58,8 +58,9 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
  * [ceil(rows / BLOCK_ROWS), ceil(cols / BLOCK_COLS)], stored in one piece. Errors name both. */
 bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, const char *scale,
                                     unsigned block_rows, unsigned block_cols, GError **error);
-/* Removes tensor NAME (before any view uses the catalog). */
-void ckptfs_catalog_remove(CkptfsCatalog *catalog, const char *name);
+/* Removes the tensors named in NAMES (a set of strings), in one pass (before any view uses the
+ * catalog). */
+void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names);
 
 /* Serves every floating-point tensor as TO, converted on read from what is stored (tensors
  * stored as TO are served as stored; integer tensors are never converted). Returns how many
