@@ -141,6 +141,14 @@ static const char *const model_fields[] = {"num_hidden_layers", "hidden_size",
                                            "num_attention_heads", "num_key_value_heads",
                                            "intermediate_size", "vocab_size"};
 
+/* Tensors per element type as stored (views may serve another: -o dtype). */
+static void count_stored(const CkptfsCatalog *catalog, uint64_t *counts)
+{
+    memset(counts, 0, CKPTFS_DTYPE_COUNT * sizeof *counts);
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++)
+        counts[ckptfs_catalog_at(catalog, i)->stored]++;
+}
+
 static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
                          GPtrArray *views)
 {
@@ -172,9 +180,8 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     /* The element types on disk, when views serve others (-o dtype, verl's fp32 shards). */
     json_builder_set_member_name(b, "stored_dtypes");
     json_builder_begin_object(b);
-    uint64_t stored[CKPTFS_DTYPE_COUNT] = {0};
-    for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
-        stored[ckptfs_catalog_at(s->catalog, i)->stored]++;
+    uint64_t stored[CKPTFS_DTYPE_COUNT];
+    count_stored(s->catalog, stored);
     for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
         if (stored[d] == 0)
             continue;
@@ -504,9 +511,8 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                    dtype_counts[d]);
     printf("\n");
     if (s->converted) {
-        uint64_t stored[CKPTFS_DTYPE_COUNT] = {0};
-        for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
-            stored[ckptfs_catalog_at(s->catalog, i)->stored]++;
+        uint64_t stored[CKPTFS_DTYPE_COUNT];
+        count_stored(s->catalog, stored);
         printf("converted:    %u tensors converted on read; stored as", s->converted);
         for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
             if (stored[d])

@@ -117,10 +117,8 @@ void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
             memcpy(dst + 4 * i, &u, 4);
         }
         break;
-    case CKPTFS_CONVERT_E4M3_SCALED_TO_BF16: /* scale 1: ckptfs_convert_fp8_scaled for others */
+    case CKPTFS_CONVERT_E4M3_SCALED_TO_BF16: /* need their scales: ckptfs_convert_fp8_scaled */
     case CKPTFS_CONVERT_E5M2_SCALED_TO_BF16:
-        ckptfs_convert_fp8_scaled(conversions[conv].from, src, 1.0f, out, n);
-        break;
     case CKPTFS_CONVERT_NONE:
     case CKPTFS_CONVERT_COUNT:
         break;

@@ -641,27 +641,23 @@ out:
     return result;
 }
 
+static void add_source_once(GArray *indexes, guint32 src)
+{
+    for (guint j = 0; j < indexes->len; j++)
+        if (g_array_index(indexes, guint32, j) == src)
+            return;
+    g_array_append_val(indexes, src);
+}
+
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
 {
     for (size_t i = 0; i < plan->n_extents; i++) {
         const CkptfsExtent *e = &plan->extents[i];
         if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
-        if (e->kind == CKPTFS_EXTENT_CONVERT && e->u.gather.scale != NULL) {
-            guint32 src = e->u.gather.scale->src;
-            bool seen = false;
-            for (guint j = 0; j < out_indexes->len && !seen; j++)
-                seen = g_array_index(out_indexes, guint32, j) == src;
-            if (!seen)
-                g_array_append_val(out_indexes, src);
-        }
-        for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
-            guint32 src = e->u.gather.items[k].src;
-            bool seen = false;
-            for (guint j = 0; j < out_indexes->len && !seen; j++)
-                seen = g_array_index(out_indexes, guint32, j) == src;
-            if (!seen)
-                g_array_append_val(out_indexes, src);
-        }
+        if (e->kind == CKPTFS_EXTENT_CONVERT && e->u.gather.scale != NULL)
+            add_source_once(out_indexes, e->u.gather.scale->src);
+        for (uint32_t k = 0; k < e->u.gather.nitems; k++)
+            add_source_once(out_indexes, e->u.gather.items[k].src);
     }
 }

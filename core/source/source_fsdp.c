@@ -372,11 +372,6 @@ static char *what_is(const CkptfsPy *v)
     return g_strdup(v->kind < G_N_ELEMENTS(kinds) ? kinds[v->kind] : "a value");
 }
 
-static char *dims_text(const uint64_t *dims, unsigned n)
-{
-    return ckptfs_dims_text(dims, n);
-}
-
 /* The mesh tensor's values (the global rank at each coordinate), read from R's file. */
 static bool read_mesh_values(Fsdp *f, Rank *r, const char *key, const CkptfsPy *t, uint64_t numel, int64_t *out)
 {
@@ -445,7 +440,7 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensor has no device mesh tensor", r->path, key);
     unsigned ndim = t->tensor->ndim;
     g_autofree char *names = mesh_names_text(ckptfs_py_dict_get(mesh, "mesh_dim_names"));
-    g_autofree char *shape = dims_text(t->tensor->shape, ndim);
+    g_autofree char *shape = ckptfs_dims_text(t->tensor->shape, ndim);
     if (names == NULL)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's mesh_dim_names are not strings", r->path,
                     key);
@@ -484,7 +479,7 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
         f->row = (unsigned)f->mesh_shape[ndim - 1];
     } else if (ndim != f->mesh_ndim || memcmp(t->tensor->shape, f->mesh_shape, ndim * sizeof *f->mesh_shape) != 0 ||
                strcmp(names, f->mesh_names) != 0) {
-        g_autofree char *want = dims_text(f->mesh_shape, f->mesh_ndim);
+        g_autofree char *want = ckptfs_dims_text(f->mesh_shape, f->mesh_ndim);
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh %s (%s) is not rank 0's %s (%s)", r->path,
                     key, shape, names, want, f->mesh_names);
     }
@@ -498,7 +493,7 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
         for (unsigned i = 0; same && i < ndim; i++)
             same = is_int(item(said, i)) && (uint64_t)item(said, i)->i == want[i];
         if (!same) {
-            g_autofree char *where = dims_text(want, ndim);
+            g_autofree char *where = ckptfs_dims_text(want, ndim);
             return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its _coordinate_on_dim is not %s, where the device "
                         "mesh puts rank %u", r->path, key, where, r->rank);
         }
@@ -643,7 +638,7 @@ static bool make_keys(Fsdp *f, Rank *r)
         if (e.place == PLACE_SHARD && e.dim > 1)
             ckptfs_dims_product(e.shape + 1, e.dim - 1, &outer);
         if (outer != 1) {
-            g_autofree char *shape = dims_text(e.shape, e.ndim);
+            g_autofree char *shape = ckptfs_dims_text(e.shape, e.ndim);
             return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s': Shard(%u) of a %s tensor is not a block of rows "
                         "or columns (not read)", r->path, name, e.dim, shape);
         }
@@ -667,8 +662,8 @@ static bool add_entry(Fsdp *f, Rank *r, unsigned coord, Key *k, const Entry *e)
 {
     const Local *l = &e->local;
     if (e->ndim != k->ndim || memcmp(e->shape, k->shape, k->ndim * sizeof *k->shape) != 0) {
-        g_autofree char *got = dims_text(e->shape, e->ndim);
-        g_autofree char *want = dims_text(k->shape, k->ndim);
+        g_autofree char *got = ckptfs_dims_text(e->shape, e->ndim);
+        g_autofree char *want = ckptfs_dims_text(k->shape, k->ndim);
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s' has global shape %s, but %s says %s", r->path, k->name, got,
                     f->first, want);
     }
@@ -680,8 +675,8 @@ static bool add_entry(Fsdp *f, Rank *r, unsigned coord, Key *k, const Entry *e)
     for (unsigned i = 0; fits && i < k->ndim; i++)
         fits = l->shape[i] == k->shape[i] || (shard && i == k->dim);
     if (!fits) {
-        g_autofree char *local = dims_text(l->shape, l->ndim);
-        g_autofree char *global = dims_text(k->shape, k->ndim);
+        g_autofree char *local = ckptfs_dims_text(l->shape, l->ndim);
+        g_autofree char *global = ckptfs_dims_text(k->shape, k->ndim);
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': local shape %s does not fit global shape %s (%s)", r->path,
                     k->name, local, global, shard ? "sharded" : "one whole copy");
     }
@@ -853,7 +848,7 @@ static bool to_catalog(Fsdp *f)
         if (k->dropped)
             continue;
         if (k->place == PLACE_SHARD && k->filled != k->shape[k->dim]) {
-            g_autofree char *shape = dims_text(k->shape, k->ndim);
+            g_autofree char *shape = ckptfs_dims_text(k->shape, k->ndim);
             return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s' has global shape %s, but the local shards of the %u "
                         "ranks read hold %" G_GUINT64_FORMAT " of its %" G_GUINT64_FORMAT " along dim %u (the "
                         "shards do not tile it)", f->first, k->name, shape, f->row, k->filled, k->shape[k->dim],
@@ -895,7 +890,7 @@ static void describe_found(Fsdp *f)
     if (f->mesh_ndim == 0) {
         g_string_append(s, "plain tensors (rank 0 read)");
     } else {
-        g_autofree char *shape = dims_text(f->mesh_shape, f->mesh_ndim);
+        g_autofree char *shape = ckptfs_dims_text(f->mesh_shape, f->mesh_ndim);
         g_string_append_printf(s, "mesh %s (%s)", shape, f->mesh_names);
         if (f->row < f->W) {
             g_string_append(s, ", ranks of the first row read:");
@@ -922,11 +917,6 @@ static void describe_found(Fsdp *f)
         g_string_append_printf(s, "; LoRA: %u adapter matrices in hf/lora_adapter/",
                                ckptfs_catalog_count(f->source->adapter));
     f->source->found = g_string_free(g_steal_pointer(&s), FALSE);
-}
-
-static gint name_cmp(gconstpointer a, gconstpointer b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* adapter_config.json as PEFT writes it for the adapter: rank and alpha from verl's
@@ -968,7 +958,7 @@ static bool adapter_config(Fsdp *f)
         if (meta == NULL && t->ndim == 2 && strstr(t->name, "lora_A") != NULL)
             r = (int64_t)MIN(t->shape[0], t->shape[1]);
     }
-    g_ptr_array_sort(modules, name_cmp);
+    g_ptr_array_sort(modules, compare_names);
     if (meta == NULL) {
         /* Runs older than the file: the scale cannot be known; say so rather than guess quietly. */
         alpha = (double)r;
