@@ -13,17 +13,17 @@
  * model dimensions, its TP split and its recipe of HF tensors. */
 #define WEIGHT(name_, local_, te_at, local_at, need_, ndim_, rows_, cols_, split_, recipe_, ...)  \
     {CKPTFS_SCOPE_LAYER, false, false, name_, local_, NULL, te_at, local_at, need_, ndim_,      \
-     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL}
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
 /* The same, one per routed expert. */
 #define EXPERT_WEIGHT(name_, te_at, local_at, rows_, cols_, split_, recipe_, ...)              \
     {CKPTFS_SCOPE_LAYER, false, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 2,  \
-     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL}
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
 
 /* Entries every GPT family shares around the attention and MLP projections. */
 #define EMBEDDING                                                                             \
     {CKPTFS_SCOPE_FIRST, false, false, "embedding.word_embeddings.weight", NULL, NULL, 0, 0,  \
      CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
-     CKPTFS_RECIPE_WHOLE, {"model.embed_tokens.weight"}, NULL}
+     CKPTFS_RECIPE_WHOLE, {"model.embed_tokens.weight"}, NULL, false, false}
 #define LAYER_NORM(name_, local_, te_at, local_at, need_, hf_)                                 \
     WEIGHT(name_, local_, te_at, local_at, need_, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,          \
            CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, hf_)
@@ -46,10 +46,10 @@
            "self_attn.k_norm.weight")
 #define EXTRA(scope_, name_, te_at, local_at, need_)                                           \
     {scope_, true, false, name_, NULL, NULL, te_at, local_at, need_, 0, CKPTFS_DIM_ONE,        \
-     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
+     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false}
 #define EXPERT_EXTRA(name_, te_at, local_at)                                                  \
     {CKPTFS_SCOPE_LAYER, true, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 0,   \
-     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL}
+     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false}
 /* o_proj, and the norm before a dense MLP (fused into fc1 by Transformer Engine). */
 #define ATTENTION_OUT_AND_MLP_NORM                                                            \
     WEIGHT("self_attention.linear_proj.weight", NULL, 1, 1, CKPTFS_NEED_ALWAYS, 2,              \
@@ -72,7 +72,7 @@
     {CKPTFS_SCOPE_LAYER, false, false, "pre_mlp_layernorm.weight", NULL,                       \
      "mlp.linear_fc1.layer_norm_weight", 11, 8, CKPTFS_NEED_MOE, 1, CKPTFS_DIM_HIDDEN,         \
      CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,                                \
-     {"post_attention_layernorm.weight"}, NULL},                                               \
+     {"post_attention_layernorm.weight"}, NULL, false, false},                                               \
     WEIGHT("mlp.router.weight", NULL, 13, 9, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS,            \
            CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, router_hf)
 /* Experts' fc1 = [gate; up] and fc2, split by expert tensor parallelism. */
@@ -113,11 +113,11 @@
     EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 12, NONE, CKPTFS_NEED_MOE),     \
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,      \
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,           \
-     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL},                                        \
+     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false},                                        \
     EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS), \
     {CKPTFS_SCOPE_LAST, false, false, "output_layer.weight", NULL, NULL, 2, 1,                 \
      CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
-     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight"},                    \
+     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},                    \
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS)
 
 #define SEPARATE_QKV                                                                          \
@@ -161,7 +161,101 @@ static const CkptfsRule qwen_moe_rules[] = {
     LAYER_EXTRAS_AND_LAST,
 };
 
+/* DeepSeek-V2/V3: multi-head latent attention (Megatron's MLASelfAttention; the TE spec keeps
+ * input_layernorm as a norm of its own and fuses the q/kv latent norms into the up
+ * projections, the local spec keeps them as q_layernorm/kv_layernorm), the first layers dense,
+ * then MoE layers with ungated shared experts and, in V3, a router expert bias. Legacy orders:
+ * TransformerLayer registers input_layernorm, self_attention (core_attention, linear_proj, then
+ * the q, kv projections and norms), pre_mlp_layernorm, mlp. Orders of the dense-MLP and MoE
+ * rules overlap (a layer holds one kind), as do linear_q_proj and linear_q_down_proj. */
+#define MLA_LINEAR(name_, te_at, local_at, need_, rows_, cols_, split_, local_rows_, hf_)       \
+    {CKPTFS_SCOPE_LAYER, false, false, "self_attention." name_ ".weight", NULL, NULL, te_at,   \
+     local_at, need_, 2, rows_, cols_, split_, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, \
+     NULL, false, local_rows_},                                                                 \
+    EXTRA(CKPTFS_SCOPE_LAYER, "self_attention." name_ "._extra_state", te_at + 1, local_at + 1, need_)
+/* A latent norm: fused into the up projection in the TE spec, a module of its own locally. */
+#define MLA_NORM(te_name, local_name_, te_at, local_at, need_, dim_, hf_)                       \
+    {CKPTFS_SCOPE_LAYER, false, false, "self_attention." te_name, "self_attention." local_name_, \
+     "self_attention." local_name_, te_at, local_at, need_, 1, dim_, CKPTFS_DIM_ONE,            \
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, NULL, false, false}
+
+static const CkptfsRule deepseek_rules[] = {
+    EMBEDDING,
+    {CKPTFS_SCOPE_LAYER, false, false, "input_layernorm.weight", NULL, NULL, 0, 0, CKPTFS_NEED_ALWAYS, 1,
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,
+     {"input_layernorm.weight"}, NULL, false, false},
+    EXTRA(CKPTFS_SCOPE_LAYER, "input_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS),
+    EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 2, NONE, CKPTFS_NEED_ALWAYS),
+    MLA_LINEAR("linear_proj", 3, 1, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_MLA_OUT,
+               CKPTFS_TP_COLS, false, "o_proj"),
+    MLA_LINEAR("linear_q_proj", 5, 3, CKPTFS_NEED_Q_DIRECT, CKPTFS_DIM_MLA_Q, CKPTFS_DIM_HIDDEN,
+               CKPTFS_TP_ROWS, false, "q_proj"),
+    MLA_LINEAR("linear_q_down_proj", 5, 3, CKPTFS_NEED_Q_LORA, CKPTFS_DIM_Q_LORA, CKPTFS_DIM_HIDDEN,
+               CKPTFS_TP_REPLICATED, true, "q_a_proj"),
+    MLA_NORM("linear_q_up_proj.layer_norm_weight", "q_layernorm.weight", 7, 11, CKPTFS_NEED_Q_LORA,
+             CKPTFS_DIM_Q_LORA, "q_a_layernorm"),
+    MLA_LINEAR("linear_q_up_proj", 8, 5, CKPTFS_NEED_Q_LORA, CKPTFS_DIM_MLA_Q, CKPTFS_DIM_Q_LORA,
+               CKPTFS_TP_ROWS, false, "q_b_proj"),
+    MLA_LINEAR("linear_kv_down_proj", 10, 7, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_MLA_KV_DOWN,
+               CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, true, "kv_a_proj_with_mqa"),
+    MLA_NORM("linear_kv_up_proj.layer_norm_weight", "kv_layernorm.weight", 12, 12, CKPTFS_NEED_ALWAYS,
+             CKPTFS_DIM_KV_LORA, "kv_a_layernorm"),
+    MLA_LINEAR("linear_kv_up_proj", 13, 9, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_MLA_KV_UP, CKPTFS_DIM_KV_LORA,
+               CKPTFS_TP_ROWS, false, "kv_b_proj"),
+    /* A dense layer: the TE spec fuses its norm into fc1; the MLA local spec keeps
+     * pre_mlp_layernorm under that name in torch_dist too (no keys map). */
+    {CKPTFS_SCOPE_LAYER, false, false, "mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight",
+     "pre_mlp_layernorm.weight", 15, 13, CKPTFS_NEED_DENSE_MLP, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"post_attention_layernorm.weight"}, NULL, false, false},
+    WEIGHT("mlp.linear_fc1.weight", NULL, 16, 14, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2,
+           CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight",
+           "mlp.up_proj.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 17, 15, CKPTFS_NEED_DENSE_MLP),
+    WEIGHT("mlp.linear_fc2.weight", NULL, 18, 16, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN,
+           CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 19, 17, CKPTFS_NEED_DENSE_MLP),
+    /* An MoE layer: its norm, the router (weight, then the persistent fp32 expert_bias
+     * buffer), routed experts, shared experts without a gate. */
+    LAYER_NORM("pre_mlp_layernorm.weight", NULL, 15, 13, CKPTFS_NEED_MOE, "post_attention_layernorm.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 16, NONE, CKPTFS_NEED_MOE),
+    WEIGHT("mlp.router.weight", NULL, 17, 14, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_HIDDEN,
+           CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "mlp.gate.weight"),
+    {CKPTFS_SCOPE_LAYER, false, false, "mlp.router.expert_bias", NULL, NULL, 18, 15,
+     CKPTFS_NEED_EXPERT_BIAS, 1, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+     CKPTFS_RECIPE_WHOLE, {"mlp.gate.e_score_correction_bias"}, NULL, true, false},
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 19, 16, CKPTFS_DIM_MOE_FFN2, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight"),
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc1._extra_state", 20, 17),
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 21, 18, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_MOE_FFN,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.experts.{e}.down_proj.weight"),
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 22, 19),
+    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 23, 20, CKPTFS_NEED_SHARED_EXPERT, 2,
+           CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES,
+           "mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 24, 21, CKPTFS_NEED_SHARED_EXPERT),
+    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 25, 22, CKPTFS_NEED_SHARED_EXPERT, 2,
+           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
+           "mlp.shared_experts.down_proj.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 26, 23, CKPTFS_NEED_SHARED_EXPERT),
+    /* The last stage */
+    {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,
+     CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false},
+    EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS),
+    {CKPTFS_SCOPE_LAST, false, false, "output_layer.weight", NULL, NULL, 2, 1,
+     CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,
+     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},
+    EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS),
+};
+
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules)};
 const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules)};
 const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules)};
 const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules)};
+const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules)};
+
+CkptfsTpSplit ckptfs_rule_split(const CkptfsRule *rule, bool te_spec)
+{
+    return !te_spec && rule->local_rows ? CKPTFS_TP_ROWS : rule->split;
+}

@@ -54,6 +54,18 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->shared_ffn;
     case CKPTFS_DIM_SHARED_FFN2:
         return 2 * m->shared_ffn;
+    case CKPTFS_DIM_Q_LORA:
+        return m->q_lora;
+    case CKPTFS_DIM_KV_LORA:
+        return m->kv_lora;
+    case CKPTFS_DIM_MLA_Q:
+        return m->heads * (m->qk_head_dim + m->qk_rope_dim);
+    case CKPTFS_DIM_MLA_KV_DOWN:
+        return m->kv_lora + m->qk_rope_dim;
+    case CKPTFS_DIM_MLA_KV_UP:
+        return m->heads * (m->qk_head_dim + m->v_head_dim);
+    case CKPTFS_DIM_MLA_OUT:
+        return m->heads * m->v_head_dim;
     }
     return 0;
 }
@@ -77,6 +89,12 @@ bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied
         return ckptfs_model_moe_layers(m) > 0 && m->shared_ffn > 0;
     case CKPTFS_NEED_SHARED_GATE:
         return ckptfs_model_moe_layers(m) > 0 && m->shared_ffn > 0 && m->shared_gate;
+    case CKPTFS_NEED_Q_LORA:
+        return m->mla && m->q_lora > 0;
+    case CKPTFS_NEED_Q_DIRECT:
+        return m->mla && m->q_lora == 0;
+    case CKPTFS_NEED_EXPERT_BIAS:
+        return ckptfs_model_moe_layers(m) > 0 && m->expert_bias;
     }
     return false;
 }
@@ -91,6 +109,7 @@ bool ckptfs_rule_in_layer(const CkptfsRule *rule, const CkptfsModel *m, uint64_t
     case CKPTFS_NEED_MOE:
     case CKPTFS_NEED_SHARED_EXPERT:
     case CKPTFS_NEED_SHARED_GATE:
+    case CKPTFS_NEED_EXPERT_BIAS:
         return ckptfs_model_layer_is_moe(m, layer);
     default:
         return true;
@@ -153,6 +172,19 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
         g_ptr_array_add(keys, k);
     }
     return keys;
+}
+
+CkptfsDtype ckptfs_mcore_key_dtype(const CkptfsMcoreKey *key, const CkptfsModel *m)
+{
+    return key->rule->fp32 && m->fp32_dtype != CKPTFS_DTYPE_INVALID ? m->fp32_dtype : m->dtype;
+}
+
+void ckptfs_mcore_keys_for_spec(GPtrArray *keys, bool te_spec)
+{
+    for (guint i = 0; i < keys->len; i++) {
+        CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        k->split = ckptfs_rule_split(k->rule, te_spec);
+    }
 }
 
 const CkptfsMcoreKey *ckptfs_mcore_key_of(const GPtrArray *keys, const CkptfsRule *rule)
@@ -239,7 +271,7 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
         char *name = ckptfs_mcore_hf_name(k, layer, e, seg->hf_name);
         guint at = GPOINTER_TO_UINT(g_hash_table_lookup(seen, name));
         if (at == 0) {
-            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0};
+            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0, k->rule->fp32};
             g_array_append_val(out, fresh);
             at = out->len;
             g_hash_table_insert(seen, name, GUINT_TO_POINTER(at));

@@ -6,24 +6,36 @@
 #include "ckptfs/limits.h"
 #include "ckptfs/mcore.h"
 
-static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", NULL, false, false, true};
+static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true};
 static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
-                                                 "shared_expert_intermediate_size", true, true, false};
-static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", NULL, false, true, false};
+                                                 "shared_expert_intermediate_size", .shared_gate = true,
+                                                 .dense_layers = true};
+static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true};
+static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
+                                                .shared_count_key = "n_shared_experts",
+                                                .deepseek_config = true};
+static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_intermediate_size",
+                                                .shared_count_key = "n_shared_experts",
+                                                .deepseek_config = true, .sigmoid_routing = true};
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL};
-static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL};
-static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL};
-static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL};
-static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false};
+static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false};
+static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false};
+static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false};
+static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
-                                           &ckptfs_family_mixtral, &mixtral_moe};
+                                           &ckptfs_family_mixtral, &mixtral_moe, false};
 static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
-                                             &ckptfs_family_qwen_moe, &qwen2_moe_config};
+                                             &ckptfs_family_qwen_moe, &qwen2_moe_config, false};
 static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
-                                             &ckptfs_family_qwen_moe, &qwen3_moe_config};
+                                             &ckptfs_family_qwen_moe, &qwen3_moe_config, false};
+static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
+                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true};
+static const CkptfsArchitecture deepseek_v2 = {"DeepseekV2ForCausalLM", "deepseek_v2", false, false,
+                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
-                                                          &mixtral, &qwen2_moe, &qwen3_moe, NULL};
+                                                          &mixtral, &qwen2_moe, &qwen3_moe,
+                                                          &deepseek_v3, &deepseek_v2, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -34,7 +46,11 @@ const CkptfsArchitecture *const *ckptfs_architectures(void)
 static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bool loose_bias)
 {
     bool moe = f->experts > 0, shared = f->shared_ffn > 0;
-    if ((a->moe != NULL) != moe || (moe && (a->moe->shared_ffn_key != NULL) != shared))
+    if (a->mla != f->mla || (a->moe != NULL) != moe)
+        return false;
+    if (a->mla) /* DeepSeek-V3's routing or V2's */
+        return a->moe->sigmoid_routing == f->sigmoid_scores;
+    if (moe && (a->moe->shared_ffn_key != NULL) != shared)
         return false;
     /* Qwen2-MoE without a shared expert is not a Qwen2-MoE checkpoint; with one, its biases
      * and norms are what they are. */
@@ -163,7 +179,7 @@ static const CkptfsArchitecture *find_architecture(JsonObject *config, GError **
 
 /* A tensor the rules need: present, with this shape and the model's dtype. */
 static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
-                          unsigned ndim, uint64_t d0, uint64_t d1, GError **error)
+                          unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
 {
     const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
     if (t == NULL) {
@@ -181,6 +197,17 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
                                           : g_strdup_printf("[%" G_GUINT64_FORMAT "]", d0);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s' has shape %s; config.json implies %s", name, got->str, want);
+        return false;
+    }
+    if (own_float) { /* kept in its own floating-point type (an fp32 expert bias) */
+        if (model->fp32_dtype == CKPTFS_DTYPE_INVALID)
+            model->fp32_dtype = t->dtype;
+        bool is_float = t->dtype == CKPTFS_DTYPE_F32 || t->dtype == CKPTFS_DTYPE_BF16 || t->dtype == CKPTFS_DTYPE_F16;
+        if (is_float && t->dtype == model->fp32_dtype)
+            return true;
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "tensor '%s' is %s; F32 expected (or one floating-point type for every such tensor)",
+                    name, ckptfs_dtype_safetensors_name(t->dtype));
         return false;
     }
     if (model->dtype == CKPTFS_DTYPE_INVALID)
@@ -202,23 +229,103 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError *
     g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
-        if (!expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, error))
+        if (!expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error))
             return false;
     }
     return true;
 }
 
-/* Config fields of routing schemes ckptfs has no rules for: a model using them would be served
- * with the wrong semantics, so it is refused. */
+/* Config fields of routing schemes ckptfs has no rules for, outside the DeepSeek family that
+ * defines them: a model using them would be served with the wrong semantics, so it is refused. */
 static const char *const unsupported_moe_fields[] = {
     "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
     "moe_layer_freq", "scoring_func", "topk_method", NULL};
+
+static const char *get_string(JsonObject *config, const char *key, const char *fallback)
+{
+    JsonNode *n = json_object_get_member(config, key);
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING)
+        return fallback;
+    return json_node_get_string(n);
+}
+
+/* DeepSeek's routing (modeling_deepseek.py's MoEGate) as Megatron's router arguments: V3
+ * scores with a sigmoid, picks the top-k of score + e_score_correction_bias within the
+ * topk_group best of n_group groups (a group's score: the sum of its top two), weights the
+ * chosen experts by their scores normalised and times routed_scaling_factor; V2 uses softmax
+ * scores, greedy top-k. Megatron's group-limited top-k sums the top topk / group_topk scores of
+ * a group, so only topk = 2 * topk_group routes the same way. */
+static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    const CkptfsMoeConfig *moe = model->arch->moe;
+    const char *scoring = get_string(config, "scoring_func", moe->sigmoid_routing ? "sigmoid" : "softmax");
+    const char *method = get_string(config, "topk_method", moe->sigmoid_routing ? "noaux_tc" : "greedy");
+    const char *want_scoring = moe->sigmoid_routing ? "sigmoid" : "softmax";
+    const char *want_method = moe->sigmoid_routing ? "noaux_tc" : "greedy";
+    if (strcmp(scoring, want_scoring) != 0)
+        CONFIG_ERROR("scoring_func \"%s\": %s routes with %s scores", scoring,
+                     model->arch->hf_architecture, want_scoring);
+    if (strcmp(method, want_method) != 0)
+        CONFIG_ERROR("topk_method \"%s\" is not supported for %s (%s is: Megatron's group-limited "
+                     "routing scores a group by the sum of its top scores, not by their maximum)",
+                     method, model->arch->hf_architecture, want_method);
+    model->sigmoid_scores = moe->sigmoid_routing;
+    model->expert_bias = moe->sigmoid_routing;
+    model->topk_scaling = get_double(config, "routed_scaling_factor", 1.0);
+    if (!(model->topk_scaling > 0 && model->topk_scaling < 1e6))
+        CONFIG_ERROR("routed_scaling_factor is not a positive number");
+    if (model->topk_scaling == 1.0)
+        model->topk_scaling = 0;
+    if (model->sigmoid_scores && !model->renormalize && model->topk > 1)
+        CONFIG_ERROR("norm_topk_prob is false: Megatron always normalises the top-k of sigmoid scores");
+    if (!moe->sigmoid_routing)
+        return true;
+    uint64_t groups = 1, group_topk = 1;
+    if (!get_uint(config, "n_group", false, 1, &groups, error) ||
+        !get_uint(config, "topk_group", false, 1, &group_topk, error))
+        return false;
+    if (groups > model->experts || model->experts % groups != 0 || group_topk > groups)
+        CONFIG_ERROR("n_group %" G_GUINT64_FORMAT " with topk_group %" G_GUINT64_FORMAT
+                     " does not divide the %" G_GUINT64_FORMAT " routed experts into groups",
+                     groups, group_topk, model->experts);
+    if (groups > 1 && group_topk < groups) {
+        if (model->topk != 2 * group_topk)
+            CONFIG_ERROR("num_experts_per_tok %" G_GUINT64_FORMAT " is not 2 x topk_group %" G_GUINT64_FORMAT
+                         ": the groups would be ranked differently in Megatron (sum of its top "
+                         "topk / topk_group scores) than here (sum of the top two)",
+                         model->topk, group_topk);
+        if (model->experts / groups < 2)
+            CONFIG_ERROR("n_group %" G_GUINT64_FORMAT " leaves fewer than two experts per group", groups);
+        model->groups = groups;
+        model->group_topk = group_topk;
+    }
+    return true;
+}
+
+/* DeepSeek's dense layers: the first first_k_dense_replace, then all but every moe_layer_freq-th. */
+static bool read_dense_first(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    uint64_t first_dense = 0, freq = 1;
+    JsonNode *k = json_object_get_member(config, "first_k_dense_replace");
+    bool zero = k && JSON_NODE_HOLDS_VALUE(k) && json_node_get_value_type(k) == G_TYPE_INT64 &&
+                json_node_get_int(k) == 0;
+    if ((!zero && !get_uint(config, "first_k_dense_replace", false, 0, &first_dense, error)) ||
+        !get_uint(config, "moe_layer_freq", false, 1, &freq, error))
+        return false;
+    if (first_dense >= model->layers)
+        CONFIG_ERROR("first_k_dense_replace %" G_GUINT64_FORMAT " leaves no MoE layer of %" G_GUINT64_FORMAT,
+                     first_dense, model->layers);
+    for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
+        if (l < first_dense || l % freq != 0)
+            ckptfs_model_set_dense_layer(model, l);
+    return true;
+}
 
 /* The experts of an MoE architecture: sizes, shared expert, routing, which layers are dense. */
 bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error)
 {
     const CkptfsMoeConfig *moe = model->arch->moe;
-    for (const char *const *f = unsupported_moe_fields; *f; f++)
+    for (const char *const *f = unsupported_moe_fields; *f && !moe->deepseek_config; f++)
         if (json_object_has_member(config, *f))
             CONFIG_ERROR("\"%s\" is set: %s routing with it is not supported", *f,
                          model->arch->hf_architecture);
@@ -226,18 +333,26 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
         !get_uint(config, "num_experts_per_tok", true, 0, &model->topk, error) ||
         !get_uint(config, moe->ffn_key, true, 0, &model->moe_ffn, error))
         return false;
-    if (moe->shared_ffn_key) {
-        JsonNode *n = json_object_get_member(config, moe->shared_ffn_key);
+    const char *shared_key = moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key;
+    if (shared_key) {
+        JsonNode *n = json_object_get_member(config, shared_key);
         bool none = n == NULL || JSON_NODE_HOLDS_NULL(n) ||
                     (JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 && json_node_get_int(n) == 0);
-        if (!none && !get_uint(config, moe->shared_ffn_key, true, 0, &model->shared_ffn, error))
+        if (!none && !get_uint(config, shared_key, true, 0, &model->shared_ffn, error))
             return false;
+        if (moe->shared_count_key && model->shared_ffn > 0) {
+            if (model->shared_ffn > 4096)
+                CONFIG_ERROR("%s %" G_GUINT64_FORMAT " is over the limit of 4096", shared_key, model->shared_ffn);
+            model->shared_ffn *= model->moe_ffn;
+        }
     }
     model->shared_gate = model->shared_ffn > 0 && moe->shared_gate;
     model->renormalize = moe->always_renormalize || get_bool(config, "norm_topk_prob", false);
     if (model->topk > model->experts)
         CONFIG_ERROR("num_experts_per_tok %" G_GUINT64_FORMAT " is more than the %" G_GUINT64_FORMAT " experts",
                      model->topk, model->experts);
+    if (moe->deepseek_config)
+        return read_deepseek_routing(config, model, error) && read_dense_first(config, model, error);
     if (!moe->dense_layers)
         return true;
     uint64_t step = 1;
@@ -263,6 +378,42 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
     return true;
 }
 
+/* Multi-head latent attention sizes (DeepSeek-V2/V3); q_lora_rank null means a plain q_proj. */
+static bool read_mla(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    model->mla = true;
+    if (!get_uint(config, "q_lora_rank", false, 0, &model->q_lora, error) ||
+        !get_uint(config, "kv_lora_rank", true, 0, &model->kv_lora, error) ||
+        !get_uint(config, "qk_nope_head_dim", true, 0, &model->qk_head_dim, error) ||
+        !get_uint(config, "qk_rope_head_dim", true, 0, &model->qk_rope_dim, error) ||
+        !get_uint(config, "v_head_dim", true, 0, &model->v_head_dim, error))
+        return false;
+    if (model->qk_rope_dim % 2 != 0)
+        CONFIG_ERROR("qk_rope_head_dim %" G_GUINT64_FORMAT " is odd: rotary halves need an even width",
+                     model->qk_rope_dim);
+    if (model->kv_heads != model->heads)
+        CONFIG_ERROR("num_key_value_heads %" G_GUINT64_FORMAT " differs from num_attention_heads %" G_GUINT64_FORMAT
+                     ": multi-latent attention has a key and value per head",
+                     model->kv_heads, model->heads);
+    /* What Megatron's kv_channels means for MLA: the width linear_proj reads per head. */
+    model->head_dim = model->v_head_dim;
+    return true;
+}
+
+/* YaRN rope scaling as DeepSeek-V3 configures it. */
+static bool read_yarn(JsonObject *scaling, CkptfsModel *model, GError **error)
+{
+    model->yarn_factor = get_double(scaling, "factor", 1.0);
+    model->yarn_mscale = get_double(scaling, "mscale", 1.0);
+    model->yarn_mscale_all_dim = get_double(scaling, "mscale_all_dim", 0.0);
+    model->yarn_beta_fast = get_double(scaling, "beta_fast", 32.0);
+    model->yarn_beta_slow = get_double(scaling, "beta_slow", 1.0);
+    if (!(model->yarn_factor >= 1.0 && model->yarn_factor < 1e6))
+        CONFIG_ERROR("rope_scaling factor is not a number from 1");
+    return get_uint(scaling, "original_max_position_embeddings", false, 4096,
+                    &model->yarn_original_positions, error);
+}
+
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                               CkptfsModel *model, GError **error)
 {
@@ -283,11 +434,14 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
         !get_uint(config, "vocab_size", true, 0, &model->vocab, error) ||
         !get_uint(config, "max_position_embeddings", false, 4096, &model->max_positions, error))
         return false;
-    if (model->hidden % model->heads != 0 && json_object_get_member(config, "head_dim") == NULL)
+    if (model->arch->mla && !read_mla(config, model, error))
+        return false;
+    if (!model->arch->mla && model->hidden % model->heads != 0 && json_object_get_member(config, "head_dim") == NULL)
         CONFIG_ERROR("hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_attention_heads %"
                      G_GUINT64_FORMAT " and no head_dim is given",
                      model->hidden, model->heads);
-    if (!get_uint(config, "head_dim", false, model->hidden / model->heads, &model->head_dim, error))
+    if (!model->arch->mla &&
+        !get_uint(config, "head_dim", false, model->hidden / model->heads, &model->head_dim, error))
         return false;
     if (model->heads % model->kv_heads != 0)
         CONFIG_ERROR("num_attention_heads %" G_GUINT64_FORMAT
@@ -313,10 +467,13 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                                         json_node_get_value_type(type) == G_TYPE_STRING
                                     ? json_node_get_string(type)
                                     : "";
-        if (strcmp(type_name, "llama3") != 0 && strcmp(type_name, "default") != 0)
-            CONFIG_ERROR("rope_scaling type \"%s\" is not supported (llama3 is)", type_name);
+        bool yarn = model->arch->mla && strcmp(type_name, "yarn") == 0;
+        if (strcmp(type_name, "llama3") != 0 && strcmp(type_name, "default") != 0 && !yarn)
+            CONFIG_ERROR("rope_scaling type \"%s\" is not supported (llama3 is; yarn for MLA models)", type_name);
         if (strcmp(type_name, "llama3") == 0)
             model->rope_scaling_factor = get_double(s, "factor", 8.0);
+        if (yarn && !read_yarn(s, model, error))
+            return false;
     }
 
     /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
@@ -327,7 +484,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
         return false;
     /* Tied embeddings with an lm_head anyway: it must still be the embedding's shape. */
     if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
-        !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, error))
+        !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, false, error))
         return false;
     if (!check_tensors(catalog, model, error))
         return false;
@@ -348,6 +505,11 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"vocabulary", model->vocab, CKPTFS_MAX_VOCAB},
         {"expert ffn size", model->moe_ffn, CKPTFS_MAX_MODEL_DIM},
         {"shared expert ffn size", model->shared_ffn, CKPTFS_MAX_MODEL_DIM},
+        {"q_lora_rank", model->q_lora, CKPTFS_MAX_MODEL_DIM},
+        {"kv_lora_rank", model->kv_lora, CKPTFS_MAX_MODEL_DIM},
+        {"qk head dim", model->qk_head_dim, CKPTFS_MAX_MODEL_DIM},
+        {"qk rope head dim", model->qk_rope_dim, CKPTFS_MAX_MODEL_DIM},
+        {"v head dim", model->v_head_dim, CKPTFS_MAX_MODEL_DIM},
         {"experts", model->experts, CKPTFS_MAX_EXPERTS},
         {"layers", model->layers,
          MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},

@@ -97,7 +97,7 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
     const ItemRef *ref = ctx;
     const Item *it = ref->item;
     const CkptfsMcoreKey *k = item_key(ref->view, it);
-    size_t isz = ckptfs_dtype_size(ref->view->model->dtype);
+    size_t isz = ckptfs_dtype_size(ckptfs_mcore_key_dtype(k, ref->view->model));
     uint64_t row = it->r0, width = it->c1 - it->c0;
     for (guint s = 0; s < k->segments->len && row < it->r1; s++) {
         const CkptfsMcoreSegment *seg = &g_array_index(k->segments, CkptfsMcoreSegment, s);
@@ -145,7 +145,8 @@ static CkptfsValue *item_value(const ItemRef *ref)
     }
     uint64_t offsets[4], shape[4];
     unsigned n = item_box(ref->view, it, offsets, shape);
-    return ckptfs_value_tensor(ref->view->model->dtype, n, shape, emit_item, ref);
+    return ckptfs_value_tensor(ckptfs_mcore_key_dtype(item_key(ref->view, it), ref->view->model), n, shape,
+                               emit_item, ref);
 }
 
 static guint add_entry(McoreView *v, char *fqn, const CkptfsMcoreKey *key)
@@ -427,7 +428,7 @@ static GBytes *build_metadata(const McoreView *v, GError **error)
         ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "TensorStorageMetadata");
         ckptfs_pickle_stream_dict_begin(ps);
         ckptfs_pickle_stream_str(ps, "properties");
-        stream_value(ps, tensor_properties(m->dtype));
+        stream_value(ps, tensor_properties(ckptfs_mcore_key_dtype(e->key, m)));
         ckptfs_pickle_stream_str(ps, "size");
         stream_value(ps, torch_size(shape, n));
         ckptfs_pickle_stream_str(ps, "chunks");

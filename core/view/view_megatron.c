@@ -101,6 +101,7 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
     unsigned rank = key->expert ? rb->ranks->etp : rb->ranks->tp;
     g_autoptr(GArray) parts = ckptfs_mcore_share(key, degree, rank, &rows, &cols);
     RankTensor *t = rank_tensor_new(rb);
+    t->dtype = ckptfs_mcore_key_dtype(key, v->model);
     for (guint i = 0; i < parts->len; i++) {
         const CkptfsSharePart *p = &g_array_index(parts, CkptfsSharePart, i);
         if (p->hf != NULL) {
@@ -210,8 +211,14 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
     ckptfs_value_set(a, "moe_shared_expert_intermediate_size",
                      m->shared_ffn ? ckptfs_value_int((int64_t)m->shared_ffn) : ckptfs_value_none());
     ckptfs_value_set(a, "moe_shared_expert_gate", ckptfs_value_bool(m->shared_gate));
-    ckptfs_value_set(a, "moe_router_pre_softmax", ckptfs_value_bool(!m->renormalize));
-    ckptfs_value_set(a, "moe_router_score_function", ckptfs_value_str("softmax"));
+    ckptfs_value_set(a, "moe_router_pre_softmax", ckptfs_value_bool(!m->sigmoid_scores && !m->renormalize));
+    ckptfs_value_set(a, "moe_router_score_function", ckptfs_value_str(m->sigmoid_scores ? "sigmoid" : "softmax"));
+    ckptfs_value_set(a, "moe_router_enable_expert_bias", ckptfs_value_bool(m->expert_bias));
+    ckptfs_value_set(a, "moe_router_num_groups", m->groups ? ckptfs_value_int((int64_t)m->groups) : ckptfs_value_none());
+    ckptfs_value_set(a, "moe_router_group_topk",
+                     m->groups ? ckptfs_value_int((int64_t)m->group_topk) : ckptfs_value_none());
+    ckptfs_value_set(a, "moe_router_topk_scaling_factor",
+                     m->topk_scaling > 0 ? ckptfs_value_float(m->topk_scaling) : ckptfs_value_none());
     ckptfs_value_set(a, "moe_router_dtype", ckptfs_value_str("fp32"));
     ckptfs_value_set(a, "moe_router_load_balancing_type", ckptfs_value_str("none"));
     ckptfs_value_set(a, "moe_aux_loss_coeff", ckptfs_value_float(0.0));
@@ -227,6 +234,30 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
     }
     /* Megatron requires sequence parallelism for MoE with tensor parallelism. */
     ckptfs_value_set(a, "sequence_parallel", ckptfs_value_bool(l->tp > 1));
+}
+
+/* Multi-head latent attention and its rope (Megatron defaults MLA to YaRN: said explicitly). */
+static void add_attention_args(CkptfsValue *a, const CkptfsModel *m)
+{
+    ckptfs_value_set(a, "multi_latent_attention", ckptfs_value_bool(m->mla));
+    if (!m->mla)
+        return;
+    ckptfs_value_set(a, "q_lora_rank", m->q_lora ? ckptfs_value_int((int64_t)m->q_lora) : ckptfs_value_none());
+    ckptfs_value_set(a, "kv_lora_rank", ckptfs_value_int((int64_t)m->kv_lora));
+    ckptfs_value_set(a, "qk_head_dim", ckptfs_value_int((int64_t)m->qk_head_dim));
+    ckptfs_value_set(a, "qk_pos_emb_head_dim", ckptfs_value_int((int64_t)m->qk_rope_dim));
+    ckptfs_value_set(a, "v_head_dim", ckptfs_value_int((int64_t)m->v_head_dim));
+    bool yarn = m->yarn_factor > 0;
+    ckptfs_value_set(a, "rope_type", ckptfs_value_str(yarn ? "yarn" : "rope"));
+    ckptfs_value_set(a, "rotary_scaling_factor", ckptfs_value_float(yarn ? m->yarn_factor : 1.0));
+    ckptfs_value_set(a, "mscale", ckptfs_value_float(yarn ? m->yarn_mscale : 1.0));
+    ckptfs_value_set(a, "mscale_all_dim", ckptfs_value_float(yarn ? m->yarn_mscale_all_dim : 0.0));
+    if (yarn) {
+        ckptfs_value_set(a, "beta_fast", ckptfs_value_float(m->yarn_beta_fast));
+        ckptfs_value_set(a, "beta_slow", ckptfs_value_float(m->yarn_beta_slow));
+        ckptfs_value_set(a, "original_max_position_embeddings",
+                         ckptfs_value_int((int64_t)m->yarn_original_positions));
+    }
 }
 
 CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
@@ -262,6 +293,7 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_INT("hidden_size", m->hidden);
     SET_INT("ffn_hidden_size", m->ffn);
     SET_INT("num_attention_heads", m->heads);
+    add_attention_args(a, m);
     SET_BOOL("group_query_attention", m->kv_heads != m->heads);
     SET_INT("num_query_groups", m->kv_heads);
     SET_INT("kv_channels", m->head_dim);
@@ -283,7 +315,8 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_BOOL("untie_embeddings_and_output_weights", !m->tied_embeddings);
     SET_BOOL("add_bias_linear", false);
     SET_BOOL("add_qkv_bias", m->qkv_bias);
-    SET_BOOL("qk_layernorm", m->qk_norm);
+    /* MLA's latent norms are Megatron's q/k layernorms */
+    SET_BOOL("qk_layernorm", m->qk_norm || m->mla);
     SET_INT("vocab_size", m->vocab);
     SET_INT("padded_vocab_size", padded_vocab);
     SET_INT("make_vocab_size_divisible_by", options->vocab_divisible_by);
@@ -348,6 +381,15 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
 {
     if (!ckptfs_layout_validate(layout, model, error))
         return false;
+    /* The local spec splits MLA's down projections over TP (column-parallel linears). */
+    uint64_t q_down = model->q_lora, kv_down = model->kv_lora + model->qk_rope_dim;
+    if (model->mla && options->spec == CKPTFS_SPEC_LOCAL && (q_down % layout->tp || kv_down % layout->tp)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
+                    "tp %u does not divide q_lora_rank %" G_GUINT64_FORMAT " or kv_lora_rank + "
+                    "qk_rope_head_dim %" G_GUINT64_FORMAT ", which the local spec splits (spec=te does not)",
+                    layout->tp, q_down, kv_down);
+        return false;
+    }
     MegatronView *v = g_new0(MegatronView, 1);
     v->source = source;
     v->model = model;
@@ -355,6 +397,7 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
     v->layout = *layout;
     v->padded_vocab = ckptfs_padded_vocab(model->vocab, options->vocab_divisible_by, layout->tp);
     v->keys = ckptfs_mcore_keys(model, v->padded_vocab, layout->pp > 1);
+    ckptfs_mcore_keys_for_spec(v->keys, options->spec == CKPTFS_SPEC_TE);
     ckptfs_tree_own(tree, v, megatron_view_free);
 
     /* Megatron reads the tracker as text; "release" means iteration 0, no optimizer. */

@@ -35,6 +35,13 @@ typedef enum {
     CKPTFS_DIM_MOE_FFN2,    /* twice that (fc1 = [gate; up]) */
     CKPTFS_DIM_SHARED_FFN,  /* the shared expert's intermediate size */
     CKPTFS_DIM_SHARED_FFN2,
+    /* Multi-head latent attention (DeepSeek-V2/V3) */
+    CKPTFS_DIM_Q_LORA,  /* q_lora_rank: the query's compressed width */
+    CKPTFS_DIM_KV_LORA, /* kv_lora_rank */
+    CKPTFS_DIM_MLA_Q,   /* heads * (qk_head_dim + qk_pos_emb_head_dim): the query per head */
+    CKPTFS_DIM_MLA_KV_DOWN, /* kv_lora_rank + qk_pos_emb_head_dim: latent and shared rope key */
+    CKPTFS_DIM_MLA_KV_UP,   /* heads * (qk_head_dim + v_head_dim): keys and values per head */
+    CKPTFS_DIM_MLA_OUT,     /* heads * v_head_dim: what linear_proj reads */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -57,6 +64,9 @@ typedef enum {
     CKPTFS_NEED_MOE,           /* a mixture-of-experts layer */
     CKPTFS_NEED_SHARED_EXPERT, /* an MoE layer of a model with a shared expert */
     CKPTFS_NEED_SHARED_GATE,   /* ... whose output is gated (Qwen2-MoE) */
+    CKPTFS_NEED_Q_LORA,        /* MLA with a compressed query (q_lora_rank set) */
+    CKPTFS_NEED_Q_DIRECT,      /* MLA without one (DeepSeek-V2-Lite: q_proj) */
+    CKPTFS_NEED_EXPERT_BIAS,   /* an MoE layer routed with a per-expert bias (DeepSeek-V3) */
 } CkptfsNeed;
 
 /* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last. */
@@ -84,6 +94,11 @@ typedef struct {
     const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
                                stands for the expert */
     const char *tied_hf;    /* NEED_OUTPUT: what tied embeddings copy */
+    bool fp32;              /* kept in float32 whatever the weights are (the router's expert
+                               bias, which Megatron keeps in fp32 for exact routing) */
+    bool local_rows;        /* replicated in the TE spec (TELinear "duplicated") but a
+                               column-parallel linear, split by rows, in the local spec (MLA's
+                               down projections) */
 } CkptfsRule;
 
 typedef struct {
@@ -97,5 +112,10 @@ extern const CkptfsFamily ckptfs_family_llama;    /* Llama, Mistral, Qwen2, Qwen
 extern const CkptfsFamily ckptfs_family_phi3;     /* Phi-3: fused qkv_proj and gate_up_proj */
 extern const CkptfsFamily ckptfs_family_mixtral;  /* Mixtral: block_sparse_moe, w1/w3/w2 */
 extern const CkptfsFamily ckptfs_family_qwen_moe; /* Qwen2-MoE, Qwen3-MoE: mlp.experts, shared expert */
+extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-first layers, shared
+                                                     experts, expert bias */
+
+/* How RULE is split over tensor parallelism in a legacy file of SPEC. */
+CkptfsTpSplit ckptfs_rule_split(const CkptfsRule *rule, bool te_spec);
 
 #endif

@@ -38,6 +38,14 @@ typedef struct {
  * copy of the embedding on the last stage). */
 GPtrArray *ckptfs_mcore_keys(const CkptfsModel *model, uint64_t padded_vocab, bool tied_output_copy);
 
+/* The element type of KEY's tensors in MODEL (the weights' type, or for an entry Megatron keeps
+ * in fp32 the type its source tensors have). */
+CkptfsDtype ckptfs_mcore_key_dtype(const CkptfsMcoreKey *key, const CkptfsModel *model);
+
+/* Splits KEYS as a legacy file of SPEC does (the local spec splits MLA's down projections by
+ * rows, the TE spec replicates them). */
+void ckptfs_mcore_keys_for_spec(GPtrArray *keys, bool te_spec);
+
 /* The key of RULE in KEYS, or NULL when the model has no such entry. */
 const CkptfsMcoreKey *ckptfs_mcore_key_of(const GPtrArray *keys, const CkptfsRule *rule);
 
@@ -74,6 +82,7 @@ typedef struct {
     char *name;
     unsigned ndim;
     uint64_t d0, d1; /* d1 0 for 1-D */
+    bool fp32;       /* a tensor Megatron keeps in float32 (the weights' type not required) */
 } CkptfsHfShape;
 GArray *ckptfs_model_hf_tensors(const CkptfsModel *model, const GPtrArray *keys);
 

@@ -16,9 +16,17 @@ typedef struct {
     const char *experts_key;    /* "num_local_experts" (Mixtral), "num_experts" (Qwen) */
     const char *ffn_key;        /* one expert's intermediate size */
     const char *shared_ffn_key; /* the shared expert's (NULL: none) */
+    /* DeepSeek: the shared experts' count (n_shared_experts), each one expert's size */
+    const char *shared_count_key;
     bool shared_gate;           /* the shared expert's output is gated */
     bool dense_layers;          /* decoder_sparse_step and mlp_only_layers apply */
     bool always_renormalize;    /* top-k weights always sum to 1 (no norm_topk_prob field) */
+    /* DeepSeek: first_k_dense_replace and moe_layer_freq say which layers are MoE; scoring_func,
+     * topk_method, n_group, topk_group and routed_scaling_factor the routing */
+    bool deepseek_config;
+    /* DeepSeek-V3: sigmoid scores with a per-expert bias (noaux_tc), group-limited top-k;
+     * otherwise softmax scores */
+    bool sigmoid_routing;
 } CkptfsMoeConfig;
 
 typedef struct {
@@ -28,6 +36,7 @@ typedef struct {
     bool qk_norm;                /* per-head RMSNorm on q and k (Qwen3) */
     const CkptfsFamily *family;  /* the Megatron mapping of its tensors */
     const CkptfsMoeConfig *moe;  /* NULL: a dense architecture */
+    bool mla;                    /* multi-head latent attention (DeepSeek-V2/V3) */
 } CkptfsArchitecture;
 
 /* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
@@ -48,12 +57,29 @@ typedef struct {
     /* Llama 3.x rope scaling ("rope_type": "llama3"); factor 0 when absent. */
     double rope_scaling_factor;
     CkptfsDtype dtype; /* of the weights (all the same) */
+    CkptfsDtype fp32_dtype; /* of the tensors Megatron keeps in fp32 (expert bias): F32 unless
+                               a source stored them otherwise; all the same */
     /* Mixture of experts: 0 experts for a dense model. */
     uint64_t experts, topk, moe_ffn, shared_ffn;
     bool shared_gate;
     bool renormalize; /* top-k routing weights renormalised (norm_topk_prob); Megatron's
                          moe_router_pre_softmax is its negation */
     uint8_t dense_layer[CKPTFS_MAX_LAYERS / 8]; /* of an MoE model: layers with a dense MLP */
+    /* Routing beyond softmax top-k (DeepSeek): sigmoid scores, a per-expert bias added for the
+     * choice only, top-k within the GROUP_TOPK best of GROUPS expert groups (0: no groups),
+     * weights scaled by TOPK_SCALING (0: not scaled). */
+    bool sigmoid_scores, expert_bias;
+    uint64_t groups, group_topk;
+    double topk_scaling;
+    /* Multi-head latent attention: compressed query (0: a plain q_proj) and key/value widths,
+     * per-head widths of the non-rotary and rotary query/key parts and of the value. */
+    bool mla;
+    uint64_t q_lora, kv_lora, qk_head_dim, qk_rope_dim, v_head_dim;
+    /* YaRN rope scaling (DeepSeek-V3): factor 0 when absent */
+    double yarn_factor, yarn_mscale, yarn_mscale_all_dim, yarn_beta_fast, yarn_beta_slow;
+    uint64_t yarn_original_positions;
+    /* Multi-token prediction layers after the decoder's (num_nextn_predict_layers) */
+    uint64_t mtp_layers;
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */
