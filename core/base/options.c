@@ -125,6 +125,11 @@ static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *
     return parse_switch(key, value, &o->moe_grouped_gemm, error);
 }
 
+static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_switch(key, value, &o->mtp, error);
+}
+
 static bool opt_crc32(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     static const char *const names[] = {"zero", "compute", NULL};
@@ -235,6 +240,9 @@ static const struct {
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
      "off|on: experts as SequentialMLP local_experts (default) or TEGroupedMLP weight{e} keys"},
+    {"mtp", opt_mtp,
+     "off|on: the multi-token prediction layers (DeepSeek-V3) in the Megatron views as\n"
+     "                           mtp.layers.N (default off: left out)"},
     {"vocab_divisible_by", opt_vocab_divisible_by,
      "pad the vocabulary to a multiple of N x tp (default 128)"},
     {"vocab_pad", opt_vocab_pad, "zero|last: padding rows are zeros (default) or the last row"},

@@ -172,7 +172,8 @@ void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names)
     g_ptr_array_set_free_func(catalog->tensors, tensor_free);
 }
 
-unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
+/* Serves tensors as TO where a conversion exists (with SCALED_ONLY, block-scaled FP8 alone). */
+static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_only)
 {
     unsigned converted = 0;
     catalog->total_bytes = 0;
@@ -181,6 +182,8 @@ unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
         CkptfsDtype serve = t->stored == to || ckptfs_convert_find(t->stored, to) ? to : t->stored;
         if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
             serve = to == CKPTFS_DTYPE_BF16 ? to : t->stored;
+        else if (scaled_only)
+            serve = t->dtype;
         /* Fewer or as many bytes per element as stored (bf16 from fp32), or twice as many from
          * sizes already checked against 64 bits with 8-byte elements to spare. */
         t->dtype = serve;
@@ -190,6 +193,32 @@ unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
             catalog->total_bytes = UINT64_MAX;
     }
     return converted;
+}
+
+CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog)
+{
+    CkptfsCatalog *c = ckptfs_catalog_new();
+    for (guint i = 0; i < catalog->tensors->len; i++) {
+        const CkptfsTensor *from = g_ptr_array_index(catalog->tensors, i);
+        CkptfsTensor *t = g_memdup2(from, sizeof *t);
+        t->name = g_strdup(from->name);
+        t->pieces = g_memdup2(from->pieces, from->npieces * sizeof *from->pieces);
+        t->scale = from->scale ? g_memdup2(from->scale, sizeof *from->scale) : NULL;
+        g_ptr_array_add(c->tensors, t);
+        g_hash_table_insert(c->by_name, t->name, t);
+    }
+    c->total_bytes = catalog->total_bytes;
+    return c;
+}
+
+unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
+{
+    return serve_as(catalog, to, false);
+}
+
+unsigned ckptfs_catalog_dequantize(CkptfsCatalog *catalog)
+{
+    return serve_as(catalog, CKPTFS_DTYPE_BF16, true);
 }
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog)

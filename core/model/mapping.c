@@ -179,6 +179,13 @@ static const CkptfsRule qwen_moe_rules[] = {
      "self_attention." local_name_, te_at, local_at, need_, 1, dim_, CKPTFS_DIM_ONE,            \
      CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, NULL, false, false}
 
+/* A norm of a multi-token prediction layer (a TENorm with its _extra_state in the TE spec). */
+#define MTP_NORM(scope_, name_, te_at, local_at, hf_)                                           \
+    {scope_, false, false, name_ ".weight", NULL, NULL, te_at, local_at, CKPTFS_NEED_MTP, 1,      \
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL,   \
+     false, false},                                                                              \
+    EXTRA(scope_, name_ "._extra_state", te_at + 1, NONE, CKPTFS_NEED_MTP)
+
 static const CkptfsRule deepseek_rules[] = {
     EMBEDDING,
     {CKPTFS_SCOPE_LAYER, false, false, "input_layernorm.weight", NULL, NULL, 0, 0, CKPTFS_NEED_ALWAYS, 1,
@@ -247,6 +254,17 @@ static const CkptfsRule deepseek_rules[] = {
      CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,
      CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS),
+    /* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the decoder's
+     * layers, "model.layers.{layers + N}."): its norms of the embedding and of the hidden
+     * state, their projection (column-parallel), the transformer layer (the layer rules), and
+     * its final norm (HF's shared_head.norm). Its embedding and head are the model's. */
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, "enorm.weight"),
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, "hnorm.weight"),
+    {CKPTFS_SCOPE_MTP_IN, false, false, "eh_proj.weight", NULL, NULL, 4, 2, CKPTFS_NEED_MTP, 2,
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE, {"eh_proj.weight"},
+     NULL, false, false},
+    EXTRA(CKPTFS_SCOPE_MTP_IN, "eh_proj._extra_state", 5, 3, CKPTFS_NEED_MTP),
+    MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, "shared_head.norm.weight"),
 };
 
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules)};

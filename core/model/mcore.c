@@ -66,6 +66,8 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->heads * (m->qk_head_dim + m->v_head_dim);
     case CKPTFS_DIM_MLA_OUT:
         return m->heads * m->v_head_dim;
+    case CKPTFS_DIM_HIDDEN2:
+        return 2 * m->hidden;
     }
     return 0;
 }
@@ -95,6 +97,8 @@ bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied
         return m->mla && m->q_lora == 0;
     case CKPTFS_NEED_EXPERT_BIAS:
         return ckptfs_model_moe_layers(m) > 0 && m->expert_bias;
+    case CKPTFS_NEED_MTP:
+        return m->mtp;
     }
     return false;
 }
@@ -251,9 +255,14 @@ GPtrArray *ckptfs_mcore_extra_state_rules(const CkptfsModel *m)
     return out;
 }
 
+static bool mtp_scope(CkptfsScope scope)
+{
+    return scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT;
+}
+
 char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf)
 {
-    if (!key->stacked)
+    if (!key->stacked && !mtp_scope(key->rule->scope))
         return g_strdup(hf);
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
     g_auto(GStrv) parts = g_strsplit(hf, "{e}", -1);
@@ -283,6 +292,40 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
     }
 }
 
+/* The tensors of layer L. */
+static void add_layer_tensors(GArray *out, GHashTable *seen, const CkptfsModel *m, const GPtrArray *keys,
+                              uint64_t l)
+{
+    bool experts_done = false;
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (!k->stacked || !ckptfs_rule_in_layer(k->rule, m, l) || (k->expert && experts_done))
+            continue;
+        if (!k->expert) {
+            add_hf_tensors(out, seen, k, l, 0);
+            continue;
+        }
+        /* Expert by expert: all of expert 0's tensors, then expert 1's. */
+        for (uint64_t e = 0; e < m->experts; e++)
+            for (guint j = i; j < keys->len; j++) {
+                const CkptfsMcoreKey *ek = g_ptr_array_index(keys, j);
+                if (ek->expert)
+                    add_hf_tensors(out, seen, ek, l, e);
+            }
+        experts_done = true;
+    }
+}
+
+static void add_scope_tensors(GArray *out, GHashTable *seen, const GPtrArray *keys, CkptfsScope scope,
+                              uint64_t layer)
+{
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (k->rule->scope == scope)
+            add_hf_tensors(out, seen, k, layer, 0);
+    }
+}
+
 static void hf_shape_clear(gpointer p)
 {
     g_free(((CkptfsHfShape *)p)->name);
@@ -298,25 +341,13 @@ GArray *ckptfs_model_hf_tensors(const CkptfsModel *m, const GPtrArray *keys)
         if (k->rule->scope == CKPTFS_SCOPE_FIRST)
             add_hf_tensors(out, seen, k, 0, 0);
     }
-    for (uint64_t l = 0; l < m->layers; l++) {
-        bool experts_done = false;
-        for (guint i = 0; i < keys->len; i++) {
-            const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
-            if (!k->stacked || !ckptfs_rule_in_layer(k->rule, m, l) || (k->expert && experts_done))
-                continue;
-            if (!k->expert) {
-                add_hf_tensors(out, seen, k, l, 0);
-                continue;
-            }
-            /* Expert by expert: all of expert 0's tensors, then expert 1's. */
-            for (uint64_t e = 0; e < m->experts; e++)
-                for (guint j = i; j < keys->len; j++) {
-                    const CkptfsMcoreKey *ek = g_ptr_array_index(keys, j);
-                    if (ek->expert)
-                        add_hf_tensors(out, seen, ek, l, e);
-                }
-            experts_done = true;
-        }
+    for (uint64_t l = 0; l < m->layers; l++)
+        add_layer_tensors(out, seen, m, keys, l);
+    /* Multi-token prediction layers, when served: their own tensors around a layer's. */
+    for (uint64_t j = 0; m->mtp && j < m->mtp_layers; j++) {
+        add_scope_tensors(out, seen, keys, CKPTFS_SCOPE_MTP_IN, m->layers + j);
+        add_layer_tensors(out, seen, m, keys, m->layers + j);
+        add_scope_tensors(out, seen, keys, CKPTFS_SCOPE_MTP_OUT, m->layers + j);
     }
     for (guint i = 0; i < keys->len; i++) {
         const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);

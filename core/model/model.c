@@ -476,6 +476,13 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
             return false;
     }
 
+    JsonNode *mtp = json_object_get_member(config, "num_nextn_predict_layers");
+    bool no_mtp = mtp == NULL || JSON_NODE_HOLDS_NULL(mtp) ||
+                  (JSON_NODE_HOLDS_VALUE(mtp) && json_node_get_value_type(mtp) == G_TYPE_INT64 && json_node_get_int(mtp) == 0);
+    if (!no_mtp && !get_uint(config, "num_nextn_predict_layers", false, 0, &model->mtp_layers, error))
+        return false;
+    if (model->mtp_layers > 64)
+        CONFIG_ERROR("num_nextn_predict_layers %" G_GUINT64_FORMAT " is over the limit of 64", model->mtp_layers);
     /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
      * with the experts' sizes. */
     if (model->arch->moe && !ckptfs_model_read_moe(config, model, error))
@@ -489,6 +496,21 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
     if (!check_tensors(catalog, model, error))
         return false;
     return true;
+}
+
+bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error)
+{
+    if (model->mtp_layers == 0 || model->arch->family != &ckptfs_family_deepseek) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
+                    "with rules for them (DeepSeek-V3)");
+        return false;
+    }
+    model->mtp = true;
+    if (check_tensors(catalog, model, error))
+        return true;
+    model->mtp = false;
+    return false;
 }
 
 bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error)

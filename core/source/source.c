@@ -65,15 +65,14 @@ static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &c
                                                     &ckptfs_format_torch_dist, &ckptfs_format_megatron,
                                                     &ckptfs_format_hf};
 
-/* -o dtype=bf16 of a block-FP8 checkpoint (quantization_config {"quant_method": "fp8",
- * "weight_block_size": [R, C]}: DeepSeek-V3, Qwen3-*-FP8): every FP8 weight X gets its scales
- * X_scale_inv and is served as bf16, dequantised on read; the scale tensors leave the catalog
- * and quantization_config leaves config.json. Without -o dtype=bf16 the checkpoint passes
- * through as it is. */
-static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+/* The block size of a block-FP8 checkpoint (quantization_config {"quant_method": "fp8",
+ * "weight_block_size": [R, C]}: DeepSeek-V3, Qwen3-*-FP8): false with an error for another
+ * quantisation or a block it cannot be, true with *BR = 0 when there is none. */
+static bool block_fp8_config(const CkptfsSource *source, gint64 *br, gint64 *bc, GError **error)
 {
+    *br = *bc = 0;
     JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
-    if (options->dtype != CKPTFS_SERVE_BF16 || q == NULL)
+    if (q == NULL)
         return true;
     g_autofree char *what = g_strdup_printf("%s: config.json: quantization_config", source->dir);
     JsonObject *qc = JSON_NODE_HOLDS_OBJECT(q) ? json_node_get_object(q) : NULL;
@@ -87,50 +86,90 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, G
     }
     JsonNode *block = json_object_get_member(qc, "weight_block_size");
     JsonArray *dims = block && JSON_NODE_HOLDS_ARRAY(block) ? json_node_get_array(block) : NULL;
-    gint64 br = 0, bc = 0;
     if (dims && json_array_get_length(dims) == 2 &&
         json_node_get_value_type(json_array_get_element(dims, 0)) == G_TYPE_INT64 &&
         json_node_get_value_type(json_array_get_element(dims, 1)) == G_TYPE_INT64) {
-        br = json_array_get_int_element(dims, 0);
-        bc = json_array_get_int_element(dims, 1);
+        *br = json_array_get_int_element(dims, 0);
+        *bc = json_array_get_int_element(dims, 1);
     }
-    if (br < 1 || bc < 1 || br > 65536 || bc > 65536) {
+    if (*br < 1 || *bc < 1 || *br > 65536 || *bc > 65536) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: weight_block_size is not two block sizes "
                     "from 1 to 65536 (per-tensor or per-channel FP8 is not dequantised)", what);
         return false;
     }
+    return true;
+}
+
+/* Every FP8 weight X of CATALOG gets its scales X_scale_inv and is served as bf16,
+ * dequantised on read; the scale tensors leave the catalog. The other tensors stay as they
+ * are, as DeepSeek's fp8_cast_bf16.py leaves them. */
+static bool dequantize_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, gint64 br, gint64 bc,
+                               GError **error)
+{
     g_autoptr(GHashTable) scales = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog); i++) {
-        const CkptfsTensor *t = ckptfs_catalog_at(source->catalog, i);
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(catalog, i);
         if (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)
             continue;
         g_autofree char *scale = g_strconcat(t->name, "_scale_inv", NULL);
-        if (ckptfs_catalog_find(source->catalog, scale) == NULL) {
+        if (ckptfs_catalog_find(catalog, scale) == NULL) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: FP8 tensor '%s' has no '%s'", source->dir,
                         t->name, scale);
             return false;
         }
-        if (!ckptfs_catalog_set_block_scale(source->catalog, t->name, scale, (unsigned)br, (unsigned)bc, error)) {
+        if (!ckptfs_catalog_set_block_scale(catalog, t->name, scale, (unsigned)br, (unsigned)bc, error)) {
             g_prefix_error(error, "%s: ", source->dir);
             return false;
         }
         g_hash_table_add(scales, g_steal_pointer(&scale));
     }
-    ckptfs_catalog_remove(source->catalog, scales);
+    ckptfs_catalog_remove(catalog, scales);
+    ckptfs_catalog_dequantize(catalog);
+    return true;
+}
+
+/* A block-FP8 checkpoint: with -o dtype=bf16 served as bf16 everywhere (hf/ then has no scales
+ * and no quantization_config, as after fp8_cast_bf16.py); otherwise hf/ passes it through and
+ * the Megatron views, which are bf16, read a dequantised copy of the catalog. *DEQUANTIZED:
+ * whether the source's own catalog was. */
+static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, bool *dequantized, GError **error)
+{
+    gint64 br, bc;
+    *dequantized = false;
+    bool want_bf16 = options->dtype == CKPTFS_SERVE_BF16;
+    GError *config_error = NULL;
+    if (!block_fp8_config(source, &br, &bc, &config_error)) {
+        if (want_bf16) {
+            g_propagate_error(error, config_error);
+            return false;
+        }
+        g_error_free(config_error); /* passed through; the Megatron views say what they miss */
+        return true;
+    }
+    if (br == 0)
+        return true;
+    if (!want_bf16) {
+        source->model_catalog = ckptfs_catalog_copy(source->catalog);
+        return dequantize_catalog(source, source->model_catalog, br, bc, error);
+    }
+    if (!dequantize_catalog(source, source->catalog, br, bc, error))
+        return false;
     json_object_remove_member(source->config, "quantization_config");
     source->config_changed = true;
+    *dequantized = true;
     return true;
 }
 
 /* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,
  * converted on read, and config.json's torch_dtype saying so. */
-static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options)
+static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool dequantized)
 {
     CkptfsServeDtype want = options->dtype != CKPTFS_SERVE_AUTO ? options->dtype : source->default_dtype;
     if (want == CKPTFS_SERVE_AUTO)
         return;
     CkptfsDtype to = want == CKPTFS_SERVE_BF16 ? CKPTFS_DTYPE_BF16 : CKPTFS_DTYPE_F32;
-    source->converted = ckptfs_catalog_serve_as(source->catalog, to);
+    source->converted = dequantized ? ckptfs_catalog_dequantize(source->catalog)
+                                    : ckptfs_catalog_serve_as(source->catalog, to);
     if (source->adapter != NULL)
         ckptfs_catalog_serve_as(source->adapter, to);
     /* The config says what is served whenever some weight is served as TO, converted or not:
@@ -182,11 +221,12 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         ckptfs_source_free(source);
         return NULL;
     }
-    if (!dequantize_fp8(source, options, error)) {
+    bool dequantized = false;
+    if (!dequantize_fp8(source, options, &dequantized, error)) {
         ckptfs_source_free(source);
         return NULL;
     }
-    serve_dtype(source, options);
+    serve_dtype(source, options, dequantized);
     return source;
 }
 
@@ -196,6 +236,7 @@ void ckptfs_source_free(CkptfsSource *source)
         return;
     g_free(source->dir);
     ckptfs_catalog_free(source->catalog);
+    ckptfs_catalog_free(source->model_catalog);
     ckptfs_catalog_free(source->adapter);
     if (source->adapter_config)
         json_object_unref(source->adapter_config);
@@ -208,6 +249,11 @@ void ckptfs_source_free(CkptfsSource *source)
     g_free(source->config_problem);
     ckptfs_srcfiles_free(source->files);
     g_free(source);
+}
+
+const CkptfsCatalog *ckptfs_source_model_catalog(const CkptfsSource *source)
+{
+    return source->model_catalog ? source->model_catalog : source->catalog;
 }
 
 const CkptfsSourceFile *ckptfs_source_top_file(const CkptfsSource *source, const char *name)

@@ -69,6 +69,7 @@ typedef struct {
     const MegatronView *view;
     const CkptfsRankFile *ranks;
     GPtrArray *tensors; /* RankTensor*, owned */
+    const char *mtp_prefix; /* "mtp.layers.J." while a multi-token prediction layer is added */
 } RankBuild;
 
 static RankTensor *rank_tensor_new(RankBuild *rb)
@@ -95,7 +96,7 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
 static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert)
 {
     const MegatronView *v = rb->view;
-    const CkptfsCatalog *catalog = v->source->catalog;
+    const CkptfsCatalog *catalog = ckptfs_source_model_catalog(v->source);
     uint64_t rows, cols;
     unsigned degree = key->expert ? ckptfs_layout_etp(&v->layout) : v->layout.tp;
     unsigned rank = key->expert ? rb->ranks->etp : rb->ranks->tp;
@@ -121,13 +122,20 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
     return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
 }
 
-/* One entry: NAME (after "decoder.layers.LOCAL." for layer rules) holding RULE's share. */
+/* One entry: NAME (after "decoder.layers.LOCAL." for layer rules, or the multi-token
+ * prediction layer's prefix) holding RULE's share. */
 static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, const char *name,
                       uint64_t global, uint64_t local, uint64_t expert)
 {
-    g_autofree char *key = rule->scope == CKPTFS_SCOPE_LAYER
-                               ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
-                               : g_strdup(name);
+    g_autofree char *key = NULL;
+    if (rule->scope == CKPTFS_SCOPE_LAYER && rb->mtp_prefix)
+        key = g_strdup_printf("%smtp_model_layer.%s", rb->mtp_prefix, name);
+    else if (rule->scope == CKPTFS_SCOPE_LAYER)
+        key = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+    else if (rule->scope == CKPTFS_SCOPE_MTP_IN || rule->scope == CKPTFS_SCOPE_MTP_OUT)
+        key = g_strdup_printf("%s%s", rb->mtp_prefix, name);
+    else
+        key = g_strdup(name);
     if (rule->extra_state)
         ckptfs_value_set(sd, key, ckptfs_value_none());
     else
@@ -177,6 +185,34 @@ static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint6
     }
 }
 
+/* The last stage's entries: GPTModel registers the multi-token prediction block between the
+ * decoder (whose final norm comes first) and the output layer; each MTP layer holds its norms
+ * and projection, a transformer layer (HF layer LAYERS + J) and its final norm. */
+static void add_last_entries(RankBuild *rb, CkptfsValue *sd)
+{
+    const MegatronView *v = rb->view;
+    const CkptfsModel *m = v->model;
+    bool te = v->options->spec == CKPTFS_SPEC_TE;
+    g_autoptr(GPtrArray) last = ckptfs_legacy_entries(m, CKPTFS_SCOPE_LAST, 0, te, v->layout.pp > 1);
+    guint i = 0;
+    for (; i < last->len && g_str_has_prefix(((const CkptfsRule *)g_ptr_array_index(last, i))->name, "decoder."); i++) {
+        const CkptfsRule *rule = g_ptr_array_index(last, i);
+        add_entry(rb, sd, rule, ckptfs_rule_legacy_name(rule, te), 0, 0, 0);
+    }
+    for (uint64_t j = 0; m->mtp && j < m->mtp_layers; j++) {
+        g_autofree char *prefix = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".", j);
+        rb->mtp_prefix = prefix;
+        add_entries(rb, sd, CKPTFS_SCOPE_MTP_IN, m->layers + j, 0);
+        add_entries(rb, sd, CKPTFS_SCOPE_LAYER, m->layers + j, 0);
+        add_entries(rb, sd, CKPTFS_SCOPE_MTP_OUT, m->layers + j, 0);
+        rb->mtp_prefix = NULL;
+    }
+    for (; i < last->len; i++) {
+        const CkptfsRule *rule = g_ptr_array_index(last, i);
+        add_entry(rb, sd, rule, ckptfs_rule_legacy_name(rule, te), 0, 0, 0);
+    }
+}
+
 /* The state dict of virtual chunk VC on pipeline stage P. Tied embeddings: no output weight
  * with pp 1; a copy of the embedding on the last stage otherwise (Megatron keeps them in sync
  * across stages). */
@@ -192,7 +228,7 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     for (uint64_t i = 0; i < count; i++)
         add_entries(rb, sd, CKPTFS_SCOPE_LAYER, first + i, i);
     if (p == l->pp - 1 && vc == l->vpp - 1)
-        add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
+        add_last_entries(rb, sd);
     return sd;
 }
 
@@ -331,6 +367,7 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_INT("iteration", 0);
     SET_BOOL("use_legacy_models", false);
     add_moe_args(a, m, options, l);
+    ckptfs_value_set(a, "mtp_num_layers", m->mtp ? ckptfs_value_int((int64_t)m->mtp_layers) : ckptfs_value_none());
     SET_STR("hf_architecture", m->arch->hf_architecture);
 #undef SET_INT
 #undef SET_BOOL

@@ -66,6 +66,13 @@ void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names);
  * stored as TO are served as stored; integer tensors are never converted). Returns how many
  * tensors are served converted. */
 unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to);
+/* Serves the block-scaled FP8 tensors (ckptfs_catalog_set_block_scale) as bf16, the others as
+ * they are. Returns how many tensors are served converted. */
+unsigned ckptfs_catalog_dequantize(CkptfsCatalog *catalog);
+
+/* A copy of CATALOG to serve differently (block-FP8 dequantised for the Megatron views while
+ * hf/ passes the FP8 through). */
+CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog);
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
 const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);

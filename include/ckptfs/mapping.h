@@ -42,6 +42,7 @@ typedef enum {
     CKPTFS_DIM_MLA_KV_DOWN, /* kv_lora_rank + qk_pos_emb_head_dim: latent and shared rope key */
     CKPTFS_DIM_MLA_KV_UP,   /* heads * (qk_head_dim + v_head_dim): keys and values per head */
     CKPTFS_DIM_MLA_OUT,     /* heads * v_head_dim: what linear_proj reads */
+    CKPTFS_DIM_HIDDEN2,     /* 2 * hidden_size (an MTP layer's eh_proj reads two states) */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -67,10 +68,18 @@ typedef enum {
     CKPTFS_NEED_Q_LORA,        /* MLA with a compressed query (q_lora_rank set) */
     CKPTFS_NEED_Q_DIRECT,      /* MLA without one (DeepSeek-V2-Lite: q_proj) */
     CKPTFS_NEED_EXPERT_BIAS,   /* an MoE layer routed with a per-expert bias (DeepSeek-V3) */
+    CKPTFS_NEED_MTP,           /* multi-token prediction layers served (-o mtp=on) */
 } CkptfsNeed;
 
-/* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last. */
-typedef enum { CKPTFS_SCOPE_FIRST, CKPTFS_SCOPE_LAYER, CKPTFS_SCOPE_LAST } CkptfsScope;
+/* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last;
+ * a multi-token prediction layer's own entries before its transformer layer and after it. */
+typedef enum {
+    CKPTFS_SCOPE_FIRST,
+    CKPTFS_SCOPE_LAYER,
+    CKPTFS_SCOPE_LAST,
+    CKPTFS_SCOPE_MTP_IN,
+    CKPTFS_SCOPE_MTP_OUT,
+} CkptfsScope;
 
 #define CKPTFS_ABSENT (-1) /* an order for a spec that has no such entry */
 

@@ -78,8 +78,10 @@ typedef struct {
     /* YaRN rope scaling (DeepSeek-V3): factor 0 when absent */
     double yarn_factor, yarn_mscale, yarn_mscale_all_dim, yarn_beta_fast, yarn_beta_slow;
     uint64_t yarn_original_positions;
-    /* Multi-token prediction layers after the decoder's (num_nextn_predict_layers) */
+    /* Multi-token prediction layers after the decoder's (num_nextn_predict_layers), and whether
+     * the Megatron views serve them (-o mtp=on) */
     uint64_t mtp_layers;
+    bool mtp;
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */
@@ -110,6 +112,10 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
  * and sizes, the shared expert, routing, dense layers. Configs of routing schemes ckptfs has no
  * rules for are refused. */
 bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error);
+
+/* Serves MODEL's multi-token prediction layers in the Megatron views (-o mtp=on): checks that
+ * it has some and that CATALOG holds their tensors. */
+bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error);
 
 /* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
  * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),

@@ -17,6 +17,7 @@ typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
+    bool mtp;                     /* multi-token prediction layers in the Megatron views */
     bool moe_grouped_gemm;        /* experts as TEGroupedMLP keys (weight{e}), not SequentialMLP */
     unsigned vocab_divisible_by;  /* Megatron's --make-vocab-size-divisible-by (128) */
     CkptfsVocabPad vocab_pad;     /* padding rows: zeros, or copies of the last row */

@@ -25,6 +25,8 @@ typedef struct CkptfsSource {
     char *dir;              /* the source directory as given */
     CkptfsSrcFiles *files;  /* every file opened */
     CkptfsCatalog *catalog; /* tensors in source order */
+    CkptfsCatalog *model_catalog; /* what the Megatron views read when it differs (a block-FP8
+                                     source passed through: its weights dequantised), or NULL */
     GPtrArray *top_files;   /* CkptfsSourceFile*: every top-level regular file, sorted by name */
     GPtrArray *weight_files; /* char*: top files holding the weights (safetensors shards), in
                                 source order; re-sharding hf/ replaces them and the index */
@@ -58,6 +60,9 @@ struct CkptfsSourceFormat {
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
                                  GError **error);
 void ckptfs_source_free(CkptfsSource *source);
+
+/* The catalog the model rules and the Megatron views read. */
+const CkptfsCatalog *ckptfs_source_model_catalog(const CkptfsSource *source);
 
 /* A top-level file by name, or NULL. */
 const CkptfsSourceFile *ckptfs_source_top_file(const CkptfsSource *source, const char *name);
