@@ -220,6 +220,27 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, mount->model->arch->model_type);
     else
         json_builder_add_null_value(b);
+    if (mount->model && mount->model->mla) {
+        const CkptfsModel *m = mount->model;
+        json_builder_set_member_name(b, "mla");
+        json_builder_begin_object(b);
+        const struct {
+            const char *name;
+            uint64_t value;
+        } fields[] = {{"q_lora_rank", m->q_lora}, {"kv_lora_rank", m->kv_lora}, {"qk_head_dim", m->qk_head_dim},
+                      {"qk_pos_emb_head_dim", m->qk_rope_dim}, {"v_head_dim", m->v_head_dim}};
+        for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+            json_builder_set_member_name(b, fields[i].name);
+            json_builder_add_int_value(b, (gint64)fields[i].value);
+        }
+        json_builder_end_object(b);
+    }
+    if (mount->model) {
+        json_builder_set_member_name(b, "mtp_layers");
+        json_builder_add_int_value(b, (gint64)mount->model->mtp_layers);
+        json_builder_set_member_name(b, "mtp_served");
+        json_builder_add_boolean_value(b, mount->model->mtp);
+    }
     if (mount->model && mount->model->experts) {
         const CkptfsModel *m = mount->model;
         json_builder_set_member_name(b, "experts");
@@ -233,6 +254,16 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
             json_builder_set_member_name(b, fields[i].name);
             json_builder_add_int_value(b, (gint64)fields[i].value);
         }
+        json_builder_set_member_name(b, "score");
+        json_builder_add_string_value(b, m->sigmoid_scores ? "sigmoid" : "softmax");
+        json_builder_set_member_name(b, "expert_bias");
+        json_builder_add_boolean_value(b, m->expert_bias);
+        json_builder_set_member_name(b, "groups");
+        json_builder_add_int_value(b, (gint64)m->groups);
+        json_builder_set_member_name(b, "group_topk");
+        json_builder_add_int_value(b, (gint64)m->group_topk);
+        json_builder_set_member_name(b, "scaling");
+        json_builder_add_double_value(b, m->topk_scaling > 0 ? m->topk_scaling : 1.0);
         json_builder_set_member_name(b, "shared_gate");
         json_builder_add_boolean_value(b, m->shared_gate);
         json_builder_set_member_name(b, "renormalize");
@@ -543,10 +574,30 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
                m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
                m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
+        if (m->mla)
+        {
+            g_autofree char *q = m->q_lora ? g_strdup_printf("%" G_GUINT64_FORMAT, m->q_lora) : g_strdup("none (q_proj)");
+            printf("attention:    multi-head latent: q_lora_rank %s, kv_lora_rank %" G_GUINT64_FORMAT
+                   ", per head qk %" G_GUINT64_FORMAT " + rope %" G_GUINT64_FORMAT ", v %" G_GUINT64_FORMAT "%s\n",
+                   q, m->kv_lora, m->qk_head_dim, m->qk_rope_dim, m->v_head_dim,
+                   m->yarn_factor > 0 ? "; YaRN rope" : "");
+        }
         if (m->experts) {
             g_autofree char *experts = experts_text(m);
             printf("experts:      %s\n", experts);
         }
+        if (m->experts && (m->sigmoid_scores || m->groups || m->topk_scaling > 0))
+            printf("routing:      %s scores%s, top-%" G_GUINT64_FORMAT " of the best %" G_GUINT64_FORMAT
+                   " of %" G_GUINT64_FORMAT " groups, weights x %g\n",
+                   m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
+                   m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
+                   m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+        if (m->mtp_layers)
+            printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (model.layers.%" G_GUINT64_FORMAT
+                   "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "", m->layers,
+                   m->mtp_layers > 1 ? "..." : "",
+                   m->mtp ? "in the Megatron rank files as mtp.layers.N (not in mcore/)"
+                          : "left out of the Megatron views; -o mtp=on adds them");
         printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
                "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
     } else {

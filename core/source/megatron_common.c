@@ -253,6 +253,12 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
+    if (arg_bool(args, "multi_latent_attention")) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: args.multi_latent_attention is set: Megatron checkpoints of MLA models (DeepSeek) "
+                    "are not read as sources yet; mount the Hugging Face checkpoint instead", path);
+        return false;
+    }
     if (!moe_from_args(args, path, s, error))
         return false;
     if (!arg_bool(args, "swiglu")) {
@@ -324,6 +330,12 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     /* The architecture the config names; its built-in features (Qwen2's biases, Qwen3's norms). */
     const char *type = config_string(c, "model_type");
     const CkptfsArchitecture *named = ckptfs_architecture_find(*type ? type : NULL, s);
+    if (named && named->mla) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s: Megatron checkpoints of MLA models (DeepSeek) are not read as sources yet; "
+                    "mount the Hugging Face checkpoint instead", what, named->hf_architecture);
+        return false;
+    }
     s->arch = named;
     if (named && named->moe && !ckptfs_model_read_moe(c, s, error))
         return false;
