@@ -148,9 +148,14 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
     }
     if (br == 0)
         return true;
-    if (!want_bf16) {
+    if (!want_bf16) { /* a problem here costs the Megatron views, not the pass-through */
+        GError *why = NULL;
         source->model_catalog = ckptfs_catalog_copy(source->catalog);
-        return dequantize_catalog(source, source->model_catalog, br, bc, error);
+        if (!dequantize_catalog(source, source->model_catalog, br, bc, &why)) {
+            source->model_problem = g_strdup(why->message);
+            g_error_free(why);
+        }
+        return true;
     }
     if (!dequantize_catalog(source, source->catalog, br, bc, error))
         return false;
@@ -247,6 +252,7 @@ void ckptfs_source_free(CkptfsSource *source)
     if (source->config)
         json_object_unref(source->config);
     g_free(source->config_problem);
+    g_free(source->model_problem);
     ckptfs_srcfiles_free(source->files);
     g_free(source);
 }

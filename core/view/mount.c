@@ -188,7 +188,10 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
     mount->source = source;
     GError *model_error = NULL;
     CkptfsModel *model = g_new0(CkptfsModel, 1);
-    if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &model_error)) {
+    if (source->model_problem) {
+        mount->model_problem = g_strdup(source->model_problem);
+        g_free(model);
+    } else if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &model_error)) {
         mount->model = model;
         if (options->mtp && !ckptfs_model_serve_mtp(model, ckptfs_source_model_catalog(source), error)) {
             g_prefix_error(error, "%s: option mtp=on: ", path);

@@ -32,6 +32,8 @@ typedef struct CkptfsSource {
                                 source order; re-sharding hf/ replaces them and the index */
     JsonObject *config;      /* config.json, NULL when missing or broken */
     char *config_problem;    /* why config is NULL */
+    char *model_problem;     /* why the Megatron views cannot read the weights (a block-FP8
+                                source passed through whose scales are broken), or NULL */
     GPtrArray *warnings;     /* char*: things a user should know that do not stop the mount */
     char *found;             /* what the reader found, in a line, or NULL */
     CkptfsLayout saved_layout; /* the split it was saved with (tp1pp1 for Hugging Face): what a
