@@ -143,13 +143,23 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     m->experts ? "experts" : "none");
         return false;
     }
-    if (m->arch->moe && !m->arch->moe->dense_layers && ckptfs_model_moe_layers(m) < m->layers) {
+    if (m->arch->moe && !m->arch->moe->dense_layers && !m->arch->moe->deepseek_config &&
+        ckptfs_model_moe_layers(m) < m->layers) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: %s has no dense layers but the checkpoint has some (moe_layer_freq)", what,
                     m->arch->hf_architecture);
         return false;
     }
-    if (m->arch->moe && m->shared_ffn > 0 && m->arch->moe->shared_ffn_key == NULL) {
+    bool deepseek_routing = m->arch->moe && m->arch->moe->deepseek_config;
+    if (m->experts && !deepseek_routing && (m->sigmoid_scores || m->expert_bias || m->groups || m->topk_scaling > 0)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s routes with softmax scores alone; the checkpoint's router (sigmoid scores, "
+                    "expert bias, expert groups or a scaling factor) has no rules for it", what,
+                    m->arch->hf_architecture);
+        return false;
+    }
+    if (m->arch->moe && m->shared_ffn > 0 && m->arch->moe->shared_ffn_key == NULL &&
+        m->arch->moe->shared_count_key == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: %s has no shared expert but the checkpoint has one", what,
                     m->arch->hf_architecture);
@@ -158,30 +168,30 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     return true;
 }
 
-/* Megatron MoE arguments whose routing ckptfs has no rules for (what they enable, when set):
- * refused rather than served with HF semantics that differ. */
-static bool check_moe_routing(const CkptfsPy *args, const char *path, GError **error)
+/* Megatron's router arguments: softmax or sigmoid scores, an expert bias for the choice,
+ * group-limited top-k and a scaling of the weights (DeepSeek's routing; the architecture then
+ * says whether the Hugging Face model routes that way). Other score functions are refused. */
+static bool read_routing(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
 {
     const char *score = ckptfs_py_str(arg(args, "moe_router_score_function"));
-    if (score && strcmp(score, "softmax") != 0) {
+    if (score && strcmp(score, "softmax") != 0 && strcmp(score, "sigmoid") != 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: args.moe_router_score_function is '%s'; only softmax routing is supported", path, score);
+                    "%s: args.moe_router_score_function is '%s'; softmax and sigmoid routing are supported",
+                    path, score);
         return false;
     }
-    static const char *const set_means_unsupported[] = {
-        "moe_router_topk_scaling_factor", "moe_router_num_groups", "moe_router_group_topk", NULL};
-    for (const char *const *k = set_means_unsupported; *k; k++) {
-        const CkptfsPy *v = arg(args, *k);
-        if (v && v->kind != CKPTFS_PY_NONE) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                        "%s: args.%s is set; that routing is not supported", path, *k);
-            return false;
-        }
-    }
-    if (arg_bool(args, "moe_router_enable_expert_bias")) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: args.moe_router_enable_expert_bias is set; routing with an expert bias is not supported",
-                    path);
+    s->sigmoid_scores = score && strcmp(score, "sigmoid") == 0;
+    s->expert_bias = arg_bool(args, "moe_router_enable_expert_bias");
+    s->groups = arg_uint_or(args, "moe_router_num_groups", 0);
+    s->group_topk = s->groups ? arg_uint_or(args, "moe_router_group_topk", 0) : 0;
+    s->topk_scaling = arg_double(args, "moe_router_topk_scaling_factor", 0);
+    if (s->topk_scaling == 1.0)
+        s->topk_scaling = 0;
+    if ((s->groups && (s->group_topk == 0 || s->group_topk > s->groups)) || s->topk_scaling < 0 ||
+        s->topk_scaling > 1e6) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: args.moe_router_num_groups, moe_router_group_topk or "
+                    "moe_router_topk_scaling_factor are not valid", path);
         return false;
     }
     return true;
@@ -193,7 +203,7 @@ static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
     const CkptfsPy *n = arg(args, "num_experts");
     if (n == NULL || n->kind == CKPTFS_PY_NONE)
         return true;
-    if (!arg_uint(args, path, "num_experts", &s->experts, error) || !check_moe_routing(args, path, error))
+    if (!arg_uint(args, path, "num_experts", &s->experts, error) || !read_routing(args, path, s, error))
         return false;
     s->topk = arg_uint_or(args, "moe_router_topk", 2);
     s->moe_ffn = arg_uint_or(args, "moe_ffn_hidden_size", s->ffn);
@@ -238,6 +248,33 @@ static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
     return true;
 }
 
+/* Multi-head latent attention (DeepSeek) from args, with its rope and MTP layers. */
+static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
+{
+    s->mtp_layers = arg_uint_or(args, "mtp_num_layers", 0);
+    s->mtp = s->mtp_layers > 0; /* what the files hold */
+    if (!arg_bool(args, "multi_latent_attention"))
+        return true;
+    s->mla = true;
+    s->q_lora = arg_uint_or(args, "q_lora_rank", 0);
+    if (!arg_uint(args, path, "kv_lora_rank", &s->kv_lora, error) ||
+        !arg_uint(args, path, "qk_head_dim", &s->qk_head_dim, error) ||
+        !arg_uint(args, path, "qk_pos_emb_head_dim", &s->qk_rope_dim, error) ||
+        !arg_uint(args, path, "v_head_dim", &s->v_head_dim, error))
+        return false;
+    const char *rope = ckptfs_py_str(arg(args, "rope_type"));
+    /* Megatron's MLA takes YaRN unless told rope */
+    if (rope == NULL || strcmp(rope, "yarn") == 0) {
+        s->yarn_factor = arg_double(args, "rotary_scaling_factor", 1.0);
+        s->yarn_mscale = arg_double(args, "mscale", 1.0);
+        s->yarn_mscale_all_dim = arg_double(args, "mscale_all_dim", 0.0);
+        s->yarn_beta_fast = arg_double(args, "beta_fast", 32.0);
+        s->yarn_beta_slow = arg_double(args, "beta_slow", 1.0);
+        s->yarn_original_positions = arg_uint_or(args, "original_max_position_embeddings", 4096);
+    }
+    return true;
+}
+
 bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
                                      JsonObject *given_config, CkptfsMegatronModel *out,
                                      GError **error)
@@ -253,13 +290,7 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
-    if (arg_bool(args, "multi_latent_attention")) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: args.multi_latent_attention is set: Megatron checkpoints of MLA models (DeepSeek) "
-                    "are not read as sources yet; mount the Hugging Face checkpoint instead", path);
-        return false;
-    }
-    if (!moe_from_args(args, path, s, error))
+    if (!moe_from_args(args, path, s, error) || !mla_from_args(args, path, s, error))
         return false;
     if (!arg_bool(args, "swiglu")) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
@@ -267,7 +298,7 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         return false;
     }
     s->kv_heads = arg_bool(args, "group_query_attention") ? arg_uint_or(args, "num_query_groups", s->heads) : s->heads;
-    s->head_dim = arg_uint_or(args, "kv_channels", s->hidden / s->heads);
+    s->head_dim = s->mla ? s->v_head_dim : arg_uint_or(args, "kv_channels", s->hidden / s->heads);
     s->vocab = arg_uint_or(args, "vocab_size", out->padded_vocab);
     s->tied_embeddings = !arg_bool(args, "untie_embeddings_and_output_weights");
     s->qkv_bias = arg_bool(args, "add_qkv_bias");
@@ -332,8 +363,8 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     const CkptfsArchitecture *named = ckptfs_architecture_find(*type ? type : NULL, s);
     if (named && named->mla) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: %s: Megatron checkpoints of MLA models (DeepSeek) are not read as sources yet; "
-                    "mount the Hugging Face checkpoint instead", what, named->hf_architecture);
+                    "%s: %s: a Megatron checkpoint of an MLA model is read with its args (the MLA sizes "
+                    "and routing are there); this one has none", what, named->hf_architecture);
         return false;
     }
     s->arch = named;
@@ -346,6 +377,41 @@ char *ckptfs_megatron_describe(const CkptfsSource *source)
 {
     g_autofree char *saved = ckptfs_layout_name(&source->saved_layout);
     return g_strdup_printf("%u files opened; saved as %s", ckptfs_srcfiles_count(source->files), saved);
+}
+
+/* DeepSeek's config fields (modeling_deepseek.py's names) for an MLA model from Megatron:
+ * dense layers as first_k_dense_replace and moe_layer_freq when the pattern is one of theirs
+ * (else an explicit list would be needed, which DeepSeek's config has no field for: the model
+ * check then says which layer differs). */
+static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
+{
+    if (m->q_lora)
+        json_object_set_int_member(c, "q_lora_rank", (gint64)m->q_lora);
+    else
+        json_object_set_null_member(c, "q_lora_rank");
+    json_object_set_int_member(c, "kv_lora_rank", (gint64)m->kv_lora);
+    json_object_set_int_member(c, "qk_nope_head_dim", (gint64)m->qk_head_dim);
+    json_object_set_int_member(c, "qk_rope_head_dim", (gint64)m->qk_rope_dim);
+    json_object_set_int_member(c, "v_head_dim", (gint64)m->v_head_dim);
+    json_object_set_int_member(c, "num_nextn_predict_layers", (gint64)m->mtp_layers);
+    if (m->experts == 0)
+        return;
+    json_object_set_int_member(c, "n_routed_experts", (gint64)m->experts);
+    json_object_set_int_member(c, "num_experts_per_tok", (gint64)m->topk);
+    json_object_set_int_member(c, "moe_intermediate_size", (gint64)m->moe_ffn);
+    json_object_set_int_member(c, "n_shared_experts",
+                               m->moe_ffn ? (gint64)(m->shared_ffn / m->moe_ffn) : 0);
+    uint64_t first_dense = 0;
+    while (first_dense < m->layers && !ckptfs_model_layer_is_moe(m, first_dense))
+        first_dense++;
+    json_object_set_int_member(c, "first_k_dense_replace", (gint64)first_dense);
+    json_object_set_int_member(c, "moe_layer_freq", 1);
+    json_object_set_string_member(c, "scoring_func", m->sigmoid_scores ? "sigmoid" : "softmax");
+    json_object_set_string_member(c, "topk_method", m->expert_bias ? "noaux_tc" : "greedy");
+    json_object_set_int_member(c, "n_group", (gint64)(m->groups ? m->groups : 1));
+    json_object_set_int_member(c, "topk_group", (gint64)(m->groups ? m->group_topk : 1));
+    json_object_set_double_member(c, "routed_scaling_factor", m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+    json_object_set_boolean_member(c, "norm_topk_prob", m->sigmoid_scores || m->renormalize);
 }
 
 void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *m)
@@ -362,7 +428,8 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     json_object_set_int_member(c, "num_attention_heads", (gint64)m->heads);
     json_object_set_int_member(c, "num_key_value_heads", (gint64)m->kv_heads);
     json_object_set_int_member(c, "num_hidden_layers", (gint64)m->layers);
-    json_object_set_int_member(c, "head_dim", (gint64)m->head_dim);
+    if (!m->mla)
+        json_object_set_int_member(c, "head_dim", (gint64)m->head_dim);
     json_object_set_int_member(c, "vocab_size", (gint64)m->vocab);
     json_object_set_int_member(c, "max_position_embeddings", (gint64)m->max_positions);
     json_object_set_double_member(c, "rms_norm_eps", m->norm_eps);
@@ -372,7 +439,9 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         json_object_set_boolean_member(c, "attention_bias", true);
     json_object_set_string_member(c, "hidden_act", "silu");
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
-    if (m->arch->moe) {
+    if (m->mla)
+        synthesize_deepseek(c, m);
+    else if (m->arch->moe) {
         const CkptfsMoeConfig *moe = m->arch->moe;
         json_object_set_int_member(c, moe->experts_key, (gint64)m->experts);
         json_object_set_int_member(c, "num_experts_per_tok", (gint64)m->topk);
@@ -389,6 +458,17 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
             json_object_set_int_member(c, "decoder_sparse_step", 1);
             json_object_set_array_member(c, "mlp_only_layers", dense);
         }
+    }
+    if (m->yarn_factor > 0) {
+        JsonObject *scaling = json_object_new();
+        json_object_set_string_member(scaling, "type", "yarn");
+        json_object_set_double_member(scaling, "factor", m->yarn_factor);
+        json_object_set_double_member(scaling, "mscale", m->yarn_mscale);
+        json_object_set_double_member(scaling, "mscale_all_dim", m->yarn_mscale_all_dim);
+        json_object_set_double_member(scaling, "beta_fast", m->yarn_beta_fast);
+        json_object_set_double_member(scaling, "beta_slow", m->yarn_beta_slow);
+        json_object_set_int_member(scaling, "original_max_position_embeddings", (gint64)m->yarn_original_positions);
+        json_object_set_object_member(c, "rope_scaling", scaling);
     }
     if (m->rope_scaling_factor > 0) {
         JsonObject *scaling = json_object_new();
@@ -460,8 +540,8 @@ void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim,
         return;
     char *key = g_strdup(name);
     g_hash_table_insert(set->pieces, key, g_array_new(FALSE, FALSE, sizeof(CkptfsPiece)));
-    uint64_t *shape = g_new(uint64_t, 3);
-    shape[0] = ndim, shape[1] = d0, shape[2] = d1;
+    uint64_t *shape = g_new(uint64_t, 4);
+    shape[0] = ndim, shape[1] = d0, shape[2] = d1, shape[3] = CKPTFS_DTYPE_INVALID;
     g_hash_table_insert(set->shapes, key, shape);
     g_ptr_array_add(set->order, key);
 }
@@ -480,6 +560,13 @@ void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, cons
     }
 }
 
+void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype dtype)
+{
+    uint64_t *shape = g_hash_table_lookup(set->shapes, name);
+    if (shape)
+        shape[3] = dtype;
+}
+
 bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,
                                  CkptfsDtype dtype, GError **error)
 {
@@ -487,7 +574,9 @@ bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catal
         const char *name = g_ptr_array_index(set->order, i);
         GArray *pieces = g_hash_table_lookup(set->pieces, name);
         const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
-        if (!ckptfs_catalog_add_pieces(catalog, name, dtype, (unsigned)shape[0], shape + 1,
+        CkptfsDtype own = (CkptfsDtype)shape[3];
+        if (!ckptfs_catalog_add_pieces(catalog, name, own != CKPTFS_DTYPE_INVALID ? own : dtype,
+                                       (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error))
             return false;
     }

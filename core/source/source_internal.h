@@ -36,7 +36,10 @@ void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim,
                            uint64_t d1);
 /* Adds a piece to a wanted tensor. */
 void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece);
-/* Adds every wanted tensor to CATALOG, checking its pieces tile it exactly. */
+/* Gives wanted tensor NAME its own element type (an fp32 expert bias among bf16 weights). */
+void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype dtype);
+/* Adds every wanted tensor to CATALOG (of DTYPE unless given its own), checking its pieces tile
+ * it exactly. */
 bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,
                                  CkptfsDtype dtype, GError **error);
 

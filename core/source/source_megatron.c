@@ -52,6 +52,7 @@ typedef struct {
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and the saved split */
     GPtrArray *keys;           /* CkptfsMcoreKey* of the model, vocabulary padded as saved */
     bool te;                   /* Transformer Engine names (else the local spec's) */
+    const char *mtp_prefix;    /* "mtp.layers.J." while an MTP layer is mapped */
     CkptfsDtype dtype;
     GError **error;
 } Mg;
@@ -447,11 +448,13 @@ typedef struct {
     uint64_t base;       /* of element 0 in the file */
     uint64_t rows, cols; /* 2-D view */
     uint64_t row_stride; /* bytes */
+    CkptfsDtype dtype;
 } Located;
 
-/* A rank tensor by key, checked to be contiguous with the expected 2-D shape (cols 1 for 1-D). */
+/* A rank tensor by key, checked to be contiguous with the expected 2-D shape (cols 1 for 1-D)
+ * and of the weights' type (OWN_FLOAT: any floating-point type, an fp32 expert bias). */
 static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, uint64_t cols,
-                   Located *out)
+                   bool own_float, Located *out)
 {
     const CkptfsPy *t = ckptfs_py_dict_get(chunk_dict(m, r, v, m->V), key);
     g_hash_table_add(r->used, g_strdup_printf("%u/%s", v, key));
@@ -466,9 +469,13 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
                     r->path, key, got_rows, got_cols, rows, cols);
     if (t->tensor->dtype == CKPTFS_DTYPE_INVALID)
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has a storage type ckptfs does not know", r->path, key);
-    if (m->dtype == CKPTFS_DTYPE_INVALID)
+    CkptfsDtype d = t->tensor->dtype;
+    if (own_float && d != CKPTFS_DTYPE_F32 && d != CKPTFS_DTYPE_BF16 && d != CKPTFS_DTYPE_F16)
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", r->path, key,
+                    ckptfs_dtype_safetensors_name(d));
+    if (m->dtype == CKPTFS_DTYPE_INVALID && !own_float)
         m->dtype = t->tensor->dtype;
-    if (t->tensor->dtype != m->dtype)
+    if (!own_float && t->tensor->dtype != m->dtype)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other tensors are %s", r->path, key,
                     ckptfs_dtype_safetensors_name(t->tensor->dtype), ckptfs_dtype_safetensors_name(m->dtype));
     /* Rows may be apart (a view of a wider matrix, every n-th element of a vector); elements
@@ -495,7 +502,7 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
                     "record %s, which has %" G_GUINT64_FORMAT, r->path, key, end, record, e->size);
     /* offset * isz and (rows - 1) * row_step * isz are both at most END: no overflow below. */
     *out = (Located){.src = r->src, .base = e->data_offset + offset * isz, .rows = rows,
-                     .cols = cols, .row_stride = row_step * isz};
+                     .cols = cols, .row_stride = row_step * isz, .dtype = d};
     return true;
 }
 
@@ -514,7 +521,22 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
                              .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l->src,
                              .offset = l->base + row * l->row_stride, .row_stride = l->row_stride};
         ckptfs_piece_set_add(set, hf, &piece);
+        if (key->rule->fp32)
+            ckptfs_piece_set_dtype(set, hf, l->dtype);
     }
+}
+
+/* A state-dict key: NAME of a layer rule after "decoder.layers.LOCAL." (or, in an MTP layer,
+ * after "mtp.layers.J.mtp_model_layer."), of an MTP rule after "mtp.layers.J.". */
+static char *entry_name(const Mg *m, CkptfsScope scope, uint64_t local, const char *name)
+{
+    if (scope == CKPTFS_SCOPE_LAYER && m->mtp_prefix)
+        return g_strdup_printf("%smtp_model_layer.%s", m->mtp_prefix, name);
+    if (scope == CKPTFS_SCOPE_LAYER)
+        return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+    if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT)
+        return g_strdup_printf("%s%s", m->mtp_prefix, name);
+    return g_strdup(name);
 }
 
 /* Whether the experts of layer LOCAL of chunk V of R are TEGroupedMLP's (linear_fc1.weight0),
@@ -524,8 +546,8 @@ static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t loc
 {
     const CkptfsPy *chunk = chunk_dict(m, r, v, m->V);
     for (unsigned n = 1; n <= 2; n++) {
-        g_autofree char *name = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".mlp.experts.linear_fc%u.weight0",
-                                                local, n);
+        g_autofree char *linear = g_strdup_printf("mlp.experts.linear_fc%u.weight0", n);
+        g_autofree char *name = entry_name(m, CKPTFS_SCOPE_LAYER, local, linear);
         if (ckptfs_py_dict_get(chunk, name) != NULL)
             return true;
     }
@@ -548,9 +570,9 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
         bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;
         for (uint64_t j = 0; j < per_rank; j++) {
             g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
-            g_autofree char *entry = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+            g_autofree char *entry = entry_name(m, CKPTFS_SCOPE_LAYER, local, name);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
                 return false;
             if (reader)
                 add_pieces(set, key, parts, &l, global, r->ep * per_rank + j);
@@ -578,15 +600,13 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
         }
         const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
-        g_autofree char *entry = scope == CKPTFS_SCOPE_LAYER
-                                     ? g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name)
-                                     : g_strdup(name);
+        g_autofree char *entry = entry_name(m, scope, local, name);
         for (unsigned f = 0; f < m->F; f++) {
             Rank *r = m->ranks[p * m->F + f];
             uint64_t rows, cols;
             g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->T, r->tp, &rows, &cols);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
                 return false;
             if (m->dense_reader[r->tp] != f || (key->split == CKPTFS_TP_REPLICATED && r->tp != 0))
                 continue;
@@ -602,9 +622,11 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
     if (first == NULL)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no '%s' state dict", m->ranks[0]->path,
                     m->V == 1 ? "model" : "model0");
-    m->te = ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight") != NULL;
+    m->te = ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight") != NULL ||
+            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight") != NULL;
     const CkptfsModel *model = &m->saved.model;
     m->keys = ckptfs_mcore_keys(model, m->saved.padded_vocab, false);
+    ckptfs_mcore_keys_for_spec(m->keys, m->te);
     ckptfs_piece_set_want_model(set, model, m->keys);
     if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_FIRST, 0, 0))
         return false;
@@ -619,6 +641,20 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
     unsigned lp = m->P - 1, lv = m->V - 1;
     if (!map_entries(m, set, lp, lv, CKPTFS_SCOPE_LAST, 0, 0))
         return false;
+    /* Multi-token prediction layers (HF layers after the decoder's) on the last stage, with its
+     * copy of the embedding (not a separate HF tensor). */
+    for (uint64_t j = 0; j < model->mtp_layers; j++) {
+        g_autofree char *prefix = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".", j);
+        m->mtp_prefix = prefix;
+        bool ok = map_entries(m, set, lp, lv, CKPTFS_SCOPE_MTP_IN, 0, model->layers + j) &&
+                  map_entries(m, set, lp, lv, CKPTFS_SCOPE_LAYER, 0, model->layers + j) &&
+                  map_entries(m, set, lp, lv, CKPTFS_SCOPE_MTP_OUT, 0, model->layers + j);
+        m->mtp_prefix = NULL;
+        if (!ok)
+            return false;
+    }
+    for (unsigned f = 0; model->mtp_layers && (lp > 0 || lv > 0) && f < m->F; f++)
+        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/embedding.word_embeddings.weight", lv));
     /* Tied: the last stage's copy of the embedding is not a separate HF tensor. */
     for (unsigned f = 0; model->tied_embeddings && f < m->F; f++)
         g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/output_layer.weight", lv));

@@ -221,13 +221,16 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     const MegatronView *v = rb->view;
     const CkptfsLayout *l = &v->layout;
     CkptfsValue *sd = ckptfs_value_container(CKPTFS_VALUE_ODICT);
-    if (p == 0 && vc == 0)
+    bool last = p == l->pp - 1 && vc == l->vpp - 1;
+    /* GPTModel builds the embedding on the stage of the MTP layers too (they embed the next
+     * tokens): the last stage's copy, registered first. */
+    if ((p == 0 && vc == 0) || (last && v->model->mtp))
         add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
     uint64_t first, count;
     ckptfs_layout_chunk_layers(l, v->model, p, vc, &first, &count);
     for (uint64_t i = 0; i < count; i++)
         add_entries(rb, sd, CKPTFS_SCOPE_LAYER, first + i, i);
-    if (p == l->pp - 1 && vc == l->vpp - 1)
+    if (last)
         add_last_entries(rb, sd);
     return sd;
 }
