@@ -187,7 +187,7 @@ typedef struct {
 /* Finds one chunk's bytes: its archive, the tensor in it (shape SIZES, the key's dtype,
  * contiguous), its record. */
 static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const uint64_t *sizes,
-                         unsigned n, Chunk *out)
+                         unsigned n, CkptfsDtype dtype, Chunk *out)
 {
     g_autofree char *tag = storage_tag(fqn, offsets, n);
     g_autofree char *where = ckptfs_dims_text(offsets, n);
@@ -215,7 +215,7 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
     CkptfsPickle *p = parse_archive(t, zip, what);
     bool ok = p != NULL;
     const CkptfsPy *v = p ? ckptfs_pickle_root(p) : NULL;
-    size_t isz = ckptfs_dtype_size(t->dtype);
+    size_t isz = ckptfs_dtype_size(dtype);
     uint64_t numel = 0, offset = v && v->kind == CKPTFS_PY_TENSOR ? v->tensor->offset : 0;
     if (ok && !ckptfs_dims_product(sizes, n, &numel)) {
         g_autofree char *shape = ckptfs_dims_text(sizes, n);
@@ -226,9 +226,9 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
         g_autofree char *want = ckptfs_dims_text(sizes, n);
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: not a tensor of the chunk's shape %s", what, want);
     }
-    if (ok && v->tensor->dtype != t->dtype)
+    if (ok && v->tensor->dtype != dtype)
         ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: holds %s, .metadata says %s", what,
-                  ckptfs_dtype_safetensors_name(v->tensor->dtype), ckptfs_dtype_safetensors_name(t->dtype));
+                  ckptfs_dtype_safetensors_name(v->tensor->dtype), ckptfs_dtype_safetensors_name(dtype));
     uint64_t expect = 1;
     for (unsigned d = n; ok && d-- > 0;) {
         if (sizes[d] > 1 && v->tensor->stride[d] != expect)
@@ -290,8 +290,9 @@ static char *moe_sizes_hint(Td *t, const CkptfsMcoreKey *key)
     }
 }
 
-/* The entry's TensorStorageMetadata in .metadata, of the expected shape and dtype. */
-static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_rows)
+/* The entry's TensorStorageMetadata in .metadata, of the expected shape and dtype (*DTYPE: the
+ * weights', or for an entry Megatron keeps in fp32 its own floating-point type). */
+static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_rows, CkptfsDtype *dtype_out)
 {
     const CkptfsMcoreKey *key = en->key;
     const CkptfsPy *md = ckptfs_py_dict_get(t->state_dict_metadata, en->name);
@@ -329,6 +330,14 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
         fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->metadata_path, en->name);
         return NULL;
     }
+    *dtype_out = d;
+    if (key->rule->fp32) {
+        if (d == CKPTFS_DTYPE_F32 || d == CKPTFS_DTYPE_BF16 || d == CKPTFS_DTYPE_F16)
+            return st;
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", t->metadata_path, en->name,
+             ckptfs_dtype_safetensors_name(d));
+        return NULL;
+    }
     if (t->dtype == CKPTFS_DTYPE_INVALID)
         t->dtype = d;
     if (d != t->dtype) {
@@ -346,7 +355,8 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
 {
     const CkptfsMcoreKey *key = en->key;
     uint64_t padded_rows = 0;
-    const CkptfsPy *st = tensor_metadata(t, en, &padded_rows);
+    CkptfsDtype dtype = CKPTFS_DTYPE_INVALID;
+    const CkptfsPy *st = tensor_metadata(t, en, &padded_rows, &dtype);
     if (st == NULL)
         return false;
     const CkptfsPy *chunks = ckptfs_py_dict_get(st, "chunks");
@@ -356,7 +366,7 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
     unsigned n = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, shape);
     if (!key->stacked)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
-    size_t isz = ckptfs_dtype_size(t->dtype);
+    size_t isz = ckptfs_dtype_size(dtype);
     for (guint c = 0; c < chunks->items->len; c++) {
         const CkptfsPy *cs = ckptfs_py_object_state(g_ptr_array_index(chunks->items, c));
         uint64_t off[CKPTFS_MAX_DIMS], size[CKPTFS_MAX_DIMS];
@@ -372,7 +382,7 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
                             t->metadata_path, en->name, o, s, g);
             }
         Chunk where = {0, 0};
-        if (!locate_chunk(t, en->name, off, size, n, &where))
+        if (!locate_chunk(t, en->name, off, size, n, dtype, &where))
             return false;
         t->chunks++;
         /* The chunk as layers x experts x rows x columns of one expert's (layer's) matrix. */
@@ -398,6 +408,8 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
                         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u holds '%s', which the model "
                                     "does not have", t->metadata_path, en->name, c, hf);
                     ckptfs_piece_set_add(set, hf, &p);
+                    if (key->rule->fp32)
+                        ckptfs_piece_set_dtype(set, hf, dtype);
                 }
     }
     return true;
