@@ -430,6 +430,15 @@ char *ckptfs_mcore_key_name(const CkptfsMcoreKey *key, bool te_spec, bool per_la
     return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", layer, name + strlen("decoder.layers."));
 }
 
+char *ckptfs_mcore_mtp_key_name(const CkptfsMcoreKey *key, bool te_spec, uint64_t j)
+{
+    const char *name = te_spec ? key->key : key->local_key;
+    if (key->stacked) /* "decoder.layers.X" -> "mtp.layers.J.transformer_layer.X" */
+        return g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".transformer_layer.%s", j,
+                               name + strlen("decoder.layers."));
+    return g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".%s", j, name);
+}
+
 static gint cmp_u64(gconstpointer a, gconstpointer b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

@@ -521,6 +521,8 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
     for (guint k = 0; k < keys->len; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(keys, k);
         bool each_layer = key->stacked && per_layer;
+        if (key->rule->scope == CKPTFS_SCOPE_MTP_IN || key->rule->scope == CKPTFS_SCOPE_MTP_OUT)
+            continue; /* below */
         for (uint64_t l = 0; l < (each_layer ? m->layers : 1); l++) {
             if (each_layer && !ckptfs_rule_in_layer(key->rule, m, l))
                 continue;
@@ -534,6 +536,24 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
             g_array_append_val(entries, en);
         }
     }
+    /* Multi-token prediction layers: their own keys, and a layer's keys for HF layer LAYERS + J. */
+    for (uint64_t j = 0; j < m->mtp_layers; j++)
+        for (guint k = 0; k < keys->len; k++) {
+            const CkptfsMcoreKey *key = g_ptr_array_index(keys, k);
+            CkptfsScope scope = key->rule->scope;
+            uint64_t l = m->layers + j;
+            if (scope == CKPTFS_SCOPE_FIRST || scope == CKPTFS_SCOPE_LAST ||
+                (scope == CKPTFS_SCOPE_LAYER && !ckptfs_rule_in_layer(key->rule, m, l)))
+                continue;
+            g_autofree char *te = ckptfs_mcore_mtp_key_name(key, true, j);
+            g_autofree char *local = ckptfs_mcore_mtp_key_name(key, false, j);
+            bool te_there = ckptfs_py_dict_get(t->state_dict_metadata, te) != NULL;
+            if (!te_there && ckptfs_py_dict_get(t->state_dict_metadata, local) == NULL)
+                return fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (args.mtp_num_layers implies it)",
+                            t->metadata_path, te);
+            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l};
+            g_array_append_val(entries, en);
+        }
     return true;
 }
 

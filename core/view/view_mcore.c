@@ -29,6 +29,7 @@
 typedef struct {
     char *fqn;
     const CkptfsMcoreKey *key; /* NULL: an _extra_state object */
+    bool single;               /* a layer key of one layer only (an MTP layer's): no layer axis */
 } Entry;
 
 typedef struct {
@@ -123,7 +124,7 @@ static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, 
 {
     const CkptfsMcoreKey *k = item_key(v, it);
     unsigned n = 0;
-    if (k->stacked && !v->per_layer)
+    if (k->stacked && !v->per_layer && !g_array_index(v->entries, Entry, it->entry).single)
         offsets[n] = it->layer, sizes[n++] = 1;
     if (k->expert)
         offsets[n] = it->expert, sizes[n++] = 1;
@@ -151,7 +152,7 @@ static CkptfsValue *item_value(const ItemRef *ref)
 
 static guint add_entry(McoreView *v, char *fqn, const CkptfsMcoreKey *key)
 {
-    Entry e = {fqn, key};
+    Entry e = {fqn, key, false};
     g_array_append_val(v->entries, e);
     return v->entries->len - 1;
 }
@@ -179,19 +180,24 @@ static void add_key_items(McoreView *v, guint entry, const CkptfsMcoreKey *key, 
 }
 
 /* The entry of layer key K for layer L: the stacked key's (made once, in key order), or with
- * per-layer keys a new one. */
-static guint layer_entry(McoreView *v, const guint *stacked_entry, guint k, uint64_t l)
+ * per-layer keys a new one; in MTP layer *MTP its own. */
+static guint layer_entry(McoreView *v, const guint *stacked_entry, guint k, uint64_t l, const uint64_t *mtp)
 {
+    const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+    if (mtp) {
+        guint e = add_entry(v, ckptfs_mcore_mtp_key_name(key, v->te_spec, *mtp), key);
+        g_array_index(v->entries, Entry, e).single = true;
+        return e;
+    }
     if (!v->per_layer)
         return stacked_entry[k];
-    const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
     return add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, true, l), key);
 }
 
 /* The _extra_state objects of layer L: Megatron's ShardedObjects, one per layer (and expert)
  * of the stacked axes ("shard_{l}_{L}", "shard_{l}.{e}_{L}.{E}"), or with per-layer keys of
  * the expert axis alone ("shard_0_1", "shard_{e}_{E}"). */
-static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l)
+static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l, const uint64_t *mtp)
 {
     const CkptfsModel *m = v->model;
     for (guint i = 0; i < extras->len; i++) {
@@ -201,7 +207,12 @@ static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l)
         uint64_t n = r->expert ? m->experts : 1;
         for (uint64_t e = 0; e < n; e++) {
             char *fqn;
-            if (!v->per_layer && r->expert)
+            if (mtp && r->expert) /* an MTP layer's: of its own, as per-layer keys */
+                fqn = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".transformer_layer.%s/shard_%" G_GUINT64_FORMAT
+                                      "_%" G_GUINT64_FORMAT, *mtp, r->name, e, m->experts);
+            else if (mtp)
+                fqn = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".transformer_layer.%s/shard_0_1", *mtp, r->name);
+            else if (!v->per_layer && r->expert)
                 fqn = g_strdup_printf("decoder.layers.%s/shard_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT
                                       "_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT,
                                       r->name, l, e, m->layers, m->experts);
@@ -217,6 +228,40 @@ static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l)
             add_item(v, (Item){.entry = add_entry(v, fqn, NULL), .layer = l, .expert = e});
         }
     }
+}
+
+/* The chunks of layer L (its experts one after the other) and its objects. With MTP (the
+ * index of a multi-token prediction layer) the layer's keys are that layer's own. */
+static void add_layer_items(McoreView *v, const guint *entry_of, GPtrArray *cuts, const GPtrArray *extras,
+                            uint64_t l, const uint64_t *mtp)
+{
+    const CkptfsModel *m = v->model;
+    guint nkeys = v->keys->len;
+    g_autofree guint *layer_entry_of = g_new0(guint, nkeys);
+    bool experts_done = false;
+    for (guint k = 0; k < nkeys; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        if (!key->stacked || !ckptfs_rule_in_layer(key->rule, m, l) || (key->expert && experts_done))
+            continue;
+        if (!key->expert) {
+            add_key_items(v, layer_entry(v, entry_of, k, l, mtp), key, g_ptr_array_index(cuts, k), l, 0);
+            continue;
+        }
+        /* The expert keys, expert by expert: an expert-parallel rank's experts lie together. */
+        for (guint j = k; j < nkeys; j++) {
+            const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+            if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
+                layer_entry_of[j] = layer_entry(v, entry_of, j, l, mtp);
+        }
+        for (uint64_t e = 0; e < m->experts; e++)
+            for (guint j = k; j < nkeys; j++) {
+                const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+                if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
+                    add_key_items(v, layer_entry_of[j], ek, g_ptr_array_index(cuts, j), l, e);
+            }
+        experts_done = true;
+    }
+    add_layer_objects(v, extras, l, mtp);
 }
 
 /* Every chunk in file order: the embedding, each layer's tensors (its experts one after the
@@ -252,32 +297,22 @@ static bool lay_out_items(McoreView *v, GError **error)
             entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
     }
     g_autoptr(GPtrArray) extras = ckptfs_mcore_extra_state_rules(m);
-    g_autofree guint *layer_entry_of = g_new0(guint, nkeys);
-    for (uint64_t l = 0; l < m->layers; l++) {
-        bool experts_done = false;
-        for (guint k = 0; k < nkeys; k++) {
-            const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
-            if (!key->stacked || !ckptfs_rule_in_layer(key->rule, m, l) || (key->expert && experts_done))
-                continue;
-            if (!key->expert) {
-                add_key_items(v, layer_entry(v, entry_of, k, l), key, g_ptr_array_index(cuts, k), l, 0);
-                continue;
+    for (uint64_t l = 0; l < m->layers; l++)
+        add_layer_items(v, entry_of, cuts, extras, l, NULL);
+    /* Multi-token prediction layers (-o mtp=on): their norms and projection, a layer of their
+     * own (HF layer LAYERS + J), their final norm. */
+    for (uint64_t j = 0; m->mtp && j < m->mtp_layers; j++) {
+        for (int pass = 0; pass < 2; pass++) {
+            for (guint k = 0; k < nkeys; k++) {
+                const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+                if (key->rule->scope != (pass ? CKPTFS_SCOPE_MTP_OUT : CKPTFS_SCOPE_MTP_IN))
+                    continue;
+                guint e = add_entry(v, ckptfs_mcore_mtp_key_name(key, v->te_spec, j), key);
+                add_key_items(v, e, key, g_ptr_array_index(cuts, k), m->layers + j, 0);
             }
-            /* The expert keys, expert by expert: an expert-parallel rank's experts lie together. */
-            for (guint j = k; j < nkeys; j++) {
-                const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
-                if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
-                    layer_entry_of[j] = layer_entry(v, entry_of, j, l);
-            }
-            for (uint64_t e = 0; e < m->experts; e++)
-                for (guint j = k; j < nkeys; j++) {
-                    const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
-                    if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
-                        add_key_items(v, layer_entry_of[j], ek, g_ptr_array_index(cuts, j), l, e);
-                }
-            experts_done = true;
+            if (pass == 0)
+                add_layer_items(v, entry_of, cuts, extras, m->layers + j, &j);
         }
-        add_layer_objects(v, extras, l);
     }
     for (guint k = 0; k < nkeys; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
@@ -423,7 +458,7 @@ static GBytes *build_metadata(const McoreView *v, GError **error)
         if (e->key == NULL)
             continue;
         uint64_t shape[4];
-        unsigned n = ckptfs_mcore_key_shape(e->key, v->per_layer ? 0 : m->layers, shape);
+        unsigned n = ckptfs_mcore_key_shape(e->key, v->per_layer || e->single ? 0 : m->layers, shape);
         ckptfs_pickle_stream_str(ps, e->fqn);
         ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "TensorStorageMetadata");
         ckptfs_pickle_stream_dict_begin(ps);

@@ -103,6 +103,11 @@ unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint
  * are not all of one kind) the key of layer LAYER alone ("decoder.layers.5.mlp.router.weight"). */
 char *ckptfs_mcore_key_name(const CkptfsMcoreKey *key, bool te_spec, bool per_layer, uint64_t layer);
 
+/* The torch_dist name of KEY (a layer key, or a multi-token prediction rule's) in MTP layer J:
+ * "mtp.layers.J.transformer_layer.<layer key>" (the name Megatron's sharded state dict keeps for
+ * checkpoints; its modules call the layer mtp_model_layer), "mtp.layers.J.enorm.weight". */
+char *ckptfs_mcore_mtp_key_name(const CkptfsMcoreKey *key, bool te_spec, uint64_t j);
+
 /* Boundaries (sorted, distinct, from 0 to the extent) of what the TP ranks of each degree in
  * TPS (N of them) load along the split dimension of KEY: rows, or columns for COLS. For VOCAB,
  * each degree T pads the vocabulary to a multiple of DIVISIBLE_BY * T (VOCAB rows). */
