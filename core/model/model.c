@@ -274,7 +274,8 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
     model->topk_scaling = get_double(config, "routed_scaling_factor", 1.0);
     if (!(model->topk_scaling > 0 && model->topk_scaling < 1e6))
         CONFIG_ERROR("routed_scaling_factor is not a positive number");
-    if (model->topk_scaling == 1.0)
+    /* V2's gate scales the weights only when it does not renormalise them (V3's always). */
+    if (model->topk_scaling == 1.0 || (!moe->sigmoid_routing && model->renormalize && model->topk > 1))
         model->topk_scaling = 0;
     if (model->sigmoid_scores && !model->renormalize && model->topk > 1)
         CONFIG_ERROR("norm_topk_prob is false: Megatron always normalises the top-k of sigmoid scores");

@@ -567,6 +567,24 @@ void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype d
         shape[3] = dtype;
 }
 
+bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m, GError **error)
+{
+    const CkptfsTensor *embed = ckptfs_catalog_find(catalog, "model.embed_tokens.weight");
+    const CkptfsTensor *head = ckptfs_catalog_find(catalog, m->tied_embeddings ? "model.embed_tokens.weight"
+                                                                               : "lm_head.weight");
+    for (uint64_t j = 0; j < m->mtp_layers && embed && head; j++) {
+        const CkptfsTensor *from[2] = {embed, head};
+        const char *suffix[2] = {"embed_tokens.weight", "shared_head.head.weight"};
+        for (int i = 0; i < 2; i++) {
+            g_autofree char *name = ckptfs_hf_layer_name(m->layers + j, suffix[i]);
+            const CkptfsTensor *t = from[i];
+            if (!ckptfs_catalog_add_pieces(catalog, name, t->dtype, t->ndim, t->shape, t->pieces, t->npieces, error))
+                return false;
+        }
+    }
+    return true;
+}
+
 bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catalog,
                                  CkptfsDtype dtype, GError **error)
 {

@@ -36,6 +36,11 @@ void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim,
                            uint64_t d1);
 /* Adds a piece to a wanted tensor. */
 void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece);
+/* A DeepSeek MTP layer's copies of the embedding and output layer, which the Hugging Face
+ * checkpoint holds as model.layers.{L+j}.embed_tokens / shared_head.head and Megatron shares
+ * with the model: the same bytes under those names. */
+bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m, GError **error);
+
 /* Gives wanted tensor NAME its own element type (an fp32 expert bias among bf16 weights). */
 void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype dtype);
 /* Adds every wanted tensor to CATALOG (of DTYPE unless given its own), checking its pieces tile

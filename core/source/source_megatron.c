@@ -703,7 +703,8 @@ bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *optio
         ok = false;
     }
     ok = ok && find_ranks(&m) && map_model(&m, c) && check_unexpected(&m);
-    ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error);
+    ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error) &&
+         ckptfs_megatron_add_mtp_copies(source->catalog, &m.saved.model, error);
     ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->saved_layout = m.saved.layout;

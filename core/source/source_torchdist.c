@@ -680,7 +680,8 @@ static bool open_torch_dist(Td *t)
     for (guint i = 0; ok && i < entries->len; i++)
         ok = map_key(t, &g_array_index(entries, Entry, i), set);
     ok = ok && check_coverage(t, entries, set) && check_overlaps(t);
-    if (ok && !ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error)) {
+    if (ok && (!ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error) ||
+               !ckptfs_megatron_add_mtp_copies(t->source->catalog, &t->saved.model, t->error))) {
         g_prefix_error(t->error, "%s: ", t->metadata_path);
         ok = false;
     }

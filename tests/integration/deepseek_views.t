@@ -24,7 +24,7 @@ check_layouts() {
   shift 3
   mnt=$WORK/mnt-$src-$(echo "$opts" | tr ',=' '__')
   local layouts
-  layouts=$(echo "$@" | tr ' ' ',')
+  layouts=$(echo "$@" | tr ' ' ':')
   if ! mount_ckptfs "$WORK/$src" "$mnt" -o "layouts=$layouts${opts:+,$opts}"; then
     ok 1 "$src -o $opts: mount"
     return
@@ -50,6 +50,57 @@ check_layouts v2lite "spec=local" "--spec local" tp2pp1ep2
 # An FP8 release mounted as it is: hf/ passes FP8 through, the Megatron views are bf16.
 check_layouts v3-fp8 "" "" tp2pp1ep4 tp1pp2ep2
 check_layouts v3-fp8 "mtp=on" "--mtp" tp2pp2ep2
+
+# mcore/ (torch_dist, per-layer keys, experts stacked, MTP as mtp.layers.0.transformer_layer)
+# loaded with torch.distributed.checkpoint equals the checked tp1pp1 rank file.
+for opts in "" "mtp=on" "mtp=on,spec=local"; do
+  mnt=$WORK/mnt-mcore-$(echo "$opts" | tr ',=' '__')
+  if ! mount_ckptfs "$WORK/v3" "$mnt" -o "layouts=tp1pp1${opts:+,$opts}"; then
+    ok 1 "v3 mcore/ ${opts:-default}: mount"
+    continue
+  fi
+  if ((have2)); then
+    check "v3 mcore/ ${opts:-default}: dcp.load of every key = the tp1pp1 rank file (MTP, experts, padding)"       torch2_python "$WORK" "$TESTS_TOP/tests/lib/deepseek_dcp.py" check "$mnt/mcore/release"       "$mnt/tp1pp1/release/mp_rank_00/model_optim_rng.pt"
+  else
+    skip "v3 mcore/ DCP load: $TORCH2_WHY"
+  fi
+done
+
+# Round trips through the Megatron sources: a view mounted as a source gives back the Hugging
+# Face tensors bit for bit (the fp32 expert bias included; the MTP layer when it was served).
+same_hf() { # ORIGINAL VIEW_HF [--no-mtp]
+  $PY - "$@" <<'PYEOF'
+import json, os, sys
+sys.path.insert(0, os.path.join(os.environ["TESTS_TOP"], "tests/lib"))
+import models
+a, b = models.read_checkpoint(sys.argv[1]), models.read_checkpoint(sys.argv[2])
+if "--no-mtp" in sys.argv:
+    L = json.load(open(os.path.join(sys.argv[1], "config.json")))["num_hidden_layers"]
+    a = {k: v for k, v in a.items() if not k.startswith(f"model.layers.{L}.")}
+assert set(a) == set(b), (sorted(set(a) - set(b))[:3], sorted(set(b) - set(a))[:3])
+bad = [k for k in a if a[k] != b[k]]
+assert not bad, bad[:3]
+print(f"# {len(a)} tensors equal")
+PYEOF
+}
+export TESTS_TOP
+round_trip() { # SRC OPTS VIEW [--no-mtp]
+  local src=$1 opts=$2 view=$3 flag=${4:-} m1 m2
+  m1=$WORK/rt1-$src-$view-$(echo "$opts" | tr ',=' '__')
+  m2=$m1-back
+  if ! mount_ckptfs "$WORK/$src" "$m1" ${opts:+-o "$opts"} || ! mount_ckptfs "$m1/$view" "$m2"; then
+    ok 1 "$src -> $view ${opts:-default} -> hf/: mounts"
+    return
+  fi
+  check "$src -> $view ${opts:-default} -> hf/: the same tensors, bit for bit" same_hf "$WORK/$src" "$m2/hf" $flag
+}
+round_trip v3 "mtp=on" tp2pp2ep4
+round_trip v3 "mtp=on,spec=local" tp2pp1ep2
+round_trip v3 "" tp1pp2ep2 --no-mtp
+round_trip v3 "mtp=on" mcore
+round_trip v3 "mtp=on,spec=local" mcore
+round_trip v2lite "" tp2pp2ep2
+round_trip v2lite "spec=local" mcore
 
 # The bf16 hf/ of the FP8 release.
 mnt=$WORK/mnt-fp8-bf16
