@@ -206,8 +206,8 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
         if (is_float && t->dtype == model->fp32_dtype)
             return true;
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "tensor '%s' is %s; F32 expected (or one floating-point type for every such tensor)",
-                    name, ckptfs_dtype_safetensors_name(t->dtype));
+                    "tensor '%s' is %s; %s expected (F32, or one floating-point type for every such tensor)",
+                    name, ckptfs_dtype_safetensors_name(t->dtype), ckptfs_dtype_safetensors_name(model->fp32_dtype));
         return false;
     }
     if (model->dtype == CKPTFS_DTYPE_INVALID)

@@ -162,6 +162,171 @@ static void test_moe_configs(void)
     g_free(why);
 }
 
+
+/* A DeepSeek catalog: hidden 32, 4 heads, q_lora 16 (0: q_proj), kv_lora 16, nope 8, rope 4,
+ * v 8, ffn 48, 4 experts of 16, one shared; layers [0, DENSE) dense, then MoE; MTP layers after
+ * the decoder's; the expert bias of layer L of type BIAS_DTYPE (L = 1) or F32. */
+static CkptfsCatalog *deepseek_catalog(unsigned layers, unsigned dense, unsigned q_lora, bool bias,
+                                       unsigned mtp, CkptfsDtype bias_dtype)
+{
+    CkptfsCatalog *c = ckptfs_catalog_new();
+    add(c, "model.embed_tokens.weight", 2, 100, 32);
+#define L(suffix, nd, a, b) (g_snprintf(n, sizeof n, "model.layers.%u.%s", i, suffix), add(c, n, nd, a, b))
+    for (unsigned i = 0; i < layers + mtp; i++) {
+        char n[128];
+        L("input_layernorm.weight", 1, 32, 0);
+        if (q_lora) {
+            L("self_attn.q_a_proj.weight", 2, q_lora, 32);
+            L("self_attn.q_a_layernorm.weight", 1, q_lora, 0);
+            L("self_attn.q_b_proj.weight", 2, 4 * 12, q_lora);
+        } else {
+            L("self_attn.q_proj.weight", 2, 4 * 12, 32);
+        }
+        L("self_attn.kv_a_proj_with_mqa.weight", 2, 16 + 4, 32);
+        L("self_attn.kv_a_layernorm.weight", 1, 16, 0);
+        L("self_attn.kv_b_proj.weight", 2, 4 * 16, 16);
+        L("self_attn.o_proj.weight", 2, 32, 4 * 8);
+        L("post_attention_layernorm.weight", 1, 32, 0);
+        if (i < dense) {
+            L("mlp.gate_proj.weight", 2, 48, 32);
+            L("mlp.up_proj.weight", 2, 48, 32);
+            L("mlp.down_proj.weight", 2, 32, 48);
+            continue;
+        }
+        L("mlp.gate.weight", 2, 4, 32);
+        if (bias) {
+            g_snprintf(n, sizeof n, "model.layers.%u.mlp.gate.e_score_correction_bias", i);
+            uint64_t shape[1] = {4};
+            ckptfs_catalog_add_contiguous(c, n, i == 1 ? bias_dtype : CKPTFS_DTYPE_F32, 1, shape, 0, 0);
+        }
+        for (unsigned e = 0; e < 4; e++) {
+            char x[64];
+#define X(suffix, a, b) (g_snprintf(x, sizeof x, "mlp.experts.%u.%s", e, suffix), L(x, 2, a, b))
+            X("gate_proj.weight", 16, 32);
+            X("up_proj.weight", 16, 32);
+            X("down_proj.weight", 32, 16);
+#undef X
+        }
+        L("mlp.shared_experts.gate_proj.weight", 2, 16, 32);
+        L("mlp.shared_experts.up_proj.weight", 2, 16, 32);
+        L("mlp.shared_experts.down_proj.weight", 2, 32, 16);
+        if (i >= layers) {
+            L("enorm.weight", 1, 32, 0);
+            L("hnorm.weight", 1, 32, 0);
+            L("eh_proj.weight", 2, 32, 64);
+            L("shared_head.norm.weight", 1, 32, 0);
+        }
+    }
+#undef L
+    add(c, "model.norm.weight", 1, 32, 0);
+    add(c, "lm_head.weight", 2, 100, 32);
+    return c;
+}
+
+#define DEEPSEEK_V3 "\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", " \
+    "\"hidden_size\": 32, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"num_hidden_layers\": 3, " \
+    "\"intermediate_size\": 48, \"vocab_size\": 100, \"q_lora_rank\": 16, \"kv_lora_rank\": 16, " \
+    "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, \"n_routed_experts\": 4, " \
+    "\"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"first_k_dense_replace\": 1, " \
+    "\"num_nextn_predict_layers\": 1"
+#define DEEPSEEK_V2 "\"architectures\": [\"DeepseekV2ForCausalLM\"], \"model_type\": \"deepseek_v2\", " \
+    "\"hidden_size\": 32, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"num_hidden_layers\": 3, " \
+    "\"intermediate_size\": 48, \"vocab_size\": 100, \"q_lora_rank\": null, \"kv_lora_rank\": 16, " \
+    "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, \"n_routed_experts\": 4, " \
+    "\"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"first_k_dense_replace\": 1, " \
+    "\"num_experts_per_tok\": 2, \"scoring_func\": \"softmax\", \"topk_method\": \"greedy\""
+
+static bool run_deepseek(const char *json, CkptfsCatalog *c, CkptfsModel *m, char **why)
+{
+    JsonObject *config = config_of(json);
+    GError *error = NULL;
+    bool ok = ckptfs_model_from_config(config, c, m, &error);
+    *why = error ? g_strdup(error->message) : g_strdup("");
+    g_clear_error(&error);
+    ckptfs_catalog_free(c);
+    json_object_unref(config);
+    return ok;
+}
+
+/* DeepSeek: MLA sizes, routing as Megatron's arguments, and what routes differently, refused. */
+static void test_deepseek_configs(void)
+{
+    CkptfsModel m;
+    char *why;
+    const char *v3_routing = ", \"num_experts_per_tok\": 2, \"n_group\": 2, \"topk_group\": 1, "
+                             "\"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true";
+    g_autofree char *v3 = g_strconcat("{" DEEPSEEK_V3, v3_routing, "}", NULL);
+    bool ok = run_deepseek(v3, deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(ok && m.mla && m.q_lora == 16 && m.kv_lora == 16 && m.qk_head_dim == 8 && m.qk_rope_dim == 4 &&
+               m.v_head_dim == 8 && m.sigmoid_scores && m.expert_bias && m.groups == 2 && m.group_topk == 1 &&
+               m.topk_scaling == 2.5 && m.shared_ffn == 16 && !ckptfs_model_layer_is_moe(&m, 0) &&
+               ckptfs_model_layer_is_moe(&m, 1) && m.mtp_layers == 1 && !m.mtp && m.fp32_dtype == CKPTFS_DTYPE_F32,
+           "DeepSeek-V3: MLA, sigmoid routing with bias and groups, dense layer 0, MTP layer (%s)", why);
+    g_free(why);
+    ok = run_deepseek(v3, deepseek_catalog(3, 1, 16, true, 0, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(ok, "the MTP layer's tensors are not needed unless served (%s)", why);
+    g_free(why);
+    {
+        JsonObject *config = config_of(v3);
+        CkptfsCatalog *c = deepseek_catalog(3, 1, 16, true, 0, CKPTFS_DTYPE_F32);
+        GError *error = NULL;
+        ok = ckptfs_model_from_config(config, c, &m, &error) && ckptfs_model_serve_mtp(&m, c, &error);
+        tap_ok(!ok && error && strstr(error->message, "model.layers.3.") && strstr(error->message, "missing"),
+               "-o mtp=on without the MTP layer's tensors names one (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        ckptfs_catalog_free(c);
+        c = deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32);
+        ok = ckptfs_model_from_config(config, c, &m, &error) && ckptfs_model_serve_mtp(&m, c, &error);
+        tap_ok(ok && m.mtp, "-o mtp=on with them (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        ckptfs_catalog_free(c);
+        json_object_unref(config);
+    }
+    ok = run_deepseek(v3, deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_BF16), &m, &why);
+    tap_ok(!ok && strstr(why, "model.layers.2.mlp.gate.e_score_correction_bias") && strstr(why, "is F32; BF16 expected"),
+           "expert biases of two types are refused (%s)", why);
+    g_free(why);
+    ok = run_deepseek(v3, deepseek_catalog(3, 1, 16, false, 1, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(!ok && strstr(why, "e_score_correction_bias") && strstr(why, "missing"),
+           "V3 without its expert bias is refused (%s)", why);
+    g_free(why);
+    static const struct {
+        const char *extra, *says, *what;
+    } refused[] = {
+        {", \"num_experts_per_tok\": 4, \"n_group\": 2, \"topk_group\": 1, \"norm_topk_prob\": true", "2 x topk_group",
+         "groups ranked by the top two only when topk = 2 x topk_group"},
+        {", \"num_experts_per_tok\": 2, \"n_group\": 3, \"topk_group\": 1, \"norm_topk_prob\": true", "does not divide",
+         "n_group not dividing the experts"},
+        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, \"scoring_func\": \"softmax\"", "scoring_func",
+         "V3 with softmax scores"},
+        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": false", "norm_topk_prob",
+         "sigmoid top-k not normalised"},
+        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, \"num_key_value_heads\": 2",
+         "num_key_value_heads", "MLA with fewer key/value heads"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
+        g_autofree char *json = g_strconcat("{" DEEPSEEK_V3, refused[i].extra, "}", NULL);
+        ok = run_deepseek(json, deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32), &m, &why);
+        tap_ok(!ok && strstr(why, refused[i].says), "refused: %s (%s)", refused[i].what, why);
+        g_free(why);
+    }
+    ok = run_deepseek("{" DEEPSEEK_V2 ", \"norm_topk_prob\": false, \"routed_scaling_factor\": 16.0}",
+                      deepseek_catalog(3, 1, 0, false, 0, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(ok && m.q_lora == 0 && !m.sigmoid_scores && !m.expert_bias && m.groups == 0 && m.topk_scaling == 16.0 &&
+               !m.renormalize,
+           "DeepSeek-V2-Lite: q_proj, softmax, weights x 16 (%s)", why);
+    g_free(why);
+    ok = run_deepseek("{" DEEPSEEK_V2 ", \"norm_topk_prob\": true, \"routed_scaling_factor\": 16.0}",
+                      deepseek_catalog(3, 1, 0, false, 0, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(ok && m.renormalize && m.topk_scaling == 0,
+           "V2 renormalising: its gate does not scale, nor does Megatron (%s)", why);
+    g_free(why);
+    ok = run_deepseek("{" DEEPSEEK_V2 ", \"topk_method\": \"group_limited_greedy\"}",
+                      deepseek_catalog(3, 1, 0, false, 0, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(!ok && strstr(why, "group_limited_greedy"), "V2's group_limited_greedy is refused (%s)", why);
+    g_free(why);
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -264,5 +429,6 @@ int main(void)
     tap_ok(!ok, "negative layer count is refused (%s)", why);
     g_free(why);
     test_moe_configs();
+    test_deepseek_configs();
     return tap_done();
 }
