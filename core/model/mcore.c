@@ -231,6 +231,17 @@ GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, uint64
     return out;
 }
 
+char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, const char *mtp_prefix)
+{
+    if (scope == CKPTFS_SCOPE_LAYER && mtp_prefix)
+        return g_strdup_printf("%smtp_model_layer.%s", mtp_prefix, name);
+    if (scope == CKPTFS_SCOPE_LAYER)
+        return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+    if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT)
+        return g_strdup_printf("%s%s", mtp_prefix, name);
+    return g_strdup(name);
+}
+
 char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j)
 {
     /* rule->name is "mlp.experts.experts.<linear>.<param>" */

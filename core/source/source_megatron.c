@@ -526,19 +526,6 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
     }
 }
 
-/* A state-dict key: NAME of a layer rule after "decoder.layers.LOCAL." (or, in an MTP layer,
- * after "mtp.layers.J.mtp_model_layer."), of an MTP rule after "mtp.layers.J.". */
-static char *entry_name(const Mg *m, CkptfsScope scope, uint64_t local, const char *name)
-{
-    if (scope == CKPTFS_SCOPE_LAYER && m->mtp_prefix)
-        return g_strdup_printf("%smtp_model_layer.%s", m->mtp_prefix, name);
-    if (scope == CKPTFS_SCOPE_LAYER)
-        return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
-    if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT)
-        return g_strdup_printf("%s%s", m->mtp_prefix, name);
-    return g_strdup(name);
-}
-
 /* Whether the experts of layer LOCAL of chunk V of R are TEGroupedMLP's (linear_fc1.weight0),
  * not SequentialMLP's (local_experts.0.linear_fc1.weight): either scheme is read, each file as
  * it is; keys of the other scheme are then unexpected. */
@@ -547,7 +534,7 @@ static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t loc
     const CkptfsPy *chunk = chunk_dict(m, r, v, m->V);
     for (unsigned n = 1; n <= 2; n++) {
         g_autofree char *linear = g_strdup_printf("mlp.experts.linear_fc%u.weight0", n);
-        g_autofree char *name = entry_name(m, CKPTFS_SCOPE_LAYER, local, linear);
+        g_autofree char *name = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, linear, m->mtp_prefix);
         if (ckptfs_py_dict_get(chunk, name) != NULL)
             return true;
     }
@@ -570,7 +557,7 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
         bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;
         for (uint64_t j = 0; j < per_rank; j++) {
             g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
-            g_autofree char *entry = entry_name(m, CKPTFS_SCOPE_LAYER, local, name);
+            g_autofree char *entry = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, name, m->mtp_prefix);
             Located l = {0};
             if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
                 return false;
@@ -600,7 +587,7 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
         }
         const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
-        g_autofree char *entry = entry_name(m, scope, local, name);
+        g_autofree char *entry = ckptfs_legacy_key(scope, local, name, m->mtp_prefix);
         for (unsigned f = 0; f < m->F; f++) {
             Rank *r = m->ranks[p * m->F + f];
             uint64_t rows, cols;

@@ -127,15 +127,7 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
 static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, const char *name,
                       uint64_t global, uint64_t local, uint64_t expert)
 {
-    g_autofree char *key = NULL;
-    if (rule->scope == CKPTFS_SCOPE_LAYER && rb->mtp_prefix)
-        key = g_strdup_printf("%smtp_model_layer.%s", rb->mtp_prefix, name);
-    else if (rule->scope == CKPTFS_SCOPE_LAYER)
-        key = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
-    else if (rule->scope == CKPTFS_SCOPE_MTP_IN || rule->scope == CKPTFS_SCOPE_MTP_OUT)
-        key = g_strdup_printf("%s%s", rb->mtp_prefix, name);
-    else
-        key = g_strdup(name);
+    g_autofree char *key = ckptfs_legacy_key(rule->scope, local, name, rb->mtp_prefix);
     if (rule->extra_state)
         ckptfs_value_set(sd, key, ckptfs_value_none());
     else

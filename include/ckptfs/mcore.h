@@ -63,6 +63,10 @@ GPtrArray *ckptfs_legacy_entries(const CkptfsModel *model, CkptfsScope scope, ui
                                  bool te_spec, bool tied_output_copy);
 /* The name of RULE's entry in a legacy state dict of SPEC (without "decoder.layers.N."). */
 const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec);
+/* The key of entry NAME of SCOPE in a legacy state dict: after "decoder.layers.LOCAL." for a
+ * layer, or in a multi-token prediction layer (MTP_PREFIX "mtp.layers.J.", else NULL) after
+ * "mtp.layers.J.mtp_model_layer." for its layer's entries and "mtp.layers.J." for its own. */
+char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, const char *mtp_prefix);
 /* The legacy name of expert rule RULE for local expert J: SequentialMLP's
  * "mlp.experts.local_experts.J.linear_fc1.weight", or with GROUPED (TEGroupedMLP)
  * "mlp.experts.linear_fc1.weightJ" (its _extra_state is one per linear: J ignored). */
