@@ -11,6 +11,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/layout.h"
 #include "ckptfs/mount.h"
+#include "ckptfs/pack.h"
 #include "ckptfs/verl_run.h"
 
 #define COPY_CHUNK (4u << 20)
@@ -149,6 +150,97 @@ static void count_stored(const CkptfsCatalog *catalog, uint64_t *counts)
         counts[ckptfs_catalog_at(catalog, i)->stored]++;
 }
 
+/* A packed source (ckptfs pack): per packed file and per byte-plane class (raw bytes, 2-, 4- and
+ * 8-byte elements), original and stored bytes. */
+static const char *const plane_class_names[4] = {"bytes", "2-byte", "4-byte", "8-byte"};
+static const char *const codec_names[3] = {"stored", "zstd", "lz4"};
+
+static unsigned packed_totals(const CkptfsSource *s, CkptfsContainerStats *total)
+{
+    memset(total, 0, sizeof *total);
+    unsigned packed = 0;
+    for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
+        CkptfsContainerStats st;
+        if (!ckptfs_srcfiles_container_stats(s->files, i, &st))
+            continue;
+        packed++;
+        total->codec = st.codec;
+        total->frames += st.frames;
+        for (int k = 0; k < 4; k++)
+            total->original[k] += st.original[k], total->stored[k] += st.stored[k];
+    }
+    return packed;
+}
+
+static double stats_ratio(const CkptfsContainerStats *st, int k /* -1: all */)
+{
+    uint64_t o = 0, c = 0;
+    for (int i = 0; i < 4; i++)
+        if (k < 0 || k == i)
+            o += st->original[i], c += st->stored[i];
+    return o ? (double)c / (double)o : 1.0;
+}
+
+static void print_packed(const CkptfsSource *s)
+{
+    CkptfsContainerStats total;
+    unsigned packed = packed_totals(s, &total);
+    if (packed == 0)
+        return;
+    printf("packed:       %u files, %s, %" G_GUINT64_FORMAT " frames: %.3f of the original size;",
+           packed, codec_names[MIN(total.codec, 2)], total.frames, stats_ratio(&total, -1));
+    for (int k = 0; k < 4; k++)
+        if (total.original[k])
+            printf(" %s %.3f", plane_class_names[k], stats_ratio(&total, k));
+    printf(" (-o frame_cache=SIZE)\n");
+    for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
+        CkptfsContainerStats st;
+        if (ckptfs_srcfiles_container_stats(s->files, i, &st))
+            printf("              %s: %.3f\n", ckptfs_srcfiles_get(s->files, i)->path, stats_ratio(&st, -1));
+    }
+}
+
+static void packed_json(JsonBuilder *b, const CkptfsSource *s)
+{
+    CkptfsContainerStats total;
+    unsigned packed = packed_totals(s, &total);
+    json_builder_set_member_name(b, "packed");
+    if (packed == 0) {
+        json_builder_add_null_value(b);
+        return;
+    }
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "codec");
+    json_builder_add_string_value(b, codec_names[MIN(total.codec, 2)]);
+    json_builder_set_member_name(b, "ratio");
+    json_builder_add_double_value(b, stats_ratio(&total, -1));
+    json_builder_set_member_name(b, "classes");
+    json_builder_begin_object(b);
+    for (int k = 0; k < 4; k++) {
+        if (!total.original[k])
+            continue;
+        json_builder_set_member_name(b, plane_class_names[k]);
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "original");
+        json_builder_add_int_value(b, (gint64)total.original[k]);
+        json_builder_set_member_name(b, "stored");
+        json_builder_add_int_value(b, (gint64)total.stored[k]);
+        json_builder_end_object(b);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "files");
+    json_builder_begin_object(b);
+    for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
+        CkptfsContainerStats st;
+        if (!ckptfs_srcfiles_container_stats(s->files, i, &st))
+            continue;
+        json_builder_set_member_name(b, ckptfs_srcfiles_get(s->files, i)->path);
+        json_builder_add_double_value(b, stats_ratio(&st, -1));
+    }
+    json_builder_end_object(b);
+    json_builder_end_object(b);
+}
+
 static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
                          GPtrArray *views)
 {
@@ -191,6 +283,7 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     json_builder_end_object(b);
     json_builder_set_member_name(b, "converted");
     json_builder_add_int_value(b, s->converted);
+    packed_json(b, s);
     json_builder_set_member_name(b, "architecture");
     const char *arch = config_architecture(s->config);
     if (arch)
@@ -607,6 +700,7 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     for (guint i = 0; i < views->len; i++)
         printf(" %s", (char *)g_ptr_array_index(views, i));
     printf("\n");
+    print_packed(s);
     if (s->found)
         printf("found:        %s\n", s->found);
     for (guint i = 0; i < s->warnings->len; i++)
@@ -880,4 +974,200 @@ int ckptfs_cmd_export(int argc, char **argv)
     int status = rc == 0 ? 0 : report("export", rc, error, a.pos[1]);
     ckptfs_mount_free(mount);
     return status;
+}
+
+/* --- pack --- */
+
+typedef struct {
+    bool tty;
+    gint64 start_us, last_us;
+    bool verifying;
+    bool line_open; /* a progress line without its newline yet */
+} PackProgress;
+
+static double ratio_of(uint64_t out, uint64_t in)
+{
+    return in ? (double)out / (double)in : 0.0;
+}
+
+static void pack_progress(const CkptfsPackStats *st, bool verifying, gpointer ctx)
+{
+    PackProgress *p = ctx;
+    if (!p->tty)
+        return;
+    gint64 now = g_get_monotonic_time();
+    if (verifying != p->verifying) { /* a new phase: its first line after a second */
+        p->verifying = verifying;
+        p->start_us = p->last_us = now;
+        return;
+    }
+    if (now - p->last_us < 1000000)
+        return;
+    p->last_us = now;
+    double secs = (double)(now - p->start_us) / 1e6;
+    uint64_t done = verifying ? st->verified_bytes : st->bytes_in;
+    g_autofree char *in = g_format_size(done);
+    g_autofree char *total = g_format_size(st->total_in);
+    fprintf(stderr, "\r\033[Kpack: %s %s of %s (%3.0f%%)", verifying ? "verified" : "read", in, total,
+            st->total_in ? 100.0 * (double)done / (double)st->total_in : 100.0);
+    if (!verifying)
+        fprintf(stderr, ", ratio %.3f, %.2f GB/s", ratio_of(st->bytes_out, st->bytes_in),
+                secs > 0 ? (double)st->bytes_in / secs / 1e9 : 0.0);
+    p->line_open = true;
+}
+
+static void pack_warning(const char *message, gpointer ctx)
+{
+    PackProgress *p = ctx;
+    if (p->line_open)
+        fprintf(stderr, "\n");
+    p->line_open = false;
+    fprintf(stderr, "ckptfs pack: warning: %s\n", message);
+}
+
+static void pack_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ckptfs pack SRC DEST [-o OPTS] [--verify]\n"
+            "Writes a copy of checkpoint SRC into DEST (new, or an empty directory) in which every file\n"
+            "holding tensor bytes is a compressed container; other files are copied. `ckptfs mount DEST`\n"
+            "serves the same views as SRC.\n"
+            "    -o codec=zstd|lz4      compressor (default zstd)\n"
+            "    -o level=N             zstd 1-19 (default 3); lz4 1 (default, fast) or 2-12 (lz4hc)\n"
+            "    -o frame=SIZE          uncompressed bytes per frame, 64K-64M, a multiple of 4096 (2M)\n"
+            "    -o threads=N           compressing threads (default: the CPUs, at most 16)\n"
+            "    -o OPTION              any source option of mount (iteration=N, ...)\n"
+            "    --verify               read DEST back through the container reader and compare with SRC\n");
+}
+
+static bool pack_apply_list(const char *list, CkptfsPackOptions *po, CkptfsOptions *so)
+{
+    g_auto(GStrv) items = g_strsplit(list, ",", -1);
+    for (char **item = items; *item; item++) {
+        if (**item == '\0')
+            continue;
+        GError *error = NULL;
+        CkptfsOptionResult r = ckptfs_pack_options_apply(po, *item, &error);
+        if (r == CKPTFS_OPTION_UNKNOWN)
+            r = ckptfs_options_apply(so, *item, &error);
+        if (r == CKPTFS_OPTION_TAKEN)
+            continue;
+        if (r == CKPTFS_OPTION_UNKNOWN)
+            fprintf(stderr, "ckptfs pack: unknown option '%s'\n", *item);
+        else
+            fprintf(stderr, "ckptfs pack: %s\n", error->message);
+        g_clear_error(&error);
+        return false;
+    }
+    return true;
+}
+
+int ckptfs_cmd_pack(int argc, char **argv)
+{
+    CkptfsPackOptions po;
+    ckptfs_pack_options_init(&po);
+    CkptfsOptions so;
+    ckptfs_options_init(&so);
+    const char *pos[2];
+    int npos = 0;
+    bool verify = false, options_done = false, bad = false;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *arg = argv[i];
+        if (!options_done && strcmp(arg, "--") == 0) {
+            options_done = true;
+        } else if (!options_done && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)) {
+            pack_usage(stdout);
+            ckptfs_options_clear(&so);
+            return 0;
+        } else if (!options_done && strcmp(arg, "--verify") == 0) {
+            verify = true;
+        } else if (!options_done && g_str_has_prefix(arg, "-o")) {
+            const char *list = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
+            if (list == NULL) {
+                fprintf(stderr, "ckptfs pack: -o needs an option list\n");
+                bad = true;
+            } else {
+                bad = !pack_apply_list(list, &po, &so);
+            }
+        } else if (!options_done && arg[0] == '-' && arg[1] != '\0') {
+            fprintf(stderr, "ckptfs pack: unknown argument '%s'\n", arg);
+            bad = true;
+        } else if (npos < 2) {
+            pos[npos++] = arg;
+        } else {
+            fprintf(stderr, "ckptfs pack: unexpected argument '%s'\n", arg);
+            bad = true;
+        }
+    }
+    GError *error = NULL;
+    if (!bad && npos < 2) {
+        fprintf(stderr, "ckptfs pack: missing arguments\n");
+        pack_usage(stderr);
+        bad = true;
+    }
+    if (!bad && !ckptfs_pack_options_check(&po, &error)) {
+        fprintf(stderr, "ckptfs pack: %s\n", error->message);
+        g_clear_error(&error);
+        bad = true;
+    }
+    if (bad) {
+        ckptfs_options_clear(&so);
+        return 2;
+    }
+    PackProgress progress = {.tty = isatty(STDERR_FILENO) == 1, .start_us = g_get_monotonic_time()};
+    progress.last_us = progress.start_us;
+    CkptfsPackHooks hooks = {.progress = pack_progress, .warning = pack_warning, .ctx = &progress};
+    CkptfsPackStats st = {0};
+    gint64 start = g_get_monotonic_time();
+    /* The pack alone is timed: verification reports after it. */
+    bool ok = ckptfs_pack_dir(pos[0], pos[1], &so, &po, false, &hooks, &st, &error);
+    double secs = (double)(g_get_monotonic_time() - start) / 1e6;
+    ckptfs_options_clear(&so);
+    if (progress.line_open)
+        fprintf(stderr, "\r\033[K");
+    progress.line_open = false;
+    if (!ok) {
+        fprintf(stderr, "ckptfs pack: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    g_autofree char *in = g_format_size(st.bytes_in);
+    g_autofree char *out = g_format_size(st.bytes_out);
+    g_autofree char *skipped =
+        st.files_skipped ? g_strdup_printf(", %" G_GUINT64_FORMAT " skipped", st.files_skipped) : g_strdup("");
+    GString *line = g_string_new(NULL);
+    g_string_append_printf(line,
+                           "pack: %" G_GUINT64_FORMAT " files packed, %" G_GUINT64_FORMAT " copied%s; %s in (%"
+                           G_GUINT64_FORMAT " bytes), %s out (%" G_GUINT64_FORMAT " bytes), ratio %.3f, %.2f GB/s"
+                           " (%s level %d, frame %u, %u threads, %.1f s); ratio by class:",
+                           st.files_packed, st.files_copied, skipped,
+                           in, st.bytes_in, out, st.bytes_out, ratio_of(st.bytes_out, st.bytes_in),
+                           secs > 0 ? (double)st.bytes_in / secs / 1e9 : 0.0,
+                           po.codec == CKPTFS_CODEC_LZ4 ? "lz4" : "zstd", po.level, po.frame_size, po.threads, secs);
+    for (unsigned c = 0; c < CKPTFS_PACK_CLASSES; c++) {
+        if (st.class_in[c] == 0)
+            continue;
+        g_autofree char *cin = g_format_size(st.class_in[c]);
+        g_string_append_printf(line, "%s %s %.3f of %s", line->str[line->len - 1] == ':' ? "" : ",",
+                               ckptfs_pack_class_name(c), ratio_of(st.class_out[c], st.class_in[c]), cin);
+    }
+    if (st.files_packed == 0)
+        g_string_append(line, " (no tensor bytes)");
+    fprintf(stderr, "%s\n", line->str);
+    g_string_free(line, TRUE);
+    if (!verify)
+        return 0;
+    gint64 verify_start = g_get_monotonic_time();
+    ok = ckptfs_pack_verify(pos[0], pos[1], &hooks, &st, &error);
+    secs = (double)(g_get_monotonic_time() - verify_start) / 1e6;
+    if (progress.line_open)
+        fprintf(stderr, "\r\033[K");
+    if (!ok) {
+        fprintf(stderr, "ckptfs pack: %s\n", error->message);
+        g_error_free(error);
+        return 1;
+    }
+    fprintf(stderr, "verify: %" G_GUINT64_FORMAT " files, %" G_GUINT64_FORMAT " bytes identical to %s (%.2f GB/s)\n",
+            st.verified_files, st.verified_bytes, pos[0], secs > 0 ? (double)st.verified_bytes / secs / 1e9 : 0.0);
+    return 0;
 }

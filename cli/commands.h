@@ -6,5 +6,6 @@ int ckptfs_cmd_inspect(int argc, char **argv);
 int ckptfs_cmd_ls(int argc, char **argv);
 int ckptfs_cmd_cat(int argc, char **argv);
 int ckptfs_cmd_export(int argc, char **argv);
+int ckptfs_cmd_pack(int argc, char **argv);
 
 #endif

@@ -19,6 +19,8 @@ static void usage(FILE *out)
             "  ls SRC [VIEW] [-o OPTS]             list the views, or the files of one view\n"
             "  cat SRC VIEW/FILE [-o OPTS]         write one synthesized file to stdout\n"
             "  export SRC VIEW DEST [-o OPTS]      write a view into the new directory DEST\n"
+            "  pack SRC DEST [-o OPTS] [--verify]  copy SRC into the new directory DEST with its\n"
+            "                                      tensor files compressed (see 'ckptfs pack --help')\n"
             "  --help, --version\n"
             "Unmount with: fusermount3 -u MNT. See 'ckptfs mount --help' for options.\n");
 }
@@ -46,6 +48,7 @@ int main(int argc, char **argv)
     } commands[] = {
         {"mount", ckptfs_cmd_mount},   {"inspect", ckptfs_cmd_inspect}, {"ls", ckptfs_cmd_ls},
         {"cat", ckptfs_cmd_cat},       {"export", ckptfs_cmd_export},
+        {"pack", ckptfs_cmd_pack},
     };
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(cmd, commands[i].name) == 0)

@@ -5,9 +5,9 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libfuse3-dev fuse3 libglib2.0-dev libjson-glib-dev
-          libzstd-dev liblz4-dev zlib1g-dev python3-numpy python3-torch)
+          libzstd-dev liblz4-dev libxxhash-dev zlib1g-dev python3-numpy python3-torch)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc)
+  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc python3-xxhash)
 fi
 
 missing=()

@@ -84,6 +84,19 @@ static bool opt_hf_shard_size(CkptfsOptions *o, const char *key, const char *val
     return true;
 }
 
+static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    GError *local = NULL;
+    if (!ckptfs_parse_size(value, &o->frame_cache, &local)) {
+        bad(error, key, local->message);
+        g_error_free(local);
+        return false;
+    }
+    if (o->frame_cache == 0)
+        o->frame_cache = 1; /* "0": keep nothing a reader does not hold */
+    return true;
+}
+
 static bool opt_spec(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     static const char *const names[] = {"te", "local", NULL};
@@ -238,6 +251,8 @@ static const struct {
      "                           units; 5GB = decimal, as Hugging Face's max_shard_size);\n"
      "                           default: the source's own files, byte-identical"},
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
+    {"frame_cache", opt_frame_cache,
+     "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 256M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
      "off|on: experts as SequentialMLP local_experts (default) or TEGroupedMLP weight{e} keys"},
     {"mtp", opt_mtp,

@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "ckptfs/container.h"
 #include "ckptfs/error.h"
 #include "ckptfs/readfile.h"
 
@@ -18,6 +19,8 @@ typedef struct {
     unsigned pins;  /* reads in progress with fd: it is not closed under them */
     GList *lru;     /* its link in the open list while open */
     gint changed;   /* set once a change was seen: every later read fails */
+    uint64_t disk_size;          /* the file's own size (pub.size: what it holds) */
+    CkptfsContainer *container;  /* a packed file (`ckptfs pack`): read as the original */
 } SrcFile;
 
 struct CkptfsSrcFiles {
@@ -26,6 +29,7 @@ struct CkptfsSrcFiles {
     GMutex lock;          /* the cache: fd, pins, lru of every file, open */
     GQueue open;          /* SrcFile* with an fd, most recently used first */
     unsigned max_open;
+    CkptfsFrameCache *frames; /* decompressed frames of packed files */
 };
 
 /* Descriptors left to the rest of the process (FUSE, stdio, libraries) besides the cache. */
@@ -37,6 +41,7 @@ static void srcfile_free(gpointer data)
     SrcFile *f = data;
     if (f->fd >= 0)
         close(f->fd);
+    ckptfs_container_free(f->container);
     g_free(f->pub.path);
     g_free(f);
 }
@@ -72,6 +77,7 @@ CkptfsSrcFiles *ckptfs_srcfiles_new(unsigned max_open)
     g_mutex_init(&files->lock);
     g_queue_init(&files->open);
     files->max_open = max_open ? max_open : default_max_open();
+    files->frames = ckptfs_frame_cache_new(CKPTFS_FRAME_CACHE_DEFAULT);
     return files;
 }
 
@@ -83,6 +89,7 @@ void ckptfs_srcfiles_free(CkptfsSrcFiles *files)
     g_hash_table_unref(files->by_path);
     g_queue_clear(&files->open);
     g_mutex_clear(&files->lock);
+    ckptfs_frame_cache_free(files->frames);
     g_free(files);
 }
 
@@ -91,9 +98,10 @@ static int64_t ns(const struct timespec *t)
     return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
 }
 
-static bool same_file(const CkptfsSrcFile *f, const struct stat *st)
+static bool same_file(const SrcFile *file, const struct stat *st)
 {
-    return st->st_ino == f->ino && st->st_dev == f->dev && (uint64_t)st->st_size == f->size &&
+    const CkptfsSrcFile *f = &file->pub;
+    return st->st_ino == f->ino && st->st_dev == f->dev && (uint64_t)st->st_size == file->disk_size &&
            ns(&st->st_mtim) == f->mtime_ns && ns(&st->st_ctim) == f->ctime_ns;
 }
 
@@ -141,9 +149,22 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     int fd = ckptfs_open_regular(path, &st, error);
     if (fd < 0)
         return -1;
+    /* A packed file is read as the file it holds. */
+    uint8_t magic[CKPTFS_CONTAINER_MAGIC_LEN];
+    CkptfsContainer *container = NULL;
+    if ((uint64_t)st.st_size >= sizeof magic && pread(fd, magic, sizeof magic, 0) == (ssize_t)sizeof magic &&
+        ckptfs_container_magic(magic, sizeof magic)) {
+        container = ckptfs_container_open(fd, (uint64_t)st.st_size, path, error);
+        if (container == NULL) {
+            close(fd);
+            return -1;
+        }
+    }
     SrcFile *f = g_new0(SrcFile, 1);
     f->pub.path = g_strdup(path);
-    f->pub.size = (uint64_t)st.st_size;
+    f->disk_size = (uint64_t)st.st_size;
+    f->container = container;
+    f->pub.size = container ? ckptfs_container_size(container) : (uint64_t)st.st_size;
     f->pub.mtime_ns = ns(&st.st_mtim);
     f->pub.ctime_ns = ns(&st.st_ctim);
     f->pub.ino = st.st_ino;
@@ -206,7 +227,7 @@ static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **ou
     struct stat st;
     GError *open_error = NULL;
     int fd = ckptfs_open_regular(f->pub.path, &st, &open_error);
-    if (fd >= 0 && !same_file(&f->pub, &st)) {
+    if (fd >= 0 && !same_file(f, &st)) {
         close(fd);
         g_mutex_unlock(&files->lock);
         return report_changed(f, error), -1;
@@ -244,7 +265,7 @@ static bool check_after_read(SrcFile *f, int fd, GError **error)
                     g_strerror(errno));
         return false;
     }
-    return same_file(&f->pub, &st) || report_changed(f, error);
+    return same_file(f, &st) || report_changed(f, error);
 }
 
 static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error)
@@ -260,6 +281,77 @@ static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error
     else
         report_changed(f, error); /* it ends before the size it had */
     return false;
+}
+
+/* Frame I of packed file F (index INDEX) decoded, from the cache or now; held until released. */
+static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, int fd,
+                                      uint64_t i, gpointer *hold, GError **error)
+{
+    uint64_t key = (uint64_t)index << 32 | i; /* frames < 2^24 */
+    const uint8_t *data = ckptfs_frame_cache_get(files->frames, key, hold);
+    if (data != NULL)
+        return data;
+    const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
+    g_autofree uint8_t *work = g_try_malloc((size_t)e->clength + e->ulength);
+    uint8_t *out = g_try_malloc(e->ulength);
+    GError *why = NULL;
+    bool ok = work != NULL && out != NULL;
+    if (!ok)
+        g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "out of memory");
+    for (uint64_t at = 0; ok && at < e->clength;) {
+        ssize_t got = pread(fd, work + at, e->clength - at, (off_t)(e->coffset + at));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s", got < 0 ? g_strerror(errno) : "the file ends early");
+            ok = false;
+        }
+        at += got > 0 ? (uint64_t)got : 0;
+    }
+    ok = ok && ckptfs_frame_decode(e, work, out, work + e->clength, &why);
+    if (!ok) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO,
+                    "%s: packed frame %" G_GUINT64_FORMAT " (original bytes [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                    ")): %s", f->pub.path, i, e->uoffset, e->uoffset + e->ulength, why->message);
+        g_error_free(why);
+        g_free(out);
+        return NULL;
+    }
+    return ckptfs_frame_cache_put(files->frames, key, out, e->ulength, hold);
+}
+
+/* LEN original bytes at OFFSET of packed file F, frame by frame. */
+static bool container_read(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, int fd, uint8_t *buf,
+                           size_t len, uint64_t offset, GError **error)
+{
+    if (offset > f->pub.size || len > f->pub.size - offset)
+        return read_failed(f, 0, offset, error);
+    for (uint64_t i = len ? ckptfs_container_frame_at(f->container, offset) : 0; len > 0; i++) {
+        const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
+        gpointer hold;
+        const uint8_t *data = container_frame(files, index, f, fd, i, &hold, error);
+        if (data == NULL)
+            return false;
+        size_t skip = (size_t)(offset - e->uoffset), n = MIN(len, (size_t)e->ulength - skip);
+        memcpy(buf, data + skip, n);
+        ckptfs_frame_cache_release(files->frames, hold);
+        buf += n, len -= n, offset += n;
+    }
+    return true;
+}
+
+void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes)
+{
+    ckptfs_frame_cache_set_budget(files->frames, bytes);
+}
+
+bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out)
+{
+    const SrcFile *f = index < files->files->len ? g_ptr_array_index(files->files, index) : NULL;
+    if (f == NULL || f->container == NULL)
+        return false;
+    ckptfs_container_stats(f->container, out);
+    return true;
 }
 
 bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
@@ -282,6 +374,10 @@ bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct 
     if (fd < 0)
         return false;
     bool ok = true;
+    for (; f->container && ok && n > 0; iov++, n--) {
+        ok = container_read(files, index, f, fd, iov->iov_base, iov->iov_len, offset, error);
+        offset += iov->iov_len;
+    }
     while (ok && n > 0) {
         ssize_t got = n == 1 ? pread(fd, iov->iov_base, iov->iov_len, (off_t)offset)
                              : preadv(fd, iov, n, (off_t)offset);
@@ -314,7 +410,7 @@ bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GErr
         return false;
     SrcFile *f = g_ptr_array_index(files->files, index);
     struct stat st;
-    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !same_file(&f->pub, &st))
+    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !same_file(f, &st))
         return report_changed(f, error);
     return true;
 }

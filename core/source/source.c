@@ -214,6 +214,8 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     CkptfsSource *source = g_new0(CkptfsSource, 1);
     source->dir = g_strdup(path);
     source->files = ckptfs_srcfiles_new(0);
+    if (options->frame_cache)
+        ckptfs_srcfiles_set_frame_cache(source->files, options->frame_cache);
     source->catalog = ckptfs_catalog_new();
     source->top_files = g_ptr_array_new_with_free_func(source_file_free);
     source->weight_files = g_ptr_array_new_with_free_func(g_free);

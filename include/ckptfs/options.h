@@ -15,6 +15,7 @@ typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsS
 
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
+    uint64_t frame_cache;   /* packed sources: decoded frames kept (0: the default) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

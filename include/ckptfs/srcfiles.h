@@ -3,6 +3,12 @@
  * users cannot set back). Every read checks the file is still that one, so a shard rewritten
  * under a mount gives errors, never old and new bytes mixed.
  *
+ * A packed file (`ckptfs pack`, include/ckptfs/container.h: its first bytes are the container
+ * magic) is read as the file it holds: its size is the original's, reads return original bytes
+ * decompressed frame by frame through a bounded cache of decoded frames shared by all readers,
+ * and a frame that does not decode to its size and checksum is an error naming file and frame.
+ * Its index is checked when it is added.
+ *
  * Descriptors are kept in a bounded cache (least recently used closed first): a source may have
  * more files than the process may hold open; a file reopened is checked to be the same. */
 #ifndef CKPTFS_SRCFILES_H
@@ -12,6 +18,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "ckptfs/container.h"
+
+/* Decoded frames of packed files kept by default (-o frame_cache). */
+#define CKPTFS_FRAME_CACHE_DEFAULT (256ull << 20)
 
 typedef struct CkptfsSrcFiles CkptfsSrcFiles;
 
@@ -59,6 +70,11 @@ bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *bu
 struct iovec;
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error);
+
+/* At most BYTES of decoded frames kept (more while readers hold them). */
+void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
+/* What packed file INDEX holds (false for a file that is not packed). */
+bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 
 /* Checks that the path of file INDEX still names the file first opened, unchanged (a file
  * replaced by rename is caught here; one changed in place by every read too). */

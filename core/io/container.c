@@ -1,0 +1,470 @@
+/* The container format's shared pieces: index entries and trailer, byte planes, frame decoding
+ * (include/ckptfs/container.h). */
+#include "ckptfs/container.h"
+
+#include <errno.h>
+#include <lz4.h>
+#include <unistd.h>
+#include <string.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "ckptfs/error.h"
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void ckptfs_frame_entry_encode(const CkptfsFrameEntry *e, uint8_t out[CKPTFS_CONTAINER_ENTRY_SIZE])
+{
+    memset(out, 0, CKPTFS_CONTAINER_ENTRY_SIZE);
+    put_u64(out, e->uoffset);
+    put_u32(out + 8, e->ulength);
+    put_u32(out + 12, e->clength);
+    put_u64(out + 16, e->coffset);
+    out[24] = e->codec;
+    out[25] = e->planes;
+    put_u32(out + 28, e->checksum);
+}
+
+void ckptfs_frame_entry_decode(const uint8_t in[CKPTFS_CONTAINER_ENTRY_SIZE], CkptfsFrameEntry *e)
+{
+    e->uoffset = get_u64(in);
+    e->ulength = get_u32(in + 8);
+    e->clength = get_u32(in + 12);
+    e->coffset = get_u64(in + 16);
+    e->codec = in[24];
+    e->planes = in[25];
+    e->checksum = get_u32(in + 28);
+}
+
+void ckptfs_container_trailer_encode(const CkptfsContainerTrailer *t, uint8_t out[CKPTFS_CONTAINER_TRAILER_SIZE])
+{
+    memset(out, 0, CKPTFS_CONTAINER_TRAILER_SIZE);
+    put_u64(out, t->size);
+    put_u64(out + 8, t->nframes);
+    put_u64(out + 16, t->index_offset);
+    put_u32(out + 24, t->frame_size);
+    put_u32(out + 28, t->index_checksum);
+    out[32] = t->codec_used;
+    memcpy(out + 40, CKPTFS_CONTAINER_MAGIC, CKPTFS_CONTAINER_MAGIC_LEN);
+}
+
+bool ckptfs_container_trailer_decode(const uint8_t in[CKPTFS_CONTAINER_TRAILER_SIZE], CkptfsContainerTrailer *t)
+{
+    static const uint8_t zero[7] = {0};
+    if (memcmp(in + 40, CKPTFS_CONTAINER_MAGIC, CKPTFS_CONTAINER_MAGIC_LEN) != 0 || memcmp(in + 33, zero, 7) != 0)
+        return false;
+    t->size = get_u64(in);
+    t->nframes = get_u64(in + 8);
+    t->index_offset = get_u64(in + 16);
+    t->frame_size = get_u32(in + 24);
+    t->index_checksum = get_u32(in + 28);
+    t->codec_used = in[32];
+    return true;
+}
+
+uint32_t ckptfs_frame_checksum(const void *data, size_t len)
+{
+    return (uint32_t)XXH3_64bits(data, len);
+}
+
+void ckptfs_planes_shuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes)
+{
+    if (planes <= 1) {
+        memcpy(dst, src, len);
+        return;
+    }
+    size_t n = len / planes;
+    switch (planes) {
+    case 2: /* written like the unshuffle: loops the compiler vectorises */
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = src[2 * i];
+            dst[n + i] = src[2 * i + 1];
+        }
+        return;
+    case 4:
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = src[4 * i];
+            dst[n + i] = src[4 * i + 1];
+            dst[2 * n + i] = src[4 * i + 2];
+            dst[3 * n + i] = src[4 * i + 3];
+        }
+        return;
+    default:
+        for (unsigned p = 0; p < planes; p++) {
+            uint8_t *out = dst + p * n;
+            for (size_t i = 0; i < n; i++)
+                out[i] = src[i * planes + p];
+        }
+    }
+}
+
+void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes)
+{
+    size_t n = len / (planes ? planes : 1);
+    switch (planes) {
+    case 0:
+    case 1:
+        memcpy(dst, src, len);
+        return;
+    case 2: /* bf16, fp16: the common case, kept simple enough to vectorise */
+        for (size_t i = 0; i < n; i++) {
+            dst[2 * i] = src[i];
+            dst[2 * i + 1] = src[n + i];
+        }
+        return;
+    case 4:
+        for (size_t i = 0; i < n; i++) {
+            dst[4 * i] = src[i];
+            dst[4 * i + 1] = src[n + i];
+            dst[4 * i + 2] = src[2 * n + i];
+            dst[4 * i + 3] = src[3 * n + i];
+        }
+        return;
+    default:
+        for (unsigned p = 0; p < planes; p++)
+            for (size_t i = 0; i < n; i++)
+                dst[i * planes + p] = src[p * n + i];
+    }
+}
+
+bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
+                         GError **error)
+{
+    uint8_t *out = e->planes > 1 ? scratch : dst;
+    size_t got = 0;
+    switch (e->codec) {
+    case CKPTFS_CODEC_STORED:
+        if (e->clength != e->ulength) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "stored frame of %u bytes holds %u",
+                        e->ulength, e->clength);
+            return false;
+        }
+        memcpy(out, src, e->ulength);
+        got = e->ulength;
+        break;
+    case CKPTFS_CODEC_ZSTD: {
+        size_t r = ZSTD_decompress(out, e->ulength, src, e->clength);
+        if (ZSTD_isError(r)) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "zstd: %s", ZSTD_getErrorName(r));
+            return false;
+        }
+        got = r;
+        break;
+    }
+    case CKPTFS_CODEC_LZ4: {
+        int r = LZ4_decompress_safe((const char *)src, (char *)out, (int)e->clength, (int)e->ulength);
+        if (r < 0) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "lz4: corrupt data");
+            return false;
+        }
+        got = (size_t)r;
+        break;
+    }
+    default:
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "unknown codec %u", e->codec);
+        return false;
+    }
+    if (got != e->ulength) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "decompresses to %zu bytes, not %u", got, e->ulength);
+        return false;
+    }
+    if (e->planes > 1)
+        ckptfs_planes_unshuffle(dst, scratch, e->ulength, e->planes);
+    if (ckptfs_frame_checksum(dst, e->ulength) != e->checksum) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "checksum mismatch");
+        return false;
+    }
+    return true;
+}
+
+/* --- reading --- */
+
+struct CkptfsContainer {
+    CkptfsContainerTrailer trailer;
+    CkptfsFrameEntry *frames;
+};
+
+bool ckptfs_container_magic(const uint8_t *start, size_t len)
+{
+    return len >= CKPTFS_CONTAINER_MAGIC_LEN && memcmp(start, CKPTFS_CONTAINER_MAGIC, CKPTFS_CONTAINER_MAGIC_LEN) == 0;
+}
+
+static bool read_exact(int fd, void *buf, size_t len, uint64_t offset)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t got = pread(fd, p, len, (off_t)offset);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return false;
+        p += got, len -= (size_t)got, offset += (uint64_t)got;
+    }
+    return true;
+}
+
+/* The most stored bytes a frame of ULENGTH original bytes may have (the larger of the codecs'
+ * worst cases). */
+static uint64_t stored_bound(uint32_t ulength)
+{
+    return MAX((uint64_t)ZSTD_compressBound(ulength), (uint64_t)LZ4_compressBound((int)MIN(ulength, (uint32_t)LZ4_MAX_INPUT_SIZE)));
+}
+
+#define BAD(...)                                                                                  \
+    do {                                                                                          \
+        g_autofree char *why_ = g_strdup_printf(__VA_ARGS__);                                     \
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: packed container: %s", path, why_); \
+        ckptfs_container_free(c);                                                                 \
+        return NULL;                                                                              \
+    } while (0)
+
+CkptfsContainer *ckptfs_container_open(int fd, uint64_t disk_size, const char *path, GError **error)
+{
+    CkptfsContainer *c = g_new0(CkptfsContainer, 1);
+    uint8_t head[CKPTFS_CONTAINER_HEADER_SIZE], tail[CKPTFS_CONTAINER_TRAILER_SIZE];
+    static const uint8_t zero[8] = {0};
+    if (disk_size < CKPTFS_CONTAINER_HEADER_SIZE + CKPTFS_CONTAINER_TRAILER_SIZE)
+        BAD("%" G_GUINT64_FORMAT " bytes is too short for a header and a trailer (truncated?)", disk_size);
+    if (!read_exact(fd, head, sizeof head, 0) ||
+        !read_exact(fd, tail, sizeof tail, disk_size - CKPTFS_CONTAINER_TRAILER_SIZE))
+        BAD("cannot read its header and trailer: %s", g_strerror(errno ? errno : EIO));
+    if (!ckptfs_container_magic(head, sizeof head) || memcmp(head + 8, zero, 8) != 0)
+        BAD("bad header (not version 1)");
+    if (!ckptfs_container_trailer_decode(tail, &c->trailer))
+        BAD("no trailer at the end (truncated, or not written to the end)");
+    const CkptfsContainerTrailer *t = &c->trailer;
+    uint64_t max_frames = (disk_size - CKPTFS_CONTAINER_HEADER_SIZE - CKPTFS_CONTAINER_TRAILER_SIZE) /
+                          CKPTFS_CONTAINER_ENTRY_SIZE;
+    if (t->nframes > max_frames || t->nframes > (1u << 24))
+        BAD("%" G_GUINT64_FORMAT " frames do not fit (at most %" G_GUINT64_FORMAT ", and 2^24)", t->nframes,
+            MIN(max_frames, (uint64_t)1 << 24));
+    uint64_t index_bytes = t->nframes * CKPTFS_CONTAINER_ENTRY_SIZE;
+    if (t->index_offset < CKPTFS_CONTAINER_HEADER_SIZE ||
+        t->index_offset != disk_size - CKPTFS_CONTAINER_TRAILER_SIZE - index_bytes)
+        BAD("the index (%" G_GUINT64_FORMAT " frames at %" G_GUINT64_FORMAT ") does not end at the trailer",
+            t->nframes, t->index_offset);
+    if ((t->size == 0) != (t->nframes == 0))
+        BAD("%" G_GUINT64_FORMAT " frames for %" G_GUINT64_FORMAT " bytes", t->nframes, t->size);
+    g_autofree uint8_t *raw = g_try_malloc(index_bytes ? index_bytes : 1);
+    if (raw == NULL || !read_exact(fd, raw, index_bytes, t->index_offset))
+        BAD("cannot read its index");
+    if (ckptfs_frame_checksum(raw, index_bytes) != t->index_checksum)
+        BAD("the index checksum does not match (corrupt index)");
+    c->frames = g_new(CkptfsFrameEntry, MAX(t->nframes, 1));
+    uint64_t next_u = 0, next_c = CKPTFS_CONTAINER_HEADER_SIZE;
+    for (uint64_t i = 0; i < t->nframes; i++) {
+        CkptfsFrameEntry *e = &c->frames[i];
+        ckptfs_frame_entry_decode(raw + i * CKPTFS_CONTAINER_ENTRY_SIZE, e);
+        if (e->uoffset != next_u || e->ulength == 0 || e->ulength > CKPTFS_CONTAINER_MAX_FRAME ||
+            e->ulength > t->size - next_u)
+            BAD("frame %" G_GUINT64_FORMAT " (%u bytes at %" G_GUINT64_FORMAT ") does not follow frame %"
+                G_GUINT64_FORMAT " within the %" G_GUINT64_FORMAT "-byte file",
+                i, e->ulength, e->uoffset, i - 1, t->size);
+        if (e->codec > CKPTFS_CODEC_LZ4)
+            BAD("frame %" G_GUINT64_FORMAT ": unknown codec %u", i, e->codec);
+        if ((e->planes != 1 && e->planes != 2 && e->planes != 4 && e->planes != 8) || e->ulength % e->planes != 0)
+            BAD("frame %" G_GUINT64_FORMAT ": %u byte planes of %u bytes", i, e->planes, e->ulength);
+        if ((e->codec == CKPTFS_CODEC_STORED && e->clength != e->ulength) || e->clength == 0 ||
+            e->clength > stored_bound(e->ulength))
+            BAD("frame %" G_GUINT64_FORMAT ": %u stored bytes for %u", i, e->clength, e->ulength);
+        if (e->coffset < next_c || e->coffset > t->index_offset || e->clength > t->index_offset - e->coffset)
+            BAD("frame %" G_GUINT64_FORMAT ": stored bytes [%" G_GUINT64_FORMAT ", +%u) overlap another frame or "
+                "lie outside [16, %" G_GUINT64_FORMAT ")", i, e->coffset, e->clength, t->index_offset);
+        next_u += e->ulength;
+        next_c = e->coffset + e->clength;
+    }
+    if (next_u != t->size)
+        BAD("the frames cover %" G_GUINT64_FORMAT " bytes of %" G_GUINT64_FORMAT, next_u, t->size);
+    return c;
+}
+
+void ckptfs_container_free(CkptfsContainer *c)
+{
+    if (c == NULL)
+        return;
+    g_free(c->frames);
+    g_free(c);
+}
+
+uint64_t ckptfs_container_size(const CkptfsContainer *c)
+{
+    return c->trailer.size;
+}
+
+uint64_t ckptfs_container_frames(const CkptfsContainer *c)
+{
+    return c->trailer.nframes;
+}
+
+const CkptfsFrameEntry *ckptfs_container_frame(const CkptfsContainer *c, uint64_t i)
+{
+    return &c->frames[i];
+}
+
+uint64_t ckptfs_container_frame_at(const CkptfsContainer *c, uint64_t offset)
+{
+    uint64_t lo = 0, hi = c->trailer.nframes;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (c->frames[mid].uoffset <= offset)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void ckptfs_container_stats(const CkptfsContainer *c, CkptfsContainerStats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->frames = c->trailer.nframes;
+    out->codec = c->trailer.codec_used;
+    for (uint64_t i = 0; i < c->trailer.nframes; i++) {
+        const CkptfsFrameEntry *e = &c->frames[i];
+        unsigned k = e->planes == 1 ? 0 : e->planes == 2 ? 1 : e->planes == 4 ? 2 : 3;
+        out->original[k] += e->ulength;
+        out->stored[k] += e->clength;
+    }
+}
+
+/* --- the frame cache --- */
+
+typedef struct {
+    uint64_t key;
+    uint8_t *data;
+    size_t len;
+    unsigned holds;
+    GList link; /* in the LRU list while held by the cache */
+} CachedFrame;
+
+struct CkptfsFrameCache {
+    GMutex lock;
+    GHashTable *frames; /* key -> CachedFrame* */
+    GQueue lru;         /* most recently used first */
+    uint64_t bytes, budget;
+};
+
+CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
+{
+    CkptfsFrameCache *cache = g_new0(CkptfsFrameCache, 1);
+    g_mutex_init(&cache->lock);
+    cache->frames = g_hash_table_new(g_int64_hash, g_int64_equal);
+    g_queue_init(&cache->lru);
+    cache->budget = budget;
+    return cache;
+}
+
+static void cached_frame_free(CachedFrame *f)
+{
+    g_free(f->data);
+    g_free(f);
+}
+
+void ckptfs_frame_cache_free(CkptfsFrameCache *cache)
+{
+    if (cache == NULL)
+        return;
+    GHashTableIter it;
+    gpointer value;
+    g_hash_table_iter_init(&it, cache->frames);
+    while (g_hash_table_iter_next(&it, NULL, &value))
+        cached_frame_free(value);
+    g_hash_table_unref(cache->frames);
+    g_mutex_clear(&cache->lock);
+    g_free(cache);
+}
+
+/* Under the lock: drops unheld frames, least recently used first, until the budget holds. */
+static void trim(CkptfsFrameCache *cache)
+{
+    for (GList *l = cache->lru.tail; l != NULL && cache->bytes > cache->budget;) {
+        GList *prev = l->prev;
+        CachedFrame *f = l->data;
+        if (f->holds == 0) {
+            g_queue_unlink(&cache->lru, l);
+            g_hash_table_remove(cache->frames, &f->key);
+            cache->bytes -= f->len;
+            cached_frame_free(f);
+        }
+        l = prev;
+    }
+}
+
+void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget)
+{
+    g_mutex_lock(&cache->lock);
+    cache->budget = budget;
+    trim(cache);
+    g_mutex_unlock(&cache->lock);
+}
+
+static const uint8_t *hold(CkptfsFrameCache *cache, CachedFrame *f, gpointer *out)
+{
+    f->holds++;
+    g_queue_unlink(&cache->lru, &f->link);
+    g_queue_push_head_link(&cache->lru, &f->link);
+    *out = f;
+    return f->data;
+}
+
+const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *out)
+{
+    g_mutex_lock(&cache->lock);
+    CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
+    const uint8_t *data = f ? hold(cache, f, out) : NULL;
+    g_mutex_unlock(&cache->lock);
+    return data;
+}
+
+const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
+                                      gpointer *out)
+{
+    g_mutex_lock(&cache->lock);
+    CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
+    if (f != NULL) { /* decoded twice at once: keep the first */
+        g_free(data);
+    } else {
+        f = g_new0(CachedFrame, 1);
+        *f = (CachedFrame){.key = key, .data = data, .len = len};
+        f->link.data = f;
+        g_queue_push_head_link(&cache->lru, &f->link);
+        g_hash_table_insert(cache->frames, &f->key, f);
+        cache->bytes += len;
+    }
+    const uint8_t *held = hold(cache, f, out);
+    trim(cache);
+    g_mutex_unlock(&cache->lock);
+    return held;
+}
+
+void ckptfs_frame_cache_release(CkptfsFrameCache *cache, gpointer held)
+{
+    CachedFrame *f = held;
+    g_mutex_lock(&cache->lock);
+    f->holds--;
+    trim(cache);
+    g_mutex_unlock(&cache->lock);
+}

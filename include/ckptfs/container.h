@@ -1,0 +1,109 @@
+/* The compressed container of `ckptfs pack` (docs/compression.md): one original file as
+ * independent frames of at most 64 MiB, each stored as it is or compressed with zstd or lz4,
+ * tensor bytes split into byte planes first; an index of frames and a trailer at the end. The
+ * writer (core/pack) and the reader (core/io/container.c, used by the source-file set, so every
+ * source format reads a packed checkpoint unchanged) share these definitions. */
+#ifndef CKPTFS_CONTAINER_H
+#define CKPTFS_CONTAINER_H
+
+#include <glib.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPTFS_CONTAINER_MAGIC "CKPTFSZ\x01" /* 8 bytes, at the start and the very end */
+#define CKPTFS_CONTAINER_MAGIC_LEN 8
+#define CKPTFS_CONTAINER_HEADER_SIZE 16
+#define CKPTFS_CONTAINER_ENTRY_SIZE 32
+#define CKPTFS_CONTAINER_TRAILER_SIZE 48
+#define CKPTFS_CONTAINER_MAX_FRAME (64u << 20)
+
+typedef enum {
+    CKPTFS_CODEC_STORED = 0,
+    CKPTFS_CODEC_ZSTD = 1,
+    CKPTFS_CODEC_LZ4 = 2,
+} CkptfsCodec;
+
+/* One index entry, decoded. */
+typedef struct {
+    uint64_t uoffset;  /* in the original file */
+    uint32_t ulength;  /* original bytes */
+    uint32_t clength;  /* stored bytes */
+    uint64_t coffset;  /* in the container */
+    uint8_t codec;     /* CkptfsCodec */
+    uint8_t planes;    /* 1, 2, 4 or 8 */
+    uint32_t checksum; /* low 32 bits of XXH3-64 of the original bytes */
+} CkptfsFrameEntry;
+
+/* The trailer, decoded. */
+typedef struct {
+    uint64_t size;         /* of the original file */
+    uint64_t nframes;
+    uint64_t index_offset;
+    uint32_t frame_size;
+    uint32_t index_checksum;
+    uint8_t codec_used;
+} CkptfsContainerTrailer;
+
+/* Little-endian (de)serialisation of index entries and the trailer. */
+void ckptfs_frame_entry_encode(const CkptfsFrameEntry *e, uint8_t out[CKPTFS_CONTAINER_ENTRY_SIZE]);
+void ckptfs_frame_entry_decode(const uint8_t in[CKPTFS_CONTAINER_ENTRY_SIZE], CkptfsFrameEntry *e);
+void ckptfs_container_trailer_encode(const CkptfsContainerTrailer *t, uint8_t out[CKPTFS_CONTAINER_TRAILER_SIZE]);
+/* False when the trailer's magic or reserved bytes are wrong. */
+bool ckptfs_container_trailer_decode(const uint8_t in[CKPTFS_CONTAINER_TRAILER_SIZE], CkptfsContainerTrailer *t);
+
+/* The frame checksum: low 32 bits of XXH3-64 of LEN bytes. */
+uint32_t ckptfs_frame_checksum(const void *data, size_t len);
+
+/* Byte planes: SHUFFLE writes plane p (byte p of each of the LEN / PLANES elements of SRC) one
+ * after the other into DST; UNSHUFFLE undoes it. PLANES 1 copies. */
+void ckptfs_planes_shuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes);
+void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes);
+
+/* Decodes a stored frame (CLENGTH bytes at SRC) into exactly E->ulength bytes at DST (SCRATCH:
+ * ulength bytes of working space, for planes > 1) and checks its checksum. Errors say what is
+ * wrong with the frame (the caller names file and frame). */
+bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
+                         GError **error);
+
+/* --- reading --- */
+
+/* Whether the LEN bytes at the start of a file (at least CKPTFS_CONTAINER_MAGIC_LEN) are a
+ * container's. */
+bool ckptfs_container_magic(const uint8_t *start, size_t len);
+
+typedef struct CkptfsContainer CkptfsContainer;
+
+/* Reads and checks the header, trailer and index of the container in FD (DISK_SIZE bytes;
+ * PATH for messages). Errors name the file and what is inconsistent. */
+CkptfsContainer *ckptfs_container_open(int fd, uint64_t disk_size, const char *path, GError **error);
+void ckptfs_container_free(CkptfsContainer *c);
+/* The original file's size, the number of frames, frame I, the frame holding OFFSET (< size). */
+uint64_t ckptfs_container_size(const CkptfsContainer *c);
+uint64_t ckptfs_container_frames(const CkptfsContainer *c);
+const CkptfsFrameEntry *ckptfs_container_frame(const CkptfsContainer *c, uint64_t i);
+uint64_t ckptfs_container_frame_at(const CkptfsContainer *c, uint64_t offset);
+/* What the container holds, for inspect: stored bytes and original bytes per planes class
+ * (index 0: planes 1, 1: 2, 2: 4, 3: 8), and the codec pack was given. */
+typedef struct {
+    uint64_t original[4], stored[4];
+    uint64_t frames;
+    uint8_t codec;
+} CkptfsContainerStats;
+void ckptfs_container_stats(const CkptfsContainer *c, CkptfsContainerStats *out);
+
+/* Decompressed frames shared by readers: at most BUDGET bytes kept (more while every frame is
+ * in use), least recently used dropped first. Thread-safe. */
+typedef struct CkptfsFrameCache CkptfsFrameCache;
+CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget);
+void ckptfs_frame_cache_free(CkptfsFrameCache *cache);
+void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget);
+/* The frame of KEY, held until ckptfs_frame_cache_release(*HOLD), or NULL. */
+const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *hold);
+/* Adds DATA (LEN bytes, taken over) as KEY, or when another thread added KEY meanwhile frees it
+ * and returns that one; held as by get. */
+const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
+                                      gpointer *hold);
+void ckptfs_frame_cache_release(CkptfsFrameCache *cache, gpointer hold);
+
+#endif
