@@ -60,6 +60,9 @@ if [[ -d $real ]]; then
   packed_case megatron-legacy "$mc/llama-tp2pp2-torch" "frame=65536" "" hf tp1pp1 tp2pp2
   packed_case megatron-torch_dist "$mc/llama-tp2pp2-torch_dist" "" "" hf tp2pp1 mcore
   packed_case moe-torch_dist "$mc/mixtral-tp1pp2ep2-torch_dist" "codec=lz4" "" hf tp1pp1ep2
+  packed_case moe-legacy "$mc/mixtral-tp2pp1ep2-torch" "frame=1M" "" hf tp1pp2ep2
+  packed_case qwen2_moe-legacy "$mc/qwen2_moe-tp1pp1ep2-torch-noopt" "codec=lz4,frame=65536" "" hf tp2pp1ep2
+  packed_case hf-mixtral "$mc/hf-mixtral" "" "" hf tp2pp1ep2 mcore
   packed_case verl-fsdp2 "$real/verl-fsdp/fsdp2/llama-w4/global_step_1/actor" "frame=65536" "" hf tp2pp1
   packed_case verl-fsdp1-hsdp "$real/verl-fsdp/fsdp1/llama-w4-hsdp2/global_step_1/actor" "codec=lz4" "dtype=fp32" hf
 else
