@@ -206,6 +206,9 @@ static void raise_read_ahead(CkptfsFuseContext *ctx)
 typedef struct {
     const CkptfsPlan *plan;
     const CkptfsSrcFiles *files;
+    uint64_t window;     /* bytes to prefetch ahead of a sequential reader (0: none) */
+    uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
+    uint64_t prefetched; /* the end of what was prefetched */
 } OpenFile;
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -229,7 +232,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     }
     /* What reads need, fixed for the life of the mount: the plan and the files it reads. */
     OpenFile *open_file = g_new(OpenFile, 1);
-    *open_file = (OpenFile){plan, owner->source->files};
+    *open_file = (OpenFile){plan, owner->source->files, ctx->mount->options.prefetch, 0, 0};
     fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);
@@ -253,6 +256,26 @@ static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
     return rb->data;
 }
 
+/* A reader going through a file in order (the kernel's read-ahead requests, cp, torch.load of a
+ * rank file): the source ranges of the next WINDOW bytes are asked for now, so a cold disk has
+ * work queued while the daemon copies. Sent again when half of it is consumed. A synthesized
+ * file gathers many source ranges, which the kernel's own read-ahead of each source file does
+ * not see coming. */
+static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
+{
+    if (f->window == 0)
+        return;
+    uint64_t end = off + size;
+    uint64_t last = __atomic_exchange_n(&f->next, end, __ATOMIC_RELAXED);
+    bool sequential = off <= last + f->window / 4 && end > last;
+    uint64_t done = __atomic_load_n(&f->prefetched, __ATOMIC_RELAXED);
+    if (!sequential || done >= end + f->window / 2)
+        return;
+    uint64_t from = MAX(done, end), to = end + f->window;
+    if (__atomic_compare_exchange_n(&f->prefetched, &done, to, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ckptfs_plan_prefetch(f->plan, f->files, from, to - from);
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
@@ -262,6 +285,9 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     GError *error = NULL;
     int64_t n = ckptfs_plan_read(open_file->plan, open_file->files, buf, size, (uint64_t)off, &error);
+    /* Before the reply: once it is sent, the file may be released (and OPEN_FILE freed). */
+    if (n > 0)
+        prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
     if (n < 0)
         reply_failure(req, -EIO, error);
     else

@@ -13,6 +13,7 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->vocab_divisible_by = 128;
     options->vocab_pad = CKPTFS_VOCAB_PAD_ZERO;
     options->megatron_args = true;
+    options->prefetch = 32ull << 20;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -94,6 +95,17 @@ static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value
     }
     if (o->frame_cache == 0)
         o->frame_cache = 1; /* "0": keep nothing a reader does not hold */
+    return true;
+}
+
+static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    GError *local = NULL;
+    if (!ckptfs_parse_size(value, &o->prefetch, &local)) {
+        bad(error, key, local->message);
+        g_error_free(local);
+        return false;
+    }
     return true;
 }
 
@@ -251,6 +263,9 @@ static const struct {
      "                           units; 5GB = decimal, as Hugging Face's max_shard_size);\n"
      "                           default: the source's own files, byte-identical"},
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
+    {"prefetch", opt_prefetch,
+     "bytes of source data asked for ahead of a sequential reader of a view file\n"
+     "                           (default 32M; 0: none)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 256M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

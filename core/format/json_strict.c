@@ -185,6 +185,27 @@ static bool literal(Scan *s, const char *word)
 
 static bool value(Scan *s, unsigned depth);
 
+#define FEW_KEYS 16
+
+/* Adds KEY to the keys of one object (FEW, then *MANY once there are more than FEW_KEYS);
+ * false when it was there. */
+static bool add_key(GPtrArray *few, GHashTable **many, const GString *key)
+{
+    if (*many == NULL) {
+        for (guint i = 0; i < few->len; i++)
+            if (strcmp(g_ptr_array_index(few, i), key->str) == 0)
+                return false;
+        g_ptr_array_add(few, g_strdup(key->str));
+        if (few->len <= FEW_KEYS)
+            return true;
+        *many = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+        while (few->len > 0)
+            g_hash_table_add(*many, g_ptr_array_steal_index_fast(few, few->len - 1));
+        return true;
+    }
+    return g_hash_table_add(*many, g_strdup(key->str));
+}
+
 /* An object or array at nesting level DEPTH (the top-level object is 0). An object's keys are
  * collected, decoded, to refuse one given twice, at every level: json-glib would keep only the
  * last, Python's json too, so the two could disagree with a reader that keeps the first. */
@@ -203,8 +224,10 @@ static bool container(Scan *s, unsigned depth)
         s->p++;
         return true;
     }
-    g_autoptr(GHashTable) keys = object ? g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL)
-                                        : NULL;
+    /* Keys seen: compared one by one while few (a safetensors header holds ~100k objects of three
+     * keys), hashed once there are more. */
+    g_autoptr(GPtrArray) few = object ? g_ptr_array_new_with_free_func(g_free) : NULL;
+    g_autoptr(GHashTable) keys = NULL;
     g_autoptr(GString) key = object ? g_string_new(NULL) : NULL;
     for (;;) {
         skip_ws(s);
@@ -215,7 +238,7 @@ static bool container(Scan *s, unsigned depth)
             g_string_truncate(key, 0);
             if (!string(s, key))
                 return false;
-            if (!g_hash_table_add(keys, g_strdup(key->str))) {
+            if (!add_key(few, &keys, key)) {
                 g_autofree char *shown = printable_key(key->str);
                 g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                             "%s: key '%s' is given twice in one object at byte %td", s->what, shown,
@@ -293,7 +316,8 @@ JsonObject *ckptfs_json_parse_object(const char *what, const char *data, size_t 
     }
     if (!ckptfs_json_check_strict(what, data, len, error))
         return NULL;
-    g_autoptr(JsonParser) parser = json_parser_new_immutable();
+    /* A mutable tree: sealing one hashes every node, a tenth of a large header's parse. */
+    g_autoptr(JsonParser) parser = json_parser_new();
     GError *json_error = NULL;
     if (!json_parser_load_from_data(parser, data, (gssize)len, &json_error)) {
         /* Not expected after the strict check; refused all the same. */

@@ -641,6 +641,58 @@ out:
     return result;
 }
 
+/* Source ranges advised so far, merged while they continue one another in one file. */
+typedef struct {
+    const CkptfsSrcFiles *files;
+    uint32_t src;
+    uint64_t offset, len;
+    unsigned calls;
+} Advice;
+
+static void advice_flush(Advice *a)
+{
+    if (a->len > 0)
+        ckptfs_srcfiles_advise(a->files, a->src, a->offset, a->len);
+    a->len = 0;
+    a->calls++;
+}
+
+static void advice_add(Advice *a, uint32_t src, uint64_t offset, uint64_t len)
+{
+    if (a->len > 0 && a->src == src && offset >= a->offset && offset <= a->offset + a->len) {
+        a->len = MAX(a->len, offset - a->offset + len);
+        return;
+    }
+    advice_flush(a);
+    *a = (Advice){a->files, src, offset, len, a->calls};
+}
+
+/* At most this many advice calls per prefetch: a window over a tensor split by columns is many
+ * short rows. */
+#define PREFETCH_MAX_CALLS 4096u
+
+void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint64_t offset, uint64_t len)
+{
+    if (offset >= plan->size || len == 0)
+        return;
+    len = MIN(len, plan->size - offset);
+    Advice a = {.files = files};
+    for (size_t i = find_extent(plan, offset); i < plan->n_extents && plan->extents[i].offset < offset + len; i++) {
+        const CkptfsExtent *e = &plan->extents[i];
+        if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
+            continue;
+        /* Repetitions whose output overlaps the window (a converted one emits e->size / nrep). */
+        uint64_t out_rep = e->size / e->u.gather.nrep;
+        uint64_t lo = MAX(offset, e->offset) - e->offset, hi = MIN(offset + len, e->offset + e->size) - e->offset;
+        for (uint64_t j = lo / out_rep; j <= (hi - 1) / out_rep && a.calls < PREFETCH_MAX_CALLS; j++)
+            for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
+                const CkptfsGatherItem *item = &e->u.gather.items[k];
+                advice_add(&a, item->src, item->base + j * item->stride, item->len);
+            }
+    }
+    advice_flush(&a);
+}
+
 static void add_source_once(GArray *indexes, guint32 src)
 {
     for (guint j = 0; j < indexes->len; j++)

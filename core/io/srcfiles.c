@@ -340,6 +340,25 @@ static bool container_read(const CkptfsSrcFiles *files, unsigned index, SrcFile 
     return true;
 }
 
+void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)
+{
+    SrcFile *f;
+    if (len == 0 || acquire_fd(files, index, &f, NULL) < 0)
+        return;
+    if (f->container && offset < f->pub.size) { /* the stored bytes of the frames it covers */
+        uint64_t end = MIN(offset + len, f->pub.size);
+        const CkptfsFrameEntry *a = ckptfs_container_frame(f->container, ckptfs_container_frame_at(f->container, offset));
+        const CkptfsFrameEntry *z = ckptfs_container_frame(f->container, ckptfs_container_frame_at(f->container, end - 1));
+        offset = a->coffset;
+        len = z->coffset + z->clength - a->coffset;
+    } else if (f->container) {
+        len = 0;
+    }
+    if (len > 0)
+        posix_fadvise(f->fd, (off_t)offset, (off_t)len, POSIX_FADV_WILLNEED);
+    release_fd(files, f);
+}
+
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes)
 {
     ckptfs_frame_cache_set_budget(files->frames, bytes);

@@ -16,6 +16,7 @@ typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsS
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
     uint64_t frame_cache;   /* packed sources: decoded frames kept (0: the default) */
+    uint64_t prefetch;      /* source bytes asked for ahead of a sequential reader (0: none) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

@@ -115,6 +115,11 @@ size_t ckptfs_plan_extent_count(const CkptfsPlan *plan);
 int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
                          size_t len, uint64_t offset, GError **error);
 
+/* Asks the kernel to start reading the source bytes of [OFFSET, OFFSET + LEN) of the
+ * synthesized file (posix_fadvise WILLNEED on each source range, stored frames for packed
+ * files): a reader going through the file then finds them cached. Returns at once. */
+void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint64_t offset, uint64_t len);
+
 /* The distinct source files a plan reads from (for change detection at open). */
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes /* of guint32 */);
 

@@ -71,6 +71,10 @@ struct iovec;
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error);
 
+/* Starts reading bytes [OFFSET, OFFSET + LEN) of file INDEX into the page cache (of a packed
+ * file: the stored frames that hold them), without waiting; errors are ignored. */
+void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len);
+
 /* At most BYTES of decoded frames kept (more while readers hold them). */
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
 /* What packed file INDEX holds (false for a file that is not packed). */
