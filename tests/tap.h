@@ -24,6 +24,20 @@ static inline bool tap_ok(bool cond, const char *fmt, ...)
     return cond;
 }
 
+/* N tests skipped, for the reason FMT. */
+static inline void tap_skip(int n, const char *fmt, ...)
+{
+    for (int i = 0; i < n; i++) {
+        va_list ap;
+        va_start(ap, fmt);
+        printf("ok %d # skip ", ++tap_count);
+        vprintf(fmt, ap);
+        printf("\n");
+        va_end(ap);
+    }
+    fflush(stdout);
+}
+
 static inline void tap_diag(const char *fmt, ...)
 {
     va_list ap;

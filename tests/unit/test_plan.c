@@ -4,7 +4,9 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <math.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ckptfs/catalog.h"
@@ -411,6 +413,74 @@ static void test_catalog_rects(const Sources *s, GRand *rng)
     ckptfs_catalog_free(catalog);
 }
 
+
+/* Pages of PATH [A, Z) resident in the page cache, from mincore. */
+static unsigned resident_pages(const char *path, uint64_t a, uint64_t z)
+{
+    int fd = open(path, O_RDONLY);
+    long page = sysconf(_SC_PAGESIZE);
+    off_t size = lseek(fd, 0, SEEK_END);
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    size_t npages = ((size_t)size + (size_t)page - 1) / (size_t)page;
+    unsigned char *vec = g_malloc(npages);
+    unsigned n = 0;
+    if (map != MAP_FAILED && mincore(map, (size_t)size, vec) == 0)
+        for (uint64_t p = a / (uint64_t)page; p < (z + (uint64_t)page - 1) / (uint64_t)page && p < npages; p++)
+            n += vec[p] & 1;
+    if (map != MAP_FAILED)
+        munmap(map, (size_t)size);
+    g_free(vec);
+    close(fd);
+    return n;
+}
+
+/* Prefetch asks the kernel for the source ranges of a window of the synthesized file: a file
+ * dropped from the page cache has those pages back, and not the ones the window does not
+ * gather. (Not on file systems whose pages cannot be dropped, such as tmpfs.) */
+static void test_prefetch(void)
+{
+    g_autofree char *dir = g_dir_make_tmp("ckptfs-prefetch-XXXXXX", NULL);
+    g_autofree char *path = g_build_filename(dir, "src", NULL);
+    size_t size = 8u << 20;
+    g_autofree uint8_t *data = g_malloc(size);
+    memset(data, 7, size);
+    g_file_set_contents(path, (const char *)data, (gssize)size, NULL);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    int src = ckptfs_srcfiles_add(files, path, NULL);
+    /* Rows of 64 KiB from every other 128 KiB of the file: bytes [0, 64K), [128K, 192K), ... */
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_literal(b, "header", 6);
+    CkptfsGatherItem item = {(uint32_t)src, 0, 128u << 10, 64u << 10};
+    ckptfs_plan_add_gather(b, 64, &item, 1);
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    int fd = open(path, O_RDONLY);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    unsigned before = resident_pages(path, 0, size);
+    if (before > 0) {
+        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+    } else {
+        /* The window [6 + 1 MiB, 6 + 2 MiB) of the synthesized file: rows 16..31. */
+        ckptfs_plan_prefetch(plan, files, 6 + (1u << 20), 1u << 20);
+        unsigned wanted = 0, others = 0;
+        for (int i = 0; i < 200 && wanted < 256; i++) {
+            g_usleep(5000);
+            wanted = 0;
+            for (uint64_t row = 16; row < 32; row++)
+                wanted += resident_pages(path, row * (128u << 10), row * (128u << 10) + (64u << 10));
+        }
+        for (uint64_t row = 33; row < 64; row++)
+            others += resident_pages(path, row * (128u << 10), row * (128u << 10) + (64u << 10));
+        tap_ok(wanted == 256, "prefetch brings the 16 rows the window gathers into the page cache (%u of 256 pages)", wanted);
+        tap_ok(others < 64, "and not the rows after it (%u pages of them)", others);
+    }
+    ckptfs_plan_free(plan);
+    ckptfs_srcfiles_free(files);
+    g_unlink(path);
+    g_rmdir(dir);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261123);
@@ -422,6 +492,7 @@ int main(void)
     test_run_merging();
     test_read_errors(&s);
     test_catalog_rects(&s, rng);
+    test_prefetch();
     sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
