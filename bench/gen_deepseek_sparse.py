@@ -1,0 +1,324 @@
+#!/usr/bin/python3
+"""Generate a sparse DeepSeek-V3-671B-shaped block-FP8 Hugging Face checkpoint for the ckptfs
+benchmarks: every tensor of the release with its real name, dtype and shape, real headers, and
+data areas that are holes (each shard's header is written, then the file is truncated to its full
+size), so ~688 GB of apparent size take a few MB of disk.
+
+  gen_deepseek_sparse.py OUT [--shards 163] [--force]
+
+Run with Debian's /usr/bin/python3 (standard library only). Writes into OUT.tmp-PID and renames it
+to OUT at the end, so an existing OUT is always complete; OUT must not exist (--force replaces it).
+
+What is written (deepseek-ai/DeepSeek-V3 as released):
+
+* config.json: the release's (DeepseekV3ForCausalLM, 61 layers + 1 MTP layer, MLA, 256 routed
+  experts + 1 shared, first 3 layers dense, quantization_config fp8 e4m3 [128, 128]);
+  generation_config.json.
+* 91,991 tensors: layers 0-60 and the MTP layer 61 (enorm, hnorm, eh_proj, shared_head.norm,
+  shared_head.head, embed_tokens + a full MoE decoder layer), model.embed_tokens, model.norm,
+  lm_head. The linear weights of attention (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj,
+  o_proj) and of the MLPs (dense, routed experts, shared experts) are F8_E4M3, each followed by
+  `<name>_scale_inv` F32 [ceil(rows / 128), ceil(cols / 128)]; norms, embeddings, lm_head,
+  mlp.gate.weight and eh_proj are BF16; mlp.gate.e_score_correction_bias is F32.
+* SHARDS files `model-000KK-of-000NNN.safetensors` (the release's odd 5/6-digit names) in model
+  order: embed_tokens, layers 0-60 (in each: self_attn, mlp [experts 0-255 gate/up/down, gate,
+  shared_experts], input_layernorm, post_attention_layernorm), model.norm, lm_head, layer 61 (its
+  decoder layer first, then eh_proj, enorm, hnorm, embed_tokens, shared_head). The release has
+  layers 0-2 in its first shard, lm_head and model.norm in shard 160, layer 61's extras in shard
+  163; here they land in shards 1, 159 and 162-163. Split greedily (transformers' rule) with the smallest shard size limit that
+  gives SHARDS files: the 163 shards hold ~4.2 GB each (3.2-4.24 GB), as the release's.
+* Inside each file, safetensors' own layout (what the Rust `serialize` writes): tensors sorted by
+  dtype alignment, largest first (F32, BF16, F8_E4M3), then by name; data_offsets contiguous from
+  0; the JSON header lists `__metadata__` ({"format": "pt"}) first, then the tensors in data
+  order, and is padded with spaces to a multiple of 8 bytes.
+* model.safetensors.index.json: {"metadata": {"total_size": ...}, "weight_map": sorted by name}.
+
+Prints the tensor count and the apparent size.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import time
+
+DTYPE_SIZE = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+# safetensors' Dtype enum order (the Rust serializer sorts by dtype descending, then by name).
+DTYPE_RANK = {"BOOL": 0, "U8": 1, "I8": 2, "F8_E5M2": 3, "F8_E4M3": 4, "I16": 5, "U16": 6,
+              "F16": 7, "BF16": 8, "I32": 9, "U32": 10, "F32": 11, "F64": 12, "I64": 13, "U64": 14}
+
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "ep_size": 1,
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "initializer_range": 0.02,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1,
+    "pretraining_tp": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+
+GENERATION_CONFIG = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
+                     "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+                     "transformers_version": "4.46.3"}
+
+
+def nbytes(dtype, shape):
+    n = DTYPE_SIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def tensors_of(cfg):
+    """[(name, dtype, shape)] of DeepseekV3ForCausalLM + its MTP layers, in model order."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    qk_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    br, bc = cfg["quantization_config"]["weight_block_size"]
+    out = []
+
+    def fp8(name, rows, cols):
+        out.append((name, "F8_E4M3", [rows, cols]))
+        out.append((name + "_scale_inv", "F32", [-(-rows // br), -(-cols // bc)]))
+
+    def bf16(name, *shape):
+        out.append((name, "BF16", list(shape)))
+
+    def mlp(p, ffn):
+        fp8(p + "gate_proj.weight", ffn, h)
+        fp8(p + "up_proj.weight", ffn, h)
+        fp8(p + "down_proj.weight", h, ffn)
+
+    def decoder_layer(i):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        if cfg.get("q_lora_rank"):
+            fp8(a + "q_a_proj.weight", cfg["q_lora_rank"], h)
+            bf16(a + "q_a_layernorm.weight", cfg["q_lora_rank"])
+            fp8(a + "q_b_proj.weight", heads * qk_head, cfg["q_lora_rank"])
+        else:
+            fp8(a + "q_proj.weight", heads * qk_head, h)
+        fp8(a + "kv_a_proj_with_mqa.weight", cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h)
+        bf16(a + "kv_a_layernorm.weight", cfg["kv_lora_rank"])
+        fp8(a + "kv_b_proj.weight", heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
+            cfg["kv_lora_rank"])
+        fp8(a + "o_proj.weight", h, heads * cfg["v_head_dim"])
+        moe = (cfg["n_routed_experts"] and i >= cfg["first_k_dense_replace"]
+               and i % cfg["moe_layer_freq"] == 0)
+        if moe:
+            for e in range(cfg["n_routed_experts"]):
+                mlp(f"{p}mlp.experts.{e}.", cfg["moe_intermediate_size"])
+            bf16(p + "mlp.gate.weight", cfg["n_routed_experts"], h)
+            out.append((p + "mlp.gate.e_score_correction_bias", "F32", [cfg["n_routed_experts"]]))
+            if cfg["n_shared_experts"]:
+                mlp(p + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+        else:
+            mlp(p + "mlp.", cfg["intermediate_size"])
+        bf16(p + "input_layernorm.weight", h)
+        bf16(p + "post_attention_layernorm.weight", h)
+
+    n = cfg["num_hidden_layers"]
+    bf16("model.embed_tokens.weight", v, h)
+    for i in range(n):
+        decoder_layer(i)
+    bf16("model.norm.weight", h)
+    bf16("lm_head.weight", v, h)
+    for i in range(n, n + cfg.get("num_nextn_predict_layers", 0)):
+        p = f"model.layers.{i}."
+        decoder_layer(i)
+        bf16(p + "eh_proj.weight", h, 2 * h)
+        bf16(p + "enorm.weight", h)
+        bf16(p + "hnorm.weight", h)
+        bf16(p + "embed_tokens.weight", v, h)
+        bf16(p + "shared_head.norm.weight", h)
+        bf16(p + "shared_head.head.weight", v, h)
+    return out
+
+
+def greedy(tensors, limit):
+    """transformers' split: a new shard when the next tensor would push this one past LIMIT."""
+    groups, cur, size = [], [], 0
+    for t in tensors:
+        n = nbytes(t[1], t[2])
+        if cur and size + n > limit:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def split(tensors, nshards):
+    """NSHARDS groups in model order: transformers' greedy split with the smallest shard size
+    limit that gives at most NSHARDS shards (4,243,538,144 bytes for the release's 163)."""
+    lo = max(nbytes(dt, s) for _, dt, s in tensors)  # a limit that works is in [lo, hi]
+    hi = sum(nbytes(dt, s) for _, dt, s in tensors)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(greedy(tensors, mid)) <= nshards:
+            hi = mid
+        else:
+            lo = mid + 1
+    groups = greedy(tensors, lo)
+    if len(groups) != nshards:
+        sys.exit(f"gen_deepseek: cannot split into exactly {nshards} shards (the smallest limit "
+                 f"gives {len(groups)})")
+    return groups
+
+
+def header_bytes(tensors):
+    """safetensors header (8-byte length + JSON padded with spaces to 8) and the data size, laid
+    out as safetensors' serializer does: dtype alignment descending, then name."""
+    order = sorted(tensors, key=lambda t: (-DTYPE_RANK[t[1]], t[0]))
+    parts = ['"__metadata__":{"format":"pt"}']
+    off = 0
+    for name, dt, shape in order:
+        size = nbytes(dt, shape)
+        parts.append(json.dumps(name) + ":" + json.dumps(
+            {"dtype": dt, "shape": shape, "data_offsets": [off, off + size]}, separators=(",", ":")))
+        off += size
+    js = ("{" + ",".join(parts) + "}").encode()
+    js += b" " * (-len(js) % 8)
+    return struct.pack("<Q", len(js)) + js, off
+
+
+def shard_name(k, n):
+    return f"model-{k:05d}-of-{n:06d}.safetensors"
+
+
+def write_checkpoint(dest, cfg, tensors, nshards, write_data=None, generation_config=None):
+    """Writes DEST (via DEST.tmp-PID): shards, index, config. WRITE_DATA(f, ordered_tensors) writes
+    a shard's data after its header; None leaves the data area a hole (truncate).
+    Returns (shards, tensors, total data bytes, bytes of all files)."""
+    groups = split(tensors, nshards)
+    tmp = f"{dest}.tmp-{os.getpid()}"
+    os.makedirs(tmp)
+    weight_map, total, files = {}, 0, 0
+    try:
+        for k, group in enumerate(groups, 1):
+            fname = shard_name(k, nshards)
+            head, data_size = header_bytes(group)
+            path = os.path.join(tmp, fname)
+            with open(path, "wb") as f:
+                f.write(head)
+                if write_data is None:
+                    f.flush()
+                    os.truncate(path, len(head) + data_size)
+                else:
+                    write_data(f, sorted(group, key=lambda t: (-DTYPE_RANK[t[1]], t[0])))
+            if os.path.getsize(path) != len(head) + data_size:
+                sys.exit(f"gen_deepseek: {fname} is {os.path.getsize(path)} bytes, "
+                         f"expected {len(head) + data_size}")
+            for name, _, _ in group:
+                weight_map[name] = fname
+            total += data_size
+            files += len(head) + data_size
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump(generation_config or GENERATION_CONFIG, f, indent=2)
+            f.write("\n")
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return len(groups), len(tensors), total, files
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="directory to create")
+    ap.add_argument("--shards", type=int, default=163, help="number of shards (default 163)")
+    ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    args = ap.parse_args()
+    dest = os.path.abspath(args.out)
+    if args.shards < 1:
+        ap.error("--shards must be >= 1")
+    if os.path.exists(dest):
+        if not args.force:
+            sys.exit(f"gen_deepseek_sparse: {dest} exists (use --force to replace it)")
+        shutil.rmtree(dest)
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    t0 = time.monotonic()
+    cfg = DEEPSEEK_V3_CONFIG
+    tensors = tensors_of(cfg)
+    n, ntensors, total, files = write_checkpoint(dest, cfg, tensors, args.shards)
+    counts = {}
+    for _, dt, s in tensors:
+        counts[dt] = counts.get(dt, 0) + 1
+    disk = 0
+    for fn in os.listdir(dest):
+        disk += os.stat(os.path.join(dest, fn)).st_blocks * 512
+    print(f"gen_deepseek_sparse: {dest}: {n} shards, {ntensors} tensors "
+          f"({', '.join(f'{c} {dt}' for dt, c in sorted(counts.items()))}), "
+          f"total_size {total} bytes; apparent size of the shards {files} bytes "
+          f"({files / 1e9:.1f} GB, {files / 2**30:.1f} GiB); {disk / 2**20:.1f} MiB on disk; "
+          f"{time.monotonic() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
