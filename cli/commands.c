@@ -689,8 +689,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
             printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (model.layers.%" G_GUINT64_FORMAT
                    "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "", m->layers,
                    m->mtp_layers > 1 ? "..." : "",
-                   m->mtp ? "in the Megatron rank files as mtp.layers.N (not in mcore/)"
-                          : "left out of the Megatron views; -o mtp=on adds them");
+                   m->mtp ? "in the Megatron views as mtp.layers.N"
+                   : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
+                       ? "left out of the Megatron views; -o mtp=on adds them"
+                       : "left out of the Megatron views (no rules for them)");
         printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
                "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
     } else {

@@ -93,8 +93,6 @@ static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value
         g_error_free(local);
         return false;
     }
-    if (o->frame_cache == 0)
-        o->frame_cache = 1; /* "0": keep nothing a reader does not hold */
     return true;
 }
 

@@ -97,6 +97,8 @@ void ckptfs_planes_shuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigne
         return;
     }
     size_t n = len / planes;
+    /* Bytes past the last whole element stay where they are (frames never have any). */
+    memcpy(dst + n * planes, src + n * planes, len - n * planes);
     switch (planes) {
     case 2: /* written like the unshuffle: loops the compiler vectorises */
         for (size_t i = 0; i < n; i++) {
@@ -124,6 +126,8 @@ void ckptfs_planes_shuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigne
 void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes)
 {
     size_t n = len / (planes ? planes : 1);
+    if (planes > 1)
+        memcpy(dst + n * planes, src + n * planes, len - n * planes);
     switch (planes) {
     case 0:
     case 1:
@@ -280,9 +284,9 @@ CkptfsContainer *ckptfs_container_open(int fd, uint64_t disk_size, const char *p
         ckptfs_frame_entry_decode(raw + i * CKPTFS_CONTAINER_ENTRY_SIZE, e);
         if (e->uoffset != next_u || e->ulength == 0 || e->ulength > CKPTFS_CONTAINER_MAX_FRAME ||
             e->ulength > t->size - next_u)
-            BAD("frame %" G_GUINT64_FORMAT " (%u bytes at %" G_GUINT64_FORMAT ") does not follow frame %"
-                G_GUINT64_FORMAT " within the %" G_GUINT64_FORMAT "-byte file",
-                i, e->ulength, e->uoffset, i - 1, t->size);
+            BAD("frame %" G_GUINT64_FORMAT " (%u bytes at %" G_GUINT64_FORMAT ") is not 1 byte to 64 MiB "
+                "starting at %" G_GUINT64_FORMAT ", where the frames before it end, within the %" G_GUINT64_FORMAT
+                "-byte file", i, e->ulength, e->uoffset, next_u, t->size);
         if (e->codec > CKPTFS_CODEC_LZ4)
             BAD("frame %" G_GUINT64_FORMAT ": unknown codec %u", i, e->codec);
         if ((e->planes != 1 && e->planes != 2 && e->planes != 4 && e->planes != 8) || e->ulength % e->planes != 0)

@@ -325,7 +325,8 @@ static bool container_read(const CkptfsSrcFiles *files, unsigned index, SrcFile 
                            size_t len, uint64_t offset, GError **error)
 {
     if (offset > f->pub.size || len > f->pub.size - offset)
-        return read_failed(f, 0, offset, error);
+        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: read of %zu bytes at offset %" G_GUINT64_FORMAT
+                           " is past its end (%" G_GUINT64_FORMAT " bytes)", f->pub.path, len, offset, f->pub.size);
     for (uint64_t i = len ? ckptfs_container_frame_at(f->container, offset) : 0; len > 0; i++) {
         const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
         gpointer hold;

@@ -172,8 +172,9 @@ void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names)
     g_ptr_array_set_free_func(catalog->tensors, tensor_free);
 }
 
-/* Serves tensors as TO where a conversion exists (with SCALED_ONLY, block-scaled FP8 alone). */
-static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_only)
+/* Serves tensors as TO where a conversion exists (with SCALED_ONLY, block-scaled FP8 alone;
+ * tensors KEEP says stay as stored). */
+static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_only, bool (*keep)(const char *name))
 {
     unsigned converted = 0;
     catalog->total_bytes = 0;
@@ -182,7 +183,7 @@ static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_onl
         CkptfsDtype serve = t->stored == to || ckptfs_convert_find(t->stored, to) ? to : t->stored;
         if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
             serve = to == CKPTFS_DTYPE_BF16 ? to : t->stored;
-        else if (scaled_only)
+        else if (scaled_only || (keep && keep(t->name)))
             serve = t->dtype;
         /* Fewer or as many bytes per element as stored (bf16 from fp32), or twice as many from
          * sizes already checked against 64 bits with 8-byte elements to spare. */
@@ -211,14 +212,14 @@ CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog)
     return c;
 }
 
-unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to)
+unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool (*keep)(const char *name))
 {
-    return serve_as(catalog, to, false);
+    return serve_as(catalog, to, false, keep);
 }
 
 unsigned ckptfs_catalog_dequantize(CkptfsCatalog *catalog)
 {
-    return serve_as(catalog, CKPTFS_DTYPE_BF16, true);
+    return serve_as(catalog, CKPTFS_DTYPE_BF16, true, NULL);
 }
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog)

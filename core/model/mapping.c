@@ -6,6 +6,7 @@
 #include "ckptfs/mapping.h"
 
 #include <glib.h>
+#include <string.h>
 
 #define NONE CKPTFS_ABSENT
 
@@ -272,6 +273,29 @@ const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_r
 const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules)};
 const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules)};
 const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules)};
+
+bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
+{
+    for (unsigned i = 0; i < family->n_rules; i++)
+        if (family->rules[i].need == need)
+            return true;
+    return false;
+}
+
+bool ckptfs_tensor_keeps_fp32(const char *hf_name)
+{
+    static const CkptfsFamily *const families[] = {&ckptfs_family_llama, &ckptfs_family_phi3,
+                                                   &ckptfs_family_mixtral, &ckptfs_family_qwen_moe,
+                                                   &ckptfs_family_deepseek};
+    for (size_t f = 0; f < G_N_ELEMENTS(families); f++)
+        for (unsigned i = 0; i < families[f]->n_rules; i++) {
+            const CkptfsRule *r = &families[f]->rules[i];
+            if (r->fp32 && r->hf[0] && g_str_has_suffix(hf_name, r->hf[0]) &&
+                strlen(hf_name) > strlen(r->hf[0]) && hf_name[strlen(hf_name) - strlen(r->hf[0]) - 1] == '.')
+                return true;
+        }
+    return false;
+}
 
 CkptfsTpSplit ckptfs_rule_split(const CkptfsRule *rule, bool te_spec)
 {

@@ -258,6 +258,13 @@ static const char *get_string(JsonObject *config, const char *key, const char *f
 static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError **error)
 {
     const CkptfsMoeConfig *moe = model->arch->moe;
+    /* transformers' defaults for these differ between V2 and V3 and from what a reader would
+     * guess: a config that leaves one out is refused rather than routed by a guess. */
+    static const char *const required[] = {"routed_scaling_factor", "norm_topk_prob", "n_shared_experts",
+                                           "n_group", "topk_group"};
+    for (size_t i = 0; i < G_N_ELEMENTS(required); i++)
+        if ((i < 3 || moe->sigmoid_routing) && !json_object_has_member(config, required[i]))
+            CONFIG_ERROR("\"%s\" is missing; %s routing needs it given", required[i], model->arch->hf_architecture);
     const char *scoring = get_string(config, "scoring_func", moe->sigmoid_routing ? "sigmoid" : "softmax");
     const char *method = get_string(config, "topk_method", moe->sigmoid_routing ? "noaux_tc" : "greedy");
     const char *want_scoring = moe->sigmoid_routing ? "sigmoid" : "softmax";
@@ -411,8 +418,14 @@ static bool read_yarn(JsonObject *scaling, CkptfsModel *model, GError **error)
     model->yarn_beta_slow = get_double(scaling, "beta_slow", 1.0);
     if (!(model->yarn_factor >= 1.0 && model->yarn_factor < 1e6))
         CONFIG_ERROR("rope_scaling factor is not a number from 1");
-    return get_uint(scaling, "original_max_position_embeddings", false, 4096,
-                    &model->yarn_original_positions, error);
+    if (!get_uint(scaling, "original_max_position_embeddings", false, 4096, &model->yarn_original_positions, error))
+        return false;
+    /* Megatron has no arguments for these: its MLA config's defaults are what it uses. */
+    if (model->yarn_beta_fast != 32.0 || model->yarn_beta_slow != 1.0 || model->yarn_original_positions != 4096)
+        CONFIG_ERROR("rope_scaling yarn with beta_fast %g, beta_slow %g, original_max_position_embeddings %"
+                     G_GUINT64_FORMAT ": Megatron takes 32, 1 and 4096 (it has no arguments for them)",
+                     model->yarn_beta_fast, model->yarn_beta_slow, model->yarn_original_positions);
+    return true;
 }
 
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
@@ -482,8 +495,6 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
                   (JSON_NODE_HOLDS_VALUE(mtp) && json_node_get_value_type(mtp) == G_TYPE_INT64 && json_node_get_int(mtp) == 0);
     if (!no_mtp && !get_uint(config, "num_nextn_predict_layers", false, 0, &model->mtp_layers, error))
         return false;
-    if (model->mtp_layers > 64)
-        CONFIG_ERROR("num_nextn_predict_layers %" G_GUINT64_FORMAT " is over the limit of 64", model->mtp_layers);
     /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
      * with the experts' sizes. */
     if (model->arch->moe && !ckptfs_model_read_moe(config, model, error))
@@ -501,7 +512,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
 
 bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error)
 {
-    if (model->mtp_layers == 0 || model->arch->family != &ckptfs_family_deepseek) {
+    if (model->mtp_layers == 0 || !ckptfs_family_has(model->arch->family, CKPTFS_NEED_MTP)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
                     "with rules for them (DeepSeek-V3)");
@@ -534,6 +545,7 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"qk rope head dim", model->qk_rope_dim, CKPTFS_MAX_MODEL_DIM},
         {"v head dim", model->v_head_dim, CKPTFS_MAX_MODEL_DIM},
         {"experts", model->experts, CKPTFS_MAX_EXPERTS},
+        {"multi-token prediction layers", model->mtp_layers, 64},
         {"layers", model->layers,
          MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},
     };

@@ -555,6 +555,9 @@ bool ckptfs_packer_write(CkptfsPacker *p, int src_fd, uint64_t size, const Ckptf
         wait_done(p, &p->slots[written++ % p->nslots]);
     if (!ok)
         return false;
+    if (index->len > (1u << 24))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: %u frames, over the 2^24 a container may hold; "
+                           "pack with a larger frame size (-o frame=)", dest_name, index->len);
     size_t index_bytes = (size_t)index->len * CKPTFS_CONTAINER_ENTRY_SIZE;
     CkptfsContainerTrailer t = {.size = size, .nframes = index->len, .index_offset = coffset,
                                 .frame_size = p->o.frame_size,

@@ -134,6 +134,12 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     "%s: architecture '%s' has no Megatron rules (known: %s)", what, named, known->str);
         return false;
     }
+    if (m->arch->mla != m->mla) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: architecture %s %s multi-latent attention "
+                    "but the checkpoint %s", what, m->arch->hf_architecture, m->arch->mla ? "has" : "has no",
+                    m->mla ? "has it" : "does not");
+        return false;
+    }
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
     if ((m->arch->moe != NULL) != (m->experts > 0)) {
@@ -248,6 +254,28 @@ static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
     return true;
 }
 
+/* Whether the MoE layers of S are DeepSeek's: none of the first *FIRST_DENSE, then those at
+ * multiples of *FREQ. */
+static bool dense_first_pattern(const CkptfsModel *s, uint64_t *first_dense, uint64_t *freq)
+{
+    uint64_t k = 0, f = 1;
+    while (k < s->layers && !ckptfs_model_layer_is_moe(s, k))
+        k++;
+    for (uint64_t l = k + 1; l < s->layers; l++)
+        if (ckptfs_model_layer_is_moe(s, l)) {
+            f = l - k;
+            break;
+        }
+    if (k % f != 0) /* the first MoE layer is itself a multiple of the frequency */
+        return false;
+    for (uint64_t l = 0; l < s->layers; l++)
+        if (ckptfs_model_layer_is_moe(s, l) != (l >= k && l % f == 0))
+            return false;
+    if (first_dense)
+        *first_dense = k, *freq = f;
+    return true;
+}
+
 /* Multi-head latent attention (DeepSeek) from args, with its rope and MTP layers. */
 static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
 {
@@ -256,6 +284,16 @@ static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
     if (!arg_bool(args, "multi_latent_attention"))
         return true;
     s->mla = true;
+    /* What DeepSeek's config.json can say: shared experts as a count of expert-sized MLPs, dense
+     * layers as the first k and then every f-th MoE. */
+    if (s->experts && s->shared_ffn % s->moe_ffn != 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.moe_shared_expert_intermediate_size %" G_GUINT64_FORMAT
+                           " is not a multiple of moe_ffn_hidden_size %" G_GUINT64_FORMAT
+                           " (DeepSeek's n_shared_experts)", path, s->shared_ffn, s->moe_ffn);
+    if (s->experts && !dense_first_pattern(s, NULL, NULL))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.moe_layer_freq: MoE layers that are not the "
+                           "first k dense layers then every f-th, which DeepSeek's first_k_dense_replace and "
+                           "moe_layer_freq say", path);
     s->q_lora = arg_uint_or(args, "q_lora_rank", 0);
     if (!arg_uint(args, path, "kv_lora_rank", &s->kv_lora, error) ||
         !arg_uint(args, path, "qk_head_dim", &s->qk_head_dim, error) ||
@@ -401,11 +439,10 @@ static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
     json_object_set_int_member(c, "moe_intermediate_size", (gint64)m->moe_ffn);
     json_object_set_int_member(c, "n_shared_experts",
                                m->moe_ffn ? (gint64)(m->shared_ffn / m->moe_ffn) : 0);
-    uint64_t first_dense = 0;
-    while (first_dense < m->layers && !ckptfs_model_layer_is_moe(m, first_dense))
-        first_dense++;
+    uint64_t first_dense = 0, freq = 1;
+    dense_first_pattern(m, &first_dense, &freq); /* checked when read */
     json_object_set_int_member(c, "first_k_dense_replace", (gint64)first_dense);
-    json_object_set_int_member(c, "moe_layer_freq", 1);
+    json_object_set_int_member(c, "moe_layer_freq", (gint64)freq);
     json_object_set_string_member(c, "scoring_func", m->sigmoid_scores ? "sigmoid" : "softmax");
     json_object_set_string_member(c, "topk_method", m->expert_bias ? "noaux_tc" : "greedy");
     json_object_set_int_member(c, "n_group", (gint64)(m->groups ? m->groups : 1));

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/mapping.h"
 #include "source_internal.h"
 
 static void source_file_free(gpointer data)
@@ -173,10 +174,13 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
     if (want == CKPTFS_SERVE_AUTO)
         return;
     CkptfsDtype to = want == CKPTFS_SERVE_BF16 ? CKPTFS_DTYPE_BF16 : CKPTFS_DTYPE_F32;
+    /* bf16: what a family keeps in fp32 (DeepSeek's router bias) stays so, as fp8_cast_bf16.py
+     * leaves it. */
     source->converted = dequantized ? ckptfs_catalog_dequantize(source->catalog)
-                                    : ckptfs_catalog_serve_as(source->catalog, to);
+                                    : ckptfs_catalog_serve_as(source->catalog, to,
+                                                              to == CKPTFS_DTYPE_BF16 ? ckptfs_tensor_keeps_fp32 : NULL);
     if (source->adapter != NULL)
-        ckptfs_catalog_serve_as(source->adapter, to);
+        ckptfs_catalog_serve_as(source->adapter, to, NULL);
     /* The config says what is served whenever some weight is served as TO, converted or not:
      * verl's huggingface/config.json is the bf16 model's, its shards fp32 (-o dtype=fp32). */
     bool served = false;

@@ -52,7 +52,8 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
                     mount->model_problem);
         return false;
     }
-    return ckptfs_layout_validate(layout, mount->model, error);
+    return ckptfs_layout_validate(layout, mount->model, error) &&
+           ckptfs_megatron_layout_check(mount->model, &mount->options, layout, error);
 }
 
 /* Adds the view directory of a valid layout (once, under its canonical name). */

@@ -407,21 +407,31 @@ static CkptfsPlan *plan_literal_text(gpointer owner, gconstpointer key, GError *
     return ckptfs_plan_builder_finish(b);
 }
 
+bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions *options,
+                                  const CkptfsLayout *layout, GError **error)
+{
+    /* The local spec splits MLA's down projections over TP (column-parallel linears). */
+    uint64_t kv_down = model->kv_lora + model->qk_rope_dim;
+    bool local = options->spec == CKPTFS_SPEC_LOCAL;
+    if (model->mla && local && model->q_lora % layout->tp != 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide q_lora_rank %" G_GUINT64_FORMAT
+                           ", which the local spec splits (spec=te does not)", layout->tp, model->q_lora);
+    if (model->mla && local && kv_down % layout->tp != 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide kv_lora_rank + qk_rope_head_dim %"
+                           G_GUINT64_FORMAT ", which the local spec splits (spec=te does not)", layout->tp, kv_down);
+    /* An MTP layer's eh_proj is column-parallel over the hidden size. */
+    if (model->mtp && model->hidden % layout->tp != 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide hidden_size %" G_GUINT64_FORMAT
+                           ", which the MTP layer's eh_proj is split by", layout->tp, model->hidden);
+    return true;
+}
+
 bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                                 const CkptfsModel *model, const CkptfsOptions *options,
                                 const CkptfsLayout *layout, GError **error)
 {
-    if (!ckptfs_layout_validate(layout, model, error))
+    if (!ckptfs_layout_validate(layout, model, error) || !ckptfs_megatron_layout_check(model, options, layout, error))
         return false;
-    /* The local spec splits MLA's down projections over TP (column-parallel linears). */
-    uint64_t q_down = model->q_lora, kv_down = model->kv_lora + model->qk_rope_dim;
-    if (model->mla && options->spec == CKPTFS_SPEC_LOCAL && (q_down % layout->tp || kv_down % layout->tp)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
-                    "tp %u does not divide q_lora_rank %" G_GUINT64_FORMAT " or kv_lora_rank + "
-                    "qk_rope_head_dim %" G_GUINT64_FORMAT ", which the local spec splits (spec=te does not)",
-                    layout->tp, q_down, kv_down);
-        return false;
-    }
     MegatronView *v = g_new0(MegatronView, 1);
     v->source = source;
     v->model = model;

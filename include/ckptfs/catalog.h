@@ -63,9 +63,9 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
 void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names);
 
 /* Serves every floating-point tensor as TO, converted on read from what is stored (tensors
- * stored as TO are served as stored; integer tensors are never converted). Returns how many
- * tensors are served converted. */
-unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to);
+ * stored as TO are served as stored; integer tensors are never converted; nor those KEEP, when
+ * given, says to keep). Returns how many tensors are served converted. */
+unsigned ckptfs_catalog_serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool (*keep)(const char *name));
 /* Serves the block-scaled FP8 tensors (ckptfs_catalog_set_block_scale) as bf16, the others as
  * they are. Returns how many tensors are served converted. */
 unsigned ckptfs_catalog_dequantize(CkptfsCatalog *catalog);

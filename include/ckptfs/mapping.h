@@ -124,6 +124,13 @@ extern const CkptfsFamily ckptfs_family_qwen_moe; /* Qwen2-MoE, Qwen3-MoE: mlp.e
 extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-first layers, shared
                                                      experts, expert bias */
 
+/* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
+bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);
+
+/* Whether HF_NAME is a tensor some family keeps in float32 whatever the weights' type (the
+ * DeepSeek router's e_score_correction_bias): -o dtype=bf16 leaves it as it is stored. */
+bool ckptfs_tensor_keeps_fp32(const char *hf_name);
+
 /* How RULE is split over tensor parallelism in a legacy file of SPEC. */
 CkptfsTpSplit ckptfs_rule_split(const CkptfsRule *rule, bool te_spec);
 

@@ -25,6 +25,10 @@ unsigned ckptfs_hf_assign_shards(const CkptfsCatalog *catalog, uint64_t max_shar
 
 /* tp{T}pp{P}[vpp{V}]/: Megatron-core legacy rank files of MODEL for LAYOUT (validated here;
  * the error says why a layout is invalid). */
+/* What a layout needs of a model beyond ckptfs_layout_validate, for the options' spec: the
+ * local spec's split of MLA's down projections, the MTP layer's split of eh_proj. */
+bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions *options,
+                                  const CkptfsLayout *layout, GError **error);
 bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                                 const CkptfsModel *model, const CkptfsOptions *options,
                                 const CkptfsLayout *layout, GError **error);

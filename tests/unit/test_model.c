@@ -228,7 +228,7 @@ static CkptfsCatalog *deepseek_catalog(unsigned layers, unsigned dense, unsigned
     "\"intermediate_size\": 48, \"vocab_size\": 100, \"q_lora_rank\": 16, \"kv_lora_rank\": 16, " \
     "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, \"n_routed_experts\": 4, " \
     "\"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"first_k_dense_replace\": 1, " \
-    "\"num_nextn_predict_layers\": 1"
+    "\"num_nextn_predict_layers\": 1, \"routed_scaling_factor\": 2.5"
 #define DEEPSEEK_V2 "\"architectures\": [\"DeepseekV2ForCausalLM\"], \"model_type\": \"deepseek_v2\", " \
     "\"hidden_size\": 32, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"num_hidden_layers\": 3, " \
     "\"intermediate_size\": 48, \"vocab_size\": 100, \"q_lora_rank\": null, \"kv_lora_rank\": 16, " \
@@ -254,7 +254,7 @@ static void test_deepseek_configs(void)
     CkptfsModel m;
     char *why;
     const char *v3_routing = ", \"num_experts_per_tok\": 2, \"n_group\": 2, \"topk_group\": 1, "
-                             "\"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true";
+                             "\"norm_topk_prob\": true";
     g_autofree char *v3 = g_strconcat("{" DEEPSEEK_V3, v3_routing, "}", NULL);
     bool ok = run_deepseek(v3, deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32), &m, &why);
     tap_ok(ok && m.mla && m.q_lora == 16 && m.kv_lora == 16 && m.qk_head_dim == 8 && m.qk_rope_dim == 4 &&
@@ -297,11 +297,11 @@ static void test_deepseek_configs(void)
          "groups ranked by the top two only when topk = 2 x topk_group"},
         {", \"num_experts_per_tok\": 2, \"n_group\": 3, \"topk_group\": 1, \"norm_topk_prob\": true", "does not divide",
          "n_group not dividing the experts"},
-        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, \"scoring_func\": \"softmax\"", "scoring_func",
+        {", \"num_experts_per_tok\": 2, \"n_group\": 1, \"topk_group\": 1, \"norm_topk_prob\": true, \"scoring_func\": \"softmax\"", "scoring_func",
          "V3 with softmax scores"},
-        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": false", "norm_topk_prob",
+        {", \"num_experts_per_tok\": 2, \"n_group\": 1, \"topk_group\": 1, \"norm_topk_prob\": false", "norm_topk_prob",
          "sigmoid top-k not normalised"},
-        {", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, \"num_key_value_heads\": 2",
+        {", \"num_experts_per_tok\": 2, \"n_group\": 1, \"topk_group\": 1, \"norm_topk_prob\": true, \"num_key_value_heads\": 2",
          "num_key_value_heads", "MLA with fewer key/value heads"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(refused); i++) {
@@ -310,6 +310,10 @@ static void test_deepseek_configs(void)
         tap_ok(!ok && strstr(why, refused[i].says), "refused: %s (%s)", refused[i].what, why);
         g_free(why);
     }
+    ok = run_deepseek("{" DEEPSEEK_V3 ", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true}",
+                      deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32), &m, &why);
+    tap_ok(!ok && strstr(why, "\"n_group\" is missing"), "a V3 config without n_group is refused, not guessed (%s)", why);
+    g_free(why);
     ok = run_deepseek("{" DEEPSEEK_V2 ", \"norm_topk_prob\": false, \"routed_scaling_factor\": 16.0}",
                       deepseek_catalog(3, 1, 0, false, 0, CKPTFS_DTYPE_F32), &m, &why);
     tap_ok(ok && m.q_lora == 0 && !m.sigmoid_scores && !m.expert_bias && m.groups == 0 && m.topk_scaling == 16.0 &&
@@ -321,7 +325,8 @@ static void test_deepseek_configs(void)
     tap_ok(ok && m.renormalize && m.topk_scaling == 0,
            "V2 renormalising: its gate does not scale, nor does Megatron (%s)", why);
     g_free(why);
-    ok = run_deepseek("{" DEEPSEEK_V2 ", \"topk_method\": \"group_limited_greedy\"}",
+    ok = run_deepseek("{" DEEPSEEK_V2 ", \"topk_method\": \"group_limited_greedy\", \"norm_topk_prob\": false, "
+                      "\"routed_scaling_factor\": 1.0}",
                       deepseek_catalog(3, 1, 0, false, 0, CKPTFS_DTYPE_F32), &m, &why);
     tap_ok(!ok && strstr(why, "group_limited_greedy"), "V2's group_limited_greedy is refused (%s)", why);
     g_free(why);
