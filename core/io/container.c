@@ -10,6 +10,7 @@
 #include <zstd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/readfile.h"
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
@@ -218,16 +219,9 @@ bool ckptfs_container_magic(const uint8_t *start, size_t len)
 
 static bool read_exact(int fd, void *buf, size_t len, uint64_t offset)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t got = pread(fd, p, len, (off_t)offset);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return false;
-        p += got, len -= (size_t)got, offset += (uint64_t)got;
-    }
-    return true;
+    int rc = ckptfs_pread_full(fd, buf, len, offset);
+    errno = rc > 0 ? rc : rc < 0 ? EIO : 0;
+    return rc == 0;
 }
 
 /* The most stored bytes a frame of ULENGTH original bytes may have (the larger of the codecs'

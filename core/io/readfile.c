@@ -121,3 +121,21 @@ bool ckptfs_read_small_file(const char *path, size_t max, char **contents, size_
         *len = used;
     return true;
 }
+
+int ckptfs_pread_full(int fd, void *buf, size_t len, uint64_t offset)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = pread(fd, p, len, (off_t)offset);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno ? errno : EIO;
+        if (n == 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return 0;
+}

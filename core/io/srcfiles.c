@@ -298,15 +298,10 @@ static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned inde
     bool ok = work != NULL && out != NULL;
     if (!ok)
         g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "out of memory");
-    for (uint64_t at = 0; ok && at < e->clength;) {
-        ssize_t got = pread(fd, work + at, e->clength - at, (off_t)(e->coffset + at));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s", got < 0 ? g_strerror(errno) : "the file ends early");
-            ok = false;
-        }
-        at += got > 0 ? (uint64_t)got : 0;
+    int rc = ok ? ckptfs_pread_full(fd, work, e->clength, e->coffset) : 0;
+    if (rc != 0) {
+        g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s", rc > 0 ? g_strerror(rc) : "the file ends early");
+        ok = false;
     }
     ok = ok && ckptfs_frame_decode(e, work, out, work + e->clength, &why);
     if (!ok) {

@@ -23,6 +23,7 @@
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/error.h"
+#include "ckptfs/readfile.h"
 #include "ckptfs/srcfiles.h"
 #include "ckptfs/units.h"
 #include "ckptfs/verl_run.h"
@@ -255,20 +256,12 @@ GPtrArray *ckptfs_pack_source_ranges(const CkptfsSource *source)
 /* Reads LEN bytes at OFFSET; a file that ends sooner is an error. */
 static bool pread_full(int fd, void *buf, size_t len, uint64_t offset, const char *name, GError **error)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = pread(fd, p, len, (off_t)offset);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: read failed: %s", name, g_strerror(errno));
-        if (n == 0)
-            return ckptfs_fail(error, CKPTFS_ERROR_CHANGED, "%s: ends at %" G_GUINT64_FORMAT
-                               " bytes: it shrank while being packed", name, offset);
-        p += n;
-        len -= (size_t)n;
-        offset += (uint64_t)n;
-    }
+    int rc = ckptfs_pread_full(fd, buf, len, offset);
+    if (rc > 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: read failed: %s", name, g_strerror(rc));
+    if (rc < 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_CHANGED, "%s: ends before byte %" G_GUINT64_FORMAT
+                           ": it shrank while being packed", name, offset + len);
     return true;
 }
 

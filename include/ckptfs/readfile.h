@@ -6,6 +6,7 @@
 #include <glib.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* Reads the whole of PATH into *CONTENTS (NUL-terminated, g_free it) and its length into *LEN
@@ -27,5 +28,9 @@ const char *ckptfs_path_problem(const char *path);
  * -1 with an error naming the file. */
 struct stat;
 int ckptfs_open_regular(const char *path, struct stat *st, GError **error);
+
+/* Reads exactly LEN bytes at OFFSET of FD (retrying short reads and EINTR). Returns 0, an errno
+ * value when a read failed, or -1 when the file ends first. */
+int ckptfs_pread_full(int fd, void *buf, size_t len, uint64_t offset);
 
 #endif
