@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The stages of core/ (base, io, format, model, source, view: docs/design.md) depend only on
+# The stages of core/ (base, io, format, model, source, view, pack: docs/design.md) depend only on
 # earlier ones: every header of include/ckptfs/ and every .c file of core/ includes only headers
 # of its own or an earlier stage. A header belongs to the stage of its .c file.
 source "$(dirname "$0")/../lib/common.sh"
 cd "$TESTS_TOP" || exit 1
-stages=(base io format model source view)
+stages=(base io format model source view pack)
 rank_of_stage() { local i; for i in "${!stages[@]}"; do [[ ${stages[$i]} == "$1" ]] && echo "$i"; done; }
 # Headers with no .c of their own.
 declare -A header_stage=([error]=base [limits]=base [checked]=base [views]=view)
