@@ -98,6 +98,10 @@ static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value
 
 static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
+    if (strcmp(value, "0") == 0) { /* off */
+        o->prefetch = 0;
+        return true;
+    }
     GError *local = NULL;
     if (!ckptfs_parse_size(value, &o->prefetch, &local)) {
         bad(error, key, local->message);
