@@ -342,3 +342,112 @@ JsonObject *ckptfs_json_load_object(const char *path, GError **error)
         return NULL;
     return ckptfs_json_parse_object(path, data, len, error);
 }
+
+/* --- the cursor (over checked JSON: a syntax error just ends what is read) --- */
+
+static Scan cursor_scan(CkptfsJsonCursor *c)
+{
+    return (Scan){"json", c->p, c->p, c->end, NULL};
+}
+
+void ckptfs_json_cursor_init(CkptfsJsonCursor *c, const char *data, size_t len)
+{
+    c->p = (const unsigned char *)data;
+    c->end = c->p + len;
+}
+
+static void cursor_ws(CkptfsJsonCursor *c)
+{
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+CkptfsJsonKind ckptfs_json_cursor_kind(CkptfsJsonCursor *c)
+{
+    cursor_ws(c);
+    if (c->p >= c->end)
+        return CKPTFS_JSON_END;
+    switch (*c->p) {
+    case '{':
+        return CKPTFS_JSON_OBJECT;
+    case '[':
+        return CKPTFS_JSON_ARRAY;
+    case '"':
+        return CKPTFS_JSON_STRING;
+    case 't':
+    case 'f':
+    case 'n':
+        return CKPTFS_JSON_LITERAL;
+    default:
+        return *c->p == '-' || (*c->p >= '0' && *c->p <= '9') ? CKPTFS_JSON_NUMBER : CKPTFS_JSON_END;
+    }
+}
+
+void ckptfs_json_cursor_enter(CkptfsJsonCursor *c)
+{
+    CkptfsJsonKind k = ckptfs_json_cursor_kind(c);
+    if (k == CKPTFS_JSON_OBJECT || k == CKPTFS_JSON_ARRAY)
+        c->p++;
+}
+
+bool ckptfs_json_cursor_next(CkptfsJsonCursor *c, GString *key)
+{
+    cursor_ws(c);
+    if (c->p < c->end && *c->p == ',')
+        c->p++;
+    cursor_ws(c);
+    if (c->p >= c->end || *c->p == '}' || *c->p == ']') {
+        c->p += c->p < c->end;
+        return false;
+    }
+    if (key != NULL) {
+        ckptfs_json_cursor_string(c, key);
+        cursor_ws(c);
+        if (c->p < c->end && *c->p == ':')
+            c->p++;
+    }
+    return true;
+}
+
+void ckptfs_json_cursor_string(CkptfsJsonCursor *c, GString *out)
+{
+    g_string_truncate(out, 0);
+    if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_STRING) {
+        c->p = c->end;
+        return;
+    }
+    Scan s = cursor_scan(c);
+    if (!string(&s, out))
+        s.p = s.end;
+    c->p = s.p;
+}
+
+void ckptfs_json_cursor_number(CkptfsJsonCursor *c, bool *is_int, int64_t *i, double *d)
+{
+    *is_int = false, *i = 0, *d = 0;
+    if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_NUMBER) {
+        c->p = c->end;
+        return;
+    }
+    const unsigned char *a = c->p;
+    Scan s = cursor_scan(c);
+    if (!number(&s)) {
+        c->p = c->end;
+        return;
+    }
+    c->p = s.p;
+    g_autofree char *text = g_strndup((const char *)a, (gsize)(c->p - a));
+    *is_int = strpbrk(text, ".eE") == NULL;
+    if (*is_int)
+        *i = g_ascii_strtoll(text, NULL, 10);
+    else
+        *d = g_ascii_strtod(text, NULL);
+}
+
+void ckptfs_json_cursor_skip(CkptfsJsonCursor *c)
+{
+    Scan s = cursor_scan(c);
+    if (ckptfs_json_cursor_kind(c) == CKPTFS_JSON_END || !value(&s, 0))
+        s.p = s.end;
+    c->p = s.p;
+}

@@ -87,23 +87,51 @@ bool ckptfs_st_header_length(const char *file_name, const uint8_t prefix[8], uin
     return true;
 }
 
-/* A JSON integer >= 0 into *OUT: NULL, or why it is not one, for "shape[1] <why>" (a new
- * string). Integers beyond 64 bits never get here: the strict JSON pass refuses them. */
-static char *node_get_u64(JsonNode *node, uint64_t *out)
+/* A JSON integer >= 0 at the cursor into *OUT: NULL, or why it is not one, for "shape[1] <why>"
+ * (a new string). Integers beyond 64 bits never get here: the strict JSON pass refuses them. */
+static char *cursor_u64(CkptfsJsonCursor *c, uint64_t *out)
 {
-    GType type = node && JSON_NODE_TYPE(node) == JSON_NODE_VALUE ? json_node_get_value_type(node) : G_TYPE_NONE;
-    if (type == G_TYPE_DOUBLE)
-        return g_strdup_printf("is not an integer (%g)", json_node_get_double(node));
-    if (type != G_TYPE_INT64)
+    if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_NUMBER) {
+        ckptfs_json_cursor_skip(c);
         return g_strdup("is not a number");
-    gint64 v = json_node_get_int(node);
-    if (v < 0)
-        return g_strdup_printf("%" G_GINT64_FORMAT " is negative", v);
-    *out = (uint64_t)v;
+    }
+    bool is_int;
+    int64_t i;
+    double d;
+    ckptfs_json_cursor_number(c, &is_int, &i, &d);
+    if (!is_int)
+        return g_strdup_printf("is not an integer (%g)", d);
+    if (i < 0)
+        return g_strdup_printf("%" G_GINT64_FORMAT " is negative", (gint64)i);
+    *out = (uint64_t)i;
     return NULL;
 }
 
-static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
+/* The integers of the array at the cursor into OUT (at most MAX; *N their number, counted past
+ * MAX): NULL, or why one is not a non-negative integer, prefixed "[k] ". */
+static char *cursor_u64_array(CkptfsJsonCursor *c, uint64_t *out, unsigned max, unsigned *n)
+{
+    *n = 0;
+    ckptfs_json_cursor_enter(c);
+    char *why = NULL;
+    while (ckptfs_json_cursor_next(c, NULL)) {
+        uint64_t v = 0;
+        char *bad = why ? NULL : cursor_u64(c, &v);
+        if (why) /* the rest only counted */
+            ckptfs_json_cursor_skip(c);
+        if (bad) {
+            why = g_strdup_printf("[%u] %s", *n, bad);
+            g_free(bad);
+        }
+        if (*n < max)
+            out[*n] = v;
+        (*n)++;
+    }
+    return why;
+}
+
+/* A tensor entry (the value at the cursor). */
+static bool parse_entry(const char *file_name, const char *name, CkptfsJsonCursor *c,
                         CkptfsStEntry *entry, GError **error)
 {
 #define BAD(...)                                                                              \
@@ -114,44 +142,54 @@ static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
         return false;                                                                         \
     } while (0)
 
-    if (!JSON_NODE_HOLDS_OBJECT(node))
+    if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_OBJECT)
         BAD("entry is not a JSON object");
-    JsonObject *obj = json_node_get_object(node);
-
-    JsonNode *dtype_node = json_object_get_member(obj, "dtype");
-    if (dtype_node == NULL || !JSON_NODE_HOLDS_VALUE(dtype_node) ||
-        json_node_get_value_type(dtype_node) != G_TYPE_STRING)
+    g_autoptr(GString) key = g_string_new(NULL), dtype_name = g_string_new(NULL);
+    bool have_dtype = false, have_shape = false, shape_array = false, offs_array = false;
+    unsigned ndim = 0, noffs = 0;
+    uint64_t offs[2] = {0, 0};
+    g_autofree char *shape_why = NULL, *offs_why = NULL;
+    ckptfs_json_cursor_enter(c);
+    while (ckptfs_json_cursor_next(c, key)) {
+        CkptfsJsonKind kind = ckptfs_json_cursor_kind(c);
+        if (strcmp(key->str, "dtype") == 0 && kind == CKPTFS_JSON_STRING) {
+            ckptfs_json_cursor_string(c, dtype_name);
+            have_dtype = true;
+        } else if (strcmp(key->str, "shape") == 0) {
+            have_shape = true;
+            shape_array = kind == CKPTFS_JSON_ARRAY;
+            if (shape_array)
+                shape_why = cursor_u64_array(c, entry->shape, CKPTFS_MAX_DIMS, &ndim);
+            else
+                ckptfs_json_cursor_skip(c);
+        } else if (strcmp(key->str, "data_offsets") == 0) {
+            offs_array = kind == CKPTFS_JSON_ARRAY;
+            if (offs_array)
+                offs_why = cursor_u64_array(c, offs, 2, &noffs);
+            else
+                ckptfs_json_cursor_skip(c);
+        } else {
+            ckptfs_json_cursor_skip(c); /* other members are not read (nor were they by json-glib) */
+        }
+    }
+    if (!have_dtype)
         BAD("missing or non-string \"dtype\"");
-    const char *dtype_name = json_node_get_string(dtype_node);
-    entry->dtype = ckptfs_dtype_from_safetensors(dtype_name);
+    entry->dtype = ckptfs_dtype_from_safetensors(dtype_name->str);
     if (entry->dtype == CKPTFS_DTYPE_INVALID)
-        BAD("unknown dtype \"%s\"", dtype_name);
-
-    JsonNode *shape_node = json_object_get_member(obj, "shape");
-    if (shape_node == NULL || !JSON_NODE_HOLDS_ARRAY(shape_node))
+        BAD("unknown dtype \"%s\"", dtype_name->str);
+    if (!have_shape || !shape_array)
         BAD("missing or non-array \"shape\"");
-    JsonArray *shape = json_node_get_array(shape_node);
-    guint ndim = json_array_get_length(shape);
     if (ndim > CKPTFS_MAX_DIMS)
         BAD("%u dimensions (at most %d supported)", ndim, CKPTFS_MAX_DIMS);
     entry->ndim = ndim;
-    for (guint i = 0; i < ndim; i++) {
-        g_autofree char *why = node_get_u64(json_array_get_element(shape, i), &entry->shape[i]);
-        if (why)
-            BAD("shape[%u] %s", i, why);
-    }
-
-    JsonNode *offs_node = json_object_get_member(obj, "data_offsets");
-    if (offs_node == NULL || !JSON_NODE_HOLDS_ARRAY(offs_node) ||
-        json_array_get_length(json_node_get_array(offs_node)) != 2)
+    if (shape_why)
+        BAD("shape%s", shape_why);
+    if (!offs_array || noffs != 2)
         BAD("missing \"data_offsets\" or not a [begin, end] pair");
-    JsonArray *offs = json_node_get_array(offs_node);
-    uint64_t *ends[2] = {&entry->begin, &entry->end};
-    for (guint i = 0; i < 2; i++) {
-        g_autofree char *why = node_get_u64(json_array_get_element(offs, i), ends[i]);
-        if (why)
-            BAD("data_offsets[%u] %s", i, why);
-    }
+    if (offs_why)
+        BAD("data_offsets%s", offs_why);
+    entry->begin = offs[0];
+    entry->end = offs[1];
     if (entry->end < entry->begin)
         BAD("data_offsets [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] end before begin",
             entry->begin, entry->end);
@@ -163,34 +201,34 @@ static bool parse_entry(const char *file_name, const char *name, JsonNode *node,
     }
     if (!ckptfs_mul_u64(numel, ckptfs_dtype_size(entry->dtype), &nbytes))
         BAD("%" G_GUINT64_FORMAT " %s elements of %zu bytes: their size overflows 64 bits", numel,
-            dtype_name, ckptfs_dtype_size(entry->dtype));
+            dtype_name->str, ckptfs_dtype_size(entry->dtype));
     if (entry->end - entry->begin != nbytes)
         BAD("shape and dtype %s need %" G_GUINT64_FORMAT " bytes but data_offsets [%" G_GUINT64_FORMAT
             ", %" G_GUINT64_FORMAT "] hold %" G_GUINT64_FORMAT,
-            dtype_name, nbytes, entry->begin, entry->end, entry->end - entry->begin);
+            dtype_name->str, nbytes, entry->begin, entry->end, entry->end - entry->begin);
     return true;
 #undef BAD
 }
 
-static bool parse_metadata(const char *file_name, JsonNode *node, GPtrArray *out, GError **error)
+/* "__metadata__" (the value at the cursor): string keys to string values. */
+static bool parse_metadata(const char *file_name, CkptfsJsonCursor *c, GPtrArray *out, GError **error)
 {
-    if (!JSON_NODE_HOLDS_OBJECT(node)) {
+    if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_OBJECT) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: \"__metadata__\" is not a JSON object", file_name);
         return false;
     }
-    JsonObject *obj = json_node_get_object(node);
-    g_autoptr(GList) members = json_object_get_members(obj);
-    for (GList *m = members; m; m = m->next) {
-        JsonNode *v = json_object_get_member(obj, m->data);
-        if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
+    g_autoptr(GString) key = g_string_new(NULL), value = g_string_new(NULL);
+    ckptfs_json_cursor_enter(c);
+    while (ckptfs_json_cursor_next(c, key)) {
+        if (ckptfs_json_cursor_kind(c) != CKPTFS_JSON_STRING) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                        "%s: \"__metadata__\" value of '%s' is not a string", file_name,
-                        (const char *)m->data);
+                        "%s: \"__metadata__\" value of '%s' is not a string", file_name, key->str);
             return false;
         }
-        g_ptr_array_add(out, g_strdup(m->data));
-        g_ptr_array_add(out, g_strdup(json_node_get_string(v)));
+        ckptfs_json_cursor_string(c, value);
+        g_ptr_array_add(out, g_strdup(key->str));
+        g_ptr_array_add(out, g_strdup(value->str));
     }
     return true;
 }
@@ -229,8 +267,7 @@ CkptfsStHeader *ckptfs_st_parse_header(const char *file_name, const char *json, 
         return NULL;
     }
     g_autofree char *what = g_strdup_printf("%s: safetensors header", file_name);
-    g_autoptr(JsonObject) obj = ckptfs_json_parse_object(what, json, json_len, error);
-    if (obj == NULL)
+    if (!ckptfs_json_check_strict(what, json, json_len, error))
         return NULL;
 
     CkptfsStHeader *header = g_new0(CkptfsStHeader, 1);
@@ -238,19 +275,21 @@ CkptfsStHeader *ckptfs_st_parse_header(const char *file_name, const char *json, 
     header->entries = g_ptr_array_new_with_free_func(entry_free);
     header->metadata = g_ptr_array_new_with_free_func(g_free);
 
-    g_autoptr(GList) members = json_object_get_members(obj);
-    for (GList *m = members; m; m = m->next) {
-        const char *name = m->data;
-        JsonNode *node = json_object_get_member(obj, name);
-        if (strcmp(name, "__metadata__") == 0) {
-            if (!parse_metadata(file_name, node, header->metadata, error))
+    /* Read straight from the checked bytes: no JSON tree (it was most of a large mount). */
+    CkptfsJsonCursor c;
+    ckptfs_json_cursor_init(&c, json, json_len);
+    ckptfs_json_cursor_enter(&c);
+    g_autoptr(GString) name = g_string_new(NULL);
+    while (ckptfs_json_cursor_next(&c, name)) {
+        if (strcmp(name->str, "__metadata__") == 0) {
+            if (!parse_metadata(file_name, &c, header->metadata, error))
                 goto fail;
             continue;
         }
         CkptfsStEntry *entry = g_new0(CkptfsStEntry, 1);
-        entry->name = g_strdup(name);
+        entry->name = g_strdup(name->str);
         g_ptr_array_add(header->entries, entry);
-        if (!parse_entry(file_name, name, node, entry, error))
+        if (!parse_entry(file_name, entry->name, &c, entry, error))
             goto fail;
     }
 

@@ -42,48 +42,79 @@ static bool valid_shard_name(const char *name)
            strcmp(name, "..") != 0 && strstr(name, "..") == NULL;
 }
 
-/* weight_map of the index: tensor name -> shard file name (a new reference; the names are
- * owned by it). */
-static JsonObject *read_weight_map(CkptfsSource *source, GError **error)
+/* weight_map of the index: tensor name -> shard file name, and the names in the index's order. */
+typedef struct {
+    GHashTable *shard_of; /* name -> shard (both owned) */
+    GPtrArray *names;     /* borrowed from SHARD_OF's keys */
+} WeightMap;
+
+static void weight_map_free(WeightMap *w)
+{
+    if (w == NULL)
+        return;
+    g_ptr_array_unref(w->names);
+    g_hash_table_unref(w->shard_of);
+    g_free(w);
+}
+G_DEFINE_AUTOPTR_CLEANUP_FUNC(WeightMap, weight_map_free)
+
+/* Read from the checked bytes with a cursor: an index of a large model lists ~100k tensors, and
+ * json-glib's tree of them was a fifth of such a mount. */
+static WeightMap *read_weight_map(CkptfsSource *source, GError **error)
 {
     g_autofree char *path = g_build_filename(source->dir, INDEX_NAME, NULL);
-    g_autoptr(JsonObject) index = ckptfs_json_load_object(path, error);
-    if (index == NULL)
+    g_autofree char *data = NULL;
+    size_t len = 0;
+    if (!ckptfs_read_small_file(path, CKPTFS_MAX_JSON_BYTES, &data, &len, error) ||
+        !ckptfs_json_check_strict(path, data, len, error))
         return NULL;
-    JsonNode *map = json_object_get_member(index, "weight_map");
-    if (map == NULL || !JSON_NODE_HOLDS_OBJECT(map)) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: no \"weight_map\" object", path);
+    g_autoptr(WeightMap) w = g_new0(WeightMap, 1);
+    w->shard_of = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    w->names = g_ptr_array_new();
+    CkptfsJsonCursor c;
+    ckptfs_json_cursor_init(&c, data, len);
+    ckptfs_json_cursor_enter(&c);
+    g_autoptr(GString) key = g_string_new(NULL), shard = g_string_new(NULL);
+    bool found = false;
+    while (ckptfs_json_cursor_next(&c, key)) {
+        if (strcmp(key->str, "weight_map") != 0 || ckptfs_json_cursor_kind(&c) != CKPTFS_JSON_OBJECT) {
+            ckptfs_json_cursor_skip(&c);
+            continue;
+        }
+        found = true;
+        ckptfs_json_cursor_enter(&c);
+        while (ckptfs_json_cursor_next(&c, key)) {
+            if (ckptfs_json_cursor_kind(&c) != CKPTFS_JSON_STRING) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: weight_map entry of tensor '%s' is not a file name", path, key->str);
+                return NULL;
+            }
+            ckptfs_json_cursor_string(&c, shard);
+            if (!valid_shard_name(shard->str)) {
+                g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                            "%s: tensor '%s' is mapped to '%s', which is not a plain file name in the "
+                            "source directory",
+                            path, key->str, shard->str);
+                return NULL;
+            }
+            char *name = g_strdup(key->str); /* keys are distinct: the strict check refuses repeats */
+            g_hash_table_insert(w->shard_of, name, g_strdup(shard->str));
+            g_ptr_array_add(w->names, name);
+        }
+    }
+    if (!found) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: no \"weight_map\" object", path);
         return NULL;
     }
-    g_autoptr(JsonObject) weight_map = json_object_ref(json_node_get_object(map));
-    g_autoptr(GList) names = json_object_get_members(weight_map);
-    for (GList *n = names; n; n = n->next) {
-        JsonNode *v = json_object_get_member(weight_map, n->data);
-        if (!JSON_NODE_HOLDS_VALUE(v) || json_node_get_value_type(v) != G_TYPE_STRING) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                        "%s: weight_map entry of tensor '%s' is not a file name", path,
-                        (const char *)n->data);
-            return NULL;
-        }
-        const char *shard = json_node_get_string(v);
-        if (!valid_shard_name(shard)) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                        "%s: tensor '%s' is mapped to '%s', which is not a plain file name in the "
-                        "source directory",
-                        path, (const char *)n->data, shard);
-            return NULL;
-        }
-    }
-    if (names == NULL) {
+    if (w->names->len == 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s: weight_map is empty", path);
         return NULL;
     }
-    return g_steal_pointer(&weight_map);
+    return g_steal_pointer(&w);
 }
 
 /* Adds the tensors of one safetensors file to the catalog, checking them against the index. */
-static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weight_map,
+static bool add_shard(CkptfsSource *source, const char *shard, const WeightMap *weight_map,
                       GHashTable *seen_in, GError **error)
 {
     const CkptfsSourceFile *file = ckptfs_source_top_file(source, shard);
@@ -114,11 +145,11 @@ static bool add_shard(CkptfsSource *source, const char *shard, JsonObject *weigh
             break;
         }
         if (weight_map != NULL) {
-            JsonNode *where = json_object_get_member(weight_map, e->name);
-            if (where == NULL || strcmp(json_node_get_string(where), shard) != 0) {
+            const char *where = g_hash_table_lookup(weight_map->shard_of, e->name);
+            if (where == NULL || strcmp(where, shard) != 0) {
                 g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                             "%s: tensor '%s' is in this file but %s maps it to %s", path, e->name,
-                            INDEX_NAME, where ? json_node_get_string(where) : "nothing");
+                            INDEX_NAME, where ? where : "nothing");
                 ok = false;
                 break;
             }
@@ -155,22 +186,19 @@ static bool open_weights(CkptfsSource *source, GError **error)
         g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
         return add_shard(source, SINGLE_NAME, NULL, seen, error);
     }
-    g_autoptr(JsonObject) weight_map = read_weight_map(source, error);
+    g_autoptr(WeightMap) weight_map = read_weight_map(source, error);
     if (weight_map == NULL)
         return false;
-    if (json_object_get_size(weight_map) > CKPTFS_MAX_SOURCE_TENSORS) {
+    if (weight_map->names->len > CKPTFS_MAX_SOURCE_TENSORS) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s/%s: weight_map lists %u tensors (limit %u "
-                    "per source)", source->dir, INDEX_NAME, json_object_get_size(weight_map),
-                    CKPTFS_MAX_SOURCE_TENSORS);
+                    "per source)", source->dir, INDEX_NAME, weight_map->names->len, CKPTFS_MAX_SOURCE_TENSORS);
         return false;
     }
 
     /* Shards in file name order, as transformers loads them. */
     g_autoptr(GHashTable) shard_set = g_hash_table_new(g_str_hash, g_str_equal);
-    g_autoptr(GList) names = json_object_get_members(weight_map);
-    for (GList *n = names; n; n = n->next)
-        g_hash_table_add(shard_set,
-                         (gpointer)json_node_get_string(json_object_get_member(weight_map, n->data)));
+    for (guint i = 0; i < weight_map->names->len; i++)
+        g_hash_table_add(shard_set, g_hash_table_lookup(weight_map->shard_of, g_ptr_array_index(weight_map->names, i)));
     g_autoptr(GList) shards = g_hash_table_get_keys(shard_set);
     shards = g_list_sort(shards, (GCompareFunc)strcmp);
 
@@ -178,13 +206,12 @@ static bool open_weights(CkptfsSource *source, GError **error)
     for (GList *s = shards; s; s = s->next)
         if (!add_shard(source, s->data, weight_map, seen, error))
             return false;
-    for (GList *n = names; n; n = n->next) {
-        if (ckptfs_catalog_find(source->catalog, n->data) == NULL) {
-            const char *shard = json_node_get_string(json_object_get_member(weight_map, n->data));
-            g_autofree char *path = g_build_filename(source->dir, shard, NULL);
+    for (guint i = 0; i < weight_map->names->len; i++) {
+        const char *name = g_ptr_array_index(weight_map->names, i);
+        if (ckptfs_catalog_find(source->catalog, name) == NULL) {
+            g_autofree char *path = g_build_filename(source->dir, g_hash_table_lookup(weight_map->shard_of, name), NULL);
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                        "%s: tensor '%s' is missing (%s maps it to this file)", path,
-                        (const char *)n->data, INDEX_NAME);
+                        "%s: tensor '%s' is missing (%s maps it to this file)", path, name, INDEX_NAME);
             return false;
         }
     }

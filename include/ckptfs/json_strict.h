@@ -19,6 +19,38 @@ bool ckptfs_json_check_strict(const char *what, const char *data, size_t len, GE
  * (json_object_unref it), or NULL with ERROR set. */
 JsonObject *ckptfs_json_parse_object(const char *what, const char *data, size_t len, GError **error);
 
+/* A cursor over JSON that ckptfs_json_check_strict accepted, for readers of one fixed schema
+ * (safetensors headers: ~100k small objects, where json-glib's tree costs most of a mount): values
+ * in document order, no tree. Every call stays inside the bytes whatever they hold. */
+typedef struct {
+    const unsigned char *p, *end;
+} CkptfsJsonCursor;
+
+typedef enum {
+    CKPTFS_JSON_END, /* nothing left (or not JSON) */
+    CKPTFS_JSON_OBJECT,
+    CKPTFS_JSON_ARRAY,
+    CKPTFS_JSON_STRING,
+    CKPTFS_JSON_NUMBER,
+    CKPTFS_JSON_LITERAL, /* true, false, null */
+} CkptfsJsonKind;
+
+void ckptfs_json_cursor_init(CkptfsJsonCursor *c, const char *data, size_t len);
+/* The kind of the value at the cursor. */
+CkptfsJsonKind ckptfs_json_cursor_kind(CkptfsJsonCursor *c);
+/* Steps into the object or array at the cursor. */
+void ckptfs_json_cursor_enter(CkptfsJsonCursor *c);
+/* The next member of the object (its key into KEY, decoded) or element of the array (KEY NULL)
+ * the cursor is in, the cursor then at its value; false at the end, the cursor after it. */
+bool ckptfs_json_cursor_next(CkptfsJsonCursor *c, GString *key);
+/* The string at the cursor, decoded into OUT; the cursor after it. */
+void ckptfs_json_cursor_string(CkptfsJsonCursor *c, GString *out);
+/* The number at the cursor; *IS_INT says whether it is an integer (then *I holds it; strict JSON
+ * integers fit in 64 bits), else *D. The cursor after it. */
+void ckptfs_json_cursor_number(CkptfsJsonCursor *c, bool *is_int, int64_t *i, double *d);
+/* Skips the value at the cursor. */
+void ckptfs_json_cursor_skip(CkptfsJsonCursor *c);
+
 /* The JSON object in the file PATH: read with ckptfs_read_small_file (a regular file of at most
  * CKPTFS_MAX_JSON_BYTES, never blocking on a FIFO) and parsed as ckptfs_json_parse_object does.
  * Errors name PATH; a missing file is CKPTFS_ERROR_NOT_FOUND. */
