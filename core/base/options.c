@@ -74,10 +74,11 @@ static bool parse_choice(const char *key, const char *value, const char *const *
 
 typedef bool (*OptionFn)(CkptfsOptions *o, const char *key, const char *value, GError **error);
 
-static bool opt_hf_shard_size(CkptfsOptions *o, const char *key, const char *value, GError **error)
+/* A size option's VALUE (4096, 256M, 5GB) into *OUT. */
+static bool parse_size_option(const char *key, const char *value, uint64_t *out, GError **error)
 {
     GError *local = NULL;
-    if (!ckptfs_parse_size(value, &o->hf_shard_size, &local)) {
+    if (!ckptfs_parse_size(value, out, &local)) {
         bad(error, key, local->message);
         g_error_free(local);
         return false;
@@ -85,15 +86,14 @@ static bool opt_hf_shard_size(CkptfsOptions *o, const char *key, const char *val
     return true;
 }
 
+static bool opt_hf_shard_size(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_size_option(key, value, &o->hf_shard_size, error);
+}
+
 static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    GError *local = NULL;
-    if (!ckptfs_parse_size(value, &o->frame_cache, &local)) {
-        bad(error, key, local->message);
-        g_error_free(local);
-        return false;
-    }
-    return true;
+    return parse_size_option(key, value, &o->frame_cache, error);
 }
 
 static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, GError **error)
@@ -102,13 +102,7 @@ static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, G
         o->prefetch = 0;
         return true;
     }
-    GError *local = NULL;
-    if (!ckptfs_parse_size(value, &o->prefetch, &local)) {
-        bad(error, key, local->message);
-        g_error_free(local);
-        return false;
-    }
-    return true;
+    return parse_size_option(key, value, &o->prefetch, error);
 }
 
 static bool opt_spec(CkptfsOptions *o, const char *key, const char *value, GError **error)

@@ -99,12 +99,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import reference  # noqa: E402
 from fp8_check import bf16_bits as bf16_rne, e4m3_values  # noqa: E402
 from models import as_array, bf16_bits, bf16_to_f32, read_safetensors, write_safetensors  # noqa: E402
 from moe_reference import (file_name, moe_mlp_keys, parse_moe_layout, rank_grid,  # noqa: E402
                            softmax, topk_mask, writer_files)
 from reference import (Model, check_flags, chunk_layers, dense_args, hf_swiglu,  # noqa: E402
-                       load_rank_file, megatron_dense_mlp, megatron_swiglu, padded_vocab, rms,
+                       megatron_dense_mlp, megatron_swiglu, padded_vocab, rms,
                        row_split, silu, vocab_split)
 
 models.ST_DTYPES.setdefault("F8_E4M3", (np.uint8, 1))
@@ -1053,32 +1054,8 @@ def args_errors(name, args, want):
 
 
 def compare_view(a, want, expect_args, torch):
-    """Loads the rank files of view a.view and compares them with want ({rank dir: chunks});
-    returns (errors, {rank dir: loaded file})."""
-    errors = []
-    tracker = open(os.path.join(a.view, "latest_checkpointed_iteration.txt")).read()
-    if tracker != "release":
-        errors.append(f"tracker says {tracker!r}")
-    present = sorted(os.listdir(os.path.join(a.view, "release")))
-    if present != sorted(want):
-        errors.append(f"rank dirs {present} != {sorted(want)}")
-    loaded = {}
-    for name, chunks in want.items():
-        path = os.path.join(a.view, "release", name, "model_optim_rng.pt")
-        if not os.path.exists(path):
-            continue
-        sd = loaded[name] = load_rank_file(torch, path, a.torch2, not a.no_args)
-        top = (["args"] if not a.no_args else []) + ["checkpoint_version", "iteration"] + list(chunks)
-        if list(sd) != top:
-            errors.append(f"{name}: top-level keys {list(sd)} != {top}")
-            continue
-        if sd["checkpoint_version"] != 3.0 or sd["iteration"] != 0:
-            errors.append(f"{name}: checkpoint_version {sd['checkpoint_version']}, iteration {sd['iteration']}")
-        if not a.no_args:
-            errors += args_errors(name, sd["args"], expect_args)
-        for ck, exp in chunks.items():
-            compare_chunk(f"{name}/{ck}", sd[ck], exp, errors, torch)
-    return errors, loaded
+    """reference.compare_view with DeepSeek's args rules (OneOf) and chunk comparison."""
+    return reference.compare_view(a, want, expect_args, torch, args_errors=args_errors, compare=compare_chunk)
 
 
 def check(argv):

@@ -386,9 +386,21 @@ def compare_model(name, got, exp, errors, torch):
             errors.append(f"{name}/{k}: values differ")
 
 
-def compare_view(a, want, expect_args, torch):
+def plain_args_errors(name, args, expect_args):
+    """args fields that differ from expect_args (exact values)."""
+    out = []
+    for k, val in expect_args.items():
+        got = getattr(args, k, "<missing>")
+        if got != val:
+            out.append(f"{name}: args.{k} = {got!r}, want {val!r}")
+    return out
+
+
+def compare_view(a, want, expect_args, torch, args_errors=plain_args_errors, compare=None):
     """Loads the rank files of view a.view and compares them with want ({rank dir: chunks});
-    returns (errors, {rank dir: loaded file})."""
+    returns (errors, {rank dir: loaded file}). ARGS_ERRORS(name, args, expect_args) lists what
+    differs in args; COMPARE(name, got, exp, errors, torch) compares a chunk (compare_model)."""
+    compare = compare or compare_model
     errors = []
     tracker = open(os.path.join(a.view, "latest_checkpointed_iteration.txt")).read()
     if tracker != "release":
@@ -407,14 +419,11 @@ def compare_view(a, want, expect_args, torch):
             errors.append(f"{name}: top-level keys {list(sd)} != {top}")
             continue
         if sd["checkpoint_version"] != 3.0 or sd["iteration"] != 0:
-            errors.append(f"{name}: checkpoint_version/iteration")
+            errors.append(f"{name}: checkpoint_version {sd['checkpoint_version']}, iteration {sd['iteration']}")
         if not a.no_args:
-            for k, val in expect_args.items():
-                got = getattr(sd["args"], k, "<missing>")
-                if got != val:
-                    errors.append(f"{name}: args.{k} = {got!r}, want {val!r}")
+            errors += args_errors(name, sd["args"], expect_args)
         for ck, exp in chunks.items():
-            compare_model(f"{name}/{ck}", sd[ck], exp, errors, torch)
+            compare(f"{name}/{ck}", sd[ck], exp, errors, torch)
     return errors, loaded
 
 
