@@ -1035,7 +1035,7 @@ static void pack_usage(FILE *out)
             "holding tensor bytes is a compressed container; other files are copied. `ckptfs mount DEST`\n"
             "serves the same views as SRC.\n"
             "    -o codec=zstd|lz4      compressor (default zstd)\n"
-            "    -o level=N             zstd 1-19 (default 3); lz4 1 (default, fast) or 2-12 (lz4hc)\n"
+            "    -o level=N             zstd 1-19 (default 1); lz4 1 (default, fast) or 2-12 (lz4hc)\n"
             "    -o frame=SIZE          uncompressed bytes per frame, 64K-64M, a multiple of 4096 (2M)\n"
             "    -o threads=N           compressing threads (default: the CPUs, at most 16)\n"
             "    -o OPTION              any source option of mount (iteration=N, ...)\n"

@@ -263,7 +263,7 @@ static const struct {
      "bytes of source data asked for ahead of a sequential reader of a view file\n"
      "                           (default 32M; 0: none)"},
     {"frame_cache", opt_frame_cache,
-     "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 256M)"},
+     "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
      "off|on: experts as SequentialMLP local_experts (default) or TEGroupedMLP weight{e} keys"},
     {"mtp", opt_mtp,

@@ -158,6 +158,12 @@ void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsig
 bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
                          GError **error)
 {
+    return ckptfs_frame_decode_with(e, src, dst, scratch, NULL, error);
+}
+
+bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
+                              void *zstd_dctx, GError **error)
+{
     uint8_t *out = e->planes > 1 ? scratch : dst;
     size_t got = 0;
     switch (e->codec) {
@@ -171,7 +177,8 @@ bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t 
         got = e->ulength;
         break;
     case CKPTFS_CODEC_ZSTD: {
-        size_t r = ZSTD_decompress(out, e->ulength, src, e->clength);
+        size_t r = zstd_dctx ? ZSTD_decompressDCtx(zstd_dctx, out, e->ulength, src, e->clength)
+                             : ZSTD_decompress(out, e->ulength, src, e->clength);
         if (ZSTD_isError(r)) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "zstd: %s", ZSTD_getErrorName(r));
             return false;
@@ -353,17 +360,33 @@ void ckptfs_container_stats(const CkptfsContainer *c, CkptfsContainerStats *out)
 typedef struct {
     uint64_t key;
     uint8_t *data;
-    size_t len;
+    size_t len, cap; /* bytes of the frame, of the buffer */
     unsigned holds;
     GList link; /* in the LRU list while held by the cache */
 } CachedFrame;
+
+/* A buffer kept for the next decode: reusing one costs no page faults, where a fresh one of a
+ * few MiB is a new mapping touched page by page. */
+typedef struct {
+    uint8_t *data;
+    size_t cap;
+} Spare;
+#define SPARE_BUFFERS 16u
 
 struct CkptfsFrameCache {
     GMutex lock;
     GHashTable *frames; /* key -> CachedFrame* */
     GQueue lru;         /* most recently used first */
     uint64_t bytes, budget;
+    Spare spare[SPARE_BUFFERS];
+    unsigned nspare;
+    GPtrArray *dctx; /* idle ZSTD_DCtx, one per thread decoding at once at most */
 };
+
+static void free_dctx(gpointer ctx)
+{
+    ZSTD_freeDCtx(ctx);
+}
 
 CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
 {
@@ -372,6 +395,7 @@ CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
     cache->frames = g_hash_table_new(g_int64_hash, g_int64_equal);
     g_queue_init(&cache->lru);
     cache->budget = budget;
+    cache->dctx = g_ptr_array_new_with_free_func(free_dctx);
     return cache;
 }
 
@@ -379,6 +403,57 @@ static void cached_frame_free(CachedFrame *f)
 {
     g_free(f->data);
     g_free(f);
+}
+
+/* Under the lock: keeps DATA for reuse, or frees it. */
+static void recycle_locked(CkptfsFrameCache *cache, uint8_t *data, size_t cap)
+{
+    if (cache->nspare < SPARE_BUFFERS)
+        cache->spare[cache->nspare++] = (Spare){data, cap};
+    else
+        g_free(data);
+}
+
+uint8_t *ckptfs_frame_cache_buffer(CkptfsFrameCache *cache, size_t len, size_t *cap)
+{
+    g_mutex_lock(&cache->lock);
+    for (unsigned i = 0; i < cache->nspare; i++)
+        if (cache->spare[i].cap >= len) {
+            Spare s = cache->spare[i];
+            cache->spare[i] = cache->spare[--cache->nspare];
+            g_mutex_unlock(&cache->lock);
+            *cap = s.cap;
+            return s.data;
+        }
+    g_mutex_unlock(&cache->lock);
+    *cap = len;
+    return g_try_malloc(MAX(len, 1));
+}
+
+void ckptfs_frame_cache_recycle(CkptfsFrameCache *cache, uint8_t *data, size_t cap)
+{
+    if (data == NULL)
+        return;
+    g_mutex_lock(&cache->lock);
+    recycle_locked(cache, data, cap);
+    g_mutex_unlock(&cache->lock);
+}
+
+void *ckptfs_frame_cache_zstd(CkptfsFrameCache *cache)
+{
+    g_mutex_lock(&cache->lock);
+    void *ctx = cache->dctx->len ? g_ptr_array_steal_index_fast(cache->dctx, cache->dctx->len - 1) : NULL;
+    g_mutex_unlock(&cache->lock);
+    return ctx ? ctx : ZSTD_createDCtx();
+}
+
+void ckptfs_frame_cache_zstd_done(CkptfsFrameCache *cache, void *ctx)
+{
+    if (ctx == NULL)
+        return;
+    g_mutex_lock(&cache->lock);
+    g_ptr_array_add(cache->dctx, ctx);
+    g_mutex_unlock(&cache->lock);
 }
 
 void ckptfs_frame_cache_free(CkptfsFrameCache *cache)
@@ -391,6 +466,9 @@ void ckptfs_frame_cache_free(CkptfsFrameCache *cache)
     while (g_hash_table_iter_next(&it, NULL, &value))
         cached_frame_free(value);
     g_hash_table_unref(cache->frames);
+    for (unsigned i = 0; i < cache->nspare; i++)
+        g_free(cache->spare[i].data);
+    g_ptr_array_unref(cache->dctx);
     g_mutex_clear(&cache->lock);
     g_free(cache);
 }
@@ -405,7 +483,8 @@ static void trim(CkptfsFrameCache *cache)
             g_queue_unlink(&cache->lru, l);
             g_hash_table_remove(cache->frames, &f->key);
             cache->bytes -= f->len;
-            cached_frame_free(f);
+            recycle_locked(cache, f->data, f->cap);
+            g_free(f);
         }
         l = prev;
     }
@@ -438,15 +517,15 @@ const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpo
 }
 
 const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
-                                      gpointer *out)
+                                      size_t cap, gpointer *out)
 {
     g_mutex_lock(&cache->lock);
     CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
     if (f != NULL) { /* decoded twice at once: keep the first */
-        g_free(data);
+        recycle_locked(cache, data, cap);
     } else {
         f = g_new0(CachedFrame, 1);
-        *f = (CachedFrame){.key = key, .data = data, .len = len};
+        *f = (CachedFrame){.key = key, .data = data, .len = len, .cap = cap};
         f->link.data = f;
         g_queue_push_head_link(&cache->lru, &f->link);
         g_hash_table_insert(cache->frames, &f->key, f);

@@ -292,8 +292,9 @@ static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned inde
     if (data != NULL)
         return data;
     const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
-    g_autofree uint8_t *work = g_try_malloc((size_t)e->clength + e->ulength);
-    uint8_t *out = g_try_malloc(e->ulength);
+    size_t work_cap = 0, out_cap = 0;
+    uint8_t *work = ckptfs_frame_cache_buffer(files->frames, (size_t)e->clength + e->ulength, &work_cap);
+    uint8_t *out = ckptfs_frame_cache_buffer(files->frames, e->ulength, &out_cap);
     GError *why = NULL;
     bool ok = work != NULL && out != NULL;
     if (!ok)
@@ -303,16 +304,19 @@ static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned inde
         g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s", rc > 0 ? g_strerror(rc) : "the file ends early");
         ok = false;
     }
-    ok = ok && ckptfs_frame_decode(e, work, out, work + e->clength, &why);
+    void *dctx = ok && e->codec == CKPTFS_CODEC_ZSTD ? ckptfs_frame_cache_zstd(files->frames) : NULL;
+    ok = ok && ckptfs_frame_decode_with(e, work, out, work + e->clength, dctx, &why);
+    ckptfs_frame_cache_zstd_done(files->frames, dctx);
+    ckptfs_frame_cache_recycle(files->frames, work, work_cap);
     if (!ok) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO,
                     "%s: packed frame %" G_GUINT64_FORMAT " (original bytes [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     ")): %s", f->pub.path, i, e->uoffset, e->uoffset + e->ulength, why->message);
         g_error_free(why);
-        g_free(out);
+        ckptfs_frame_cache_recycle(files->frames, out, out_cap);
         return NULL;
     }
-    return ckptfs_frame_cache_put(files->frames, key, out, e->ulength, hold);
+    return ckptfs_frame_cache_put(files->frames, key, out, e->ulength, out_cap, hold);
 }
 
 /* LEN original bytes at OFFSET of packed file F, frame by frame. */

@@ -28,7 +28,7 @@
 #include "ckptfs/units.h"
 #include "ckptfs/verl_run.h"
 
-#define ZSTD_LEVEL_DEFAULT 3
+#define ZSTD_LEVEL_DEFAULT 1 /* on byte planes of trained weights: smaller and twice as fast as 3 */
 #define ZSTD_LEVEL_MAX 19
 #define LZ4_LEVEL_MAX LZ4HC_CLEVEL_MAX
 #define THREADS_DEFAULT_MAX 16u

@@ -65,6 +65,9 @@ void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsig
  * wrong with the frame (the caller names file and frame). */
 bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
                          GError **error);
+/* The same with a zstd decompression context to reuse (a ZSTD_DCtx*, or NULL). */
+bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
+                              void *zstd_dctx, GError **error);
 
 /* --- reading --- */
 
@@ -100,10 +103,18 @@ void ckptfs_frame_cache_free(CkptfsFrameCache *cache);
 void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget);
 /* The frame of KEY, held until ckptfs_frame_cache_release(*HOLD), or NULL. */
 const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *hold);
-/* Adds DATA (LEN bytes, taken over) as KEY, or when another thread added KEY meanwhile frees it
- * and returns that one; held as by get. */
+/* Adds DATA (LEN bytes of a buffer of CAP, taken over) as KEY, or when another thread added KEY
+ * meanwhile recycles it and returns that one; held as by get. */
 const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
-                                      gpointer *hold);
+                                      size_t cap, gpointer *hold);
+/* A buffer of at least LEN bytes (*CAP: its size), reused when the cache has one to spare (frames
+ * dropped, work buffers given back), else new (NULL when memory runs out); give it back with
+ * ckptfs_frame_cache_recycle or to the cache with put. */
+uint8_t *ckptfs_frame_cache_buffer(CkptfsFrameCache *cache, size_t len, size_t *cap);
+void ckptfs_frame_cache_recycle(CkptfsFrameCache *cache, uint8_t *data, size_t cap);
+/* A zstd decompression context (ZSTD_DCtx*) to decode with, reused; hand it back when done. */
+void *ckptfs_frame_cache_zstd(CkptfsFrameCache *cache);
+void ckptfs_frame_cache_zstd_done(CkptfsFrameCache *cache, void *ctx);
 void ckptfs_frame_cache_release(CkptfsFrameCache *cache, gpointer hold);
 
 #endif

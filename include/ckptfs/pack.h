@@ -20,7 +20,7 @@
 
 typedef struct {
     CkptfsCodec codec;   /* CKPTFS_CODEC_ZSTD (default) or CKPTFS_CODEC_LZ4 */
-    int level;           /* 0 until checked: the codec's default (zstd 3, lz4 1) */
+    int level;           /* 0 until checked: the codec's default (zstd 1, lz4 1) */
     uint32_t frame_size; /* uncompressed bytes per frame */
     unsigned threads;    /* compressing workers; 0 until checked: online CPUs, at most 16 */
 } CkptfsPackOptions;

@@ -22,7 +22,7 @@
 #include "ckptfs/container.h"
 
 /* Decoded frames of packed files kept by default (-o frame_cache). */
-#define CKPTFS_FRAME_CACHE_DEFAULT (256ull << 20)
+#define CKPTFS_FRAME_CACHE_DEFAULT (64ull << 20)
 
 typedef struct CkptfsSrcFiles CkptfsSrcFiles;
 

@@ -589,9 +589,9 @@ static void test_options(void)
     tap_ok(!ckptfs_pack_options_check(&o, &error) && error, "lz4 level 13 refused (%s)", error ? error->message : "");
     g_clear_error(&error);
     ckptfs_pack_options_init(&o);
-    tap_ok(ckptfs_pack_options_check(&o, NULL) && o.level == 3 && o.threads >= 1 && o.threads <= 16 &&
+    tap_ok(ckptfs_pack_options_check(&o, NULL) && o.level == 1 && o.threads >= 1 && o.threads <= 16 &&
                o.frame_size == (2u << 20),
-           "defaults: zstd level 3, frame 2 MiB, 1-16 threads (%u)", o.threads);
+           "defaults: zstd level 1, frame 2 MiB, 1-16 threads (%u)", o.threads);
 }
 
 /* --- a directory --- */
