@@ -13,7 +13,6 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->vocab_divisible_by = 128;
     options->vocab_pad = CKPTFS_VOCAB_PAD_ZERO;
     options->megatron_args = true;
-    options->prefetch = 32ull << 20;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -261,7 +260,7 @@ static const struct {
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
     {"prefetch", opt_prefetch,
      "bytes of source data asked for ahead of a sequential reader of a view file\n"
-     "                           (default 32M; 0: none)"},
+     "                           (default 0: none, until node measurements justify one; try 32M)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

@@ -78,6 +78,20 @@ for c in llama-lz4 llama-zstd9-small; do
     $PY "$pc" random "$WORK/llama/$shard" "$WORK/mnt-$c/hf/$shard" 400 7
 done
 
+# Prefetch (-o prefetch=32M): the same bytes, read while the source ranges ahead are asked for,
+# from a raw and a packed source (many readers at once: the prefetch state is shared).
+for src in llama packed-llama-zstd; do
+  m=$WORK/mnt-prefetch-$src
+  if mount_ckptfs "$WORK/$src" "$m" -o prefetch=32M,layouts=tp4pp1; then
+    check "$src -o prefetch=32M: tp4pp1 and hf/ read by 4 readers at once equal the mount without it" bash -c '
+      pids=(); for r in 0 1 2 3; do cmp "$1/tp4pp1/release/mp_rank_0$r/model_optim_rng.pt" "$2/tp4pp1/release/mp_rank_0$r/model_optim_rng.pt" & pids+=($!); done
+      cmp "$1/hf/'"$shard"'" "$2/hf/'"$shard"'" || exit 1
+      for p in "${pids[@]}"; do wait "$p" || exit 1; done' _ "$m" "$WORK/raw-llama-zstd"
+  else
+    ok 1 "$src -o prefetch=32M: mount"
+  fi
+done
+
 "$CKPTFS" inspect "$WORK/packed-llama-zstd" > "$WORK/inspect" 2>&1
 check "inspect: codec, ratio and the 2-byte (bf16) class" grep -qE "^packed: +2 files, zstd, .* 2-byte 0\.[0-9]+" "$WORK/inspect"
 "$CKPTFS" inspect --json "$WORK/packed-llama-lz4" > "$WORK/inspect.json" 2>&1
