@@ -66,6 +66,11 @@ const char *ckptfs_dtype_safetensors_name(CkptfsDtype dtype)
     return dtype_table[dtype].name;
 }
 
+bool ckptfs_dtype_is_float(CkptfsDtype dtype)
+{
+    return dtype == CKPTFS_DTYPE_F32 || dtype == CKPTFS_DTYPE_BF16 || dtype == CKPTFS_DTYPE_F16;
+}
+
 size_t ckptfs_dtype_size(CkptfsDtype dtype)
 {
     if (dtype <= CKPTFS_DTYPE_INVALID || dtype >= CKPTFS_DTYPE_COUNT)

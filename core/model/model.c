@@ -129,6 +129,16 @@ static bool get_uint(JsonObject *config, const char *key, bool required, uint64_
     return true;
 }
 
+/* A count that may be absent, null or 0 (all three: none), else a positive integer. */
+static bool get_count(JsonObject *config, const char *key, uint64_t *out, GError **error)
+{
+    JsonNode *n = json_object_get_member(config, key);
+    *out = 0;
+    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 && json_node_get_int(n) == 0)
+        return true;
+    return get_uint(config, key, false, 0, out, error);
+}
+
 static double get_double(JsonObject *config, const char *key, double fallback)
 {
     JsonNode *n = json_object_get_member(config, key);
@@ -202,8 +212,7 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
     if (own_float) { /* kept in its own floating-point type (an fp32 expert bias) */
         if (model->fp32_dtype == CKPTFS_DTYPE_INVALID)
             model->fp32_dtype = t->dtype;
-        bool is_float = t->dtype == CKPTFS_DTYPE_F32 || t->dtype == CKPTFS_DTYPE_BF16 || t->dtype == CKPTFS_DTYPE_F16;
-        if (is_float && t->dtype == model->fp32_dtype)
+        if (ckptfs_dtype_is_float(t->dtype) && t->dtype == model->fp32_dtype)
             return true;
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "tensor '%s' is %s; %s expected (F32, or one floating-point type for every such tensor)",
@@ -314,10 +323,7 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
 static bool read_dense_first(JsonObject *config, CkptfsModel *model, GError **error)
 {
     uint64_t first_dense = 0, freq = 1;
-    JsonNode *k = json_object_get_member(config, "first_k_dense_replace");
-    bool zero = k && JSON_NODE_HOLDS_VALUE(k) && json_node_get_value_type(k) == G_TYPE_INT64 &&
-                json_node_get_int(k) == 0;
-    if ((!zero && !get_uint(config, "first_k_dense_replace", false, 0, &first_dense, error)) ||
+    if (!get_count(config, "first_k_dense_replace", &first_dense, error) ||
         !get_uint(config, "moe_layer_freq", false, 1, &freq, error))
         return false;
     if (first_dense >= model->layers)
@@ -343,10 +349,7 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
         return false;
     const char *shared_key = moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key;
     if (shared_key) {
-        JsonNode *n = json_object_get_member(config, shared_key);
-        bool none = n == NULL || JSON_NODE_HOLDS_NULL(n) ||
-                    (JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 && json_node_get_int(n) == 0);
-        if (!none && !get_uint(config, shared_key, true, 0, &model->shared_ffn, error))
+        if (!get_count(config, shared_key, &model->shared_ffn, error))
             return false;
         if (moe->shared_count_key && model->shared_ffn > 0) {
             if (model->shared_ffn > 4096)
@@ -490,10 +493,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
             return false;
     }
 
-    JsonNode *mtp = json_object_get_member(config, "num_nextn_predict_layers");
-    bool no_mtp = mtp == NULL || JSON_NODE_HOLDS_NULL(mtp) ||
-                  (JSON_NODE_HOLDS_VALUE(mtp) && json_node_get_value_type(mtp) == G_TYPE_INT64 && json_node_get_int(mtp) == 0);
-    if (!no_mtp && !get_uint(config, "num_nextn_predict_layers", false, 0, &model->mtp_layers, error))
+    if (!get_count(config, "num_nextn_predict_layers", &model->mtp_layers, error))
         return false;
     /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
      * with the experts' sizes. */

@@ -470,7 +470,7 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     if (t->tensor->dtype == CKPTFS_DTYPE_INVALID)
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has a storage type ckptfs does not know", r->path, key);
     CkptfsDtype d = t->tensor->dtype;
-    if (own_float && d != CKPTFS_DTYPE_F32 && d != CKPTFS_DTYPE_BF16 && d != CKPTFS_DTYPE_F16)
+    if (own_float && !ckptfs_dtype_is_float(d))
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", r->path, key,
                     ckptfs_dtype_safetensors_name(d));
     if (m->dtype == CKPTFS_DTYPE_INVALID && !own_float)

@@ -332,7 +332,7 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
     }
     *dtype_out = d;
     if (key->rule->fp32) {
-        if (d == CKPTFS_DTYPE_F32 || d == CKPTFS_DTYPE_BF16 || d == CKPTFS_DTYPE_F16)
+        if (ckptfs_dtype_is_float(d))
             return st;
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", t->metadata_path, en->name,
              ckptfs_dtype_safetensors_name(d));

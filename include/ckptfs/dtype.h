@@ -2,6 +2,7 @@
 #ifndef CKPTFS_DTYPE_H
 #define CKPTFS_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,5 +43,7 @@ CkptfsDtype ckptfs_dtype_from_torch_name(const char *name);
 CkptfsDtype ckptfs_dtype_from_safetensors(const char *name);
 const char *ckptfs_dtype_safetensors_name(CkptfsDtype dtype);
 size_t ckptfs_dtype_size(CkptfsDtype dtype);
+/* Whether DTYPE is F32, BF16 or F16: a type a tensor Megatron keeps in fp32 may be stored in. */
+bool ckptfs_dtype_is_float(CkptfsDtype dtype);
 
 #endif
