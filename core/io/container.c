@@ -381,6 +381,10 @@ struct CkptfsFrameCache {
     Spare spare[SPARE_BUFFERS];
     unsigned nspare;
     GPtrArray *dctx; /* idle ZSTD_DCtx, one per thread decoding at once at most */
+    GHashTable *pending; /* key (uint64_t*) -> bytes: frames a thread is decoding now */
+    uint64_t pending_bytes;
+    GCond decoded;       /* a pending frame was put or abandoned */
+    uint64_t puts;       /* frames decoded and handed over, in all */
 };
 
 static void free_dctx(gpointer ctx)
@@ -396,6 +400,8 @@ CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
     g_queue_init(&cache->lru);
     cache->budget = budget;
     cache->dctx = g_ptr_array_new_with_free_func(free_dctx);
+    cache->pending = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    g_cond_init(&cache->decoded);
     return cache;
 }
 
@@ -469,6 +475,8 @@ void ckptfs_frame_cache_free(CkptfsFrameCache *cache)
     for (unsigned i = 0; i < cache->nspare; i++)
         g_free(cache->spare[i].data);
     g_ptr_array_unref(cache->dctx);
+    g_hash_table_unref(cache->pending);
+    g_cond_clear(&cache->decoded);
     g_mutex_clear(&cache->lock);
     g_free(cache);
 }
@@ -516,10 +524,62 @@ const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpo
     return data;
 }
 
+/* Under the lock: KEY is being decoded by the caller from now on. */
+static void claim_locked(CkptfsFrameCache *cache, uint64_t key, size_t len)
+{
+    g_hash_table_insert(cache->pending, g_memdup2(&key, sizeof key), GSIZE_TO_POINTER(len));
+    cache->pending_bytes += len;
+}
+
+/* Under the lock: KEY is no longer being decoded; its waiters look again. */
+static void unclaim_locked(CkptfsFrameCache *cache, uint64_t key)
+{
+    gpointer len;
+    if (g_hash_table_lookup_extended(cache->pending, &key, NULL, &len)) {
+        cache->pending_bytes -= GPOINTER_TO_SIZE(len);
+        g_hash_table_remove(cache->pending, &key);
+        g_cond_broadcast(&cache->decoded);
+    }
+}
+
+const uint8_t *ckptfs_frame_cache_get_or_claim(CkptfsFrameCache *cache, uint64_t key, size_t len, gpointer *out)
+{
+    g_mutex_lock(&cache->lock);
+    CachedFrame *f;
+    while ((f = g_hash_table_lookup(cache->frames, &key)) == NULL && g_hash_table_contains(cache->pending, &key))
+        g_cond_wait(&cache->decoded, &cache->lock);
+    const uint8_t *data = f ? hold(cache, f, out) : NULL;
+    if (f == NULL)
+        claim_locked(cache, key, len);
+    g_mutex_unlock(&cache->lock);
+    return data;
+}
+
+bool ckptfs_frame_cache_claim(CkptfsFrameCache *cache, uint64_t key, size_t len)
+{
+    g_mutex_lock(&cache->lock);
+    /* Frames decoded ahead must not push out the ones being read: half the budget at most. */
+    bool claimed = !g_hash_table_contains(cache->frames, &key) && !g_hash_table_contains(cache->pending, &key) &&
+                   cache->pending_bytes + len <= cache->budget / 2;
+    if (claimed)
+        claim_locked(cache, key, len);
+    g_mutex_unlock(&cache->lock);
+    return claimed;
+}
+
+void ckptfs_frame_cache_abandon(CkptfsFrameCache *cache, uint64_t key)
+{
+    g_mutex_lock(&cache->lock);
+    unclaim_locked(cache, key);
+    g_mutex_unlock(&cache->lock);
+}
+
 const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
                                       size_t cap, gpointer *out)
 {
     g_mutex_lock(&cache->lock);
+    unclaim_locked(cache, key);
+    cache->puts++;
     CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
     if (f != NULL) { /* decoded twice at once: keep the first */
         recycle_locked(cache, data, cap);
@@ -531,10 +591,20 @@ const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uin
         g_hash_table_insert(cache->frames, &f->key, f);
         cache->bytes += len;
     }
-    const uint8_t *held = hold(cache, f, out);
+    const uint8_t *held = NULL;
+    if (out != NULL)
+        held = hold(cache, f, out);
     trim(cache);
     g_mutex_unlock(&cache->lock);
     return held;
+}
+
+uint64_t ckptfs_frame_cache_decoded(CkptfsFrameCache *cache)
+{
+    g_mutex_lock(&cache->lock);
+    uint64_t n = cache->puts;
+    g_mutex_unlock(&cache->lock);
+    return n;
 }
 
 void ckptfs_frame_cache_release(CkptfsFrameCache *cache, gpointer held)

@@ -667,6 +667,13 @@ static void advice_add(Advice *a, uint32_t src, uint64_t offset, uint64_t len)
     *a = (Advice){a->files, src, offset, len, a->calls};
 }
 
+/* X * NUM / DEN rounded down or UP, without overflow (sizes of a view file and its sources). */
+static uint64_t muldiv(uint64_t x, uint64_t num, uint64_t den, bool up)
+{
+    unsigned __int128 p = (unsigned __int128)x * num;
+    return (uint64_t)((p + (up ? den - 1 : 0)) / den);
+}
+
 /* At most this many advice calls per prefetch: a window over a tensor split by columns is many
  * short rows. */
 #define PREFETCH_MAX_CALLS 4096u
@@ -681,14 +688,23 @@ void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, u
         const CkptfsExtent *e = &plan->extents[i];
         if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
-        /* Repetitions whose output overlaps the window (a converted one emits e->size / nrep). */
-        uint64_t out_rep = e->size / e->u.gather.nrep;
+        /* Repetitions whose output overlaps the window (a converted one emits out_rep bytes of
+         * rep_size source bytes), and within each only the source bytes of that overlap: a run is
+         * one repetition of a whole file. */
+        uint64_t out_rep = e->size / e->u.gather.nrep, in_rep = e->u.gather.rep_size;
         uint64_t lo = MAX(offset, e->offset) - e->offset, hi = MIN(offset + len, e->offset + e->size) - e->offset;
-        for (uint64_t j = lo / out_rep; j <= (hi - 1) / out_rep && a.calls < PREFETCH_MAX_CALLS; j++)
-            for (uint32_t k = 0; k < e->u.gather.nitems; k++) {
+        for (uint64_t j = lo / out_rep; j <= (hi - 1) / out_rep && a.calls < PREFETCH_MAX_CALLS; j++) {
+            uint64_t from = MAX(lo, j * out_rep) - j * out_rep, to = MIN(hi, (j + 1) * out_rep) - j * out_rep;
+            uint64_t src_from = muldiv(from, in_rep, out_rep, false), src_to = muldiv(to, in_rep, out_rep, true);
+            uint64_t pos = 0;
+            for (uint32_t k = 0; k < e->u.gather.nitems && pos < src_to; k++) {
                 const CkptfsGatherItem *item = &e->u.gather.items[k];
-                advice_add(&a, item->src, item->base + j * item->stride, item->len);
+                uint64_t a0 = MAX(pos, src_from), a1 = MIN(pos + item->len, src_to);
+                if (a0 < a1)
+                    advice_add(&a, item->src, item->base + j * item->stride + (a0 - pos), a1 - a0);
+                pos += item->len;
             }
+        }
     }
     advice_flush(&a);
 }

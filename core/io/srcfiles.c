@@ -30,11 +30,16 @@ struct CkptfsSrcFiles {
     GQueue open;          /* SrcFile* with an fd, most recently used first */
     unsigned max_open;
     CkptfsFrameCache *frames; /* decompressed frames of packed files */
+    GThreadPool *decoders;    /* decode frames ahead of their readers; made with the first packed file */
 };
 
 /* Descriptors left to the rest of the process (FUSE, stdio, libraries) besides the cache. */
 #define FDS_RESERVED 64u
 #define MAX_OPEN_DEFAULT 65536u
+/* Threads decoding frames of packed files ahead of their readers, at most (one per CPU). */
+#define DECODERS_MAX 16u
+
+static void decode_ahead(gpointer job, gpointer user_data);
 
 static void srcfile_free(gpointer data)
 {
@@ -85,6 +90,8 @@ void ckptfs_srcfiles_free(CkptfsSrcFiles *files)
 {
     if (files == NULL)
         return;
+    if (files->decoders != NULL) /* queued frames dropped, running ones finished */
+        g_thread_pool_free(files->decoders, TRUE, TRUE);
     g_ptr_array_unref(files->files);
     g_hash_table_unref(files->by_path);
     g_queue_clear(&files->open);
@@ -174,6 +181,9 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->pub.mode = st.st_mode & 07777;
     f->fd = -1;
     g_mutex_lock(&files->lock);
+    if (container != NULL && files->decoders == NULL)
+        files->decoders = g_thread_pool_new_full(decode_ahead, files, g_free,
+                                                 (gint)MIN(g_get_num_processors(), DECODERS_MAX), FALSE, NULL);
     g_ptr_array_add(files->files, f);
     cache_insert(files, f, fd);
     g_mutex_unlock(&files->lock);
@@ -283,20 +293,21 @@ static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error
     return false;
 }
 
-/* Frame I of packed file F (index INDEX) decoded, from the cache or now; held until released. */
-static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, int fd,
-                                      uint64_t i, gpointer *hold, GError **error)
+static uint64_t frame_key(unsigned index, uint64_t i)
 {
-    uint64_t key = (uint64_t)index << 32 | i; /* frames < 2^24 */
-    const uint8_t *data = ckptfs_frame_cache_get(files->frames, key, hold);
-    if (data != NULL)
-        return data;
+    return (uint64_t)index << 32 | i; /* frames < 2^24 */
+}
+
+/* Decodes frame I of packed file F (read from FD) into a buffer of the cache (*OUT, *OUT_CAP). */
+static bool decode_frame(const CkptfsSrcFiles *files, SrcFile *f, int fd, uint64_t i, uint8_t **out,
+                         size_t *out_cap, GError **error)
+{
     const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
-    size_t work_cap = 0, out_cap = 0;
+    size_t work_cap = 0;
     uint8_t *work = ckptfs_frame_cache_buffer(files->frames, (size_t)e->clength + e->ulength, &work_cap);
-    uint8_t *out = ckptfs_frame_cache_buffer(files->frames, e->ulength, &out_cap);
+    *out = ckptfs_frame_cache_buffer(files->frames, e->ulength, out_cap);
     GError *why = NULL;
-    bool ok = work != NULL && out != NULL;
+    bool ok = work != NULL && *out != NULL;
     if (!ok)
         g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "out of memory");
     int rc = ok ? ckptfs_pread_full(fd, work, e->clength, e->coffset) : 0;
@@ -305,7 +316,7 @@ static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned inde
         ok = false;
     }
     void *dctx = ok && e->codec == CKPTFS_CODEC_ZSTD ? ckptfs_frame_cache_zstd(files->frames) : NULL;
-    ok = ok && ckptfs_frame_decode_with(e, work, out, work + e->clength, dctx, &why);
+    ok = ok && ckptfs_frame_decode_with(e, work, *out, work + e->clength, dctx, &why);
     ckptfs_frame_cache_zstd_done(files->frames, dctx);
     ckptfs_frame_cache_recycle(files->frames, work, work_cap);
     if (!ok) {
@@ -313,10 +324,49 @@ static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned inde
                     "%s: packed frame %" G_GUINT64_FORMAT " (original bytes [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     ")): %s", f->pub.path, i, e->uoffset, e->uoffset + e->ulength, why->message);
         g_error_free(why);
-        ckptfs_frame_cache_recycle(files->frames, out, out_cap);
+        ckptfs_frame_cache_recycle(files->frames, *out, *out_cap);
+        *out = NULL;
+    }
+    return ok;
+}
+
+/* Frame I of packed file F (index INDEX) decoded, from the cache (waiting for a thread decoding
+ * it) or now; held until released. */
+static const uint8_t *container_frame(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, int fd,
+                                      uint64_t i, gpointer *hold, GError **error)
+{
+    uint64_t key = frame_key(index, i);
+    const CkptfsFrameEntry *e = ckptfs_container_frame(f->container, i);
+    const uint8_t *data = ckptfs_frame_cache_get_or_claim(files->frames, key, e->ulength, hold);
+    if (data != NULL)
+        return data;
+    uint8_t *out;
+    size_t out_cap;
+    if (!decode_frame(files, f, fd, i, &out, &out_cap, error)) {
+        ckptfs_frame_cache_abandon(files->frames, key);
         return NULL;
     }
     return ckptfs_frame_cache_put(files->frames, key, out, e->ulength, out_cap, hold);
+}
+
+/* A decoder thread's job: the frame of KEY (claimed) into the cache. A frame that fails is left
+ * to its reader, which decodes it again and reports why. */
+static void decode_ahead(gpointer job, gpointer user_data)
+{
+    const CkptfsSrcFiles *files = user_data;
+    uint64_t key = *(uint64_t *)job;
+    g_free(job); /* the pool frees only the jobs it drops */
+    SrcFile *f;
+    int fd = acquire_fd(files, (unsigned)(key >> 32), &f, NULL);
+    uint8_t *out = NULL;
+    size_t out_cap;
+    if (fd >= 0 && decode_frame(files, f, fd, key & 0xffffffffu, &out, &out_cap, NULL))
+        ckptfs_frame_cache_put(files->frames, key, out,
+                               ckptfs_container_frame(f->container, key & 0xffffffffu)->ulength, out_cap, NULL);
+    else
+        ckptfs_frame_cache_abandon(files->frames, key);
+    if (fd >= 0)
+        release_fd(files, f);
 }
 
 /* LEN original bytes at OFFSET of packed file F, frame by frame. */
@@ -340,23 +390,42 @@ static bool container_read(const CkptfsSrcFiles *files, unsigned index, SrcFile 
     return true;
 }
 
+/* The frames of packed file F (index INDEX) holding [OFFSET, OFFSET + LEN) go to the decoder
+ * threads, those not decoded or claimed yet, while the cache has room for them. */
+static void advise_frames(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, uint64_t offset, uint64_t len)
+{
+    if (offset >= f->pub.size || files->decoders == NULL)
+        return;
+    uint64_t end = MIN(offset + len, f->pub.size);
+    uint64_t last = ckptfs_container_frame_at(f->container, end - 1);
+    for (uint64_t i = ckptfs_container_frame_at(f->container, offset); i <= last; i++) {
+        uint64_t key = frame_key(index, i);
+        if (!ckptfs_frame_cache_claim(files->frames, key, ckptfs_container_frame(f->container, i)->ulength))
+            continue;
+        GError *error = NULL;
+        if (!g_thread_pool_push(files->decoders, g_memdup2(&key, sizeof key), &error)) {
+            g_error_free(error); /* no thread now: its reader decodes it */
+            ckptfs_frame_cache_abandon(files->frames, key);
+            return;
+        }
+    }
+}
+
 void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)
 {
     SrcFile *f;
     if (len == 0 || acquire_fd(files, index, &f, NULL) < 0)
         return;
-    if (f->container && offset < f->pub.size) { /* the stored bytes of the frames it covers */
-        uint64_t end = MIN(offset + len, f->pub.size);
-        const CkptfsFrameEntry *a = ckptfs_container_frame(f->container, ckptfs_container_frame_at(f->container, offset));
-        const CkptfsFrameEntry *z = ckptfs_container_frame(f->container, ckptfs_container_frame_at(f->container, end - 1));
-        offset = a->coffset;
-        len = z->coffset + z->clength - a->coffset;
-    } else if (f->container) {
-        len = 0;
-    }
-    if (len > 0)
+    if (f->container)
+        advise_frames(files, index, f, offset, len);
+    else
         posix_fadvise(f->fd, (off_t)offset, (off_t)len, POSIX_FADV_WILLNEED);
     release_fd(files, f);
+}
+
+uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files)
+{
+    return ckptfs_frame_cache_decoded(files->frames);
 }
 
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes)

@@ -71,12 +71,16 @@ struct iovec;
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error);
 
-/* Starts reading bytes [OFFSET, OFFSET + LEN) of file INDEX into the page cache (of a packed
- * file: the stored frames that hold them), without waiting; errors are ignored. */
+/* Starts reading bytes [OFFSET, OFFSET + LEN) of file INDEX into the page cache, without
+ * waiting; errors are ignored. Of a packed file: the frames that hold them are decoded into the
+ * frame cache on decoder threads (one per CPU, 16 at most), as long as the frames being decoded
+ * take at most half the cache; a frame that fails is left to its reader, which reports why. */
 void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len);
 
 /* At most BYTES of decoded frames kept (more while readers hold them). */
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
+/* Frames of packed files decoded so far (a frame several threads want at once is decoded once). */
+uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
 /* What packed file INDEX holds (false for a file that is not packed). */
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 

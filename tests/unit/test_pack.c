@@ -766,6 +766,128 @@ static void test_dir(const char *dir, GRand *rng)
     g_free(st_data);
 }
 
+/* --- decoding ahead and once --- */
+
+typedef struct {
+    const CkptfsSrcFiles *files;
+    unsigned index;
+    uint64_t offset, len;
+    const uint8_t *expect;
+    gint *go;
+    bool ok;
+} FrameReader;
+
+static gpointer read_frame_thread(gpointer data)
+{
+    FrameReader *r = data;
+    uint8_t *buf = g_malloc(r->len);
+    while (!g_atomic_int_get(r->go))
+        ;
+    r->ok = ckptfs_srcfiles_pread(r->files, r->index, buf, r->len, r->offset, NULL) &&
+            memcmp(buf, r->expect, r->len) == 0;
+    g_free(buf);
+    return NULL;
+}
+
+/* Waits (at most 5 s) until FILES has decoded WANT frames; returns how many it has. */
+static uint64_t wait_decoded(const CkptfsSrcFiles *files, uint64_t want)
+{
+    for (int i = 0; i < 500 && ckptfs_srcfiles_frames_decoded(files) < want; i++)
+        g_usleep(10000);
+    g_usleep(50000); /* and a little longer: nothing more may come */
+    return ckptfs_srcfiles_frames_decoded(files);
+}
+
+static void test_decode_ahead(const char *dir, GRand *rng)
+{
+    const uint32_t frame = 64u << 10;
+    uint64_t size = 64 * (uint64_t)frame;
+    uint8_t *data = g_malloc(size);
+    fill_bf16(data, size / 2, rng);
+    const CkptfsPackRange r[] = {{0, size, 2}};
+    GArray *ranges = ranges_of(r, 1);
+    g_autofree char *src = g_build_filename(dir, "ahead.bin", NULL);
+    g_autofree char *dest = g_build_filename(dir, "ahead.ckz", NULL);
+    write_file(src, data, size);
+    CkptfsPackOptions o = options_for(CKPTFS_CODEC_ZSTD, 1, frame, 2);
+    CkptfsPackStats st = {0};
+    bool packed = pack_one(src, dest, size, ranges, &o, &st);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    int idx = ckptfs_srcfiles_add(files, dest, NULL);
+    if (!packed || idx < 0) {
+        tap_ok(false, "packed and added %s", dest);
+        tap_skip(4, "nothing to read");
+        goto out;
+    }
+
+    /* Eight readers of one cold frame at once: it is decoded once, each gets its bytes. */
+    gint go = 0;
+    FrameReader readers[8];
+    GThread *threads[8];
+    for (int t = 0; t < 8; t++) {
+        readers[t] = (FrameReader){files, (unsigned)idx, 5 * (uint64_t)frame + 1000 * (uint64_t)t, 30000,
+                                   data + 5 * (uint64_t)frame + 1000 * (uint64_t)t, &go, false};
+        threads[t] = g_thread_new("reader", read_frame_thread, &readers[t]);
+    }
+    g_atomic_int_set(&go, 1);
+    bool all_ok = true;
+    for (int t = 0; t < 8; t++) {
+        g_thread_join(threads[t]);
+        all_ok &= readers[t].ok;
+    }
+    uint64_t n = ckptfs_srcfiles_frames_decoded(files);
+    tap_ok(all_ok && n == 1, "8 threads reading one cold frame at once: right bytes, 1 decode (%llu)", (unsigned long long)n);
+
+    /* Advice for [10 frames + 100, 14 frames + 100): frames 10..14 decoded ahead, no others; reading
+     * them then decodes nothing. */
+    uint64_t off = 10 * (uint64_t)frame + 100, len = 4 * (uint64_t)frame;
+    ckptfs_srcfiles_advise(files, (unsigned)idx, off, len);
+    n = wait_decoded(files, 1 + 5);
+    tap_ok(n == 1 + 5, "advice over 5 frames decodes those 5 ahead, and only them (%llu of 6)", (unsigned long long)n);
+    uint8_t *buf = g_malloc(len);
+    bool read = ckptfs_srcfiles_pread(files, (unsigned)idx, buf, len, off, NULL) && memcmp(buf, data + off, len) == 0;
+    n = ckptfs_srcfiles_frames_decoded(files);
+    tap_ok(read && n == 6, "reading them: right bytes, no decode of its own (%llu)", (unsigned long long)n);
+    g_free(buf);
+    /* Advice for frames already decoded, or for more than half the cache: nothing more, or only
+     * as many frames as fit in half of it. */
+    ckptfs_srcfiles_set_frame_cache(files, 8 * (uint64_t)frame);
+    ckptfs_srcfiles_advise(files, (unsigned)idx, 40 * (uint64_t)frame, 20 * (uint64_t)frame);
+    n = wait_decoded(files, 6 + 20);
+    tap_ok(n >= 6 + 1 && n <= 6 + 4, "a cache of 8 frames decodes at most 4 ahead of 20 asked for (%llu)",
+           (unsigned long long)(n - 6));
+
+    /* A damaged frame decoded ahead: its reader gets the error naming file and frame. */
+    {
+        g_autofree char *bad = g_build_filename(dir, "ahead-bad.ckz", NULL);
+        gchar *bytes;
+        gsize blen;
+        g_file_get_contents(dest, &bytes, &blen, NULL);
+        Decoded d;
+        decode_container(dest, data, size, &d);
+        const CkptfsFrameEntry *e = &g_array_index(d.entries, CkptfsFrameEntry, 20);
+        bytes[e->coffset + e->clength / 2] ^= 0x40;
+        g_file_set_contents(bad, bytes, (gssize)blen, NULL);
+        g_free(bytes);
+        g_array_unref(d.entries);
+        CkptfsSrcFiles *bad_files = ckptfs_srcfiles_new(0);
+        int bidx = ckptfs_srcfiles_add(bad_files, bad, NULL);
+        ckptfs_srcfiles_advise(bad_files, (unsigned)bidx, 20 * (uint64_t)frame, frame);
+        g_usleep(100000);
+        GError *error = NULL;
+        uint8_t one;
+        bool got = bidx >= 0 && ckptfs_srcfiles_pread(bad_files, (unsigned)bidx, &one, 1, 20 * (uint64_t)frame + 7, &error);
+        tap_ok(!got && error && strstr(error->message, bad) && strstr(error->message, "packed frame 20"),
+               "a damaged frame asked for ahead: its reader gets the error (%s)", error ? error->message : "none");
+        g_clear_error(&error);
+        ckptfs_srcfiles_free(bad_files);
+    }
+out:
+    ckptfs_srcfiles_free(files);
+    g_array_unref(ranges);
+    g_free(data);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20251126);
@@ -778,6 +900,7 @@ int main(void)
     test_empty(dir, rng);
     test_one_byte_and_errors(dir, rng);
     test_dir(dir, rng);
+    test_decode_ahead(dir, rng);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
         tap_diag("cleanup failed");

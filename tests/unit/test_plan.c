@@ -476,6 +476,51 @@ static void test_prefetch(void)
         tap_ok(others < 64, "and not the rows after it (%u pages of them)", others);
     }
     ckptfs_plan_free(plan);
+    /* A run (one repetition of the whole file): only the window's part of it. */
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, (uint32_t)src, 0, size);
+    plan = ckptfs_plan_builder_finish(b);
+    fd = open(path, O_RDONLY);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    before = resident_pages(path, 0, size);
+    if (before > 0) {
+        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+    } else {
+        ckptfs_plan_prefetch(plan, files, 2u << 20, 1u << 20);
+        unsigned wanted = 0;
+        for (int i = 0; i < 200 && wanted < 256; i++) {
+            g_usleep(5000);
+            wanted = resident_pages(path, 2u << 20, 3u << 20);
+        }
+        unsigned others = resident_pages(path, 0, 2u << 20) + resident_pages(path, (3u << 20) + (256u << 10), size);
+        tap_ok(wanted == 256, "prefetch of a window of a run brings its 256 pages (%u)", wanted);
+        tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
+    }
+    ckptfs_plan_free(plan);
+    /* fp32 -> bf16 of the whole file: output window [1M, 2M) is source bytes [2M, 4M). */
+    b = ckptfs_plan_builder_new();
+    CkptfsGatherItem whole = {(uint32_t)src, 0, 0, size};
+    ckptfs_plan_add_convert(b, CKPTFS_CONVERT_F32_TO_BF16, 1, &whole, 1);
+    plan = ckptfs_plan_builder_finish(b);
+    fd = open(path, O_RDONLY);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    before = resident_pages(path, 0, size);
+    if (before > 0) {
+        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+    } else {
+        ckptfs_plan_prefetch(plan, files, 1u << 20, 1u << 20);
+        unsigned wanted = 0;
+        for (int i = 0; i < 200 && wanted < 512; i++) {
+            g_usleep(5000);
+            wanted = resident_pages(path, 2u << 20, 4u << 20);
+        }
+        unsigned others = resident_pages(path, 0, 2u << 20) + resident_pages(path, (4u << 20) + (256u << 10), size);
+        tap_ok(wanted == 512, "prefetch of a converted window brings the 512 pages of its source bytes (%u)", wanted);
+        tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
+    }
+    ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(files);
     g_unlink(path);
     g_rmdir(dir);
