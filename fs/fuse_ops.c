@@ -232,7 +232,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     }
     /* What reads need, fixed for the life of the mount: the plan and the files it reads. */
     OpenFile *open_file = g_new(OpenFile, 1);
-    *open_file = (OpenFile){plan, owner->source->files, ctx->mount->options.prefetch, 0, 0};
+    const CkptfsSrcFiles *files = owner->source->files;
+    *open_file = (OpenFile){plan, files, ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0};
     fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);

@@ -13,6 +13,7 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->vocab_divisible_by = 128;
     options->vocab_pad = CKPTFS_VOCAB_PAD_ZERO;
     options->megatron_args = true;
+    options->prefetch = CKPTFS_PREFETCH_AUTO;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -97,8 +98,8 @@ static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value
 
 static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    if (strcmp(value, "0") == 0) { /* off */
-        o->prefetch = 0;
+    if (strcmp(value, "0") == 0 || strcmp(value, "auto") == 0) { /* off; the source's default */
+        o->prefetch = value[0] == '0' ? 0 : CKPTFS_PREFETCH_AUTO;
         return true;
     }
     return parse_size_option(key, value, &o->prefetch, error);
@@ -259,8 +260,9 @@ static const struct {
      "                           default: the source's own files, byte-identical"},
     {"spec", opt_spec, "te|local: Megatron names of Transformer Engine (default) or local layers"},
     {"prefetch", opt_prefetch,
-     "bytes of source data asked for ahead of a sequential reader of a view file\n"
-     "                           (default 0: none, until node measurements justify one; try 32M)"},
+     "bytes of source data asked for ahead of a sequential reader of a view file;\n"
+     "                           of a packed source, frames decoded ahead on decoder threads\n"
+     "                           (default auto: 16M for packed sources, 0 (none) otherwise)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

@@ -10,6 +10,7 @@
 
 #include "ckptfs/container.h"
 #include "ckptfs/error.h"
+#include "ckptfs/options.h"
 #include "ckptfs/readfile.h"
 
 /* A file with its place in the descriptor cache. */
@@ -421,6 +422,13 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
     else
         posix_fadvise(f->fd, (off_t)offset, (off_t)len, POSIX_FADV_WILLNEED);
     release_fd(files, f);
+}
+
+uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t option)
+{
+    if (option != CKPTFS_PREFETCH_AUTO)
+        return option;
+    return files->decoders != NULL ? CKPTFS_PREFETCH_PACKED : 0;
 }
 
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files)

@@ -13,10 +13,13 @@ typedef enum { CKPTFS_VOCAB_PAD_ZERO, CKPTFS_VOCAB_PAD_LAST } CkptfsVocabPad;
  * default: bf16 for verl's fp32 FSDP shards), or converted on read. */
 typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsServeDtype;
 
+#define CKPTFS_PREFETCH_AUTO UINT64_MAX
+
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
     uint64_t frame_cache;   /* packed sources: decoded frames kept (0: the default) */
-    uint64_t prefetch;      /* source bytes asked for ahead of a sequential reader (0: none) */
+    uint64_t prefetch;      /* source bytes asked for ahead of a sequential reader (0: none;
+                               CKPTFS_PREFETCH_AUTO: the source's default, srcfiles.h) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

@@ -79,6 +79,12 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
 
 /* At most BYTES of decoded frames kept (more while readers hold them). */
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
+/* The prefetch window of a reader of these files for the option's value OPTION (options.h): the
+ * value itself, or for CKPTFS_PREFETCH_AUTO CKPTFS_PREFETCH_PACKED when a file is packed (its
+ * frames are then decoded ahead on other threads) and none otherwise (on the machines measured,
+ * advice for raw files gained nothing beyond the disk's noise: docs/performance.md). */
+#define CKPTFS_PREFETCH_PACKED (16ull << 20)
+uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t option);
 /* Frames of packed files decoded so far (a frame several threads want at once is decoded once). */
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
 /* What packed file INDEX holds (false for a file that is not packed). */

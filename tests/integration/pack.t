@@ -78,17 +78,20 @@ for c in llama-lz4 llama-zstd9-small; do
     $PY "$pc" random "$WORK/llama/$shard" "$WORK/mnt-$c/hf/$shard" 400 7
 done
 
-# Prefetch (-o prefetch=32M): the same bytes, read while the source ranges ahead are asked for,
-# from a raw and a packed source (many readers at once: the prefetch state is shared).
-for src in llama packed-llama-zstd; do
-  m=$WORK/mnt-prefetch-$src
-  if mount_ckptfs "$WORK/$src" "$m" -o prefetch=32M,layouts=tp4pp1; then
-    check "$src -o prefetch=32M: tp4pp1 and hf/ read by 4 readers at once equal the mount without it" bash -c '
+# Prefetch: the same bytes, read while the source ranges ahead are asked for (raw source) or
+# decoded ahead on decoder threads (packed: on by default, off with prefetch=0, and a small frame
+# cache that leaves room for fewer frames ahead), with many readers at once.
+for v in llama:prefetch=32M packed-llama-zstd:prefetch=32M packed-llama-zstd:prefetch=0 \
+  packed-llama-zstd:frame_cache=6M; do
+  src=${v%%:*} opt=${v#*:}
+  m=$WORK/mnt-prefetch-$src-${opt//[=,]/-}
+  if mount_ckptfs "$WORK/$src" "$m" -o "$opt,layouts=tp4pp1"; then
+    check "$src -o $opt: tp4pp1 and hf/ read by 4 readers at once equal the raw mount's" bash -c '
       pids=(); for r in 0 1 2 3; do cmp "$1/tp4pp1/release/mp_rank_0$r/model_optim_rng.pt" "$2/tp4pp1/release/mp_rank_0$r/model_optim_rng.pt" & pids+=($!); done
       cmp "$1/hf/'"$shard"'" "$2/hf/'"$shard"'" || exit 1
       for p in "${pids[@]}"; do wait "$p" || exit 1; done' _ "$m" "$WORK/raw-llama-zstd"
   else
-    ok 1 "$src -o prefetch=32M: mount"
+    ok 1 "$src -o $opt: mount"
   fi
 done
 
