@@ -251,6 +251,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     struct fuse_session *se = fuse_session_new(&args, &ckptfs_fuse_ops, sizeof ckptfs_fuse_ops, &ctx);
     if (se == NULL) {
         fprintf(stderr, "ckptfs: cannot start the FUSE session (bad option in '%s'?)\n", opts->str);
+        fuse_opt_free_args(&args);
         return 1;
     }
     int status = 1;
@@ -276,6 +277,7 @@ out_signals:
     fuse_remove_signal_handlers(se);
 out_destroy:
     fuse_session_destroy(se);
+    fuse_opt_free_args(&args); /* the copy libfuse makes when it adds an argument */
     g_free(ctx.read_ahead_knob);
     return status;
 }
