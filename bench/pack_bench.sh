@@ -7,38 +7,49 @@
 #      llama-tp2pp2-torch with its optimizer state, torch_dist llama-tp2pp2-torch_dist) for zstd
 #      and lz4. Target: bf16 <= 0.72 with zstd.
 #  (2) pack cost: GB/s of input (wall, and per CPU second) and peak RSS (/usr/bin/time -v) of every
-#      pack of (1), all with PACK_THREADS threads, plus the bf16 zstd-3 pack with frame=8M: memory
+#      pack of (1), all with PACK_THREADS threads, plus the bf16 zstd-1 pack with frame=8M: memory
 #      follows the frame (about 5 x frame x threads), not the file size.
-#  (3) decompression in the daemon: one reader, `cat MNT/hf/*.safetensors > /dev/null`, on a fresh
-#      mount of the raw and of the packed bf16 checkpoint (source files in the page cache, the
-#      daemon's frame cache empty): GB/s of output (wall, and per second of daemon CPU), and the
-#      same without FUSE: `ckptfs cat SRC hf/SHARD > /dev/null` per shard (the engine alone);
-#      the daemon's VmHWM (cat's max RSS). The packed ones also with -o frame_cache=ALT_CACHE: with
-#      a large cache (the default was 256 MiB, now 64 MiB) a first read fills it with fresh memory. Targets: >= 1 GB/s
-#      per thread zstd, >= 2 GB/s lz4; the lines under the table say which cap was hit (the codec
-#      alone, from (5)'s perf share; the engine; FUSE).
+#  (3) reads of the packed bf16 checkpoint as pack writes it by default (zstd level 1, frame 2M:
+#      "zstd-1"), and of the lz4 pack ("lz4"), against the raw one ("raw"): one reader,
+#      `cat MNT/hf/*.safetensors > /dev/null`, on a fresh mount (source files in the page cache,
+#      the daemon's frame cache empty): GB/s of output (wall, and per second of daemon CPU, all its
+#      threads) and the daemon's VmHWM. The packed ones twice: with the default -o prefetch=auto
+#      (decoder threads decode the frames 16 MiB ahead of the sequential reader) and with
+#      -o prefetch=0 ("zstd-1/sync", "lz4/sync": each frame decoded on the FUSE thread that reads
+#      it). Then the same without FUSE for raw, zstd-1 and lz4: `ckptfs cat SRC hf/SHARD >
+#      /dev/null` per shard (the engine alone, one thread, no prefetch; its max RSS).
+#  (3b) one decoder thread, stage by stage: bench/frame_bench (FRAME_BENCH) over the packed
+#      *.safetensors of zstd-1 and of lz4, in the page cache, best of 5 rounds (--quick 3): GB/s of
+#      original bytes per second of one thread for reading the stored bytes, decompressing, undoing
+#      the byte planes, the checksum, and all of them (ckptfs_frame_decode with its read). Targets,
+#      on that "all" figure (bytes out, per thread): >= 1 GB/s zstd, >= 2 GB/s lz4. The lines under
+#      (3) give it with the context: the codec alone (perf, (5)), the engine and FUSE per CPU second.
+#      Without the binary the rows say "not measured" and the rest runs.
 #  (4) throttled storage: `cp -r MNT/tp2pp2 DEST` on a fresh mount, source warm (page cache),
 #      cold (its files evicted), and cold with the daemon's reads of the source's block device
 #      limited to each of THROTTLE_BPS (cgroup v1 blkio.throttle.read_bps_device; the daemon, found with
 #      find_daemon, is moved into a blkio cgroup the script creates); seconds raw vs packed and the
 #      speedup. Bytes the daemon read from the device come from the cgroup's io_service_bytes;
 #      "io s" = those bytes / the limit. One untimed copy first (the VM's first touch of memory).
-#      The runs go mode by mode, raw / zstd-3 / lz4 in turn.
-#  (5) where the daemon's CPU goes on the packed read of (3) (perf record -e cpu-clock, an extra
-#      read), grouped: codec, unshuffle, checksum (XXH3), memcpy, page faults, kernel copies; if
-#      perf is installed and PERF=1.
+#      The runs go mode by mode, raw / zstd-1 / lz4 / zstd-1/sync (prefetch=0) in turn: zstd-1 vs
+#      zstd-1/sync is what decoding ahead gives on slow storage.
+#  (5) where the daemon's CPU goes on the packed reads of (3), zstd-1 and lz4 with the default
+#      prefetch (perf record -e cpu-clock, an extra read), grouped: codec, unshuffle, checksum
+#      (XXH3), memcpy, page faults, kernel copies; if perf is installed and PERF=1.
 # A summary table of every ratio ends the output.
 #
 #   bench/pack_bench.sh [--quick]
 #
-# --quick: READ_RUNS=3 and CP_RUNS=1 unless set (about 5 minutes on 2 CPUs once the inputs exist;
+# --quick: READ_RUNS=3 and CP_RUNS=1 unless set (about 2.5 minutes on 2 CPUs once the inputs exist;
 # the first run generates them: ~40 s, 5.5 GB in $DATA_DIR, kept).
 #
 # Needs root (drop/evict caches, blkio cgroup), /dev/fuse, fusermount3, GNU /usr/bin/time, dd,
-# fincore, /usr/bin/python3 with numpy (the generator). Builds nothing.
+# fincore, /usr/bin/python3 with numpy (the generator). Builds nothing: frame_bench comes with the
+# CMake build (tests enabled, the default) as <builddir>/bench/frame_bench.
 #
 # Environment:
 #   CKPTFS_BIN    the binary (default: <repo>/build/ckptfs)
+#   FRAME_BENCH   the frame_bench binary of (3b) (default: $(dirname CKPTFS_BIN)/bench/frame_bench)
 #   BENCH_DIR     work dir (default /tmp/ckptfs-bench); the run uses pack-run.XXXXXX/ below it
 #   DATA_DIR      the generated inputs bf16/, fp32/, fp32-true/ (default $BENCH_DIR/pack-normal)
 #   MEGATRON_DIR  Megatron-LM test checkpoints (default /work/shared/testdata/megatron-core-0.17.1)
@@ -46,7 +57,6 @@
 #   READ_RUNS     runs of each read of (3) (default 5, --quick 3; median shown)
 #   CP_RUNS       runs of each cp of (4) (default 3, --quick 1; median shown)
 #   THROTTLE_BPS  read limits of (4) in bytes/s, space-separated (default "500000000 250000000")
-#   ALT_CACHE     (3) also reads the packed checkpoints with -o frame_cache=ALT_CACHE (default 16M)
 #   EVICT         how (4) makes the source cold: "files" (default: POSIX_FADV_DONTNEED on the
 #                 source's files with dd iflag=nocache, checked with fincore; other sessions'
 #                 page cache is left alone) or "drop_caches" (echo 3 > /proc/sys/vm/drop_caches)
@@ -74,7 +84,6 @@ PACK_THREADS=${PACK_THREADS:-2}
 READ_RUNS=${READ_RUNS:-$( ((QUICK)) && echo 3 || echo 5)}
 CP_RUNS=${CP_RUNS:-$( ((QUICK)) && echo 1 || echo 3)}
 THROTTLE_BPS=${THROTTLE_BPS:-500000000 250000000}
-ALT_CACHE=${ALT_CACHE:-16M}
 EVICT=${EVICT:-files}
 PERF=${PERF:-1}
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -92,6 +101,14 @@ note() { echo "pack_bench: $(date +%T) $*" >&2; }
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
+FRAME_BENCH=${FRAME_BENCH:-$(dirname "$BIN")/bench/frame_bench}
+FB_WHY="" # why (3b) was not measured
+if [[ -x $FRAME_BENCH ]]; then
+    FRAME_BENCH=$(readlink -f "$FRAME_BENCH")
+else
+    FB_WHY="no frame_bench at $FRAME_BENCH (built with the tests, the default; or set FRAME_BENCH)"
+fi
+FB_ROUNDS=$( ((QUICK)) && echo 3 || echo 5)
 [[ $(id -u) == 0 ]] || die "needs root (evicting the page cache, the blkio cgroup)"
 command -v fusermount3 >/dev/null || die "fusermount3 not found"
 [[ -e /dev/fuse ]] || die "/dev/fuse missing"
@@ -256,35 +273,39 @@ pack_one() {
 }
 
 for data in bf16 fp32 fp32-true; do
-    pack_one "$data" zstd 1 2M 0
     keep=0
-    [[ $data != bf16 ]] || keep=1 # (3) and (4) read these
-    pack_one "$data" zstd 3 2M "$keep"
+    [[ $data != bf16 ]] || keep=1 # (3), (3b) and (4) read these
+    pack_one "$data" zstd 1 2M "$keep"
+    pack_one "$data" zstd 3 2M 0
     pack_one "$data" lz4 1 2M "$keep"
-    [[ $data == bf16 ]] && pack_one bf16 zstd 3 8M 0
+    [[ $data == bf16 ]] && pack_one bf16 zstd 1 8M 0
 done
 for data in mlegacy mdist; do
     pack_one "$data" zstd 3 2M 0
     pack_one "$data" lz4 1 2M 0
 done
-PK_Z3=$RUN_DIR/packed/bf16-zstd-3-2M
+PK_Z1=$RUN_DIR/packed/bf16-zstd-1-2M
 PK_LZ4=$RUN_DIR/packed/bf16-lz4-2M
 
 # --- (3) reads: FUSE and the engine alone ---------------------------------------------------------
 
-# The packed variants are also read with a small frame cache (ALT_CACHE): with the default 256 MiB,
-# every frame of a sequential read lands in fresh memory (page faults) until the cache is full.
-declare -A VSRC=([raw]=$BF16 [zstd-3]=$PK_Z3 [lz4]=$PK_LZ4 [zstd-3/fc]=$PK_Z3 [lz4/fc]=$PK_LZ4)
-declare -A VOPT=([raw]="" [zstd-3]="" [lz4]="" [zstd-3/fc]="frame_cache=$ALT_CACHE" [lz4/fc]="frame_cache=$ALT_CACHE")
-declare -A VLABEL=([raw]=raw [zstd-3]=zstd-3 [lz4]=lz4 [zstd-3/fc]="zstd-3 frame_cache=$ALT_CACHE" [lz4/fc]="lz4 frame_cache=$ALT_CACHE")
-VARIANTS=(raw zstd-3 lz4)
-READ_VARIANTS=(raw zstd-3 lz4 zstd-3/fc lz4/fc)
+# The packed variants are read with the default prefetch (decoder threads decode frames ahead of
+# a sequential reader) and as "V/sync" with -o prefetch=0 (each frame decoded on the FUSE thread
+# that reads it). ckptfs cat (the engine alone) does not prefetch: ENGINE_VARIANTS only.
+declare -A VSRC=([raw]=$BF16 [zstd-1]=$PK_Z1 [lz4]=$PK_LZ4 [zstd-1/sync]=$PK_Z1 [lz4/sync]=$PK_LZ4)
+declare -A VOPT=([raw]="" [zstd-1]="" [lz4]="" [zstd-1/sync]="prefetch=0" [lz4/sync]="prefetch=0")
+declare -A VLABEL=([raw]=raw [zstd-1]="zstd-1 (prefetch=auto)" [lz4]="lz4 (prefetch=auto)"
+    [zstd-1/sync]="zstd-1/sync (prefetch=0)" [lz4/sync]="lz4/sync (prefetch=0)")
+VARIANTS=(raw zstd-1 lz4 zstd-1/sync)
+READ_VARIANTS=(raw zstd-1 lz4 zstd-1/sync lz4/sync)
+ENGINE_VARIANTS=(raw zstd-1 lz4)
+is_engine_variant() { [[ " ${ENGINE_VARIANTS[*]} " == *" $1 "* ]]; }
 mapfile -t SHARDS < <(shards_in "$BF16")
 SHARD_NAMES=("${SHARDS[@]##*/}")
 READ_BYTES=$(bytes_of "${SHARDS[@]}")
 
 note "(3) check (untimed): MNT/hf of the packed checkpoints equals the source"
-for v in zstd-3 lz4; do
+for v in zstd-1 lz4; do
     warm "${VSRC[$v]}"
     mount_src "${VSRC[$v]}"
     for s in "${SHARD_NAMES[@]}"; do
@@ -305,17 +326,45 @@ for ((r = 0; r < READ_RUNS; r++)); do
         t1=$(now_us) c1=$(cpu_us "$DAEMON_PID")
         R_WALL[$v]+="$((t1 - t0)) " R_CPU[$v]+="$((c1 - c0)) " R_HWM[$v]+="$(status_kib "$DAEMON_PID" VmHWM) "
         unmount
+        is_engine_variant "$v" || continue
         # The engine alone: ckptfs cat of each shard (process start and opening the source included).
         t0=$(now_us)
         timeout "$READ_TIMEOUT" /usr/bin/time -f '%U %S %M' -o "$RUN_DIR/cat.time" bash -c '
-            bin=$1 src=$2 opt=$3; shift 3
-            for s in "$@"; do "$bin" cat ${opt:+-o "$opt"} "$src" "hf/$s" >/dev/null || exit 1; done' _ "$BIN" "$src" "$opt" "${SHARD_NAMES[@]}" ||
+            bin=$1 src=$2; shift 2
+            for s in "$@"; do "$bin" cat "$src" "hf/$s" >/dev/null || exit 1; done' _ "$BIN" "$src" "${SHARD_NAMES[@]}" ||
             die "ckptfs cat $src failed or took over ${READ_TIMEOUT}s"
         t1=$(now_us)
         E_WALL[$v]+="$((t1 - t0)) " E_CPU[$v]+="$(awk '{printf "%.0f", ($1 + $2) * 1e6}' "$RUN_DIR/cat.time") "
         E_RSS[$v]+="$(awk '{print $3}' "$RUN_DIR/cat.time") "
     done
 done
+
+# --- (3b) one decoder thread, stage by stage (frame_bench) ------------------------------------------
+
+declare -A FB_ALL=() FB_CODEC=() # zstd-1 / lz4 -> GB/s (frame_bench "all (frame_decode)", "decompress")
+FB_OUT=()
+if [[ -z $FB_WHY ]]; then
+    for v in zstd-1 lz4; do
+        note "(3b) frame_bench --rounds $FB_ROUNDS on $v"
+        warm "${VSRC[$v]}"
+        mapfile -t files < <(shards_in "${VSRC[$v]}")
+        if ! timeout "$READ_TIMEOUT" "$FRAME_BENCH" --rounds "$FB_ROUNDS" "${files[@]}" >"$RUN_DIR/fb.out" 2>"$RUN_DIR/fb.err"; then
+            note "(3b) frame_bench failed on $v: $(tr '\n' ' ' <"$RUN_DIR/fb.err")"
+            FB_OUT+=("$v: frame_bench failed or took over ${READ_TIMEOUT}s: $(tr '\n' ' ' <"$RUN_DIR/fb.err")")
+            continue
+        fi
+        while IFS= read -r line; do # its title line ("frame_bench: GB/s of ...") is in (3b)'s own
+            [[ $line == frame_bench:* ]] || FB_OUT+=("$(printf '%-7s %s' "$v:" "$line")")
+        done <"$RUN_DIR/fb.out"
+        codec=${v%%-*} # the line of this codec: "zstd ..." / "lz4 ..."
+        line=$(awk -v c="$codec" '$1 == c' "$RUN_DIR/fb.out")
+        FB_ALL[$v]=$(sed -n 's/.* all (frame_decode) \([0-9.]*\).*/\1/p' <<<"$line")
+        FB_CODEC[$v]=$(sed -n 's/.* decompress \([0-9.]*\).*/\1/p' <<<"$line")
+        [[ -n ${FB_ALL[$v]} ]] || { unset "FB_ALL[$v]"; FB_OUT+=("$v: no \"$codec\" line with an \"all (frame_decode)\" figure"); }
+    done
+else
+    note "(3b) not measured: $FB_WHY"
+fi
 
 # --- (4) cp -r MNT/tp2pp2: warm, cold, cold + throttled -------------------------------------------
 
@@ -375,7 +424,7 @@ for ((r = 0; r < CP_RUNS; r++)); do
             rm -rf "$CP_OUT"
             unmount
             if [[ $mode == warm ]]; then warm "$src"; else evict "$src"; fi
-            mount_src "$src"
+            mount_src "$src" "${VOPT[$v]}"
             cg=${MODE_CG[$mode]}
             [[ -d $cg ]] || cg=""
             d0=0
@@ -401,11 +450,12 @@ rm -rf "$CP_OUT"
 PERF_OUT=()
 declare -A CODEC_GBPS=()
 if [[ $PERF == 1 ]] && command -v perf >/dev/null; then
-    for v in zstd-3 lz4; do
+    for v in zstd-1 lz4; do
         note "(5) perf record of the daemon while reading $v"
+        pf=$RUN_DIR/perf.${v//\//_} # no slash in a file name
         warm "${VSRC[$v]}"
-        mount_src "${VSRC[$v]}"
-        perf record -q -e cpu-clock -F 2000 -p "$DAEMON_PID" -o "$RUN_DIR/perf.$v" >/dev/null 2>&1 &
+        mount_src "${VSRC[$v]}" "${VOPT[$v]}"
+        perf record -q -e cpu-clock -F 2000 -p "$DAEMON_PID" -o "$pf" >/dev/null 2>&1 &
         PERF_PID=$!
         sleep 0.5
         c0=$(cpu_us "$DAEMON_PID")
@@ -416,10 +466,10 @@ if [[ $PERF == 1 ]] && command -v perf >/dev/null; then
         PERF_PID=""
         unmount
         # "percent<TAB>dso<TAB>[.]/[k]<TAB>symbol", largest first.
-        perf report -i "$RUN_DIR/perf.$v" --stdio --no-children --sort dso,sym 2>/dev/null |
+        perf report -i "$pf" --stdio --no-children --sort dso,sym 2>/dev/null |
             awk '/^ +[0-9.]+%/ {p = $1; sub(/%/, "", p); d = $2; k = $3; $1 = $2 = $3 = ""; sub(/^ +/, ""); print p "\t" d "\t" k "\t" $0}' |
-            sort -t$'\t' -k1,1 -gr >"$RUN_DIR/perf.$v.txt" || true
-        [[ -s $RUN_DIR/perf.$v.txt ]] || { PERF_OUT+=("$v: no samples (perf report failed)"); continue; }
+            sort -t$'\t' -k1,1 -gr >"$pf.txt" || true
+        [[ -s $pf.txt ]] || { PERF_OUT+=("$v: no samples (perf report failed)"); continue; }
         # Grouped: the codec (libzstd / liblz4), unshuffle (byte planes), checksum (libxxhash),
         # user-space memcpy (frame cache -> FUSE buffer), kernel page faults (fresh memory: the frame
         # cache's new frames, buffers), kernel copies (pread of the container, /dev/fuse), the rest.
@@ -437,7 +487,7 @@ if [[ $PERF == 1 ]] && command -v perf >/dev/null; then
             END { n = split("codec unshuffle checksum memcpy faults kcopy kother other", o, " ")
                   split("codec;unshuffle;checksum;memcpy (user);page faults (kernel);copies (kernel: pread, /dev/fuse);kernel other;other", l, ";")
                   for (i = 1; i <= n; i++) printf "%s%s %.1f%%", (i > 1 ? ", " : ""), l[i], t[o[i]]
-                  printf "\t%.4f\n", t["codec"] / 100 }' "$RUN_DIR/perf.$v.txt")
+                  printf "\t%.4f\n", t["codec"] / 100 }' "$pf.txt")
         frac=${grouped##*$'\t'}
         # The codec's share applied to (3)'s median daemon CPU (perf itself slows the daemon down).
         read -r -a c <<<"${R_CPU[$v]}"
@@ -448,7 +498,7 @@ if [[ $PERF == 1 ]] && command -v perf >/dev/null; then
         PERF_OUT+=("    the codec alone: ${CODEC_GBPS[$v]} GB/s per CPU second (its share x (3)'s daemon CPU); top symbols:")
         while IFS=$'\t' read -r p d k sym; do
             PERF_OUT+=("$(printf '    %6.1f%%  %-22s %s %s' "$p" "$d" "$k" "$sym")")
-        done < <(head -n 10 "$RUN_DIR/perf.$v.txt")
+        done < <(head -n 10 "$pf.txt")
     done
 fi
 
@@ -480,14 +530,17 @@ echo "    fdatasync'd by pack). ratio = packed/original bytes of all files; GB/s
 echo "    and per CPU second (user + sys); RSS = max RSS (/usr/bin/time). Right: pack's ratio per class of bytes."
 printf '    %-33s %-7s %5s %13s %13s %6s %6s %6s %6s %7s  %s\n' data codec frame "bytes in" "bytes out" ratio s GB/s "GB/cpu" "RSS MiB" "by class"
 printf '%s\n' "${PACK_ROWS[@]}"
-echo "    memory: bf16 zstd-3 frame 2M $(mib "${PK_RSS[bf16/zstd-3/2M]}") MiB, frame 8M $(mib "${PK_RSS[bf16/zstd-3/8M]}") MiB" \
+echo "    memory: bf16 zstd-1 frame 2M $(mib "${PK_RSS[bf16/zstd-1/2M]}") MiB, frame 8M $(mib "${PK_RSS[bf16/zstd-1/8M]}") MiB" \
     "(docs: ~5 x frame x threads = $((5 * 2 * PACK_THREADS)) / $((5 * 8 * PACK_THREADS)) MiB);"
-echo "    2.2 GB fp32-true zstd-3 frame 2M: $(mib "${PK_RSS[fp32-true/zstd-3/2M]}") MiB (twice the input, same memory: O(frame), not O(size))"
+echo "    2.2 GB fp32-true zstd-1 frame 2M: $(mib "${PK_RSS[fp32-true/zstd-1/2M]}") MiB (twice the input, same memory: O(frame), not O(size))"
 
 echo
 echo "(3) one reader of the bf16 checkpoint's 4 shards, $READ_BYTES bytes of output; every source file in the page"
-echo "    cache before each run; median of $READ_RUNS (runs right). GB/s = output bytes / wall; per CPU = output bytes /"
-echo "    CPU seconds of the daemon (FUSE) or of ckptfs cat (engine), i.e. per thread when one thread does the work."
+echo "    cache before each run; median of $READ_RUNS (runs right). zstd-1 = the default pack (zstd level 1, frame 2M)."
+echo "    FUSE: a fresh mount; prefetch=auto (the default): decoder threads decode 16 MiB ahead of the reader;"
+echo "    /sync = -o prefetch=0: each frame decoded on the FUSE thread that reads it. engine: ckptfs cat, one thread, no"
+echo "    prefetch (raw, zstd-1, lz4 only). GB/s = output bytes / wall; GB/cpu = output bytes / CPU seconds of the daemon"
+echo "    (all its threads: FUSE and decoder threads) or of ckptfs cat (engine: per thread)."
 printf '    %-56s %6s %6s %7s %7s %7s  %s\n' "" s GB/s "cpu s" "GB/cpu" "MiB" "runs (GB/s)"
 rrow() { # LABEL WALLS CPUS KIBS
     local walls cpus kibs mw mc
@@ -504,31 +557,47 @@ for v in "${READ_VARIANTS[@]}"; do
     read -r -a w <<<"${R_WALL[$v]}"; read -r -a c <<<"${R_CPU[$v]}"
     FUSE_GBPS[$v]=$(gbps "$READ_BYTES" "$(median "${w[@]}")") FUSE_CPU_GBPS[$v]=$(gbps "$READ_BYTES" "$(median "${c[@]}")")
 done
-for v in "${READ_VARIANTS[@]}"; do
-    rrow "engine: ckptfs cat per shard, ${VLABEL[$v]}" "${E_WALL[$v]}" "${E_CPU[$v]}" "${E_RSS[$v]}"
+for v in "${ENGINE_VARIANTS[@]}"; do
+    rrow "engine: ckptfs cat per shard, $v" "${E_WALL[$v]}" "${E_CPU[$v]}" "${E_RSS[$v]}"
     read -r -a w <<<"${E_WALL[$v]}"; read -r -a c <<<"${E_CPU[$v]}"
     ENG_GBPS[$v]=$(gbps "$READ_BYTES" "$(median "${w[@]}")") ENG_CPU_GBPS[$v]=$(gbps "$READ_BYTES" "$(median "${c[@]}")")
 done
 echo "    MiB: the daemon's VmHWM after the read (FUSE), the max RSS of ckptfs cat (engine); the largest of the runs."
-echo "    Which cap, per thread (GB per CPU second): the codec alone (perf, (5)), the engine (no FUSE), FUSE on top:"
-for v in zstd-3 lz4; do
+echo "    Targets, per decoder thread (bytes out): judged on (3b)'s frame_bench \"all\" (read the stored bytes from the page"
+echo "    cache, decompress, undo the byte planes, checksum: a decoder thread's whole work); for context, the codec alone"
+echo "    (frame_bench's decompress stage; perf's share of the daemon's CPU, (5)) and the engine and FUSE per CPU second"
+echo "    (FUSE sync = prefetch=0):"
+for v in zstd-1 lz4; do
     t=$([[ $v == lz4 ]] && echo $TARGET_LZ4_GBPS || echo $TARGET_ZSTD_GBPS)
-    cap=$(awk -v f="${FUSE_CPU_GBPS[$v]}" -v raw="${FUSE_CPU_GBPS[raw]}" -v e="${ENG_CPU_GBPS[$v]}" \
-        -v ef="${ENG_CPU_GBPS[$v/fc]}" -v c="${CODEC_GBPS[$v]:-0}" -v t="$t" 'BEGIN {
-        printf "FUSE %.2f, engine %.2f (%.2f with the small frame cache), codec %s; FUSE raw %.2f: ", f, e, ef, ((c > 0) ? sprintf("%.2f", c) : "?"), raw
-        if (f >= t) print "met"
-        else if (c > 0 && c < t) print "NOT met, the codec itself is below the target"
-        else if (e < t) print "NOT met, the engine around the codec (copies, fresh frame-cache memory, unshuffle, checksum) is the cap"
-        else if (raw < t) print "NOT met, the FUSE path is the cap"
-        else print "NOT met, FUSE and the packed overheads together" }')
-    echo "      $v, target >= $t: $cap"
+    cap=$(awk -v a="${FB_ALL[$v]:-}" -v d="${FB_CODEC[$v]:-}" -v c="${CODEC_GBPS[$v]:-}" -v e="${ENG_CPU_GBPS[$v]}" \
+        -v f="${FUSE_CPU_GBPS[$v]}" -v fs="${FUSE_CPU_GBPS[$v/sync]:-}" -v raw="${FUSE_CPU_GBPS[raw]}" -v t="$t" '
+        function fmt(x) { return (x == "" || x + 0 <= 0) ? "?" : sprintf("%.2f", x) }
+        BEGIN {
+        printf "decoder thread %s (decompress %s); codec in the daemon (perf) %s; engine %s; FUSE %s, sync %s, raw %.2f: ", \
+            ((a == "") ? "not measured" : fmt(a)), fmt(d), fmt(c), e, f, fmt(fs), raw
+        if (a == "") print "not measured (no frame_bench figure)"
+        else if (a >= t) print "met"
+        else if (d != "" && d < t) print "NOT met, the codec itself is below the target"
+        else print "NOT met, the stages around the codec (reading the stored bytes, byte planes, checksum) are the cap" }')
+    echo "      $v, target >= $t GB/s: $cap"
 done
+
+echo
+echo "(3b) one decoder thread, stage by stage: $(basename "$FRAME_BENCH") --rounds $FB_ROUNDS over the packed *.safetensors (page cache);"
+echo "    GB/s of original bytes per second of one thread, best of the rounds. \"all (frame_decode)\": the whole decode with its read."
+if [[ -n $FB_WHY ]]; then
+    echo "    NOT MEASURED: $FB_WHY"
+else
+    echo "    binary: $FRAME_BENCH"
+    printf '    %s\n' "${FB_OUT[@]}"
+fi
 
 echo
 CP_RUN_LINE="median of $CP_RUNS"
 ((CP_RUNS > 1)) || CP_RUN_LINE="one run (CP_RUNS=1)"
 echo "(4) cp -r MNT/tp2pp2 DEST (a fresh mount; DEST on $(df --output=source,target "$CP_DEST_DIR" | tail -n 1 | awk '{print $1 " " $2}'), no sync), $CP_BYTES bytes,"
-echo "    $CP_RUN_LINE. warm: source in the page cache; cold: its files evicted first ($EVICT); X GB/s: cold, and"
+echo "    $CP_RUN_LINE. zstd-1, lz4: prefetch=auto (decoding ahead); zstd-1/sync: prefetch=0 (decoding on the reading"
+echo "    FUSE thread). warm: source in the page cache; cold: its files evicted first ($EVICT); X GB/s: cold, and"
 if [[ -z $THROTTLE_WHY ]]; then
     echo "    the daemon in a blkio cgroup with read_bps_device $MAJMIN ($DEV_NAME) X GB/s. dev MB = what the daemon read"
     echo "    from $DEV_NAME (the cgroup's io_service_bytes; cold runs use an unlimited cgroup to count). cpu s: the daemon's."
@@ -537,14 +606,14 @@ if [[ -z $THROTTLE_WHY ]]; then
 else
     echo "    THROTTLED RUNS NOT MEASURED: $THROTTLE_WHY. The throttled figure is still open."
 fi
-printf '    %-13s %-8s %7s %8s %7s %7s %8s  %s\n' mode source s "vs raw" "dev MB" "io s" "cpu s" "runs (s)"
+printf '    %-13s %-12s %7s %8s %7s %7s %8s  %s\n' mode source s "vs raw" "dev MB" "io s" "cpu s" "runs (s)"
 declare -A CP_MED=()
 for mode in "${MODES[@]}"; do
     for v in "${VARIANTS[@]}"; do
         read -r -a w <<<"${C_WALL[$mode/$v]}"; read -r -a d <<<"${C_DEV[$mode/$v]}"; read -r -a c <<<"${C_CPU[$mode/$v]}"
         CP_MED[$mode/$v]=$(median "${w[@]}")
         dev=$(median "${d[@]}")
-        printf '    %-13s %-8s %7s %8s %7s %7s %8s  %s\n' "${MODE_LABEL[$mode]}" "$v" "$(secs "${CP_MED[$mode/$v]}")" \
+        printf '    %-13s %-12s %7s %8s %7s %7s %8s  %s\n' "${MODE_LABEL[$mode]}" "$v" "$(secs "${CP_MED[$mode/$v]}")" \
             "$(awk -v r="${CP_MED[$mode/raw]}" -v x="${CP_MED[$mode/$v]}" 'BEGIN {printf "%.2fx", r / x}')" \
             "$([[ $mode == warm ]] && echo - || awk -v b="$dev" 'BEGIN {printf "%.0f", b / 1e6}')" \
             "$([[ -n ${MODE_BPS[$mode]:-} ]] && awk -v b="$dev" -v l="${MODE_BPS[$mode]}" 'BEGIN {printf "%.2f", b / l}' || echo -)" \
@@ -555,15 +624,15 @@ echo "    vs raw = raw seconds / this row's seconds (the speedup of reading the 
 
 if ((${#PERF_OUT[@]} > 0)); then
     echo
-    echo "(5) the daemon's CPU while one reader reads MNT/hf of the packed bf16 checkpoint (perf record -e cpu-clock,"
-    echo "    an extra untimed read): samples grouped, then the top symbols."
+    echo "(5) the daemon's CPU (all its threads) while one reader reads MNT/hf of the packed bf16 checkpoint, zstd-1 and"
+    echo "    lz4 with prefetch=auto (perf record -e cpu-clock, an extra untimed read): samples grouped, then the top symbols."
     printf '    %s\n' "${PERF_OUT[@]}"
 fi
 
 echo
 echo "summary"
-printf '    %-60s %14s %12s\n' "" figure target
-srow() { printf '    %-60s %14s %12s\n' "$1" "$2" "${3:-}"; }
+printf '    %-64s %20s  %s\n' "" figure target
+srow() { printf '    %-64s %20s  %s\n' "$1" "$2" "${3:-}"; }
 for data in bf16 fp32 fp32-true; do
     for c in zstd-1 zstd-3 lz4; do
         t=""
@@ -574,23 +643,31 @@ done
 for data in mlegacy mdist; do
     for c in zstd-3 lz4; do srow "size ratio, ${DATA_LABEL[$data]}, $c" "${RATIO[$data/$c/2M]}"; done
 done
-srow "pack GB/s in (wall), bf16 zstd-3 / zstd-1 / lz4, $PACK_THREADS threads" "${PK_GBPS[bf16/zstd-3/2M]} / ${PK_GBPS[bf16/zstd-1/2M]} / ${PK_GBPS[bf16/lz4/2M]}"
-srow "pack RSS MiB, bf16 zstd-3 frame 8M / frame 2M" "$(mib "${PK_RSS[bf16/zstd-3/8M]}") / $(mib "${PK_RSS[bf16/zstd-3/2M]}")"
-read -r -a k <<<"${R_HWM[raw]}"; hr=$(max "${k[@]}")
-read -r -a k <<<"${R_HWM[zstd-3]}"; hz=$(max "${k[@]}")
-read -r -a k <<<"${R_HWM[lz4]}"; hl=$(max "${k[@]}")
-srow "daemon VmHWM MiB after the read, raw / zstd-3 / lz4" "$(mib "$hr") / $(mib "$hz") / $(mib "$hl")"
-for v in zstd-3 lz4; do
+srow "pack GB/s in (wall), bf16 zstd-1 / zstd-3 / lz4, $PACK_THREADS threads" "${PK_GBPS[bf16/zstd-1/2M]} / ${PK_GBPS[bf16/zstd-3/2M]} / ${PK_GBPS[bf16/lz4/2M]}"
+srow "pack RSS MiB, bf16 zstd-1 frame 8M / frame 2M" "$(mib "${PK_RSS[bf16/zstd-1/8M]}") / $(mib "${PK_RSS[bf16/zstd-1/2M]}")"
+hwm() { local k; read -r -a k <<<"${R_HWM[$1]}"; mib "$(max "${k[@]}")"; } # VARIANT: the largest VmHWM, MiB
+srow "daemon VmHWM MiB after the read, raw / zstd-1 / lz4" "$(hwm raw) / $(hwm zstd-1) / $(hwm lz4)"
+srow "  same, prefetch=0: zstd-1/sync / lz4/sync" "$(hwm zstd-1/sync) / $(hwm lz4/sync)"
+for v in zstd-1 lz4; do
     t=$([[ $v == lz4 ]] && echo $TARGET_LZ4_GBPS || echo $TARGET_ZSTD_GBPS)
-    srow "FUSE read GB/s, $v (raw: ${FUSE_GBPS[raw]}); packed/raw $(ratio "${FUSE_GBPS[$v]}" "${FUSE_GBPS[raw]}")" "${FUSE_GBPS[$v]}" ">= $t"
-    srow "  per daemon CPU-s, $v (raw: ${FUSE_CPU_GBPS[raw]})" "${FUSE_CPU_GBPS[$v]}" ">= $t"
-    srow "  same, frame_cache=$ALT_CACHE" "${FUSE_GBPS[$v/fc]}"
+    if [[ -n ${FB_ALL[$v]:-} ]]; then
+        srow "decoder thread GB/s (frame_bench all), $v" "${FB_ALL[$v]}" \
+            ">= $t $(awk -v x="${FB_ALL[$v]}" -v t="$t" 'BEGIN {print ((x >= t) ? "met" : "NOT met")}')"
+        srow "  its decompress stage alone, $v" "${FB_CODEC[$v]:-?}"
+    else
+        srow "decoder thread GB/s (frame_bench all), $v" "not measured" ">= $t"
+    fi
+    srow "FUSE read GB/s, $v (raw: ${FUSE_GBPS[raw]}); packed/raw $(ratio "${FUSE_GBPS[$v]}" "${FUSE_GBPS[raw]}")" "${FUSE_GBPS[$v]}"
+    srow "  per daemon CPU-s, $v (raw: ${FUSE_CPU_GBPS[raw]})" "${FUSE_CPU_GBPS[$v]}"
+    srow "  FUSE read GB/s, $v/sync (prefetch=0)" "${FUSE_GBPS[$v/sync]}"
+    srow "  per daemon CPU-s, $v/sync (prefetch=0)" "${FUSE_CPU_GBPS[$v/sync]}"
     srow "engine read GB/s, $v (raw: ${ENG_GBPS[raw]})" "${ENG_GBPS[$v]}"
-    srow "  per CPU-s, $v (raw: ${ENG_CPU_GBPS[raw]}); frame_cache=$ALT_CACHE: ${ENG_CPU_GBPS[$v/fc]}" "${ENG_CPU_GBPS[$v]}" ">= $t"
-    [[ -z ${CODEC_GBPS[$v]:-} ]] || srow "  the codec alone (perf share of daemon CPU), $v" "${CODEC_GBPS[$v]}" ">= $t"
+    srow "  per CPU-s, $v (raw: ${ENG_CPU_GBPS[raw]})" "${ENG_CPU_GBPS[$v]}"
+    [[ -z ${CODEC_GBPS[$v]:-} ]] || srow "  the codec alone (perf share of daemon CPU), $v" "${CODEC_GBPS[$v]}"
 done
 for mode in "${MODES[@]}"; do
-    for v in zstd-3 lz4; do
+    for v in "${VARIANTS[@]}"; do
+        [[ $v != raw ]] || continue
         srow "cp -r tp2pp2 ${MODE_LABEL[$mode]}: raw $(secs "${CP_MED[$mode/raw]}") s, $v $(secs "${CP_MED[$mode/$v]}") s; speedup" \
             "$(awk -v r="${CP_MED[$mode/raw]}" -v x="${CP_MED[$mode/$v]}" 'BEGIN {printf "%.2fx", r / x}')"
     done
