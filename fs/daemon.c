@@ -21,6 +21,9 @@ static void mount_usage(FILE *out)
             "  -d          debug: print every FUSE request (implies -f)\n"
             "  -o OPTIONS  comma-separated; ckptfs options:\n%s"
             "              nonempty    mount over a non-empty directory or another ckptfs mount\n"
+            "              max_threads=N  FUSE worker threads at most (default 16, up to 256)\n"
+            "              max_idle_threads=N  idle workers kept (default: libfuse's)\n"
+            "              clone_fd    a /dev/fuse descriptor per worker thread (default off)\n"
             "              FUSE options: allow_other, auto_unmount, fsname=NAME, and the other\n"
             "              options of mount.fuse3(8); default_permissions is always on\n"
             "Unmount with: fusermount3 -u MNT\n",
@@ -47,7 +50,33 @@ typedef struct {
     CkptfsOptions options;
     GPtrArray *fuse_opts; /* char* */
     bool has_fsname, has_subtype, nonempty;
+    /* libfuse's session loop: worker threads, and whether each gets its own /dev/fuse queue */
+    unsigned max_threads, max_idle_threads; /* 0: libfuse's default for idle */
+    bool clone_fd;
 } MountArgs;
+
+/* max_threads=N, max_idle_threads=N, clone_fd: the session loop's settings (the names libfuse's
+ * own command-line helper uses). 1 taken, 0 not one of them, -1 a bad value. */
+static int take_loop_option(MountArgs *a, const char *item)
+{
+    if (strcmp(item, "clone_fd") == 0) {
+        a->clone_fd = true;
+        return 1;
+    }
+    unsigned *slot = g_str_has_prefix(item, "max_threads=")        ? &a->max_threads
+                     : g_str_has_prefix(item, "max_idle_threads=") ? &a->max_idle_threads
+                                                                   : NULL;
+    if (slot == NULL)
+        return 0;
+    const char *value = strchr(item, '=') + 1;
+    guint64 n;
+    if (!g_ascii_string_to_unsigned(value, 10, 1, 256, &n, NULL)) {
+        fprintf(stderr, "ckptfs: option %s: expected a number of threads from 1 to 256\n", item);
+        return -1;
+    }
+    *slot = (unsigned)n;
+    return 1;
+}
 
 static bool take_options(MountArgs *a, const char *list)
 {
@@ -57,6 +86,12 @@ static bool take_options(MountArgs *a, const char *list)
             continue;
         if (strcmp(*item, "nonempty") == 0) { /* ours: libfuse 3 dropped it */
             a->nonempty = true;
+            continue;
+        }
+        int loop = take_loop_option(a, *item);
+        if (loop != 0) {
+            if (loop < 0)
+                return false;
             continue;
         }
         if (strcmp(*item, "rw") == 0) {
@@ -268,7 +303,10 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     if (fuse_daemonize(a->foreground) != 0)
         goto out_unmount;
     struct fuse_loop_config *config = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(config, 16);
+    fuse_loop_cfg_set_max_threads(config, a->max_threads ? a->max_threads : 16);
+    if (a->max_idle_threads)
+        fuse_loop_cfg_set_idle_threads(config, a->max_idle_threads);
+    fuse_loop_cfg_set_clone_fd(config, a->clone_fd);
     status = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(config);
 out_unmount:

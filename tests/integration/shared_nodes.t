@@ -164,4 +164,23 @@ for case in "fifo-weights|model.safetensors|a FIFO" "dir-weights|model.safetenso
   [[ $rc -ne 0 && $rc -lt 124 && $(mounted_under "$WORK/m-$kind") -eq 0 ]] && grep -qF -- "$w2" "$WORK/err"
   ok $? "$kind: mount fails at once (rc $rc)"
 done
+
+# --- the FUSE session loop's settings: a /dev/fuse queue per worker, fewer workers; bad values refused
+src=$WORK/perm-src2
+loop_mnt=$WORK/mnt-loop
+ref_mnt=$WORK/mnt-loop-ref
+if mount_ckptfs "$src" "$loop_mnt" -o clone_fd,max_threads=3,max_idle_threads=1 && mount_ckptfs "$src" "$ref_mnt"; then
+  check "clone_fd,max_threads=3: 8 readers at once get the bytes of a default mount" bash -c '
+    pids=(); for i in 1 2 3 4 5 6 7 8; do
+      r=$(( i % 2 )); cmp "$1/tp2pp1/release/mp_rank_0$r/model_optim_rng.pt" "$2/tp2pp1/release/mp_rank_0$r/model_optim_rng.pt" & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p" || exit 1; done' _ "$loop_mnt" "$ref_mnt"
+else
+  ok 1 "mount with clone_fd,max_threads=3,max_idle_threads=1"
+fi
+for bad in max_threads=0 max_threads=257 max_idle_threads=x; do
+  mkdir -p "$WORK/mnt-bad-loop"
+  "$CKPTFS" mount -o "$bad" "$src" "$WORK/mnt-bad-loop" 2> "$WORK/err" && rc=0 || rc=$?
+  [[ $rc -ne 0 && $(mounted_under "$WORK/mnt-bad-loop") -eq 0 ]] && grep -qF "option $bad" "$WORK/err"
+  ok $? "-o $bad refused, naming it ($(head -c 120 "$WORK/err"))"
+done
 done_testing
