@@ -102,7 +102,11 @@ static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, G
         o->prefetch = value[0] == '0' ? 0 : CKPTFS_PREFETCH_AUTO;
         return true;
     }
-    return parse_size_option(key, value, &o->prefetch, error);
+    if (!parse_size_option(key, value, &o->prefetch, error))
+        return false;
+    if (o->prefetch > CKPTFS_PREFETCH_MAX)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "option prefetch=%s: at most 64G", value);
+    return true;
 }
 
 static bool opt_spec(CkptfsOptions *o, const char *key, const char *value, GError **error)

@@ -362,8 +362,17 @@ typedef struct {
     uint8_t *data;
     size_t len, cap; /* bytes of the frame, of the buffer */
     unsigned holds;
+    bool ahead; /* decoded ahead and not read yet: counted in ahead_bytes */
     GList link; /* in the LRU list while held by the cache */
 } CachedFrame;
+
+/* A frame being decoded, or queued to be by a decoder thread (not running yet: a reader that
+ * wants it takes it over rather than waiting behind the queue). */
+typedef struct {
+    uint64_t key;
+    size_t len;
+    bool running;
+} PendingFrame;
 
 /* A buffer kept for the next decode: reusing one costs no page faults, where a fresh one of a
  * few MiB is a new mapping touched page by page. */
@@ -381,8 +390,9 @@ struct CkptfsFrameCache {
     Spare spare[SPARE_BUFFERS];
     unsigned nspare;
     GPtrArray *dctx; /* idle ZSTD_DCtx, one per thread decoding at once at most */
-    GHashTable *pending; /* key (uint64_t*) -> bytes: frames a thread is decoding now */
+    GHashTable *pending; /* key -> PendingFrame*: frames claimed for decoding */
     uint64_t pending_bytes;
+    uint64_t ahead_bytes; /* frames decoded ahead, not read yet */
     GCond decoded;       /* a pending frame was put or abandoned */
     uint64_t puts;       /* frames decoded and handed over, in all */
 };
@@ -400,7 +410,7 @@ CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
     g_queue_init(&cache->lru);
     cache->budget = budget;
     cache->dctx = g_ptr_array_new_with_free_func(free_dctx);
-    cache->pending = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+    cache->pending = g_hash_table_new_full(g_int64_hash, g_int64_equal, NULL, g_free);
     g_cond_init(&cache->decoded);
     return cache;
 }
@@ -488,6 +498,8 @@ static void trim(CkptfsFrameCache *cache)
         GList *prev = l->prev;
         CachedFrame *f = l->data;
         if (f->holds == 0) {
+            if (f->ahead)
+                cache->ahead_bytes -= f->len;
             g_queue_unlink(&cache->lru, l);
             g_hash_table_remove(cache->frames, &f->key);
             cache->bytes -= f->len;
@@ -508,6 +520,10 @@ void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget)
 
 static const uint8_t *hold(CkptfsFrameCache *cache, CachedFrame *f, gpointer *out)
 {
+    if (f->ahead) { /* its first reader */
+        f->ahead = false;
+        cache->ahead_bytes -= f->len;
+    }
     f->holds++;
     g_queue_unlink(&cache->lru, &f->link);
     g_queue_push_head_link(&cache->lru, &f->link);
@@ -524,19 +540,22 @@ const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpo
     return data;
 }
 
-/* Under the lock: KEY is being decoded by the caller from now on. */
-static void claim_locked(CkptfsFrameCache *cache, uint64_t key, size_t len)
+/* Under the lock: KEY (LEN bytes) is claimed for decoding, by the caller now (RUNNING) or by a
+ * decoder thread later. */
+static void claim_locked(CkptfsFrameCache *cache, uint64_t key, size_t len, bool running)
 {
-    g_hash_table_insert(cache->pending, g_memdup2(&key, sizeof key), GSIZE_TO_POINTER(len));
+    PendingFrame *p = g_new(PendingFrame, 1);
+    *p = (PendingFrame){key, len, running};
+    g_hash_table_insert(cache->pending, &p->key, p);
     cache->pending_bytes += len;
 }
 
-/* Under the lock: KEY is no longer being decoded; its waiters look again. */
+/* Under the lock: KEY is no longer claimed; its waiters look again. */
 static void unclaim_locked(CkptfsFrameCache *cache, uint64_t key)
 {
-    gpointer len;
-    if (g_hash_table_lookup_extended(cache->pending, &key, NULL, &len)) {
-        cache->pending_bytes -= GPOINTER_TO_SIZE(len);
+    PendingFrame *p = g_hash_table_lookup(cache->pending, &key);
+    if (p != NULL) {
+        cache->pending_bytes -= p->len;
         g_hash_table_remove(cache->pending, &key);
         g_cond_broadcast(&cache->decoded);
     }
@@ -545,12 +564,24 @@ static void unclaim_locked(CkptfsFrameCache *cache, uint64_t key)
 const uint8_t *ckptfs_frame_cache_get_or_claim(CkptfsFrameCache *cache, uint64_t key, size_t len, gpointer *out)
 {
     g_mutex_lock(&cache->lock);
-    CachedFrame *f;
-    while ((f = g_hash_table_lookup(cache->frames, &key)) == NULL && g_hash_table_contains(cache->pending, &key))
+    const uint8_t *data = NULL;
+    for (;;) {
+        CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
+        if (f != NULL) {
+            data = hold(cache, f, out);
+            break;
+        }
+        PendingFrame *p = g_hash_table_lookup(cache->pending, &key);
+        if (p == NULL) {
+            claim_locked(cache, key, len, true);
+            break;
+        }
+        if (!p->running) { /* still queued: decode it now rather than wait for a decoder thread */
+            p->running = true;
+            break;
+        }
         g_cond_wait(&cache->decoded, &cache->lock);
-    const uint8_t *data = f ? hold(cache, f, out) : NULL;
-    if (f == NULL)
-        claim_locked(cache, key, len);
+    }
     g_mutex_unlock(&cache->lock);
     return data;
 }
@@ -558,13 +589,25 @@ const uint8_t *ckptfs_frame_cache_get_or_claim(CkptfsFrameCache *cache, uint64_t
 bool ckptfs_frame_cache_claim(CkptfsFrameCache *cache, uint64_t key, size_t len)
 {
     g_mutex_lock(&cache->lock);
-    /* Frames decoded ahead must not push out the ones being read: half the budget at most. */
+    /* Frames being decoded ahead and decoded ahead but not read yet take half the budget at most,
+     * so they never push out each other or the frames being read. */
     bool claimed = !g_hash_table_contains(cache->frames, &key) && !g_hash_table_contains(cache->pending, &key) &&
-                   cache->pending_bytes + len <= cache->budget / 2;
+                   cache->pending_bytes + cache->ahead_bytes + len <= cache->budget / 2;
     if (claimed)
-        claim_locked(cache, key, len);
+        claim_locked(cache, key, len, false);
     g_mutex_unlock(&cache->lock);
     return claimed;
+}
+
+bool ckptfs_frame_cache_start(CkptfsFrameCache *cache, uint64_t key)
+{
+    g_mutex_lock(&cache->lock);
+    PendingFrame *p = g_hash_table_lookup(cache->pending, &key);
+    bool start = p != NULL && !p->running;
+    if (start)
+        p->running = true;
+    g_mutex_unlock(&cache->lock);
+    return start;
 }
 
 void ckptfs_frame_cache_abandon(CkptfsFrameCache *cache, uint64_t key)
@@ -585,7 +628,9 @@ const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uin
         recycle_locked(cache, data, cap);
     } else {
         f = g_new0(CachedFrame, 1);
-        *f = (CachedFrame){.key = key, .data = data, .len = len, .cap = cap};
+        *f = (CachedFrame){.key = key, .data = data, .len = len, .cap = cap, .ahead = out == NULL};
+        if (f->ahead)
+            cache->ahead_bytes += len;
         f->link.data = f;
         g_queue_push_head_link(&cache->lru, &f->link);
         g_hash_table_insert(cache->frames, &f->key, f);

@@ -31,7 +31,9 @@ struct CkptfsSrcFiles {
     GQueue open;          /* SrcFile* with an fd, most recently used first */
     unsigned max_open;
     CkptfsFrameCache *frames; /* decompressed frames of packed files */
-    GThreadPool *decoders;    /* decode frames ahead of their readers; made with the first packed file */
+    bool packed;              /* some file is packed */
+    GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
+                                 the daemon forks: GLib's pool threads are not inherited) */
 };
 
 /* Descriptors left to the rest of the process (FUSE, stdio, libraries) besides the cache. */
@@ -182,9 +184,7 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->pub.mode = st.st_mode & 07777;
     f->fd = -1;
     g_mutex_lock(&files->lock);
-    if (container != NULL && files->decoders == NULL)
-        files->decoders = g_thread_pool_new_full(decode_ahead, files, g_free,
-                                                 (gint)MIN(g_get_num_processors(), DECODERS_MAX), FALSE, NULL);
+    files->packed |= container != NULL;
     g_ptr_array_add(files->files, f);
     cache_insert(files, f, fd);
     g_mutex_unlock(&files->lock);
@@ -357,6 +357,8 @@ static void decode_ahead(gpointer job, gpointer user_data)
     const CkptfsSrcFiles *files = user_data;
     uint64_t key = *(uint64_t *)job;
     g_free(job); /* the pool frees only the jobs it drops */
+    if (!ckptfs_frame_cache_start(files->frames, key))
+        return; /* a reader took it over meanwhile */
     SrcFile *f;
     int fd = acquire_fd(files, (unsigned)(key >> 32), &f, NULL);
     uint8_t *out = NULL;
@@ -393,22 +395,29 @@ static bool container_read(const CkptfsSrcFiles *files, unsigned index, SrcFile 
 
 /* The frames of packed file F (index INDEX) holding [OFFSET, OFFSET + LEN) go to the decoder
  * threads, those not decoded or claimed yet, while the cache has room for them. */
-static void advise_frames(const CkptfsSrcFiles *files, unsigned index, SrcFile *f, uint64_t offset, uint64_t len)
+static void advise_frames(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile *f, uint64_t offset, uint64_t len)
 {
-    if (offset >= f->pub.size || files->decoders == NULL)
+    CkptfsSrcFiles *files = (CkptfsSrcFiles *)cfiles; /* the pool is made on first use */
+    if (offset >= f->pub.size)
         return;
+    GThreadPool *decoders = g_atomic_pointer_get(&files->decoders);
+    if (decoders == NULL) {
+        g_mutex_lock(&files->lock);
+        if (files->decoders == NULL)
+            g_atomic_pointer_set(&files->decoders,
+                                 g_thread_pool_new_full(decode_ahead, files, g_free,
+                                                        (gint)MIN(g_get_num_processors(), DECODERS_MAX), FALSE, NULL));
+        decoders = files->decoders;
+        g_mutex_unlock(&files->lock);
+    }
     uint64_t end = MIN(offset + len, f->pub.size);
     uint64_t last = ckptfs_container_frame_at(f->container, end - 1);
     for (uint64_t i = ckptfs_container_frame_at(f->container, offset); i <= last; i++) {
         uint64_t key = frame_key(index, i);
         if (!ckptfs_frame_cache_claim(files->frames, key, ckptfs_container_frame(f->container, i)->ulength))
             continue;
-        GError *error = NULL;
-        if (!g_thread_pool_push(files->decoders, g_memdup2(&key, sizeof key), &error)) {
-            g_error_free(error); /* no thread now: its reader decodes it */
-            ckptfs_frame_cache_abandon(files->frames, key);
-            return;
-        }
+        /* Queued even when no thread can be started now: its reader then takes the claim over. */
+        g_thread_pool_push(decoders, g_memdup2(&key, sizeof key), NULL);
     }
 }
 
@@ -428,7 +437,7 @@ uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t o
 {
     if (option != CKPTFS_PREFETCH_AUTO)
         return option;
-    return files->decoders != NULL ? CKPTFS_PREFETCH_PACKED : 0;
+    return files->packed ? CKPTFS_PREFETCH_PACKED : 0;
 }
 
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files)

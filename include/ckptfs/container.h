@@ -105,16 +105,21 @@ void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget);
 const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *hold);
 /* The frame of KEY held as by get; when another thread is decoding it, after waiting for that. Or
  * NULL: KEY (LEN bytes) is the caller's to decode (one decode per frame however many threads want
- * it), and it must end with put or abandon. */
+ * it; a frame only queued for a decoder thread is taken over), and it must end with put or
+ * abandon. */
 const uint8_t *ckptfs_frame_cache_get_or_claim(CkptfsFrameCache *cache, uint64_t key, size_t len, gpointer *hold);
-/* Claims KEY (LEN bytes) for decoding ahead of its readers, without waiting: false when it is
- * cached or being decoded already, or when frames being decoded would take over half the budget. */
+/* Claims KEY (LEN bytes) for a decoder thread, without waiting: false when it is cached or
+ * claimed already, or when frames claimed this way and frames decoded ahead but not read yet
+ * would take over half the budget. */
 bool ckptfs_frame_cache_claim(CkptfsFrameCache *cache, uint64_t key, size_t len);
+/* A decoder thread starting on KEY: true when it is still its to decode (false: a reader took it
+ * over, or it is done). */
+bool ckptfs_frame_cache_start(CkptfsFrameCache *cache, uint64_t key);
 /* A claimed frame that could not be decoded: whoever waits for it decodes it (and reports why not). */
 void ckptfs_frame_cache_abandon(CkptfsFrameCache *cache, uint64_t key);
 /* Adds DATA (LEN bytes of a buffer of CAP, taken over) as KEY, or when another thread added KEY
  * meanwhile recycles it and returns that one; held as by get, or not held when HOLD is NULL (a
- * frame decoded ahead). Ends a claim of KEY. */
+ * frame decoded ahead, counted as such until its first reader). Ends a claim of KEY. */
 const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
                                       size_t cap, gpointer *hold);
 /* A buffer of at least LEN bytes (*CAP: its size), reused when the cache has one to spare (frames

@@ -14,6 +14,7 @@ typedef enum { CKPTFS_VOCAB_PAD_ZERO, CKPTFS_VOCAB_PAD_LAST } CkptfsVocabPad;
 typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsServeDtype;
 
 #define CKPTFS_PREFETCH_AUTO UINT64_MAX
+#define CKPTFS_PREFETCH_MAX (64ull << 30)
 
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */

@@ -82,7 +82,7 @@ done
 # decoded ahead on decoder threads (packed: on by default, off with prefetch=0, and a small frame
 # cache that leaves room for fewer frames ahead), with many readers at once.
 for v in llama:prefetch=32M packed-llama-zstd:prefetch=32M packed-llama-zstd:prefetch=0 \
-  packed-llama-zstd:frame_cache=6M; do
+  packed-llama-zstd:frame_cache=6M packed-llama-zstd:prefetch=auto; do
   src=${v%%:*} opt=${v#*:}
   m=$WORK/mnt-prefetch-$src-${opt//[=,]/-}
   if mount_ckptfs "$WORK/$src" "$m" -o "$opt,layouts=tp4pp1"; then
@@ -94,6 +94,32 @@ for v in llama:prefetch=32M packed-llama-zstd:prefetch=32M packed-llama-zstd:pre
     ok 1 "$src -o $opt: mount"
   fi
 done
+
+mkdir -p "$WORK/mnt-bad-prefetch"
+"$CKPTFS" mount -o prefetch=65G "$WORK/packed-llama-zstd" "$WORK/mnt-bad-prefetch" 2> "$WORK/err" && rc=0 || rc=$?
+[[ $rc -ne 0 ]] && ! grep -q " $WORK/mnt-bad-prefetch " /proc/mounts && grep -q "prefetch=65G: at most 64G" "$WORK/err"
+ok $? "-o prefetch=65G refused ($(head -c 100 "$WORK/err"))"
+
+# A daemon started where sched_getattr(2) is denied (GLib then starts pool threads from a helper
+# thread that a forked daemon would not have): decoding ahead still works in the background
+# daemon, and the read finishes.
+deny=$(dirname "$CKPTFS")/tests/lib/deny_sched_getattr
+if [[ -x $deny && -d $WORK/packed-llama-zstd ]]; then
+  m=$WORK/mnt-deny
+  mkdir -p "$m"
+  if timeout 60 "$deny" "$CKPTFS" mount "$WORK/packed-llama-zstd" "$m"; then
+    pid=$(pgrep -n -f -- "mount $WORK/packed-llama-zstd $m")
+    check "sched_getattr denied: a background daemon decodes ahead and serves hf/ (no hang)" \
+      timeout 60 cmp "$m/hf/$shard" "$WORK/llama/$shard"
+    fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m"
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true # a daemon hung in the read
+  else
+    ok 1 "sched_getattr denied: mount"
+  fi
+else
+  skip "no $deny (built with the tests) or no packed-llama-zstd"
+fi
 
 "$CKPTFS" inspect "$WORK/packed-llama-zstd" > "$WORK/inspect" 2>&1
 check "inspect: codec, ratio and the 2-byte (bf16) class" grep -qE "^packed: +2 files, zstd, .* 2-byte 0\.[0-9]+" "$WORK/inspect"
