@@ -206,6 +206,7 @@ static void raise_read_ahead(CkptfsFuseContext *ctx)
 typedef struct {
     const CkptfsPlan *plan;
     const CkptfsSrcFiles *files;
+    CkptfsSrcReader *reader; /* this open file's own source descriptors (-o source_fds=reader), or NULL */
     uint64_t window;     /* bytes to prefetch ahead of a sequential reader (0: none) */
     uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
     uint64_t prefetched; /* the end of what was prefetched */
@@ -233,7 +234,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* What reads need, fixed for the life of the mount: the plan and the files it reads. */
     OpenFile *open_file = g_new(OpenFile, 1);
     const CkptfsSrcFiles *files = owner->source->files;
-    *open_file = (OpenFile){plan, files, ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0};
+    *open_file = (OpenFile){plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
+                            ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0};
     fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
     fuse_reply_open(req, fi);
@@ -285,7 +287,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     const OpenFile *open_file = (const OpenFile *)(uintptr_t)fi->fh;
     uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read(open_file->plan, open_file->files, buf, size, (uint64_t)off, &error);
+    int64_t n = ckptfs_plan_read_with(open_file->plan, open_file->files, open_file->reader, buf, size, (uint64_t)off,
+                                      &error);
     /* Before the reply: once it is sent, the file may be released (and OPEN_FILE freed). */
     if (n > 0)
         prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
@@ -298,7 +301,9 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     (void)ino;
-    g_free((OpenFile *)(uintptr_t)fi->fh);
+    OpenFile *open_file = (OpenFile *)(uintptr_t)fi->fh;
+    ckptfs_src_reader_free(open_file->reader);
+    g_free(open_file);
     fuse_reply_err(req, 0);
 }
 

@@ -150,6 +150,16 @@ static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *
     return parse_switch(key, value, &o->moe_grouped_gemm, error);
 }
 
+static bool opt_source_fds(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    static const char *const names[] = {"shared", "reader", NULL};
+    int i;
+    if (!parse_choice(key, value, names, &i, error))
+        return false;
+    o->fd_per_reader = i == 1;
+    return true;
+}
+
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     return parse_switch(key, value, &o->mtp, error);
@@ -267,6 +277,10 @@ static const struct {
      "bytes of source data asked for ahead of a sequential reader of a view file;\n"
      "                           of a packed source, frames decoded ahead on decoder threads\n"
      "                           (default auto: 16M for packed sources, 0 (none) otherwise)"},
+    {"source_fds", opt_source_fds,
+     "shared|reader: plain source files read through one descriptor each for the whole\n"
+     "                           mount (default), or through each open view file's own (for\n"
+     "                           object-store clients that stream each open file: rclone, s3fs)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

@@ -326,6 +326,7 @@ size_t ckptfs_plan_extent_count(const CkptfsPlan *plan)
 
 typedef struct {
     const CkptfsSrcFiles *files;
+    CkptfsSrcReader *reader; /* the reader's own descriptors, or NULL */
     uint32_t src;
     uint64_t start, end; /* source range the iovecs cover */
     struct iovec iov[MAX_IOV];
@@ -337,7 +338,7 @@ static bool pending_flush(PendingRead *p, GError **error)
 {
     if (p->n == 0)
         return true;
-    bool ok = ckptfs_srcfiles_preadv(p->files, p->src, p->iov, p->n, p->start, error);
+    bool ok = ckptfs_srcfiles_preadv_with(p->files, p->reader, p->src, p->iov, p->n, p->start, error);
     p->n = 0;
     return ok;
 }
@@ -443,8 +444,8 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
 /* Output bytes [in_off, in_off + n) of a block-scaled FP8 extent: the codes they touch are read
  * (a chunk at a time, merged reads as for a gather), each run of a row converted block by block
  * with its scale (a row of scales read when the block row changes), the requested bytes copied. */
-static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint64_t in_off, uint8_t *dst,
-                        size_t n, GError **error)
+static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                        uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     const CkptfsBlockScale *sc = e->u.gather.scale;
     CkptfsDtype fp8 = ckptfs_convert_from(e->u.gather.convert);
@@ -460,7 +461,7 @@ static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint
     uint64_t cached_brow = UINT64_MAX;
     for (uint64_t el = first; el < end;) {
         uint64_t count = MIN(end - el, (uint64_t)chunk);
-        PendingRead pending = {.files = files};
+        PendingRead pending = {.files = files, .reader = reader};
         bool ok = gather_read(e, el, codes, (size_t)count, &pending, error) && pending_flush(&pending, error);
         g_free(pending.skip);
         if (!ok)
@@ -506,11 +507,11 @@ static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint
     return true;
 }
 
-static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uint64_t in_off,
-                         uint8_t *dst, size_t n, GError **error)
+static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                         uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     if (e->u.gather.scale != NULL)
-        return scaled_read(e, files, in_off, dst, n, error);
+        return scaled_read(e, files, reader, in_off, dst, n, error);
     CkptfsConvert conv = e->u.gather.convert;
     size_t isz = ckptfs_dtype_size(ckptfs_convert_from(conv));
     size_t osz = ckptfs_dtype_size(ckptfs_convert_to(conv));
@@ -520,7 +521,7 @@ static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, uin
     bool ok = true;
     for (uint64_t el = first; el < end && ok;) {
         uint64_t count = MIN(end - el, (uint64_t)CONVERT_CHUNK);
-        PendingRead pending = {.files = files};
+        PendingRead pending = {.files = files, .reader = reader};
         ok = gather_read(e, el * isz, scratch, (size_t)(count * isz), &pending, error) &&
              pending_flush(&pending, error);
         g_free(pending.skip);
@@ -587,13 +588,19 @@ static size_t find_extent(const CkptfsPlan *plan, uint64_t offset)
 int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
                          size_t len, uint64_t offset, GError **error)
 {
+    return ckptfs_plan_read_with(plan, files, NULL, buf, len, offset, error);
+}
+
+int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                              void *buf, size_t len, uint64_t offset, GError **error)
+{
     if (offset >= plan->size || len == 0)
         return 0;
     if (len > plan->size - offset)
         len = (size_t)(plan->size - offset);
     uint8_t *dst = buf;
     size_t remaining = len;
-    PendingRead pending = {.files = files};
+    PendingRead pending = {.files = files, .reader = reader};
     int64_t result = (int64_t)len;
     for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
         const CkptfsExtent *e = &plan->extents[i];
@@ -613,7 +620,7 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
             }
             break;
         case CKPTFS_EXTENT_CONVERT:
-            if (!convert_read(e, files, in_off, dst, n, error)) {
+            if (!convert_read(e, files, reader, in_off, dst, n, error)) {
                 result = -1;
                 goto out;
             }

@@ -466,24 +466,12 @@ bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *bu
     return ckptfs_srcfiles_preadv(files, index, &iov, 1, offset, error);
 }
 
-bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
-                            uint64_t offset, GError **error)
+/* Reads the contiguous range at OFFSET of plain file F through FD into IOV[0..N), retrying short
+ * reads, then checks the file is still the one first opened. */
+static bool read_plain(SrcFile *f, int fd, struct iovec *iov, int n, uint64_t offset, GError **error)
 {
-    /* Nothing to read (an empty zip record): done, and not an early end of the file. */
-    while (n > 0 && iov->iov_len == 0)
-        iov++, n--;
-    if (n == 0)
-        return index < files->files->len || ckptfs_fail(error, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
-    SrcFile *f;
-    int fd = acquire_fd(files, index, &f, error);
-    if (fd < 0)
-        return false;
     bool ok = true;
-    for (; f->container && ok && n > 0; iov++, n--) {
-        ok = container_read(files, index, f, fd, iov->iov_base, iov->iov_len, offset, error);
-        offset += iov->iov_len;
-    }
-    while (ok && n > 0) {
+    while (n > 0) {
         ssize_t got = n == 1 ? pread(fd, iov->iov_base, iov->iov_len, (off_t)offset)
                              : preadv(fd, iov, n, (off_t)offset);
         if (got < 0 && errno == EINTR)
@@ -504,7 +492,103 @@ bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct 
             iov->iov_len -= (size_t)got;
         }
     }
-    ok = ok && check_after_read(f, fd, error);
+    return ok && check_after_read(f, fd, error);
+}
+
+bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
+                            uint64_t offset, GError **error)
+{
+    return ckptfs_srcfiles_preadv_with(files, NULL, index, iov, n, offset, error);
+}
+
+/* Descriptors of one reader: its own open file description per plain source file, so that
+ * the kernel's read-ahead of each file, and a streaming client under it (an object-store FUSE
+ * mount), see that reader's own sequence of reads rather than all readers' interleaved. */
+struct CkptfsSrcReader {
+    const CkptfsSrcFiles *files;
+    GMutex lock;
+    GHashTable *fds; /* index + 1 -> fd + 1 */
+};
+/* At most this many descriptors per reader; past it, and where opening fails, the shared one. */
+#define READER_FDS_MAX 64u
+
+CkptfsSrcReader *ckptfs_src_reader_new(const CkptfsSrcFiles *files)
+{
+    CkptfsSrcReader *r = g_new0(CkptfsSrcReader, 1);
+    r->files = files;
+    g_mutex_init(&r->lock);
+    r->fds = g_hash_table_new(g_direct_hash, g_direct_equal);
+    return r;
+}
+
+void ckptfs_src_reader_free(CkptfsSrcReader *r)
+{
+    if (r == NULL)
+        return;
+    GHashTableIter it;
+    gpointer value;
+    g_hash_table_iter_init(&it, r->fds);
+    while (g_hash_table_iter_next(&it, NULL, &value))
+        close(GPOINTER_TO_INT(value) - 1);
+    g_hash_table_unref(r->fds);
+    g_mutex_clear(&r->lock);
+    g_free(r);
+}
+
+unsigned ckptfs_src_reader_open_count(CkptfsSrcReader *r)
+{
+    g_mutex_lock(&r->lock);
+    unsigned n = g_hash_table_size(r->fds);
+    g_mutex_unlock(&r->lock);
+    return n;
+}
+
+/* R's descriptor of plain file F (index INDEX), opened on first use and checked to be the file
+ * first opened; -1 where the shared descriptor is to be used instead. */
+static int reader_fd(CkptfsSrcReader *r, unsigned index, SrcFile *f)
+{
+    g_mutex_lock(&r->lock);
+    gpointer known = g_hash_table_lookup(r->fds, GUINT_TO_POINTER(index + 1));
+    int fd = known ? GPOINTER_TO_INT(known) - 1 : -1;
+    if (known == NULL && g_hash_table_size(r->fds) < READER_FDS_MAX) {
+        struct stat st;
+        fd = ckptfs_open_regular(f->pub.path, &st, NULL);
+        if (fd >= 0 && !same_file(f, &st)) { /* replaced since the mount: every read fails from now on */
+            close(fd);
+            fd = -1;
+            report_changed(f, NULL);
+        }
+        if (fd >= 0)
+            g_hash_table_insert(r->fds, GUINT_TO_POINTER(index + 1), GINT_TO_POINTER(fd + 1));
+    }
+    g_mutex_unlock(&r->lock);
+    return fd;
+}
+
+bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *reader, unsigned index,
+                                 struct iovec *iov, int n, uint64_t offset, GError **error)
+{
+    /* Nothing to read (an empty zip record): done, and not an early end of the file. */
+    while (n > 0 && iov->iov_len == 0)
+        iov++, n--;
+    if (n == 0)
+        return index < files->files->len || ckptfs_fail(error, CKPTFS_ERROR_IO, "source file #%u does not exist", index);
+    if (reader != NULL && index < files->files->len) {
+        SrcFile *f = g_ptr_array_index(files->files, index);
+        int fd = f->container || g_atomic_int_get(&f->changed) ? -1 : reader_fd(reader, index, f);
+        if (fd >= 0)
+            return read_plain(f, fd, iov, n, offset, error);
+    }
+    SrcFile *f;
+    int fd = acquire_fd(files, index, &f, error);
+    if (fd < 0)
+        return false;
+    bool ok = true;
+    for (; f->container && ok && n > 0; iov++, n--) {
+        ok = container_read(files, index, f, fd, iov->iov_base, iov->iov_len, offset, error);
+        offset += iov->iov_len;
+    }
+    ok = ok && (n == 0 ? check_after_read(f, fd, error) : read_plain(f, fd, iov, n, offset, error));
     release_fd(files, f);
     return ok;
 }

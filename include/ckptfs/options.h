@@ -19,6 +19,7 @@ typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsS
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
     uint64_t frame_cache;   /* packed sources: decoded frames kept (0: the default) */
+    bool fd_per_reader;     /* each open view file reads plain source files through its own fds */
     uint64_t prefetch;      /* source bytes asked for ahead of a sequential reader (0: none;
                                CKPTFS_PREFETCH_AUTO: the source's default, srcfiles.h) */
     /* Megatron views */

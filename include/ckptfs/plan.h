@@ -114,6 +114,9 @@ size_t ckptfs_plan_extent_count(const CkptfsPlan *plan);
  * (fewer only at end of file; 0 at or past EOF), or -1 with an error naming the source file. */
 int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
                          size_t len, uint64_t offset, GError **error);
+/* The same through a reader's own source descriptors (srcfiles.h; NULL: the shared ones). */
+int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                              void *buf, size_t len, uint64_t offset, GError **error);
 
 /* Asks the kernel to start reading the source bytes of [OFFSET, OFFSET + LEN) of the
  * synthesized file (posix_fadvise WILLNEED on each source range, stored frames for packed

@@ -71,6 +71,19 @@ struct iovec;
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
                             uint64_t offset, GError **error);
 
+/* One reader's own descriptors (a FUSE open of a view file): plain source files are read through
+ * descriptors of its own, opened on first use (64 at most; past that, or where opening fails, the
+ * set's shared ones), so the kernel's read-ahead of each file and a streaming client under the
+ * source (rclone, s3fs) see this reader's reads in order; packed files go through the set's frame
+ * cache. Thread-safe; free it before the set. */
+typedef struct CkptfsSrcReader CkptfsSrcReader;
+CkptfsSrcReader *ckptfs_src_reader_new(const CkptfsSrcFiles *files);
+void ckptfs_src_reader_free(CkptfsSrcReader *reader);
+unsigned ckptfs_src_reader_open_count(CkptfsSrcReader *reader);
+/* ckptfs_srcfiles_preadv through READER's descriptors (NULL: the shared ones), same checks. */
+bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *reader, unsigned index,
+                                 struct iovec *iov, int n, uint64_t offset, GError **error);
+
 /* Starts reading bytes [OFFSET, OFFSET + LEN) of file INDEX into the page cache, without
  * waiting; errors are ignored. Of a packed file: the frames that hold them are decoded into the
  * frame cache on decoder threads (one per CPU, 16 at most), as long as the frames being decoded

@@ -82,7 +82,8 @@ done
 # decoded ahead on decoder threads (packed: on by default, off with prefetch=0, and a small frame
 # cache that leaves room for fewer frames ahead), with many readers at once.
 for v in llama:prefetch=32M packed-llama-zstd:prefetch=32M packed-llama-zstd:prefetch=0 \
-  packed-llama-zstd:frame_cache=6M packed-llama-zstd:prefetch=auto; do
+  packed-llama-zstd:frame_cache=6M packed-llama-zstd:prefetch=auto llama:source_fds=reader \
+  packed-llama-zstd:source_fds=reader llama:source_fds=reader,prefetch=32M; do
   src=${v%%:*} opt=${v#*:}
   m=$WORK/mnt-prefetch-$src-${opt//[=,]/-}
   if mount_ckptfs "$WORK/$src" "$m" -o "$opt,layouts=tp4pp1"; then

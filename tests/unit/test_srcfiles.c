@@ -7,6 +7,7 @@
 #include <glib/gstdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
@@ -54,6 +55,86 @@ static void test_cache(const char *dir)
            ckptfs_srcfiles_open_count(files));
     g_rand_free(rng);
     ckptfs_srcfiles_free(files);
+}
+
+static void rewrite_keeping_mtime(const char *path, off_t at);
+
+static unsigned open_fds(void)
+{
+    GDir *d = g_dir_open("/proc/self/fd", 0, NULL);
+    unsigned n = 0;
+    while (d && g_dir_read_name(d))
+        n++;
+    if (d)
+        g_dir_close(d);
+    return n;
+}
+
+/* A reader's own descriptors: right bytes, independent of the shared cache, the same change
+ * detection, closed when the reader goes. Files f10..f19. */
+static void test_readers(const char *dir)
+{
+    unsigned fds_before = open_fds();
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(2);
+    for (int i = 0; i < NFILES; i++) {
+        g_autofree char *path = file_path(dir, i);
+        ckptfs_srcfiles_add(files, path, NULL);
+    }
+    CkptfsSrcReader *r1 = ckptfs_src_reader_new(files), *r2 = ckptfs_src_reader_new(files);
+    GRand *rng = g_rand_new_with_seed(11);
+    int good = 0;
+    for (int k = 0; k < 200; k++) {
+        int i = g_rand_int_range(rng, 10, NFILES);
+        uint32_t off = (uint32_t)g_rand_int_range(rng, 0, FILE_SIZE - 64);
+        uint8_t want[FILE_SIZE], got[64];
+        fill(want, i);
+        struct iovec iov = {got, 64};
+        if (ckptfs_srcfiles_preadv_with(files, k % 2 ? r1 : r2, (unsigned)i, &iov, 1, off, NULL) &&
+            memcmp(got, want + off, 64) == 0)
+            good++;
+    }
+    g_rand_free(rng);
+    tap_ok(good == 200 && ckptfs_src_reader_open_count(r1) == 10 && ckptfs_src_reader_open_count(r2) == 10 &&
+               ckptfs_srcfiles_open_count(files) <= 2,
+           "two readers: 200 reads right, 10 descriptors each, the shared cache untouched (%d, %u, %u, %u)", good,
+           ckptfs_src_reader_open_count(r1), ckptfs_src_reader_open_count(r2), ckptfs_srcfiles_open_count(files));
+
+    g_autofree char *p10 = file_path(dir, 10), *p11 = file_path(dir, 11);
+    rewrite_keeping_mtime(p10, 200);
+    uint8_t buf[64];
+    struct iovec iov = {buf, 64};
+    GError *error = NULL;
+    bool read = ckptfs_srcfiles_preadv_with(files, r1, 10, &iov, 1, 1000, &error);
+    tap_ok(!read && error && error->code == CKPTFS_ERROR_CHANGED && strstr(error->message, p10),
+           "a rewrite is caught through a reader's descriptor (%s)", error ? error->message : "read");
+    g_clear_error(&error);
+    iov = (struct iovec){buf, 64};
+    tap_ok(!ckptfs_srcfiles_preadv_with(files, r2, 10, &iov, 1, 0, NULL) && !ckptfs_srcfiles_pread(files, 10, buf, 64, 0, NULL),
+           "and every reader and the shared descriptors refuse it from then on");
+
+    /* Replaced by rename before a new reader opens it. */
+    g_autofree char *tmp = g_strdup_printf("%s/replacement11", dir);
+    uint8_t same[FILE_SIZE];
+    fill(same, 11);
+    g_file_set_contents(tmp, (const char *)same, FILE_SIZE, NULL);
+    struct stat st;
+    stat(p11, &st);
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    utimensat(AT_FDCWD, tmp, times, 0);
+    g_rename(tmp, p11);
+    CkptfsSrcReader *r3 = ckptfs_src_reader_new(files);
+    iov = (struct iovec){buf, 64};
+    read = ckptfs_srcfiles_preadv_with(files, r3, 11, &iov, 1, 0, &error);
+    tap_ok(!read && error && error->code == CKPTFS_ERROR_CHANGED,
+           "a file replaced by one of the same bytes, size and mtime: a new reader refuses it (%s)",
+           error ? error->message : "read");
+    g_clear_error(&error);
+    ckptfs_src_reader_free(r1);
+    ckptfs_src_reader_free(r2);
+    ckptfs_src_reader_free(r3);
+    ckptfs_srcfiles_free(files);
+    tap_ok(open_fds() == fds_before, "every descriptor closed with the readers and the set (%u, %u before)",
+           open_fds(), fds_before);
 }
 
 static void rewrite_keeping_mtime(const char *path, off_t at)
@@ -208,6 +289,7 @@ int main(void)
     }
     test_cache(dir);
     test_changes(dir);
+    test_readers(dir);
     test_special(dir);
     test_access(dir);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
