@@ -434,6 +434,31 @@ static unsigned resident_pages(const char *path, uint64_t a, uint64_t z)
     return n;
 }
 
+/* Prefetch of [OUT, OUT + LEN) of PLAN (one source file at PATH of SIZE bytes, dropped from the
+ * page cache first) brings exactly source bytes [LO, HI) in: all their pages, and fewer than 64
+ * others (past HI the kernel may read a little ahead). */
+static void check_window(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const char *path, uint64_t size,
+                         uint64_t out, uint64_t len, uint64_t lo, uint64_t hi, const char *what)
+{
+    int fd = open(path, O_RDONLY);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    unsigned before = resident_pages(path, 0, size);
+    if (before > 0) {
+        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+        return;
+    }
+    ckptfs_plan_prefetch(plan, files, out, len);
+    unsigned pages = (unsigned)((hi - lo) / (uint64_t)sysconf(_SC_PAGESIZE)), wanted = 0;
+    for (int i = 0; i < 200 && wanted < pages; i++) {
+        g_usleep(5000);
+        wanted = resident_pages(path, lo, hi);
+    }
+    unsigned others = resident_pages(path, 0, lo) + resident_pages(path, hi + (256u << 10), size);
+    tap_ok(wanted == pages, "prefetch of %s brings the %u pages of its source bytes (%u)", what, pages, wanted);
+    tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
+}
+
 /* Prefetch asks the kernel for the source ranges of a window of the synthesized file: a file
  * dropped from the page cache has those pages back, and not the ones the window does not
  * gather. (Not on file systems whose pages cannot be dropped, such as tmpfs.) */
@@ -480,46 +505,14 @@ static void test_prefetch(void)
     b = ckptfs_plan_builder_new();
     ckptfs_plan_add_run(b, (uint32_t)src, 0, size);
     plan = ckptfs_plan_builder_finish(b);
-    fd = open(path, O_RDONLY);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    before = resident_pages(path, 0, size);
-    if (before > 0) {
-        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
-    } else {
-        ckptfs_plan_prefetch(plan, files, 2u << 20, 1u << 20);
-        unsigned wanted = 0;
-        for (int i = 0; i < 200 && wanted < 256; i++) {
-            g_usleep(5000);
-            wanted = resident_pages(path, 2u << 20, 3u << 20);
-        }
-        unsigned others = resident_pages(path, 0, 2u << 20) + resident_pages(path, (3u << 20) + (256u << 10), size);
-        tap_ok(wanted == 256, "prefetch of a window of a run brings its 256 pages (%u)", wanted);
-        tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
-    }
+    check_window(plan, files, path, size, 2u << 20, 1u << 20, 2u << 20, 3u << 20, "a window of a run");
     ckptfs_plan_free(plan);
     /* fp32 -> bf16 of the whole file: output window [1M, 2M) is source bytes [2M, 4M). */
     b = ckptfs_plan_builder_new();
     CkptfsGatherItem whole = {(uint32_t)src, 0, 0, size};
     ckptfs_plan_add_convert(b, CKPTFS_CONVERT_F32_TO_BF16, 1, &whole, 1);
     plan = ckptfs_plan_builder_finish(b);
-    fd = open(path, O_RDONLY);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    before = resident_pages(path, 0, size);
-    if (before > 0) {
-        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
-    } else {
-        ckptfs_plan_prefetch(plan, files, 1u << 20, 1u << 20);
-        unsigned wanted = 0;
-        for (int i = 0; i < 200 && wanted < 512; i++) {
-            g_usleep(5000);
-            wanted = resident_pages(path, 2u << 20, 4u << 20);
-        }
-        unsigned others = resident_pages(path, 0, 2u << 20) + resident_pages(path, (4u << 20) + (256u << 10), size);
-        tap_ok(wanted == 512, "prefetch of a converted window brings the 512 pages of its source bytes (%u)", wanted);
-        tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
-    }
+    check_window(plan, files, path, size, 1u << 20, 1u << 20, 2u << 20, 4u << 20, "a converted window");
     ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(files);
     g_unlink(path);

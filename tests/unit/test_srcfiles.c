@@ -59,6 +59,20 @@ static void test_cache(const char *dir)
 
 static void rewrite_keeping_mtime(const char *path, off_t at);
 
+/* Replaces file I at PATH by rename with a new file of the same bytes, size and mtime. */
+static void replace_with_same(const char *dir, const char *path, int i)
+{
+    g_autofree char *tmp = g_strdup_printf("%s/replacement", dir);
+    uint8_t same[FILE_SIZE];
+    fill(same, i);
+    g_file_set_contents(tmp, (const char *)same, FILE_SIZE, NULL);
+    struct stat st;
+    stat(path, &st);
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    utimensat(AT_FDCWD, tmp, times, 0);
+    g_rename(tmp, path);
+}
+
 static unsigned open_fds(void)
 {
     GDir *d = g_dir_open("/proc/self/fd", 0, NULL);
@@ -113,15 +127,7 @@ static void test_readers(const char *dir)
            "and every reader and the shared descriptors refuse it from then on");
 
     /* Replaced by rename before a new reader opens it. */
-    g_autofree char *tmp = g_strdup_printf("%s/replacement11", dir);
-    uint8_t same[FILE_SIZE];
-    fill(same, 11);
-    g_file_set_contents(tmp, (const char *)same, FILE_SIZE, NULL);
-    struct stat st;
-    stat(p11, &st);
-    struct timespec times[2] = {st.st_atim, st.st_mtim};
-    utimensat(AT_FDCWD, tmp, times, 0);
-    g_rename(tmp, p11);
+    replace_with_same(dir, p11, 11);
     CkptfsSrcReader *r3 = ckptfs_src_reader_new(files);
     iov = (struct iovec){buf, 64};
     read = ckptfs_srcfiles_preadv_with(files, r3, 11, &iov, 1, 0, &error);
@@ -187,15 +193,7 @@ static void test_changes(const char *dir)
     int d = ckptfs_srcfiles_add(files, p3, NULL);
     ckptfs_srcfiles_add(files, p4, NULL);
     ckptfs_srcfiles_pread(files, (unsigned)b, buf, 64, 0, NULL); /* f03 is now least recent */
-    g_autofree char *tmp = g_strdup_printf("%s/replacement", dir);
-    uint8_t same[FILE_SIZE];
-    fill(same, 3);
-    g_file_set_contents(tmp, (const char *)same, FILE_SIZE, NULL);
-    struct stat st;
-    stat(p3, &st);
-    struct timespec times[2] = {st.st_atim, st.st_mtim};
-    utimensat(AT_FDCWD, tmp, times, 0);
-    g_rename(tmp, p3);
+    replace_with_same(dir, p3, 3);
     read = ckptfs_srcfiles_pread(files, (unsigned)d, buf, 64, 0, &error);
     tap_ok(!read && error && error->code == CKPTFS_ERROR_CHANGED,
            "a file replaced by one of the same bytes, size and mtime is caught on reopen (%s)",
