@@ -39,7 +39,8 @@
 #                      cache4M      --vfs-cache-mode full (rclone keeps what it fetched in a sparse
 #                                   file per object, under the node's own --cache-dir), 4M chunks,
 #                                   no read-ahead: concurrent readers of one file share a cache
-#                                   instead of one HTTP stream
+#                                   instead of one HTTP stream; cacheN (cache512K, cache1M,
+#                                   cache16M, ...): the same with chunks of N
 #   LIMIT_MB         read only the first LIMIT_MB MiB of each rank file (default: all); share is
 #                    then the bytes the readers read (the rank files are their tensor bytes plus
 #                    a few KB of pickle and zip records)
@@ -106,7 +107,9 @@ rclone_args() { # the rclone mount flags of a setting
     default | prefetch32M) echo "--vfs-read-chunk-size 128M --vfs-read-chunk-size-limit off --buffer-size 16M" ;;
     chunk16M) echo "--vfs-read-chunk-size 16M --vfs-read-chunk-size-limit 16M --buffer-size 16M" ;;
     chunk4M) echo "--vfs-read-chunk-size 4M --vfs-read-chunk-size-limit 4M --buffer-size 0" ;;
-    cache4M) echo "--vfs-cache-mode full --vfs-read-chunk-size 4M --vfs-read-chunk-size-limit 4M --buffer-size 0 --vfs-read-ahead 0" ;;
+    cache[0-9]*[KM]) # the full cache mode with chunks of that size (cache512K, cache1M, cache4M, ...)
+        local c=${1#cache}
+        echo "--vfs-cache-mode full --vfs-read-chunk-size $c --vfs-read-chunk-size-limit $c --buffer-size 0 --vfs-read-ahead 0" ;;
     *) return 1 ;;
     esac
 }
