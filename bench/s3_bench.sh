@@ -407,6 +407,26 @@ client_mount() {
     done
     die "rclone mount for $name node $node did not come up: $(tail -3 "$RUN/rclone-$name-$node.log")"
 }
+# mount_nodes NAME SETTING OPTS DIR: for every node, the rclone mount of SETTING and a ckptfs mount
+# of it with OPTS (none if empty), then DIR of the view listed; what each node fetched while
+# mounting and listing goes into MOUNTB / MOUNTG (bytes / GETs).
+declare -A MOUNTB=() MOUNTG=()
+mount_nodes() {
+    local name=$1 setting=$2 opts=$3 dir=$4 n a b
+    # shellcheck disable=SC2046
+    for n in "${NODE_LIST[@]}"; do client_mount "$name" "$n" $(rclone_args "$setting"); done
+    MOUNTB=() MOUNTG=()
+    for n in "${NODE_LIST[@]}"; do
+        a=$(loglines)
+        mkdir -p "$RUN/mnt-ck-$name-$n"
+        "$BIN" mount ${opts:+-o "$opts"} "$RUN/mnt-rc-$name-$n" "$RUN/mnt-ck-$name-$n"
+        ls -lR "$RUN/mnt-ck-$name-$n/$dir" >/dev/null
+        sleep 0.3
+        b=$(loglines)
+        MOUNTB[$n]=$(ua_sum "$a" "$b" "s3bench-$name-n$n" body)
+        MOUNTG[$n]=$(ua_sum "$a" "$b" "s3bench-$name-n$n" gets)
+    done
+}
 unmount_setting() {
     local name=$1 m
     for m in $(awk -v r="$RUN/mnt-ck-$name-" '$3 == "fuse.ckptfs" && index($2, r) == 1 {print $2}' /proc/mounts); do
@@ -453,19 +473,7 @@ total_row() { # total_row SETTING: sums of the setting's rows
 
 # --- tp8pp8 ---------------------------------------------------------------------------------------
 for s in "${SETTING_LIST[@]}"; do
-    # shellcheck disable=SC2046
-    for n in "${NODE_LIST[@]}"; do client_mount "$s" "$n" $(rclone_args "$s"); done
-    declare -A MOUNTB=() MOUNTG=()
-    for n in "${NODE_LIST[@]}"; do
-        a=$(loglines)
-        mkdir -p "$RUN/mnt-ck-$s-$n"
-        "$BIN" mount -o "$(ckptfs_opts "$s")" "$RUN/mnt-rc-$s-$n" "$RUN/mnt-ck-$s-$n"
-        ls -l "$RUN/mnt-ck-$s-$n/tp8pp8/release/"*/model_optim_rng.pt >/dev/null
-        sleep 0.3
-        b=$(loglines)
-        MOUNTB[$n]=$(ua_sum "$a" "$b" "s3bench-$s-n$n" body)
-        MOUNTG[$n]=$(ua_sum "$a" "$b" "s3bench-$s-n$n" gets)
-    done
+    mount_nodes "$s" "$s" "$(ckptfs_opts "$s")" tp8pp8/release
     for n in "${NODE_LIST[@]}"; do
         a=$(loglines)
         files=()
@@ -513,19 +521,7 @@ if [[ $MCORE == 1 ]]; then
         echo "#   their share of stage n reads (torch 2.6's create_read_items_for_chunk_list on .metadata),"
         echo "#   each item whole, in file/offset order, 8 threads; rclone setting $MCORE_SETTING, ckptfs default options"
         s=mcore
-        # shellcheck disable=SC2046
-        for n in "${NODE_LIST[@]}"; do client_mount "$s" "$n" $(rclone_args "$MCORE_SETTING"); done
-        declare -A MOUNTB=() MOUNTG=()
-        for n in "${NODE_LIST[@]}"; do
-            a=$(loglines)
-            mkdir -p "$RUN/mnt-ck-$s-$n"
-            "$BIN" mount ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$RUN/mnt-rc-$s-$n" "$RUN/mnt-ck-$s-$n"
-            ls -l "$RUN/mnt-ck-$s-$n/mcore/release/" >/dev/null
-            sleep 0.3
-            b=$(loglines)
-        MOUNTB[$n]=$(ua_sum "$a" "$b" "s3bench-$s-n$n" body)
-        MOUNTG[$n]=$(ua_sum "$a" "$b" "s3bench-$s-n$n" gets)
-        done
+        mount_nodes "$s" "$MCORE_SETTING" "$MOUNT_OPTS" mcore/release
         for n in "${NODE_LIST[@]}"; do
             a=$(loglines)
             w0=$(date +%s.%N)

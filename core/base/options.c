@@ -98,8 +98,8 @@ static bool opt_frame_cache(CkptfsOptions *o, const char *key, const char *value
 
 static bool opt_prefetch(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    if (strcmp(value, "0") == 0 || strcmp(value, "auto") == 0) { /* off; the source's default */
-        o->prefetch = value[0] == '0' ? 0 : CKPTFS_PREFETCH_AUTO;
+    if (strcmp(value, "0") == 0 || strcmp(value, "auto") == 0) { /* off; the source's own default */
+        o->prefetch = strcmp(value, "0") == 0 ? 0 : CKPTFS_PREFETCH_AUTO;
         return true;
     }
     if (!parse_size_option(key, value, &o->prefetch, error))

@@ -531,15 +531,6 @@ static const uint8_t *hold(CkptfsFrameCache *cache, CachedFrame *f, gpointer *ou
     return f->data;
 }
 
-const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *out)
-{
-    g_mutex_lock(&cache->lock);
-    CachedFrame *f = g_hash_table_lookup(cache->frames, &key);
-    const uint8_t *data = f ? hold(cache, f, out) : NULL;
-    g_mutex_unlock(&cache->lock);
-    return data;
-}
-
 /* Under the lock: KEY (LEN bytes) is claimed for decoding, by the caller now (RUNNING) or by a
  * decoder thread later. */
 static void claim_locked(CkptfsFrameCache *cache, uint64_t key, size_t len, bool running)

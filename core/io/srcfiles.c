@@ -213,6 +213,19 @@ unsigned ckptfs_srcfiles_open_count(const CkptfsSrcFiles *files)
     return n;
 }
 
+/* F's path opened again: a descriptor of the file first opened, or -1 with *OPEN_ERROR set when it
+ * cannot be opened, or -2 when it names another file now (replaced, rewritten: nothing kept open). */
+static int reopen(const SrcFile *f, GError **open_error)
+{
+    struct stat st;
+    int fd = ckptfs_open_regular(f->pub.path, &st, open_error);
+    if (fd >= 0 && !same_file(f, &st)) {
+        close(fd);
+        return -2;
+    }
+    return fd;
+}
+
 /* The descriptor of file INDEX, pinned until release_fd; opened again (and checked to be the
  * same file) when the cache had closed it. */
 static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **out, GError **error)
@@ -235,11 +248,9 @@ static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **ou
         g_mutex_unlock(&files->lock);
         return fd;
     }
-    struct stat st;
     GError *open_error = NULL;
-    int fd = ckptfs_open_regular(f->pub.path, &st, &open_error);
-    if (fd >= 0 && !same_file(f, &st)) {
-        close(fd);
+    int fd = reopen(f, &open_error);
+    if (fd == -2) {
         g_mutex_unlock(&files->lock);
         return report_changed(f, error), -1;
     }
@@ -359,13 +370,14 @@ static void decode_ahead(gpointer job, gpointer user_data)
     g_free(job); /* the pool frees only the jobs it drops */
     if (!ckptfs_frame_cache_start(files->frames, key))
         return; /* a reader took it over meanwhile */
+    unsigned index = (unsigned)(key >> 32);
+    uint64_t i = key & 0xffffffffu; /* frame_key's halves */
     SrcFile *f;
-    int fd = acquire_fd(files, (unsigned)(key >> 32), &f, NULL);
+    int fd = acquire_fd(files, index, &f, NULL);
     uint8_t *out = NULL;
     size_t out_cap;
-    if (fd >= 0 && decode_frame(files, f, fd, key & 0xffffffffu, &out, &out_cap, NULL))
-        ckptfs_frame_cache_put(files->frames, key, out,
-                               ckptfs_container_frame(f->container, key & 0xffffffffu)->ulength, out_cap, NULL);
+    if (fd >= 0 && decode_frame(files, f, fd, i, &out, &out_cap, NULL))
+        ckptfs_frame_cache_put(files->frames, key, out, ckptfs_container_frame(f->container, i)->ulength, out_cap, NULL);
     else
         ckptfs_frame_cache_abandon(files->frames, key);
     if (fd >= 0)
@@ -551,12 +563,10 @@ static int reader_fd(CkptfsSrcReader *r, unsigned index, SrcFile *f)
     gpointer known = g_hash_table_lookup(r->fds, GUINT_TO_POINTER(index + 1));
     int fd = known ? GPOINTER_TO_INT(known) - 1 : -1;
     if (known == NULL && g_hash_table_size(r->fds) < READER_FDS_MAX) {
-        struct stat st;
-        fd = ckptfs_open_regular(f->pub.path, &st, NULL);
-        if (fd >= 0 && !same_file(f, &st)) { /* replaced since the mount: every read fails from now on */
-            close(fd);
-            fd = -1;
+        fd = reopen(f, NULL);
+        if (fd == -2) { /* replaced since the mount: every read fails from now on */
             report_changed(f, NULL);
+            fd = -1;
         }
         if (fd >= 0)
             g_hash_table_insert(r->fds, GUINT_TO_POINTER(index + 1), GINT_TO_POINTER(fd + 1));

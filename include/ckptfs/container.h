@@ -101,12 +101,10 @@ typedef struct CkptfsFrameCache CkptfsFrameCache;
 CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget);
 void ckptfs_frame_cache_free(CkptfsFrameCache *cache);
 void ckptfs_frame_cache_set_budget(CkptfsFrameCache *cache, uint64_t budget);
-/* The frame of KEY, held until ckptfs_frame_cache_release(*HOLD), or NULL. */
-const uint8_t *ckptfs_frame_cache_get(CkptfsFrameCache *cache, uint64_t key, gpointer *hold);
-/* The frame of KEY held as by get; when another thread is decoding it, after waiting for that. Or
- * NULL: KEY (LEN bytes) is the caller's to decode (one decode per frame however many threads want
- * it; a frame only queued for a decoder thread is taken over), and it must end with put or
- * abandon. */
+/* The frame of KEY, held until ckptfs_frame_cache_release(*HOLD); when another thread is decoding
+ * it, after waiting for that. Or NULL: KEY (LEN bytes) is the caller's to decode (one decode per
+ * frame however many threads want it; a frame only queued for a decoder thread is taken over),
+ * and it must end with put or abandon. */
 const uint8_t *ckptfs_frame_cache_get_or_claim(CkptfsFrameCache *cache, uint64_t key, size_t len, gpointer *hold);
 /* Claims KEY (LEN bytes) for a decoder thread, without waiting: false when it is cached or
  * claimed already, or when frames claimed this way and frames decoded ahead but not read yet
@@ -118,7 +116,7 @@ bool ckptfs_frame_cache_start(CkptfsFrameCache *cache, uint64_t key);
 /* A claimed frame that could not be decoded: whoever waits for it decodes it (and reports why not). */
 void ckptfs_frame_cache_abandon(CkptfsFrameCache *cache, uint64_t key);
 /* Adds DATA (LEN bytes of a buffer of CAP, taken over) as KEY, or when another thread added KEY
- * meanwhile recycles it and returns that one; held as by get, or not held when HOLD is NULL (a
+ * meanwhile recycles it and returns that one; held as by get_or_claim, or not held when HOLD is NULL (a
  * frame decoded ahead, counted as such until its first reader). Ends a claim of KEY. */
 const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uint8_t *data, size_t len,
                                       size_t cap, gpointer *hold);

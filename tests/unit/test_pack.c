@@ -794,7 +794,7 @@ static void test_frame_claims(void)
     bool c = ckptfs_frame_cache_claim(cache, 11, q);
     tap_ok(!big && a && started && b && !c,
            "ahead: a frame over half the budget refused; one decoded ahead and one claimed fill the half");
-    got = ckptfs_frame_cache_get(cache, 9, &hold);
+    got = ckptfs_frame_cache_get_or_claim(cache, 9, q, &hold);
     ckptfs_frame_cache_release(cache, hold);
     c = ckptfs_frame_cache_claim(cache, 11, q);
     tap_ok(got != NULL && c, "once the frame decoded ahead is read, another can be claimed");
