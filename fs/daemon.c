@@ -11,6 +11,7 @@
 
 #include "ckptfs/error.h"
 #include "fuse_ops.h"
+#include "passthrough.h"
 
 static void mount_usage(FILE *out)
 {
@@ -24,6 +25,9 @@ static void mount_usage(FILE *out)
             "              max_threads=N  FUSE worker threads at most (default 16, up to 256)\n"
             "              max_idle_threads=N  idle workers kept (default: libfuse's)\n"
             "              clone_fd    a /dev/fuse descriptor per worker thread (default off)\n"
+            "              passthrough  the kernel reads hf/ files that are source files unchanged\n"
+            "                          straight from the source (root, Linux 6.9+, libfuse 3.17+;\n"
+            "                          a source file rewritten in place is then not detected)\n"
             "              FUSE options: allow_other, auto_unmount, fsname=NAME, and the other\n"
             "              options of mount.fuse3(8); default_permissions is always on\n"
             "Unmount with: fusermount3 -u MNT\n",
@@ -53,14 +57,15 @@ typedef struct {
     /* libfuse's session loop: worker threads, and whether each gets its own /dev/fuse queue */
     unsigned max_threads, max_idle_threads; /* 0: libfuse's default for idle */
     bool clone_fd;
+    bool passthrough; /* hand files identical to a source file to the kernel (passthrough.h) */
 } MountArgs;
 
-/* max_threads=N, max_idle_threads=N, clone_fd: the session loop's settings (the names libfuse's
- * own command-line helper uses). 1 taken, 0 not one of them, -1 a bad value. */
+/* max_threads=N, max_idle_threads=N, clone_fd (the names libfuse's own command-line helper uses)
+ * and passthrough: the session's settings. 1 taken, 0 not one of them, -1 a bad value. */
 static int take_loop_option(MountArgs *a, const char *item)
 {
-    if (strcmp(item, "clone_fd") == 0) {
-        a->clone_fd = true;
+    if (strcmp(item, "clone_fd") == 0 || strcmp(item, "passthrough") == 0) {
+        *(item[0] == 'c' ? &a->clone_fd : &a->passthrough) = true;
         return 1;
     }
     unsigned *slot = g_str_has_prefix(item, "max_threads=")        ? &a->max_threads
@@ -262,7 +267,11 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     CkptfsFuseContext ctx = {.mount = mount,
                              .mtime = newest_source_mtime(mount),
                              .foreground = a->foreground,
-                             .read_buffer = G_PRIVATE_INIT(g_free)};
+                             .read_buffer = G_PRIVATE_INIT(g_free),
+                             .passthrough = ckptfs_passthrough_new(a->passthrough)};
+    if (a->passthrough && !ckptfs_passthrough_built())
+        fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %d.%d (3.17 or later "
+                        "needed); files are read through the daemon\n", FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION);
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(argv, g_strdup("ckptfs"));
     if (a->debug)
@@ -317,6 +326,7 @@ out_destroy:
     fuse_session_destroy(se);
     fuse_opt_free_args(&args); /* the copy libfuse makes when it adds an argument */
     g_free(ctx.read_ahead_knob);
+    ckptfs_passthrough_free(ctx.passthrough);
     return status;
 }
 

@@ -8,6 +8,7 @@
 #include <syslog.h>
 
 #include "ckptfs/error.h"
+#include "passthrough.h"
 
 /* The tree never changes while mounted: let the kernel cache names and attributes for long. */
 #define CACHE_TIMEOUT 86400.0
@@ -69,11 +70,18 @@ static void reply_failure(fuse_req_t req, int rc, GError *error)
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
-    (void)userdata;
+    CkptfsFuseContext *ctx = userdata;
     if (conn->max_readahead > READ_AHEAD)
         conn->max_readahead = READ_AHEAD;
     /* Nothing changes behind the kernel's back: no need to revalidate cached data. */
+#ifdef CKPTFS_HAVE_PASSTHROUGH
+    fuse_unset_feature_flag(conn, FUSE_CAP_AUTO_INVAL_DATA); /* 3.17 refuses want and want_ext mixed */
+#else
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+#endif
+    const char *why = NULL;
+    if (ctx->passthrough != NULL && !ckptfs_passthrough_init(ctx->passthrough, conn, &why))
+        ckptfs_fuse_log(ctx, "passthrough: %s; files are read through the daemon", why);
 }
 
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -210,6 +218,7 @@ typedef struct {
     uint64_t window;     /* bytes to prefetch ahead of a sequential reader (0: none) */
     uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
     uint64_t prefetched; /* the end of what was prefetched */
+    bool passthrough;    /* the kernel reads the source file itself: no reads come here */
 } OpenFile;
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -235,9 +244,15 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     OpenFile *open_file = g_new(OpenFile, 1);
     const CkptfsSrcFiles *files = owner->source->files;
     *open_file = (OpenFile){plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
-                            ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0};
+                            ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0, false};
     fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
+    char *refusal = NULL;
+    open_file->passthrough = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
+    if (refusal != NULL) {
+        ckptfs_fuse_log(ctx, "%s", refusal);
+        g_free(refusal);
+    }
     fuse_reply_open(req, fi);
 }
 
@@ -300,8 +315,9 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    (void)ino;
     OpenFile *open_file = (OpenFile *)(uintptr_t)fi->fh;
+    if (open_file->passthrough)
+        ckptfs_passthrough_release(ctx_of(req)->passthrough, req, ino);
     ckptfs_src_reader_free(open_file->reader);
     g_free(open_file);
     fuse_reply_err(req, 0);

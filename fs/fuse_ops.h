@@ -17,6 +17,7 @@ typedef struct {
     GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */
     char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
     gint read_ahead_raised;
+    struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;

@@ -14,6 +14,9 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON
 # The Debian 13 root with torch 2.6 and safetensors (built once, then reused).
 bash -c 'source tests/lib/common.sh; torch2_root_ensure' ||
   echo "# torch 2.6 root unavailable: its checks will be skipped"
+# And what building ckptfs there needs: libfuse 3.17, for the FUSE passthrough tests.
+bash -c 'source tests/lib/common.sh; trixie_build_deps_ensure || { echo "# $TRIXIE_WHY"; false; }' ||
+  echo "# no libfuse 3.17 build: tests/integration/passthrough.t will skip"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

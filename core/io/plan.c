@@ -736,3 +736,18 @@ void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
             add_source_once(out_indexes, e->u.gather.items[k].src);
     }
 }
+
+int64_t ckptfs_plan_identical_file(const CkptfsPlan *plan, const CkptfsSrcFiles *files)
+{
+    if (plan->n_extents != 1 || plan->extents[0].kind != CKPTFS_EXTENT_GATHER)
+        return -1;
+    const CkptfsExtent *e = &plan->extents[0];
+    if (e->u.gather.nrep != 1 || e->u.gather.nitems != 1 || e->u.gather.items[0].base != 0)
+        return -1;
+    uint32_t src = e->u.gather.items[0].src;
+    const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
+    CkptfsContainerStats packed;
+    if (file == NULL || file->size != plan->size || ckptfs_srcfiles_container_stats(files, src, &packed))
+        return -1;
+    return src;
+}

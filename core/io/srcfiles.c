@@ -226,6 +226,21 @@ static int reopen(const SrcFile *f, GError **open_error)
     return fd;
 }
 
+/* reopen, with a file gone, replaced or no longer regular reported as changed (the file then
+ * stays refused). */
+static int reopen_checked(SrcFile *f, GError **error)
+{
+    GError *open_error = NULL;
+    int fd = reopen(f, &open_error);
+    if (fd == -2 || (fd < 0 && (open_error->code == CKPTFS_ERROR_NOT_FOUND || open_error->code == CKPTFS_ERROR_FORMAT))) {
+        g_clear_error(&open_error);
+        return report_changed(f, error), -1;
+    }
+    if (fd < 0)
+        g_propagate_error(error, open_error);
+    return fd;
+}
+
 /* The descriptor of file INDEX, pinned until release_fd; opened again (and checked to be the
  * same file) when the cache had closed it. */
 static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **out, GError **error)
@@ -248,19 +263,9 @@ static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **ou
         g_mutex_unlock(&files->lock);
         return fd;
     }
-    GError *open_error = NULL;
-    int fd = reopen(f, &open_error);
-    if (fd == -2) {
-        g_mutex_unlock(&files->lock);
-        return report_changed(f, error), -1;
-    }
+    int fd = reopen_checked(f, error);
     if (fd < 0) {
         g_mutex_unlock(&files->lock);
-        if (open_error->code == CKPTFS_ERROR_NOT_FOUND || open_error->code == CKPTFS_ERROR_FORMAT) {
-            g_error_free(open_error);
-            return report_changed(f, error), -1;
-        }
-        g_propagate_error(error, open_error);
         return -1;
     }
     cache_insert(files, f, fd);
@@ -601,6 +606,16 @@ bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *r
     ok = ok && (n == 0 ? check_after_read(f, fd, error) : read_plain(f, fd, iov, n, offset, error));
     release_fd(files, f);
     return ok;
+}
+
+int ckptfs_srcfiles_open_fd(const CkptfsSrcFiles *files, unsigned index, GError **error)
+{
+    if (index >= files->files->len)
+        return ckptfs_fail(error, CKPTFS_ERROR_IO, "source file #%u does not exist", index), -1;
+    SrcFile *f = g_ptr_array_index(files->files, index);
+    if (g_atomic_int_get(&f->changed))
+        return report_changed(f, error), -1;
+    return reopen_checked(f, error);
 }
 
 bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GError **error)

@@ -126,4 +126,9 @@ void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, u
 /* The distinct source files a plan reads from (for change detection at open). */
 void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes /* of guint32 */);
 
+/* The index of the source file whose bytes the plan is, all of them and nothing else, when that
+ * file is plain (not packed): the kernel can then read it directly (FUSE passthrough). -1 for
+ * every other plan. */
+int64_t ckptfs_plan_identical_file(const CkptfsPlan *plan, const CkptfsSrcFiles *files);
+
 #endif

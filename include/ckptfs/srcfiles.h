@@ -103,6 +103,11 @@ uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
 /* What packed file INDEX holds (false for a file that is not packed). */
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 
+/* A new descriptor of file INDEX (the caller closes it), checked to be the file first opened,
+ * unchanged; -1 with an error naming the file otherwise (CHANGED when it was replaced or
+ * rewritten: it then stays refused, as after a read). */
+int ckptfs_srcfiles_open_fd(const CkptfsSrcFiles *files, unsigned index, GError **error);
+
 /* Checks that the path of file INDEX still names the file first opened, unchanged (a file
  * replaced by rename is caught here; one changed in place by every read too). */
 bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GError **error);

@@ -339,6 +339,50 @@ static void test_run_merging(void)
     ckptfs_plan_free(plan);
 }
 
+/* Which plans are a source file whole (FUSE passthrough hands those files to the kernel). */
+static int64_t identical_of(const Sources *s, CkptfsPlanBuilder *b)
+{
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    int64_t src = ckptfs_plan_identical_file(plan, s->files);
+    ckptfs_plan_free(plan);
+    return src;
+}
+
+static void test_identical_file(const Sources *s)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 1, 0, SRC_SIZE);
+    tap_ok(identical_of(s, b) == 1, "a run of all of src1 is src1");
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 2, 0, SRC_SIZE / 2);
+    ckptfs_plan_add_run(b, 2, SRC_SIZE / 2, SRC_SIZE / 2);
+    tap_ok(identical_of(s, b) == 2, "two halves in order (merged into one run) are src2");
+    b = ckptfs_plan_builder_new();
+    CkptfsGatherItem rows = {.src = 0, .base = 0, .stride = SRC_SIZE / 4, .len = SRC_SIZE / 4};
+    ckptfs_plan_add_gather(b, 4, &rows, 1);
+    tap_ok(identical_of(s, b) == 0, "back-to-back rows covering src0 are src0");
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 0, 0, SRC_SIZE - 1);
+    tap_ok(identical_of(s, b) == -1, "all but its last byte: not the file");
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 0, 1, SRC_SIZE - 1);
+    tap_ok(identical_of(s, b) == -1, "all but its first byte: not the file");
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_literal(b, "x", 1);
+    ckptfs_plan_add_run(b, 0, 0, SRC_SIZE);
+    tap_ok(identical_of(s, b) == -1, "the file after a header: not the file");
+    b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_run(b, 0, SRC_SIZE / 2, SRC_SIZE / 2);
+    ckptfs_plan_add_run(b, 0, 0, SRC_SIZE / 2);
+    tap_ok(identical_of(s, b) == -1, "its halves swapped: not the file");
+    b = ckptfs_plan_builder_new();
+    CkptfsGatherItem whole = {.src = 0, .base = 0, .stride = 0, .len = SRC_SIZE};
+    ckptfs_plan_add_convert(b, CKPTFS_CONVERT_F32_TO_BF16, 1, &whole, 1);
+    tap_ok(identical_of(s, b) == -1, "the file converted fp32 -> bf16: not the file");
+    b = ckptfs_plan_builder_new();
+    tap_ok(identical_of(s, b) == -1, "an empty file: no source file");
+}
+
 static void test_read_errors(const Sources *s)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -528,6 +572,7 @@ int main(void)
     test_conversions(rng);
     test_fp8();
     test_run_merging();
+    test_identical_file(&s);
     test_read_errors(&s);
     test_catalog_rects(&s, rng);
     test_prefetch();

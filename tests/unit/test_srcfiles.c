@@ -211,6 +211,42 @@ static void test_changes(const char *dir)
     ckptfs_srcfiles_free(files);
 }
 
+/* A descriptor of its own for the caller (FUSE passthrough hands it to the kernel): the file's
+ * bytes, and no descriptor for a file replaced or rewritten since it was added. Files f05..f07. */
+static void test_open_fd(const char *dir)
+{
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    g_autofree char *p5 = file_path(dir, 5), *p6 = file_path(dir, 6), *p7 = file_path(dir, 7);
+    int a = ckptfs_srcfiles_add(files, p5, NULL), b = ckptfs_srcfiles_add(files, p6, NULL);
+    int c = ckptfs_srcfiles_add(files, p7, NULL);
+    unsigned fds = open_fds();
+    int fd = ckptfs_srcfiles_open_fd(files, (unsigned)a, NULL);
+    uint8_t got[FILE_SIZE], want[FILE_SIZE];
+    fill(want, 5);
+    tap_ok(fd >= 0 && pread(fd, got, FILE_SIZE, 0) == FILE_SIZE && memcmp(got, want, FILE_SIZE) == 0,
+           "open_fd gives a descriptor of the file's bytes");
+    if (fd >= 0)
+        close(fd);
+    tap_is_u64(open_fds(), fds, "which the caller owns: none left open after it closes it");
+
+    GError *error = NULL;
+    replace_with_same(dir, p6, 6);
+    fd = ckptfs_srcfiles_open_fd(files, (unsigned)b, &error);
+    tap_ok(fd < 0 && error && error->code == CKPTFS_ERROR_CHANGED && strstr(error->message, p6),
+           "a file replaced by rename (same bytes, size, mtime) gets none (%s)", error ? error->message : "opened");
+    g_clear_error(&error);
+    rewrite_keeping_mtime(p7, 10);
+    fd = ckptfs_srcfiles_open_fd(files, (unsigned)c, &error);
+    tap_ok(fd < 0 && error && error->code == CKPTFS_ERROR_CHANGED,
+           "nor one rewritten in place with its mtime put back (%s)", error ? error->message : "opened");
+    g_clear_error(&error);
+    tap_ok(!ckptfs_srcfiles_pread(files, (unsigned)c, got, 16, 0, NULL), "which then stays refused to reads");
+    fd = ckptfs_srcfiles_open_fd(files, 99, &error);
+    tap_ok(fd < 0 && error != NULL, "an index out of range gets none (%s)", error ? error->message : "opened");
+    g_clear_error(&error);
+    ckptfs_srcfiles_free(files);
+}
+
 static void test_special(const char *dir)
 {
     CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
@@ -288,6 +324,7 @@ int main(void)
     test_cache(dir);
     test_changes(dir);
     test_readers(dir);
+    test_open_fd(dir);
     test_special(dir);
     test_access(dir);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);

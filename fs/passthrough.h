@@ -1,0 +1,41 @@
+/* FUSE passthrough: a view file that is a plain source file byte for byte (hf/ shards, config
+ * and tokenizer files of an unchanged checkpoint) is handed to the kernel at open, which then
+ * reads the source file itself: no request reaches the daemon, and the mount shares the
+ * source's page cache instead of caching the bytes a second time. Needs libfuse 3.17 at build
+ * time, a kernel with FUSE passthrough (6.9 or later) and a daemon with CAP_SYS_ADMIN; where
+ * any is missing, files are served through the daemon as always. */
+#ifndef CKPTFS_PASSTHROUGH_H
+#define CKPTFS_PASSTHROUGH_H
+
+#include "fuse_ops.h"
+
+/* libfuse 3.17 has fuse_passthrough_open and the 64-bit feature flags it needs. */
+#if FUSE_MAKE_VERSION(FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION) >= FUSE_MAKE_VERSION(3, 17)
+#define CKPTFS_HAVE_PASSTHROUGH 1
+#endif
+
+typedef struct CkptfsPassthrough CkptfsPassthrough;
+
+/* Whether this build can ask for passthrough (libfuse 3.17 or later). */
+bool ckptfs_passthrough_built(void);
+
+/* WANTED: -o passthrough. NULL when not wanted. */
+CkptfsPassthrough *ckptfs_passthrough_new(bool wanted);
+void ckptfs_passthrough_free(CkptfsPassthrough *pt);
+
+/* At INIT: asks the kernel for passthrough. False (with the reason in *WHY, static) when it
+ * does not offer it. */
+bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn, const char **why);
+
+/* At open of inode INO, a view file made by PLAN: when the plan is a plain source file whole
+ * (ckptfs_plan_identical_file), sets FI->backing_id and returns true: the kernel reads that
+ * file itself. An inode open in passthrough keeps its backing file for every open until the
+ * last is released. The first refusal (no CAP_SYS_ADMIN, a kernel without it) turns
+ * passthrough off for inodes not yet open, and is returned once in *REFUSAL (the caller logs
+ * and frees it). */
+bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino, const CkptfsPlan *plan,
+                             const CkptfsSrcFiles *files, struct fuse_file_info *fi, char **refusal);
+/* At release of an open that ckptfs_passthrough_open accepted. */
+void ckptfs_passthrough_release(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino);
+
+#endif
