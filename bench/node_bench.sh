@@ -15,7 +15,8 @@
 #   SIZE         model size, decimal (e.g. 1.5G, 4G); default: Qwen2-7B itself (28 layers, 15.2 GB)
 #   READERS      reader counts (default "1 4 8 16")
 #   REPEAT       rounds of the whole matrix (default 1); medians are shown, single runs under them
-#   VIEWS        views to measure beside the direct reads (default "hf tp4pp1 tp2pp2 mcore")
+#   VIEWS        views to measure beside the direct reads (default "hf tp4pp1 tp2pp2 mcore");
+#                VIEW:OPTS mounts that one with OPTS added (e.g. "hf hf:passthrough")
 #   MOUNT_OPTS   options for every mount (e.g. prefetch=0; default none)
 #   TIMEOUT      seconds allowed per measurement (default 600; a hung mount fails the run)
 #   PYTHON       python for the readers and the generator (numpy) (default /usr/bin/python3)
@@ -71,7 +72,7 @@ read -ra NS <<<"$READERS"
 ((${#NS[@]} > 0)) || die "READERS is empty"
 for n in "${NS[@]}"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "READERS: '$n' is not a positive integer"; done
 read -ra VIEW_LIST <<<"$VIEWS"
-for v in "${VIEW_LIST[@]}"; do [[ $v =~ ^[A-Za-z0-9_]+$ ]] || die "VIEWS: '$v' is not a view name"; done
+for v in "${VIEW_LIST[@]}"; do [[ $v =~ ^[A-Za-z0-9_]+(:[A-Za-z0-9_=,.]+)?$ ]] || die "VIEWS: '$v' is not VIEW or VIEW:OPTIONS"; done
 WHATS=(direct "${VIEW_LIST[@]}")
 CAN_DROP=0
 [[ $(id -u) == 0 && -w /proc/sys/vm/drop_caches ]] && CAN_DROP=1
@@ -126,12 +127,13 @@ run_job() {
     return "$rc"
 }
 
-# do_mount: a fresh mount of $SRC on $MNT with $MOUNT_OPTS; sets DAEMON_PID.
+# do_mount [OPTS]: a fresh mount of $SRC on $MNT with $MOUNT_OPTS and OPTS; sets DAEMON_PID.
 do_mount() {
+    local opts=${MOUNT_OPTS}${MOUNT_OPTS:+${1:+,}}${1:-}
     unmount
-    timeout "$TIMEOUT" "$BIN" mount ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$SRC" "$MNT" || {
+    timeout "$TIMEOUT" "$BIN" mount ${opts:+-o "$opts"} "$SRC" "$MNT" || {
         DAEMON_PID=$(find_daemon "$BIN" || true)
-        die "ckptfs mount ${MOUNT_OPTS:+-o $MOUNT_OPTS }$SRC failed or hung"
+        die "ckptfs mount ${opts:+-o $opts }$SRC failed or hung"
     }
     is_mounted "$MNT" || die "ckptfs mount returned but $MNT is not mounted"
     DAEMON_PID=$(find_daemon "$BIN") || die "cannot find the ckptfs daemon for $MNT"
@@ -227,18 +229,20 @@ declare -A RUNS VAL BYTES NFILES SKIP
 # measure WHAT COND N: N readers of WHAT (direct: the source files; else MNT/WHAT on a fresh mount).
 measure() {
     local what=$1 cond=$2 n=$3 files=() c0=0 c1=0 bytes wall rcpu key=$1.$2.$3
+    local view=${1%%:*} extra=""
+    [[ $what == *:* ]] && extra=${what#*:}
     if [[ $what == direct ]]; then
         files=("${SRC_FILES[@]}")
     else
-        do_mount
-        if ! timeout "$TIMEOUT" test -d "$MNT/$what/"; then
+        do_mount "$extra"
+        if ! timeout "$TIMEOUT" test -d "$MNT/$view/"; then
             SKIP[$what]="not served by this mount (invalid layout for the model? 'ckptfs inspect SRC --layout $what' says why)"
             unmount
             return 0
         fi
-        mapfile -t files < <(view_files "$what")
+        mapfile -t files < <(view_files "$view")
         if ((${#files[@]} == 0)); then
-            SKIP[$what]="no files to read in $what/"
+            SKIP[$what]="no files to read in $view/"
             unmount
             return 0
         fi
@@ -434,7 +438,7 @@ cols=()
 for cond in "${CONDS[@]}"; do for n in "${NS[@]}"; do cols+=("$n $cond"); done; done
 header() {
     local line c
-    line=$(printf '%-8s %7s %3s |' "$1" "$2" "$3")
+    line=$(printf '%-*s %7s %3s |' "$LABEL_W" "$1" "$2" "$3")
     for c in "${cols[@]}"; do
         line+=$(printf ' %9s' "$c")
         [[ $c == "${NS[-1]} cold" ]] && line+=" |"
@@ -443,7 +447,7 @@ header() {
 }
 row() { # LABEL BYTES_COL FILES_COL METRIC WHAT
     local line cond n v
-    line=$(printf '%-8s %7s %3s |' "$1" "$2" "$3")
+    line=$(printf '%-*s %7s %3s |' "$LABEL_W" "$1" "$2" "$3")
     for cond in "${CONDS[@]}"; do
         for n in "${NS[@]}"; do
             v=${VAL[$4.$5.$cond.$n]:--}
@@ -461,7 +465,9 @@ for what in "${WHATS[@]}"; do
         done
     done
 done
-label_of() { if [[ $1 == direct ]]; then echo direct; else echo "$1/"; fi; }
+label_of() { if [[ $1 == direct ]]; then echo direct; elif [[ $1 == *:* ]]; then echo "${1%%:*}/ ${1#*:}"; else echo "$1/"; fi; }
+LABEL_W=8
+for what in "${WHATS[@]}"; do l=$(label_of "$what"); ((${#l} > LABEL_W)) && LABEL_W=${#l}; done
 
 if ((REPEAT > 1)); then
     echo "Total read throughput, GB/s (1e9 bytes/s) of N concurrent readers, median of $REPEAT rounds:"
@@ -482,7 +488,7 @@ if ((REPEAT > 1)); then
             for n in "${NS[@]}"; do
                 [[ -n ${RUNS[gbps.$what.$cond.$n]:-} ]] && line+="${line:+;  }N=$n:${RUNS[gbps.$what.$cond.$n]}"
             done
-            [[ -n $line ]] && printf '  %-8s %-6s %s\n' "$(label_of "$what")" "$cond" "$line"
+            [[ -n $line ]] && printf '  %-*s %-6s %s\n' "$LABEL_W" "$(label_of "$what")" "$cond" "$line"
         done
     done
 fi

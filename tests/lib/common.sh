@@ -115,7 +115,7 @@ trixie_ckptfs() {
     TRIXIE_WHY="building ckptfs in $TORCH2_ROOT failed: $(tail -n 3 "$dir/build.log" | tr '\n' ' ')"
     return 1
   fi
-  cp "$dir/build/ckptfs" "$dir/ckptfs"
+  ln -sf build/ckptfs "$dir/ckptfs" # a link: benches find the build's CMakeCache.txt beside its target
 }
 
 # torch2_python DIRS SCRIPT ARGS...: runs python3 of the root on SCRIPT, with the directories
