@@ -267,7 +267,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     CkptfsFuseContext ctx = {.mount = mount,
                              .mtime = newest_source_mtime(mount),
                              .foreground = a->foreground,
-                             .read_buffer = G_PRIVATE_INIT(g_free),
+                             .read_buffer = G_PRIVATE_INIT(ckptfs_read_buffer_free),
                              .passthrough = ckptfs_passthrough_new(a->passthrough)};
     if (a->passthrough && !ckptfs_passthrough_built())
         fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %d.%d (3.17 or later "

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <syslog.h>
 
 #include "ckptfs/error.h"
@@ -218,7 +219,7 @@ typedef struct {
     uint64_t window;     /* bytes to prefetch ahead of a sequential reader (0: none) */
     uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
     uint64_t prefetched; /* the end of what was prefetched */
-    bool passthrough;    /* the kernel reads the source file itself: no reads come here */
+    bool mode_counted;   /* counted by ckptfs_passthrough_open: released there too */
 } OpenFile;
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -248,27 +249,51 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->fh = (uint64_t)(uintptr_t)open_file;
     fi->keep_cache = 1;
     char *refusal = NULL;
-    open_file->passthrough = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
+    open_file->mode_counted = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
     if (refusal != NULL) {
         ckptfs_fuse_log(ctx, "%s", refusal);
         g_free(refusal);
     }
-    fuse_reply_open(req, fi);
+    /* -ENOENT: the open was interrupted and is cancelled, no release will come (as libfuse's
+     * high-level layer does). The reply freed REQ. */
+    if (fuse_reply_open(req, fi) == -ENOENT) {
+        if (open_file->mode_counted)
+            ckptfs_passthrough_release(ctx->passthrough, NULL, ino);
+        ckptfs_src_reader_free(open_file->reader);
+        g_free(open_file);
+    }
 }
 
 typedef struct {
     size_t size;
-    uint8_t data[];
+    uint8_t *data;
 } ReadBuffer;
 
+#define HUGE_PAGE (2u << 20)
+
+void ckptfs_read_buffer_free(gpointer buffer)
+{
+    ReadBuffer *rb = buffer;
+    free(rb->data);
+    g_free(rb);
+}
+
 /* A reply buffer per worker thread: reads are up to 1 MiB, and a fresh allocation of that size
- * per request would be an mmap/munmap pair with page faults every time. */
+ * per request would be an mmap/munmap pair with page faults every time. It is one transparent huge
+ * page where the kernel allows (2 MiB, aligned): writing the reply to /dev/fuse pins the buffer's
+ * pages, one huge page instead of 256 small ones (pinning went from 6.9% to 2% of the CPU time of
+ * a cached read; reading hf/ through the daemon 2.2 -> 2.6-3.2 GB/s on 2 vCPUs). */
 static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
 {
     ReadBuffer *rb = g_private_get(&ctx->read_buffer);
     if (rb == NULL || rb->size < size) {
-        rb = g_malloc(sizeof *rb + size);
-        rb->size = size;
+        size_t len = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        void *data = NULL;
+        if (posix_memalign(&data, HUGE_PAGE, len) != 0)
+            g_error("out of memory for a %zu-byte reply buffer", len); /* as g_malloc does */
+        madvise(data, len, MADV_HUGEPAGE); /* a hint: small pages where huge ones are off */
+        rb = g_new(ReadBuffer, 1);
+        *rb = (ReadBuffer){len, data};
         g_private_replace(&ctx->read_buffer, rb);
     }
     return rb->data;
@@ -316,7 +341,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     OpenFile *open_file = (OpenFile *)(uintptr_t)fi->fh;
-    if (open_file->passthrough)
+    if (open_file->mode_counted)
         ckptfs_passthrough_release(ctx_of(req)->passthrough, req, ino);
     ckptfs_src_reader_free(open_file->reader);
     g_free(open_file);

@@ -14,13 +14,16 @@ typedef struct {
     CkptfsMount *mount;
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
-    GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads */
+    GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads (ckptfs_read_buffer_free) */
     char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
     gint read_ahead_raised;
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;
+
+/* Frees a worker thread's reply buffer: the notify of CkptfsFuseContext.read_buffer. */
+void ckptfs_read_buffer_free(gpointer buffer);
 
 /* One log line, to stderr in the foreground and to syslog once daemonized. */
 void ckptfs_fuse_log(const CkptfsFuseContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);

@@ -6,16 +6,20 @@
 
 #include "ckptfs/plan.h"
 
-/* The backing file the kernel holds for an inode while it is open in passthrough. */
+/* How the kernel reads an inode's opens. It refuses to mix the two modes: while one open is
+ * passthrough (or cached), every other open of the inode must be the same, with the same backing
+ * file. */
 typedef struct {
-    int id;         /* from fuse_passthrough_open */
+    int id;         /* backing id from fuse_passthrough_open; 0: the opens are cached ones */
     unsigned opens; /* opens not yet released */
-} Backing;
+    bool refused;   /* the kernel refused this file: it stays cached (and is not logged again) */
+} InodeMode;
 
 struct CkptfsPassthrough {
     GMutex lock;
-    GHashTable *by_ino; /* fuse_ino_t -> Backing* */
-    bool on;            /* cleared by the first refusal */
+    GHashTable *by_ino; /* fuse_ino_t -> InodeMode*: inodes with opens, and refused ones */
+    bool on;            /* cleared when the kernel refuses passthrough itself */
+    bool open_failed;   /* a source file could not be opened for it (logged once) */
 };
 
 bool ckptfs_passthrough_built(void)
@@ -66,6 +70,24 @@ bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn,
     return false;
 }
 
+#ifdef CKPTFS_HAVE_PASSTHROUGH
+/* Errors that say the kernel will refuse every file, not just this one. */
+static bool refuses_all(int err)
+{
+    return err == EPERM || err == EOPNOTSUPP || err == ENOTTY || err == ENOSYS;
+}
+
+/* Counts an open of MODE and tells the kernel how to read it. */
+static void count_open(InodeMode *mode, struct fuse_file_info *fi)
+{
+    mode->opens++;
+    if (mode->id > 0) {
+        fi->backing_id = mode->id;
+        fi->keep_cache = 0; /* the kernel refuses it with passthrough: it reads the source's pages */
+    }
+}
+#endif
+
 bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino, const CkptfsPlan *plan,
                              const CkptfsSrcFiles *files, struct fuse_file_info *fi, char **refusal)
 {
@@ -75,34 +97,55 @@ bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t i
     int64_t src = ckptfs_plan_identical_file(plan, files);
     if (src < 0)
         return false;
-    g_mutex_lock(&pt->lock);
     uint64_t key = ino;
-    Backing *b = g_hash_table_lookup(pt->by_ino, &key);
-    /* An inode already open in passthrough stays so: the kernel refuses to mix the two modes. */
-    if (b == NULL && pt->on) {
-        int fd = ckptfs_srcfiles_open_fd(files, (unsigned)src, NULL);
-        int id = fd >= 0 ? fuse_passthrough_open(req, fd) : 0;
-        int why = errno;
-        if (fd >= 0)
-            close(fd);
+    g_mutex_lock(&pt->lock);
+    InodeMode *mode = g_hash_table_lookup(pt->by_ino, &key);
+    if (mode != NULL) { /* open already, or refused: as before */
+        count_open(mode, fi);
+        g_mutex_unlock(&pt->lock);
+        return true;
+    }
+    bool try = pt->on;
+    g_mutex_unlock(&pt->lock);
+
+    /* The source is opened without the lock: on a network file system that takes a while. */
+    GError *open_error = NULL;
+    int fd = try ? ckptfs_srcfiles_open_fd(files, (unsigned)src, &open_error) : -1;
+    int id = fd >= 0 ? fuse_passthrough_open(req, fd) : 0;
+    int err = errno;
+    if (fd >= 0)
+        close(fd);
+
+    g_mutex_lock(&pt->lock);
+    mode = g_hash_table_lookup(pt->by_ino, &key);
+    if (mode == NULL) { /* the first open of the inode: its mode is this one's */
+        mode = g_new0(InodeMode, 1);
+        g_hash_table_insert(pt->by_ino, g_memdup2(&key, sizeof key), mode);
+        const char *path = ckptfs_srcfiles_get(files, (unsigned)src)->path;
         if (id > 0) {
-            b = g_new0(Backing, 1);
-            b->id = id;
-            g_hash_table_insert(pt->by_ino, g_memdup2(&key, sizeof key), b);
-        } else if (fd >= 0) {
+            mode->id = id;
+            id = 0;
+        } else if (fd >= 0 && refuses_all(err) && pt->on) {
             pt->on = false;
             *refusal = g_strdup_printf("passthrough refused by the kernel (%s%s); files are read through the "
-                                       "daemon from now on", g_strerror(why),
-                                       why == EPERM ? ": the daemon needs CAP_SYS_ADMIN" : "");
+                                       "daemon from now on", g_strerror(err),
+                                       err == EPERM ? ": the daemon needs CAP_SYS_ADMIN" : "");
+        } else if (fd >= 0 && !refuses_all(err)) {
+            mode->refused = true;
+            *refusal = g_strdup_printf("%s: passthrough refused by the kernel (%s); read through the daemon",
+                                       path, g_strerror(err));
+        } else if (open_error != NULL && !pt->open_failed) {
+            pt->open_failed = true; /* a passing failure (descriptors, network): this open only */
+            *refusal = g_strdup_printf("passthrough: %s; this file is read through the daemon while it is open "
+                                       "(logged once)", open_error->message);
         }
     }
-    if (b != NULL) {
-        b->opens++;
-        fi->backing_id = b->id;
-        fi->keep_cache = 0; /* the kernel reads the source's own page cache */
-    }
+    count_open(mode, fi);
     g_mutex_unlock(&pt->lock);
-    return b != NULL;
+    if (id > 0) /* another open of the inode got there first */
+        fuse_passthrough_close(req, id);
+    g_clear_error(&open_error);
+    return true;
 #else
     (void)pt, (void)req, (void)ino, (void)plan, (void)files, (void)fi, (void)refusal;
     return false;
@@ -115,13 +158,13 @@ void ckptfs_passthrough_release(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_
     uint64_t key = ino;
     int id = 0;
     g_mutex_lock(&pt->lock);
-    Backing *b = g_hash_table_lookup(pt->by_ino, &key);
-    if (b != NULL && --b->opens == 0) {
-        id = b->id;
-        g_hash_table_remove(pt->by_ino, &key);
+    InodeMode *mode = g_hash_table_lookup(pt->by_ino, &key);
+    if (mode != NULL && mode->opens > 0 && --mode->opens == 0 && !mode->refused) {
+        id = mode->id;
+        g_hash_table_remove(pt->by_ino, &key); /* the next open chooses again */
     }
     g_mutex_unlock(&pt->lock);
-    if (id > 0)
+    if (id > 0 && req != NULL) /* without a request, the id stays with the connection until unmount */
         fuse_passthrough_close(req, id);
 #else
     (void)pt, (void)req, (void)ino;

@@ -27,15 +27,18 @@ void ckptfs_passthrough_free(CkptfsPassthrough *pt);
  * does not offer it. */
 bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn, const char **why);
 
-/* At open of inode INO, a view file made by PLAN: when the plan is a plain source file whole
- * (ckptfs_plan_identical_file), sets FI->backing_id and returns true: the kernel reads that
- * file itself. An inode open in passthrough keeps its backing file for every open until the
- * last is released. The first refusal (no CAP_SYS_ADMIN, a kernel without it) turns
- * passthrough off for inodes not yet open, and is returned once in *REFUSAL (the caller logs
- * and frees it). */
+/* At open of inode INO, a view file made by PLAN. For a plan that is a plain source file whole
+ * (ckptfs_plan_identical_file) it decides how the kernel reads the inode and returns true: the
+ * open is then counted until ckptfs_passthrough_release. Passthrough (FI->backing_id set, one
+ * backing file per inode while it has opens) where the kernel takes it; cached otherwise, and
+ * every open of an inode gets the mode of the opens it already has (the kernel refuses a mix).
+ * A refusal of passthrough itself (no CAP_SYS_ADMIN, a kernel without it) turns it off for the
+ * mount; one of a single file, for that file; a source file that cannot be opened, for that open.
+ * *REFUSAL gets a line for the log on the first of each (the caller frees it). */
 bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino, const CkptfsPlan *plan,
                              const CkptfsSrcFiles *files, struct fuse_file_info *fi, char **refusal);
-/* At release of an open that ckptfs_passthrough_open accepted. */
+/* At release of an open that ckptfs_passthrough_open counted; REQ NULL for an open whose reply
+ * failed (its request is gone: a backing file it leaves is freed at unmount). */
 void ckptfs_passthrough_release(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino);
 
 #endif

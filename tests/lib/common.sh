@@ -16,6 +16,9 @@ _cleanup() {
     fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
   rm -rf --one-file-system "$WORK"
+  # The empty mount points torch2_python and trixie_ckptfs made for $WORK's directories in the root.
+  [[ -d $TORCH2_ROOT$WORK ]] && find "$TORCH2_ROOT$WORK" -depth -type d -empty -delete 2> /dev/null
+  return 0
 }
 trap _cleanup EXIT
 
