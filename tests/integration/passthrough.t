@@ -27,7 +27,7 @@ grep -q '^CKPTFS_SANITIZE:BOOL=ON' "$(dirname "$CKPTFS")/CMakeCache.txt" 2>/dev/
   build_args=(-DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON)
 trixie_ckptfs "$WORK/trixie" "${build_args[@]}"
 built=$?
-PT=$WORK/trixie/ckptfs
+PT=$WORK/trixie/bin/ckptfs
 
 src=$WORK/llama
 $PY "$models" write llama "$src" --shards 3 --tokenizer > /dev/null
@@ -73,6 +73,14 @@ fi
 ok $built "ckptfs builds against the Debian 13 root's libfuse 3.17 ${build_args[*]} ${TRIXIE_WHY:+($TRIXIE_WHY)}"
 [[ -x $PT ]] || { done_testing; exit; }
 check "that build runs here, on the host's kernel" "$PT" --version
+# Self-contained: its loader is the bundle's, and that loader finds every library in lib/.
+interp=$(readelf -l "$PT" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
+[[ $interp == "$WORK/trixie/lib/ld-linux-x86-64.so.2" ]]
+ok $? "its loader is the bundle's own ($interp)"
+"$WORK/trixie/lib/ld-linux-x86-64.so.2" --list "$PT" > "$WORK/libs.out" 2>&1
+outside=$(grep -v -e "=> $WORK/trixie/lib/" -e "linux-vdso" -e "^[[:space:]]*$WORK/trixie/lib/ld-linux" "$WORK/libs.out")
+[[ -z $outside && $(grep -c "=> $WORK/trixie/lib/" "$WORK/libs.out") -ge 10 ]]
+ok $? "every library comes from its lib/ ($(grep -c . "$WORK/libs.out") lines${outside:+; outside: $outside})"
 
 
 # --- passthrough on a plain Hugging Face source

@@ -79,46 +79,26 @@ torch2_root_ensure() {
     trixie "$tmp" "$url" >&2 || return 1
   mv "$tmp" "$TORCH2_ROOT"
 }
-# What building ckptfs in the Debian 13 root needs (libfuse 3.17: FUSE passthrough), installed
-# there with the root's apt once; returns non-zero with the reason in TRIXIE_WHY.
-TRIXIE_BUILD_PACKAGES="gcc libc6-dev make cmake pkgconf libfuse3-dev libglib2.0-dev libjson-glib-dev
-  zlib1g-dev libzstd-dev liblz4-dev libxxhash-dev"
+# What building ckptfs in the Debian 13 root needs (libfuse 3.17: FUSE passthrough), added to the
+# root with its apt once (scripts/bundle.sh --prepare); non-zero with the reason in TRIXIE_WHY.
 trixie_build_deps_ensure() {
   TRIXIE_WHY=""
   torch2_available || { TRIXIE_WHY=$TORCH2_WHY; return 1; }
-  [[ -e $TORCH2_ROOT/usr/include/fuse3/fuse_lowlevel.h && -x $TORCH2_ROOT/usr/bin/cmake &&
-     -e $TORCH2_ROOT/usr/include/xxhash.h ]] && return 0
-  cp /etc/resolv.conf "$TORCH2_ROOT/etc/resolv.conf" 2>/dev/null || true
-  # shellcheck disable=SC2086
-  if ! unshare --mount --propagation private bash -c '
-      mount -t proc proc "$1/proc" || exit 1
-      shift
-      chroot "$0" apt-get update -q && DEBIAN_FRONTEND=noninteractive chroot "$0" apt-get install -y -q \
-        --no-install-recommends "$@"' "$TORCH2_ROOT" "$TORCH2_ROOT" $TRIXIE_BUILD_PACKAGES > "$TORCH2_ROOT.apt.log" 2>&1; then
-    TRIXIE_WHY="installing the build packages into $TORCH2_ROOT failed (see $TORCH2_ROOT.apt.log)"
-    return 1
-  fi
+  local out
+  out=$("$TESTS_TOP/scripts/bundle.sh" --root "$TORCH2_ROOT" --prepare 2>&1) || { TRIXIE_WHY=$out; return 1; }
 }
 
-# trixie_ckptfs DIR [CMAKE ARGS...]: builds the ckptfs command in the Debian 13 root against its
-# libraries (libfuse 3.17) into DIR/ckptfs, runnable on this machine: its loader and libraries are
-# the root's (an absolute interpreter and rpath into it). Non-zero with the reason in TRIXIE_WHY.
+# trixie_ckptfs DIR [CMAKE ARGS...]: scripts/bundle.sh in the Debian 13 root: DIR/bin/ckptfs,
+# built against libfuse 3.17 and run with the root's libraries copied to DIR/lib. Non-zero with
+# the reason in TRIXIE_WHY.
 trixie_ckptfs() {
-  local dir=$1 lib=$TORCH2_ROOT/usr/lib/x86_64-linux-gnu
+  local dir=$1
   shift
+  TRIXIE_WHY=""
   trixie_build_deps_ensure || return 1
   mkdir -p "$dir"
-  if ! unshare --mount --propagation private bash -c '
-      root=$1 top=$2 dir=$3 lib=$4; shift 4
-      for d in "$top" "$dir"; do mkdir -p "$root$d" && mount --bind "$d" "$root$d" || exit 1; done
-      chroot "$root" cmake -S "$top" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release "$@" \
-        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--dynamic-linker=$lib/ld-linux-x86-64.so.2 -Wl,--disable-new-dtags,-rpath,$lib" &&
-      chroot "$root" cmake --build "$dir/build" --target ckptfs -j "$(nproc)"' \
-      _ "$TORCH2_ROOT" "$TESTS_TOP" "$dir" "$lib" "$@" > "$dir/build.log" 2>&1; then
-    TRIXIE_WHY="building ckptfs in $TORCH2_ROOT failed: $(tail -n 3 "$dir/build.log" | tr '\n' ' ')"
-    return 1
-  fi
-  ln -sf build/ckptfs "$dir/ckptfs" # a link: benches find the build's CMakeCache.txt beside its target
+  "$TESTS_TOP/scripts/bundle.sh" --root "$TORCH2_ROOT" "$dir" "$@" > "$dir.log" 2>&1 ||
+    { TRIXIE_WHY="scripts/bundle.sh failed: $(tail -n 3 "$dir.log" | tr '\n' ' ')"; return 1; }
 }
 
 # torch2_python DIRS SCRIPT ARGS...: runs python3 of the root on SCRIPT, with the directories
