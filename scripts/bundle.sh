@@ -42,7 +42,9 @@ if [[ ! -x $root/usr/bin/apt-get ]]; then
   [[ -n $url ]] || die "no Debian mirror in this machine's apt sources"
   mkdir -p "$(dirname "$root")"
   rm -rf "$root.tmp"
-  debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" trixie "$root.tmp" "$url" >&2 ||
+  # The packages come after, from the root's apt: debootstrap's resolver cannot install them
+  # (alternatives among their dependencies).
+  debootstrap --variant=minbase trixie "$root.tmp" "$url" >&2 ||
     die "debootstrap of $root failed"
   mv "$root.tmp" "$root"
 fi
