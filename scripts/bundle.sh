@@ -9,7 +9,7 @@
 #   DEST        the absolute path the bundle will have on every machine it runs on: the binary
 #               finds its loader and libraries there (copy the directory to the same path)
 #   --root DIR  the Debian 13 root to build in (default /var/cache/ckptfs-build/trixie-root):
-#               made with debootstrap when missing (about 400 MB), the build packages added
+#               made with debootstrap when missing (about 800 MB, a minute), the build packages added
 #               with its apt when missing; needs root and a Debian mirror in the apt sources
 #   CMAKE ARGS  e.g. -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON (default: Release)
 #
