@@ -41,6 +41,11 @@
 #                                   no read-ahead: concurrent readers of one file share a cache
 #                                   instead of one HTTP stream; cacheN (cache512K, cache1M,
 #                                   cache16M, ...): the same with chunks of N
+#                      s3fs         s3fs (Debian's) instead of rclone, its default options (no
+#                                   use_cache: ranges it fetches live in a temporary file per open)
+#                      s3fs5M       s3fs with its smallest part size and one part at a time
+#                                   (multipart_size=5,parallel_count=1)
+#                      s3fscache    s3fs with use_cache (a cache directory per node)
 #   LIMIT_MB         read only the first LIMIT_MB MiB of each rank file (default: all); share is
 #                    then the bytes the readers read (the rank files are their tensor bytes plus
 #                    a few KB of pickle and zip records)
@@ -102,8 +107,11 @@ command -v rclone >/dev/null || die "rclone not found (apt-get install rclone)"
 read -ra NODE_LIST <<<"$NODES"
 for n in "${NODE_LIST[@]}"; do [[ $n =~ ^[0-7]$ ]] || die "NODES: '$n' is not a stage 0-7"; done
 read -ra SETTING_LIST <<<"$SETTINGS"
-rclone_args() { # the rclone mount flags of a setting
+rclone_args() { # the rclone mount flags of a setting (s3fs settings: their s3fs -o options)
     case $1 in
+    s3fs) echo "" ;;
+    s3fs5M) echo "multipart_size=5,parallel_count=1" ;;
+    s3fscache) echo "use_cache=CACHE_DIR" ;;
     default | prefetch32M) echo "--vfs-read-chunk-size 128M --vfs-read-chunk-size-limit off --buffer-size 16M" ;;
     chunk16M) echo "--vfs-read-chunk-size 16M --vfs-read-chunk-size-limit 16M --buffer-size 16M" ;;
     chunk4M) echo "--vfs-read-chunk-size 4M --vfs-read-chunk-size-limit 4M --buffer-size 0" ;;
@@ -120,6 +128,8 @@ ckptfs_opts() { # the ckptfs mount options of a setting (tp8pp8 part)
     echo "$o"
 }
 for s in "${SETTING_LIST[@]}"; do rclone_args "$s" >/dev/null || die "SETTINGS: unknown setting '$s'"; done
+uses_s3fs() { [[ " ${SETTING_LIST[*]} $MCORE_SETTING " == *" s3fs"* ]]; }
+uses_s3fs && ! command -v s3fs >/dev/null && die "s3fs not found (apt-get install s3fs)"
 rclone_args "$MCORE_SETTING" >/dev/null || die "MCORE_SETTING: unknown setting '$MCORE_SETTING'"
 
 mkdir -p "$S3DIR"
@@ -133,7 +143,8 @@ cleanup() {
     for m in $(awk -v r="$RUN/" '$3 == "fuse.ckptfs" && index($2, r) == 1 {print $2}' /proc/mounts); do
         fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || true
     done
-    for m in $(awk -v r="$RUN/" '$3 == "fuse.rclone" && index($2, r) == 1 {print $2}' /proc/mounts); do
+    for _ in $(seq 300); do pgrep -f -- " $RUN/mnt-ck-[^ ]+\$" >/dev/null || break; sleep 0.1; done
+    for m in $(awk -v r="$RUN/" '($3 == "fuse.rclone" || $3 == "fuse.s3fs") && index($2, r) == 1 {print $2}' /proc/mounts); do
         fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || true
     done
     for pid in "${RCLONE_PIDS[@]}"; do
@@ -144,7 +155,7 @@ cleanup() {
         kill "$SRV_PID" 2>/dev/null || true
         wait "$SRV_PID" 2>/dev/null || true
     fi
-    rm -rf --one-file-system "$RUN/store" "$RUN"/mnt-* "$RUN"/rclone-cache-* 2>/dev/null || true # the caches hold what cache4M fetched
+    rm -rf --one-file-system "$RUN/store" "$RUN"/mnt-* "$RUN"/rclone-cache-* "$RUN"/s3fs-cache-* 2>/dev/null || true # the caches hold what cache4M fetched
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -198,7 +209,7 @@ EOF
 # --- helpers (python) -----------------------------------------------------------------------------
 # acct LOG FROM TO: per User-Agent, the responses logged in lines [FROM, TO) of LOG.
 cat >"$RUN/acct.py" <<'EOF'
-import json, sys, collections
+import collections, json, re, sys
 log, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 agg = collections.defaultdict(lambda: collections.Counter())
 with open(log) as f:
@@ -206,7 +217,9 @@ with open(log) as f:
         if i < lo or i >= hi:
             continue
         r = json.loads(line)
-        a = agg[r["ua"].split()[0] if r["ua"] else "-"]
+        # rclone sends our User-Agent as it is; s3fs appends its instance name to its own.
+        m = re.search(r"s3bench-[\w.-]+", r["ua"])
+        a = agg[m.group(0) if m else (r["ua"].split() or ["-"])[0]]
         path = r["u"].split("?")[0].strip("/")
         if r["m"] == "GET" and "/" in path:           # an object's bytes
             a["gets"] += 1
@@ -351,6 +364,8 @@ export RCLONE_CONFIG_S3_TYPE=s3 RCLONE_CONFIG_S3_PROVIDER=Other RCLONE_CONFIG_S3
     RCLONE_CONFIG_S3_ACCESS_KEY_ID=S3RVER RCLONE_CONFIG_S3_SECRET_ACCESS_KEY=S3RVER \
     RCLONE_CONFIG_S3_ENDPOINT=http://127.0.0.1:$PORT RCLONE_CONFIG_S3_FORCE_PATH_STYLE=true
 unset AWS_CA_BUNDLE # rclone 1.60 refuses any custom CA bundle with its own transport; plain http here
+echo "S3RVER:S3RVER" >"$RUN/s3fs.passwd"
+chmod 600 "$RUN/s3fs.passwd"
 rclone mkdir "s3:$BUCKET" 2>"$RUN/rclone-put.log" || die "rclone mkdir: $(tail -3 "$RUN/rclone-put.log")"
 rclone copyto "$SRC/config.json" "s3:$BUCKET/config.json" 2>>"$RUN/rclone-put.log" ||
     die "rclone copyto: $(tail -3 "$RUN/rclone-put.log")"
@@ -391,12 +406,21 @@ loglines() { wc -l <"$RUN/acct.log"; }
 ua_sum() { "$PYTHON" "$RUN/acct.py" "$RUN/acct.log" "$1" "$2" | awk -v u="$3" -v k="$4" '$1 == u {for (i = 2; i <= NF; i++) {split($i, kv, "="); if (kv[1] == k) print kv[2]}}' | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 # --- mounts ---------------------------------------------------------------------------------------
-# client_mount NAME NODE ARGS...: rclone mount of the bucket for one node, its requests marked
-# with the User-Agent "s3bench-NAME-nNODE".
+# client_mount NAME NODE SETTING: the setting's client (rclone, s3fs) mounting the bucket for one
+# node, its requests marked with the User-Agent "s3bench-NAME-nNODE" (s3fs: in its instance name).
 client_mount() {
-    local name=$1 node=$2 mnt=$RUN/mnt-rc-$1-$2
-    shift 2
+    local name=$1 node=$2 setting=$3 mnt=$RUN/mnt-rc-$1-$2
     mkdir -p "$mnt"
+    if [[ $setting == s3fs* ]]; then
+        local opts
+        opts=$(rclone_args "$setting")
+        opts=${opts//CACHE_DIR/$RUN/s3fs-cache-$name-$node}
+        s3fs "$BUCKET" "$mnt" -o "ro,umask=0222,url=http://127.0.0.1:$PORT,use_path_request_style,passwd_file=$RUN/s3fs.passwd" \
+            -o "instance_name=s3bench-$name-n$node,stat_cache_expire=3600,logfile=$RUN/s3fs-$name-$node.log${opts:+,$opts}" \
+            </dev/null >/dev/null 2>&1 || die "s3fs mount for $name node $node failed: $(tail -3 "$RUN/s3fs-$name-$node.log" 2>/dev/null)"
+        return 0
+    fi
+    set -- $(rclone_args "$setting")
     # shellcheck disable=SC2068
     rclone mount "s3:$BUCKET" "$mnt" --read-only --vfs-cache-mode off --dir-cache-time 1h \
         --cache-dir "$RUN/rclone-cache-$name-$node" --attr-timeout 1h --user-agent "s3bench-$name-n$node" --log-file "$RUN/rclone-$name-$node.log" $@ </dev/null >/dev/null 2>&1 &
@@ -414,7 +438,7 @@ declare -A MOUNTB=() MOUNTG=()
 mount_nodes() {
     local name=$1 setting=$2 opts=$3 dir=$4 n a b
     # shellcheck disable=SC2046
-    for n in "${NODE_LIST[@]}"; do client_mount "$name" "$n" $(rclone_args "$setting"); done
+    for n in "${NODE_LIST[@]}"; do client_mount "$name" "$n" "$setting"; done
     MOUNTB=() MOUNTG=()
     for n in "${NODE_LIST[@]}"; do
         a=$(loglines)
@@ -432,7 +456,9 @@ unmount_setting() {
     for m in $(awk -v r="$RUN/mnt-ck-$name-" '$3 == "fuse.ckptfs" && index($2, r) == 1 {print $2}' /proc/mounts); do
         fusermount3 -u "$m"
     done
-    for m in $(awk -v r="$RUN/mnt-rc-$name-" '$3 == "fuse.rclone" && index($2, r) == 1 {print $2}' /proc/mounts); do
+    # The daemons close their source files on the way out: the clients stay until they are gone.
+    for _ in $(seq 600); do pgrep -f -- " $RUN/mnt-ck-$name-[0-9]+\$" >/dev/null || break; sleep 0.1; done
+    for m in $(awk -v r="$RUN/mnt-rc-$name-" '($3 == "fuse.rclone" || $3 == "fuse.s3fs") && index($2, r) == 1 {print $2}' /proc/mounts); do
         fusermount3 -u "$m"
     done
     sleep 0.5
@@ -441,7 +467,7 @@ unmount_setting() {
 # --- header ---------------------------------------------------------------------------------------
 echo "# s3_bench: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# ckptfs: $BIN ($(grep -s '^CMAKE_BUILD_TYPE' "$(dirname "$BIN")/CMakeCache.txt" | cut -d= -f2 || true))"
-echo "# server: s3rver $S3RVER_VERSION (node $(node --version)) on 127.0.0.1:$PORT; client: $(rclone version | head -1)"
+echo "# server: s3rver $S3RVER_VERSION (node $(node --version)) on 127.0.0.1:$PORT; client: $(rclone version | head -1)$(uses_s3fs && echo ", $(s3fs --version 2>&1 | head -1)")"
 echo "# source: $SRC: $(find "$SRC" -maxdepth 1 -name "*.safetensors" | wc -l) shards, $MODEL_BYTES bytes of tensors, placed into the store"
 echo "#   as sparse objects in $(elapsed "$t0" "$t1") s ($n_obj objects, sizes checked with rclone lsl)"
 echo "# nodes: ${NODE_LIST[*]} (node n = PP stage n: tp8pp8/release/mp_rank_0T_00n, T = 0..7, 8 concurrent cat)"
@@ -547,5 +573,11 @@ echo "# ratio = bytes sent / share (goal: <= 1.1 per node; the total <= 1.1 x th
 echo "# GETs = ranged GET requests for objects; aborted = responses the client closed before their end"
 echo "#   (rclone asks for a read chunk and drops the connection on a seek: the bytes already sent count)"
 echo "# settings:"
-for s in "${SETTING_LIST[@]}"; do echo "#   $s: rclone $(rclone_args "$s"); ckptfs -o $(ckptfs_opts "$s")"; done
-echo "#   all: rclone mount --read-only --vfs-cache-mode off --dir-cache-time 1h --attr-timeout 1h"
+for s in "${SETTING_LIST[@]}"; do
+    if [[ $s == s3fs* ]]; then
+        echo "#   $s: s3fs -o ro,use_path_request_style,stat_cache_expire=3600$(rclone_args "$s" | sed 's/^./,&/;s/CACHE_DIR/DIR/'); ckptfs -o $(ckptfs_opts "$s")"
+    else
+        echo "#   $s: rclone $(rclone_args "$s"); ckptfs -o $(ckptfs_opts "$s")"
+    fi
+done
+echo "#   all rclone settings: rclone mount --read-only --vfs-cache-mode off --dir-cache-time 1h --attr-timeout 1h"

@@ -2,14 +2,14 @@
 # Installs the Debian packages ckptfs needs (run as root on Debian 12).
 #   scripts/install-deps.sh          build + demo: compiler, libraries, FUSE, python3 torch/numpy
 #   scripts/install-deps.sh --tests  also what the test suite uses (clang for fuzzing, debootstrap;
-#                                    rclone, npm and s3rver for tests/integration/s3.t: s3rver with
+#                                    rclone, s3fs, npm and s3rver for tests/integration/s3.t: s3rver with
 #                                    npm into /opt/ckptfs-test/s3rver, a warning if that fails)
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libfuse3-dev fuse3 libglib2.0-dev libjson-glib-dev
           libzstd-dev liblz4-dev libxxhash-dev zlib1g-dev python3-numpy python3-torch)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc python3-xxhash rclone)
+  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc python3-xxhash rclone s3fs)
 fi
 
 # s3rver (an S3 emulator, from npm) for tests/integration/s3.t, in a fixed prefix; failing soft:

@@ -3,7 +3,8 @@
 # local S3 emulator (s3rver on 127.0.0.1), mounted by rclone, mounted by ckptfs: hf/ and the
 # tp2pp1 rank files are byte-identical to a ckptfs mount of the local copy; reading one rank file
 # fetches a bounded number of bytes from the server (counted in the server process); a missing
-# object and a stopped server give I/O errors, never wrong bytes, never a hang.
+# object and a stopped server give I/O errors, never wrong bytes, never a hang. The same views
+# through s3fs, where it is installed.
 # Needs node, rclone (apt) and s3rver 3.x (npm): scripts/install-deps.sh --tests installs them,
 # s3rver into /opt/ckptfs-test/s3rver; S3RVER=PREFIX points at another npm prefix holding it.
 source "$(dirname "$0")/../lib/common.sh"
@@ -57,9 +58,12 @@ s3_cleanup() {
   for m in $(awk -v w="$WORK/" '$3 == "fuse.ckptfs" && index($2, w) == 1 {print $2}' /proc/mounts); do
     fusermount3 -u "$m" 2> /dev/null || fusermount3 -uz "$m" 2> /dev/null || true
   done
-  for m in $(awk -v w="$WORK/" '$3 == "fuse.rclone" && index($2, w) == 1 {print $2}' /proc/mounts); do
+  # The daemons close their files of the clients' mounts on the way out.
+  for _ in $(seq 100); do pgrep -f -- " $WORK/m-[^ ]+\$" > /dev/null || break; sleep 0.1; done
+  for m in $(awk -v w="$WORK/" '($3 == "fuse.rclone" || $3 == "fuse.s3fs") && index($2, w) == 1 {print $2}' /proc/mounts); do
     fusermount3 -u "$m" 2> /dev/null || fusermount3 -uz "$m" 2> /dev/null || true
   done
+  pkill -f -- "^s3fs ckpt $WORK/" 2> /dev/null || true
   for p in "${rclone_pids[@]}"; do
     for _ in $(seq 50); do kill -0 "$p" 2> /dev/null || break; sleep 0.1; done
     kill "$p" 2> /dev/null || true
@@ -120,17 +124,38 @@ print(sum(r["body"] for r in rs), len(rs))' "$1" < "$WORK/acct.log"
 rclone_mount cmp; ok $? "rclone mount of the bucket (cmp)"
 check "ckptfs mount of the rclone mount" mount_ckptfs "$WORK/c-cmp" "$WORK/m-s3" -o layouts=tp2pp1
 check "ckptfs mount of the local copy" mount_ckptfs "$src" "$WORK/m-local" -o layouts=tp2pp1
-same_files() { # same_files VIEW: every file of VIEW is byte-identical on both mounts
+same_files() { # same_files MNT VIEW: every file of VIEW is byte-identical on MNT and the local mount
   local f n=0 bad=0
   while IFS= read -r f; do
     n=$((n + 1))
-    timeout 60 cmp "$WORK/m-local/$1/$f" "$WORK/m-s3/$1/$f" || bad=1
-  done < <(cd "$WORK/m-local/$1" && find . -type f | sort)
+    timeout 60 cmp "$WORK/m-local/$2/$f" "$1/$2/$f" || bad=1
+  done < <(cd "$WORK/m-local/$2" && find . -type f | sort)
   echo "$n files"
   [[ $n -gt 0 && $bad -eq 0 ]]
 }
-check "hf/: every file byte-identical through the object store" same_files hf
-check "tp2pp1/: both rank files byte-identical through the object store" same_files tp2pp1
+check "hf/: every file byte-identical through the object store" same_files "$WORK/m-s3" hf
+check "tp2pp1/: both rank files byte-identical through the object store" same_files "$WORK/m-s3" tp2pp1
+
+# s3fs (its smallest part size, one part at a time: what bench/s3_bench.sh found to fetch least).
+if command -v s3fs > /dev/null; then
+  echo "S3RVER:S3RVER" > "$WORK/s3fs.passwd"
+  chmod 600 "$WORK/s3fs.passwd"
+  mkdir -p "$WORK/c-s3fs"
+  check "s3fs mount of the bucket" s3fs ckpt "$WORK/c-s3fs" -o "ro,umask=0222,url=http://127.0.0.1:$port" \
+    -o "use_path_request_style,passwd_file=$WORK/s3fs.passwd,multipart_size=5,parallel_count=1,logfile=$WORK/s3fs.log"
+  check "ckptfs mount of the s3fs mount" mount_ckptfs "$WORK/c-s3fs" "$WORK/m-s3fs" -o layouts=tp2pp1
+  check "hf/: every file byte-identical through s3fs" same_files "$WORK/m-s3fs" hf
+  check "tp2pp1/: both rank files byte-identical through s3fs" same_files "$WORK/m-s3fs" tp2pp1
+  # Unmounted while the server runs: s3fs asks the server again when ckptfs closes its files.
+  fusermount3 -u "$WORK/m-s3fs"
+  for _ in $(seq 100); do pgrep -f -- " $WORK/m-s3fs\$" > /dev/null || break; sleep 0.1; done
+  fusermount3 -u "$WORK/c-s3fs"
+  for _ in $(seq 100); do pgrep -f -- "^s3fs ckpt $WORK/" > /dev/null || break; sleep 0.1; done
+  pgrep -f -- "^s3fs ckpt $WORK/" > /dev/null
+  ok $((1 - $?)) "ckptfs, then s3fs, unmount and exit"
+else
+  skip "s3fs missing (scripts/install-deps.sh --tests installs it): no s3fs checks"
+fi
 
 # Bytes fetched for one rank file: everything the fresh mounts below fetched (ckptfs reads the
 # headers when it mounts, and rclone reads ahead of those reads: that counts too). The rank file
