@@ -26,8 +26,8 @@ static void mount_usage(FILE *out)
             "              max_idle_threads=N  idle workers kept (default: libfuse's)\n"
             "              clone_fd    a /dev/fuse descriptor per worker thread (default off)\n"
             "              passthrough  the kernel reads hf/ files that are source files unchanged\n"
-            "                          straight from the source (root, Linux 6.9+, libfuse 3.17+;\n"
-            "                          a source file rewritten in place is then not detected)\n"
+            "                           straight from the source (root, Linux 6.9+, libfuse 3.17+;\n"
+            "                           a source file rewritten in place is then not detected)\n"
             "              FUSE options: allow_other, auto_unmount, fsname=NAME, and the other\n"
             "              options of mount.fuse3(8); default_permissions is always on\n"
             "Unmount with: fusermount3 -u MNT\n",
