@@ -64,8 +64,11 @@ typedef struct {
  * and passthrough: the session's settings. 1 taken, 0 not one of them, -1 a bad value. */
 static int take_loop_option(MountArgs *a, const char *item)
 {
-    if (strcmp(item, "clone_fd") == 0 || strcmp(item, "passthrough") == 0) {
-        *(item[0] == 'c' ? &a->clone_fd : &a->passthrough) = true;
+    bool *flag = strcmp(item, "clone_fd") == 0      ? &a->clone_fd
+                 : strcmp(item, "passthrough") == 0 ? &a->passthrough
+                                                    : NULL;
+    if (flag != NULL) {
+        *flag = true;
         return 1;
     }
     unsigned *slot = g_str_has_prefix(item, "max_threads=")        ? &a->max_threads

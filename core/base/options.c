@@ -129,15 +129,22 @@ static bool opt_vocab_pad(CkptfsOptions *o, const char *key, const char *value, 
     return true;
 }
 
-/* off|on into *OUT. */
-static bool parse_switch(const char *key, const char *value, bool *out, GError **error)
+/* OFF|ON (two names) into *OUT: true for ON. */
+static bool parse_pair(const char *key, const char *value, const char *off, const char *on, bool *out,
+                       GError **error)
 {
-    static const char *const names[] = {"off", "on", NULL};
+    const char *const names[] = {off, on, NULL};
     int i;
     if (!parse_choice(key, value, names, &i, error))
         return false;
     *out = i == 1;
     return true;
+}
+
+/* off|on into *OUT. */
+static bool parse_switch(const char *key, const char *value, bool *out, GError **error)
+{
+    return parse_pair(key, value, "off", "on", out, error);
 }
 
 static bool opt_megatron_args(CkptfsOptions *o, const char *key, const char *value, GError **error)
@@ -152,12 +159,7 @@ static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *
 
 static bool opt_source_fds(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    static const char *const names[] = {"shared", "reader", NULL};
-    int i;
-    if (!parse_choice(key, value, names, &i, error))
-        return false;
-    o->fd_per_reader = i == 1;
-    return true;
+    return parse_pair(key, value, "shared", "reader", &o->fd_per_reader, error);
 }
 
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
@@ -167,12 +169,7 @@ static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError
 
 static bool opt_crc32(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    static const char *const names[] = {"zero", "compute", NULL};
-    int i;
-    if (!parse_choice(key, value, names, &i, error))
-        return false;
-    o->crc32 = i == 1;
-    return true;
+    return parse_pair(key, value, "zero", "compute", &o->crc32, error);
 }
 
 static bool opt_vocab_divisible_by(CkptfsOptions *o, const char *key, const char *value,
