@@ -18,9 +18,16 @@ static inline bool tap_ok(bool cond, const char *fmt, ...)
     vprintf(fmt, ap);
     printf("\n");
     va_end(ap);
-    if (!cond)
-        tap_failed++;
     fflush(stdout);
+    if (!cond) {
+        tap_failed++;
+        /* On stderr, as tap_diag: prove shows it without -v, so CI logs say what failed. */
+        va_start(ap, fmt);
+        fprintf(stderr, "#   Failed test %d - ", tap_count);
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+    }
     return cond;
 }
 
@@ -38,7 +45,19 @@ static inline void tap_skip(int n, const char *fmt, ...)
     fflush(stdout);
 }
 
+/* Why something failed: on stderr, which prove always shows (stdout comments only with -v). */
 static inline void tap_diag(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "# ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* A note: on stdout, shown by prove -v. */
+static inline void tap_note(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

@@ -13,7 +13,7 @@ if ! CC=clang cmake -S "$top" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_FUZZ
    ! cmake --build "$build" -j"$(nproc)" >> "$build.log" 2>&1; then
   echo "1..1"
   echo "not ok 1 - fuzz targets build"
-  sed 's/^/# /' "$build.log" | tail -30
+  sed 's/^/# /' "$build.log" | tail -30 >&2
   exit 1
 fi
 n=0
@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
     echo "ok $n - $name ran ${secs}s without a crash ($runs)"
   else
     echo "not ok $n - $name"
-    grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$corpus.log" | head -20 | sed 's/^/# /'
+    grep -E 'ERROR|SUMMARY|runtime error|==[0-9]+==' "$corpus.log" | head -20 | sed 's/^/# /' >&2
     fail=1
   fi
   rm -rf "$corpus" "$corpus.log"

@@ -137,7 +137,7 @@ if [[ ${#hf_models[@]} -gt 0 ]]; then
       IFS=$'\t' read -ra subs <<< "$expect"
       for s in "${subs[@]}"; do grep -qF -- "$s" "$WORK/err" || good=0; done
       ok $((1 - good)) "$kind: mount fails with one line naming the file and the problem ($(head -c 300 "$WORK/err"))"
-      [[ $good -eq 1 ]] || diag "wanted: $expect"
+      [[ $good -eq 1 ]] || fail_diag "wanted: $expect"
       [[ $rc -eq 0 ]] && unmount_ckptfs "$WORK/m-$kind"
     done < "$WORK/cases"
   else

@@ -20,7 +20,7 @@ unshare --mount --propagation private bash -s "$WORK" "$sbin" "$TESTS_TOP" <<'IN
 set -u
 work=$1 sbin=$2 top=$3
 n=0 failed=0
-ok() { n=$((n + 1)); if [[ $1 -eq 0 ]]; then echo "ok $n - $2"; else echo "not ok $n - $2"; failed=1; fi; }
+ok() { n=$((n + 1)); if [[ $1 -eq 0 ]]; then echo "ok $n - $2"; else echo "not ok $n - $2"; echo "#   Failed test $n - $2" >&2; failed=1; fi; }
 if ! mount -t overlay overlay -o "lowerdir=$work/sbin:$sbin" "$sbin" 2>"$work/err"; then
   echo "1..0 # skip no overlayfs to add the helper to $sbin: $(cat "$work/err")"
   exit 0

@@ -108,7 +108,7 @@ if $PY "$TESTS_TOP/tests/lib/bad_verl.py" "$WORK/bad" "$data/fsdp2/llama-w4/glob
     IFS=$'\t' read -ra subs <<< "$expect"
     for s in "${subs[@]}"; do grep -qF -- "$s" "$WORK/err" || good=0; done
     ok $((1 - good)) "$kind: inspect fails (status $rc) with one line naming the file and the problem ($(head -c 300 "$WORK/err"))"
-    [[ $good -eq 1 ]] || diag "wanted: $expect"
+    [[ $good -eq 1 ]] || fail_diag "wanted: $expect"
   done < "$WORK/cases"
   check "nothing in the hostile pickles ran" test ! -e "$marker"
 else

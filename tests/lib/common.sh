@@ -24,18 +24,23 @@ trap _cleanup EXIT
 
 ok() { # ok CONDITION-STATUS DESCRIPTION
   _tap_n=$((_tap_n + 1))
-  if [[ $1 -eq 0 ]]; then echo "ok $_tap_n - $2"; else echo "not ok $_tap_n - $2"; _tap_failed=$((_tap_failed + 1)); fi
+  if [[ $1 -eq 0 ]]; then echo "ok $_tap_n - $2"; return 0; fi
+  echo "not ok $_tap_n - $2"
+  _tap_failed=$((_tap_failed + 1))
+  # On stderr, so that prove shows it without -v (CI logs keep only what prove prints).
+  echo "#   Failed test $_tap_n - $2 (${0##*/})" >&2
 }
-check() { # check DESCRIPTION COMMAND...: ok when the command succeeds (its output shown as diag on failure)
+check() { # check DESCRIPTION COMMAND...: ok when the command succeeds (its output, on stderr, on failure)
   local desc=$1 out rc
   shift
   out=$("$@" 2>&1); rc=$?
   ok $rc "$desc"
-  [[ $rc -eq 0 ]] || printf '%s\n' "$out" | sed 's/^/# /' | head -40
+  [[ $rc -eq 0 ]] || printf '%s\n' "$out" | sed 's/^/# /' | head -40 >&2
   return 0
 }
 skip() { _tap_n=$((_tap_n + 1)); echo "ok $_tap_n # skip $1"; }
-diag() { echo "# $*"; }
+diag() { echo "# $*"; }           # a note, on stdout (prove -v shows it)
+fail_diag() { echo "# $*" >&2; }  # why something failed, on stderr (prove always shows it)
 done_testing() { echo "1..$_tap_n"; [[ $_tap_failed -eq 0 ]]; }
 
 require_fuse() {

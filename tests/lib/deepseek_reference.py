@@ -991,10 +991,13 @@ class MegatronDeepSeek:
         return logits, head(z)[:-1]
 
 
-def logits_error(m, megatron, spec, mtp, tokens=TOKENS, cache={}):
+def logits_error(m, megatron, spec, mtp, tokens=TOKENS):
     """(max relative error of the Megatron logits against the HF ones, main and MTP heads together;
     the fewest tokens any expert of any MoE layer got in the HF forward)."""
-    key = (id(m), mtp, tokens.tobytes())
+    # The HF logits are kept on the model itself: a cache keyed by id(m) handed a later model the
+    # logits of a freed one whose id it reused.
+    cache = m.__dict__.setdefault("hf_logits_cache", {})
+    key = (mtp, tokens.tobytes())
     if key not in cache:
         routed = {}
         ref, ref_mtp = hf_forward(m, tokens, mtp, routed)

@@ -393,7 +393,7 @@ static void test_containers(const char *dir, GRand *rng)
     g_autofree char *src = g_build_filename(dir, "synthetic.bin", NULL);
     g_autofree char *dest = g_build_filename(dir, "synthetic.ckz", NULL);
     write_file(src, s.data, s.size);
-    tap_diag("synthetic file: %llu bytes, fp32 ends at %llu",
+    tap_note("synthetic file: %llu bytes, fp32 ends at %llu",
              (unsigned long long)s.size,
              (unsigned long long)(g_array_index(s.ranges, CkptfsPackRange, 1).offset +
                                   g_array_index(s.ranges, CkptfsPackRange, 1).length));

@@ -1027,7 +1027,7 @@ int main(void)
     ckptfs_mount_free(orig_local);
     ckptfs_mount_free(orig_te);
     if (g_getenv("CKPTFS_KEEP_TMP"))
-        tap_diag("kept %s", top);
+        tap_note("kept %s", top);
     else
         rm_rf(top);
     g_free(tp2pp2_dir);
