@@ -16,10 +16,12 @@ tensor, run by dcp.load(..., storage_reader=FileSystemReader(dir)). So FileSyste
 exactly the stored items a real loader reads (each overlapping item whole: torch.load, then
 narrow).
 
-  mcore_share.py load DIR --tp T --rank R
-      loads the share; prints one line `RESULT load_s=.. rchar=.. share_bytes=.. items=..`
+  mcore_share.py load DIR --tp T --rank R [--barrier PREFIX]
+      loads the share; prints one line `RESULT load_s=.. rchar=.. share_bytes=.. items=.. end=..`
       (load_s: dcp.load only, after imports and common.pt; rchar: bytes this process read with
-      read(2) during dcp.load, from /proc/self/io).
+      read(2) during dcp.load, from /proc/self/io; end: wall-clock time it ended). With
+      --barrier, it creates PREFIX.ready.R once ready to load and waits for PREFIX.go, so that
+      several ranks start together (bench/load_bench.sh).
   mcore_share.py amp DIR [--tps 1,2,4,8]
       per TP degree, from .metadata alone: for each rank, the storage lengths of the items its
       boxes overlap (one per ReadItem, as FileSystemReader reads them) / the share's tensor bytes;
@@ -169,14 +171,23 @@ def share_bytes(md, boxes):
     return tot
 
 
+def barrier(prefix, rank):
+    """Ready (imports done), then wait for the go of whoever starts the ranks together."""
+    open(f"{prefix}.ready.{rank}", "w").close()
+    while not os.path.exists(f"{prefix}.go"):
+        time.sleep(0.002)
+
+
 def cmd_load(a):
     args = model_args(a.dir)
+    if a.barrier:
+        barrier(a.barrier, a.rank)
     c0, t0 = rchar(), time.time()
     planner, md = load_share(a.dir, a.tp, a.rank, args.vocab_size)
     t1, c1 = time.time(), rchar()
     assert len(planner.objects) == len(planner.byte_keys)
     print(f"RESULT load_s={t1 - t0:.3f} rchar={c1 - c0} share_bytes={share_bytes(md, planner.boxes)} "
-          f"items={len(read_items(md, planner.boxes))}")
+          f"items={len(read_items(md, planner.boxes))} end={t1:.6f}")
 
 
 def megatron_ok(args, T):
@@ -269,6 +280,7 @@ def main():
     p.add_argument("dir")
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--barrier", metavar="PREFIX")
     p = sub.add_parser("amp")
     p.add_argument("dir")
     p.add_argument("--tps", default="1,2,4,8")

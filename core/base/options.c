@@ -14,6 +14,7 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->vocab_pad = CKPTFS_VOCAB_PAD_ZERO;
     options->megatron_args = true;
     options->prefetch = CKPTFS_PREFETCH_AUTO;
+    options->direct_io = true;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -162,6 +163,11 @@ static bool opt_source_fds(CkptfsOptions *o, const char *key, const char *value,
     return parse_pair(key, value, "shared", "reader", &o->fd_per_reader, error);
 }
 
+static bool opt_direct_io(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_switch(key, value, &o->direct_io, error);
+}
+
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     return parse_switch(key, value, &o->mtp, error);
@@ -278,6 +284,9 @@ static const struct {
      "shared|reader: plain source files read through one descriptor each for the whole\n"
      "                           mount (default), or through each open view file's own (for\n"
      "                           object-store clients that stream each open file: rclone, s3fs)"},
+    {"direct_io", opt_direct_io,
+     "on|off: the Megatron views' rank files and mcore/'s files, which loaders read once\n"
+     "                           and never map shared, skip the mount's page cache (default on)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

@@ -21,7 +21,7 @@ struct CkptfsNode {
     gpointer hook_owner;
     /* files */
     CkptfsPlanFn plan_fn;
-    bool scattered;
+    unsigned hints; /* CkptfsFileHints */
     gpointer plan_owner;
     gconstpointer plan_key;
     CkptfsPlan *plan; /* built once, then read without the lock */
@@ -167,10 +167,11 @@ CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const cha
     return n;
 }
 
-void ckptfs_tree_mark_scattered(CkptfsNode *file)
+CkptfsNode *ckptfs_tree_hint(CkptfsNode *file, unsigned hints)
 {
     if (file)
-        file->scattered = true;
+        file->hints |= hints;
+    return file;
 }
 
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
@@ -231,7 +232,7 @@ static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GErro
         rc = ensure_plan(tree, node, error);
         attr->nlink = 1;
         attr->size = rc == 0 ? ckptfs_plan_size(node->plan) : 0;
-        attr->scattered = node->scattered;
+        attr->hints = node->hints;
         attr->access = node->access;
         break;
     case CKPTFS_NODE_SYMLINK:

@@ -570,12 +570,13 @@ static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, 
     if (!lay_out_items(v, error))
         return false;
     ckptfs_tree_add_file(tree, dir, "metadata.json", plan_text, v, metadata_json);
-    ckptfs_tree_add_file(tree, dir, "common.pt", plan_common, v, NULL);
-    ckptfs_tree_add_file(tree, dir, ".metadata", plan_metadata, v, NULL);
+    /* dcp.load reads these with read(2) (torch.load of each item), never mapping them. */
+    ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, "common.pt", plan_common, v, NULL), CKPTFS_HINT_STREAMED);
+    ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, ".metadata", plan_metadata, v, NULL), CKPTFS_HINT_STREAMED);
     for (unsigned f = 0; f < v->nfiles; f++) {
         g_autofree char *name = distcp_name(f);
-        ckptfs_tree_mark_scattered(ckptfs_tree_add_file(tree, dir, name, plan_distcp, v,
-                                                        &g_array_index(v->file_first, guint, f)));
+        ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, name, plan_distcp, v, &g_array_index(v->file_first, guint, f)),
+                         CKPTFS_HINT_SCATTERED | CKPTFS_HINT_STREAMED);
     }
     return true;
 }

@@ -22,6 +22,8 @@ typedef struct {
     bool fd_per_reader;     /* each open view file reads plain source files through its own fds */
     uint64_t prefetch;      /* source bytes asked for ahead of a sequential reader (0: none;
                                CKPTFS_PREFETCH_AUTO: the source's default, srcfiles.h) */
+    bool direct_io;         /* files their loaders stream (CKPTFS_HINT_STREAMED) bypass the
+                               mount's page cache */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

@@ -29,12 +29,22 @@ typedef CkptfsNode *(*CkptfsResolveFn)(CkptfsTree *tree, CkptfsNode *dir, const 
 
 typedef enum { CKPTFS_NODE_DIR, CKPTFS_NODE_FILE, CKPTFS_NODE_SYMLINK } CkptfsNodeType;
 
+/* How a file's loaders read it: what the file system can do for them. */
+typedef enum {
+    /* read at scattered offsets (many small archives in one file, each loader taking a few):
+     * small I/O buffers serve them better */
+    CKPTFS_HINT_SCATTERED = 1 << 0,
+    /* loaded with read(2), once, and never mapped shared (torch.load, dcp.load): it can be
+     * served without the mount's page cache (-o direct_io) */
+    CKPTFS_HINT_STREAMED = 1 << 1,
+} CkptfsFileHints;
+
 typedef struct {
     uint64_t ino;
     CkptfsNodeType type;
     uint64_t size;
     uint32_t nlink;
-    bool scattered; /* read at scattered offsets (small buffers serve readers better) */
+    unsigned hints; /* files: CkptfsFileHints */
     CkptfsAccess access; /* owner, group and permission bits (no file-type bits) */
 } CkptfsAttr;
 
@@ -69,9 +79,8 @@ void ckptfs_tree_set_scope(CkptfsNode *dir, gpointer scope);
 CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name);
 CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                  CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key);
-/* Marks a file node as read at scattered offsets (many small archives in one file, each
- * loader taking a few): its attributes then advise small I/O buffers. */
-void ckptfs_tree_mark_scattered(CkptfsNode *file);
+/* Adds HINTS (CkptfsFileHints) to a file node's attributes. FILE may be NULL. Returns FILE. */
+CkptfsNode *ckptfs_tree_hint(CkptfsNode *file, unsigned hints);
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target);
 

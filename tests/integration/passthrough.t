@@ -2,9 +2,10 @@
 # -o passthrough: hf/ files that are source files unchanged are read by the kernel itself (FUSE
 # passthrough). ckptfs is built in the Debian 13 root against libfuse 3.17 and run on this
 # machine's kernel. Checked: bytes, the daemon reading none of them (its /proc/PID/io), mmap,
-# concurrent and repeated opens, synthesized files beside them, re-sharded and packed sources
-# (served by the daemon), a source replaced or rewritten under the mount, a daemon without
-# CAP_SYS_ADMIN (refused, logged, served by the daemon), and a build without passthrough.
+# concurrent and repeated opens, synthesized files beside them (mapped shared too), re-sharded
+# and packed sources (served by the daemon), a source replaced or rewritten under the mount, a
+# daemon without CAP_SYS_ADMIN (refused, logged, served by the daemon), and a build without
+# passthrough.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 models="$TESTS_TOP/tests/lib/models.py"
@@ -34,27 +35,7 @@ $PY "$models" write llama "$src" --shards 3 --tokenizer > /dev/null
 mapfile -t names < <(cd "$src" && ls)
 hf_bytes=$(cd "$src" && cat -- "${names[@]}" | wc -c)
 
-# fg_mount BIN SRC MNT LOG [ARGS...]: a daemon in the foreground, logging to LOG; sets FG_PID.
-fg_mount() {
-  local bin=$1 from=$2 mnt=$3 log=$4
-  shift 4
-  mkdir -p "$mnt"
-  "$@" "$bin" mount -f ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$from" "$mnt" 2> "$log" &
-  FG_PID=$!
-  for _ in $(seq 100); do
-    mountpoint -q "$mnt" && return 0
-    kill -0 "$FG_PID" 2> /dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-fg_unmount() { # MNT: unmounts and waits for the daemon
-  local rc=0
-  fusermount3 -u "$1" || rc=$?
-  wait "$FG_PID" 2> /dev/null
-  return $rc
-}
-rchar() { awk '/^rchar:/ {print $2}' "/proc/$1/io"; }
+rchar() { daemon_io rchar "$1"; }
 # read_all MNT/VIEW: every file of the view, through one cat (nothing cached before: fresh mount)
 read_all() { (cd "$1" && cat -- * > /dev/null); }
 same_as_source() {
@@ -136,6 +117,15 @@ check "hf/ byte-identical" same_as_source "$mnt/hf"
 grew=$(($(rchar "$FG_PID") - before))
 [[ $grew -ge $hf_bytes ]]
 ok $? "the daemon read every byte itself ($grew of $hf_bytes)"
+# Rank files are read with direct I/O (direct_io.t); a libfuse 3.17 build also lets them be
+# mapped shared (FUSE_CAP_DIRECT_IO_ALLOW_MMAP), where a 3.14 build gets ENODEV.
+check "a shared mapping of a direct-I/O rank file works with this build and equals the file" \
+  $PY - "$mnt/tp2pp1/release/mp_rank_01/model_optim_rng.pt" <<'PY'
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert m[:] == open(sys.argv[1], "rb").read()
+PY
 fg_unmount "$mnt"
 
 # --- files that are not a source file whole: served by the daemon, correct

@@ -59,6 +59,31 @@ mount_ckptfs() {
 }
 unmount_ckptfs() { fusermount3 -u "$1"; }
 
+# fg_mount BIN SRC MNT LOG [ARGS...]: a daemon in the foreground (options from $MOUNT_OPTS),
+# logging to LOG, run under ARGS (a wrapper such as prlimit) if given; sets FG_PID.
+fg_mount() {
+  local bin=$1 from=$2 mnt=$3 log=$4
+  shift 4
+  mkdir -p "$mnt"
+  "$@" "$bin" mount -f ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "$from" "$mnt" 2> "$log" &
+  FG_PID=$!
+  for _ in $(seq 100); do
+    mountpoint -q "$mnt" && return 0
+    kill -0 "$FG_PID" 2> /dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+fg_unmount() { # MNT: unmounts and waits for the daemon
+  local rc=0
+  fusermount3 -u "$1" || rc=$?
+  wait "$FG_PID" 2> /dev/null
+  return $rc
+}
+# daemon_io FIELD PID: a counter of /proc/PID/io (rchar: bytes it read; wchar: bytes it wrote,
+# its replies to /dev/fuse among them).
+daemon_io() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/io"; }
+
 # The torch 2.6 root: built once with debootstrap (mirror from the machine's apt sources),
 # reused after. torch2_available returns non-zero with the reason in TORCH2_WHY.
 torch2_available() {

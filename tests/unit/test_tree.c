@@ -602,10 +602,12 @@ static void test_own(void)
     ckptfs_tree_own(tree, &freed, free_counter);
     CkptfsNode *f = ckptfs_tree_add_file(tree, ckptfs_tree_root(tree), "s", plan_of,
                                          &(Counters){0}, &key_hello);
-    ckptfs_tree_mark_scattered(f);
     CkptfsAttr a;
-    tap_ok(ckptfs_tree_resolve(tree, "s", &a, NULL) == 0 && a.scattered,
-           "a file marked scattered says so in its attributes");
+    tap_ok(ckptfs_tree_resolve(tree, "s", &a, NULL) == 0 && a.hints == 0, "a file has no hints of its own");
+    ckptfs_tree_hint(f, CKPTFS_HINT_SCATTERED);
+    ckptfs_tree_hint(f, CKPTFS_HINT_STREAMED);
+    tap_ok(ckptfs_tree_resolve(tree, "s", &a, NULL) == 0 && a.hints == (CKPTFS_HINT_SCATTERED | CKPTFS_HINT_STREAMED),
+           "hints given to a file add up in its attributes");
     ckptfs_tree_free(tree);
     tap_is_u64(freed, 2, "data the tree owns is freed with it");
 }

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Rank processes loading their files through a view, started together, under several mount
+# settings side by side: the time from the start to the last rank done, median of REPEAT rounds,
+# and its ratio to the first setting's. Source in the page cache; a fresh mount for every load.
+#   torch: RANKS processes each torch.load one rank file of LAYOUT (torch 1.13, map_location=cpu)
+#   dcp:   DCP_TP processes each dcp.load their tensor-parallel share of mcore/ (torch 2.6 in the
+#          Debian 13 root, bench/mcore_share.py); skipped where that root is absent
+# Imports happen before the start (each rank waits at a barrier), so only the loads are timed.
+#
+#   bench/load_bench.sh SRC
+#
+#   SRC          a Hugging Face checkpoint directory (node_bench.sh --quick makes one under
+#                /tmp/ckptfs-bench)
+# Environment:
+#   CKPTFS_BIN   the binary (default: <repo>/build/ckptfs)
+#   SETTINGS     mount option sets to compare, the first is the baseline; "-" for no options
+#                (default "direct_io=on direct_io=off")
+#   LAYOUT       the layout whose rank files torch loads (default tp4pp1); RANKS = its file count
+#   DCP_TP       tensor-parallel degree of the dcp loads (default 2; 0 skips them)
+#   REPEAT       rounds (default 5); odd rounds go through SETTINGS in reverse order
+#   PYTHON       python with torch for the torch loads (default /usr/bin/python3)
+#   TORCH2_ROOT  the Debian 13 root with torch 2.6 (default /var/cache/ckptfs-tests/trixie-root)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HERE")
+BIN=${CKPTFS_BIN:-$REPO/build/ckptfs}
+SETTINGS=${SETTINGS:-direct_io=on direct_io=off}
+LAYOUT=${LAYOUT:-tp4pp1}
+DCP_TP=${DCP_TP:-2}
+REPEAT=${REPEAT:-5}
+PYTHON=${PYTHON:-/usr/bin/python3}
+TORCH2_ROOT=${TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
+
+die() { echo "load_bench: $*" >&2; exit 1; }
+note() { echo "load_bench: $*" >&2; }
+[[ $# -eq 1 && -d $1 ]] || { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
+SRC=$(readlink -f "$1")
+[[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
+BIN=$(readlink -f "$BIN")
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
+[[ $DCP_TP =~ ^[0-9]+$ ]] || die "DCP_TP must be a number"
+"$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON has no torch"
+read -ra SETS <<<"$SETTINGS"
+((${#SETS[@]} > 0)) || die "SETTINGS is empty"
+DCP=1
+if ((DCP_TP == 0)); then
+    DCP=0
+elif [[ ! -x $TORCH2_ROOT/usr/bin/python3 ]]; then
+    DCP=0
+    note "no torch 2.6 root at $TORCH2_ROOT: dcp loads skipped"
+fi
+
+RUN_DIR=$(mktemp -d /tmp/ckptfs-load-bench.XXXXXX)
+MNT=$RUN_DIR/mnt
+mkdir "$MNT"
+DAEMON_PID=""
+# now_us, find_daemon, is_mounted, alive, wait_gone, stop_pid, unmount
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    pkill -TERM -f -- "$RUN_DIR/" 2>/dev/null || true
+    unmount
+    rm -rf "$RUN_DIR"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# One rank of the torch loads: imports, barrier, torch.load, its end time.
+cat >"$RUN_DIR/torch_rank.py" <<'PY'
+import os, sys, time
+import torch
+path, prefix, rank = sys.argv[1], sys.argv[2], sys.argv[3]
+open(f"{prefix}.ready.{rank}", "w").close()
+while not os.path.exists(f"{prefix}.go"):
+    time.sleep(0.002)
+sd = torch.load(path, map_location="cpu")
+assert "model" in sd, path
+print(f"RESULT end={time.time():.6f}")
+PY
+
+# torch2 ARGS...: the root's python3 with $RUN_DIR and bench/ bind-mounted at the same paths.
+torch2() {
+    unshare --mount --propagation private bash -c '
+      root=$1 run=$2 bench=$3; shift 3
+      mount -t proc proc "$root/proc" || exit 1
+      for d in "$run" "$bench"; do mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1; done
+      exec chroot "$root" /usr/bin/python3 "$@"' _ "$TORCH2_ROOT" "$RUN_DIR" "$HERE" "$@"
+}
+
+do_mount() { # SETTING
+    local opts=$1
+    [[ $opts == - ]] && opts=""
+    unmount
+    "$BIN" mount -o "layouts=$LAYOUT${opts:+,$opts}" "$SRC" "$MNT" || die "mount -o $opts failed"
+    DAEMON_PID=$(find_daemon "$BIN") || die "no daemon for $MNT"
+}
+
+# start_together N PREFIX: waits until N ranks are ready, then lets them go; prints the start
+# time (seconds, wall clock).
+start_together() {
+    local n=$1 prefix=$2 i
+    for ((i = 0; i < 60000; i++)); do
+        (($(compgen -G "$prefix.ready.*" | wc -l) >= n)) && break
+        sleep 0.01
+    done
+    (($(compgen -G "$prefix.ready.*" | wc -l) >= n)) || die "ranks not ready after 600 s"
+    date +%s.%N
+    : >"$prefix.go"
+}
+
+# load_torch SETTING ROUND: prints the seconds from the start to the last rank done.
+load_torch() {
+    local prefix=$RUN_DIR/b-torch-$2-${1//[^a-z0-9]/_} files t0 r pids=()
+    do_mount "$1"
+    mapfile -t files < <(find "$MNT/$LAYOUT/release" -name model_optim_rng.pt | sort)
+    ((${#files[@]} > 0)) || die "no rank files in $MNT/$LAYOUT"
+    for r in "${!files[@]}"; do
+        "$PYTHON" "$RUN_DIR/torch_rank.py" "${files[$r]}" "$prefix" "$r" >"$prefix.out.$r" 2>"$prefix.err.$r" &
+        pids+=($!)
+    done
+    t0=$(start_together "${#files[@]}" "$prefix")
+    for r in "${!pids[@]}"; do wait "${pids[$r]}" || { cat "$prefix.err.$r" >&2; die "torch rank $r failed"; }; done
+    unmount
+    cat "$prefix".out.* | sed -n 's/.*end=\([0-9.]*\).*/\1/p' | sort -n | tail -1 | awk -v t="$t0" '{printf "%.3f\n", $1 - t}'
+}
+
+load_dcp() { # SETTING ROUND
+    local prefix=$RUN_DIR/b-dcp-$2-${1//[^a-z0-9]/_} t0 r pids=()
+    do_mount "$1"
+    for ((r = 0; r < DCP_TP; r++)); do
+        torch2 "$HERE/mcore_share.py" load "$MNT/mcore/release" --tp "$DCP_TP" --rank "$r" --barrier "$prefix" \
+            >"$prefix.out.$r" 2>"$prefix.err.$r" </dev/null &
+        pids+=($!)
+    done
+    t0=$(start_together "$DCP_TP" "$prefix")
+    for r in "${!pids[@]}"; do wait "${pids[$r]}" || { tail -5 "$prefix.err.$r" >&2; die "dcp rank $r failed"; }; done
+    unmount
+    cat "$prefix".out.* | sed -n 's/.*end=\([0-9.]*\).*/\1/p' | sort -n | tail -1 | awk -v t="$t0" '{printf "%.3f\n", $1 - t}'
+}
+
+median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+cat "$SRC"/*.safetensors >/dev/null # the source in the page cache
+LOADS=(torch)
+((DCP)) && LOADS+=(dcp)
+declare -A TIMES
+for ((round = 1; round <= REPEAT; round++)); do
+    order=("${SETS[@]}")
+    if ((round % 2 == 0)); then
+        order=()
+        for ((i = ${#SETS[@]} - 1; i >= 0; i--)); do order+=("${SETS[$i]}"); done
+    fi
+    for s in "${order[@]}"; do
+        for l in "${LOADS[@]}"; do
+            t=$("load_$l" "$s" "$round")
+            TIMES[$l/$s]+="$t "
+            note "round $round/$REPEAT: $l $s: $t s"
+        done
+    done
+done
+
+echo "ckptfs load_bench: $(nproc) CPUs, Linux $(uname -r), $("$BIN" --version)"
+echo "source: $SRC ($(du -sb "$SRC" | cut -f1) bytes), in the page cache; a fresh mount per load"
+echo "torch: $LAYOUT rank files, one torch.load each (torch $("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+((DCP)) && echo "dcp: $DCP_TP ranks, dcp.load of each one's TP-$DCP_TP share of mcore/ (torch 2.6)"
+echo "Seconds from the start to the last rank done, median of $REPEAT (single runs after);"
+echo "ratio = the first setting's median / this one's (above 1: faster than the first)"
+printf '%-6s %-28s %8s %7s   %s\n' load setting median ratio runs
+for l in "${LOADS[@]}"; do
+    base=""
+    for s in "${SETS[@]}"; do
+        m=$(tr ' ' '\n' <<<"${TIMES[$l/$s]}" | grep . | median)
+        [[ -z $base ]] && base=$m
+        printf '%-6s %-28s %8.3f %7.2f   %s\n' "$l" "$s" "$m" "$(awk -v b="$base" -v m="$m" 'BEGIN {print b / m}')" "${TIMES[$l/$s]}"
+    done
+done
