@@ -233,7 +233,7 @@ typedef struct {
  * goes straight into the reader's buffer, where through the page cache it is copied into freshly
  * allocated cache pages and from there again into the reader's buffer, and the bytes are not
  * kept a second time beside the source's. Measured on 2 vCPUs, source cached: tp4pp1/ read by 4
- * readers 3.1 -> 6.6 GB/s, four torch.load of its rank files at once 0.9 -> 0.6 s. Files loaders
+ * readers 3.3 -> 6.1 GB/s, four torch.load of its rank files at once 0.86 -> 0.56 s. Files loaders
  * map shared (safetensors) are not hinted: before libfuse 3.17 (FUSE_CAP_DIRECT_IO_ALLOW_MMAP)
  * the kernel refuses a shared mapping of a direct-I/O file. */
 static bool streams_direct(CkptfsFuseContext *ctx, fuse_ino_t ino)
