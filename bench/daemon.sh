@@ -59,3 +59,24 @@ unmount() {
     DAEMON_PID=""
     STRACE_PID=""
 }
+
+# bench_start TEMPLATE: this run's directory RUN_DIR (mktemp -d TEMPLATE) and the mount point MNT
+# in it. On exit or a signal: the bench's bench_stop (if it defines one), then $MNT unmounted
+# (waiting for the daemon) and RUN_DIR removed.
+bench_start() {
+    RUN_DIR=$(mktemp -d "$1")
+    MNT=$RUN_DIR/mnt
+    mkdir "$MNT"
+    DAEMON_PID=""
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM HUP
+}
+bench_cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM HUP
+    if declare -F bench_stop >/dev/null; then bench_stop; fi
+    unmount
+    rm -rf --one-file-system "$RUN_DIR"
+    exit "$rc"
+}

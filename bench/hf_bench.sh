@@ -41,25 +41,10 @@ command -v fusermount3 >/dev/null || die "fusermount3 not found"
 # --- cleanup -------------------------------------------------------------------------------------
 
 mkdir -p "$BENCH_DIR"
-RUN_DIR=$(mktemp -d "$BENCH_DIR/run.XXXXXX")
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
-
-# is_mounted, alive, wait_gone, stop_pid, unmount
+# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    unmount
-    rm -rf "$RUN_DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_start "$BENCH_DIR/run.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
 

@@ -51,24 +51,11 @@ elif [[ ! -x $TORCH2_ROOT/usr/bin/python3 ]]; then
     note "no torch 2.6 root at $TORCH2_ROOT: dcp loads skipped"
 fi
 
-RUN_DIR=$(mktemp -d /tmp/ckptfs-load-bench.XXXXXX)
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
-# now_us, find_daemon, is_mounted, alive, wait_gone, stop_pid, unmount
+# find_daemon, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    pkill -TERM -f -- "$RUN_DIR/" 2>/dev/null || true
-    unmount
-    rm -rf "$RUN_DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_stop() { pkill -TERM -f -- "$RUN_DIR/" 2>/dev/null || true; } # ranks still loading
+bench_start /tmp/ckptfs-load-bench.XXXXXX
 
 # One rank of the torch loads: imports, barrier, torch.load, its end time.
 cat >"$RUN_DIR/torch_rank.py" <<'PY'
@@ -83,14 +70,8 @@ assert "model" in sd, path
 print(f"RESULT end={time.time():.6f}")
 PY
 
-# torch2 ARGS...: the root's python3 with $RUN_DIR and bench/ bind-mounted at the same paths.
-torch2() {
-    unshare --mount --propagation private bash -c '
-      root=$1 run=$2 bench=$3; shift 3
-      mount -t proc proc "$root/proc" || exit 1
-      for d in "$run" "$bench"; do mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1; done
-      exec chroot "$root" /usr/bin/python3 "$@"' _ "$TORCH2_ROOT" "$RUN_DIR" "$HERE" "$@"
-}
+# torch2 ARGS...: the root's python3 with $RUN_DIR and bench/ at the same paths.
+torch2() { "$HERE/torch2.sh" "$TORCH2_ROOT" "$RUN_DIR:$HERE" "$@"; }
 
 do_mount() { # SETTING
     local opts=$1

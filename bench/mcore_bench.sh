@@ -56,15 +56,8 @@ daemon_pid() {
 served() { awk '/^wchar:/ {print $2}' "/proc/$(daemon_pid)/io"; }
 col() { sed -n "s/.* $1=\\([^ ]*\\).*/\\1/p" "$2"; } # col NAME FILE: NAME=value of every line
 # torch2 SCRIPT ARGS...: the root's python3 (torch 2.6) on SCRIPT, with $work (checkpoints, mount
-# point, outputs) and bench/ bind-mounted at the same paths, in a private mount namespace (as
-# torch2_python in tests/lib/common.sh); mounts made before the call are visible inside.
-torch2() {
-  unshare --mount --propagation private bash -c '
-    root=$1 work=$2 bench=$3; shift 3
-    mount -t proc proc "$root/proc" || exit 1
-    for d in "$work" "$bench"; do mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1; done
-    exec chroot "$root" /usr/bin/python3 "$@"' _ "$root" "$work" "$top/bench" "$@"
-}
+# point, outputs) and bench/ at the same paths; mounts made before the call are visible inside.
+torch2() { "$top/bench/torch2.sh" "$root" "$work:$top/bench" "$@"; }
 
 others() { awk -v r="$run/" '$3 == "fuse.ckptfs" && index($2, r) != 1 {n++} END {print n + 0}' /proc/mounts; }
 load_start=$(cut -d' ' -f1 /proc/loadavg); others_start=$(others)

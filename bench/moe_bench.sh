@@ -70,26 +70,11 @@ BIG=$BENCH_DIR/qwen3-235b-sparse
 
 # --- cleanup -------------------------------------------------------------------------------------
 
-RUN_DIR=$(mktemp -d "$BENCH_DIR/moe-run.XXXXXX")
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
-
-# is_mounted, alive, wait_gone, stop_pid, unmount
+# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM HUP
-    unmount
-    rm -rf --one-file-system "$RUN_DIR"
-    rmdir "$ROOT$BENCH_DIR" 2>/dev/null || true # made by the torch2 bind mount
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
+bench_stop() { rmdir "$ROOT$BENCH_DIR" 2>/dev/null || true; } # made by the torch2 bind mount
+bench_start "$BENCH_DIR/moe-run.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -129,16 +114,9 @@ OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 T_START=$(now_us)
 
-# torch2 ARGS...: the root's python3 (torch 2.6) in a private mount namespace, $BENCH_DIR (the
-# checkpoints, this run's directory and mount point) bind-mounted at the same path.
-# shellcheck disable=SC2016 # expanded by the inner bash
-torch2() {
-    unshare --mount --propagation private bash -c '
-        root=$1 work=$2; shift 2
-        mount -t proc proc "$root/proc" || exit 1
-        mkdir -p "$root$work" && mount --rbind "$work" "$root$work" || exit 1
-        exec chroot "$root" /usr/bin/python3 "$@"' _ "$ROOT" "$BENCH_DIR" "$@"
-}
+# torch2 ARGS...: the root's python3 (torch 2.6), $BENCH_DIR (the checkpoints, this run's
+# directory and mount point) at the same path.
+torch2() { "$HERE/torch2.sh" "$ROOT" "$BENCH_DIR" "$@"; }
 
 AMP_NOTE=""
 if [[ ! -x $ROOT/usr/bin/python3 ]]; then

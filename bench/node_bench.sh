@@ -81,13 +81,8 @@ CONDS=(cold cached)
 # --- cleanup -------------------------------------------------------------------------------------
 
 mkdir -p "$BENCH_DIR"
-RUN_DIR=$(mktemp -d "$BENCH_DIR/node-run.XXXXXX")
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
 JOB_PID=""
-
-# now_us, find_daemon, is_mounted, alive, wait_gone, stop_pid, unmount
+# now_us, find_daemon, is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
 
@@ -101,17 +96,8 @@ stop_job() {
     JOB_PID=""
 }
 
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    stop_job
-    unmount
-    rm -rf "$RUN_DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_stop() { stop_job; }
+bench_start "$BENCH_DIR/node-run.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
 

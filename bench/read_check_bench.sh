@@ -62,26 +62,11 @@ declare -A BINS=([base]=$BASE [new]=$NEW)
 # --- cleanup -------------------------------------------------------------------------------------
 
 mkdir -p "$BENCH_DIR"
-RUN_DIR=$(mktemp -d "$BENCH_DIR/rcheck.XXXXXX")
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
 STRACE_PID=""
-
-# is_mounted, alive, wait_gone, stop_pid, unmount
+# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    unmount
-    rm -rf "$RUN_DIR"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_start "$BENCH_DIR/rcheck.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
 

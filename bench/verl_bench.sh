@@ -63,26 +63,11 @@ ROLE=$CKPT/global_step_1/actor
 
 # --- cleanup -------------------------------------------------------------------------------------
 
-RUN_DIR=$(mktemp -d "$BENCH_DIR/verl-run.XXXXXX")
-MNT=$RUN_DIR/mnt
-mkdir "$MNT"
-DAEMON_PID=""
-
-# is_mounted, alive, wait_gone, stop_pid, unmount
+# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM HUP
-    unmount
-    rm -rf --one-file-system "$RUN_DIR"
-    rmdir "$ROOT$BENCH_DIR" "$ROOT$HERE" 2>/dev/null || true # made by the torch2 bind mounts
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
+bench_stop() { rmdir "$ROOT$BENCH_DIR" "$ROOT$HERE" 2>/dev/null || true; } # made by the torch2 bind mounts
+bench_start "$BENCH_DIR/verl-run.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
 
@@ -113,16 +98,9 @@ OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 T_START=$(now_us)
 
-# torch2 ARGS...: the root's python3 (torch 2.6) in a private mount namespace, $BENCH_DIR (the
-# checkpoint, this run's directory) and bench/ bind-mounted at the same paths (as torch2_python
-# in tests/lib/common.sh). Nothing it mounts outlives it. The namespace's process execs python,
-# so /usr/bin/time around TORCH2 measures python itself.
-# shellcheck disable=SC2016 # expanded by the inner bash
-TORCH2=(unshare --mount --propagation private bash -c '
-    root=$1 work=$2 bench=$3; shift 3
-    mount -t proc proc "$root/proc" || exit 1
-    for d in "$work" "$bench"; do mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1; done
-    exec chroot "$root" /usr/bin/python3 "$@"' _ "$ROOT" "$BENCH_DIR" "$HERE")
+# torch2 ARGS...: the root's python3 (torch 2.6), $BENCH_DIR (the checkpoint, this run's
+# directory) and bench/ at the same paths. /usr/bin/time around TORCH2 measures python itself.
+TORCH2=("$HERE/torch2.sh" "$ROOT" "$BENCH_DIR:$HERE")
 torch2() { "${TORCH2[@]}" "$@"; }
 
 # dd_all FILE...: reads every FILE with dd bs=1M to /dev/null, one after the other; prints the
