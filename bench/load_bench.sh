@@ -2,7 +2,7 @@
 # Rank processes loading their files through a view, started together, under several mount
 # settings side by side: the time from the start to the last rank done, median of REPEAT rounds,
 # and its ratio to the first setting's. Source in the page cache; a fresh mount for every load.
-#   torch: RANKS processes each torch.load one rank file of LAYOUT (torch 1.13, map_location=cpu)
+#   torch: REPLICAS processes per rank file of LAYOUT each torch.load it (torch 1.13, map_location=cpu)
 #   dcp:   DCP_TP processes each dcp.load their tensor-parallel share of mcore/ (torch 2.6 in the
 #          Debian 13 root, bench/mcore_share.py); skipped where that root is absent
 # Imports happen before the start (each rank waits at a barrier), so only the loads are timed.
@@ -15,9 +15,10 @@
 #   CKPTFS_BIN   the binary (default: <repo>/build/ckptfs)
 #   SETTINGS     mount option sets to compare, the first is the baseline; "-" for no options
 #                (default "direct_io=on direct_io=off")
-#   LAYOUT       the layout whose rank files torch loads (default tp4pp1); RANKS = its file count
+#   LAYOUT       the layout whose rank files torch loads (default tp4pp1)
 #   DCP_TP       tensor-parallel degree of the dcp loads (default 2; 0 skips them)
-#   REPEAT       rounds (default 5); odd rounds go through SETTINGS in reverse order
+#   REPLICAS     processes loading each rank file (default 1; data-parallel replicas on a node)
+#   REPEAT       rounds (default 5); even rounds go through SETTINGS in reverse order
 #   PYTHON       python with torch for the torch loads (default /usr/bin/python3)
 #   TORCH2_ROOT  the Debian 13 root with torch 2.6 (default /var/cache/ckptfs-tests/trixie-root)
 set -euo pipefail
@@ -29,6 +30,7 @@ SETTINGS=${SETTINGS:-direct_io=on direct_io=off}
 LAYOUT=${LAYOUT:-tp4pp1}
 DCP_TP=${DCP_TP:-2}
 REPEAT=${REPEAT:-5}
+REPLICAS=${REPLICAS:-1}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TORCH2_ROOT=${TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
 
@@ -40,6 +42,7 @@ SRC=$(readlink -f "$1")
 BIN=$(readlink -f "$BIN")
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
 [[ $DCP_TP =~ ^[0-9]+$ ]] || die "DCP_TP must be a number"
+[[ $REPLICAS =~ ^[1-9][0-9]*$ ]] || die "REPLICAS must be a positive integer"
 "$PYTHON" -c 'import torch' 2>/dev/null || die "$PYTHON has no torch"
 read -ra SETS <<<"$SETTINGS"
 ((${#SETS[@]} > 0)) || die "SETTINGS is empty"
@@ -54,7 +57,12 @@ fi
 # find_daemon, unmount, bench_start
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
-bench_stop() { pkill -TERM -f -- "$RUN_DIR/" 2>/dev/null || true; } # ranks still loading
+bench_stop() {
+    stop_ranks
+    # the directories torch2.sh's bind mounts made inside the root
+    rmdir "$TORCH2_ROOT$RUN_DIR" 2>/dev/null || true
+    rmdir "$TORCH2_ROOT$HERE" 2>/dev/null || true
+}
 bench_start /tmp/ckptfs-load-bench.XXXXXX
 
 # One rank of the torch loads: imports, barrier, torch.load, its end time.
@@ -81,47 +89,67 @@ do_mount() { # SETTING
     DAEMON_PID=$(find_daemon "$BIN") || die "no daemon for $MNT"
 }
 
-# start_together N PREFIX: waits until N ranks are ready, then lets them go; prints the start
-# time (seconds, wall clock).
+RANK_PIDS=()
+# stop_ranks: ranks still running (a failed round, or a signal), by PID.
+stop_ranks() {
+    local pid
+    for pid in "${RANK_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${RANK_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    RANK_PIDS=()
+}
+
+# start_together PREFIX: waits until every rank in RANK_PIDS is ready (failing if one exits
+# first), then lets them go; sets T0 (seconds, wall clock).
 start_together() {
-    local n=$1 prefix=$2 i
+    local prefix=$1 i pid
     for ((i = 0; i < 60000; i++)); do
-        (($(compgen -G "$prefix.ready.*" | wc -l) >= n)) && break
+        (($(compgen -G "$prefix.ready.*" | wc -l) >= ${#RANK_PIDS[@]})) && break
+        for pid in "${RANK_PIDS[@]}"; do alive "$pid" || die "a rank exited before the start: $(tail -3 "$prefix".err.* 2>/dev/null)"; done
         sleep 0.01
     done
-    (($(compgen -G "$prefix.ready.*" | wc -l) >= n)) || die "ranks not ready after 600 s"
-    date +%s.%N
+    (($(compgen -G "$prefix.ready.*" | wc -l) >= ${#RANK_PIDS[@]})) || die "ranks not ready after 600 s"
+    T0=$(date +%s.%N)
     : >"$prefix.go"
 }
 
-# load_torch SETTING ROUND: prints the seconds from the start to the last rank done.
+# finish PREFIX WHAT: waits for the ranks; sets LOAD_T, the seconds from T0 to the last rank done.
+finish() {
+    local prefix=$1 what=$2 r
+    for r in "${!RANK_PIDS[@]}"; do
+        wait "${RANK_PIDS[$r]}" || { tail -5 "$prefix.err.$r" >&2; die "$what rank $r failed"; }
+    done
+    RANK_PIDS=()
+    unmount
+    LOAD_T=$(cat "$prefix".out.* | sed -n 's/.*end=\([0-9.]*\).*/\1/p' | sort -n | tail -1 | awk -v t="$T0" '{printf "%.3f\n", $1 - t}')
+}
+
+# load_torch SETTING ROUND: every rank file of $LAYOUT loaded by $REPLICAS processes.
 load_torch() {
-    local prefix=$RUN_DIR/b-torch-$2-${1//[^a-z0-9]/_} files t0 r pids=()
+    local prefix=$RUN_DIR/b-torch-$2-${1//[^a-z0-9]/_} files f k n=0
     do_mount "$1"
     mapfile -t files < <(find "$MNT/$LAYOUT/release" -name model_optim_rng.pt | sort)
     ((${#files[@]} > 0)) || die "no rank files in $MNT/$LAYOUT"
-    for r in "${!files[@]}"; do
-        "$PYTHON" "$RUN_DIR/torch_rank.py" "${files[$r]}" "$prefix" "$r" >"$prefix.out.$r" 2>"$prefix.err.$r" &
-        pids+=($!)
+    for f in "${files[@]}"; do
+        for ((k = 0; k < REPLICAS; k++)); do
+            "$PYTHON" "$RUN_DIR/torch_rank.py" "$f" "$prefix" "$n" >"$prefix.out.$n" 2>"$prefix.err.$n" &
+            RANK_PIDS+=($!)
+            n=$((n + 1))
+        done
     done
-    t0=$(start_together "${#files[@]}" "$prefix")
-    for r in "${!pids[@]}"; do wait "${pids[$r]}" || { cat "$prefix.err.$r" >&2; die "torch rank $r failed"; }; done
-    unmount
-    cat "$prefix".out.* | sed -n 's/.*end=\([0-9.]*\).*/\1/p' | sort -n | tail -1 | awk -v t="$t0" '{printf "%.3f\n", $1 - t}'
+    start_together "$prefix"
+    finish "$prefix" torch
 }
 
 load_dcp() { # SETTING ROUND
-    local prefix=$RUN_DIR/b-dcp-$2-${1//[^a-z0-9]/_} t0 r pids=()
+    local prefix=$RUN_DIR/b-dcp-$2-${1//[^a-z0-9]/_} r
     do_mount "$1"
     for ((r = 0; r < DCP_TP; r++)); do
         torch2 "$HERE/mcore_share.py" load "$MNT/mcore/release" --tp "$DCP_TP" --rank "$r" --barrier "$prefix" \
             >"$prefix.out.$r" 2>"$prefix.err.$r" </dev/null &
-        pids+=($!)
+        RANK_PIDS+=($!)
     done
-    t0=$(start_together "$DCP_TP" "$prefix")
-    for r in "${!pids[@]}"; do wait "${pids[$r]}" || { tail -5 "$prefix.err.$r" >&2; die "dcp rank $r failed"; }; done
-    unmount
-    cat "$prefix".out.* | sed -n 's/.*end=\([0-9.]*\).*/\1/p' | sort -n | tail -1 | awk -v t="$t0" '{printf "%.3f\n", $1 - t}'
+    start_together "$prefix"
+    finish "$prefix" dcp
 }
 
 median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -138,16 +166,16 @@ for ((round = 1; round <= REPEAT; round++)); do
     fi
     for s in "${order[@]}"; do
         for l in "${LOADS[@]}"; do
-            t=$("load_$l" "$s" "$round")
-            TIMES[$l/$s]+="$t "
-            note "round $round/$REPEAT: $l $s: $t s"
+            "load_$l" "$s" "$round"
+            TIMES[$l/$s]+="$LOAD_T "
+            note "round $round/$REPEAT: $l $s: $LOAD_T s"
         done
     done
 done
 
 echo "ckptfs load_bench: $(nproc) CPUs, Linux $(uname -r), $("$BIN" --version)"
 echo "source: $SRC ($(du -sb "$SRC" | cut -f1) bytes), in the page cache; a fresh mount per load"
-echo "torch: $LAYOUT rank files, one torch.load each (torch $("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+echo "torch: $LAYOUT rank files, $REPLICAS torch.load of each (torch $("$PYTHON" -c 'import torch; print(torch.__version__)'))"
 ((DCP)) && echo "dcp: $DCP_TP ranks, dcp.load of each one's TP-$DCP_TP share of mcore/ (torch 2.6)"
 echo "Seconds from the start to the last rank done, median of $REPEAT (single runs after);"
 echo "ratio = the first setting's median / this one's (above 1: faster than the first)"

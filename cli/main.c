@@ -39,7 +39,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("ckptfs %s\n", CKPTFS_VERSION);
+        printf("ckptfs %s (libfuse %s)\n", CKPTFS_VERSION, ckptfs_libfuse_version());
         return 0;
     }
     static const struct {

@@ -13,6 +13,11 @@
 #include "fuse_ops.h"
 #include "passthrough.h"
 
+const char *ckptfs_libfuse_version(void)
+{
+    return G_STRINGIFY(FUSE_MAJOR_VERSION) "." G_STRINGIFY(FUSE_MINOR_VERSION);
+}
+
 static void mount_usage(FILE *out)
 {
     g_autofree char *options_help = ckptfs_options_help();
@@ -270,8 +275,14 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     CkptfsFuseContext ctx = {.mount = mount,
                              .mtime = newest_source_mtime(mount),
                              .foreground = a->foreground,
-                             .read_buffer = G_PRIVATE_INIT(ckptfs_read_buffer_free),
                              .passthrough = ckptfs_passthrough_new(a->passthrough)};
+    /* A key per mount, not a GPrivate: glib allocates one of those once and never frees it. The
+     * workers' buffers are freed as they exit, before the loop returns. */
+    if (pthread_key_create(&ctx.read_buffer, ckptfs_read_buffer_free) != 0) {
+        fprintf(stderr, "ckptfs: cannot create a thread-specific key\n");
+        ckptfs_passthrough_free(ctx.passthrough);
+        return 1;
+    }
     if (a->passthrough && !ckptfs_passthrough_built())
         fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %d.%d (3.17 or later "
                         "needed); files are read through the daemon\n", FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION);
@@ -330,6 +341,7 @@ out_destroy:
     fuse_opt_free_args(&args); /* the copy libfuse makes when it adds an argument */
     g_free(ctx.read_ahead_knob);
     ckptfs_passthrough_free(ctx.passthrough);
+    pthread_key_delete(ctx.read_buffer);
     return status;
 }
 

@@ -75,16 +75,17 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     if (conn->max_readahead > READ_AHEAD)
         conn->max_readahead = READ_AHEAD;
     /* Nothing changes behind the kernel's back: no need to revalidate cached data. */
-#ifdef CKPTFS_HAVE_PASSTHROUGH
+#if CKPTFS_LIBFUSE_3_17
     fuse_unset_feature_flag(conn, FUSE_CAP_AUTO_INVAL_DATA); /* 3.17 refuses want and want_ext mixed */
 #else
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 #endif
-#if defined(CKPTFS_HAVE_PASSTHROUGH) && defined(FUSE_CAP_DIRECT_IO_ALLOW_MMAP)
+#if CKPTFS_LIBFUSE_3_17
     /* Shared mappings of direct-I/O files, through the page cache (Linux 6.6+): not what their
      * loaders do, but nothing a user tries should fail for it. */
-    if (ctx->mount->options.direct_io)
-        fuse_set_feature_flag(conn, FUSE_CAP_DIRECT_IO_ALLOW_MMAP);
+    if (ctx->mount->options.direct_io && !fuse_set_feature_flag(conn, FUSE_CAP_DIRECT_IO_ALLOW_MMAP))
+        ckptfs_fuse_log(ctx, "direct_io: the kernel does not allow shared mappings of direct-I/O files "
+                             "(Linux 6.6 or later does); mapping a rank file shared fails with ENODEV");
 #endif
     const char *why = NULL;
     if (ctx->passthrough != NULL && !ckptfs_passthrough_init(ctx->passthrough, conn, &why))
@@ -228,14 +229,11 @@ typedef struct {
     bool mode_counted;   /* counted by ckptfs_passthrough_open: released there too */
 } OpenFile;
 
-/* Whether file INO is read without the mount's page cache (-o direct_io, on by default): a file
- * its loaders read once with read(2), such as a rank file for torch.load. The daemon's reply then
- * goes straight into the reader's buffer, where through the page cache it is copied into freshly
- * allocated cache pages and from there again into the reader's buffer, and the bytes are not
- * kept a second time beside the source's. Measured on 2 vCPUs, source cached: tp4pp1/ read by 4
- * readers 3.3 -> 6.1 GB/s, four torch.load of its rank files at once 0.86 -> 0.56 s. Files loaders
- * map shared (safetensors) are not hinted: before libfuse 3.17 (FUSE_CAP_DIRECT_IO_ALLOW_MMAP)
- * the kernel refuses a shared mapping of a direct-I/O file. */
+/* Whether file INO is read with direct I/O (-o direct_io, on by default): a file its loaders
+ * stream with read(2), such as a rank file. The reply then lands in the reader's buffer instead
+ * of new page-cache pages that are copied again, and the bytes are not cached twice (source and
+ * mount). Files loaders map shared (safetensors) are not hinted: the kernel refuses a shared
+ * mapping of a direct-I/O file unless libfuse 3.17 asks it (Linux 6.6+) to allow one. */
 static bool streams_direct(CkptfsFuseContext *ctx, fuse_ino_t ino)
 {
     CkptfsAttr attr;
@@ -271,10 +269,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->keep_cache = 1;
     char *refusal = NULL;
     open_file->mode_counted = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
-    if (!open_file->mode_counted && streams_direct(ctx, ino)) {
-        fi->direct_io = 1;
-        fi->keep_cache = 0; /* nothing of it is cached */
-    }
+    /* keep_cache stays: a direct-I/O file is cached only where mapped (torch.load(mmap=True)),
+     * and those pages stay valid for another reader's mapping: files never change under a mount. */
+    fi->direct_io = !open_file->mode_counted && streams_direct(ctx, ino);
     if (refusal != NULL) {
         ckptfs_fuse_log(ctx, "%s", refusal);
         g_free(refusal);
@@ -311,16 +308,18 @@ void ckptfs_read_buffer_free(gpointer buffer)
  * with 11% less CPU per GB (medians of 6); tp4pp1/ unchanged. */
 static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
 {
-    ReadBuffer *rb = g_private_get(&ctx->read_buffer);
+    ReadBuffer *rb = pthread_getspecific(ctx->read_buffer);
     if (rb == NULL || rb->size < size) {
         size_t len = (size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
         void *data = NULL;
         if (posix_memalign(&data, HUGE_PAGE, len) != 0)
             g_error("out of memory for a %zu-byte reply buffer", len); /* as g_malloc does */
         madvise(data, len, MADV_HUGEPAGE); /* a hint: small pages where huge ones are off */
+        if (rb != NULL)
+            ckptfs_read_buffer_free(rb);
         rb = g_new(ReadBuffer, 1);
         *rb = (ReadBuffer){len, data};
-        g_private_replace(&ctx->read_buffer, rb);
+        pthread_setspecific(ctx->read_buffer, rb);
     }
     return rb->data;
 }

@@ -4,17 +4,22 @@
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <sys/types.h>
 #include <time.h>
 
 #include "ckptfs/mount.h"
 
+/* libfuse 3.17 or later: 64-bit feature flags (fuse_set_feature_flag), passthrough, shared
+ * mappings of direct-I/O files. */
+#define CKPTFS_LIBFUSE_3_17 (FUSE_MAKE_VERSION(FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION) >= FUSE_MAKE_VERSION(3, 17))
+
 typedef struct {
     CkptfsMount *mount;
     struct timespec mtime; /* newest source file: stable across remounts of the same source */
     bool foreground;       /* log to stderr; else syslog */
-    GPrivate read_buffer;  /* per worker thread: a reply buffer reused across reads (ckptfs_read_buffer_free) */
+    pthread_key_t read_buffer; /* per worker thread: a reply buffer reused across reads (ckptfs_read_buffer_free) */
     char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
     gint read_ahead_raised;
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */

@@ -10,7 +10,7 @@
 #include "fuse_ops.h"
 
 /* libfuse 3.17 has fuse_passthrough_open and the 64-bit feature flags it needs. */
-#if FUSE_MAKE_VERSION(FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION) >= FUSE_MAKE_VERSION(3, 17)
+#if CKPTFS_LIBFUSE_3_17
 #define CKPTFS_HAVE_PASSTHROUGH 1
 #endif
 

@@ -285,8 +285,9 @@ static const struct {
      "                           mount (default), or through each open view file's own (for\n"
      "                           object-store clients that stream each open file: rclone, s3fs)"},
     {"direct_io", opt_direct_io,
-     "on|off: the Megatron views' rank files and mcore/'s files, which loaders read once\n"
-     "                           and never map shared, skip the mount's page cache (default on)"},
+     "on|off: the Megatron views' rank files and mcore/'s files, which loaders stream\n"
+     "                           and never map shared, skip the mount's page cache (default on;\n"
+     "                           direct_io alone: on)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
@@ -325,6 +326,8 @@ CkptfsOptionResult ckptfs_options_apply(CkptfsOptions *options, const char *key_
     for (size_t i = 0; i < G_N_ELEMENTS(option_table); i++) {
         if (strcmp(key, option_table[i].key) != 0)
             continue;
+        if (value == NULL && strcmp(key, "direct_io") == 0)
+            value = "on"; /* as libfuse's own direct_io flag is written */
         if (value == NULL) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
                         "option %s needs a value (%s=...)", key, key);

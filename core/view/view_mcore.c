@@ -570,7 +570,8 @@ static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, 
     if (!lay_out_items(v, error))
         return false;
     ckptfs_tree_add_file(tree, dir, "metadata.json", plan_text, v, metadata_json);
-    /* dcp.load reads these with read(2) (torch.load of each item), never mapping them. */
+    /* dcp.load reads these with read(2) (pickle.load of .metadata, torch.load of common.pt and
+     * of each item), never mapping them. */
     ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, "common.pt", plan_common, v, NULL), CKPTFS_HINT_STREAMED);
     ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, ".metadata", plan_metadata, v, NULL), CKPTFS_HINT_STREAMED);
     for (unsigned f = 0; f < v->nfiles; f++) {

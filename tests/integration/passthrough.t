@@ -103,6 +103,13 @@ check "tp2pp1 rank files on the passthrough mount equal the reference's" \
 grew=$(($(rchar "$pid") - before))
 [[ $grew -gt $((hf_bytes / 2)) ]]
 ok $? "the daemon read the rank files' source bytes itself ($grew bytes)"
+check "a rank file (direct I/O) beside passthrough files maps shared and equals the reference" \
+  $PY - "$mnt/tp2pp1/release/mp_rank_00/model_optim_rng.pt" "$ref/tp2pp1/release/mp_rank_00/model_optim_rng.pt" <<'PY'
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert m[:] == open(sys.argv[2], "rb").read()
+PY
 grep -qi "passthrough" "$WORK/pt.log"
 ok $((1 - $?)) "nothing about passthrough in the log ($(head -c 300 "$WORK/pt.log" | tr '\n' ' '))"
 fg_unmount "$mnt"
