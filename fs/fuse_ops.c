@@ -77,15 +77,13 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
     /* Nothing changes behind the kernel's back: no need to revalidate cached data. */
 #if CKPTFS_LIBFUSE_3_17
     fuse_unset_feature_flag(conn, FUSE_CAP_AUTO_INVAL_DATA); /* 3.17 refuses want and want_ext mixed */
-#else
-    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
-#endif
-#if CKPTFS_LIBFUSE_3_17
     /* Shared mappings of direct-I/O files, through the page cache (Linux 6.6+): not what their
      * loaders do, but nothing a user tries should fail for it. */
     if (ctx->mount->options.direct_io && !fuse_set_feature_flag(conn, FUSE_CAP_DIRECT_IO_ALLOW_MMAP))
         ckptfs_fuse_log(ctx, "direct_io: the kernel does not allow shared mappings of direct-I/O files "
                              "(Linux 6.6 or later does); mapping a rank file shared fails with ENODEV");
+#else
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 #endif
     const char *why = NULL;
     if (ctx->passthrough != NULL && !ckptfs_passthrough_init(ctx->passthrough, conn, &why))
