@@ -284,8 +284,8 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
         return 1;
     }
     if (a->passthrough && !ckptfs_passthrough_built())
-        fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %d.%d (3.17 or later "
-                        "needed); files are read through the daemon\n", FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION);
+        fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %s (3.17 or later "
+                        "needed); files are read through the daemon\n", ckptfs_libfuse_version());
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
     g_ptr_array_add(argv, g_strdup("ckptfs"));
     if (a->debug)
