@@ -325,6 +325,15 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     /* The parent returns from here once the child is serving. */
     if (fuse_daemonize(a->foreground) != 0)
         goto out_unmount;
+    /* After the fork (the watcher is a thread), before the workers (they inherit the mask). */
+    if (mount->options.mapped_reads) {
+        GError *why = NULL;
+        ctx.leases = ckptfs_leases_block_signals() ? ckptfs_lease_watch_new(&why) : NULL;
+        if (ctx.leases == NULL) {
+            ckptfs_fuse_log(&ctx, "mapped reads are off: %s", why ? why->message : "cannot block the lease signals");
+            g_clear_error(&why);
+        }
+    }
     struct fuse_loop_config *config = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(config, a->max_threads ? a->max_threads : 16);
     if (a->max_idle_threads)
@@ -332,6 +341,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     fuse_loop_cfg_set_clone_fd(config, a->clone_fd);
     status = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(config);
+    ckptfs_lease_watch_free(ctx.leases);
 out_unmount:
     fuse_session_unmount(se);
 out_signals:

@@ -23,6 +23,7 @@ typedef struct {
     char *read_ahead_knob; /* sysfs read_ahead_kb of this mount, raised on first open */
     gint read_ahead_raised;
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
+    CkptfsLeaseWatch *leases; /* -o mapped_reads once started, else NULL */
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;

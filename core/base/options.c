@@ -15,6 +15,7 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->megatron_args = true;
     options->prefetch = CKPTFS_PREFETCH_AUTO;
     options->direct_io = true;
+    options->mapped_reads = true;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -168,6 +169,11 @@ static bool opt_direct_io(CkptfsOptions *o, const char *key, const char *value, 
     return parse_switch(key, value, &o->direct_io, error);
 }
 
+static bool opt_mapped_reads(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_switch(key, value, &o->mapped_reads, error);
+}
+
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     return parse_switch(key, value, &o->mtp, error);
@@ -288,6 +294,10 @@ static const struct {
      "on|off: the Megatron views' rank files and mcore/'s files, which loaders stream\n"
      "                           and never map shared, skip the mount's page cache (default on;\n"
      "                           direct_io alone: on)"},
+    {"mapped_reads", opt_mapped_reads,
+     "on|off: replies copied straight from the source's cached pages (a mapping guarded\n"
+     "                           by a read lease) instead of read into the daemon first, where the\n"
+     "                           source is on a local file system the daemon may lease (default on)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

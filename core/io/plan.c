@@ -332,6 +332,8 @@ typedef struct {
     struct iovec iov[MAX_IOV];
     int n;
     uint8_t *skip; /* MAX_SKIP bytes of scratch for the gaps, allocated on first need */
+    CkptfsReplyRefs *refs; /* mapped reads: pieces left in mapped files; NULL: copy all */
+    const uint8_t *base;   /* the read's buffer (refs record places in it) */
 } PendingRead;
 
 static bool pending_flush(PendingRead *p, GError **error)
@@ -343,9 +345,59 @@ static bool pending_flush(PendingRead *p, GError **error)
     return ok;
 }
 
+/* The mapping of SRC pinned for this read (pinned now on first use), or NULL. */
+static const uint8_t *pinned_map(PendingRead *p, uint32_t src)
+{
+    CkptfsReplyRefs *r = p->refs;
+    for (unsigned i = 0; i < r->npins; i++)
+        if (r->pin[i].src == src)
+            return r->pin[i].map;
+    if (r->npins == CKPTFS_REPLY_PINS_MAX)
+        return NULL;
+    const uint8_t *map = ckptfs_srcfiles_map_pin(p->files, src);
+    r->pin[r->npins].src = src;
+    r->pin[r->npins].map = map;
+    r->npins++;
+    return map;
+}
+
+/* Leaves the piece in its mapped file when it can: a lease, the pages cached, room in REFS. */
+static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint8_t *dst, size_t len)
+{
+    CkptfsReplyRefs *r = p->refs;
+    if (r == NULL || len < CKPTFS_MAPPED_MIN || r->n == CKPTFS_REPLY_REFS_MAX)
+        return false;
+    const uint8_t *map = pinned_map(p, src);
+    if (map == NULL)
+        return false;
+    if (!(src == r->resident_src && src_off >= r->resident_lo && src_off + len <= r->resident_hi)) {
+        /* Asked once for the next MiB too: a strided gather's next pieces then need no call. */
+        uint64_t size = ckptfs_srcfiles_get(p->files, src)->size;
+        uint64_t ahead = MIN(MAX((uint64_t)len, 1u << 20), size - src_off);
+        if (ckptfs_map_resident(map, src_off, ahead)) {
+            r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
+        } else if (ahead == len || !ckptfs_map_resident(map, src_off, len)) {
+            return false;
+        }
+    }
+    size_t at = (size_t)(dst - p->base);
+    if (r->n > 0 && r->ref[r->n - 1].at + r->ref[r->n - 1].len == at &&
+        r->ref[r->n - 1].ptr + r->ref[r->n - 1].len == map + src_off) {
+        r->ref[r->n - 1].len += len;
+    } else {
+        r->ref[r->n].at = at;
+        r->ref[r->n].ptr = map + src_off;
+        r->ref[r->n].len = len;
+        r->n++;
+    }
+    return true;
+}
+
 static bool pending_add(PendingRead *p, uint32_t src, uint64_t src_off, uint8_t *dst, size_t len,
                         GError **error)
 {
+    if (map_piece(p, src, src_off, dst, len))
+        return true;
     if (p->n > 0 && p->src == src && src_off >= p->end && src_off - p->end <= MAX_SKIP &&
         p->n + 2 <= MAX_IOV) {
         uint64_t gap = src_off - p->end;
@@ -591,8 +643,61 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
     return ckptfs_plan_read_with(plan, files, NULL, buf, len, offset, error);
 }
 
+static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                         void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error);
+
 int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
                               void *buf, size_t len, uint64_t offset, GError **error)
+{
+    return plan_read(plan, files, reader, buf, len, offset, NULL, error);
+}
+
+int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                                void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error)
+{
+    refs->n = refs->npins = 0;
+    refs->resident_hi = 0;
+    int64_t n = plan_read(plan, files, reader, buf, len, offset, refs, error);
+    /* As a pread is checked after it: the pinned files are still the files first opened. */
+    for (unsigned i = 0; n >= 0 && i < refs->npins; i++)
+        if (refs->pin[i].map != NULL && !ckptfs_srcfiles_map_check(files, refs->pin[i].src, error))
+            n = -1;
+    return n;
+}
+
+static int compare_refs(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b; /* .at comes first */
+    return x < y ? -1 : x > y;
+}
+
+int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, struct iovec *iov, int max)
+{
+    g_assert(max >= 2 * CKPTFS_REPLY_REFS_MAX + 1);
+    qsort(refs->ref, refs->n, sizeof refs->ref[0], compare_refs);
+    int k = 0;
+    size_t done = 0;
+    for (unsigned i = 0; i < refs->n; i++) {
+        if (refs->ref[i].at > done)
+            iov[k++] = (struct iovec){(uint8_t *)buf + done, refs->ref[i].at - done};
+        iov[k++] = (struct iovec){(void *)refs->ref[i].ptr, refs->ref[i].len};
+        done = refs->ref[i].at + refs->ref[i].len;
+    }
+    if (n > done)
+        iov[k++] = (struct iovec){(uint8_t *)buf + done, n - done};
+    return k;
+}
+
+void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *refs)
+{
+    for (unsigned i = 0; i < refs->npins; i++)
+        if (refs->pin[i].map != NULL)
+            ckptfs_srcfiles_map_unpin(files, refs->pin[i].src);
+    refs->npins = refs->n = 0;
+}
+
+static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                         void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error)
 {
     if (offset >= plan->size || len == 0)
         return 0;
@@ -600,7 +705,7 @@ int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *file
         len = (size_t)(plan->size - offset);
     uint8_t *dst = buf;
     size_t remaining = len;
-    PendingRead pending = {.files = files, .reader = reader};
+    PendingRead pending = {.files = files, .reader = reader, .refs = refs, .base = buf};
     int64_t result = (int64_t)len;
     for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
         const CkptfsExtent *e = &plan->extents[i];

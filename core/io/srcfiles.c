@@ -12,29 +12,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/options.h"
 #include "ckptfs/readfile.h"
-
-/* A file with its place in the descriptor cache. */
-typedef struct {
-    CkptfsSrcFile pub;
-    int fd;         /* -1 while closed */
-    unsigned pins;  /* reads in progress with fd: it is not closed under them */
-    GList *lru;     /* its link in the open list while open */
-    gint changed;   /* set once a change was seen: every later read fails */
-    uint64_t disk_size;          /* the file's own size (pub.size: what it holds) */
-    CkptfsContainer *container;  /* a packed file (`ckptfs pack`): read as the original */
-} SrcFile;
-
-struct CkptfsSrcFiles {
-    GPtrArray *files;     /* SrcFile* */
-    GHashTable *by_path;  /* path -> index + 1 */
-    GMutex lock;          /* the cache: fd, pins, lru of every file, open */
-    GQueue open;          /* SrcFile* with an fd, most recently used first */
-    unsigned max_open;
-    CkptfsFrameCache *frames; /* decompressed frames of packed files */
-    bool packed;              /* some file is packed */
-    GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
-                                 the daemon forks: GLib's pool threads are not inherited) */
-};
+#include "srcfiles_internal.h"
 
 /* Descriptors left to the rest of the process (FUSE, stdio, libraries) besides the cache. */
 #define FDS_RESERVED 64u
@@ -93,6 +71,7 @@ void ckptfs_srcfiles_free(CkptfsSrcFiles *files)
 {
     if (files == NULL)
         return;
+    ckptfs_srcfiles_map_stop(files);
     if (files->decoders != NULL) /* queued frames dropped, running ones finished */
         g_thread_pool_free(files->decoders, TRUE, TRUE);
     g_ptr_array_unref(files->files);
@@ -108,14 +87,14 @@ static int64_t ns(const struct timespec *t)
     return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
 }
 
-static bool same_file(const SrcFile *file, const struct stat *st)
+bool ckptfs_srcfile_same(const SrcFile *file, const struct stat *st)
 {
     const CkptfsSrcFile *f = &file->pub;
     return st->st_ino == f->ino && st->st_dev == f->dev && (uint64_t)st->st_size == file->disk_size &&
            ns(&st->st_mtim) == f->mtime_ns && ns(&st->st_ctim) == f->ctime_ns;
 }
 
-static bool report_changed(SrcFile *f, GError **error)
+bool ckptfs_srcfile_report_changed(SrcFile *f, GError **error)
 {
     g_atomic_int_set(&f->changed, 1);
     g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
@@ -183,6 +162,7 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->pub.gid = st.st_gid;
     f->pub.mode = st.st_mode & 07777;
     f->fd = -1;
+    f->lease_fd = -1;
     g_mutex_lock(&files->lock);
     files->packed |= container != NULL;
     g_ptr_array_add(files->files, f);
@@ -219,7 +199,7 @@ static int reopen(const SrcFile *f, GError **open_error)
 {
     struct stat st;
     int fd = ckptfs_open_regular(f->pub.path, &st, open_error);
-    if (fd >= 0 && !same_file(f, &st)) {
+    if (fd >= 0 && !ckptfs_srcfile_same(f, &st)) {
         close(fd);
         return -2;
     }
@@ -234,7 +214,7 @@ static int reopen_checked(SrcFile *f, GError **error)
     int fd = reopen(f, &open_error);
     if (fd == -2 || (fd < 0 && (open_error->code == CKPTFS_ERROR_NOT_FOUND || open_error->code == CKPTFS_ERROR_FORMAT))) {
         g_clear_error(&open_error);
-        return report_changed(f, error), -1;
+        return ckptfs_srcfile_report_changed(f, error), -1;
     }
     if (fd < 0)
         g_propagate_error(error, open_error);
@@ -253,7 +233,7 @@ static int acquire_fd(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile **ou
     SrcFile *f = g_ptr_array_index(files->files, index);
     *out = f;
     if (g_atomic_int_get(&f->changed))
-        return report_changed(f, error), -1;
+        return ckptfs_srcfile_report_changed(f, error), -1;
     g_mutex_lock(&files->lock);
     if (f->fd >= 0) {
         f->pins++;
@@ -292,7 +272,7 @@ static bool check_after_read(SrcFile *f, int fd, GError **error)
                     g_strerror(errno));
         return false;
     }
-    return same_file(f, &st) || report_changed(f, error);
+    return ckptfs_srcfile_same(f, &st) || ckptfs_srcfile_report_changed(f, error);
 }
 
 static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error)
@@ -306,7 +286,7 @@ static bool read_failed(SrcFile *f, ssize_t got, uint64_t offset, GError **error
                     "%s: read at offset %" G_GUINT64_FORMAT " failed: %s", f->pub.path, offset,
                     g_strerror(errno));
     else
-        report_changed(f, error); /* it ends before the size it had */
+        ckptfs_srcfile_report_changed(f, error); /* it ends before the size it had */
     return false;
 }
 
@@ -570,7 +550,7 @@ static int reader_fd(CkptfsSrcReader *r, unsigned index, SrcFile *f)
     if (known == NULL && g_hash_table_size(r->fds) < READER_FDS_MAX) {
         fd = reopen(f, NULL);
         if (fd == -2) { /* replaced since the mount: every read fails from now on */
-            report_changed(f, NULL);
+            ckptfs_srcfile_report_changed(f, NULL);
             fd = -1;
         }
         if (fd >= 0)
@@ -614,7 +594,7 @@ int ckptfs_srcfiles_open_fd(const CkptfsSrcFiles *files, unsigned index, GError 
         return ckptfs_fail(error, CKPTFS_ERROR_IO, "source file #%u does not exist", index), -1;
     SrcFile *f = g_ptr_array_index(files->files, index);
     if (g_atomic_int_get(&f->changed))
-        return report_changed(f, error), -1;
+        return ckptfs_srcfile_report_changed(f, error), -1;
     return reopen_checked(f, error);
 }
 
@@ -624,8 +604,8 @@ bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GErr
         return false;
     SrcFile *f = g_ptr_array_index(files->files, index);
     struct stat st;
-    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !same_file(f, &st))
-        return report_changed(f, error);
+    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !ckptfs_srcfile_same(f, &st))
+        return ckptfs_srcfile_report_changed(f, error);
     return true;
 }
 

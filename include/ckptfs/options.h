@@ -24,6 +24,7 @@ typedef struct {
                                CKPTFS_PREFETCH_AUTO: the source's default, srcfiles.h) */
     bool direct_io;         /* files their loaders stream (CKPTFS_HINT_STREAMED) bypass the
                                mount's page cache */
+    bool mapped_reads;      /* replies from leased mappings of source files (srcfiles.h) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

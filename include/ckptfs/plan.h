@@ -118,6 +118,41 @@ int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, vo
 int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
                               void *buf, size_t len, uint64_t offset, GError **error);
 
+/* A read's bytes that stay in mapped source files (ckptfs_srcfiles_map_pin) rather than being
+ * copied into its buffer: REF[i] is LEN bytes at PTR that belong at AT in the buffer. At most
+ * CKPTFS_REPLY_REFS_MAX pieces, so that they fit a writev with the buffer's pieces between them;
+ * at most CKPTFS_REPLY_PINS_MAX files pinned per read. */
+#define CKPTFS_REPLY_REFS_MAX 480
+#define CKPTFS_REPLY_PINS_MAX 8
+typedef struct {
+    struct {
+        size_t at;
+        const uint8_t *ptr;
+        size_t len;
+    } ref[CKPTFS_REPLY_REFS_MAX];
+    unsigned n;
+    struct {
+        uint32_t src;
+        const uint8_t *map; /* NULL: mapping refused, copy */
+    } pin[CKPTFS_REPLY_PINS_MAX];
+    unsigned npins;
+    uint32_t resident_src; /* a range of a pinned file known to be in the page cache */
+    uint64_t resident_lo, resident_hi;
+} CkptfsReplyRefs;
+
+/* ckptfs_plan_read_with, leaving source pieces of at least CKPTFS_MAPPED_MIN bytes that are
+ * cached and in a file with a lease in REFS instead of BUF (their place in BUF is left
+ * unwritten). The reply is then the pieces of ckptfs_reply_refs_iov; REFS must be released with
+ * ckptfs_reply_refs_release once it is written (also after an error). */
+#define CKPTFS_MAPPED_MIN 4096u
+int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                                void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error);
+/* The N bytes read into BUF and REFS as an iovec list in file order (at most MAX entries, MAX >=
+ * 2 * CKPTFS_REPLY_REFS_MAX + 1); returns how many entries. Sorts REFS. */
+struct iovec;
+int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, struct iovec *iov, int max);
+void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *refs);
+
 /* Asks the kernel to start reading the source bytes of [OFFSET, OFFSET + LEN) of the
  * synthesized file (posix_fadvise WILLNEED on each source range, stored frames for packed
  * files): a reader going through the file then finds them cached. Returns at once. */

@@ -120,4 +120,37 @@ bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GErr
 CkptfsAccess ckptfs_srcfiles_access(const CkptfsSrcFiles *files, const uint32_t *indexes,
                                     unsigned n, uint32_t daemon_uid, uint32_t daemon_gid);
 
+/* Mapped reads (core/io/srcmap.c): replies written from a mapping of a source file while this
+ * process holds a read lease on it, one copy of each byte fewer than a pread. A writer opening
+ * the file makes the lease be given back first: no new reply uses the mapping, those being
+ * written finish, then the writer goes on and the file is read with pread (and checked) again.
+ *
+ * Lease breaks come as a signal (ckptfs_lease_signal(); SIGIO when too many are queued), blocked
+ * in every thread of the process (ckptfs_leases_block_signals, before any thread is made) and
+ * read by one watcher thread for every set of the process. */
+typedef struct CkptfsLeaseWatch CkptfsLeaseWatch;
+int ckptfs_lease_signal(void);
+bool ckptfs_leases_block_signals(void);
+/* Starts the watcher; fails when the signals are not blocked in the calling thread. */
+CkptfsLeaseWatch *ckptfs_lease_watch_new(GError **error);
+/* Files of FILES are leased and mapped from now on, on first use (nothing when already added).
+ * Freeing the set gives its leases back and takes it out of the watch. */
+void ckptfs_lease_watch_add(CkptfsLeaseWatch *watch, CkptfsSrcFiles *files);
+/* Stops the watcher and gives back the leases of every set still in it. */
+void ckptfs_lease_watch_free(CkptfsLeaseWatch *watch);
+/* Leases held now, and given back to writers so far. */
+void ckptfs_lease_watch_stats(const CkptfsLeaseWatch *watch, unsigned *held, unsigned *given_back);
+/* The mapping of file INDEX, pinned (not unmapped, its lease kept) until
+ * ckptfs_srcfiles_map_unpin; NULL where mapped reads are off, the file is packed, its file
+ * system not local, the lease refused (another process has it open for writing, or the daemon
+ * neither owns it nor has CAP_LEASE) or given back. */
+const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *files, unsigned index);
+void ckptfs_srcfiles_map_unpin(const CkptfsSrcFiles *files, unsigned index);
+/* For a pinned file, the check a pread makes after reading: still the file first opened, its
+ * size, mtime and ctime unchanged (a lease is not broken by touch or chmod). */
+bool ckptfs_srcfiles_map_check(const CkptfsSrcFiles *files, unsigned index, GError **error);
+/* Whether bytes [OFFSET, OFFSET + LEN) of MAP are in the page cache: a reply copied from pages
+ * that are not would read them one fault at a time, where a pread reads ahead. */
+bool ckptfs_map_resident(const uint8_t *map, uint64_t offset, uint64_t len);
+
 #endif

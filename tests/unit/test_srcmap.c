@@ -1,0 +1,201 @@
+/* Mapped reads: a read replied to from leased mappings gives the bytes a copying read gives, at
+ * odd offsets and sizes, with small pieces still copied; a writer opening a leased file waits
+ * while a reply is being written from it and goes on once it is, after which the file is read
+ * (and checked) with pread; a file changed in place is refused either way; the watcher refuses
+ * to start when its signals are not blocked. */
+#include <errno.h>
+#include <fcntl.h>
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/plan.h"
+#include "ckptfs/srcfiles.h"
+#include "tap.h"
+
+#define SRC_SIZE (4u << 20)
+
+static void fill(uint8_t *data, size_t n, unsigned seed)
+{
+    for (size_t j = 0; j < n; j++)
+        data[j] = (uint8_t)(seed * 131 + j * 7 + (j >> 12));
+}
+
+/* Literals, a run, a column split (8 KiB of every 16 KiB row: mapped) and a finer one (1 KiB of
+ * every 4 KiB: copied), over two files. */
+static CkptfsPlan *make_plan(void)
+{
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_literal(b, "header--", 8);
+    ckptfs_plan_add_run(b, 0, 100, 1u << 20);
+    CkptfsGatherItem wide = {0, 1u << 20, 16384, 8192};
+    ckptfs_plan_add_gather(b, 128, &wide, 1);
+    CkptfsGatherItem fine = {1, 0, 4096, 1024};
+    ckptfs_plan_add_gather(b, 256, &fine, 1);
+    CkptfsGatherItem two[2] = {{0, 3u << 20, 20000, 6000}, {1, 2u << 20, 10000, 5000}};
+    ckptfs_plan_add_gather(b, 40, two, 2);
+    ckptfs_plan_add_literal(b, "tail", 4);
+    return ckptfs_plan_builder_finish(b);
+}
+
+/* Reads [OFF, OFF + LEN) mapped and flattens the reply. */
+static int64_t read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint8_t *out, size_t len,
+                           uint64_t off, unsigned *nrefs)
+{
+    static CkptfsReplyRefs refs;
+    static struct iovec iov[2 * CKPTFS_REPLY_REFS_MAX + 1];
+    uint8_t *buf = g_malloc(len ? len : 1);
+    int64_t n = ckptfs_plan_read_mapped(plan, files, NULL, buf, len, off, &refs, NULL);
+    if (n >= 0) {
+        int k = ckptfs_reply_refs_iov(&refs, buf, (size_t)n, iov, G_N_ELEMENTS(iov));
+        size_t at = 0;
+        for (int i = 0; i < k; i++) {
+            memcpy(out + at, iov[i].iov_base, iov[i].iov_len);
+            at += iov[i].iov_len;
+        }
+        if (at != (size_t)n)
+            n = -2;
+    }
+    *nrefs = refs.n;
+    ckptfs_reply_refs_release(files, &refs);
+    g_free(buf);
+    return n;
+}
+
+static void test_bytes(CkptfsSrcFiles *files)
+{
+    CkptfsPlan *plan = make_plan();
+    uint64_t size = ckptfs_plan_size(plan);
+    uint8_t *want = g_malloc(size), *got = g_malloc(size);
+    tap_ok(ckptfs_plan_read(plan, files, want, size, 0, NULL) == (int64_t)size, "the whole file read by copying");
+    GRand *rng = g_rand_new_with_seed(11);
+    int good = 0, with_refs = 0;
+    for (int k = 0; k < 300; k++) {
+        uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)size);
+        size_t len = (size_t)g_rand_int_range(rng, 0, 1 << 20);
+        if (k % 10 == 0)
+            len = 1u << 20;
+        unsigned nrefs = 0;
+        int64_t n = read_mapped(plan, files, got, len, off, &nrefs);
+        size_t expect = off + len > size ? (size_t)(size - off) : len;
+        good += n == (int64_t)expect && memcmp(got, want + off, expect) == 0;
+        with_refs += nrefs > 0;
+    }
+    tap_ok(good == 300, "300 mapped reads at odd offsets and sizes equal the copying read (%d)", good);
+    tap_ok(with_refs > 200, "most of them left pieces in the mappings (%d)", with_refs);
+    unsigned nrefs = 0;
+    int64_t n = read_mapped(plan, files, got, 1u << 20, size - 30000, &nrefs);
+    tap_ok(n == 30000 && memcmp(got, want + size - 30000, 30000) == 0, "the last bytes, past the end asked for");
+    n = read_mapped(plan, files, got, 4096, size, &nrefs);
+    tap_ok(n == 0 && nrefs == 0, "a read at the end is empty");
+    g_rand_free(rng);
+    g_free(want);
+    g_free(got);
+    ckptfs_plan_free(plan);
+}
+
+/* A child opening PATH for writing; returns its pid. */
+static pid_t start_writer(const char *path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY);
+        _exit(fd >= 0 ? 0 : 1);
+    }
+    return pid;
+}
+
+/* Waits up to MS for PID; true when it exited with 0. */
+static bool writer_done(pid_t pid, int ms)
+{
+    for (int waited = 0; waited <= ms; waited += 10) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        g_usleep(10000);
+    }
+    return false;
+}
+
+static void test_writer(CkptfsLeaseWatch *watch, CkptfsSrcFiles *files, const char *path0)
+{
+    const uint8_t *map = ckptfs_srcfiles_map_pin(files, 0);
+    tap_ok(map != NULL, "a file is mapped and pinned");
+    pid_t writer = start_writer(path0);
+    tap_ok(!writer_done(writer, 300), "a writer opening it waits while a reply is written from it");
+    unsigned held, given_back;
+    ckptfs_lease_watch_stats(watch, &held, &given_back);
+    tap_ok(held == 2, "two leases held (%u)", held);
+    ckptfs_srcfiles_map_unpin(files, 0);
+    tap_ok(writer_done(writer, 5000), "the writer goes on once the reply is written");
+    ckptfs_lease_watch_stats(watch, &held, &given_back);
+    tap_ok(held == 1 && given_back == 1, "the lease was given back (held %u, given back %u)", held, given_back);
+    tap_ok(ckptfs_srcfiles_map_pin(files, 0) == NULL, "the file is not mapped again");
+    uint8_t want[4096], got[4096];
+    fill(want, sizeof want, 0);
+    tap_ok(ckptfs_srcfiles_pread(files, 0, got, sizeof got, 0, NULL) && memcmp(got, want, sizeof got) == 0,
+           "an open without a write leaves the file readable, by pread");
+    /* An unpinned file gives its lease back at once. */
+    g_autofree char *path1 = g_strdup(ckptfs_srcfiles_get(files, 1)->path);
+    tap_ok(ckptfs_srcfiles_map_pin(files, 1) != NULL, "the other file is mapped");
+    ckptfs_srcfiles_map_unpin(files, 1);
+    writer = start_writer(path1);
+    tap_ok(writer_done(writer, 5000), "a writer of an unpinned leased file goes on");
+    /* Changed in place: refused by the next read, as a copying read refuses it. */
+    int fd = open(path1, O_WRONLY);
+    bool wrote = fd >= 0 && pwrite(fd, "X", 1, 5) == 1;
+    if (fd >= 0)
+        close(fd);
+    GError *error = NULL;
+    bool ok = ckptfs_srcfiles_pread(files, 1, got, 16, 0, &error);
+    tap_ok(wrote && !ok && error && error->code == CKPTFS_ERROR_CHANGED, "a file written after its lease was given back is refused: %s",
+           error ? error->message : "no error");
+    g_clear_error(&error);
+}
+
+int main(void)
+{
+    GError *error = NULL;
+    CkptfsLeaseWatch *refused = ckptfs_lease_watch_new(&error);
+    tap_ok(refused == NULL && error != NULL, "the watcher refuses to start with its signals unblocked: %s",
+           error ? error->message : "started");
+    g_clear_error(&error);
+    tap_ok(ckptfs_leases_block_signals(), "the lease signals blocked");
+    CkptfsLeaseWatch *watch = ckptfs_lease_watch_new(&error);
+    tap_ok(watch != NULL, "the watcher starts: %s", error ? error->message : "yes");
+    g_clear_error(&error);
+
+    g_autofree char *dir = g_dir_make_tmp("ckptfs-srcmap-XXXXXX", NULL);
+    g_autofree char *path0 = g_build_filename(dir, "a", NULL), *path1 = g_build_filename(dir, "b", NULL);
+    uint8_t *data = g_malloc(SRC_SIZE);
+    fill(data, SRC_SIZE, 0);
+    g_file_set_contents(path0, (const char *)data, SRC_SIZE, NULL);
+    fill(data, SRC_SIZE, 1);
+    g_file_set_contents(path1, (const char *)data, SRC_SIZE, NULL);
+    g_free(data);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    ckptfs_srcfiles_add(files, path0, NULL);
+    ckptfs_srcfiles_add(files, path1, NULL);
+    tap_ok(ckptfs_srcfiles_map_pin(files, 0) == NULL, "no mapping before the set is in a watch");
+    ckptfs_lease_watch_add(watch, files);
+    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(files, 0) : NULL;
+    if (probe == NULL) {
+        tap_skip(15, "no lease on %s (a file system other than ext4, xfs, btrfs, tmpfs or f2fs, or leases "
+                     "disabled)", dir);
+    } else {
+        ckptfs_srcfiles_map_unpin(files, 0);
+        test_bytes(files);
+        test_writer(watch, files, path0);
+    }
+    ckptfs_srcfiles_free(files); /* leaves the watch */
+    ckptfs_lease_watch_free(watch);
+    g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        tap_diag("cleanup failed");
+    return tap_done();
+}
