@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# -o mapped_reads (on by default): the daemon takes read leases on the source files it maps and
+# writes replies straight from the mappings, so a cached source byte is not read into the daemon
+# first. Checked through /proc/locks (the daemon's leases) and the daemon's /proc/PID/io rchar;
+# every view file equal to a mount with mapped_reads=off, at odd offsets too; a writer opening a
+# shard goes on at once and the file is read with pread afterwards; a shard then changed in place
+# gives EIO.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+
+src=$WORK/llama
+check "a 2-layer model with 512-wide rows written" $PY - "$TESTS_TOP/tests/lib" "$src" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import models
+cfg = dict(models.config_for("llama", 2), hidden_size=512, intermediate_size=1024, vocab_size=4096)
+models.write_checkpoint(sys.argv[2], models.model_tensors(cfg), cfg, shards=2)
+PY
+on=$WORK/mnt-on
+off=$WORK/mnt-off
+rank=tp2pp1/release/mp_rank_00/model_optim_rng.pt
+MOUNT_OPTS=layouts=tp2pp1 fg_mount "$CKPTFS" "$src" "$on" "$WORK/on.log"
+ok $? "mount with the default (mapped_reads=on)"
+pid_on=$FG_PID
+MOUNT_OPTS=layouts=tp2pp1,mapped_reads=off fg_mount "$CKPTFS" "$src" "$off" "$WORK/off.log"
+ok $? "mount with mapped_reads=off"
+pid_off=$FG_PID
+shard=$(cd "$src" && ls -- *.safetensors | head -1)
+
+leases_of() { grep -c "LEASE .* READ *$1 " /proc/locks; }
+# read_cost PID FILE: what the daemon read (rchar) while FILE was read, over FILE's size, in %.
+read_cost() {
+  local before size
+  size=$(stat -c %s "$2")
+  before=$(daemon_io rchar "$1")
+  cat "$2" > /dev/null
+  echo $((($(daemon_io rchar "$1") - before) * 100 / size))
+}
+cat "$src"/*.safetensors > /dev/null # cached: mapped reads need the pages in memory
+cost_off=$(read_cost "$pid_off" "$off/$rank")
+[[ $cost_off -ge 100 ]]
+ok $? "mapped_reads=off: the daemon read the rank file's bytes from the source ($cost_off% of its size)"
+cost_on=$(read_cost "$pid_on" "$on/$rank")
+held=$(leases_of "$pid_on")
+if [[ $held -eq 0 ]]; then
+  fs=$(stat -f -c %T "$src")
+  for i in 1 2 3 4 5 6 7 8; do skip "no read lease on $src ($fs; leases are taken on ext4, xfs, btrfs, tmpfs and f2fs)"; done
+else
+  [[ $held -eq 2 ]]
+  ok $? "the daemon holds a read lease on each of the 2 shards ($held)"
+  # Pieces under 4 KiB (this model's row-parallel column slices) are still read and copied.
+  [[ $((cost_on * 2)) -lt $cost_off ]]
+  ok $? "mapped_reads=on: the daemon read $cost_on% of the rank file's size (the rest came from the mappings)"
+
+  same_files() {
+    local f bad=0
+    for f in $(cd "$off" && find hf tp2pp1 mcore -type f); do
+      cmp -s "$on/$f" "$off/$f" || { echo "differs: $f"; bad=1; }
+    done
+    return $bad
+  }
+  check "every file of hf/, tp2pp1/ and mcore/ is the same with mapped_reads on and off" same_files
+  check "reads at odd offsets and sizes, and past the end, equal mapped_reads=off's" $PY - "$on/$rank" "$off/$rank" <<'PY'
+import os, random, sys
+a, b = (os.open(p, os.O_RDONLY) for p in sys.argv[1:3])
+size = os.fstat(b).st_size
+rng = random.Random(5)
+cases = [(0, 1), (size - 1, 1), (size - 10, 100), (size, 10), (1, 3 << 20)]
+cases += [(rng.randrange(size), rng.choice([1, 4095, 4097, 65537, 1 << 20])) for _ in range(300)]
+for off, n in cases:
+    x, y = os.pread(a, n, off), os.pread(b, n, off)
+    assert x == y, (off, n, len(x), len(y))
+print("ok")
+PY
+
+  # A writer that only opens: it waits for the lease to be given back (milliseconds, not the
+  # kernel's 45 s lease-break time), and the file stays readable, now through pread.
+  start=$(date +%s%N)
+  timeout 30 $PY -c 'import sys; open(sys.argv[1], "r+b").close()' "$src/$shard"
+  rc=$?
+  ms=$((($(date +%s%N) - start) / 1000000))
+  [[ $rc -eq 0 && $ms -lt 5000 ]]
+  ok $? "a writer opening a leased shard goes on at once (${ms} ms)"
+  [[ $(leases_of "$pid_on") -eq 1 ]]
+  ok $? "its lease was given back; the other shard's is kept ($(leases_of "$pid_on") held)"
+  check "after the writer, every tp2pp1/ file is still the same, read through pread" \
+    bash -c "for f in \$(cd '$off' && find tp2pp1 -type f); do cmp '$on/'\$f '$off/'\$f || exit 1; done"
+
+  # Changed in place: EIO, as without mapped reads.
+  $PY - "$src/$shard" <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.pwrite(fd, b"\x00", os.path.getsize(sys.argv[1]) - 1)
+os.close(fd)
+PY
+  ! cat "$on/$rank" > /dev/null 2>&1
+  ok $? "a rank file of a shard changed in place gives an error"
+fi
+
+out=$("$CKPTFS" mount -o mapped_reads=sometimes "$src" "$WORK/mnt-bad" 2>&1)
+[[ $? -ne 0 && $out == *mapped_reads* ]]
+ok $? "a bad mapped_reads value is refused: $out"
+
+FG_PID=$pid_on fg_unmount "$on"
+ok $? "the default mount unmounted"
+FG_PID=$pid_off fg_unmount "$off"
+[[ $(grep -c "LEASE" /proc/locks) -eq 0 || $(leases_of "$pid_on") -eq 0 ]]
+ok $? "no lease left once unmounted"
+done_testing
