@@ -344,14 +344,19 @@ static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
         ckptfs_plan_prefetch(f->plan, f->files, from, to - from);
 }
 
-/* A read replied to from the source's mappings where it can (-o mapped_reads): the pieces
- * left in REFS go out with the buffer's in one writev, and stay pinned until it is written. */
-static void reply_mapped(fuse_req_t req, const OpenFile *open_file, uint8_t *buf, size_t size, off_t off)
+/* Source pieces stay in their leased mappings where they can (-o mapped_reads, srcfiles.h) and
+ * go out with the buffer's bytes in one writev, pinned until it is written. */
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi)
 {
+    (void)ino;
+    CkptfsFuseContext *ctx = ctx_of(req);
+    const OpenFile *open_file = (const OpenFile *)(uintptr_t)fi->fh;
+    const CkptfsSrcFiles *files = open_file->files; /* once replied, OPEN_FILE may be freed */
+    uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     CkptfsReplyRefs refs;
     struct iovec iov[2 * CKPTFS_REPLY_REFS_MAX + 1];
     GError *error = NULL;
-    const CkptfsSrcFiles *files = open_file->files; /* OPEN_FILE may be freed once replied */
     int64_t n = ckptfs_plan_read_mapped(open_file->plan, files, open_file->reader, buf, size, (uint64_t)off,
                                         &refs, &error);
     if (n > 0)
@@ -361,29 +366,6 @@ static void reply_mapped(fuse_req_t req, const OpenFile *open_file, uint8_t *buf
     else
         fuse_reply_iov(req, iov, ckptfs_reply_refs_iov(&refs, buf, (size_t)n, iov, G_N_ELEMENTS(iov)));
     ckptfs_reply_refs_release(files, &refs);
-}
-
-static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                    struct fuse_file_info *fi)
-{
-    (void)ino;
-    CkptfsFuseContext *ctx = ctx_of(req);
-    const OpenFile *open_file = (const OpenFile *)(uintptr_t)fi->fh;
-    uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
-    if (ctx->leases != NULL) {
-        reply_mapped(req, open_file, buf, size, off);
-        return;
-    }
-    GError *error = NULL;
-    int64_t n = ckptfs_plan_read_with(open_file->plan, open_file->files, open_file->reader, buf, size, (uint64_t)off,
-                                      &error);
-    /* Before the reply: once it is sent, the file may be released (and OPEN_FILE freed). */
-    if (n > 0)
-        prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
-    if (n < 0)
-        reply_failure(req, -EIO, error);
-    else
-        fuse_reply_buf(req, (const char *)buf, (size_t)n);
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -35,7 +35,9 @@ $PY "$models" write llama "$src" --shards 3 --tokenizer > /dev/null
 mapfile -t names < <(cd "$src" && ls)
 hf_bytes=$(cd "$src" && cat -- "${names[@]}" | wc -c)
 
-rchar() { daemon_io rchar "$1"; }
+# What the daemon served (its replies to /dev/fuse): with passthrough the kernel reads the source
+# itself and the daemon writes nothing; rchar would miss replies written from mapped source files.
+served() { daemon_io wchar "$1"; }
 # read_all MNT/VIEW: every file of the view, through one cat (nothing cached before: fresh mount)
 read_all() { (cd "$1" && cat -- * > /dev/null); }
 same_as_source() {
@@ -69,12 +71,12 @@ mnt=$WORK/mnt-pt
 MOUNT_OPTS=passthrough fg_mount "$PT" "$src" "$mnt" "$WORK/pt.log"
 ok $? "-o passthrough: mounts"
 pid=$FG_PID
-before=$(rchar "$pid")
+before=$(served "$pid")
 check "every hf/ file is byte-identical to the source" same_as_source "$mnt/hf"
-grew=$(($(rchar "$pid") - before))
-diag "daemon's rchar grew by $grew bytes while $hf_bytes bytes of hf/ were read"
+grew=$(($(served "$pid") - before))
+diag "daemon's wchar grew by $grew bytes while $hf_bytes bytes of hf/ were read"
 [[ $grew -lt 65536 ]]
-ok $? "the kernel read the hf/ files itself: the daemon read $grew bytes (< 64 KiB) of their $hf_bytes"
+ok $? "the kernel read the hf/ files itself: the daemon served $grew bytes (< 64 KiB) of their $hf_bytes"
 check "tensors read back equal (independent safetensors reader)" $PY "$check_hf" compare "$src" "$mnt/hf"
 shard=model-00002-of-00003.safetensors
 check "mmap of a passthrough file equals the source file" $PY -c '
@@ -82,7 +84,7 @@ import mmap, sys
 with open(sys.argv[1], "rb") as a, open(sys.argv[2], "rb") as b:
     m = mmap.mmap(a.fileno(), 0, prot=mmap.PROT_READ)
     assert m[:] == b.read(), "mmap bytes differ"' "$mnt/hf/$shard" "$src/$shard"
-before=$(rchar "$pid")
+before=$(served "$pid")
 check "two opens of one file at once, then a fresh open after both closed: same bytes" $PY -c '
 import sys
 view, source = sys.argv[1], open(sys.argv[2], "rb").read()
@@ -90,19 +92,19 @@ a, b = open(view, "rb"), open(view, "rb")
 assert a.read(1000) == source[:1000] and b.read() == source and a.read() == source[1000:]
 a.close(); b.close()
 assert open(view, "rb").read() == source' "$mnt/hf/$shard" "$src/$shard"
-grew=$(($(rchar "$pid") - before))
+grew=$(($(served "$pid") - before))
 [[ $grew -lt 65536 ]]
-ok $? "those opens were passthrough too (the daemon read $grew bytes)"
+ok $? "those opens were passthrough too (the daemon served $grew bytes)"
 
 # Synthesized files are still the daemon's: the counter sees them (so the checks above can fail).
 ref=$WORK/mnt-ref
 check "a mount by the build under test, for reference" mount_ckptfs "$src" "$ref"
-before=$(rchar "$pid")
+before=$(served "$pid")
 check "tp2pp1 rank files on the passthrough mount equal the reference's" \
   diff -r "$ref/tp2pp1" "$mnt/tp2pp1"
-grew=$(($(rchar "$pid") - before))
+grew=$(($(served "$pid") - before))
 [[ $grew -gt $((hf_bytes / 2)) ]]
-ok $? "the daemon read the rank files' source bytes itself ($grew bytes)"
+ok $? "the daemon served the rank files itself ($grew bytes)"
 check "a rank file (direct I/O) beside passthrough files maps shared and equals the reference" \
   $PY - "$mnt/tp2pp1/release/mp_rank_00/model_optim_rng.pt" "$ref/tp2pp1/release/mp_rank_00/model_optim_rng.pt" <<'PY'
 import mmap, sys
@@ -119,11 +121,11 @@ ok $? "unmounts"
 mnt=$WORK/mnt-nopt
 fg_mount "$PT" "$src" "$mnt" "$WORK/nopt.log"
 ok $? "without -o passthrough: mounts"
-before=$(rchar "$FG_PID")
+before=$(served "$FG_PID")
 check "hf/ byte-identical" same_as_source "$mnt/hf"
-grew=$(($(rchar "$FG_PID") - before))
+grew=$(($(served "$FG_PID") - before))
 [[ $grew -ge $hf_bytes ]]
-ok $? "the daemon read every byte itself ($grew of $hf_bytes)"
+ok $? "the daemon served every byte itself ($grew of $hf_bytes)"
 # Rank files are read with direct I/O (direct_io.t); a libfuse 3.17 build also lets them be
 # mapped shared (FUSE_CAP_DIRECT_IO_ALLOW_MMAP), where a 3.14 build gets ENODEV.
 check "a shared mapping of a direct-I/O rank file works with this build and equals the file" \
@@ -149,11 +151,11 @@ if "$PT" pack "$src" "$packed" > /dev/null 2>&1; then
   mnt=$WORK/mnt-packed
   MOUNT_OPTS=passthrough fg_mount "$PT" "$packed" "$mnt" "$WORK/packed.log"
   ok $? "-o passthrough over a packed source: mounts"
-  before=$(rchar "$FG_PID")
+  before=$(served "$FG_PID")
   check "hf/ of the packed source is byte-identical to the original" same_as_source "$mnt/hf"
-  grew=$(($(rchar "$FG_PID") - before))
+  grew=$(($(served "$FG_PID") - before))
   [[ $grew -gt $((hf_bytes / 3)) ]]
-  ok $? "packed files are decoded by the daemon, not passed through ($grew bytes read)"
+  ok $? "packed files are decoded by the daemon, not passed through ($grew bytes served)"
   fg_unmount "$mnt"
 else
   ok 1 "pack of the test model"
@@ -165,7 +167,7 @@ fi
 mnt=$WORK/mnt-mix
 MOUNT_OPTS=passthrough fg_mount "$PT" "$src" "$mnt" "$WORK/mix.log"
 ok $? "-o passthrough: mounts (mixed modes)"
-before=$(rchar "$FG_PID")
+before=$(served "$FG_PID")
 $PY - "$mnt/hf/$shard" "$src/$shard" "$FG_PID" > "$WORK/mix.out" 2>&1 <<'PY'
 import os, resource, subprocess, sys
 view, source, pid = sys.argv[1], open(sys.argv[2], "rb").read(), int(sys.argv[3])
@@ -191,17 +193,17 @@ grep -q "first open, no descriptors left: right bytes" "$WORK/mix.out"
 ok $? "a file the daemon could not open for passthrough is served through it"
 grep -q "second open while the first is held: right bytes" "$WORK/mix.out"
 ok $? "a second open of it meanwhile is served the same way (not refused by the kernel)"
-grew=$(($(rchar "$FG_PID") - before))
+grew=$(($(served "$FG_PID") - before))
 [[ $grew -ge $(stat -c %s "$src/$shard") ]]
-ok $? "both through the daemon ($grew bytes read)"
+ok $? "both through the daemon ($grew bytes served)"
 grep -q "passthrough: .*Too many open files.*read through the daemon while it is open" "$WORK/mix.log"
 ok $? "the log says why ($(grep -m1 'passthrough' "$WORK/mix.log"))"
 sleep 0.2 # the releases reach the daemon after close returns
-before=$(rchar "$FG_PID")
+before=$(served "$FG_PID")
 check "once both are closed, a fresh open reads the right bytes" cmp "$src/$shard" "$mnt/hf/$shard"
-grew=$(($(rchar "$FG_PID") - before))
+grew=$(($(served "$FG_PID") - before))
 [[ $grew -lt 65536 ]]
-ok $? "and is passthrough again ($grew bytes read by the daemon)"
+ok $? "and is passthrough again ($grew bytes served by the daemon)"
 # Many threads opening, reading and closing the same files at once.
 check "8 threads x 300 opens of the shards at random offsets: right bytes, no errors" $PY - "$mnt/hf" "$src" <<'PY'
 import os, random, sys, threading
@@ -235,7 +237,7 @@ cp -r "$src" "$live"
 mnt=$WORK/mnt-live
 MOUNT_OPTS=passthrough fg_mount "$PT" "$live" "$mnt" "$WORK/live.log"
 ok $? "-o passthrough on a copy that will change: mounts"
-before=$(rchar "$FG_PID")
+before=$(served "$FG_PID")
 $PY - "$mnt/hf" "$live" "$shard" model-00003-of-00003.safetensors > "$WORK/live.out" 2>&1 <<'PY'
 import os, sys
 view, source, replaced, rewritten = sys.argv[1:]
@@ -267,7 +269,7 @@ except OSError as e:
     print("fresh open after in-place rewrite:", e.strerror)
 PY
 sed 's/^/# /' "$WORK/live.out"
-grew=$(($(rchar "$FG_PID") - before))
+grew=$(($(served "$FG_PID") - before))
 [[ $grew -lt 65536 ]]
 ok $? "the held file was read by the kernel, not the daemon ($grew bytes)"
 grep -q "held descriptor after rename: old bytes" "$WORK/live.out"
@@ -291,10 +293,10 @@ if unshare --user --map-root-user true 2> /dev/null; then
     pid=$!
     for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.1; done
     mountpoint -q "$mnt" || { echo "mount failed"; exit 1; }
-    before=$(awk "/^rchar:/ {print \$2}" /proc/$pid/io)
+    before=$(awk "/^wchar:/ {print \$2}" /proc/$pid/io)
     differs=0
     for f in "$from"/*; do cmp -s "$f" "$mnt/hf/${f##*/}" || differs=$((differs + 1)); done
-    echo "differs=$differs read=$(($(awk "/^rchar:/ {print \$2}" /proc/$pid/io) - before))"
+    echo "differs=$differs read=$(($(awk "/^wchar:/ {print \$2}" /proc/$pid/io) - before))"
     umount "$mnt"
     wait $pid' _ "$PT" "$src" "$mnt" "$WORK/nocap.log" > "$WORK/nocap.out" 2>&1
   diag "$(cat "$WORK/nocap.out")"
@@ -302,7 +304,7 @@ if unshare --user --map-root-user true 2> /dev/null; then
   ok $? "in a user namespace: mounts, and every hf/ file is byte-identical"
   read_bytes=$(sed -n 's/.* read=\([0-9]*\)$/\1/p' "$WORK/nocap.out")
   [[ ${read_bytes:-0} -ge $hf_bytes ]]
-  ok $? "served by the daemon (${read_bytes:-?} bytes read)"
+  ok $? "served by the daemon (${read_bytes:-?} bytes)"
   grep -q "passthrough refused by the kernel (Operation not permitted: the daemon needs CAP_SYS_ADMIN)" "$WORK/nocap.log"
   ok $? "the log says why ($(grep -m1 'passthrough refused' "$WORK/nocap.log" || head -3 "$WORK/nocap.log"))"
   [[ $(grep -c "passthrough refused" "$WORK/nocap.log") -eq 1 ]]
