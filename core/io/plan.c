@@ -372,13 +372,10 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
         return false;
     if (!(src == r->resident_src && src_off >= r->resident_lo && src_off + len <= r->resident_hi)) {
         /* Asked once for the next MiB too: a strided gather's next pieces then need no call. */
-        uint64_t size = ckptfs_srcfiles_get(p->files, src)->size;
-        uint64_t ahead = MIN(MAX((uint64_t)len, 1u << 20), size - src_off);
-        if (ckptfs_map_resident(map, src_off, ahead)) {
-            r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
-        } else if (ahead == len || !ckptfs_map_resident(map, src_off, len)) {
+        uint64_t ahead = MIN(MAX((uint64_t)len, 1u << 20), ckptfs_srcfiles_get(p->files, src)->size - src_off);
+        if (!ckptfs_srcfiles_map_cached(p->files, src, src_off, ahead))
             return false;
-        }
+        r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
     }
     size_t at = (size_t)(dst - p->base);
     if (r->n > 0 && r->ref[r->n - 1].at + r->ref[r->n - 1].len == at &&

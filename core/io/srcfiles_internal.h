@@ -25,6 +25,7 @@ typedef struct {
     gint map_breaking;   /* the lease is being given back: no new pins */
     const uint8_t *map;  /* the whole file, PROT_READ, while map_state is SRC_MAP_READY */
     int lease_fd;        /* the descriptor holding the lease, -1 without one */
+    uint64_t map_probe;  /* a read ahead of this far cached: the file is cached, not being read ahead */
 } SrcFile;
 
 enum { SRC_MAP_UNTRIED, SRC_MAP_READY, SRC_MAP_REFUSED };

@@ -18,6 +18,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
@@ -72,6 +73,22 @@ static bool leases_trusted(int fd)
     }
 }
 
+/* How far ahead of a read the kernel's read-ahead of F's device may have gone: twice its
+ * read_ahead_kb (a window and the asynchronous one after it), plus a MiB. 8 MiB of read-ahead is
+ * assumed where sysfs does not say (a file system over several devices, or none). */
+static uint64_t read_ahead_reach(const struct stat *st)
+{
+    uint64_t kb = 8192;
+    g_autofree char *disk = g_strdup_printf("/sys/dev/block/%u:%u/queue/read_ahead_kb", major(st->st_dev),
+                                            minor(st->st_dev));
+    g_autofree char *part = g_strdup_printf("/sys/dev/block/%u:%u/../queue/read_ahead_kb", major(st->st_dev),
+                                            minor(st->st_dev));
+    g_autofree char *text = NULL;
+    if (g_file_get_contents(disk, &text, NULL, NULL) || g_file_get_contents(part, &text, NULL, NULL))
+        kb = g_ascii_strtoull(text, NULL, 10);
+    return 2 * MIN(kb, (uint64_t)1 << 20) * 1024 + (1u << 20);
+}
+
 /* Under files->lock: leases F, maps it, and says whether that worked. */
 static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
 {
@@ -98,6 +115,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
         return f->map_state;
     }
     f->map = map;
+    f->map_probe = read_ahead_reach(&st);
     f->lease_fd = fd;
     g_atomic_int_inc(&files->leases->held);
     g_atomic_int_set(&f->map_state, SRC_MAP_READY);
@@ -143,9 +161,9 @@ bool ckptfs_srcfiles_map_check(const CkptfsSrcFiles *files, unsigned index, GErr
     return ckptfs_srcfile_same(f, &st) || ckptfs_srcfile_report_changed(f, error);
 }
 
-bool ckptfs_map_resident(const uint8_t *map, uint64_t offset, uint64_t len)
+static bool resident(const uint8_t *map, uint64_t offset, uint64_t len)
 {
-    static const uint64_t page = 4096; /* mincore's unit is the page; 4 KiB divides every size */
+    uint64_t page = (uint64_t)getpagesize(); /* mincore's unit */
     uint64_t first = offset / page * page;
     uint64_t pages = (offset + len - first + page - 1) / page;
     unsigned char vec[512];
@@ -159,6 +177,13 @@ bool ckptfs_map_resident(const uint8_t *map, uint64_t offset, uint64_t len)
         done += n;
     }
     return true;
+}
+
+bool ckptfs_srcfiles_map_cached(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)
+{
+    const SrcFile *f = g_ptr_array_index(files->files, index);
+    uint64_t probe = MIN(offset + len + f->map_probe, f->disk_size - 1);
+    return resident(f->map, probe, 1) && resident(f->map, offset, len);
 }
 
 /* Stops mapped reads of F and gives its lease back once no reply is being written from it. */

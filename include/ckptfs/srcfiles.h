@@ -149,8 +149,11 @@ void ckptfs_srcfiles_map_unpin(const CkptfsSrcFiles *files, unsigned index);
 /* For a pinned file, the check a pread makes after reading: still the file first opened, its
  * size, mtime and ctime unchanged (a lease is not broken by touch or chmod). */
 bool ckptfs_srcfiles_map_check(const CkptfsSrcFiles *files, unsigned index, GError **error);
-/* Whether bytes [OFFSET, OFFSET + LEN) of MAP are in the page cache: a reply copied from pages
- * that are not would read them one fault at a time, where a pread reads ahead. */
-bool ckptfs_map_resident(const uint8_t *map, uint64_t offset, uint64_t len);
+/* Whether bytes [OFFSET, OFFSET + LEN) of pinned file INDEX are to be sent from its mapping:
+ * they are in the page cache, and so is the page as far past them as the kernel's read-ahead of
+ * the source goes. Pages that are not would be read one fault at a time; and while a cold file is
+ * being read ahead, the pages just read ahead are left to pread, whose reads start the next
+ * read-ahead (a mapping's reads would not). */
+bool ckptfs_srcfiles_map_cached(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len);
 
 #endif
