@@ -334,6 +334,7 @@ typedef struct {
     uint8_t *skip; /* MAX_SKIP bytes of scratch for the gaps, allocated on first need */
     CkptfsReplyRefs *refs; /* mapped reads: pieces left in mapped files; NULL: copy all */
     const uint8_t *base;   /* the read's buffer (refs record places in it) */
+    size_t len;            /* the read's size */
 } PendingRead;
 
 static bool pending_flush(PendingRead *p, GError **error)
@@ -371,8 +372,10 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
     if (map == NULL)
         return false;
     if (!(src == r->resident_src && src_off >= r->resident_lo && src_off + len <= r->resident_hi)) {
-        /* Asked once for the next MiB too: a strided gather's next pieces then need no call. */
-        uint64_t ahead = MIN(MAX((uint64_t)len, 1u << 20), ckptfs_srcfiles_get(p->files, src)->size - src_off);
+        /* Asked once for as far as the read goes (up to a MiB): a strided gather's next pieces
+         * then need no call, and a small read's no more than its own. */
+        uint64_t span = MAX((uint64_t)len, MIN((uint64_t)p->len, 1u << 20));
+        uint64_t ahead = MIN(span, ckptfs_srcfiles_get(p->files, src)->size - src_off);
         if (!ckptfs_srcfiles_map_cached(p->files, src, src_off, ahead))
             return false;
         r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
@@ -702,7 +705,7 @@ static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, Ck
         len = (size_t)(plan->size - offset);
     uint8_t *dst = buf;
     size_t remaining = len;
-    PendingRead pending = {.files = files, .reader = reader, .refs = refs, .base = buf};
+    PendingRead pending = {.files = files, .reader = reader, .refs = refs, .base = buf, .len = len};
     int64_t result = (int64_t)len;
     for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
         const CkptfsExtent *e = &plan->extents[i];
