@@ -355,7 +355,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     const CkptfsSrcFiles *files = open_file->files; /* once replied, OPEN_FILE may be freed */
     uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
     CkptfsReplyRefs refs;
-    struct iovec iov[2 * CKPTFS_REPLY_REFS_MAX + 1];
+    struct iovec iov[CKPTFS_REPLY_IOV_MAX];
     GError *error = NULL;
     int64_t n = ckptfs_plan_read_mapped(open_file->plan, files, open_file->reader, buf, size, (uint64_t)off,
                                         &refs, &error);

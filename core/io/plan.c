@@ -358,6 +358,7 @@ static const uint8_t *pinned_map(PendingRead *p, uint32_t src)
     const uint8_t *map = ckptfs_srcfiles_map_pin(p->files, src);
     r->pin[r->npins].src = src;
     r->pin[r->npins].map = map;
+    r->pin[r->npins].used = false;
     r->npins++;
     return map;
 }
@@ -380,6 +381,8 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
             return false;
         r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
     }
+    for (unsigned i = 0; i < r->npins; i++)
+        r->pin[i].used |= r->pin[i].src == src;
     size_t at = (size_t)(dst - p->base);
     if (r->n > 0 && r->ref[r->n - 1].at + r->ref[r->n - 1].len == at &&
         r->ref[r->n - 1].ptr + r->ref[r->n - 1].len == map + src_off) {
@@ -656,24 +659,34 @@ int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *fi
                                 void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error)
 {
     refs->n = refs->npins = 0;
-    refs->resident_hi = 0;
+    refs->resident_src = 0;
+    refs->resident_lo = refs->resident_hi = 0;
     int64_t n = plan_read(plan, files, reader, buf, len, offset, refs, error);
-    /* As a pread is checked after it: the pinned files are still the files first opened. */
-    for (unsigned i = 0; n >= 0 && i < refs->npins; i++)
-        if (refs->pin[i].map != NULL && !ckptfs_srcfiles_map_check(files, refs->pin[i].src, error))
+    /* Files nothing is sent from are let go now: a writer need not wait for this reply. The
+     * others are checked as a pread is after it: still the files first opened. */
+    unsigned kept = 0;
+    for (unsigned i = 0; i < refs->npins; i++) {
+        if (refs->pin[i].map != NULL && !refs->pin[i].used) {
+            ckptfs_srcfiles_map_unpin(files, refs->pin[i].src);
+            continue;
+        }
+        refs->pin[kept++] = refs->pin[i];
+        if (n >= 0 && refs->pin[i].map != NULL && !ckptfs_srcfiles_map_check(files, refs->pin[i].src, error))
             n = -1;
+    }
+    refs->npins = kept;
     return n;
 }
 
 static int compare_refs(const void *a, const void *b)
 {
-    size_t x = *(const size_t *)a, y = *(const size_t *)b; /* .at comes first */
-    return x < y ? -1 : x > y;
+    const CkptfsReplyRef *x = a, *y = b;
+    return x->at < y->at ? -1 : x->at > y->at;
 }
 
 int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, struct iovec *iov, int max)
 {
-    g_assert(max >= 2 * CKPTFS_REPLY_REFS_MAX + 1);
+    g_assert(max >= CKPTFS_REPLY_IOV_MAX);
     qsort(refs->ref, refs->n, sizeof refs->ref[0], compare_refs);
     int k = 0;
     size_t done = 0;

@@ -264,7 +264,7 @@ static void release_fd(const CkptfsSrcFiles *cfiles, SrcFile *f)
 
 /* After a read: the bytes are the file's as first opened only if nothing changed it (a
  * writer's timestamps change before its data does). */
-static bool check_after_read(SrcFile *f, int fd, GError **error)
+bool ckptfs_srcfile_check_fd(SrcFile *f, int fd, GError **error)
 {
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -489,7 +489,7 @@ static bool read_plain(SrcFile *f, int fd, struct iovec *iov, int n, uint64_t of
             iov->iov_len -= (size_t)got;
         }
     }
-    return ok && check_after_read(f, fd, error);
+    return ok && ckptfs_srcfile_check_fd(f, fd, error);
 }
 
 bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
@@ -583,7 +583,7 @@ bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *r
         ok = container_read(files, index, f, fd, iov->iov_base, iov->iov_len, offset, error);
         offset += iov->iov_len;
     }
-    ok = ok && (n == 0 ? check_after_read(f, fd, error) : read_plain(f, fd, iov, n, offset, error));
+    ok = ok && (n == 0 ? ckptfs_srcfile_check_fd(f, fd, error) : read_plain(f, fd, iov, n, offset, error));
     release_fd(files, f);
     return ok;
 }

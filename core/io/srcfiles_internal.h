@@ -41,10 +41,14 @@ struct CkptfsSrcFiles {
     GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
                                  the daemon forks: GLib's pool threads are not inherited) */
     CkptfsLeaseWatch *leases; /* mapped reads (srcmap.c): the watch this set is in, NULL while off */
+    unsigned leases_held;     /* files of this set leased and mapped (under lock) */
 };
 
 /* Whether F, as fstat or stat describes it in ST, is still the file first opened. */
 bool ckptfs_srcfile_same(const SrcFile *f, const struct stat *st);
+/* The check after a read through FD: F is still the file first opened, unchanged (false, with
+ * ERROR set and F marked changed, otherwise). */
+bool ckptfs_srcfile_check_fd(SrcFile *f, int fd, GError **error);
 /* Marks F changed (every later read fails) and sets ERROR to say so; returns false. */
 bool ckptfs_srcfile_report_changed(SrcFile *f, GError **error);
 /* Ends mapped reads of FILES: gives every lease back, leaves its watch (srcmap.c; called by

@@ -8,8 +8,13 @@
  * process first. The watcher thread stops new replies from the mapping, waits for those being
  * written, and only then gives the lease back: every byte sent from a mapping was sent before
  * the file could change. Afterwards the file is read with pread and its checks, as files without
- * a lease are. Leases are only taken on local file systems, where every writer is seen. */
+ * a lease are. Leases are only taken on local file systems, where every writer is seen.
+ *
+ * The kernel gives a lease up by itself once a writer has waited lease-break-time (45 s by
+ * default): the watcher takes every break the signal queue holds at once, and mapped reads are
+ * refused where that time is under LEASE_BREAK_MIN. */
 #include <errno.h>
+#include <linux/magic.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -25,11 +30,16 @@
 #include "ckptfs/readfile.h"
 #include "srcfiles_internal.h"
 
+/* Seconds a writer may wait for a lease, at the least, for leases to be taken (fs.lease-break-time). */
+#define LEASE_BREAK_MIN 5
+
 struct CkptfsLeaseWatch {
     int signal_fd; /* lease breaks: ckptfs_lease_signal(), and SIGIO when its queue overflowed */
     int stop_fd;   /* an eventfd: the watcher returns */
     GThread *watcher;
-    GMutex lock;   /* sets */
+    GMutex lock;     /* sets, busy */
+    GCond idle;      /* busy went false */
+    bool busy;       /* the watcher is giving leases of some sets back (outside the lock) */
     GPtrArray *sets; /* CkptfsSrcFiles* whose files may be leased */
     gint held;       /* leases held now */
     gint given_back; /* leases given back because a writer came */
@@ -62,11 +72,11 @@ static bool leases_trusted(int fd)
     if (fstatfs(fd, &sf) != 0)
         return false;
     switch ((unsigned long)sf.f_type) {
-    case 0xEF53:     /* ext2/3/4 */
-    case 0x58465342: /* xfs */
-    case 0x9123683E: /* btrfs */
-    case 0x01021994: /* tmpfs */
-    case 0xF2F52010: /* f2fs */
+    case EXT4_SUPER_MAGIC: /* ext2, ext3 too */
+    case XFS_SUPER_MAGIC:
+    case BTRFS_SUPER_MAGIC:
+    case TMPFS_MAGIC:
+    case F2FS_SUPER_MAGIC:
         return true;
     default:
         return false;
@@ -94,29 +104,36 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
 {
     if (f->map_state != SRC_MAP_UNTRIED)
         return f->map_state;
-    f->map_state = SRC_MAP_REFUSED;
-    if (f->container != NULL || f->disk_size == 0 || g_atomic_int_get(&f->changed))
-        return f->map_state;
+    g_atomic_int_set(&f->map_state, SRC_MAP_REFUSED);
+    /* Each lease holds a descriptor and a mapping beside the cache's: at most half as many. */
+    if (f->container != NULL || f->disk_size == 0 || g_atomic_int_get(&f->changed) ||
+        files->leases_held >= MAX(files->max_open / 2, 1u))
+        return SRC_MAP_REFUSED;
     struct stat st;
     int fd = ckptfs_open_regular(f->pub.path, &st, NULL);
     if (fd < 0)
-        return f->map_state;
+        return SRC_MAP_REFUSED;
     void *map = MAP_FAILED;
-    /* The lease is taken before the file is checked: a change after the check would break it. */
-    if (leases_trusted(fd) && fcntl(fd, F_SETSIG, ckptfs_lease_signal()) == 0 &&
-        fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
-        if (fstat(fd, &st) == 0 && ckptfs_srcfile_same(f, &st))
+    /* The owner (or root) only: mincore answers for the page cache only to them, and a lease
+     * the kernel gives others (CAP_LEASE) would come with every page said to be cached. The
+     * lease is taken before the file is checked: a change after the check breaks it. Its break
+     * is signalled to the process (F_SETOWN after F_SETLEASE, which sets the calling thread: a
+     * FUSE worker that may be gone by then). */
+    if ((st.st_uid == geteuid() || geteuid() == 0) && leases_trusted(fd) &&
+        fcntl(fd, F_SETSIG, ckptfs_lease_signal()) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
+        if (fcntl(fd, F_SETOWN, getpid()) == 0 && fstat(fd, &st) == 0 && ckptfs_srcfile_same(f, &st))
             map = mmap(NULL, f->disk_size, PROT_READ, MAP_SHARED, fd, 0);
         if (map == MAP_FAILED)
             fcntl(fd, F_SETLEASE, F_UNLCK);
     }
     if (map == MAP_FAILED) {
         close(fd);
-        return f->map_state;
+        return SRC_MAP_REFUSED;
     }
     f->map = map;
     f->map_probe = read_ahead_reach(&st);
     f->lease_fd = fd;
+    files->leases_held++;
     g_atomic_int_inc(&files->leases->held);
     g_atomic_int_set(&f->map_state, SRC_MAP_READY);
     return SRC_MAP_READY;
@@ -125,7 +142,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
 const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *cfiles, unsigned index)
 {
     CkptfsSrcFiles *files = (CkptfsSrcFiles *)cfiles;
-    if (files->leases == NULL || index >= files->files->len)
+    if (g_atomic_pointer_get(&files->leases) == NULL || index >= files->files->len)
         return NULL;
     SrcFile *f = g_ptr_array_index(files->files, index);
     int state = g_atomic_int_get(&f->map_state);
@@ -136,11 +153,11 @@ const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *cfiles, unsigned in
     }
     if (state != SRC_MAP_READY)
         return NULL;
-    /* Pin, then look for a lease being given back; give_back sets that, then waits for no pins
-     * (both full barriers): one of the two sees the other. */
+    /* Pin, then look for a lease being given back; the watcher sets that, then waits for no
+     * pins (both full barriers): one of the two sees the other. */
     g_atomic_int_inc(&f->map_pins);
     if (g_atomic_int_get(&f->map_breaking)) {
-        g_atomic_int_dec_and_test(&f->map_pins);
+        g_atomic_int_add(&f->map_pins, -1);
         return NULL;
     }
     return f->map;
@@ -149,16 +166,13 @@ const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *cfiles, unsigned in
 void ckptfs_srcfiles_map_unpin(const CkptfsSrcFiles *files, unsigned index)
 {
     SrcFile *f = g_ptr_array_index(files->files, index);
-    g_atomic_int_dec_and_test(&f->map_pins);
+    g_atomic_int_add(&f->map_pins, -1);
 }
 
 bool ckptfs_srcfiles_map_check(const CkptfsSrcFiles *files, unsigned index, GError **error)
 {
     SrcFile *f = g_ptr_array_index(files->files, index);
-    struct stat st;
-    if (fstat(f->lease_fd, &st) != 0)
-        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: cannot stat: %s", f->pub.path, g_strerror(errno));
-    return ckptfs_srcfile_same(f, &st) || ckptfs_srcfile_report_changed(f, error);
+    return ckptfs_srcfile_check_fd(f, f->lease_fd, error);
 }
 
 static bool resident(const uint8_t *map, uint64_t offset, uint64_t len)
@@ -186,38 +200,51 @@ bool ckptfs_srcfiles_map_cached(const CkptfsSrcFiles *files, unsigned index, uin
     return resident(f->map, probe, 1) && resident(f->map, offset, len);
 }
 
-/* Stops mapped reads of F and gives its lease back once no reply is being written from it. */
-static void give_back(CkptfsSrcFiles *files, SrcFile *f)
+/* Stops new pins of F's mapping; true when F has one (it is then to be given back). */
+static bool stop_pins(SrcFile *f)
 {
-    g_atomic_int_set(&f->map_breaking, 1);
+    return g_atomic_int_get(&f->map_state) == SRC_MAP_READY && g_atomic_int_compare_and_exchange(&f->map_breaking, 0, 1);
+}
+
+/* Once no reply is being written from F's mapping (stop_pins was called): unmaps it and gives
+ * the lease back. */
+static void give_back(CkptfsLeaseWatch *w, CkptfsSrcFiles *files, SrcFile *f)
+{
     while (g_atomic_int_get(&f->map_pins) > 0)
         g_usleep(50);
     g_mutex_lock(&files->lock);
-    if (f->map_state == SRC_MAP_READY) {
-        munmap((void *)f->map, f->disk_size);
-        fcntl(f->lease_fd, F_SETLEASE, F_UNLCK);
-        close(f->lease_fd);
-        f->map = NULL;
-        f->lease_fd = -1;
-        g_atomic_int_dec_and_test(&files->leases->held);
-    }
+    munmap((void *)f->map, f->disk_size);
+    fcntl(f->lease_fd, F_SETLEASE, F_UNLCK);
+    close(f->lease_fd);
+    f->map = NULL;
+    f->lease_fd = -1;
+    files->leases_held--;
+    g_atomic_int_add(&w->held, -1);
     g_atomic_int_set(&f->map_state, SRC_MAP_REFUSED);
     g_mutex_unlock(&files->lock);
 }
 
-/* A writer waits on the lease of descriptor FD (-1: on some lease, which one unknown). */
-static void lease_broken(CkptfsSrcFiles *files, int fd, bool writer)
+typedef struct {
+    CkptfsSrcFiles *files;
+    SrcFile *file;
+} Breaking;
+
+/* Under w->lock: stops the pins of every leased file of every set whose lease descriptor is in
+ * FDS (all of them when ALL), and lists them in OUT. */
+static void stop_matching(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArray *out)
 {
-    for (guint i = 0; i < files->files->len; i++) {
-        SrcFile *f = g_ptr_array_index(files->files, i);
-        g_mutex_lock(&files->lock);
-        bool hit = f->map_state == SRC_MAP_READY && (fd < 0 || f->lease_fd == fd);
-        g_mutex_unlock(&files->lock);
-        if (hit) {
-            give_back(files, f);
-            if (writer)
-                g_atomic_int_inc(&files->leases->given_back);
+    for (guint s = 0; s < w->sets->len; s++) {
+        CkptfsSrcFiles *files = g_ptr_array_index(w->sets, s);
+        g_mutex_lock(&files->lock); /* lease_fd is set under it */
+        for (guint i = 0; i < files->files->len; i++) {
+            SrcFile *f = g_ptr_array_index(files->files, i);
+            bool hit = all;
+            for (guint k = 0; !hit && fds != NULL && k < fds->len; k++)
+                hit = f->lease_fd >= 0 && f->lease_fd == g_array_index(fds, int, k);
+            if (hit && stop_pins(f))
+                g_array_append_val(out, ((Breaking){files, f}));
         }
+        g_mutex_unlock(&files->lock);
     }
 }
 
@@ -225,21 +252,55 @@ static gpointer watch_leases(gpointer data)
 {
     CkptfsLeaseWatch *w = data;
     struct pollfd fds[2] = {{w->signal_fd, POLLIN, 0}, {w->stop_fd, POLLIN, 0}};
+    GArray *broken = g_array_new(FALSE, FALSE, sizeof(int));
+    GArray *breaking = g_array_new(FALSE, FALSE, sizeof(Breaking));
     for (;;) {
-        if (poll(fds, 2, -1) < 0 && errno != EINTR)
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            g_warning("mapped reads: the lease watcher stops: poll: %s", g_strerror(errno));
             break;
+        }
         if (fds[1].revents)
             break;
+        /* Every break queued now, together: a writer waits for the replies being written from
+         * its file, not for the other files' too. */
+        g_array_set_size(broken, 0);
+        bool all = false;
         struct signalfd_siginfo si;
-        if (!(fds[0].revents & POLLIN) || read(w->signal_fd, &si, sizeof si) != (ssize_t)sizeof si)
-            continue;
-        int fd = (int)si.ssi_signo == ckptfs_lease_signal() ? si.ssi_fd : -1;
+        while (read(w->signal_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+            if ((int)si.ssi_signo == ckptfs_lease_signal())
+                g_array_append_val(broken, si.ssi_fd);
+            else
+                all = true; /* SIGIO: the queue overflowed, which file is unknown */
+        }
+        g_array_set_size(breaking, 0);
         g_mutex_lock(&w->lock);
-        for (guint i = 0; i < w->sets->len; i++)
-            lease_broken(g_ptr_array_index(w->sets, i), fd, true);
+        stop_matching(w, broken, all, breaking);
+        w->busy = breaking->len > 0;
+        g_mutex_unlock(&w->lock);
+        for (guint i = 0; i < breaking->len; i++) {
+            Breaking *b = &g_array_index(breaking, Breaking, i);
+            give_back(w, b->files, b->file);
+            g_atomic_int_inc(&w->given_back);
+        }
+        g_mutex_lock(&w->lock);
+        w->busy = false;
+        g_cond_broadcast(&w->idle);
         g_mutex_unlock(&w->lock);
     }
+    g_array_unref(broken);
+    g_array_unref(breaking);
     return NULL;
+}
+
+/* fs.lease-break-time, in seconds (the kernel's default where it cannot be read). */
+static long lease_break_time(void)
+{
+    g_autofree char *text = NULL;
+    if (!g_file_get_contents("/proc/sys/fs/lease-break-time", &text, NULL, NULL))
+        return 45;
+    return strtol(text, NULL, 10);
 }
 
 CkptfsLeaseWatch *ckptfs_lease_watch_new(GError **error)
@@ -250,6 +311,13 @@ CkptfsLeaseWatch *ckptfs_lease_watch_new(GError **error)
         !sigismember(&blocked, SIGIO))
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID,
                            "mapped reads: the lease signals are not blocked (ckptfs_leases_block_signals)"),
+               NULL;
+    long break_time = lease_break_time();
+    if (break_time < LEASE_BREAK_MIN)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID,
+                           "mapped reads: fs.lease-break-time is %ld s: a writer could go on before the "
+                           "daemon stops reading the file's pages (at least %d s needed)",
+                           break_time, LEASE_BREAK_MIN),
                NULL;
     int signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     int stop_fd = signal_fd < 0 ? -1 : eventfd(0, EFD_CLOEXEC);
@@ -263,17 +331,25 @@ CkptfsLeaseWatch *ckptfs_lease_watch_new(GError **error)
     w->signal_fd = signal_fd;
     w->stop_fd = stop_fd;
     g_mutex_init(&w->lock);
+    g_cond_init(&w->idle);
     w->sets = g_ptr_array_new();
+    /* Every signal blocked in the watcher: the process's others (SIGTERM...) go to its own threads. */
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved);
     w->watcher = g_thread_new("ckptfs-leases", watch_leases, w);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
     return w;
 }
 
 void ckptfs_lease_watch_add(CkptfsLeaseWatch *w, CkptfsSrcFiles *files)
 {
+    if (g_atomic_pointer_get(&files->leases) == w) /* every open: no lock once added */
+        return;
     g_mutex_lock(&w->lock);
     if (files->leases == NULL) {
-        files->leases = w;
         g_ptr_array_add(w->sets, files);
+        g_atomic_pointer_set(&files->leases, w);
     }
     g_mutex_unlock(&w->lock);
 }
@@ -284,10 +360,16 @@ void ckptfs_srcfiles_map_stop(CkptfsSrcFiles *files)
     if (w == NULL)
         return;
     g_mutex_lock(&w->lock);
-    lease_broken(files, -1, false);
+    while (w->busy) /* it may be giving back a lease of this set */
+        g_cond_wait(&w->idle, &w->lock);
     g_ptr_array_remove(w->sets, files);
-    files->leases = NULL;
+    g_atomic_pointer_set(&files->leases, NULL);
     g_mutex_unlock(&w->lock);
+    for (guint i = 0; i < files->files->len; i++) {
+        SrcFile *f = g_ptr_array_index(files->files, i);
+        if (stop_pins(f))
+            give_back(w, files, f);
+    }
 }
 
 void ckptfs_lease_watch_free(CkptfsLeaseWatch *w)
@@ -303,6 +385,7 @@ void ckptfs_lease_watch_free(CkptfsLeaseWatch *w)
     close(w->signal_fd);
     close(w->stop_fd);
     g_ptr_array_unref(w->sets);
+    g_cond_clear(&w->idle);
     g_mutex_clear(&w->lock);
     g_free(w);
 }

@@ -124,16 +124,21 @@ int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *file
  * at most CKPTFS_REPLY_PINS_MAX files pinned per read. */
 #define CKPTFS_REPLY_REFS_MAX 480
 #define CKPTFS_REPLY_PINS_MAX 8
+/* iovecs a reply needs at most: a ref and the buffer's bytes before it, for each ref, and the
+ * buffer's bytes after the last (with libfuse's header: 962, within IOV_MAX). */
+#define CKPTFS_REPLY_IOV_MAX (2 * CKPTFS_REPLY_REFS_MAX + 1)
 typedef struct {
-    struct {
-        size_t at;
-        const uint8_t *ptr;
-        size_t len;
-    } ref[CKPTFS_REPLY_REFS_MAX];
+    size_t at;
+    const uint8_t *ptr;
+    size_t len;
+} CkptfsReplyRef;
+typedef struct {
+    CkptfsReplyRef ref[CKPTFS_REPLY_REFS_MAX];
     unsigned n;
     struct {
         uint32_t src;
         const uint8_t *map; /* NULL: mapping refused, copy */
+        bool used;          /* some ref points into it */
     } pin[CKPTFS_REPLY_PINS_MAX];
     unsigned npins;
     uint32_t resident_src; /* a range of a pinned file known to be in the page cache */
@@ -148,7 +153,7 @@ typedef struct {
 int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
                                 void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error);
 /* The N bytes read into BUF and REFS as an iovec list in file order (at most MAX entries, MAX >=
- * 2 * CKPTFS_REPLY_REFS_MAX + 1); returns how many entries. Sorts REFS. */
+ * CKPTFS_REPLY_IOV_MAX); returns how many entries. Sorts REFS. */
 struct iovec;
 int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, struct iovec *iov, int max);
 void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *refs);

@@ -52,27 +52,10 @@ pct=$((($(daemon_io wchar "$pid_off") - before) * 100 / $(stat -c %s "$off/$rank
 [[ $pct -ge 100 && $pct -lt 150 ]]
 ok $? "direct_io=off: the rank file read twice is served once ($pct%)"
 
-same_files() {
-  local f bad=0
-  for f in $(cd "$off" && find tp2pp1 mcore -type f); do
-    cmp -s "$on/$f" "$off/$f" || { echo "differs: $f"; bad=1; }
-  done
-  return $bad
-}
-check "every file of tp2pp1/ and mcore/ is the same with direct_io on and off" same_files
-
-check "reads at odd offsets and sizes, and past the end, equal the cached file's" $PY - "$on/$rank" "$off/$rank" <<'PY'
-import os, random, sys
-a, b = (os.open(p, os.O_RDONLY) for p in sys.argv[1:3])
-size = os.fstat(b).st_size
-rng = random.Random(7)
-cases = [(0, 1), (size - 1, 1), (size - 10, 100), (size, 10), (size + 4096, 4096), (1, 3 << 20)]
-cases += [(rng.randrange(size), rng.choice([1, 511, 4097, 1 << 20, 3 << 20])) for _ in range(300)]
-for off, n in cases:
-    x, y = os.pread(a, n, off), os.pread(b, n, off)
-    assert x == y, (off, n, len(x), len(y))
-print("ok")
-PY
+check "every file of tp2pp1/ and mcore/ is the same with direct_io on and off" \
+  same_trees "$on" "$off" tp2pp1 mcore
+check "reads at odd offsets and sizes, and past the end, equal the cached file's" \
+  $PY "$TESTS_TOP/tests/lib/same_reads.py" "$on/$rank" "$off/$rank"
 
 check "torch 1.13 loads the rank file (direct I/O) as the cached one" $PY - "$on/$rank" "$off/$rank" <<'PY'
 import sys, torch

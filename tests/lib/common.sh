@@ -80,6 +80,15 @@ fg_unmount() { # MNT: unmounts and waits for the daemon
   wait "$FG_PID" 2> /dev/null
   return $rc
 }
+# same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ).
+same_trees() {
+  local a=$1 b=$2 f bad=0
+  shift 2
+  for f in $(cd "$b" && find "$@" -type f); do
+    cmp -s "$a/$f" "$b/$f" || { echo "differs: $f"; bad=1; }
+  done
+  return $bad
+}
 # daemon_io FIELD PID: a counter of /proc/PID/io (rchar: bytes it read; wchar: bytes it wrote,
 # its replies to /dev/fuse among them).
 daemon_io() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/io"; }

@@ -26,8 +26,12 @@ static void fill(uint8_t *data, size_t n, unsigned seed)
         data[j] = (uint8_t)(seed * 131 + j * 7 + (j >> 12));
 }
 
-/* Literals, a run, a column split (8 KiB of every 16 KiB row: mapped) and a finer one (1 KiB of
- * every 4 KiB: copied), over two files. */
+/* Where the 768 pieces of 4 KiB start in make_plan's file (more than CKPTFS_REPLY_REFS_MAX in a
+ * 3 MiB read). */
+static uint64_t many_pieces_at;
+
+/* Literals, a run, a column split (8 KiB of every 16 KiB row: mapped), a finer one (1 KiB of
+ * every 4 KiB: copied), two files interleaved, and 768 pieces of 4 KiB, over two files. */
 static CkptfsPlan *make_plan(void)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -39,6 +43,9 @@ static CkptfsPlan *make_plan(void)
     ckptfs_plan_add_gather(b, 256, &fine, 1);
     CkptfsGatherItem two[2] = {{0, 3u << 20, 20000, 6000}, {1, 2u << 20, 10000, 5000}};
     ckptfs_plan_add_gather(b, 40, two, 2);
+    many_pieces_at = ckptfs_plan_builder_size(b);
+    CkptfsGatherItem many = {1, 4096, 5000, 4096};
+    ckptfs_plan_add_gather(b, 768, &many, 1);
     ckptfs_plan_add_literal(b, "tail", 4);
     return ckptfs_plan_builder_finish(b);
 }
@@ -48,7 +55,7 @@ static int64_t read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, 
                            uint64_t off, unsigned *nrefs)
 {
     static CkptfsReplyRefs refs;
-    static struct iovec iov[2 * CKPTFS_REPLY_REFS_MAX + 1];
+    static struct iovec iov[CKPTFS_REPLY_IOV_MAX];
     uint8_t *buf = g_malloc(len ? len : 1);
     int64_t n = ckptfs_plan_read_mapped(plan, files, NULL, buf, len, off, &refs, NULL);
     if (n >= 0) {
@@ -93,6 +100,9 @@ static void test_bytes(CkptfsSrcFiles *files)
     tap_ok(n == 30000 && memcmp(got, want + size - 30000, 30000) == 0, "the last bytes, past the end asked for");
     n = read_mapped(plan, files, got, 4096, size, &nrefs);
     tap_ok(n == 0 && nrefs == 0, "a read at the end is empty");
+    n = read_mapped(plan, files, got, 768 * 4096, many_pieces_at, &nrefs);
+    tap_ok(n == 768 * 4096 && memcmp(got, want + many_pieces_at, (size_t)n) == 0 && nrefs == CKPTFS_REPLY_REFS_MAX,
+           "768 pieces in one read: %u from the mappings, the rest copied, all right", nrefs);
     g_rand_free(rng);
     g_free(want);
     g_free(got);
@@ -194,6 +204,61 @@ static void test_cold(CkptfsSrcFiles *files, unsigned index, const char *path)
     g_free(all);
 }
 
+static gpointer pin_and_unpin(gpointer files)
+{
+    const uint8_t *map = ckptfs_srcfiles_map_pin(files, 3);
+    if (map != NULL)
+        ckptfs_srcfiles_map_unpin(files, 3);
+    return (gpointer)map;
+}
+
+/* The lease of a file first mapped by a thread that is gone by the time a writer comes: its
+ * break still reaches the watcher (it goes to the process, not to that thread). */
+static void test_thread_gone(CkptfsLeaseWatch *watch, CkptfsSrcFiles *files, const char *path)
+{
+    gpointer mapped = g_thread_join(g_thread_new("pin", pin_and_unpin, files));
+    unsigned held0, given0, held, given;
+    ckptfs_lease_watch_stats(watch, &held0, &given0);
+    pid_t writer = start_writer(path);
+    bool done = writer_done(writer, 5000);
+    ckptfs_lease_watch_stats(watch, &held, &given);
+    tap_ok(mapped != NULL && done && given == given0 + 1,
+           "a file mapped by a thread that has exited: its writer goes on at once, the lease given back");
+}
+
+/* The lease signal's queue overflowed (SIGIO, which names no file): every lease is given back. */
+static void test_overflow(CkptfsLeaseWatch *watch, CkptfsSrcFiles *files)
+{
+    unsigned held, given;
+    if (ckptfs_srcfiles_map_pin(files, 4) != NULL)
+        ckptfs_srcfiles_map_unpin(files, 4);
+    ckptfs_lease_watch_stats(watch, &held, &given);
+    bool had = held > 0;
+    kill(getpid(), SIGIO);
+    for (int waited = 0; waited < 5000 && held > 0; waited += 10) {
+        g_usleep(10000);
+        ckptfs_lease_watch_stats(watch, &held, &given);
+    }
+    tap_ok(had && held == 0 && ckptfs_srcfiles_map_pin(files, 4) == NULL,
+           "SIGIO (the queue of lease signals overflowed): every lease given back for good (%u left)", held);
+}
+
+/* touch and chmod break no lease; the check after a read still sees them. */
+static void test_touched(CkptfsSrcFiles *files, unsigned index, const char *path)
+{
+    GError *error = NULL;
+    bool mapped = ckptfs_srcfiles_map_pin(files, index) != NULL;
+    bool before = mapped && ckptfs_srcfiles_map_check(files, index, NULL);
+    struct timespec times[2] = {{0, UTIME_OMIT}, {12345, 0}};
+    bool touched = utimensat(AT_FDCWD, path, times, 0) == 0;
+    bool after = mapped && ckptfs_srcfiles_map_check(files, index, &error);
+    if (mapped)
+        ckptfs_srcfiles_map_unpin(files, index);
+    tap_ok(before && touched && !after && error && error->code == CKPTFS_ERROR_CHANGED,
+           "a leased file touched (mtime set back): the check refuses it: %s", error ? error->message : "no error");
+    g_clear_error(&error);
+}
+
 int main(void)
 {
     GError *error = NULL;
@@ -215,24 +280,51 @@ int main(void)
     g_file_set_contents(path1, (const char *)data, SRC_SIZE, NULL);
     g_autofree char *path2 = g_build_filename(dir, "c", NULL);
     g_file_set_contents(path2, (const char *)data, SRC_SIZE, NULL);
+    g_autofree char *path3 = g_build_filename(dir, "d", NULL), *path4 = g_build_filename(dir, "e", NULL);
+    g_autofree char *path5 = g_build_filename(dir, "f", NULL);
+    g_file_set_contents(path3, (const char *)data, 65536, NULL);
+    g_file_set_contents(path4, (const char *)data, 65536, NULL);
+    g_file_set_contents(path5, (const char *)data, 65536, NULL);
     g_free(data);
     CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     ckptfs_srcfiles_add(files, path0, NULL);
     ckptfs_srcfiles_add(files, path1, NULL);
     ckptfs_srcfiles_add(files, path2, NULL);
+    ckptfs_srcfiles_add(files, path3, NULL);
+    ckptfs_srcfiles_add(files, path4, NULL);
+    ckptfs_srcfiles_add(files, path5, NULL);
     tap_ok(ckptfs_srcfiles_map_pin(files, 0) == NULL, "no mapping before the set is in a watch");
-    ckptfs_lease_watch_add(watch, files);
+    if (watch != NULL)
+        ckptfs_lease_watch_add(watch, files);
     const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(files, 0) : NULL;
     if (probe == NULL) {
-        tap_skip(19, "no lease on %s (a file system other than ext4, xfs, btrfs, tmpfs or f2fs, or leases "
-                     "disabled)", dir);
+        tap_skip(23, "no lease on %s (a file system other than ext4, xfs, btrfs, tmpfs or f2fs, leases "
+                     "disabled, or no watcher)", dir);
     } else {
         ckptfs_srcfiles_map_unpin(files, 0);
         test_bytes(files);
         test_cold(files, 2, path2);
         test_writer(watch, files, path0);
+        test_thread_gone(watch, files, path3);
+        test_touched(files, 5, path5);
+        test_overflow(watch, files);
     }
-    ckptfs_srcfiles_free(files); /* leaves the watch */
+    unsigned held = 0, given_back = 0;
+    if (watch != NULL) {
+        CkptfsSrcFiles *other = ckptfs_srcfiles_new(0);
+        ckptfs_srcfiles_add(other, path4, NULL);
+        ckptfs_lease_watch_add(watch, other);
+        const uint8_t *m = ckptfs_srcfiles_map_pin(other, 0);
+        if (m != NULL)
+            ckptfs_srcfiles_map_unpin(other, 0);
+        ckptfs_lease_watch_stats(watch, &held, &given_back);
+        bool one = held == 1;
+        ckptfs_srcfiles_free(other); /* leaves the watch, its lease given back */
+        ckptfs_lease_watch_stats(watch, &held, &given_back);
+        if (probe != NULL)
+            tap_ok(one && held == 0, "a set freed gives its leases back");
+    }
+    ckptfs_srcfiles_free(files);
     ckptfs_lease_watch_free(watch);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
