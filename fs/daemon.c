@@ -330,7 +330,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
         GError *why = NULL;
         ctx.leases = ckptfs_leases_block_signals() ? ckptfs_lease_watch_new(&why) : NULL;
         if (ctx.leases == NULL) {
-            ckptfs_fuse_log(&ctx, "mapped reads are off: %s", why ? why->message : "cannot block the lease signals");
+            ckptfs_fuse_log(&ctx, "%s; mapped reads are off", why ? why->message : "mapped reads: cannot block the lease signals");
             g_clear_error(&why);
         }
     }

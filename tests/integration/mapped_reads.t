@@ -81,6 +81,27 @@ PY
   ok $? "a rank file of a shard changed in place gives an error"
 fi
 
+# The kernel gives a lease up after fs.lease-break-time: too short, and mapped reads are refused.
+lbt=/proc/sys/fs/lease-break-time
+if [[ -w $lbt ]]; then
+  saved_lbt=$(cat "$lbt")
+  trap 'echo "$saved_lbt" > "$lbt"; _cleanup' EXIT
+  echo 1 > "$lbt"
+  MOUNT_OPTS=layouts=tp2pp1 fg_mount "$CKPTFS" "$src" "$WORK/mnt-lbt" "$WORK/lbt.log"
+  pid_lbt=$FG_PID
+  cat "$WORK/mnt-lbt/hf/$shard" > /dev/null
+  held=$(leases_of "$pid_lbt")
+  echo "$saved_lbt" > "$lbt"
+  FG_PID=$pid_lbt fg_unmount "$WORK/mnt-lbt"
+  grep -q "fs.lease-break-time is 1 s.*mapped reads are off" "$WORK/lbt.log"
+  ok $? "lease-break-time 1 s: the log says mapped reads are off ($(head -c 200 "$WORK/lbt.log"))"
+  [[ $held -eq 0 ]]
+  ok $? "and the daemon took no lease ($held)"
+else
+  skip "$lbt is not writable here"
+  skip "$lbt is not writable here"
+fi
+
 out=$("$CKPTFS" mount -o mapped_reads=sometimes "$src" "$WORK/mnt-bad" 2>&1)
 [[ $? -ne 0 && $out == *mapped_reads* ]]
 ok $? "a bad mapped_reads value is refused: $out"
