@@ -296,15 +296,15 @@ if unshare --user --map-root-user true 2> /dev/null; then
     before=$(awk "/^wchar:/ {print \$2}" /proc/$pid/io)
     differs=0
     for f in "$from"/*; do cmp -s "$f" "$mnt/hf/${f##*/}" || differs=$((differs + 1)); done
-    echo "differs=$differs read=$(($(awk "/^wchar:/ {print \$2}" /proc/$pid/io) - before))"
+    echo "differs=$differs served=$(($(awk "/^wchar:/ {print \$2}" /proc/$pid/io) - before))"
     umount "$mnt"
     wait $pid' _ "$PT" "$src" "$mnt" "$WORK/nocap.log" > "$WORK/nocap.out" 2>&1
   diag "$(cat "$WORK/nocap.out")"
   grep -q "^differs=0 " "$WORK/nocap.out"
   ok $? "in a user namespace: mounts, and every hf/ file is byte-identical"
-  read_bytes=$(sed -n 's/.* read=\([0-9]*\)$/\1/p' "$WORK/nocap.out")
-  [[ ${read_bytes:-0} -ge $hf_bytes ]]
-  ok $? "served by the daemon (${read_bytes:-?} bytes)"
+  served_bytes=$(sed -n 's/.* served=\([0-9]*\)$/\1/p' "$WORK/nocap.out")
+  [[ ${served_bytes:-0} -ge $hf_bytes ]]
+  ok $? "served by the daemon (${served_bytes:-?} bytes)"
   grep -q "passthrough refused by the kernel (Operation not permitted: the daemon needs CAP_SYS_ADMIN)" "$WORK/nocap.log"
   ok $? "the log says why ($(grep -m1 'passthrough refused' "$WORK/nocap.log" || head -3 "$WORK/nocap.log"))"
   [[ $(grep -c "passthrough refused" "$WORK/nocap.log") -eq 1 ]]
