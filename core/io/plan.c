@@ -346,21 +346,17 @@ static bool pending_flush(PendingRead *p, GError **error)
     return ok;
 }
 
-/* The mapping of SRC pinned for this read (pinned now on first use), or NULL. */
-static const uint8_t *pinned_map(PendingRead *p, uint32_t src)
+/* The pin of SRC for this read (taken now on first use; its map NULL where refused), or NULL
+ * when no more files may be pinned. */
+static CkptfsReplyPin *pin_of(CkptfsReplyRefs *r, const CkptfsSrcFiles *files, uint32_t src)
 {
-    CkptfsReplyRefs *r = p->refs;
     for (unsigned i = 0; i < r->npins; i++)
         if (r->pin[i].src == src)
-            return r->pin[i].map;
+            return &r->pin[i];
     if (r->npins == CKPTFS_REPLY_PINS_MAX)
         return NULL;
-    const uint8_t *map = ckptfs_srcfiles_map_pin(p->files, src);
-    r->pin[r->npins].src = src;
-    r->pin[r->npins].map = map;
-    r->pin[r->npins].used = false;
-    r->npins++;
-    return map;
+    r->pin[r->npins] = (CkptfsReplyPin){src, ckptfs_srcfiles_map_pin(files, src), false};
+    return &r->pin[r->npins++];
 }
 
 /* Leaves the piece in its mapped file when it can: a lease, the pages cached, room in REFS. */
@@ -369,9 +365,10 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
     CkptfsReplyRefs *r = p->refs;
     if (r == NULL || len < CKPTFS_MAPPED_MIN || r->n == CKPTFS_REPLY_REFS_MAX)
         return false;
-    const uint8_t *map = pinned_map(p, src);
-    if (map == NULL)
+    CkptfsReplyPin *pin = pin_of(r, p->files, src);
+    if (pin == NULL || pin->map == NULL)
         return false;
+    const uint8_t *map = pin->map;
     if (!(src == r->resident_src && src_off >= r->resident_lo && src_off + len <= r->resident_hi)) {
         /* Asked once for as far as the read goes (up to a MiB): a strided gather's next pieces
          * then need no call, and a small read's no more than its own. */
@@ -381,8 +378,7 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
             return false;
         r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
     }
-    for (unsigned i = 0; i < r->npins; i++)
-        r->pin[i].used |= r->pin[i].src == src;
+    pin->used = true;
     size_t at = (size_t)(dst - p->base);
     if (r->n > 0 && r->ref[r->n - 1].at + r->ref[r->n - 1].len == at &&
         r->ref[r->n - 1].ptr + r->ref[r->n - 1].len == map + src_off) {

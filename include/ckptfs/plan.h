@@ -133,13 +133,14 @@ typedef struct {
     size_t len;
 } CkptfsReplyRef;
 typedef struct {
+    uint32_t src;
+    const uint8_t *map; /* NULL: mapping refused, copy */
+    bool used;          /* some ref points into it */
+} CkptfsReplyPin;
+typedef struct {
     CkptfsReplyRef ref[CKPTFS_REPLY_REFS_MAX];
     unsigned n;
-    struct {
-        uint32_t src;
-        const uint8_t *map; /* NULL: mapping refused, copy */
-        bool used;          /* some ref points into it */
-    } pin[CKPTFS_REPLY_PINS_MAX];
+    CkptfsReplyPin pin[CKPTFS_REPLY_PINS_MAX];
     unsigned npins;
     uint32_t resident_src; /* a range of a pinned file known to be in the page cache */
     uint64_t resident_lo, resident_hi;
