@@ -21,6 +21,7 @@
 #   REPEAT       rounds (default 5); even rounds go through SETTINGS in reverse order
 #   PYTHON       python with torch for the torch loads (default /usr/bin/python3)
 #   TORCH2_ROOT  the Debian 13 root with torch 2.6 (default /var/cache/ckptfs-tests/trixie-root)
+#   DCP_PYTHON   a python with torch 2.x to run the dcp loads instead of the root's (a GPU node's)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,6 +34,7 @@ REPEAT=${REPEAT:-5}
 REPLICAS=${REPLICAS:-1}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TORCH2_ROOT=${TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
+DCP_PYTHON=${DCP_PYTHON:-}
 
 die() { echo "load_bench: $*" >&2; exit 1; }
 note() { echo "load_bench: $*" >&2; }
@@ -49,6 +51,9 @@ read -ra SETS <<<"$SETTINGS"
 DCP=1
 if ((DCP_TP == 0)); then
     DCP=0
+elif [[ -n $DCP_PYTHON ]]; then
+    "$DCP_PYTHON" -c 'import torch.distributed.checkpoint' 2>/dev/null ||
+        die "DCP_PYTHON=$DCP_PYTHON cannot import torch.distributed.checkpoint"
 elif [[ ! -x $TORCH2_ROOT/usr/bin/python3 ]]; then
     DCP=0
     note "no torch 2.6 root at $TORCH2_ROOT: dcp loads skipped"
@@ -73,13 +78,19 @@ path, prefix, rank = sys.argv[1], sys.argv[2], sys.argv[3]
 open(f"{prefix}.ready.{rank}", "w").close()
 while not os.path.exists(f"{prefix}.go"):
     time.sleep(0.002)
-sd = torch.load(path, map_location="cpu")
+sd = torch.load(path, map_location="cpu", weights_only=False)  # args: an argparse.Namespace
 assert "model" in sd, path
 print(f"RESULT end={time.time():.6f}")
 PY
 
-# torch2 ARGS...: the root's python3 with $RUN_DIR and bench/ at the same paths.
-torch2() { "$HERE/torch2.sh" "$TORCH2_ROOT" "$RUN_DIR:$HERE" "$@"; }
+# torch2 ARGS...: DCP_PYTHON, or the root's python3 with $RUN_DIR and bench/ at the same paths.
+torch2() {
+    if [[ -n $DCP_PYTHON ]]; then
+        "$DCP_PYTHON" "$@"
+    else
+        "$HERE/torch2.sh" "$TORCH2_ROOT" "$RUN_DIR:$HERE" "$@"
+    fi
+}
 
 do_mount() { # SETTING
     local opts=$1
@@ -176,7 +187,7 @@ done
 echo "ckptfs load_bench: $(nproc) CPUs, Linux $(uname -r), $("$BIN" --version)"
 echo "source: $SRC ($(du -sb "$SRC" | cut -f1) bytes), in the page cache; a fresh mount per load"
 echo "torch: $LAYOUT rank files, $REPLICAS torch.load of each (torch $("$PYTHON" -c 'import torch; print(torch.__version__)'))"
-((DCP)) && echo "dcp: $DCP_TP ranks, dcp.load of each one's TP-$DCP_TP share of mcore/ (torch 2.6)"
+((DCP)) && echo "dcp: $DCP_TP ranks, dcp.load of each one's TP-$DCP_TP share of mcore/ (torch $(torch2 -c 'import torch; print(torch.__version__)'))"
 echo "Seconds from the start to the last rank done, median of $REPEAT (single runs after);"
 echo "ratio = the first setting's median / this one's (above 1: faster than the first)"
 printf '%-6s %-28s %8s %7s   %s\n' load setting median ratio runs
