@@ -2,9 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -129,6 +132,24 @@ static void cache_insert(CkptfsSrcFiles *files, SrcFile *f, int fd)
     f->lru = files->open.head;
 }
 
+SrcFsKind ckptfs_srcfile_fs_kind(int fd)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0)
+        return SRC_FS_OTHER;
+    switch ((unsigned long)sf.f_type) {
+    case EXT4_SUPER_MAGIC: /* ext2, ext3 too */
+    case XFS_SUPER_MAGIC:
+    case BTRFS_SUPER_MAGIC:
+    case F2FS_SUPER_MAGIC:
+        return SRC_FS_DISK;
+    case TMPFS_MAGIC:
+        return SRC_FS_MEMORY;
+    default:
+        return SRC_FS_OTHER;
+    }
+}
+
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
 {
     gpointer known = g_hash_table_lookup(files->by_path, path);
@@ -165,6 +186,7 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->lease_fd = -1;
     g_mutex_lock(&files->lock);
     files->packed |= container != NULL;
+    files->off_disk |= ckptfs_srcfile_fs_kind(fd) != SRC_FS_DISK;
     g_ptr_array_add(files->files, f);
     cache_insert(files, f, fd);
     g_mutex_unlock(&files->lock);
@@ -418,6 +440,30 @@ static void advise_frames(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile 
     }
 }
 
+/* A WILLNEED advice reads at most the file's read-ahead size per call (or the device's optimal
+ * I/O size, if larger) and drops the rest: longer ranges are advised in chunks of the smallest
+ * read-ahead a device has by default. */
+#define ADVISE_CHUNK (128u << 10)
+
+/* cachestat(2) (Linux 6.5; one number on every architecture): pages of a range in the page
+ * cache, without reading or reading ahead. Laid out as <linux/mman.h> has them. */
+#define CACHESTAT_SYSCALL 451
+struct cachestat_range_arg {
+    uint64_t off, len;
+};
+struct cachestat_result {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+/* Whether the page holding byte OFFSET of FD is in the page cache; false where the kernel cannot
+ * tell (before 6.5). */
+static bool page_cached(int fd, uint64_t offset)
+{
+    struct cachestat_range_arg range = {offset, 1};
+    struct cachestat_result stat = {0};
+    return syscall(CACHESTAT_SYSCALL, fd, &range, &stat, 0) == 0 && stat.nr_cache > 0;
+}
+
 void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)
 {
     SrcFile *f;
@@ -425,8 +471,9 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
         return;
     if (f->container)
         advise_frames(files, index, f, offset, len);
-    else
-        posix_fadvise(f->fd, (off_t)offset, (off_t)len, POSIX_FADV_WILLNEED);
+    else if (!page_cached(f->fd, offset + len - 1)) /* a cached range's advice is pure cost */
+        for (uint64_t at = offset; at - offset < len; at += ADVISE_CHUNK)
+            posix_fadvise(f->fd, (off_t)at, (off_t)MIN(ADVISE_CHUNK, offset + len - at), POSIX_FADV_WILLNEED);
     release_fd(files, f);
 }
 
@@ -434,7 +481,9 @@ uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t o
 {
     if (option != CKPTFS_PREFETCH_AUTO)
         return option;
-    return files->packed ? CKPTFS_PREFETCH_PACKED : 0;
+    if (files->packed)
+        return CKPTFS_PREFETCH_PACKED;
+    return files->off_disk || files->files->len == 0 ? 0 : CKPTFS_PREFETCH_DISK;
 }
 
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files)

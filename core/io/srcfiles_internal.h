@@ -38,11 +38,18 @@ struct CkptfsSrcFiles {
     unsigned max_open;
     CkptfsFrameCache *frames; /* decompressed frames of packed files */
     bool packed;              /* some file is packed */
+    bool off_disk;            /* some file is not on a local disk (SRC_FS_DISK) */
     GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
                                  the daemon forks: GLib's pool threads are not inherited) */
     CkptfsLeaseWatch *leases; /* mapped reads (srcmap.c): the watch this set is in, NULL while off */
     unsigned leases_held;     /* files of this set leased and mapped (under lock) */
 };
+
+/* Where a source file lies: a local disk's file system (ext4, xfs, btrfs, f2fs: its leases see
+ * every writer and its pages are read ahead from a device), memory (tmpfs), or anything else
+ * (network and FUSE file systems, overlays). */
+typedef enum { SRC_FS_DISK, SRC_FS_MEMORY, SRC_FS_OTHER } SrcFsKind;
+SrcFsKind ckptfs_srcfile_fs_kind(int fd);
 
 /* Whether F, as fstat or stat describes it in ST, is still the file first opened. */
 bool ckptfs_srcfile_same(const SrcFile *f, const struct stat *st);

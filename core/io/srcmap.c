@@ -22,7 +22,6 @@
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -64,25 +63,6 @@ bool ckptfs_leases_block_signals(void)
     return pthread_sigmask(SIG_BLOCK, &set, NULL) == 0;
 }
 
-/* File systems whose leases see every writer (local ones). On a network file system a lease
- * only sees this machine's writers. */
-static bool leases_trusted(int fd)
-{
-    struct statfs sf;
-    if (fstatfs(fd, &sf) != 0)
-        return false;
-    switch ((unsigned long)sf.f_type) {
-    case EXT4_SUPER_MAGIC: /* ext2, ext3 too */
-    case XFS_SUPER_MAGIC:
-    case BTRFS_SUPER_MAGIC:
-    case TMPFS_MAGIC:
-    case F2FS_SUPER_MAGIC:
-        return true;
-    default:
-        return false;
-    }
-}
-
 /* How far ahead of a read the kernel's read-ahead of F's device may have gone: twice its
  * read_ahead_kb (a window and the asynchronous one after it), plus a MiB. 8 MiB of read-ahead is
  * assumed where sysfs does not say (a file system over several devices, or none). */
@@ -119,7 +99,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
      * lease is taken before the file is checked: a change after the check breaks it. Its break
      * is signalled to the process (F_SETOWN after F_SETLEASE, which sets the calling thread: a
      * FUSE worker that may be gone by then). */
-    if ((st.st_uid == geteuid() || geteuid() == 0) && leases_trusted(fd) &&
+    if ((st.st_uid == geteuid() || geteuid() == 0) && ckptfs_srcfile_fs_kind(fd) != SRC_FS_OTHER &&
         fcntl(fd, F_SETSIG, ckptfs_lease_signal()) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
         if (fcntl(fd, F_SETOWN, getpid()) == 0 && fstat(fd, &st) == 0 && ckptfs_srcfile_same(f, &st))
             map = mmap(NULL, f->disk_size, PROT_READ, MAP_SHARED, fd, 0);

@@ -93,10 +93,16 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
 /* At most BYTES of decoded frames kept (more while readers hold them). */
 void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
 /* The prefetch window of a reader of these files for the option's value OPTION (options.h): the
- * value itself, or for CKPTFS_PREFETCH_AUTO CKPTFS_PREFETCH_PACKED when a file is packed (its
- * frames are then decoded ahead on other threads) and none otherwise (on the machines measured,
- * advice for raw files gained nothing beyond the disk's noise: docs/performance.md). */
+ * value itself, or for CKPTFS_PREFETCH_AUTO:
+ * - CKPTFS_PREFETCH_PACKED when a file is packed (its frames are then decoded ahead on other
+ *   threads);
+ * - CKPTFS_PREFETCH_DISK when every file is on a local disk's file system (a cold reader of a
+ *   synthesized file gathers ranges the source's own read-ahead does not see coming: 0.68 -> 0.87
+ *   of a direct read on a GPU node, docs/performance.md);
+ * - none otherwise: on a network or FUSE file system (object-store clients) advice over a row-
+ *   parallel share's span would fetch the other ranks' columns too, and tmpfs needs none. */
 #define CKPTFS_PREFETCH_PACKED (16ull << 20)
+#define CKPTFS_PREFETCH_DISK (32ull << 20)
 uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t option);
 /* Frames of packed files decoded so far (a frame several threads want at once is decoded once). */
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);

@@ -6,11 +6,14 @@
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/options.h"
 #include "ckptfs/srcfiles.h"
 #include "tap.h"
 
@@ -312,6 +315,44 @@ static void test_access(const char *dir)
     ckptfs_srcfiles_free(files);
 }
 
+static bool on_local_disk(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) != 0)
+        return false;
+    unsigned long t = (unsigned long)sf.f_type;
+    return t == EXT4_SUPER_MAGIC || t == XFS_SUPER_MAGIC || t == BTRFS_SUPER_MAGIC || t == F2FS_SUPER_MAGIC;
+}
+
+/* prefetch=auto: a window for raw files only where every one is on a local disk (an object
+ * store's client would fetch the gaps a window spans); a set value is kept as it is. */
+static void test_prefetch_default(const char *dir)
+{
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    tap_ok(ckptfs_srcfiles_prefetch_window(files, CKPTFS_PREFETCH_AUTO) == 0, "no files: no prefetch");
+    g_autofree char *path = file_path(dir, 0);
+    ckptfs_srcfiles_add(files, path, NULL);
+    uint64_t window = ckptfs_srcfiles_prefetch_window(files, CKPTFS_PREFETCH_AUTO);
+    bool disk = on_local_disk(dir);
+    tap_ok(window == (disk ? CKPTFS_PREFETCH_DISK : 0), "a raw file on %s: prefetch %" G_GUINT64_FORMAT,
+           disk ? "a local disk" : "another file system", window);
+    tap_ok(ckptfs_srcfiles_prefetch_window(files, 0) == 0 &&
+               ckptfs_srcfiles_prefetch_window(files, 8u << 20) == 8u << 20,
+           "prefetch=0 and prefetch=8M are kept as they are");
+    struct statfs sf;
+    if (disk && statfs("/dev/shm", &sf) == 0 && (unsigned long)sf.f_type == TMPFS_MAGIC) {
+        g_autofree char *shm = g_strdup_printf("/dev/shm/ckptfs-srcfiles-%d", (int)getpid());
+        g_file_set_contents(shm, "tmpfs", 5, NULL);
+        ckptfs_srcfiles_add(files, shm, NULL);
+        tap_ok(ckptfs_srcfiles_prefetch_window(files, CKPTFS_PREFETCH_AUTO) == 0,
+               "one more file on tmpfs: no prefetch");
+        g_unlink(shm);
+    } else {
+        tap_skip(1, "%s is not on a local disk, or /dev/shm is not tmpfs", dir);
+    }
+    ckptfs_srcfiles_free(files);
+}
+
 int main(void)
 {
     g_autofree char *dir = g_dir_make_tmp("ckptfs-srcfiles-XXXXXX", NULL);
@@ -327,6 +368,7 @@ int main(void)
     test_open_fd(dir);
     test_special(dir);
     test_access(dir);
+    test_prefetch_default(dir);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
     if (system(cmd) != 0)
         tap_diag("cleanup failed");
