@@ -402,7 +402,7 @@ else
 fi
 echo "fuse: max_pages_limit $MAX_PAGES"
 echo "ckptfs: $BIN ($("$BIN" --version 2>/dev/null | head -n 1 || echo '?'), CMAKE_BUILD_TYPE ${BUILD_TYPE:-(empty)}${COMMIT:+, $COMMIT})"
-echo "mount options: ${MOUNT_OPTS:-(none: the defaults, prefetch=auto: 16M of frames decoded ahead for packed sources, none for raw ones)}"
+echo "mount options: ${MOUNT_OPTS:-(none: the defaults, prefetch=auto: 16M of frames decoded ahead for packed sources, 32M of raw ones on a local disk, none elsewhere)}"
 echo "model: $MODEL; ${#SRC_FILES[@]} shards, $SRC_BYTES bytes"
 echo "readers: node_bench.py read, $("$PYTHON" -c 'import platform; print("python", platform.python_version())'), one process each, pread 1 MiB into one page-aligned buffer."
 echo "  check, 1 reader, source cached: python $(gbps "$SRC_BYTES" "$CHECK_PY_S") GB/s" \
