@@ -478,20 +478,28 @@ static unsigned resident_pages(const char *path, uint64_t a, uint64_t z)
     return n;
 }
 
+/* Drops PATH (SIZE bytes) from the page cache; false, skipping the next N checks with the
+ * reason, where its pages stay (tmpfs). */
+static bool evicted(const char *path, uint64_t size, int n)
+{
+    int fd = open(path, O_RDONLY);
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    unsigned before = resident_pages(path, 0, size);
+    if (before > 0)
+        tap_skip(n, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+    return before == 0;
+}
+
 /* Prefetch of [OUT, OUT + LEN) of PLAN (one source file at PATH of SIZE bytes, dropped from the
  * page cache first) brings exactly source bytes [LO, HI) in: all their pages, and fewer than 64
  * others (past HI the kernel may read a little ahead). */
 static void check_window(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const char *path, uint64_t size,
                          uint64_t out, uint64_t len, uint64_t lo, uint64_t hi, const char *what)
 {
-    int fd = open(path, O_RDONLY);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    unsigned before = resident_pages(path, 0, size);
-    if (before > 0) {
-        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
+    if (!evicted(path, size, 2))
         return;
-    }
     ckptfs_plan_prefetch(plan, files, out, len);
     unsigned pages = (unsigned)((hi - lo) / (uint64_t)sysconf(_SC_PAGESIZE)), wanted = 0;
     for (int i = 0; i < 200 && wanted < pages; i++) {
@@ -522,14 +530,7 @@ static void test_prefetch(void)
     CkptfsGatherItem item = {(uint32_t)src, 0, 128u << 10, 64u << 10};
     ckptfs_plan_add_gather(b, 64, &item, 1);
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
-    int fd = open(path, O_RDONLY);
-    fdatasync(fd);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    unsigned before = resident_pages(path, 0, size);
-    if (before > 0) {
-        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
-    } else {
+    if (evicted(path, size, 2)) {
         /* The window [6 + 1 MiB, 6 + 2 MiB) of the synthesized file: rows 16..31. */
         ckptfs_plan_prefetch(plan, files, 6 + (1u << 20), 1u << 20);
         unsigned wanted = 0, others = 0;
@@ -579,14 +580,7 @@ static void test_prefetch_rows(void)
     CkptfsGatherItem item = {(uint32_t)src, 0, stride, 1024};
     ckptfs_plan_add_gather(b, rows, &item, 1);
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
-    int fd = open(path, O_RDONLY);
-    fdatasync(fd);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    unsigned before = resident_pages(path, 0, size);
-    if (before > 0) {
-        tap_skip(2, "the page cache keeps %s (%u pages resident after DONTNEED)", path, before);
-    } else {
+    if (evicted(path, size, 2)) {
         ckptfs_plan_prefetch(plan, files, 0, rows * 1024);
         unsigned wanted = 0;
         /* A row starts each page of [0, rows * stride). */
