@@ -329,6 +329,10 @@ static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
  * work queued while the daemon copies. Sent again when half of it is consumed. A synthesized
  * file gathers many source ranges, which the kernel's own read-ahead of each source file does
  * not see coming. */
+/* At most this much of a file advised per read: the advice goes out before the read's reply, and
+ * a large window (up to 64G) is reached over several reads instead. */
+#define PREFETCH_STEP (16u << 20)
+
 static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
 {
     if (f->window == 0)
@@ -339,7 +343,7 @@ static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
     uint64_t done = __atomic_load_n(&f->prefetched, __ATOMIC_RELAXED);
     if (!sequential || done >= end + f->window / 2)
         return;
-    uint64_t from = MAX(done, end), to = end + f->window;
+    uint64_t from = MAX(done, end), to = MIN(end + f->window, from + PREFETCH_STEP);
     if (__atomic_compare_exchange_n(&f->prefetched, &done, to, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         ckptfs_plan_prefetch(f->plan, f->files, from, to - from);
 }

@@ -285,7 +285,8 @@ static const struct {
     {"prefetch", opt_prefetch,
      "bytes of source data asked for ahead of a sequential reader of a view file;\n"
      "                           of a packed source, frames decoded ahead on decoder threads\n"
-     "                           (default auto: 16M for packed sources, 0 (none) otherwise)"},
+     "                           (default auto: 16M for packed sources, 32M for raw ones on\n"
+     "                           a local disk, 0 (none) otherwise)"},
     {"source_fds", opt_source_fds,
      "shared|reader: plain source files read through one descriptor each for the whole\n"
      "                           mount (default), or through each open view file's own (for\n"

@@ -766,32 +766,61 @@ out:
  * gaps of at most ADVICE_GAP between them: the rows of a tensor split by columns (a row-parallel
  * share: 1.8-9.5 KiB of every 7-37 KiB for Qwen2-7B at TP 4) are then one advice over their span
  * instead of one per row. Row by row, each advice was a page-sized read of its own: a GPU node's
- * cold `tp4pp1/` reader fell from 1.06 to 0.73 GB/s with -o prefetch=32M, its daemon CPU doubled. */
+ * cold `tp4pp1/` reader fell from 1.06 to 0.73 GB/s with -o prefetch=32M, its daemon CPU doubled.
+ * One span is kept open per source file (up to ADVICE_SPANS files): a tensor stored split across
+ * files (Megatron, torch_dist and FSDP sources) is gathered row by row from each in turn. */
 #define ADVICE_GAP (128u << 10)
+#define ADVICE_SPANS 8u
+
+typedef struct {
+    uint32_t src;
+    uint64_t offset, len; /* len 0: a free slot */
+} AdviceSpan;
 
 typedef struct {
     const CkptfsSrcFiles *files;
-    uint32_t src;
-    uint64_t offset, len;
-    unsigned calls;
+    AdviceSpan spans[ADVICE_SPANS];
+    unsigned next;  /* the slot given up when every one is in use */
+    unsigned calls; /* spans advised */
 } Advice;
 
-static void advice_flush(Advice *a)
+static void span_flush(Advice *a, AdviceSpan *span)
 {
-    if (a->len > 0)
-        ckptfs_srcfiles_advise(a->files, a->src, a->offset, a->len);
-    a->len = 0;
+    if (span->len == 0)
+        return;
+    ckptfs_srcfiles_advise(a->files, span->src, span->offset, span->len);
+    span->len = 0;
     a->calls++;
 }
 
 static void advice_add(Advice *a, uint32_t src, uint64_t offset, uint64_t len)
 {
-    if (a->len > 0 && a->src == src && offset >= a->offset && offset - a->offset <= a->len + ADVICE_GAP) {
-        a->len = MAX(a->len, offset - a->offset + len);
-        return;
+    AdviceSpan *slot = NULL;
+    for (unsigned i = 0; i < ADVICE_SPANS; i++) {
+        AdviceSpan *span = &a->spans[i];
+        if (span->len == 0) {
+            slot = slot ? slot : span;
+        } else if (span->src == src) {
+            if (offset >= span->offset && offset - span->offset <= span->len + ADVICE_GAP) {
+                span->len = MAX(span->len, offset - span->offset + len);
+                return;
+            }
+            slot = span; /* the file's span ends here */
+            break;
+        }
     }
-    advice_flush(a);
-    *a = (Advice){a->files, src, offset, len, a->calls};
+    if (slot == NULL) {
+        slot = &a->spans[a->next];
+        a->next = (a->next + 1) % ADVICE_SPANS;
+    }
+    span_flush(a, slot);
+    *slot = (AdviceSpan){src, offset, len};
+}
+
+static void advice_finish(Advice *a)
+{
+    for (unsigned i = 0; i < ADVICE_SPANS; i++)
+        span_flush(a, &a->spans[i]);
 }
 
 /* X * NUM / DEN rounded down or UP, without overflow (sizes of a view file and its sources). */
@@ -801,8 +830,7 @@ static uint64_t muldiv(uint64_t x, uint64_t num, uint64_t den, bool up)
     return (uint64_t)((p + (up ? den - 1 : 0)) / den);
 }
 
-/* At most this many advice calls per prefetch: a window over a tensor split by columns is many
- * short rows. */
+/* At most this many spans advised per prefetch (each in chunks of its file's read-ahead). */
 #define PREFETCH_MAX_CALLS 4096u
 
 void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint64_t offset, uint64_t len)
@@ -833,7 +861,7 @@ void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, u
             }
         }
     }
-    advice_flush(&a);
+    advice_finish(&a);
 }
 
 static void add_source_once(GArray *indexes, guint32 src)

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -150,6 +151,53 @@ SrcFsKind ckptfs_srcfile_fs_kind(int fd)
     }
 }
 
+/* A WILLNEED advice reads at most the file's read-ahead (or the device's optimal I/O size, if
+ * larger) and drops the rest: longer ranges are advised in chunks of the file's read-ahead, or
+ * of the smallest one a device has by default where it is not known. */
+#define ADVISE_CHUNK_MIN (128u << 10)
+
+/* cachestat(2) (Linux 6.5; one number on every architecture): pages of a range in the page
+ * cache, without reading or reading ahead. Laid out as <linux/mman.h> has them. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct cachestat_range_arg {
+    uint64_t off, len;
+};
+struct cachestat_result {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+
+/* Whether every page of [OFFSET, OFFSET + LEN) of FD is in the page cache. False where the
+ * kernel does not say: before 6.5, and since 6.14 for a file the process neither owns nor may
+ * write; FILES then stops asking. */
+static bool range_cached(const CkptfsSrcFiles *files, int fd, uint64_t offset, uint64_t len)
+{
+    gint *refused = (gint *)&files->no_cachestat;
+    if (g_atomic_int_get(refused))
+        return false;
+    uint64_t page = (uint64_t)getpagesize();
+    struct cachestat_range_arg range = {offset, len};
+    struct cachestat_result stat = {0};
+    if (syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
+        g_atomic_int_set(refused, 1);
+        return false;
+    }
+    return stat.nr_cache >= (offset + len + page - 1) / page - offset / page;
+}
+
+uint64_t ckptfs_srcfile_read_ahead(const struct stat *st)
+{
+    g_autofree char *disk = g_strdup_printf("/sys/dev/block/%u:%u/queue/read_ahead_kb", major(st->st_dev),
+                                            minor(st->st_dev));
+    g_autofree char *part = g_strdup_printf("/sys/dev/block/%u:%u/../queue/read_ahead_kb", major(st->st_dev),
+                                            minor(st->st_dev));
+    g_autofree char *text = NULL;
+    if (!g_file_get_contents(disk, &text, NULL, NULL) && !g_file_get_contents(part, &text, NULL, NULL))
+        return 0;
+    return MIN(g_ascii_strtoull(text, NULL, 10), (uint64_t)1 << 20) * 1024;
+}
+
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
 {
     gpointer known = g_hash_table_lookup(files->by_path, path);
@@ -184,9 +232,11 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->pub.mode = st.st_mode & 07777;
     f->fd = -1;
     f->lease_fd = -1;
+    SrcFsKind kind = ckptfs_srcfile_fs_kind(fd);
+    f->advise_chunk = kind == SRC_FS_DISK ? MAX(ckptfs_srcfile_read_ahead(&st), ADVISE_CHUNK_MIN) : ADVISE_CHUNK_MIN;
     g_mutex_lock(&files->lock);
     files->packed |= container != NULL;
-    files->off_disk |= ckptfs_srcfile_fs_kind(fd) != SRC_FS_DISK;
+    files->off_disk |= kind != SRC_FS_DISK;
     g_ptr_array_add(files->files, f);
     cache_insert(files, f, fd);
     g_mutex_unlock(&files->lock);
@@ -440,30 +490,6 @@ static void advise_frames(const CkptfsSrcFiles *cfiles, unsigned index, SrcFile 
     }
 }
 
-/* A WILLNEED advice reads at most the file's read-ahead size per call (or the device's optimal
- * I/O size, if larger) and drops the rest: longer ranges are advised in chunks of the smallest
- * read-ahead a device has by default. */
-#define ADVISE_CHUNK (128u << 10)
-
-/* cachestat(2) (Linux 6.5; one number on every architecture): pages of a range in the page
- * cache, without reading or reading ahead. Laid out as <linux/mman.h> has them. */
-#define CACHESTAT_SYSCALL 451
-struct cachestat_range_arg {
-    uint64_t off, len;
-};
-struct cachestat_result {
-    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-};
-
-/* Whether the page holding byte OFFSET of FD is in the page cache; false where the kernel cannot
- * tell (before 6.5). */
-static bool page_cached(int fd, uint64_t offset)
-{
-    struct cachestat_range_arg range = {offset, 1};
-    struct cachestat_result stat = {0};
-    return syscall(CACHESTAT_SYSCALL, fd, &range, &stat, 0) == 0 && stat.nr_cache > 0;
-}
-
 void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)
 {
     SrcFile *f;
@@ -471,9 +497,9 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
         return;
     if (f->container)
         advise_frames(files, index, f, offset, len);
-    else if (!page_cached(f->fd, offset + len - 1)) /* a cached range's advice is pure cost */
-        for (uint64_t at = offset; at - offset < len; at += ADVISE_CHUNK)
-            posix_fadvise(f->fd, (off_t)at, (off_t)MIN(ADVISE_CHUNK, offset + len - at), POSIX_FADV_WILLNEED);
+    else if (!range_cached(files, f->fd, offset, len)) /* a cached range's advice is pure cost */
+        for (uint64_t at = offset; at - offset < len; at += f->advise_chunk)
+            posix_fadvise(f->fd, (off_t)at, (off_t)MIN(f->advise_chunk, offset + len - at), POSIX_FADV_WILLNEED);
     release_fd(files, f);
 }
 

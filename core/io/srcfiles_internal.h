@@ -26,6 +26,7 @@ typedef struct {
     const uint8_t *map;  /* the whole file, PROT_READ, while map_state is SRC_MAP_READY */
     int lease_fd;        /* the descriptor holding the lease, -1 without one */
     uint64_t map_probe;  /* a read ahead of this far cached: the file is cached, not being read ahead */
+    uint64_t advise_chunk; /* bytes one WILLNEED advice of the file reads at most (its read-ahead) */
 } SrcFile;
 
 enum { SRC_MAP_UNTRIED, SRC_MAP_READY, SRC_MAP_REFUSED };
@@ -39,6 +40,7 @@ struct CkptfsSrcFiles {
     CkptfsFrameCache *frames; /* decompressed frames of packed files */
     bool packed;              /* some file is packed */
     bool off_disk;            /* some file is not on a local disk (SRC_FS_DISK) */
+    gint no_cachestat;        /* the kernel refused cachestat(2) once: not asked again */
     GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
                                  the daemon forks: GLib's pool threads are not inherited) */
     CkptfsLeaseWatch *leases; /* mapped reads (srcmap.c): the watch this set is in, NULL while off */
@@ -50,6 +52,9 @@ struct CkptfsSrcFiles {
  * (network and FUSE file systems, overlays). */
 typedef enum { SRC_FS_DISK, SRC_FS_MEMORY, SRC_FS_OTHER } SrcFsKind;
 SrcFsKind ckptfs_srcfile_fs_kind(int fd);
+/* The read-ahead of the device holding the file ST describes (its read_ahead_kb), in bytes; 0
+ * where sysfs does not say (a file system over several devices, or none). */
+uint64_t ckptfs_srcfile_read_ahead(const struct stat *st);
 
 /* Whether F, as fstat or stat describes it in ST, is still the file first opened. */
 bool ckptfs_srcfile_same(const SrcFile *f, const struct stat *st);

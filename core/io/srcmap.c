@@ -14,7 +14,6 @@
  * default): the watcher takes every break the signal queue holds at once, and mapped reads are
  * refused where that time is under LEASE_BREAK_MIN. */
 #include <errno.h>
-#include <linux/magic.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,7 +21,6 @@
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "ckptfs/error.h"
@@ -64,19 +62,12 @@ bool ckptfs_leases_block_signals(void)
 }
 
 /* How far ahead of a read the kernel's read-ahead of F's device may have gone: twice its
- * read_ahead_kb (a window and the asynchronous one after it), plus a MiB. 8 MiB of read-ahead is
+ * read-ahead (a window and the asynchronous one after it), plus a MiB. 8 MiB of read-ahead is
  * assumed where sysfs does not say (a file system over several devices, or none). */
 static uint64_t read_ahead_reach(const struct stat *st)
 {
-    uint64_t kb = 8192;
-    g_autofree char *disk = g_strdup_printf("/sys/dev/block/%u:%u/queue/read_ahead_kb", major(st->st_dev),
-                                            minor(st->st_dev));
-    g_autofree char *part = g_strdup_printf("/sys/dev/block/%u:%u/../queue/read_ahead_kb", major(st->st_dev),
-                                            minor(st->st_dev));
-    g_autofree char *text = NULL;
-    if (g_file_get_contents(disk, &text, NULL, NULL) || g_file_get_contents(part, &text, NULL, NULL))
-        kb = g_ascii_strtoull(text, NULL, 10);
-    return 2 * MIN(kb, (uint64_t)1 << 20) * 1024 + (1u << 20);
+    uint64_t ra = ckptfs_srcfile_read_ahead(st);
+    return 2 * (ra ? ra : 8u << 20) + (1u << 20);
 }
 
 /* Under files->lock: leases F, maps it, and says whether that worked. */
