@@ -324,15 +324,15 @@ static uint8_t *thread_read_buffer(CkptfsFuseContext *ctx, size_t size)
     return rb->data;
 }
 
-/* A reader going through a file in order (the kernel's read-ahead requests, cp, torch.load of a
- * rank file): the source ranges of the next WINDOW bytes are asked for now, so a cold disk has
- * work queued while the daemon copies. Sent again when half of it is consumed. A synthesized
- * file gathers many source ranges, which the kernel's own read-ahead of each source file does
- * not see coming. */
 /* At most this much of a file advised per read: the advice goes out before the read's reply, and
  * a large window (up to 64G) is reached over several reads instead. */
 #define PREFETCH_STEP (16u << 20)
 
+/* A reader going through a file in order (the kernel's read-ahead requests, cp, torch.load of a
+ * rank file): the source ranges of the next WINDOW bytes are asked for now, so a cold disk has
+ * work queued while the daemon copies. Sent again when half of it (at most PREFETCH_STEP) is
+ * consumed. A synthesized file gathers many source ranges, which the kernel's own read-ahead of
+ * each source file does not see coming. */
 static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
 {
     if (f->window == 0)
@@ -341,7 +341,7 @@ static void prefetch_ahead(OpenFile *f, uint64_t off, size_t size)
     uint64_t last = __atomic_exchange_n(&f->next, end, __ATOMIC_RELAXED);
     bool sequential = off <= last + f->window / 4 && end > last;
     uint64_t done = __atomic_load_n(&f->prefetched, __ATOMIC_RELAXED);
-    if (!sequential || done >= end + f->window / 2)
+    if (!sequential || done >= end + f->window - MIN(f->window / 2, PREFETCH_STEP))
         return;
     uint64_t from = MAX(done, end), to = MIN(end + f->window, from + PREFETCH_STEP);
     if (__atomic_compare_exchange_n(&f->prefetched, &done, to, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))

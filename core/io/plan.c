@@ -767,10 +767,12 @@ out:
  * share: 1.8-9.5 KiB of every 7-37 KiB for Qwen2-7B at TP 4) are then one advice over their span
  * instead of one per row. Row by row, each advice was a page-sized read of its own: a GPU node's
  * cold `tp4pp1/` reader fell from 1.06 to 0.73 GB/s with -o prefetch=32M, its daemon CPU doubled.
- * One span is kept open per source file (up to ADVICE_SPANS files): a tensor stored split across
- * files (Megatron, torch_dist and FSDP sources) is gathered row by row from each in turn. */
+ * Up to ADVICE_SPANS spans are kept open at once: a tensor stored split across files (Megatron,
+ * torch_dist and FSDP sources), or a row put together from several tensors, is gathered a piece
+ * from each in turn. (The gaps are read too, as the kernel's own read-ahead of a file read in
+ * such rows would.) */
 #define ADVICE_GAP (128u << 10)
-#define ADVICE_SPANS 8u
+#define ADVICE_SPANS 32u
 
 typedef struct {
     uint32_t src;
@@ -800,13 +802,9 @@ static void advice_add(Advice *a, uint32_t src, uint64_t offset, uint64_t len)
         AdviceSpan *span = &a->spans[i];
         if (span->len == 0) {
             slot = slot ? slot : span;
-        } else if (span->src == src) {
-            if (offset >= span->offset && offset - span->offset <= span->len + ADVICE_GAP) {
-                span->len = MAX(span->len, offset - span->offset + len);
-                return;
-            }
-            slot = span; /* the file's span ends here */
-            break;
+        } else if (span->src == src && offset >= span->offset && offset - span->offset <= span->len + ADVICE_GAP) {
+            span->len = MAX(span->len, offset - span->offset + len);
+            return;
         }
     }
     if (slot == NULL) {

@@ -168,25 +168,25 @@ struct cachestat_result {
     uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
 };
 
-/* Whether every page of [OFFSET, OFFSET + LEN) of FD is in the page cache. False where the
- * kernel does not say: before 6.5, and since 6.14 for a file the process neither owns nor may
- * write; FILES then stops asking. */
-static bool range_cached(const CkptfsSrcFiles *files, int fd, uint64_t offset, uint64_t len)
+/* Whether every page of [OFFSET, OFFSET + LEN) of F is in the page cache. False where the kernel
+ * does not say: before 6.5 (FILES then stops asking), and since 6.14 for a file the process
+ * neither owns nor may write (F then stops asking). */
+static bool range_cached(const CkptfsSrcFiles *files, SrcFile *f, uint64_t offset, uint64_t len)
 {
-    gint *refused = (gint *)&files->no_cachestat;
-    if (g_atomic_int_get(refused))
+    gint *no_syscall = (gint *)&files->no_cachestat;
+    if (g_atomic_int_get(no_syscall) || g_atomic_int_get(&f->no_cachestat))
         return false;
     uint64_t page = (uint64_t)getpagesize();
     struct cachestat_range_arg range = {offset, len};
     struct cachestat_result stat = {0};
-    if (syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
-        g_atomic_int_set(refused, 1);
+    if (syscall(__NR_cachestat, f->fd, &range, &stat, 0) != 0) {
+        g_atomic_int_set(errno == ENOSYS ? no_syscall : &f->no_cachestat, 1);
         return false;
     }
     return stat.nr_cache >= (offset + len + page - 1) / page - offset / page;
 }
 
-uint64_t ckptfs_srcfile_read_ahead(const struct stat *st)
+bool ckptfs_srcfile_read_ahead(const struct stat *st, uint64_t *bytes)
 {
     g_autofree char *disk = g_strdup_printf("/sys/dev/block/%u:%u/queue/read_ahead_kb", major(st->st_dev),
                                             minor(st->st_dev));
@@ -194,8 +194,9 @@ uint64_t ckptfs_srcfile_read_ahead(const struct stat *st)
                                             minor(st->st_dev));
     g_autofree char *text = NULL;
     if (!g_file_get_contents(disk, &text, NULL, NULL) && !g_file_get_contents(part, &text, NULL, NULL))
-        return 0;
-    return MIN(g_ascii_strtoull(text, NULL, 10), (uint64_t)1 << 20) * 1024;
+        return false;
+    *bytes = MIN(g_ascii_strtoull(text, NULL, 10), (uint64_t)1 << 20) * 1024;
+    return true;
 }
 
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
@@ -233,7 +234,9 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->fd = -1;
     f->lease_fd = -1;
     SrcFsKind kind = ckptfs_srcfile_fs_kind(fd);
-    f->advise_chunk = kind == SRC_FS_DISK ? MAX(ckptfs_srcfile_read_ahead(&st), ADVISE_CHUNK_MIN) : ADVISE_CHUNK_MIN;
+    uint64_t read_ahead = 0;
+    f->advise_chunk = kind == SRC_FS_DISK && ckptfs_srcfile_read_ahead(&st, &read_ahead)
+                          ? MAX(read_ahead, ADVISE_CHUNK_MIN) : ADVISE_CHUNK_MIN;
     g_mutex_lock(&files->lock);
     files->packed |= container != NULL;
     files->off_disk |= kind != SRC_FS_DISK;
@@ -497,7 +500,7 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
         return;
     if (f->container)
         advise_frames(files, index, f, offset, len);
-    else if (!range_cached(files, f->fd, offset, len)) /* a cached range's advice is pure cost */
+    else if (!range_cached(files, f, offset, len)) /* a cached range's advice is pure cost */
         for (uint64_t at = offset; at - offset < len; at += f->advise_chunk)
             posix_fadvise(f->fd, (off_t)at, (off_t)MIN(f->advise_chunk, offset + len - at), POSIX_FADV_WILLNEED);
     release_fd(files, f);

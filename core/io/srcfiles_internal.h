@@ -27,6 +27,7 @@ typedef struct {
     int lease_fd;        /* the descriptor holding the lease, -1 without one */
     uint64_t map_probe;  /* a read ahead of this far cached: the file is cached, not being read ahead */
     uint64_t advise_chunk; /* bytes one WILLNEED advice of the file reads at most (its read-ahead) */
+    gint no_cachestat;     /* the kernel refused cachestat(2) for this file: not asked again */
 } SrcFile;
 
 enum { SRC_MAP_UNTRIED, SRC_MAP_READY, SRC_MAP_REFUSED };
@@ -40,7 +41,7 @@ struct CkptfsSrcFiles {
     CkptfsFrameCache *frames; /* decompressed frames of packed files */
     bool packed;              /* some file is packed */
     bool off_disk;            /* some file is not on a local disk (SRC_FS_DISK) */
-    gint no_cachestat;        /* the kernel refused cachestat(2) once: not asked again */
+    gint no_cachestat;        /* the kernel has no cachestat(2): not asked again */
     GThreadPool *decoders;    /* decode frames ahead of their readers; made on first use (after
                                  the daemon forks: GLib's pool threads are not inherited) */
     CkptfsLeaseWatch *leases; /* mapped reads (srcmap.c): the watch this set is in, NULL while off */
@@ -52,9 +53,9 @@ struct CkptfsSrcFiles {
  * (network and FUSE file systems, overlays). */
 typedef enum { SRC_FS_DISK, SRC_FS_MEMORY, SRC_FS_OTHER } SrcFsKind;
 SrcFsKind ckptfs_srcfile_fs_kind(int fd);
-/* The read-ahead of the device holding the file ST describes (its read_ahead_kb), in bytes; 0
- * where sysfs does not say (a file system over several devices, or none). */
-uint64_t ckptfs_srcfile_read_ahead(const struct stat *st);
+/* The read-ahead of the device holding the file ST describes (its read_ahead_kb) in *BYTES;
+ * false where sysfs does not say (a file system over several devices, or none). */
+bool ckptfs_srcfile_read_ahead(const struct stat *st, uint64_t *bytes);
 
 /* Whether F, as fstat or stat describes it in ST, is still the file first opened. */
 bool ckptfs_srcfile_same(const SrcFile *f, const struct stat *st);

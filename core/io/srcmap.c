@@ -66,8 +66,10 @@ bool ckptfs_leases_block_signals(void)
  * assumed where sysfs does not say (a file system over several devices, or none). */
 static uint64_t read_ahead_reach(const struct stat *st)
 {
-    uint64_t ra = ckptfs_srcfile_read_ahead(st);
-    return 2 * (ra ? ra : 8u << 20) + (1u << 20);
+    uint64_t ra;
+    if (!ckptfs_srcfile_read_ahead(st, &ra))
+        ra = 8u << 20;
+    return 2 * ra + (1u << 20);
 }
 
 /* Under files->lock: leases F, maps it, and says whether that worked. */
