@@ -7,12 +7,14 @@
 #
 #   bench/node_bench.sh [--quick]
 #
-#   --quick      a ~1.4 GB model (SIZE=1.5G) instead of Qwen2-7B's 15.2 GB
+#   --quick      a ~1.4 GB model (SIZE=1.5G) instead of the whole one (15.2 GB)
 #
 # Environment:
 #   CKPTFS_BIN   the binary (default: <repo>/build/ckptfs)
 #   BENCH_DIR    work dir; the generated checkpoint is kept and reused (default /tmp/ckptfs-bench)
-#   SIZE         model size, decimal (e.g. 1.5G, 4G); default: Qwen2-7B itself (28 layers, 15.2 GB)
+#   MODEL        qwen2-7b (default; TP 8 is not a valid split of its 28 heads) or llama3-8b
+#                (Llama-3-8B's shapes: 32 heads / 8 KV heads, GPU_TP="4 8" both run)
+#   SIZE         model size, decimal (e.g. 1.5G, 4G); default: the whole model (15.2 / 16.1 GB)
 #   READERS      reader counts (default "1 4 8 16")
 #   REPEAT       rounds of the whole matrix (default 1); medians are shown, single runs under them
 #   VIEWS        views to measure beside the direct reads (default "hf tp4pp1 tp2pp2 mcore");
@@ -52,6 +54,7 @@ REPEAT=${REPEAT:-1}
 VIEWS=${VIEWS:-hf tp4pp1 tp2pp2 mcore}
 MOUNT_OPTS=${MOUNT_OPTS:-}
 TIMEOUT=${TIMEOUT:-600}
+MODEL=${MODEL:-qwen2-7b}
 SIZE=${SIZE:-}
 ((QUICK)) && SIZE=${SIZE:-1.5G}
 GPU=${GPU:-auto}
@@ -67,6 +70,7 @@ command -v fusermount3 >/dev/null || die "fusermount3 not found"
 [[ -e /dev/fuse ]] || die "/dev/fuse missing"
 "$PYTHON" -c 'import os; os.preadv' 2>/dev/null || die "$PYTHON cannot run the readers (python >= 3.7 on Linux)"
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive number of seconds"
+[[ $MODEL == qwen2-7b || $MODEL == llama3-8b ]] || die "MODEL must be qwen2-7b or llama3-8b, not '$MODEL'"
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
 read -ra NS <<<"$READERS"
 ((${#NS[@]} > 0)) || die "READERS is empty"
@@ -183,12 +187,12 @@ T_START=$(now_us)
 
 # --- input ---------------------------------------------------------------------------------------
 
-SRC=$("$PYTHON" "$HELPER" gen ${SIZE:+--size "$SIZE"} "$BENCH_DIR") || die "no checkpoint (see above)"
+SRC=$("$PYTHON" "$HELPER" gen --model "$MODEL" ${SIZE:+--size "$SIZE"} "$BENCH_DIR") || die "no checkpoint (see above)"
 [[ -f $SRC/model.safetensors.index.json ]] || die "no checkpoint at $SRC"
 mapfile -t SRC_FILES < <(find "$SRC" -maxdepth 1 -name '*.safetensors' | sort)
 ((${#SRC_FILES[@]} > 0)) || die "no *.safetensors in $SRC"
 SRC_BYTES=$(sum_sizes "${SRC_FILES[@]}")
-MODEL=$("$PYTHON" -c 'import json, sys
+MODEL_DESC=$("$PYTHON" -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 print("{}, hidden {}, {} layers, {} heads / {} KV heads, ffn {}, vocab {}, bf16".format(
     c["architectures"][0], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
@@ -403,7 +407,7 @@ fi
 echo "fuse: max_pages_limit $MAX_PAGES"
 echo "ckptfs: $BIN ($("$BIN" --version 2>/dev/null | head -n 1 || echo '?'), CMAKE_BUILD_TYPE ${BUILD_TYPE:-(empty)}${COMMIT:+, $COMMIT})"
 echo "mount options: ${MOUNT_OPTS:-(none: the defaults, prefetch=auto: 16M of frames decoded ahead for packed sources, 32M of raw ones on a local disk, none elsewhere)}"
-echo "model: $MODEL; ${#SRC_FILES[@]} shards, $SRC_BYTES bytes"
+echo "model: $MODEL_DESC; ${#SRC_FILES[@]} shards, $SRC_BYTES bytes"
 echo "readers: node_bench.py read, $("$PYTHON" -c 'import platform; print("python", platform.python_version())'), one process each, pread 1 MiB into one page-aligned buffer."
 echo "  check, 1 reader, source cached: python $(gbps "$SRC_BYTES" "$CHECK_PY_S") GB/s" \
     "($(awk -v c="$CHECK_PY_CPU" -v b="$SRC_BYTES" 'BEGIN {printf "%.2f", c / (b / 1e9)}') CPU s/GB), dd bs=1M $(gbps "$SRC_BYTES" "$CHECK_DD_S") GB/s"
