@@ -9,7 +9,8 @@
       heads, ffn 14336, vocab 128256, 16.1 GB (TP 2, 4 and 8 are). With --size (decimal: 1.5G,
       800M, bytes): the same widths with the layer count (even, >= 2) that comes closest; below
       the embeddings and 4 layers the vocabulary is cut to 32768 too. Needs numpy
-      (bench/gen_checkpoint.py writes the data) only when it generates.
+      (bench/gen_checkpoint.py writes the data) when it generates, and for llama3-8b always (its
+      shapes and config come from there).
 
   node_bench.py read N FILE...
       N concurrent reader processes over the bytes of FILE... (in order, cut into N equal
@@ -56,34 +57,12 @@ QWEN2_7B = dict(
     bos_token_id=151643,
     eos_token_id=151643,
 )
-# meta-llama/Meta-Llama-3-8B config.json.
-LLAMA3_8B = dict(
-    hidden_size=4096,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=14336,
-    vocab_size=128256,
-    tie_word_embeddings=False,
-    max_position_embeddings=8192,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-05,
-    bos_token_id=128000,
-    eos_token_id=128001,
-)
-# name -> (config, q/k/v biases, architecture, model_type)
-MODELS = {
-    "qwen2-7b": (QWEN2_7B, True, "Qwen2ForCausalLM", "qwen2"),
-    "llama3-8b": (LLAMA3_8B, False, "LlamaForCausalLM", "llama"),
-}
 SMALL_VOCAB = 32768
 BF16 = 2
 
 
-def model_tensors(cfg):
-    """(name, shape) in the state-dict order of Qwen2ForCausalLM (q/k/v with biases) and
-    LlamaForCausalLM (without)."""
-    bias = MODELS[cfg["model"]][1]
+def qwen2_tensors(cfg):
+    """(name, shape) in Qwen2ForCausalLM's state-dict order (q/k/v with biases)."""
     h = cfg["hidden_size"]
     ffn = cfg["intermediate_size"]
     d = h // cfg["num_attention_heads"]
@@ -92,11 +71,13 @@ def model_tensors(cfg):
     out = [("model.embed_tokens.weight", (cfg["vocab_size"], h))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            out.append((p + f"self_attn.{proj}.weight", (rows, h)))
-            if bias:
-                out.append((p + f"self_attn.{proj}.bias", (rows,)))
         out += [
+            (p + "self_attn.q_proj.weight", (q, h)),
+            (p + "self_attn.q_proj.bias", (q,)),
+            (p + "self_attn.k_proj.weight", (kv, h)),
+            (p + "self_attn.k_proj.bias", (kv,)),
+            (p + "self_attn.v_proj.weight", (kv, h)),
+            (p + "self_attn.v_proj.bias", (kv,)),
             (p + "self_attn.o_proj.weight", (h, q)),
             (p + "mlp.gate_proj.weight", (ffn, h)),
             (p + "mlp.up_proj.weight", (ffn, h)),
@@ -110,37 +91,9 @@ def model_tensors(cfg):
     return out
 
 
-def model_config_json(cfg):
-    _, _, arch, model_type = MODELS[cfg["model"]]
-    if model_type == "llama":
-        return {
-            "architectures": [arch],
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "bos_token_id": cfg["bos_token_id"],
-            "eos_token_id": cfg["eos_token_id"],
-            "hidden_act": "silu",
-            "hidden_size": cfg["hidden_size"],
-            "initializer_range": 0.02,
-            "intermediate_size": cfg["intermediate_size"],
-            "max_position_embeddings": cfg["max_position_embeddings"],
-            "mlp_bias": False,
-            "model_type": model_type,
-            "num_attention_heads": cfg["num_attention_heads"],
-            "num_hidden_layers": cfg["num_hidden_layers"],
-            "num_key_value_heads": cfg["num_key_value_heads"],
-            "pretraining_tp": 1,
-            "rms_norm_eps": cfg["rms_norm_eps"],
-            "rope_scaling": None,
-            "rope_theta": cfg["rope_theta"],
-            "tie_word_embeddings": cfg["tie_word_embeddings"],
-            "torch_dtype": "bfloat16",
-            "transformers_version": "4.40.0",
-            "use_cache": True,
-            "vocab_size": cfg["vocab_size"],
-        }
+def qwen2_config_json(cfg):
     return {
-        "architectures": [arch],
+        "architectures": ["Qwen2ForCausalLM"],
         "attention_dropout": 0.0,
         "bos_token_id": cfg["bos_token_id"],
         "eos_token_id": cfg["eos_token_id"],
@@ -150,7 +103,7 @@ def model_config_json(cfg):
         "intermediate_size": cfg["intermediate_size"],
         "max_position_embeddings": cfg["max_position_embeddings"],
         "max_window_layers": cfg["num_hidden_layers"],
-        "model_type": model_type,
+        "model_type": "qwen2",
         "num_attention_heads": cfg["num_attention_heads"],
         "num_hidden_layers": cfg["num_hidden_layers"],
         "num_key_value_heads": cfg["num_key_value_heads"],
@@ -184,13 +137,36 @@ def parse_size(s):
     return int(v)
 
 
+MODELS = ("qwen2-7b", "llama3-8b")
+
+
+def gen_checkpoint():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import gen_checkpoint as g
+    except ImportError as e:
+        sys.exit(f"node_bench: cannot generate a checkpoint: {e} (gen_checkpoint.py needs numpy; "
+                 f"set PYTHON to a python with numpy)")
+    return g
+
+
+def model_spec(model):
+    """MODEL's whole config, its (name, shape) list and its config.json, as functions of a config."""
+    if model == "qwen2-7b":
+        return dict(QWEN2_7B), qwen2_tensors, qwen2_config_json
+    g = gen_checkpoint()  # Llama-3-8B: Llama-3-70B's config but for these widths
+    cfg = dict(g.LLAMA3_70B, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+               intermediate_size=14336)
+    return cfg, g.llama_tensors, g.config_json
+
+
 def sized_config(model, size):
     """MODEL's widths with the layer count (and vocabulary) that come closest to SIZE bytes."""
-    cfg = dict(MODELS[model][0], model=model)
+    cfg, tensors, _ = model_spec(model)
     if size is None:
         return cfg
     one = dict(cfg, num_hidden_layers=1)
-    per_layer = sum(nbytes(s) for n, s in model_tensors(one) if n.startswith("model.layers."))
+    per_layer = sum(nbytes(s) for n, s in tensors(one) if n.startswith("model.layers."))
 
     def embeds(vocab):
         return 2 * vocab * cfg["hidden_size"] * BF16 + cfg["hidden_size"] * BF16
@@ -207,30 +183,25 @@ def cmd_gen(argv):
     import argparse
 
     ap = argparse.ArgumentParser(prog="node_bench.py gen")
-    ap.add_argument("--model", default="qwen2-7b", choices=sorted(MODELS))
+    ap.add_argument("--model", default="qwen2-7b", choices=MODELS)
     ap.add_argument("--size", default=None)
     ap.add_argument("bench_dir")
     a = ap.parse_args(argv)
     size = parse_size(a.size) if a.size else None
+    whole, tensors_of, config_json = model_spec(a.model)
     cfg = sized_config(a.model, size)
-    base = MODELS[a.model][0]
-    full = cfg["num_hidden_layers"] == base["num_hidden_layers"] and cfg["vocab_size"] == base["vocab_size"]
+    full = cfg["num_hidden_layers"] == whole["num_hidden_layers"] and cfg["vocab_size"] == whole["vocab_size"]
     name = a.model if full else f"{a.model}-L{cfg['num_hidden_layers']}-V{cfg['vocab_size']}"
     dest = os.path.join(os.path.abspath(a.bench_dir), name)
     if not os.path.isfile(os.path.join(dest, "model.safetensors.index.json")):
-        tensors = model_tensors(cfg)
+        tensors = tensors_of(cfg)
         total = sum(nbytes(s) for _, s in tensors)
         biggest = max(nbytes(s) for _, s in tensors)
         # About 4 shards, at most 4 GB each (Qwen2-7B's own: 4 shards).
         max_shard = int(min(4e9, max(biggest, math.ceil(total / 4 * 1.05))))
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        try:
-            import gen_checkpoint as g
-        except ImportError as e:
-            sys.exit(f"node_bench: cannot generate {dest}: {e} (gen_checkpoint.py needs numpy; "
-                     f"set PYTHON to a python with numpy)")
-        g.tensors_of = model_tensors
-        g.config_json = model_config_json
+        g = gen_checkpoint()
+        g.tensors_of = tensors_of
+        g.config_json = config_json
         if os.path.exists(dest):
             import shutil
             shutil.rmtree(dest)
