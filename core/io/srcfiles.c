@@ -133,7 +133,7 @@ static void cache_insert(CkptfsSrcFiles *files, SrcFile *f, int fd)
     f->lru = files->open.head;
 }
 
-SrcFsKind ckptfs_srcfile_fs_kind(int fd)
+static SrcFsKind fs_kind(int fd)
 {
     struct statfs sf;
     if (fstatfs(fd, &sf) != 0)
@@ -186,7 +186,9 @@ static bool range_cached(const CkptfsSrcFiles *files, SrcFile *f, uint64_t offse
     return stat.nr_cache >= (offset + len + page - 1) / page - offset / page;
 }
 
-bool ckptfs_srcfile_read_ahead(const struct stat *st, uint64_t *bytes)
+/* The read-ahead of the device holding the file ST describes (its read_ahead_kb), in bytes;
+ * SRC_READ_AHEAD_UNKNOWN where sysfs does not say (a file system over several devices, or none). */
+static uint64_t read_ahead(const struct stat *st)
 {
     g_autofree char *disk = g_strdup_printf("/sys/dev/block/%u:%u/queue/read_ahead_kb", major(st->st_dev),
                                             minor(st->st_dev));
@@ -194,9 +196,8 @@ bool ckptfs_srcfile_read_ahead(const struct stat *st, uint64_t *bytes)
                                             minor(st->st_dev));
     g_autofree char *text = NULL;
     if (!g_file_get_contents(disk, &text, NULL, NULL) && !g_file_get_contents(part, &text, NULL, NULL))
-        return false;
-    *bytes = MIN(g_ascii_strtoull(text, NULL, 10), (uint64_t)1 << 20) * 1024;
-    return true;
+        return SRC_READ_AHEAD_UNKNOWN;
+    return MIN(g_ascii_strtoull(text, NULL, 10), (uint64_t)1 << 20) * 1024;
 }
 
 int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
@@ -233,13 +234,11 @@ int ckptfs_srcfiles_add(CkptfsSrcFiles *files, const char *path, GError **error)
     f->pub.mode = st.st_mode & 07777;
     f->fd = -1;
     f->lease_fd = -1;
-    SrcFsKind kind = ckptfs_srcfile_fs_kind(fd);
-    uint64_t read_ahead = 0;
-    f->advise_chunk = kind == SRC_FS_DISK && ckptfs_srcfile_read_ahead(&st, &read_ahead)
-                          ? MAX(read_ahead, ADVISE_CHUNK_MIN) : ADVISE_CHUNK_MIN;
+    f->fs_kind = fs_kind(fd);
+    f->read_ahead = f->fs_kind == SRC_FS_DISK ? read_ahead(&st) : SRC_READ_AHEAD_UNKNOWN;
     g_mutex_lock(&files->lock);
     files->packed |= container != NULL;
-    files->off_disk |= kind != SRC_FS_DISK;
+    files->off_disk |= f->fs_kind != SRC_FS_DISK;
     g_ptr_array_add(files->files, f);
     cache_insert(files, f, fd);
     g_mutex_unlock(&files->lock);
@@ -500,9 +499,12 @@ void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_
         return;
     if (f->container)
         advise_frames(files, index, f, offset, len);
-    else if (!range_cached(files, f, offset, len)) /* a cached range's advice is pure cost */
-        for (uint64_t at = offset; at - offset < len; at += f->advise_chunk)
-            posix_fadvise(f->fd, (off_t)at, (off_t)MIN(f->advise_chunk, offset + len - at), POSIX_FADV_WILLNEED);
+    else if (!range_cached(files, f, offset, len)) { /* a cached range's advice is pure cost */
+        uint64_t chunk = f->read_ahead == SRC_READ_AHEAD_UNKNOWN ? ADVISE_CHUNK_MIN
+                                                                 : MAX(f->read_ahead, ADVISE_CHUNK_MIN);
+        for (uint64_t at = offset; at - offset < len; at += chunk)
+            posix_fadvise(f->fd, (off_t)at, (off_t)MIN(chunk, offset + len - at), POSIX_FADV_WILLNEED);
+    }
     release_fd(files, f);
 }
 

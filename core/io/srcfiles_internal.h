@@ -9,6 +9,10 @@
 
 #include "ckptfs/srcfiles.h"
 
+/* Where a source file lies: a local disk's file system (ext4, xfs, btrfs, f2fs: its leases see
+ * every writer and its pages are read ahead from a device), memory (tmpfs), or anything else
+ * (network and FUSE file systems, overlays). */
+typedef enum { SRC_FS_DISK, SRC_FS_MEMORY, SRC_FS_OTHER } SrcFsKind;
 
 /* A file with its place in the descriptor cache. */
 typedef struct {
@@ -26,9 +30,13 @@ typedef struct {
     const uint8_t *map;  /* the whole file, PROT_READ, while map_state is SRC_MAP_READY */
     int lease_fd;        /* the descriptor holding the lease, -1 without one */
     uint64_t map_probe;  /* a read ahead of this far cached: the file is cached, not being read ahead */
-    uint64_t advise_chunk; /* bytes one WILLNEED advice of the file reads at most (its read-ahead) */
-    gint no_cachestat;     /* the kernel refused cachestat(2) for this file: not asked again */
+    SrcFsKind fs_kind;   /* where it lies */
+    uint64_t read_ahead; /* its device's read-ahead in bytes (SRC_READ_AHEAD_UNKNOWN: not on a
+                            local disk, or sysfs does not say) */
+    gint no_cachestat;   /* the kernel refused cachestat(2) for this file: not asked again */
 } SrcFile;
+
+#define SRC_READ_AHEAD_UNKNOWN UINT64_MAX
 
 enum { SRC_MAP_UNTRIED, SRC_MAP_READY, SRC_MAP_REFUSED };
 
@@ -47,15 +55,6 @@ struct CkptfsSrcFiles {
     CkptfsLeaseWatch *leases; /* mapped reads (srcmap.c): the watch this set is in, NULL while off */
     unsigned leases_held;     /* files of this set leased and mapped (under lock) */
 };
-
-/* Where a source file lies: a local disk's file system (ext4, xfs, btrfs, f2fs: its leases see
- * every writer and its pages are read ahead from a device), memory (tmpfs), or anything else
- * (network and FUSE file systems, overlays). */
-typedef enum { SRC_FS_DISK, SRC_FS_MEMORY, SRC_FS_OTHER } SrcFsKind;
-SrcFsKind ckptfs_srcfile_fs_kind(int fd);
-/* The read-ahead of the device holding the file ST describes (its read_ahead_kb) in *BYTES;
- * false where sysfs does not say (a file system over several devices, or none). */
-bool ckptfs_srcfile_read_ahead(const struct stat *st, uint64_t *bytes);
 
 /* Whether F, as fstat or stat describes it in ST, is still the file first opened. */
 bool ckptfs_srcfile_same(const SrcFile *f, const struct stat *st);

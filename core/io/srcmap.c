@@ -63,12 +63,10 @@ bool ckptfs_leases_block_signals(void)
 
 /* How far ahead of a read the kernel's read-ahead of F's device may have gone: twice its
  * read-ahead (a window and the asynchronous one after it), plus a MiB. 8 MiB of read-ahead is
- * assumed where sysfs does not say (a file system over several devices, or none). */
-static uint64_t read_ahead_reach(const struct stat *st)
+ * assumed where it is not known. */
+static uint64_t read_ahead_reach(const SrcFile *f)
 {
-    uint64_t ra;
-    if (!ckptfs_srcfile_read_ahead(st, &ra))
-        ra = 8u << 20;
+    uint64_t ra = f->read_ahead == SRC_READ_AHEAD_UNKNOWN ? 8u << 20 : f->read_ahead;
     return 2 * ra + (1u << 20);
 }
 
@@ -92,7 +90,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
      * lease is taken before the file is checked: a change after the check breaks it. Its break
      * is signalled to the process (F_SETOWN after F_SETLEASE, which sets the calling thread: a
      * FUSE worker that may be gone by then). */
-    if ((st.st_uid == geteuid() || geteuid() == 0) && ckptfs_srcfile_fs_kind(fd) != SRC_FS_OTHER &&
+    if ((st.st_uid == geteuid() || geteuid() == 0) && f->fs_kind != SRC_FS_OTHER &&
         fcntl(fd, F_SETSIG, ckptfs_lease_signal()) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
         if (fcntl(fd, F_SETOWN, getpid()) == 0 && fstat(fd, &st) == 0 && ckptfs_srcfile_same(f, &st))
             map = mmap(NULL, f->disk_size, PROT_READ, MAP_SHARED, fd, 0);
@@ -104,7 +102,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
         return SRC_MAP_REFUSED;
     }
     f->map = map;
-    f->map_probe = read_ahead_reach(&st);
+    f->map_probe = read_ahead_reach(f);
     f->lease_fd = fd;
     files->leases_held++;
     g_atomic_int_inc(&files->leases->held);
