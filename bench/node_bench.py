@@ -12,10 +12,11 @@
       (bench/gen_checkpoint.py writes the data) when it generates, and for llama3-8b always (its
       shapes and config come from there).
 
-  node_bench.py read N FILE...
+  node_bench.py read [--chunk BYTES] N FILE...
       N concurrent reader processes over the bytes of FILE... (in order, cut into N equal
-      ranges at 1 MiB boundaries: 4 equal files and N=4 is one file per reader, N=16 four parts
-      of each). Each reader preads 1 MiB at a time into one page-aligned buffer. They start together (after
+      ranges at chunk boundaries: 4 equal files and N=4 is one file per reader, N=16 four parts
+      of each). Each reader preads a chunk (default 1 MiB, a multiple of 4096) at a time into
+      one page-aligned buffer. They start together (after
       fork); prints "BYTES WALL_S READERS_CPU_S" (wall: from the start to the last reader's
       end; CPU: user + system of all readers). Standard library only.
 
@@ -217,11 +218,11 @@ def cmd_gen(argv):
 
 # --- read -----------------------------------------------------------------------------------------
 
-def plan_ranges(files, n):
+def plan_ranges(files, n, chunk):
     """N lists of (path, start, end): the files' bytes in order, cut into N equal ranges."""
     sizes = [os.stat(f).st_size for f in files]
     total = sum(sizes)
-    cuts = [min(total, (total * i // n) // CHUNK * CHUNK) for i in range(n)] + [total]
+    cuts = [min(total, (total * i // n) // chunk * chunk) for i in range(n)] + [total]
     plans = []
     for i in range(n):
         lo, hi, base, segs = cuts[i], cuts[i + 1], 0, []
@@ -234,9 +235,9 @@ def plan_ranges(files, n):
     return plans, total
 
 
-def reader(segs, gate):
+def reader(segs, gate, chunk):
     os.read(gate, 1)  # blocks until the parent closes its end: everybody starts together
-    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as dd's buffer
+    buf = mmap.mmap(-1, chunk)  # page-aligned, as dd's buffer
     mv = memoryview(buf)
     got = 0
     for path, start, end in segs:
@@ -244,7 +245,7 @@ def reader(segs, gate):
         try:
             off = start
             while off < end:
-                k = os.preadv(fd, [mv[:min(CHUNK, end - off)]], off)
+                k = os.preadv(fd, [mv[:min(chunk, end - off)]], off)
                 if k <= 0:
                     print(f"node_bench: short read of {path} at {off} (file changed?)", file=sys.stderr)
                     return 1
@@ -256,11 +257,15 @@ def reader(segs, gate):
 
 
 def cmd_read(argv):
+    chunk = CHUNK
+    if argv[:1] == ["--chunk"] and len(argv) > 1:
+        chunk = int(argv[1])
+        argv = argv[2:]
+    if len(argv) < 2 or int(argv[0]) < 1 or chunk < 4096 or chunk % 4096:
+        sys.exit("usage: node_bench.py read [--chunk BYTES] N FILE... (BYTES a multiple of 4096)")
     n = int(argv[0])
     files = argv[1:]
-    if n < 1 or not files:
-        sys.exit("usage: node_bench.py read N FILE...")
-    plans, total = plan_ranges(files, n)
+    plans, total = plan_ranges(files, n, chunk)
     r, w = os.pipe()
     pids = []
     for segs in plans:
@@ -269,7 +274,7 @@ def cmd_read(argv):
             os.close(w)
             rc = 1
             try:
-                rc = reader(segs, r)
+                rc = reader(segs, r, chunk)
             except BaseException as e:  # noqa: BLE001 - the child must never return into the parent's code
                 print(f"node_bench: reader: {e}", file=sys.stderr)
             os._exit(rc)

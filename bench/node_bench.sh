@@ -16,6 +16,7 @@
 #                (Llama-3-8B's shapes: 32 heads / 8 KV heads, GPU_TP="4 8" both run)
 #   SIZE         model size, decimal (e.g. 1.5G, 4G); default: the whole model (15.2 / 16.1 GB)
 #   READERS      reader counts (default "1 4 8 16")
+#   READ_SIZE    bytes each reader asks for per pread: 1M (default), 128K, 4M, ... (K/M: KiB/MiB)
 #   REPEAT       rounds of the whole matrix (default 1); medians are shown, single runs under them
 #   VIEWS        views to measure beside the direct reads (default "hf tp4pp1 tp2pp2 mcore");
 #                VIEW:OPTS mounts that one with OPTS added (e.g. "hf hf:passthrough")
@@ -50,6 +51,7 @@ if [[ -z ${PYTHON:-} ]]; then
     [[ -x $PYTHON ]] || PYTHON=$(command -v python3 || echo python3)
 fi
 READERS=${READERS:-1 4 8 16}
+READ_SIZE=${READ_SIZE:-1M}
 REPEAT=${REPEAT:-1}
 VIEWS=${VIEWS:-hf tp4pp1 tp2pp2 mcore}
 MOUNT_OPTS=${MOUNT_OPTS:-}
@@ -72,6 +74,14 @@ command -v fusermount3 >/dev/null || die "fusermount3 not found"
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "TIMEOUT must be a positive number of seconds"
 [[ $MODEL == qwen2-7b || $MODEL == llama3-8b ]] || die "MODEL must be qwen2-7b or llama3-8b, not '$MODEL'"
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
+[[ $READ_SIZE =~ ^([1-9][0-9]{0,6})([KkMm]?)$ ]] ||
+    die "READ_SIZE must be a number of bytes, KiB (K) or MiB (M), e.g. 128K, 1M, 4M; not '$READ_SIZE'"
+case ${BASH_REMATCH[2]} in
+[Kk]) READ_BYTES=$((BASH_REMATCH[1] * 1024)) ;;
+[Mm]) READ_BYTES=$((BASH_REMATCH[1] * 1048576)) ;;
+*) READ_BYTES=${BASH_REMATCH[1]} ;;
+esac
+((READ_BYTES % 4096 == 0)) || die "READ_SIZE must be a multiple of 4096 bytes, not '$READ_SIZE'"
 read -ra NS <<<"$READERS"
 ((${#NS[@]} > 0)) || die "READERS is empty"
 for n in "${NS[@]}"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "READERS: '$n' is not a positive integer"; done
@@ -240,7 +250,7 @@ measure() {
     NFILES[$what]=${#files[@]}
     prepare "$cond" "$what, $n readers"
     [[ -n $DAEMON_PID ]] && c0=$(cpu_s "$DAEMON_PID")
-    run_job "$RUN_DIR/read.out" "$RUN_DIR/read.err" "$PYTHON" "$HELPER" read "$n" "${files[@]}" ||
+    run_job "$RUN_DIR/read.out" "$RUN_DIR/read.err" "$PYTHON" "$HELPER" read --chunk "$READ_BYTES" "$n" "${files[@]}" ||
         { err_tail "$RUN_DIR/read.err"; die "$n readers of $what ($cond) failed or took over ${TIMEOUT}s"; }
     [[ -n $DAEMON_PID ]] && c1=$(cpu_s "$DAEMON_PID")
     read -r bytes wall rcpu <"$RUN_DIR/read.out"
@@ -408,7 +418,7 @@ echo "fuse: max_pages_limit $MAX_PAGES"
 echo "ckptfs: $BIN ($("$BIN" --version 2>/dev/null | head -n 1 || echo '?'), CMAKE_BUILD_TYPE ${BUILD_TYPE:-(empty)}${COMMIT:+, $COMMIT})"
 echo "mount options: ${MOUNT_OPTS:-(none: the defaults, prefetch=auto: 16M of frames decoded ahead for packed sources, 32M of raw ones on a local disk, none elsewhere)}"
 echo "model: $MODEL_DESC; ${#SRC_FILES[@]} shards, $SRC_BYTES bytes"
-echo "readers: node_bench.py read, $("$PYTHON" -c 'import platform; print("python", platform.python_version())'), one process each, pread 1 MiB into one page-aligned buffer."
+echo "readers: node_bench.py read, $("$PYTHON" -c 'import platform; print("python", platform.python_version())'), one process each, pread $READ_SIZE ($READ_BYTES bytes) into one page-aligned buffer."
 echo "  check, 1 reader, source cached: python $(gbps "$SRC_BYTES" "$CHECK_PY_S") GB/s" \
     "($(awk -v c="$CHECK_PY_CPU" -v b="$SRC_BYTES" 'BEGIN {printf "%.2f", c / (b / 1e9)}') CPU s/GB), dd bs=1M $(gbps "$SRC_BYTES" "$CHECK_DD_S") GB/s"
 OTHERS_END=$(others)
@@ -417,7 +427,7 @@ if ((OTHERS_START + OTHERS_END > 0)); then
 fi
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end; $WALL_MIN min"
 echo
-echo "N readers share the bytes of a view's files (in order, cut into N equal ranges at 1 MiB:"
+echo "N readers share the bytes of a view's files (in order, cut into N equal ranges at $READ_SIZE:"
 echo "4 rank files and 4 readers is one file each; 16 readers, 4 ranges of each). direct: the"
 echo "source shards. Each view on a fresh mount. cold: sync + drop_caches before the read; cached:"
 echo "the source read into the page cache before (the view's own cache is empty: fresh mount)."
