@@ -155,14 +155,27 @@ static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char
     return true;
 }
 
-/* One central directory entry at P (LEFT bytes left); fills the entry, returns its length. */
-static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path,
-                             CkptfsZipEntry *entry, uint64_t *local_offset, GError **error)
+/* What the directory says of an entry beyond CkptfsZipEntry: its local header is checked
+ * against it. */
+typedef struct {
+    CkptfsZipEntry *entry;
+    uint64_t local; /* offset of the local header */
+    uint32_t crc;
+    uint16_t flags;
+} CdEntry;
+
+/* One central directory entry at P (LEFT bytes left); fills CD (its entry allocated), returns
+ * its length. */
+static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path, CdEntry *cd, GError **error)
 {
     if (left < 46 || get32(p) != CD_SIG) {
         bad(error, path, "central directory entry is malformed");
         return 0;
     }
+    CkptfsZipEntry *entry = cd->entry;
+    uint64_t *local_offset = &cd->local;
+    cd->flags = get16(p + 8);
+    cd->crc = get32(p + 16);
     uint16_t method = get16(p + 10);
     uint64_t csize = get32(p + 20), usize = get32(p + 24);
     size_t name_len = get16(p + 28), extra_len = get16(p + 30), comment_len = get16(p + 32);
@@ -200,8 +213,174 @@ static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path,
             entry->name, csize, usize);
         return 0;
     }
+    if (cd->flags & 1) {
+        bad(error, path, "entry '%s' is encrypted; torch.save files are not", entry->name);
+        return 0;
+    }
     entry->size = usize;
     return 46 + name_len + extra_len + comment_len;
+}
+
+#define DESCRIPTOR_SIG 0x08074b50u
+/* A data descriptor: an optional signature, the CRC, then both sizes in 4 or (ZIP64) 8 bytes. */
+#define DESCRIPTOR_MAX 24u
+/* Bytes read with a local header beyond its name, for the extra field (torch pads the data to
+ * 64 bytes in it); a longer one is read on its own. */
+#define LOCAL_EXTRA_GUESS 128u
+#define LOCAL_FIXED 30u
+
+/* Whether the LEN bytes at D are the data descriptor of an entry of SIZE bytes and CRC. Every
+ * reader skips it, but it pins where the data ends: a local header whose name or extra length
+ * was changed moves the data, and no longer meets its descriptor. */
+static bool descriptor_matches(const uint8_t *d, size_t len, uint64_t size, uint32_t crc)
+{
+    for (unsigned sig = 0; sig <= 4; sig += 4) {
+        if (sig && (len < 4 || get32(d) != DESCRIPTOR_SIG))
+            break;
+        const uint8_t *v = d + sig;
+        size_t n = len - sig;
+        if (n >= 12 && get32(v) == crc && get32(v + 4) == size && get32(v + 8) == size)
+            return true;
+        if (n >= 20 && get32(v) == crc && get64(v + 4) == size && get64(v + 12) == size)
+            return true;
+    }
+    return false;
+}
+
+/* Checks the local header of CD, whose first AVAIL bytes are at H (at least LOCAL_FIXED + its
+ * name), and finds where its data starts (archive offset, in *START). The extra field is checked
+ * to be whole fields, which needs its bytes: *NEED says how many to read for it when H has too
+ * few (and the call is repeated). */
+static bool check_local(const uint8_t *h, size_t avail, const CdEntry *cd, const char *path,
+                        uint64_t *start, size_t *need, GError **error)
+{
+    const char *name = cd->entry->name; /* the full name: the top folder is cut later */
+    size_t name_len = strlen(name);
+    if (get32(h) != LOCAL_SIG)
+        return bad(error, path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, name, cd->local);
+    if (get16(h + 26) != name_len || memcmp(h + LOCAL_FIXED, name, name_len) != 0)
+        return bad(error, path, "entry '%s': the local header at offset %" G_GUINT64_FORMAT " names another "
+                                "file (%u bytes of name); the archive is damaged", name, cd->local, get16(h + 26));
+    if (get16(h + 8) != 0 || (get16(h + 6) & 1))
+        return bad(error, path, "entry '%s': the local header says compressed (method %u) or encrypted, the "
+                                "directory does not", name, get16(h + 8));
+    size_t extra_len = get16(h + 28);
+    *need = LOCAL_FIXED + name_len + extra_len;
+    if (avail < *need)
+        return true;
+    const uint8_t *extra = h + LOCAL_FIXED + name_len;
+    uint64_t csize = get32(h + 18), usize = get32(h + 22);
+    size_t x = 0;
+    while (x + 4 <= extra_len && x + 4 + get16(extra + x + 2) <= extra_len) {
+        size_t v = x + 4, vend = v + get16(extra + x + 2);
+        if (get16(extra + x) == 0x0001) { /* ZIP64: the sizes saturated in the header */
+            if (usize == 0xffffffffu && v + 8 <= vend)
+                usize = get64(extra + v), v += 8;
+            if (csize == 0xffffffffu && v + 8 <= vend)
+                csize = get64(extra + v);
+        }
+        x = vend;
+    }
+    if (x != extra_len)
+        return bad(error, path, "entry '%s': the extra field of the local header at offset %" G_GUINT64_FORMAT
+                                " is not whole fields (%zu bytes); the archive is damaged", name, cd->local, extra_len);
+    /* Without a data descriptor the header carries the sizes. */
+    if (!(cd->flags & 8) && (csize != cd->entry->size || usize != cd->entry->size))
+        return bad(error, path, "entry '%s': the local header says %" G_GUINT64_FORMAT " bytes, the directory %"
+                                G_GUINT64_FORMAT "; the archive is damaged", name, usize, cd->entry->size);
+    *start = cd->local + *need;
+    return true;
+}
+
+static gint by_local(gconstpointer a, gconstpointer b)
+{
+    const CdEntry *x = a, *y = b;
+    return x->local < y->local ? -1 : x->local > y->local;
+}
+
+/* The local headers of the entries, in file order (sorts CDS), each checked against the
+ * directory; sets each entry's data_offset. Each entry's data, with its descriptor, must end
+ * before the next header and the directory: a damaged header that would move the data onto other
+ * bytes is refused instead of read. One read per entry: a header with the previous entry's
+ * descriptor just before it. */
+static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const char *path, uint64_t base,
+                                uint64_t cd_offset, GArray *cds, GError **error)
+{
+    g_array_sort(cds, by_local);
+    g_autofree uint8_t *buf = NULL;
+    size_t buf_size = 0;
+    uint64_t prev_end = 0; /* where the previous entry's data ends */
+    const CdEntry *prev = NULL;
+    for (guint i = 0; i <= cds->len; i++) {
+        const CdEntry *cd = i < cds->len ? &g_array_index(cds, CdEntry, i) : NULL;
+        uint64_t at = cd ? cd->local : cd_offset; /* what comes next: a header, or the directory */
+        if (prev != NULL && cd != NULL && at == prev->local)
+            return bad(error, path, "entries '%s' and '%s' share the local header at offset %" G_GUINT64_FORMAT
+                                    "; the archive is damaged", prev->entry->name, cd->entry->name, at);
+        if (prev != NULL && at < prev_end)
+            return bad(error, path, "entry '%s': its data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
+                                    ") runs into the %s at offset %" G_GUINT64_FORMAT "; the archive is damaged",
+                       prev->entry->name, prev_end - prev->entry->size, prev->entry->size,
+                       cd ? "next local header" : "central directory", at);
+        /* The previous descriptor, when this read can take it along. */
+        bool descriptor = prev != NULL && (prev->flags & 8);
+        uint64_t lo = descriptor && at - prev_end <= DESCRIPTOR_MAX ? prev_end : at;
+        size_t name_len = cd ? strlen(cd->entry->name) : 0;
+        uint64_t hi = cd ? MIN(at + LOCAL_FIXED + name_len + LOCAL_EXTRA_GUESS, cd_offset) : at;
+        if (cd && hi < at + LOCAL_FIXED + name_len)
+            return bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " leaves no room for "
+                                    "the header before the central directory", cd->entry->name, at);
+        uint64_t start = 0;
+        for (;;) {
+            size_t len = (size_t)(hi - lo);
+            if (len > buf_size) {
+                buf_size = len;
+                g_free(buf);
+                buf = g_malloc(buf_size);
+            }
+            if (len > 0 && !ckptfs_srcfiles_pread(files, src, buf, len, base + lo, error))
+                return false;
+            if (descriptor) {
+                uint8_t own[DESCRIPTOR_MAX];
+                const uint8_t *d = buf;
+                size_t d_len = (size_t)MIN(at - prev_end, (uint64_t)DESCRIPTOR_MAX);
+                if (lo != prev_end) { /* far before this header: read on its own */
+                    if (!ckptfs_srcfiles_pread(files, src, own, d_len, base + prev_end, error))
+                        return false;
+                    d = own;
+                }
+                if (!descriptor_matches(d, d_len, prev->entry->size, prev->crc))
+                    return bad(error, path, "entry '%s': no data descriptor where its %" G_GUINT64_FORMAT
+                                            " bytes of data end (offset %" G_GUINT64_FORMAT "): its local header "
+                                            "or the directory is damaged",
+                               prev->entry->name, prev->entry->size, prev_end);
+                descriptor = false;
+            }
+            if (cd == NULL)
+                break;
+            size_t need = 0;
+            if (!check_local(buf + (at - lo), len - (size_t)(at - lo), cd, path, &start, &need, error))
+                return false;
+            if (start != 0)
+                break;
+            /* A long extra field: read the whole header again. */
+            lo = at;
+            hi = at + need;
+            if (hi > cd_offset)
+                return bad(error, path, "entry '%s': its local header runs into the central directory",
+                           cd->entry->name);
+        }
+        if (cd == NULL)
+            break;
+        if (!ckptfs_range_inside(start, cd->entry->size, cd_offset))
+            return bad(error, path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
+                                    ") runs into the central directory at offset %" G_GUINT64_FORMAT
+                                    "; the archive is damaged", cd->entry->name, start, cd->entry->size, cd_offset);
+        cd->entry->data_offset = base + start;
+        prev_end = start + cd->entry->size;
+        prev = cd;
+    }
+    return true;
 }
 
 /* The archive at [BASE, BASE + SIZE) of source file SRC; PATH names it in errors. Offsets in
@@ -221,36 +400,15 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
     zip->entries = g_ptr_array_new_with_free_func(entry_free);
     zip->by_name = g_hash_table_new(g_str_hash, g_str_equal);
     size_t pos = 0;
+    g_autoptr(GArray) cds = g_array_sized_new(FALSE, FALSE, sizeof(CdEntry), (guint)MIN(count, 4096));
     for (uint64_t i = 0; i < count; i++) {
-        CkptfsZipEntry *e = g_new0(CkptfsZipEntry, 1);
-        g_ptr_array_add(zip->entries, e);
-        uint64_t local;
-        size_t used = parse_cd_entry(cd + pos, (size_t)cd_size - pos, path, e, &local, error);
+        CdEntry cde = {.entry = g_new0(CkptfsZipEntry, 1)};
+        g_ptr_array_add(zip->entries, cde.entry);
+        size_t used = parse_cd_entry(cd + pos, (size_t)cd_size - pos, path, &cde, error);
         if (used == 0)
             goto fail;
         pos += used;
-        /* The data starts after the local header, whose extra field may differ from the
-         * directory's (torch pads it for alignment). */
-        uint8_t lh[30];
-        if (!ckptfs_range_inside(local, sizeof lh, size)) {
-            bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is outside the file",
-                e->name, local);
-            goto fail;
-        }
-        if (!ckptfs_srcfiles_pread(files, src, lh, sizeof lh, base + local, error))
-            goto fail;
-        if (get32(lh) != LOCAL_SIG) {
-            bad(error, path, "entry '%s': no local header at offset %" G_GUINT64_FORMAT, e->name, local);
-            goto fail;
-        }
-        uint64_t start = local + 30 + get16(lh + 26) + get16(lh + 28); /* < size + 2^17 */
-        e->data_offset = base + start;
-        if (!ckptfs_range_inside(start, e->size, size)) {
-            bad(error, path, "entry '%s': data [%" G_GUINT64_FORMAT ", +%" G_GUINT64_FORMAT
-                                   ") runs past the end of the file; truncated?",
-                e->name, start, e->size);
-            goto fail;
-        }
+        g_array_append_val(cds, cde);
     }
     /* Python's zipfile reads entries until the directory's size is used up, miniz (torch.load)
      * reads the count: both must agree. */
@@ -259,6 +417,8 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
                          " entries", (uint64_t)cd_size - pos, count);
         goto fail;
     }
+    if (!check_local_headers(files, src, path, base, cd_offset, cds, error))
+        goto fail;
     /* torch.save puts every entry in one top folder: find it from data.pkl. */
     for (guint i = 0; i < zip->entries->len && zip->top == NULL; i++) {
         const char *name = ((CkptfsZipEntry *)g_ptr_array_index(zip->entries, i))->name;

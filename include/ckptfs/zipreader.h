@@ -1,6 +1,8 @@
 /* Reading torch.save zip archives: the central directory (ZIP64 included) and where each
  * record's bytes are in the file. STORED entries only; alignment and extra fields as any
- * torch version writes them. Untrusted input: every offset is checked against the file. */
+ * torch version writes them. Untrusted input: every offset is checked against the file, and
+ * each local header against the directory (name, method, whole extra fields, the data
+ * descriptor where the data ends), so a damaged header is refused rather than read. */
 #ifndef CKPTFS_ZIPREADER_H
 #define CKPTFS_ZIPREADER_H
 

@@ -149,6 +149,25 @@ def main():
     d = case("config-world-size", ["DIR/fsdp_config.json", "world_size 8"])
     with open(os.path.join(d, "fsdp_config.json"), "w") as f:
         f.write('{"FSDP_version": 2, "world_size": 8}\n')
+    d = case("config-world-size-text", ["DIR/fsdp_config.json", "world_size", "whole number", '(it is "4")'])
+    with open(os.path.join(d, "fsdp_config.json"), "w") as f:
+        f.write('{"FSDP_version": 2, "world_size": "4"}\n')
+    # A tensor's local zip header with a longer padding field: torch.load (no CRC check) would
+    # read its data 64 bytes further on, from the bytes after it.
+    d = case("local-header-moved", ["DIR/model_world_size_4_rank_1.pt", "data/0", "the archive is damaged"])
+    with zipfile.ZipFile(rank_file(d, 1)) as z:
+        at = next(i.header_offset for i in z.infolist() if i.filename.endswith("/data/0"))
+    with open(rank_file(d, 1), "r+b") as f:
+        f.seek(at)
+        h = f.read(30)
+        name_len, extra_len = struct.unpack("<HH", h[26:30])
+        f.seek(at + 30 + name_len)
+        field_id, field_len = struct.unpack("<HH", f.read(4))
+        assert field_id == 0x4246 and field_len + 4 == extra_len, "torch pads with one FB field"
+        f.seek(at + 28)
+        f.write(struct.pack("<H", extra_len + 64))
+        f.seek(at + 30 + name_len + 2)
+        f.write(struct.pack("<H", field_len + 64))
     # Every rank claims 251 rows of a 250-row embedding: the shards do not tile it.
     case("untiled-shape", ["DIR/model_world_size_4_rank_0.pt", "'model.embed_tokens.weight' has global shape "
                            "[251, 64]", "do not tile"], global_size("model.embed_tokens.weight", 251), range(W))

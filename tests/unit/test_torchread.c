@@ -348,6 +348,107 @@ static void test_zip64_cross_check(void)
     g_free(why);
 }
 
+/* Offset of the local header of entry NAME (below the top folder) of the archive in DATA, found
+ * through its central directory (at CD_OFFSET, COUNT entries); its directory record in *CDE. */
+static size_t local_of(const uint8_t *data, size_t cd_offset, uint64_t count, const char *name, size_t *cde)
+{
+    size_t p = cd_offset;
+    for (uint64_t i = 0; i < count; i++) {
+        size_t name_len = (size_t)le(data + p + 28, 2);
+        const char *full = (const char *)data + p + 46;
+        const char *slash = memchr(full, '/', name_len);
+        if (slash && (size_t)(full + name_len - slash - 1) == strlen(name) && memcmp(slash + 1, name, strlen(name)) == 0) {
+            *cde = p;
+            return (size_t)le(data + p + 42, 4);
+        }
+        p += 46 + name_len + (size_t)le(data + p + 30, 2) + (size_t)le(data + p + 32, 2);
+    }
+    g_assert_not_reached();
+}
+
+/* Local headers that disagree with the directory: each would move an entry's data onto other
+ * bytes (torch.load would read them without a word, as it checks no CRC), so each is refused.
+ * The archive is ckptfs's own torch.save writer's: "FB" padding, data descriptors. */
+static void test_local_headers(void)
+{
+    CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
+    uint64_t shape[1] = {12};
+    ckptfs_value_set(root, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL));
+    CkptfsPlan *plan = ckptfs_torchsave_plan(root, "archive", false, NULL);
+    ckptfs_value_free(root);
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
+    size_t size = (size_t)ckptfs_plan_size(plan);
+    g_autofree uint8_t *good = g_malloc(size);
+    ckptfs_plan_read(plan, none, good, size, 0, NULL);
+    ckptfs_plan_free(plan);
+    ckptfs_srcfiles_free(none);
+    size_t rec = size - 22 - 20 - 56;
+    uint64_t count = le(good + rec + 32, 8);
+    size_t cd_offset = (size_t)le(good + rec + 48, 8), cde = 0, pkl_cde = 0;
+    size_t lh = local_of(good, cd_offset, count, "data/0", &cde);
+    local_of(good, cd_offset, count, "data.pkl", &pkl_cde);
+    size_t name_len = (size_t)le(good + lh + 26, 2), extra_len = (size_t)le(good + lh + 28, 2);
+    size_t fb = lh + 30 + name_len; /* the "FB" padding field */
+    g_assert(le(good + fb, 2) == 0x4246 && le(good + fb + 2, 2) + 4 == extra_len && extra_len >= 8);
+    char *why = NULL;
+    bool opened = zip_opens(good, size, &why);
+    tap_ok(opened, "the archive as written opens (%s)", why);
+    g_free(why);
+
+    const struct {
+        const char *what;
+        size_t at;
+        unsigned width;
+        uint64_t value;
+        size_t at2;
+        unsigned width2;
+        uint64_t value2;
+        const char *want;
+    } cases[] = {
+        {"extra length + 64", lh + 28, 2, extra_len + 64, 0, 0, 0, "not whole fields"},
+        {"extra length and its padding field + 64: whole fields, data moved", lh + 28, 2, extra_len + 64, fb + 2, 2,
+         extra_len + 60, "runs into the next local header"},
+        {"extra length and its padding field - 4: data moved back", lh + 28, 2, extra_len - 4, fb + 2, 2,
+         extra_len - 8, "no data descriptor"},
+        {"extra length 0 (the padding field's bytes become data)", lh + 28, 2, 0, 0, 0, 0, "no data descriptor"},
+        {"name length 0", lh + 26, 2, 0, 0, 0, 0, "names another file"},
+        {"a name byte changed", lh + 30 + name_len - 1, 1, 'x', 0, 0, 0, "names another file"},
+        {"local header says deflated", lh + 8, 2, 8, 0, 0, 0, "says compressed"},
+        {"local header says encrypted", lh + 6, 2, 0x0809, 0, 0, 0, "encrypted"},
+        {"directory says encrypted", cde + 8, 2, 0x0809, 0, 0, 0, "is encrypted"},
+        {"directory size of data/0 + 64, both fields", cde + 20, 4, 24 + 64, cde + 24, 4, 24 + 64, "runs into the next"},
+        {"directory size of data/0 + 8 (still before the next header)", cde + 20, 4, 24 + 8, cde + 24, 4, 24 + 8,
+         "no data descriptor"},
+        {"directory CRC of data.pkl changed", pkl_cde + 16, 4, 0x12345678, 0, 0, 0, "no data descriptor"},
+        {"data/0's header offset moved onto data.pkl's", cde + 42, 4, le(good + pkl_cde + 42, 4), 0, 0, 0,
+         "share the local header"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        g_autofree uint8_t *bad = g_memdup2(good, size);
+        put_le(bad + cases[i].at, cases[i].width, cases[i].value);
+        if (cases[i].width2)
+            put_le(bad + cases[i].at2, cases[i].width2, cases[i].value2);
+        opened = zip_opens(bad, size, &why);
+        tap_ok(!opened && strstr(why, cases[i].want), "%s: refused (%s)", cases[i].what, why);
+        g_free(why);
+    }
+
+    /* Without data descriptors the local header carries the sizes: data/0's header and directory
+     * entry without the flag, the descriptor's 16 bytes left as a gap before the next header. */
+    g_autofree uint8_t *plain = g_memdup2(good, size);
+    put_le(plain + lh + 6, 2, 0x0800);
+    put_le(plain + cde + 8, 2, 0x0800);
+    put_le(plain + lh + 18, 4, 24);
+    put_le(plain + lh + 22, 4, 24);
+    opened = zip_opens(plain, size, &why);
+    tap_ok(opened, "an entry without a data descriptor, sizes in its header: opens (%s)", why);
+    g_free(why);
+    put_le(plain + lh + 22, 4, 25);
+    opened = zip_opens(plain, size, &why);
+    tap_ok(!opened && strstr(why, "local header says 25 bytes"), "... with its header's size wrong: refused (%s)", why);
+    g_free(why);
+}
+
 /* The memo: indexes in order go to an array, others to a hash table, both found again; a
  * value shared by many places (None, small ints, the empty tuple) is one object. */
 static void test_pickle_memo_and_sharing(void)
@@ -379,6 +480,7 @@ int main(void)
     test_round_trip();
     test_hostile();
     test_zip64_cross_check();
+    test_local_headers();
     test_pickle_memo_and_sharing();
     return tap_done();
 }
