@@ -189,8 +189,14 @@ static bool read_fsdp_config(Fsdp *f, int64_t *world_size)
     g_autoptr(JsonObject) config = ckptfs_json_load_object(path, f->error);
     if (config == NULL)
         return false;
-    if (!json_int(config, "world_size", world_size) || *world_size < 1)
-        return fail(f, CKPTFS_ERROR_FORMAT, "%s: no \"world_size\" of at least 1", path);
+    if (!json_int(config, "world_size", world_size) || *world_size < 1) {
+        JsonNode *n = json_object_get_member(config, "world_size");
+        g_autofree char *value = n ? json_to_string(n, FALSE) : g_strdup("missing");
+        if (strlen(value) > 40)
+            strcpy(value + 37, "...");
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: \"world_size\" must be a whole number of at least 1 (it is %s)",
+                    path, value);
+    }
     if (json_object_has_member(config, "FSDP_version") && !json_int(config, "FSDP_version", &f->version))
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: \"FSDP_version\" is not a number", path);
     return true;

@@ -40,6 +40,11 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "no Megatron views: %s", mount->model_problem);
         return false;
     }
+    /* mcore/ is not listed without a model: say why, not that there is no such view. */
+    if (mount->model == NULL && strcmp(name, "mcore") == 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "no Megatron views: %s", mount->model_problem);
+        return false;
+    }
     CkptfsLayout base = base_layout(mount);
     if (!ckptfs_layout_parse(name, &base, layout)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
@@ -191,6 +196,9 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
     CkptfsModel *model = g_new0(CkptfsModel, 1);
     if (source->model_problem) {
         mount->model_problem = g_strdup(source->model_problem);
+        g_free(model);
+    } else if (source->config == NULL && source->config_problem != NULL) {
+        mount->model_problem = g_strdup_printf("%s; the Megatron views need it", source->config_problem);
         g_free(model);
     } else if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &model_error)) {
         mount->model = model;

@@ -59,6 +59,9 @@ for kind in no-config broken-config unknown-arch missing-layers wrong-shape; do
     wrong-shape) want="model.layers.0.mlp.gate_proj.weight' has shape [96, 64]; config.json implies [128, 64]" ;;
   esac
   check "$kind: inspect says why ($want)" grep -qF -- "$want" "$WORK/out"
+  "$CKPTFS" ls "$src" mcore > /dev/null 2> "$WORK/err" && rc=0 || rc=$?
+  [[ $rc -ne 0 ]] && grep -qF "no Megatron views" "$WORK/err" && grep -qF -- "$want" "$WORK/err"
+  ok $? "$kind: ls mcore says why, not that there is no such view ($(head -c 200 "$WORK/err"))"
   ls "$mnt/tp1pp1" > /dev/null 2>&1 && rc=0 || rc=1
   ok $((1 - rc)) "$kind: tp1pp1 does not exist"
 done
