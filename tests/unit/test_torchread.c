@@ -265,24 +265,64 @@ static bool zip_opens(const uint8_t *data, size_t len, char **why)
     return zip != NULL;
 }
 
-/* ZIP64 end records that contradict the classic one (torch.load refuses each), and ones that
- * agree (accepted, saturated classic fields included). ckptfs writes both kinds of records. */
-static void test_zip64_cross_check(void)
+/* A torch.save archive of ckptfs's own writer ("FB" padding, data descriptors, ZIP64 end
+ * records): {"w": 12 bf16 (24 bytes)}, with {"more": {"x": 1}} when MORE. */
+static uint8_t *written_archive(bool more, size_t *size)
 {
     CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
     uint64_t shape[1] = {12}; /* emit_iota gives 24 bytes */
     ckptfs_value_set(root, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL));
-    CkptfsValue *more = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    ckptfs_value_set(more, "x", ckptfs_value_int(1));
-    ckptfs_value_set(root, "more", more);
+    if (more) {
+        CkptfsValue *inner = ckptfs_value_container(CKPTFS_VALUE_DICT);
+        ckptfs_value_set(inner, "x", ckptfs_value_int(1));
+        ckptfs_value_set(root, "more", inner);
+    }
     CkptfsPlan *plan = ckptfs_torchsave_plan(root, "archive", false, NULL);
     ckptfs_value_free(root);
     CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
-    size_t size = (size_t)ckptfs_plan_size(plan);
-    g_autofree uint8_t *good = g_malloc(size);
-    ckptfs_plan_read(plan, none, good, size, 0, NULL);
+    *size = (size_t)ckptfs_plan_size(plan);
+    uint8_t *data = g_malloc(*size);
+    ckptfs_plan_read(plan, none, data, *size, 0, NULL);
     ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(none);
+    return data;
+}
+
+/* One or two little-endian fields of an archive changed, and what opening it must say. */
+typedef struct {
+    const char *what;
+    size_t at;
+    unsigned width;
+    uint64_t value;
+    size_t at2;
+    unsigned width2;
+    uint64_t value2;
+    const char *want; /* NULL: accepted */
+} ZipPatch;
+
+static void check_patches(const uint8_t *good, size_t size, const ZipPatch *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        g_autofree uint8_t *bad = g_memdup2(good, size);
+        put_le(bad + cases[i].at, cases[i].width, cases[i].value);
+        if (cases[i].width2)
+            put_le(bad + cases[i].at2, cases[i].width2, cases[i].value2);
+        char *why = NULL;
+        bool opened = zip_opens(bad, size, &why);
+        if (cases[i].want)
+            tap_ok(!opened && strstr(why, cases[i].want), "%s: refused (%s)", cases[i].what, why);
+        else
+            tap_ok(opened, "%s: accepted (%s)", cases[i].what, why);
+        g_free(why);
+    }
+}
+
+/* ZIP64 end records that contradict the classic one (torch.load refuses each), and ones that
+ * agree (accepted, saturated classic fields included). ckptfs writes both kinds of records. */
+static void test_zip64_cross_check(void)
+{
+    size_t size = 0;
+    g_autofree uint8_t *good = written_archive(true, &size);
 
     size_t eocd = size - 22, loc = eocd - 20, rec = loc - 56;
     g_assert(le(good + eocd, 4) == 0x06054b50 && le(good + loc, 4) == 0x07064b50 &&
@@ -293,16 +333,7 @@ static void test_zip64_cross_check(void)
     tap_ok(opened, "the archive as written opens (%s)", why);
     g_free(why);
 
-    const struct {
-        const char *what;
-        size_t at;
-        unsigned width;
-        uint64_t value;
-        size_t at2;
-        unsigned width2;
-        uint64_t value2;
-        const char *want; /* NULL: accepted */
-    } cases[] = {
+    const ZipPatch cases[] = {
         {"ZIP64 count one less than the classic one", rec + 24, 8, count - 1, rec + 32, 8, count - 1,
          "ZIP64 end record says"},
         {"ZIP64 count one more", rec + 24, 8, count + 1, rec + 32, 8, count + 1, "ZIP64 end record says"},
@@ -320,18 +351,7 @@ static void test_zip64_cross_check(void)
          0xffffffffu, NULL},
         {"classic counts saturated, ZIP64 agrees", eocd + 8, 2, 0xffff, eocd + 10, 2, 0xffff, NULL},
     };
-    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autofree uint8_t *bad = g_memdup2(good, size);
-        put_le(bad + cases[i].at, cases[i].width, cases[i].value);
-        if (cases[i].width2)
-            put_le(bad + cases[i].at2, cases[i].width2, cases[i].value2);
-        opened = zip_opens(bad, size, &why);
-        if (cases[i].want)
-            tap_ok(!opened && strstr(why, cases[i].want), "%s: refused (%s)", cases[i].what, why);
-        else
-            tap_ok(opened, "%s: accepted (%s)", cases[i].what, why);
-        g_free(why);
-    }
+    check_patches(good, size, cases, G_N_ELEMENTS(cases));
     /* Bytes after the last entry in the directory: zipfile would read them as entries. */
     g_autofree uint8_t *grown = g_malloc(size + 46);
     size_t cd_end = (size_t)(cd_offset + le(good + rec + 40, 8));
@@ -371,17 +391,8 @@ static size_t local_of(const uint8_t *data, size_t cd_offset, uint64_t count, co
  * The archive is ckptfs's own torch.save writer's: "FB" padding, data descriptors. */
 static void test_local_headers(void)
 {
-    CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    uint64_t shape[1] = {12};
-    ckptfs_value_set(root, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL));
-    CkptfsPlan *plan = ckptfs_torchsave_plan(root, "archive", false, NULL);
-    ckptfs_value_free(root);
-    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
-    size_t size = (size_t)ckptfs_plan_size(plan);
-    g_autofree uint8_t *good = g_malloc(size);
-    ckptfs_plan_read(plan, none, good, size, 0, NULL);
-    ckptfs_plan_free(plan);
-    ckptfs_srcfiles_free(none);
+    size_t size = 0;
+    g_autofree uint8_t *good = written_archive(false, &size);
     size_t rec = size - 22 - 20 - 56;
     uint64_t count = le(good + rec + 32, 8);
     size_t cd_offset = (size_t)le(good + rec + 48, 8), cde = 0, pkl_cde = 0;
@@ -395,16 +406,7 @@ static void test_local_headers(void)
     tap_ok(opened, "the archive as written opens (%s)", why);
     g_free(why);
 
-    const struct {
-        const char *what;
-        size_t at;
-        unsigned width;
-        uint64_t value;
-        size_t at2;
-        unsigned width2;
-        uint64_t value2;
-        const char *want;
-    } cases[] = {
+    const ZipPatch cases[] = {
         {"extra length + 64", lh + 28, 2, extra_len + 64, 0, 0, 0, "not whole fields"},
         {"extra length and its padding field + 64: whole fields, data moved", lh + 28, 2, extra_len + 64, fb + 2, 2,
          extra_len + 60, "runs into the next local header"},
@@ -423,15 +425,7 @@ static void test_local_headers(void)
         {"data/0's header offset moved onto data.pkl's", cde + 42, 4, le(good + pkl_cde + 42, 4), 0, 0, 0,
          "share the local header"},
     };
-    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
-        g_autofree uint8_t *bad = g_memdup2(good, size);
-        put_le(bad + cases[i].at, cases[i].width, cases[i].value);
-        if (cases[i].width2)
-            put_le(bad + cases[i].at2, cases[i].width2, cases[i].value2);
-        opened = zip_opens(bad, size, &why);
-        tap_ok(!opened && strstr(why, cases[i].want), "%s: refused (%s)", cases[i].what, why);
-        g_free(why);
-    }
+    check_patches(good, size, cases, G_N_ELEMENTS(cases));
 
     /* Without data descriptors the local header carries the sizes: data/0's header and directory
      * entry without the flag, the descriptor's 16 bytes left as a gap before the next header. */
