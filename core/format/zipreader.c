@@ -314,6 +314,9 @@ static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const
     for (guint i = 0; i <= cds->len; i++) {
         const CdEntry *cd = i < cds->len ? &g_array_index(cds, CdEntry, i) : NULL;
         uint64_t at = cd ? cd->local : cd_offset; /* what comes next: a header, or the directory */
+        if (at > cd_offset)
+            return bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " is past the central "
+                                    "directory (at %" G_GUINT64_FORMAT ")", cd->entry->name, at, cd_offset);
         if (prev != NULL && cd != NULL && at == prev->local)
             return bad(error, path, "entries '%s' and '%s' share the local header at offset %" G_GUINT64_FORMAT
                                     "; the archive is damaged", prev->entry->name, cd->entry->name, at);

@@ -422,6 +422,7 @@ static void test_local_headers(void)
         {"directory size of data/0 + 8 (still before the next header)", cde + 20, 4, 24 + 8, cde + 24, 4, 24 + 8,
          "no data descriptor"},
         {"directory CRC of data.pkl changed", pkl_cde + 16, 4, 0x12345678, 0, 0, 0, "no data descriptor"},
+        {"data/0's header offset past the directory", cde + 42, 4, cd_offset + 4, 0, 0, 0, "past the central directory"},
         {"data/0's header offset moved onto data.pkl's", cde + 42, 4, le(good + pkl_cde + 42, 4), 0, 0, 0,
          "share the local header"},
     };
