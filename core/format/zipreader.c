@@ -53,6 +53,25 @@ static bool bad(GError **error, const char *path, const char *fmt, ...)
     return false;
 }
 
+/* The last bytes of an archive, read once: its end records, and for a small directory (a
+ * chunk archive of torch_dist, a few entries) the directory too. */
+typedef struct {
+    uint8_t *buf;
+    uint64_t at; /* archive offset of buf[0] */
+    size_t len;
+} Tail;
+
+/* Bytes [OFF, OFF + LEN) of the archive at BASE into OUT: from TAIL where it holds them. */
+static bool archive_bytes(const CkptfsSrcFiles *files, unsigned src, uint64_t base, const Tail *tail,
+                          uint64_t off, size_t len, uint8_t *out, GError **error)
+{
+    if (off >= tail->at && off - tail->at <= tail->len && len <= tail->len - (off - tail->at)) {
+        memcpy(out, tail->buf + (off - tail->at), len);
+        return true;
+    }
+    return ckptfs_srcfiles_pread(files, src, out, len, base + off, error);
+}
+
 /* The ZIP64 end of central directory record the locator at LOC (20 bytes) points to, checked
  * and cross-checked with the classic end record E: fills the directory's offset, size and
  * entry count. Readers disagree on archives whose records disagree (miniz, which torch.load
@@ -61,7 +80,7 @@ static bool bad(GError **error, const char *path, const char *fmt, ...)
  * accepted: one disk, the record where the locator says and just before it, and every classic
  * field that is not saturated (0xffff / 0xffffffff) equal to its ZIP64 counterpart. */
 static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char *path,
-                           uint64_t base, uint64_t size, uint64_t loc_at, const uint8_t *loc,
+                           uint64_t base, uint64_t size, const Tail *tail, uint64_t loc_at, const uint8_t *loc,
                            const uint8_t *e, uint64_t *cd_offset, uint64_t *cd_size,
                            uint64_t *count, GError **error)
 {
@@ -74,7 +93,7 @@ static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char
     if (!ckptfs_range_inside(rec_off, sizeof rec, size))
         return bad(error, path, "ZIP64 locator points to offset %" G_GUINT64_FORMAT ", outside the "
                                 "archive (%" G_GUINT64_FORMAT " bytes)", rec_off, size);
-    if (!ckptfs_srcfiles_pread(files, src, rec, sizeof rec, base + rec_off, error))
+    if (!archive_bytes(files, src, base, tail, rec_off, sizeof rec, rec, error))
         return false;
     if (get32(rec) != EOCD64_SIG)
         return bad(error, path, "no ZIP64 end record where the locator points (offset %" G_GUINT64_FORMAT ")",
@@ -106,28 +125,39 @@ static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char
     return true;
 }
 
-/* Finds the end records: fills the directory's offset, size and entry count. */
+/* Finds the end records: fills the directory's offset, size and entry count, and TAIL (to be
+ * freed) with the archive's last bytes. A torch.save archive has no comment, so its end records
+ * are in its last 4 KiB; the 64 KiB a comment may add are read only where they are not. */
 static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char *path,
-                           uint64_t base, uint64_t size, uint64_t *cd_offset, uint64_t *cd_size,
+                           uint64_t base, uint64_t size, Tail *tail, uint64_t *cd_offset, uint64_t *cd_size,
                            uint64_t *count, GError **error)
 {
     if (size < 22)
         return bad(error, path, "%" G_GUINT64_FORMAT " bytes is too short for a zip archive", size);
-    size_t tail_len = (size_t)MIN(size, (uint64_t)(65535 + 22 + 20));
-    g_autofree uint8_t *tail = g_malloc(tail_len);
-    if (!ckptfs_srcfiles_pread(files, src, tail, tail_len, base + size - tail_len, error))
-        return false;
-    /* The end record is the last signature whose comment length reaches the end exactly. */
+    static const size_t tail_sizes[] = {4096, 65535 + 22 + 20 + 56};
     ssize_t at = -1;
-    for (ssize_t i = (ssize_t)tail_len - 22; i >= 0; i--)
-        if (get32(tail + i) == EOCD_SIG && (size_t)i + 22 + get16(tail + i + 20) == tail_len) {
-            at = i;
-            break;
-        }
+    for (size_t k = 0; k < G_N_ELEMENTS(tail_sizes) && at < 0; k++) {
+        size_t tail_len = (size_t)MIN(size, (uint64_t)tail_sizes[k]);
+        if (k > 0 && tail_len == tail->len)
+            break; /* the whole archive was read already */
+        g_free(tail->buf);
+        *tail = (Tail){g_malloc(tail_len), size - tail_len, tail_len};
+        if (!ckptfs_srcfiles_pread(files, src, tail->buf, tail_len, base + tail->at, error))
+            return false;
+        /* The end record is the last signature whose comment length reaches the end exactly. */
+        for (ssize_t i = (ssize_t)tail_len - 22; i >= 0; i--)
+            if (get32(tail->buf + i) == EOCD_SIG && (size_t)i + 22 + get16(tail->buf + i + 20) == tail_len) {
+                at = i;
+                break;
+            }
+        /* Found too near the start of a short read to see a ZIP64 locator before it: read more. */
+        if (at >= 0 && at < 20 && tail_len < size && k + 1 < G_N_ELEMENTS(tail_sizes))
+            at = -1;
+    }
     if (at < 0)
         return bad(error, path, "not a zip archive (no end of central directory record); "
                                 "not a torch.save file, or truncated?");
-    const uint8_t *e = tail + at;
+    const uint8_t *e = tail->buf + at;
     if (get16(e + 4) != 0 || get16(e + 6) != 0)
         return bad(error, path, "multi-disk zip archives are not supported");
     if (get16(e + 8) != get16(e + 10))
@@ -136,9 +166,9 @@ static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char
     *count = get16(e + 10);
     *cd_size = get32(e + 12);
     *cd_offset = get32(e + 16);
-    uint64_t eocd_at = size - tail_len + (uint64_t)at;
+    uint64_t eocd_at = tail->at + (uint64_t)at;
     if (at >= 20 && get32(e - 20) == LOCATOR_SIG) {
-        if (!read_zip64_end(files, src, path, base, size, eocd_at - 20, e - 20, e, cd_offset,
+        if (!read_zip64_end(files, src, path, base, size, tail, eocd_at - 20, e - 20, e, cd_offset,
                             cd_size, count, error))
             return false;
     } else if (*count == 0xffff || *cd_size == 0xffffffffu || *cd_offset == 0xffffffffu) {
@@ -392,10 +422,12 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
                            uint64_t base, uint64_t size, GError **error)
 {
     uint64_t cd_offset = 0, cd_size = 0, count = 0;
-    if (!find_directory(files, src, path, base, size, &cd_offset, &cd_size, &count, error))
-        return NULL;
-    g_autofree uint8_t *cd = g_malloc(cd_size ? cd_size : 1);
-    if (!ckptfs_srcfiles_pread(files, src, cd, (size_t)cd_size, base + cd_offset, error))
+    Tail tail = {0};
+    bool found = find_directory(files, src, path, base, size, &tail, &cd_offset, &cd_size, &count, error);
+    g_autofree uint8_t *cd = found ? g_malloc(cd_size ? cd_size : 1) : NULL;
+    found = found && archive_bytes(files, src, base, &tail, cd_offset, (size_t)cd_size, cd, error);
+    g_free(tail.buf);
+    if (!found)
         return NULL;
     CkptfsZip *zip = g_new0(CkptfsZip, 1);
     zip->path = g_strdup(path);

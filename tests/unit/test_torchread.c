@@ -386,6 +386,30 @@ static size_t local_of(const uint8_t *data, size_t cd_offset, uint64_t count, co
     g_assert_not_reached();
 }
 
+/* An archive comment puts the end records further from the end: torch.save writes none, and
+ * the first read (the last 4 KiB) misses them only with a comment; the second finds them. */
+static void test_comment(void)
+{
+    size_t size = 0;
+    g_autofree uint8_t *good = written_archive(true, &size);
+    const size_t comments[] = {0, 100, 4060, 4074, 5000, 65535};
+    for (size_t i = 0; i < 2 * G_N_ELEMENTS(comments); i++) {
+        size_t n = comments[i / 2];
+        g_autofree uint8_t *with = g_malloc(size + n);
+        memcpy(with, good, size);
+        memset(with + size, 'c', n);
+        put_le(with + size - 2, 2, n);
+        /* The classic directory offset saturated: only the ZIP64 records before the end record
+         * give it, so they must be found too. */
+        if (i % 2)
+            put_le(with + size - 6, 4, 0xffffffffu);
+        char *why = NULL;
+        bool opened = zip_opens(with, size + n, &why);
+        tap_ok(opened, "a comment of %zu bytes%s: opens (%s)", n, i % 2 ? ", classic offset saturated" : "", why);
+        g_free(why);
+    }
+}
+
 /* Local headers that disagree with the directory: each would move an entry's data onto other
  * bytes (torch.load would read them without a word, as it checks no CRC), so each is refused.
  * The archive is ckptfs's own torch.save writer's: "FB" padding, data descriptors. */
@@ -476,6 +500,7 @@ int main(void)
     test_hostile();
     test_zip64_cross_check();
     test_local_headers();
+    test_comment();
     test_pickle_memo_and_sharing();
     return tap_done();
 }
