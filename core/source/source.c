@@ -73,13 +73,17 @@ static bool block_fp8_config(const CkptfsSource *source, gint64 *br, gint64 *bc,
 {
     *br = *bc = 0;
     JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
-    if (q == NULL)
+    if (q == NULL || JSON_NODE_HOLDS_NULL(q))
         return true;
     g_autofree char *what = g_strdup_printf("%s: config.json: quantization_config", source->dir);
     JsonObject *qc = JSON_NODE_HOLDS_OBJECT(q) ? json_node_get_object(q) : NULL;
     JsonNode *method = qc ? json_object_get_member(qc, "quant_method") : NULL;
-    const char *name = method && JSON_NODE_HOLDS_VALUE(method) && json_node_get_value_type(method) == G_TYPE_STRING
-                           ? json_node_get_string(method) : "none given";
+    if (method == NULL || !JSON_NODE_HOLDS_VALUE(method) || json_node_get_value_type(method) != G_TYPE_STRING) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: %s; without -o dtype=bf16 the checkpoint is "
+                    "served as it is", what, qc ? "no \"quant_method\" string" : "not an object");
+        return false;
+    }
+    const char *name = json_node_get_string(method);
     if (strcmp(name, "fp8") != 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: quant_method '%s' is not dequantised "
                     "(block FP8 \"fp8\" is); without -o dtype=bf16 the checkpoint is served as it is", what, name);
@@ -129,6 +133,20 @@ static bool dequantize_catalog(const CkptfsSource *source, CkptfsCatalog *catalo
     return true;
 }
 
+/* The first FP8 tensor of CATALOG with an X_scale_inv beside it, or NULL. */
+static const char *scaled_fp8_tensor(const CkptfsCatalog *catalog)
+{
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(catalog, i);
+        if (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)
+            continue;
+        g_autofree char *scale = g_strconcat(t->name, "_scale_inv", NULL);
+        if (ckptfs_catalog_find(catalog, scale) != NULL)
+            return t->name;
+    }
+    return NULL;
+}
+
 /* A block-FP8 checkpoint: with -o dtype=bf16 served as bf16 everywhere (hf/ then has no scales
  * and no quantization_config, as after fp8_cast_bf16.py); otherwise hf/ passes it through and
  * the Megatron views, which are bf16, read a dequantised copy of the catalog. *DEQUANTIZED:
@@ -147,8 +165,23 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
         g_error_free(config_error); /* passed through; the Megatron views say what they miss */
         return true;
     }
-    if (br == 0)
+    if (br == 0) {
+        /* Scales but no block size to apply them with: a cast would leave the weights FP8 and
+         * change the scales' values. */
+        const char *scaled = scaled_fp8_tensor(source->catalog);
+        if (scaled == NULL)
+            return true;
+        g_autofree char *why = g_strdup_printf("%s: FP8 tensor '%s' has block scales '%s_scale_inv' but config.json has "
+                                               "no quantization_config with their weight_block_size",
+                                               source->dir, scaled, scaled);
+        if (want_bf16) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "%s; -o dtype=bf16 cannot dequantise it", why);
+            return false;
+        }
+        if (source->model_problem == NULL)
+            source->model_problem = g_steal_pointer(&why);
         return true;
+    }
     if (!want_bf16) { /* a problem here costs the Megatron views, not the pass-through */
         GError *why = NULL;
         source->model_catalog = ckptfs_catalog_copy(source->catalog);

@@ -60,5 +60,13 @@ refused scale-dtype "'model.layers.0.mlp.down_proj.weight_scale_inv' are I32"
 refused no-scale "FP8 tensor 'model.layers.0.mlp.down_proj.weight' has no 'model.layers.0.mlp.down_proj.weight_scale_inv'"
 refused method "quant_method 'awq' is not dequantised"
 refused block "weight_block_size is not two block sizes"
+refused config-null "has block scales .* but config.json has no quantization_config"
+refused config-list "quantization_config: not an object"
+refused no-method "quantization_config: no \"quant_method\" string"
+# Scales without the block size to apply them: a plain cast would leave the weights FP8 and
+# round the scales to bf16.
+refused no-config "FP8 tensor '.*' has block scales '.*_scale_inv' but config.json has no quantization_config"
+check "  without -o dtype=bf16 it passes through, and inspect says why the Megatron views are missing" bash -c \
+  "'$CKPTFS' inspect '$WORK/bad-no-config' | grep -q 'no quantization_config with their weight_block_size'"
 check "  without -o dtype=bf16 an unknown quantisation passes through" "$CKPTFS" inspect "$WORK/bad-method"
 done_testing

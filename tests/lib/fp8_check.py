@@ -166,6 +166,14 @@ def damage(d, kind):
         c = json.load(open(os.path.join(d, "config.json")))
         if kind == "method":
             c["quantization_config"]["quant_method"] = "awq"
+        elif kind == "no-config":
+            del c["quantization_config"]
+        elif kind == "config-null":
+            c["quantization_config"] = None
+        elif kind == "config-list":
+            c["quantization_config"] = [1]
+        elif kind == "no-method":
+            del c["quantization_config"]["quant_method"]
         else:
             c["quantization_config"]["weight_block_size"] = [0, 128]
         json.dump(c, open(os.path.join(d, "config.json"), "w"))
