@@ -244,6 +244,37 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError *
     return true;
 }
 
+/* A model without a shared expert whose checkpoint has one anyway (config.json's size or count
+ * 0 or missing): Megatron's model would lack what the checkpoint holds, and transformers refuses
+ * the shapes, so it is refused too instead of served without it. */
+static bool check_no_shared_expert(const CkptfsCatalog *catalog, const CkptfsModel *m, GError **error)
+{
+    const CkptfsMoeConfig *moe = m->arch->moe;
+    const char *key = moe ? (moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key) : NULL;
+    if (key == NULL || m->shared_ffn > 0 || m->moe_ffn == 0)
+        return true;
+    CkptfsModel with = *m; /* the same model with one: its tensors, less the model's own */
+    with.shared_ffn = m->moe_ffn;
+    with.shared_gate = moe->shared_gate;
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
+    g_autoptr(GArray) own = ckptfs_model_hf_tensors(m, keys);
+    g_autoptr(GPtrArray) with_keys = ckptfs_mcore_keys(&with, with.vocab, false);
+    g_autoptr(GArray) all = ckptfs_model_hf_tensors(&with, with_keys);
+    g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
+    for (guint k = 0; k < own->len; k++)
+        g_hash_table_add(used, g_array_index(own, CkptfsHfShape, k).name);
+    for (guint k = 0; k < all->len; k++) {
+        const char *name = g_array_index(all, CkptfsHfShape, k).name;
+        if (!g_hash_table_contains(used, name) && ckptfs_catalog_find(catalog, name) != NULL) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                        "tensor '%s' is a shared expert's, but config.json's \"%s\" says the model has none",
+                        name, key);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Config fields of routing schemes ckptfs has no rules for, outside the DeepSeek family that
  * defines them: a model using them would be served with the wrong semantics, so it is refused. */
 static const char *const unsupported_moe_fields[] = {
@@ -505,7 +536,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
     if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
         !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, false, error))
         return false;
-    if (!check_tensors(catalog, model, error))
+    if (!check_tensors(catalog, model, error) || !check_no_shared_expert(catalog, model, error))
         return false;
     return true;
 }

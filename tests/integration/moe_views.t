@@ -43,6 +43,17 @@ check_layouts qwen2_moe "spec=local" "--spec local" tp2pp2ep2 tp2pp1ep2etp1
 check_layouts qwen3_moe "" "" tp1pp1ep2 tp2pp1ep2 tp1pp2ep2 tp2pp1ep4etp1 tp1pp2vpp2ep2
 check_layouts qwen3_moe "spec=local,pp_first=1,pp_last=3" "--spec local --pp-first 1 --pp-last 3" tp1pp2ep4
 check_layouts qwen3_moe-all "moe_grouped_gemm=on" "--grouped" tp2pp2ep2 tp1pp4ep4etp1
+# A shared expert in the weights that config.json says is not there: refused, not dropped.
+for how in zero missing; do
+  cp -r "$WORK/qwen2_moe" "$WORK/qwen2_moe-$how"
+  $PY -c "import json, sys
+p = sys.argv[1] + '/config.json'; c = json.load(open(p))
+if sys.argv[2] == 'zero': c['shared_expert_intermediate_size'] = 0
+else: del c['shared_expert_intermediate_size']
+json.dump(c, open(p, 'w'))" "$WORK/qwen2_moe-$how" "$how"
+  check "a shared expert the config says is not there ($how): the Megatron views say why" bash -c \
+    "'$CKPTFS' inspect '$WORK/qwen2_moe-$how' | grep -q \"no Megatron views: tensor 'model.layers.0.mlp.shared_expert.*' is a shared expert's, but config.json's .shared_expert_intermediate_size. says the model has none\""
+done
 "$CKPTFS" inspect -o spec=local,moe_grouped_gemm=on "$WORK/mixtral" > /dev/null 2> "$WORK/err" && rc=0 || rc=1
 ok $((1 - rc)) "moe_grouped_gemm=on with spec=local is refused"
 check "and says why" grep -q "needs spec=te" "$WORK/err"
