@@ -39,6 +39,7 @@ typedef struct {
     GArray *spans;              /* Span: the archives read, to refuse overlaps */
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and saved split */
     CkptfsDtype dtype;
+    uint64_t vocab_rows;        /* the padded vocabulary of the first vocabulary key (no args) */
     unsigned chunks, objects, skipped; /* model chunks read, _extra_state objects, others */
 } Td;
 
@@ -197,9 +198,12 @@ static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const 
                     t->metadata_path, fqn, where);
     const CkptfsPy *off = ckptfs_py_dict_get(info, "offset"), *len = ckptfs_py_dict_get(info, "length");
     if (off == NULL || len == NULL || off->kind != CKPTFS_PY_INT || len->kind != CKPTFS_PY_INT ||
-        off->big || len->big || off->i < 0 || len->i <= 0)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s: bad offset/length",
-                    t->metadata_path, fqn, where);
+        off->big || len->big || off->i < 0 || len->i <= 0) {
+        bool off_ok = off && off->kind == CKPTFS_PY_INT && !off->big && off->i >= 0;
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s: its storage_data %s is not %s",
+                    t->metadata_path, fqn, where, off_ok ? "length" : "offset",
+                    off_ok ? "a positive integer" : "an integer of at least 0");
+    }
     uint32_t src = 0;
     const char *rel = ckptfs_py_str(ckptfs_py_dict_get(info, "relative_path"));
     if (!chunk_file(t, fqn, rel, &src))
@@ -307,17 +311,21 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, en->name);
         return NULL;
     }
-    /* The vocabulary is padded as the saver's TP required: any row count >= the vocabulary. */
+    /* The vocabulary is padded as the saver's TP required: args.padded_vocab_size rows, or
+     * without args any row count >= the vocabulary, the same for every vocabulary key (rows
+     * past what a key's chunks hold would be a hole). */
     bool vocab = key->split == CKPTFS_TP_VOCAB;
     if (vocab && n == 2 && dims[0] >= t->saved.model.vocab)
-        want[0] = dims[0];
+        want[0] = t->saved.padded_vocab ? t->saved.padded_vocab : t->vocab_rows ? t->vocab_rows : dims[0];
     if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
         g_autofree char *got = ckptfs_dims_text(dims, n), *exp = ckptfs_dims_text(want, nwant);
         g_autofree char *hint = moe_sizes_hint(t, key);
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; the model's args imply %s%s",
-             t->metadata_path, en->name, got, exp, hint);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; %s %s%s", t->metadata_path, en->name, got,
+             vocab && !t->saved.padded_vocab ? "the other vocabulary key implies" : "the model's args imply", exp, hint);
         return NULL;
     }
+    if (vocab)
+        t->vocab_rows = dims[0];
     *padded_rows = dims[0];
     const CkptfsPy *props = ckptfs_py_object_state(ckptfs_py_dict_get(st, "properties"));
     const CkptfsPy *dtype = props && props->kind == CKPTFS_PY_TUPLE && props->items->len > 0

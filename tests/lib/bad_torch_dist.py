@@ -168,6 +168,29 @@ def case_dtype_mismatch(d):
     return "BF16"
 
 
+def case_vocab_rows(d):
+    # One more padded row than args.padded_vocab_size, and no chunk holding it.
+    md = load_md(d)
+    tsm = md.state_dict_metadata["embedding.word_embeddings.weight"]
+    size = list(tsm.size)
+    size[0] += 1
+    tsm.size = torch.Size(size)
+    save_md(d, md)
+    return "'embedding.word_embeddings.weight' has shape [%d, %d]; the model's args imply [%d, %d]" % (
+        size[0], size[1], size[0] - 1, size[1])
+
+
+def case_storage_length_zero(d):
+    md = load_md(d)
+    c = md.state_dict_metadata[QKV].chunks[0]
+    k, info = storage_of(md, QKV, c.offsets)
+    info = copy.copy(info)
+    info.length = 0
+    md.storage_data[k] = info
+    save_md(d, md)
+    return "its storage_data length is not a positive integer"
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
