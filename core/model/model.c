@@ -556,6 +556,37 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
     return false;
 }
 
+/* Whether NAME is in a multi-token prediction layer the views do not serve (DeepSeek's layer
+ * after the decoder's, served with -o mtp=on). */
+static bool unserved_mtp_layer(const CkptfsModel *m, const char *name)
+{
+    if (m->mtp || m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers."))
+        return false;
+    char *end = NULL;
+    guint64 layer = g_ascii_strtoull(name + strlen("model.layers."), &end, 10);
+    return end != NULL && *end == '.' && layer >= m->layers && layer - m->layers < m->mtp_layers;
+}
+
+GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCatalog *catalog)
+{
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(model, model->vocab, false);
+    g_autoptr(GArray) used = ckptfs_model_hf_tensors(model, keys);
+    g_autoptr(GHashTable) names = g_hash_table_new(g_str_hash, g_str_equal);
+    for (guint k = 0; k < used->len; k++)
+        g_hash_table_add(names, g_array_index(used, CkptfsHfShape, k).name);
+    GPtrArray *unused = g_ptr_array_new_with_free_func(g_free);
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
+        const char *name = ckptfs_catalog_at(catalog, i)->name;
+        /* Left out on purpose: a tied model's output copy, buffers transformers ignores too, and
+         * MTP layers unless asked for. */
+        if (g_hash_table_contains(names, name) || (model->tied_embeddings && strcmp(name, "lm_head.weight") == 0) ||
+            g_str_has_suffix(name, "rotary_emb.inv_freq") || unserved_mtp_layer(model, name))
+            continue;
+        g_ptr_array_add(unused, g_strdup(name));
+    }
+    return unused;
+}
+
 bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error)
 {
     const struct {

@@ -33,6 +33,25 @@ static void apply_uneven_stages(const CkptfsMount *mount, const CkptfsLayout *ba
         layout->pp_first = layout->pp_last = 0;
 }
 
+/* Tensors the Megatron views leave out although the checkpoint has them: config.json and the
+ * weights disagree (an expert or layer past its counts, a stray tensor). hf/ still serves them;
+ * the warning says what the Megatron model lacks, as transformers lists unused weights. */
+static void warn_unused_tensors(CkptfsSource *source, const CkptfsModel *model)
+{
+    g_autoptr(GPtrArray) unused = ckptfs_model_unused_tensors(model, ckptfs_source_model_catalog(source));
+    if (unused->len == 0)
+        return;
+    g_autoptr(GString) names = g_string_new(NULL);
+    for (guint i = 0; i < unused->len && i < 3; i++)
+        g_string_append_printf(names, "%s'%s'", i ? ", " : "", (char *)g_ptr_array_index(unused, i));
+    if (unused->len > 3)
+        g_string_append_printf(names, " and %u more", unused->len - 3);
+    g_ptr_array_add(source->warnings,
+                    g_strdup_printf("%u tensor%s in no Megatron view (config.json does not describe %s): %s",
+                                    unused->len, unused->len == 1 ? " is" : "s are", unused->len == 1 ? "it" : "them",
+                                    names->str));
+}
+
 bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayout *layout,
                          GError **error)
 {
@@ -207,6 +226,7 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
             ckptfs_mount_free(mount);
             return NULL;
         }
+        warn_unused_tensors(source, model);
     } else {
         mount->model_problem = g_strdup(model_error->message);
         g_error_free(model_error);

@@ -117,6 +117,11 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
  * it has some and that CATALOG holds their tensors. */
 bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error);
 
+/* The tensors of CATALOG no Megatron view of MODEL reads (names, in catalog order), less those
+ * left out on purpose (a tied lm_head, rotary inv_freq buffers, MTP layers without -o mtp=on):
+ * weights config.json does not describe, such as an expert or a layer past its counts. */
+GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCatalog *catalog);
+
 /* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
  * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),
  * so that no product of them the mapping rules form can wrap, and few enough layers for

@@ -54,6 +54,17 @@ json.dump(c, open(p, 'w'))" "$WORK/qwen2_moe-$how" "$how"
   check "a shared expert the config says is not there ($how): the Megatron views say why" bash -c \
     "'$CKPTFS' inspect '$WORK/qwen2_moe-$how' | grep -q \"no Megatron views: tensor 'model.layers.0.mlp.shared_expert.*' is a shared expert's, but config.json's .shared_expert_intermediate_size. says the model has none\""
 done
+# A layer past num_hidden_layers: served by hf/, in no Megatron view, and the warning says so.
+cp -r "$WORK/mixtral" "$WORK/mixtral-fewer"
+layers=$($PY -c "import json, sys
+p = sys.argv[1] + '/config.json'; c = json.load(open(p)); c['num_hidden_layers'] -= 1
+json.dump(c, open(p, 'w')); print(c['num_hidden_layers'])" "$WORK/mixtral-fewer")
+"$CKPTFS" inspect "$WORK/mixtral-fewer" > "$WORK/out" 2>&1
+check "a layer config.json does not count: inspect warns that its tensors are in no Megatron view" \
+  grep -q "^warning: .* tensors are in no Megatron view (config.json does not describe them): 'model.layers.$layers\." "$WORK/out"
+check "  and the Megatron views are still there" grep -q "^megatron: .*rules: $layers layers" "$WORK/out"
+"$CKPTFS" inspect "$WORK/mixtral" > "$WORK/out" 2>&1
+check "  (the unchanged model: no such warning)" bash -c "! grep -q 'in no Megatron view' '$WORK/out'"
 "$CKPTFS" inspect -o spec=local,moe_grouped_gemm=on "$WORK/mixtral" > /dev/null 2> "$WORK/err" && rc=0 || rc=1
 ok $((1 - rc)) "moe_grouped_gemm=on with spec=local is refused"
 check "and says why" grep -q "needs spec=te" "$WORK/err"
