@@ -364,6 +364,7 @@ static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const
             return bad(error, path, "entry '%s': local header offset %" G_GUINT64_FORMAT " leaves no room for "
                                     "the header before the central directory", cd->entry->name, at);
         uint64_t start = 0;
+        unsigned reread = 0;
         for (;;) {
             size_t len = (size_t)(hi - lo);
             if (len > buf_size) {
@@ -396,7 +397,10 @@ static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const
                 return false;
             if (start != 0)
                 break;
-            /* A long extra field: read the whole header again. */
+            /* A long extra field: read the whole header again (once: a header asking for more
+             * the second time changed in between). */
+            if (reread++)
+                return bad(error, path, "entry '%s': its local header changed while it was read", cd->entry->name);
             lo = at;
             hi = at + need;
             if (hi > cd_offset)

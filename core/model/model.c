@@ -556,15 +556,19 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
     return false;
 }
 
-/* Whether NAME is in a multi-token prediction layer the views do not serve (DeepSeek's layer
- * after the decoder's, served with -o mtp=on). */
-static bool unserved_mtp_layer(const CkptfsModel *m, const char *name)
+/* Whether NAME is a tensor of a multi-token prediction layer (DeepSeek's layers after the
+ * decoder's) that the views leave out: every one without -o mtp=on, and with it the layer's
+ * copies of the model's embedding and head, which the views take from the model's own. */
+static bool mtp_left_out(const CkptfsModel *m, const char *name)
 {
-    if (m->mtp || m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers."))
+    const char *p = name + strlen("model.layers.");
+    if (m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers.") || !g_ascii_isdigit(*p))
         return false;
     char *end = NULL;
-    guint64 layer = g_ascii_strtoull(name + strlen("model.layers."), &end, 10);
-    return end != NULL && *end == '.' && layer >= m->layers && layer - m->layers < m->mtp_layers;
+    guint64 layer = g_ascii_strtoull(p, &end, 10);
+    if (end == NULL || *end != '.' || layer < m->layers || layer - m->layers >= m->mtp_layers)
+        return false;
+    return !m->mtp || strcmp(end, ".embed_tokens.weight") == 0 || strcmp(end, ".shared_head.head.weight") == 0;
 }
 
 GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCatalog *catalog)
@@ -578,9 +582,9 @@ GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCat
     for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
         const char *name = ckptfs_catalog_at(catalog, i)->name;
         /* Left out on purpose: a tied model's output copy, buffers transformers ignores too, and
-         * MTP layers unless asked for. */
+         * MTP layers unless asked for (their embedding and head copies always). */
         if (g_hash_table_contains(names, name) || (model->tied_embeddings && strcmp(name, "lm_head.weight") == 0) ||
-            g_str_has_suffix(name, "rotary_emb.inv_freq") || unserved_mtp_layer(model, name))
+            g_str_has_suffix(name, "rotary_emb.inv_freq") || mtp_left_out(model, name))
             continue;
         g_ptr_array_add(unused, g_strdup(name));
     }

@@ -191,9 +191,10 @@ static bool read_fsdp_config(Fsdp *f, int64_t *world_size)
         return false;
     if (!json_int(config, "world_size", world_size) || *world_size < 1) {
         JsonNode *n = json_object_get_member(config, "world_size");
-        g_autofree char *value = n ? json_to_string(n, FALSE) : g_strdup("missing");
-        if (strlen(value) > 40)
-            strcpy(value + 37, "...");
+        g_autofree char *text = n ? json_to_string(n, FALSE) : g_strdup("missing");
+        g_autofree char *value = g_utf8_strlen(text, -1) > 40
+                                     ? g_strdup_printf("%.*s...", (int)(g_utf8_offset_to_pointer(text, 37) - text), text)
+                                     : g_strdup(text);
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: \"world_size\" must be a whole number of at least 1 (it is %s)",
                     path, value);
     }

@@ -321,7 +321,8 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
         g_autofree char *got = ckptfs_dims_text(dims, n), *exp = ckptfs_dims_text(want, nwant);
         g_autofree char *hint = moe_sizes_hint(t, key);
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; %s %s%s", t->metadata_path, en->name, got,
-             vocab && !t->saved.padded_vocab ? "the other vocabulary key implies" : "the model's args imply", exp, hint);
+             vocab && !t->saved.padded_vocab && t->vocab_rows && dims[0] >= t->saved.model.vocab
+                 ? "the other vocabulary key implies" : "the model's args imply", exp, hint);
         return NULL;
     }
     if (vocab)

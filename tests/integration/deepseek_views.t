@@ -66,6 +66,14 @@ for opts in "" "mtp=on" "mtp=on,spec=local"; do
   fi
 done
 
+# Every tensor of the release is in some Megatron view (with mtp=on the MTP layer's embedding and
+# head copies are the model's own): no warning of tensors left out, with or without mtp=on.
+for opts in "" "mtp=on"; do
+  "$CKPTFS" inspect ${opts:+-o "$opts"} "$WORK/v3" > "$WORK/out" 2>&1
+  check "v3 ${opts:-default}: inspect warns of no tensor left out of the Megatron views" \
+    bash -c "grep -q '^megatron:' '$WORK/out' && ! grep -q 'in no Megatron view' '$WORK/out'"
+done
+
 # Round trips through the Megatron sources: a view mounted as a source gives back the Hugging
 # Face tensors bit for bit (the fp32 expert bias included; the MTP layer when it was served).
 same_hf() { # ORIGINAL VIEW_HF [--no-mtp]

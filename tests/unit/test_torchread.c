@@ -434,6 +434,8 @@ static void test_local_headers(void)
         {"extra length + 64", lh + 28, 2, extra_len + 64, 0, 0, 0, "not whole fields"},
         {"extra length and its padding field + 64: whole fields, data moved", lh + 28, 2, extra_len + 64, fb + 2, 2,
          extra_len + 60, "runs into the next local header"},
+        {"extra length and its padding field + 200 (the header read again): data moved", lh + 28, 2, extra_len + 200,
+         fb + 2, 2, extra_len + 196, "runs into the central directory"},
         {"extra length and its padding field - 4: data moved back", lh + 28, 2, extra_len - 4, fb + 2, 2,
          extra_len - 8, "no data descriptor"},
         {"extra length 0 (the padding field's bytes become data)", lh + 28, 2, 0, 0, 0, 0, "no data descriptor"},
