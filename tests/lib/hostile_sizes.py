@@ -381,7 +381,9 @@ def torch_dist_cases(mcore, out, case):
     case("td-offset-wraps", ["__0_0.distcp", "'%s'" % norm, "9223372036854775744", "overflows"], d)
 
     # The embedding as [2^58, 64] in .metadata and in its one chunk's archive: 2^64 elements,
-    # numel wraps to 0, and its rows were served from far past the record.
+    # numel wraps to 0, and its rows were served from far past the record. The padded vocabulary
+    # is args.padded_vocab_size now, so the row count is refused before the chunk is read (the
+    # chunk's own overflow check stays behind it).
     emb = "embedding.word_embeddings.weight"
     d = copy_source(mcore, out, "td-numel-wraps")
     md = md_load(rel(d))
@@ -402,7 +404,7 @@ def torch_dist_cases(mcore, out, case):
 
     replace_archive(rel(d), info, huge)
     md_save(rel(d), md)
-    case("td-numel-wraps", ["'%s'" % emb, "[%d, %d]" % (rows, hidden), "overflows"], d)
+    case("td-numel-wraps", ["'%s'" % emb, "[%d, %d]" % (rows, hidden), "the model's args imply"], d)
 
     # A .metadata of 1.9 GB (sparse): refused by its size, before reading it.
     d = copy_source(mcore, out, "td-metadata-too-big")
