@@ -12,9 +12,22 @@
 #define CD_SIG 0x02014b50u
 #define LOCAL_SIG 0x04034b50u
 
+/* Bytes of an archive read once and kept: its last 4 KiB (end records, and for a small
+ * directory such as a torch_dist chunk archive's the directory too) and its first 4 KiB from the
+ * first local header (the headers before the data and small records such as data.pkl). */
+typedef struct {
+    uint8_t *buf;
+    uint64_t at; /* archive offset of buf[0] */
+    size_t len;
+} Window;
+
+#define WINDOW_BYTES 4096u
+
 struct CkptfsZip {
     char *path;
     unsigned src;
+    uint64_t base;       /* of the archive in the file */
+    Window head;         /* see Window */
     char *top;
     GPtrArray *entries;  /* CkptfsZipEntry* */
     GHashTable *by_name; /* name -> entry */
@@ -53,22 +66,16 @@ static bool bad(GError **error, const char *path, const char *fmt, ...)
     return false;
 }
 
-/* The last bytes of an archive, read once: its end records, and for a small directory (a
- * chunk archive of torch_dist, a few entries) the directory too. */
-typedef struct {
-    uint8_t *buf;
-    uint64_t at; /* archive offset of buf[0] */
-    size_t len;
-} Tail;
-
-/* Bytes [OFF, OFF + LEN) of the archive at BASE into OUT: from TAIL where it holds them. */
-static bool archive_bytes(const CkptfsSrcFiles *files, unsigned src, uint64_t base, const Tail *tail,
+/* Bytes [OFF, OFF + LEN) of the archive at BASE into OUT: from one of the N windows W where
+ * one holds them all, else read. */
+static bool archive_bytes(const CkptfsSrcFiles *files, unsigned src, uint64_t base, const Window *w, unsigned n,
                           uint64_t off, size_t len, uint8_t *out, GError **error)
 {
-    if (off >= tail->at && off - tail->at <= tail->len && len <= tail->len - (off - tail->at)) {
-        memcpy(out, tail->buf + (off - tail->at), len);
-        return true;
-    }
+    for (unsigned i = 0; i < n; i++)
+        if (w[i].buf != NULL && off >= w[i].at && off - w[i].at <= w[i].len && len <= w[i].len - (off - w[i].at)) {
+            memcpy(out, w[i].buf + (off - w[i].at), len);
+            return true;
+        }
     return ckptfs_srcfiles_pread(files, src, out, len, base + off, error);
 }
 
@@ -80,7 +87,7 @@ static bool archive_bytes(const CkptfsSrcFiles *files, unsigned src, uint64_t ba
  * accepted: one disk, the record where the locator says and just before it, and every classic
  * field that is not saturated (0xffff / 0xffffffff) equal to its ZIP64 counterpart. */
 static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char *path,
-                           uint64_t base, uint64_t size, const Tail *tail, uint64_t loc_at, const uint8_t *loc,
+                           uint64_t base, uint64_t size, const Window *tail, uint64_t loc_at, const uint8_t *loc,
                            const uint8_t *e, uint64_t *cd_offset, uint64_t *cd_size,
                            uint64_t *count, GError **error)
 {
@@ -93,7 +100,7 @@ static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char
     if (!ckptfs_range_inside(rec_off, sizeof rec, size))
         return bad(error, path, "ZIP64 locator points to offset %" G_GUINT64_FORMAT ", outside the "
                                 "archive (%" G_GUINT64_FORMAT " bytes)", rec_off, size);
-    if (!archive_bytes(files, src, base, tail, rec_off, sizeof rec, rec, error))
+    if (!archive_bytes(files, src, base, tail, 1, rec_off, sizeof rec, rec, error))
         return false;
     if (get32(rec) != EOCD64_SIG)
         return bad(error, path, "no ZIP64 end record where the locator points (offset %" G_GUINT64_FORMAT ")",
@@ -129,19 +136,19 @@ static bool read_zip64_end(const CkptfsSrcFiles *files, unsigned src, const char
  * freed) with the archive's last bytes. A torch.save archive has no comment, so its end records
  * are in its last 4 KiB; the 64 KiB a comment may add are read only where they are not. */
 static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char *path,
-                           uint64_t base, uint64_t size, Tail *tail, uint64_t *cd_offset, uint64_t *cd_size,
+                           uint64_t base, uint64_t size, Window *tail, uint64_t *cd_offset, uint64_t *cd_size,
                            uint64_t *count, GError **error)
 {
     if (size < 22)
         return bad(error, path, "%" G_GUINT64_FORMAT " bytes is too short for a zip archive", size);
-    static const size_t tail_sizes[] = {4096, 65535 + 22 + 20 + 56};
+    static const size_t tail_sizes[] = {WINDOW_BYTES, 65535 + 22 + 20 + 56};
     ssize_t at = -1;
     for (size_t k = 0; k < G_N_ELEMENTS(tail_sizes) && at < 0; k++) {
         size_t tail_len = (size_t)MIN(size, (uint64_t)tail_sizes[k]);
         if (k > 0 && tail_len == tail->len)
             break; /* the whole archive was read already */
         g_free(tail->buf);
-        *tail = (Tail){g_malloc(tail_len), size - tail_len, tail_len};
+        *tail = (Window){g_malloc(tail_len), size - tail_len, tail_len};
         if (!ckptfs_srcfiles_pread(files, src, tail->buf, tail_len, base + tail->at, error))
             return false;
         /* The end record is the last signature whose comment length reaches the end exactly. */
@@ -334,9 +341,18 @@ static gint by_local(gconstpointer a, gconstpointer b)
  * bytes is refused instead of read. One read per entry: a header with the previous entry's
  * descriptor just before it. */
 static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const char *path, uint64_t base,
-                                uint64_t cd_offset, GArray *cds, GError **error)
+                                uint64_t cd_offset, GArray *cds, Window w[2], GError **error)
 {
     g_array_sort(cds, by_local);
+    /* w[1] is the tail; w[0], the first WINDOW_BYTES from the first header, is read here
+     * unless the tail holds it. */
+    uint64_t first = cds->len ? g_array_index(cds, CdEntry, 0).local : cd_offset;
+    if (first < w[1].at && first < cd_offset) {
+        size_t len = (size_t)MIN((uint64_t)WINDOW_BYTES, cd_offset - first);
+        w[0] = (Window){g_malloc(len), first, len};
+        if (!ckptfs_srcfiles_pread(files, src, w[0].buf, len, base + first, error))
+            return false;
+    }
     g_autofree uint8_t *buf = NULL;
     size_t buf_size = 0;
     uint64_t prev_end = 0; /* where the previous entry's data ends */
@@ -372,14 +388,14 @@ static bool check_local_headers(const CkptfsSrcFiles *files, unsigned src, const
                 g_free(buf);
                 buf = g_malloc(buf_size);
             }
-            if (len > 0 && !ckptfs_srcfiles_pread(files, src, buf, len, base + lo, error))
+            if (len > 0 && !archive_bytes(files, src, base, w, 2, lo, len, buf, error))
                 return false;
             if (descriptor) {
                 uint8_t own[DESCRIPTOR_MAX];
                 const uint8_t *d = buf;
                 size_t d_len = (size_t)MIN(at - prev_end, (uint64_t)DESCRIPTOR_MAX);
                 if (lo != prev_end) { /* far before this header: read on its own */
-                    if (!ckptfs_srcfiles_pread(files, src, own, d_len, base + prev_end, error))
+                    if (!archive_bytes(files, src, base, w, 2, prev_end, d_len, own, error))
                         return false;
                     d = own;
                 }
@@ -426,16 +442,17 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
                            uint64_t base, uint64_t size, GError **error)
 {
     uint64_t cd_offset = 0, cd_size = 0, count = 0;
-    Tail tail = {0};
-    bool found = find_directory(files, src, path, base, size, &tail, &cd_offset, &cd_size, &count, error);
+    Window w[2] = {{0}}; /* head, tail */
+    bool found = find_directory(files, src, path, base, size, &w[1], &cd_offset, &cd_size, &count, error);
+    g_autofree uint8_t *tail_buf = w[1].buf;
     g_autofree uint8_t *cd = found ? g_malloc(cd_size ? cd_size : 1) : NULL;
-    found = found && archive_bytes(files, src, base, &tail, cd_offset, (size_t)cd_size, cd, error);
-    g_free(tail.buf);
+    found = found && archive_bytes(files, src, base, &w[1], 1, cd_offset, (size_t)cd_size, cd, error);
     if (!found)
         return NULL;
     CkptfsZip *zip = g_new0(CkptfsZip, 1);
     zip->path = g_strdup(path);
     zip->src = src;
+    zip->base = base;
     zip->entries = g_ptr_array_new_with_free_func(entry_free);
     zip->by_name = g_hash_table_new(g_str_hash, g_str_equal);
     size_t pos = 0;
@@ -456,7 +473,9 @@ static CkptfsZip *zip_open(const CkptfsSrcFiles *files, unsigned src, const char
                          " entries", (uint64_t)cd_size - pos, count);
         goto fail;
     }
-    if (!check_local_headers(files, src, path, base, cd_offset, cds, error))
+    bool checked = check_local_headers(files, src, path, base, cd_offset, cds, w, error);
+    zip->head = w[0]; /* kept for small records (data.pkl of a chunk archive) */
+    if (!checked)
         goto fail;
     /* torch.save puts every entry in one top folder: find it from data.pkl. */
     for (guint i = 0; i < zip->entries->len && zip->top == NULL; i++) {
@@ -513,6 +532,7 @@ void ckptfs_zip_free(CkptfsZip *zip)
         return;
     g_hash_table_unref(zip->by_name);
     g_ptr_array_unref(zip->entries);
+    g_free(zip->head.buf);
     g_free(zip->top);
     g_free(zip->path);
     g_free(zip);
@@ -554,7 +574,8 @@ GBytes *ckptfs_zip_read(const CkptfsZip *zip, const CkptfsSrcFiles *files, const
         return NULL;
     }
     uint8_t *buf = g_malloc(e->size ? e->size : 1);
-    if (!ckptfs_srcfiles_pread(files, zip->src, buf, (size_t)e->size, e->data_offset, error)) {
+    if (!archive_bytes(files, zip->src, zip->base, &zip->head, 1, e->data_offset - zip->base, (size_t)e->size, buf,
+                       error)) {
         g_free(buf);
         return NULL;
     }

@@ -265,13 +265,26 @@ static bool zip_opens(const uint8_t *data, size_t len, char **why)
     return zip != NULL;
 }
 
+/* CTX bytes, byte i = i * 7 + 3. */
+static void emit_ramp(gconstpointer ctx, CkptfsPlanBuilder *b)
+{
+    size_t n = GPOINTER_TO_SIZE(ctx);
+    g_autofree uint8_t *bytes = g_malloc(n);
+    for (size_t i = 0; i < n; i++)
+        bytes[i] = (uint8_t)(i * 7 + 3);
+    ckptfs_plan_add_literal(b, bytes, n);
+}
+
 /* A torch.save archive of ckptfs's own writer ("FB" padding, data descriptors, ZIP64 end
- * records): {"w": 12 bf16 (24 bytes)}, with {"more": {"x": 1}} when MORE. */
-static uint8_t *written_archive(bool more, size_t *size)
+ * records): {"w": 12 bf16 (24 bytes)} (or ELEMENTS bf16 of emit_ramp), with {"more": {"x": 1}}
+ * when MORE. */
+static uint8_t *written_archive_of(bool more, uint64_t elements, size_t *size)
 {
     CkptfsValue *root = ckptfs_value_container(CKPTFS_VALUE_DICT);
-    uint64_t shape[1] = {12}; /* emit_iota gives 24 bytes */
-    ckptfs_value_set(root, "w", ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL));
+    uint64_t shape[1] = {elements};
+    ckptfs_value_set(root, "w", elements == 12 ? ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_iota, NULL)
+                                               : ckptfs_value_tensor(CKPTFS_DTYPE_BF16, 1, shape, emit_ramp,
+                                                                     GSIZE_TO_POINTER(elements * 2)));
     if (more) {
         CkptfsValue *inner = ckptfs_value_container(CKPTFS_VALUE_DICT);
         ckptfs_value_set(inner, "x", ckptfs_value_int(1));
@@ -286,6 +299,11 @@ static uint8_t *written_archive(bool more, size_t *size)
     ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(none);
     return data;
+}
+
+static uint8_t *written_archive(bool more, size_t *size)
+{
+    return written_archive_of(more, 12, size); /* emit_iota gives 24 bytes */
 }
 
 /* One or two little-endian fields of an archive changed, and what opening it must say. */
@@ -470,6 +488,62 @@ static void test_local_headers(void)
     g_free(why);
 }
 
+/* An archive larger than the two 4 KiB windows it is opened with (its first header's and its
+ * end's): headers and small records come from them, the tensor's bytes stay where they are, and
+ * damaged headers in either window are refused. */
+static void test_large_archive(void)
+{
+    size_t size = 0;
+    const uint64_t elements = 8192; /* 16 KiB between the windows */
+    g_autofree uint8_t *good = written_archive_of(true, elements, &size);
+    size_t rec = size - 22 - 20 - 56;
+    uint64_t count = le(good + rec + 32, 8);
+    size_t cd_offset = (size_t)le(good + rec + 48, 8), cde = 0, ver_cde = 0;
+    size_t lh = local_of(good, cd_offset, count, "data/0", &cde);
+    size_t ver = local_of(good, cd_offset, count, "version", &ver_cde);
+    g_assert(lh < 4096 && ver > size - 4096 && size > 3 * 4096);
+    g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-zipbig-XXXXXX", NULL);
+    int fd = g_mkstemp(path);
+    g_assert(fd >= 0 && write(fd, good, size) == (ssize_t)size);
+    close(fd);
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    GError *error = NULL;
+    int src = ckptfs_srcfiles_add(files, path, &error);
+    CkptfsZip *zip = src >= 0 ? ckptfs_zip_open(files, (unsigned)src, &error) : NULL;
+    tap_ok(zip != NULL, "a 16 KiB archive opens (%s)", error ? error->message : "ok");
+    const CkptfsZipEntry *w = zip ? ckptfs_zip_find(zip, "data/0") : NULL;
+    bool ramp = w && w->size == elements * 2 && w->data_offset + w->size <= size;
+    for (uint64_t i = 0; ramp && i < w->size; i++)
+        ramp = good[w->data_offset + i] == (uint8_t)(i * 7 + 3);
+    tap_ok(ramp, "its tensor's record is where its bytes are");
+    const CkptfsZipEntry *pkl = zip ? ckptfs_zip_find(zip, "data.pkl") : NULL;
+    GBytes *got = zip ? ckptfs_zip_read(zip, files, "data.pkl", 1 << 20, &error) : NULL;
+    tap_ok(got && pkl && g_bytes_get_size(got) == pkl->size &&
+               memcmp(g_bytes_get_data(got, NULL), good + pkl->data_offset, pkl->size) == 0,
+           "data.pkl read back (from the first window) equals its bytes");
+    if (got)
+        g_bytes_unref(got);
+    GBytes *v = zip ? ckptfs_zip_read(zip, files, "version", 64, &error) : NULL;
+    tap_ok(v && g_bytes_get_size(v) > 0, "a record near the end (version) reads back");
+    if (v)
+        g_bytes_unref(v);
+    g_clear_error(&error);
+    ckptfs_zip_free(zip);
+    ckptfs_srcfiles_free(files);
+    g_unlink(path);
+
+    size_t name_len = (size_t)le(good + lh + 26, 2), extra_len = (size_t)le(good + lh + 28, 2);
+    size_t fb = lh + 30 + name_len;
+    const ZipPatch cases[] = {
+        {"16 KiB archive: data/0's padding + 64 (first window)", lh + 28, 2, extra_len + 64, fb + 2, 2,
+         extra_len + 60, "runs into the next local header"},
+        {"16 KiB archive: version's name length 0 (last window)", ver + 26, 2, 0, 0, 0, 0, "names another file"},
+        {"16 KiB archive: data/0's size + 8 (its descriptor looked for 8 bytes on)", cde + 20, 4,
+         elements * 2 + 8, cde + 24, 4, elements * 2 + 8, "no data descriptor"},
+    };
+    check_patches(good, size, cases, G_N_ELEMENTS(cases));
+}
+
 /* The memo: indexes in order go to an array, others to a hash table, both found again; a
  * value shared by many places (None, small ints, the empty tuple) is one object. */
 static void test_pickle_memo_and_sharing(void)
@@ -503,6 +577,7 @@ int main(void)
     test_zip64_cross_check();
     test_local_headers();
     test_comment();
+    test_large_archive();
     test_pickle_memo_and_sharing();
     return tap_done();
 }
