@@ -247,12 +247,19 @@ static void put_le(uint8_t *p, unsigned n, uint64_t v)
 }
 
 /* Opens DATA as a zip file: NULL with *WHY set, or the archive. */
-static bool zip_opens(const uint8_t *data, size_t len, char **why)
+/* DATA in a new temporary file: its path, to unlink and free. */
+static char *temp_file(const uint8_t *data, size_t len)
 {
-    g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-zip64-XXXXXX", NULL);
+    char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-zip-XXXXXX", NULL);
     int fd = g_mkstemp(path);
     g_assert(fd >= 0 && write(fd, data, len) == (ssize_t)len);
     close(fd);
+    return path;
+}
+
+static bool zip_opens(const uint8_t *data, size_t len, char **why)
+{
+    g_autofree char *path = temp_file(data, len);
     CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     GError *error = NULL;
     int src = ckptfs_srcfiles_add(files, path, &error);
@@ -502,10 +509,7 @@ static void test_large_archive(void)
     size_t lh = local_of(good, cd_offset, count, "data/0", &cde);
     size_t ver = local_of(good, cd_offset, count, "version", &ver_cde);
     g_assert(lh < 4096 && ver > size - 4096 && size > 3 * 4096);
-    g_autofree char *path = g_build_filename(g_get_tmp_dir(), "ckptfs-zipbig-XXXXXX", NULL);
-    int fd = g_mkstemp(path);
-    g_assert(fd >= 0 && write(fd, good, size) == (ssize_t)size);
-    close(fd);
+    g_autofree char *path = temp_file(good, size);
     CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
     GError *error = NULL;
     int src = ckptfs_srcfiles_add(files, path, &error);
