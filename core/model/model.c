@@ -187,15 +187,15 @@ static const CkptfsArchitecture *find_architecture(JsonObject *config, GError **
     return NULL;
 }
 
-/* A tensor the rules need: present, with this shape and the model's dtype. */
-static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
-                          unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
+/* A tensor the rules need: present, with this shape and the model's dtype (it, or NULL). */
+static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
+                                         unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
 {
     const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
     if (t == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s' is missing from the checkpoint", name);
-        return false;
+        return NULL;
     }
     bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
     if (!shape_ok) {
@@ -207,17 +207,17 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
                                           : g_strdup_printf("[%" G_GUINT64_FORMAT "]", d0);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s' has shape %s; config.json implies %s", name, got->str, want);
-        return false;
+        return NULL;
     }
     if (own_float) { /* kept in its own floating-point type (an fp32 expert bias) */
         if (model->fp32_dtype == CKPTFS_DTYPE_INVALID)
             model->fp32_dtype = t->dtype;
         if (ckptfs_dtype_is_float(t->dtype) && t->dtype == model->fp32_dtype)
-            return true;
+            return t;
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "tensor '%s' is %s; %s expected (F32, or one floating-point type for every such tensor)",
                     name, ckptfs_dtype_safetensors_name(t->dtype), ckptfs_dtype_safetensors_name(model->fp32_dtype));
-        return false;
+        return NULL;
     }
     if (model->dtype == CKPTFS_DTYPE_INVALID)
         model->dtype = t->dtype;
@@ -226,20 +226,46 @@ static bool expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, cons
                     "tensor '%s' is %s but the other weights are %s; mixed dtypes are not supported",
                     name, ckptfs_dtype_safetensors_name(t->dtype),
                     ckptfs_dtype_safetensors_name(model->dtype));
-        return false;
+        return NULL;
     }
-    return true;
+    return t;
 }
 
-/* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape. */
-static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError **error)
+/* Whether NAME is a tensor of a multi-token prediction layer (DeepSeek's layers after the
+ * decoder's): -o mtp decides whether the views serve them, and ckptfs_model_serve_mtp checks
+ * them (their copies of the model's embedding and head are never read). */
+static bool in_mtp_layer(const CkptfsModel *m, const char *name)
+{
+    const char *p = name + strlen("model.layers.");
+    if (m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers.") || !g_ascii_isdigit(*p))
+        return false;
+    char *end = NULL;
+    guint64 layer = g_ascii_strtoull(p, &end, 10);
+    return end != NULL && *end == '.' && layer >= m->layers && layer - m->layers < m->mtp_layers;
+}
+
+/* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape.
+ * With UNUSED, the names of CATALOG's other tensors are added to it, less those left out on
+ * purpose: a tied model's output copy, buffers transformers ignores too, MTP layers. */
+static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArray *unused, GError **error)
 {
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
     g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
+    g_autoptr(GHashTable) used = unused ? g_hash_table_new(g_direct_hash, g_direct_equal) : NULL;
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
-        if (!expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error))
+        const CkptfsTensor *found = expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
+        if (found == NULL)
             return false;
+        if (used)
+            g_hash_table_add(used, (gpointer)found);
+    }
+    for (unsigned i = 0; unused && g_hash_table_size(used) < ckptfs_catalog_count(catalog) &&
+                         i < ckptfs_catalog_count(catalog); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(catalog, i);
+        if (!g_hash_table_contains(used, t) && !(m->tied_embeddings && strcmp(t->name, "lm_head.weight") == 0) &&
+            !g_str_has_suffix(t->name, "rotary_emb.inv_freq") && !in_mtp_layer(m, t->name))
+            g_ptr_array_add(unused, g_strdup(t->name));
     }
     return true;
 }
@@ -247,25 +273,23 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GError *
 /* A model without a shared expert whose checkpoint has one anyway (config.json's size or count
  * 0 or missing): Megatron's model would lack what the checkpoint holds, and transformers refuses
  * the shapes, so it is refused too instead of served without it. */
-static bool check_no_shared_expert(const CkptfsCatalog *catalog, const CkptfsModel *m, GError **error)
+static bool check_no_shared_expert(const CkptfsModel *m, const GPtrArray *unused, GError **error)
 {
     const CkptfsMoeConfig *moe = m->arch->moe;
     const char *key = moe ? (moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key) : NULL;
-    if (key == NULL || m->shared_ffn > 0 || m->moe_ffn == 0)
+    if (key == NULL || m->shared_ffn > 0 || m->moe_ffn == 0 || unused->len == 0)
         return true;
-    CkptfsModel with = *m; /* the same model with one: its tensors, less the model's own */
+    CkptfsModel with = *m; /* the same model with one: its tensors the model leaves unused */
     with.shared_ffn = m->moe_ffn;
     with.shared_gate = moe->shared_gate;
-    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
-    g_autoptr(GArray) own = ckptfs_model_hf_tensors(m, keys);
     g_autoptr(GPtrArray) with_keys = ckptfs_mcore_keys(&with, with.vocab, false);
     g_autoptr(GArray) all = ckptfs_model_hf_tensors(&with, with_keys);
-    g_autoptr(GHashTable) used = g_hash_table_new(g_str_hash, g_str_equal);
-    for (guint k = 0; k < own->len; k++)
-        g_hash_table_add(used, g_array_index(own, CkptfsHfShape, k).name);
+    g_autoptr(GHashTable) left = g_hash_table_new(g_str_hash, g_str_equal);
+    for (guint k = 0; k < unused->len; k++)
+        g_hash_table_add(left, g_ptr_array_index(unused, k));
     for (guint k = 0; k < all->len; k++) {
         const char *name = g_array_index(all, CkptfsHfShape, k).name;
-        if (!g_hash_table_contains(used, name) && ckptfs_catalog_find(catalog, name) != NULL) {
+        if (g_hash_table_contains(left, name)) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                         "tensor '%s' is a shared expert's, but config.json's \"%s\" says the model has none",
                         name, key);
@@ -462,9 +486,11 @@ static bool read_yarn(JsonObject *scaling, CkptfsModel *model, GError **error)
     return true;
 }
 
-bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
-                              CkptfsModel *model, GError **error)
+bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, CkptfsModel *model,
+                              GPtrArray **unused, GError **error)
 {
+    if (unused != NULL)
+        *unused = NULL;
     memset(model, 0, sizeof *model);
     if (config == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
@@ -536,8 +562,11 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
     if (model->tied_embeddings && ckptfs_catalog_find(catalog, "lm_head.weight") != NULL &&
         !expect_tensor(catalog, model, "lm_head.weight", 2, model->vocab, model->hidden, false, error))
         return false;
-    if (!check_tensors(catalog, model, error) || !check_no_shared_expert(catalog, model, error))
+    g_autoptr(GPtrArray) left = g_ptr_array_new_with_free_func(g_free);
+    if (!check_tensors(catalog, model, left, error) || !check_no_shared_expert(model, left, error))
         return false;
+    if (unused != NULL)
+        *unused = g_steal_pointer(&left);
     return true;
 }
 
@@ -550,45 +579,10 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
         return false;
     }
     model->mtp = true;
-    if (check_tensors(catalog, model, error))
+    if (check_tensors(catalog, model, NULL, error))
         return true;
     model->mtp = false;
     return false;
-}
-
-/* Whether NAME is a tensor of a multi-token prediction layer (DeepSeek's layers after the
- * decoder's) that the views leave out: every one without -o mtp=on, and with it the layer's
- * copies of the model's embedding and head, which the views take from the model's own. */
-static bool mtp_left_out(const CkptfsModel *m, const char *name)
-{
-    const char *p = name + strlen("model.layers.");
-    if (m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers.") || !g_ascii_isdigit(*p))
-        return false;
-    char *end = NULL;
-    guint64 layer = g_ascii_strtoull(p, &end, 10);
-    if (end == NULL || *end != '.' || layer < m->layers || layer - m->layers >= m->mtp_layers)
-        return false;
-    return !m->mtp || strcmp(end, ".embed_tokens.weight") == 0 || strcmp(end, ".shared_head.head.weight") == 0;
-}
-
-GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCatalog *catalog)
-{
-    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(model, model->vocab, false);
-    g_autoptr(GArray) used = ckptfs_model_hf_tensors(model, keys);
-    g_autoptr(GHashTable) names = g_hash_table_new(g_str_hash, g_str_equal);
-    for (guint k = 0; k < used->len; k++)
-        g_hash_table_add(names, g_array_index(used, CkptfsHfShape, k).name);
-    GPtrArray *unused = g_ptr_array_new_with_free_func(g_free);
-    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
-        const char *name = ckptfs_catalog_at(catalog, i)->name;
-        /* Left out on purpose: a tied model's output copy, buffers transformers ignores too, and
-         * MTP layers unless asked for (their embedding and head copies always). */
-        if (g_hash_table_contains(names, name) || (model->tied_embeddings && strcmp(name, "lm_head.weight") == 0) ||
-            g_str_has_suffix(name, "rotary_emb.inv_freq") || mtp_left_out(model, name))
-            continue;
-        g_ptr_array_add(unused, g_strdup(name));
-    }
-    return unused;
 }
 
 bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error)

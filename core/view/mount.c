@@ -36,9 +36,8 @@ static void apply_uneven_stages(const CkptfsMount *mount, const CkptfsLayout *ba
 /* Tensors the Megatron views leave out although the checkpoint has them: config.json and the
  * weights disagree (an expert or layer past its counts, a stray tensor). hf/ still serves them;
  * the warning says what the Megatron model lacks, as transformers lists unused weights. */
-static void warn_unused_tensors(CkptfsSource *source, const CkptfsModel *model)
+static void warn_unused_tensors(CkptfsSource *source, const GPtrArray *unused)
 {
-    g_autoptr(GPtrArray) unused = ckptfs_model_unused_tensors(model, ckptfs_source_model_catalog(source));
     if (unused->len == 0)
         return;
     g_autoptr(GString) names = g_string_new(NULL);
@@ -212,6 +211,7 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
     ckptfs_options_copy(&mount->options, options);
     mount->source = source;
     GError *model_error = NULL;
+    g_autoptr(GPtrArray) unused = NULL; /* tensors no Megatron view reads */
     CkptfsModel *model = g_new0(CkptfsModel, 1);
     if (source->model_problem) {
         mount->model_problem = g_strdup(source->model_problem);
@@ -219,14 +219,15 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
     } else if (source->config == NULL && source->config_problem != NULL) {
         mount->model_problem = g_strdup_printf("%s; the Megatron views need it", source->config_problem);
         g_free(model);
-    } else if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &model_error)) {
+    } else if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &unused,
+                                        &model_error)) {
         mount->model = model;
         if (options->mtp && !ckptfs_model_serve_mtp(model, ckptfs_source_model_catalog(source), error)) {
             g_prefix_error(error, "%s: option mtp=on: ", path);
             ckptfs_mount_free(mount);
             return NULL;
         }
-        warn_unused_tensors(source, model);
+        warn_unused_tensors(source, unused);
     } else {
         mount->model_problem = g_strdup(model_error->message);
         g_error_free(model_error);

@@ -104,9 +104,13 @@ bool ckptfs_model_layers_homogeneous(const CkptfsModel *model);
 uint64_t ckptfs_model_moe_layers(const CkptfsModel *model);
 
 /* Reads CONFIG (config.json) and checks every tensor the rules need exists in CATALOG with the
- * expected shape and one common dtype. Errors name config.json or the tensor and the problem. */
-bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog,
-                              CkptfsModel *model, GError **error);
+ * expected shape and one common dtype. Errors name config.json or the tensor and the problem.
+ * With UNUSED, *UNUSED gets the names of CATALOG's tensors no Megatron view reads, less those
+ * left out on purpose (a tied lm_head, rotary inv_freq buffers, MTP layers, which -o mtp
+ * serves): weights config.json does not describe, such as an expert or a layer past its
+ * counts. */
+bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, CkptfsModel *model,
+                              GPtrArray **unused, GError **error);
 
 /* The experts of MODEL (its arch an MoE architecture, its layers set) from CONFIG: their number
  * and sizes, the shared expert, routing, dense layers. Configs of routing schemes ckptfs has no
@@ -116,11 +120,6 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
 /* Serves MODEL's multi-token prediction layers in the Megatron views (-o mtp=on): checks that
  * it has some and that CATALOG holds their tensors. */
 bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error);
-
-/* The tensors of CATALOG no Megatron view of MODEL reads (names, in catalog order), less those
- * left out on purpose (a tied lm_head, rotary inv_freq buffers, MTP layers without -o mtp=on):
- * weights config.json does not describe, such as an expert or a layer past its counts. */
-GPtrArray *ckptfs_model_unused_tensors(const CkptfsModel *model, const CkptfsCatalog *catalog);
 
 /* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
  * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),

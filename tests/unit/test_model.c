@@ -85,7 +85,7 @@ static bool run(const char *json, const Shape *s, CkptfsModel *m, char **why)
     JsonObject *config = config_of(json);
     CkptfsCatalog *c = catalog_of(s);
     GError *error = NULL;
-    bool ok = ckptfs_model_from_config(config, c, m, &error);
+    bool ok = ckptfs_model_from_config(config, c, m, NULL, &error);
     *why = error ? g_strdup(error->message) : g_strdup("");
     g_clear_error(&error);
     ckptfs_catalog_free(c);
@@ -145,7 +145,7 @@ static void test_moe_configs(void)
                 ckptfs_catalog_add_contiguous(holed, t->name, t->dtype, t->ndim, t->shape, 0, 0);
         }
         GError *error = NULL;
-        ok = ckptfs_model_from_config(config, holed, &m, &error);
+        ok = ckptfs_model_from_config(config, holed, &m, NULL, &error);
         tap_ok(!ok && error && strstr(error->message, "model.layers.2.mlp.experts.3.up_proj.weight") &&
                    strstr(error->message, "missing"),
                "a missing expert is named (%s)", error ? error->message : "");
@@ -240,7 +240,7 @@ static bool run_deepseek(const char *json, CkptfsCatalog *c, CkptfsModel *m, cha
 {
     JsonObject *config = config_of(json);
     GError *error = NULL;
-    bool ok = ckptfs_model_from_config(config, c, m, &error);
+    bool ok = ckptfs_model_from_config(config, c, m, NULL, &error);
     *why = error ? g_strdup(error->message) : g_strdup("");
     g_clear_error(&error);
     ckptfs_catalog_free(c);
@@ -270,13 +270,13 @@ static void test_deepseek_configs(void)
         JsonObject *config = config_of(v3);
         CkptfsCatalog *c = deepseek_catalog(3, 1, 16, true, 0, CKPTFS_DTYPE_F32);
         GError *error = NULL;
-        ok = ckptfs_model_from_config(config, c, &m, &error) && ckptfs_model_serve_mtp(&m, c, &error);
+        ok = ckptfs_model_from_config(config, c, &m, NULL, &error) && ckptfs_model_serve_mtp(&m, c, &error);
         tap_ok(!ok && error && strstr(error->message, "model.layers.3.") && strstr(error->message, "missing"),
                "-o mtp=on without the MTP layer's tensors names one (%s)", error ? error->message : "");
         g_clear_error(&error);
         ckptfs_catalog_free(c);
         c = deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32);
-        ok = ckptfs_model_from_config(config, c, &m, &error) && ckptfs_model_serve_mtp(&m, c, &error);
+        ok = ckptfs_model_from_config(config, c, &m, NULL, &error) && ckptfs_model_serve_mtp(&m, c, &error);
         tap_ok(ok && m.mtp, "-o mtp=on with them (%s)", error ? error->message : "");
         g_clear_error(&error);
         ckptfs_catalog_free(c);
@@ -420,7 +420,7 @@ int main(void)
                                           t->ndim, t->shape, 0, 0);
         }
         GError *error = NULL;
-        bool mixed_ok = ckptfs_model_from_config(config, mixed, &m, &error);
+        bool mixed_ok = ckptfs_model_from_config(config, mixed, &m, NULL, &error);
         tap_ok(!mixed_ok && error && strstr(error->message, "model.layers.1.input_layernorm.weight") &&
                    strstr(error->message, "mixed"),
                "a dtype mix is refused naming the tensor (%s)", error ? error->message : "");
