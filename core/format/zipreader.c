@@ -192,6 +192,28 @@ static bool find_directory(const CkptfsSrcFiles *files, unsigned src, const char
     return true;
 }
 
+/* Walks the extra field X (LEN bytes) of a directory entry or local header: the ZIP64 extended
+ * information replaces the sizes and the offset that are 0xffffffff (OFFSET NULL: a local
+ * header has none). Returns the bytes of whole (id, length, data) fields from the start: LEN
+ * when the field is well formed. */
+static size_t read_extra(const uint8_t *x, size_t len, uint64_t *usize, uint64_t *csize, uint64_t *offset)
+{
+    size_t at = 0;
+    while (at + 4 <= len && at + 4 + get16(x + at + 2) <= len) {
+        size_t v = at + 4, vend = v + get16(x + at + 2);
+        if (get16(x + at) == 0x0001) {
+            if (*usize == 0xffffffffu && v + 8 <= vend)
+                *usize = get64(x + v), v += 8;
+            if (*csize == 0xffffffffu && v + 8 <= vend)
+                *csize = get64(x + v), v += 8;
+            if (offset != NULL && *offset == 0xffffffffu && v + 8 <= vend)
+                *offset = get64(x + v);
+        }
+        at = vend;
+    }
+    return at;
+}
+
 /* What the directory says of an entry beyond CkptfsZipEntry: its local header is checked
  * against it. */
 typedef struct {
@@ -210,35 +232,18 @@ static size_t parse_cd_entry(const uint8_t *p, size_t left, const char *path, Cd
         return 0;
     }
     CkptfsZipEntry *entry = cd->entry;
-    uint64_t *local_offset = &cd->local;
     cd->flags = get16(p + 8);
     cd->crc = get32(p + 16);
     uint16_t method = get16(p + 10);
     uint64_t csize = get32(p + 20), usize = get32(p + 24);
     size_t name_len = get16(p + 28), extra_len = get16(p + 30), comment_len = get16(p + 32);
-    *local_offset = get32(p + 42);
+    cd->local = get32(p + 42);
     if (46 + name_len + extra_len + comment_len > left) {
         bad(error, path, "central directory entry runs past the directory");
         return 0;
     }
     entry->name = g_strndup((const char *)p + 46, name_len);
-    /* ZIP64 extended information: the 64-bit values of the fields that are 0xffffffff. */
-    const uint8_t *x = p + 46 + name_len, *xend = x + extra_len;
-    while (x + 4 <= xend) {
-        uint16_t id = get16(x), n = get16(x + 2);
-        const uint8_t *v = x + 4, *vend = v + n;
-        if (vend > xend)
-            break;
-        if (id == 0x0001) {
-            if (usize == 0xffffffffu && v + 8 <= vend)
-                usize = get64(v), v += 8;
-            if (csize == 0xffffffffu && v + 8 <= vend)
-                csize = get64(v), v += 8;
-            if (*local_offset == 0xffffffffu && v + 8 <= vend)
-                *local_offset = get64(v);
-        }
-        x = vend;
-    }
+    read_extra(p + 46 + name_len, extra_len, &usize, &csize, &cd->local);
     if (method != 0) {
         bad(error, path, "entry '%s' is compressed (method %u); torch.save files store every "
                          "entry uncompressed",
@@ -305,20 +310,8 @@ static bool check_local(const uint8_t *h, size_t avail, const CdEntry *cd, const
     *need = LOCAL_FIXED + name_len + extra_len;
     if (avail < *need)
         return true;
-    const uint8_t *extra = h + LOCAL_FIXED + name_len;
     uint64_t csize = get32(h + 18), usize = get32(h + 22);
-    size_t x = 0;
-    while (x + 4 <= extra_len && x + 4 + get16(extra + x + 2) <= extra_len) {
-        size_t v = x + 4, vend = v + get16(extra + x + 2);
-        if (get16(extra + x) == 0x0001) { /* ZIP64: the sizes saturated in the header */
-            if (usize == 0xffffffffu && v + 8 <= vend)
-                usize = get64(extra + v), v += 8;
-            if (csize == 0xffffffffu && v + 8 <= vend)
-                csize = get64(extra + v);
-        }
-        x = vend;
-    }
-    if (x != extra_len)
+    if (read_extra(h + LOCAL_FIXED + name_len, extra_len, &usize, &csize, NULL) != extra_len)
         return bad(error, path, "entry '%s': the extra field of the local header at offset %" G_GUINT64_FORMAT
                                 " is not whole fields (%zu bytes); the archive is damaged", name, cd->local, extra_len);
     /* Without a data descriptor the header carries the sizes. */
