@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A source file changed while readers are reading: four reader threads read hf/, tp2pp1/ and
+# mcore/ files at random offsets while a writer rewrites a shard in place (with its mtime put back
+# or not), renames a new one over it, or truncates and regrows it. Every read must return the
+# bytes of a mount of an untouched copy, or fail: never new bytes, never old and new mixed.
+# Afterwards the files that read the shard fail, the log names it, and the other shard's hf/ file
+# still reads. With the defaults (mapped reads under a lease, direct I/O), without mapped reads,
+# and through the mount's page cache.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+
+orig=$WORK/orig
+check "a 2-layer model in 2 shards written" $PY - "$TESTS_TOP/tests/lib" "$orig" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import models
+cfg = dict(models.config_for("llama", 2), hidden_size=512, intermediate_size=1024, vocab_size=4096)
+models.write_checkpoint(sys.argv[2], models.model_tensors(cfg), cfg, shards=2)
+PY
+shards=($(cd "$orig" && ls -- *.safetensors))
+ref=$WORK/ref
+MOUNT_OPTS=layouts=tp2pp1,mapped_reads=off fg_mount "$CKPTFS" "$orig" "$ref" "$WORK/ref.log"
+ok $? "reference mount of the untouched model"
+ref_pid=$FG_PID
+files=(hf/"${shards[0]}" hf/"${shards[1]}" tp2pp1/release/mp_rank_00/model_optim_rng.pt
+       tp2pp1/release/mp_rank_01/model_optim_rng.pt mcore/release/__0_0.distcp)
+# The files that read the changed shard through the daemon, without the mount's page cache.
+uncached=(tp2pp1/release/mp_rank_00/model_optim_rng.pt mcore/release/__0_0.distcp)
+
+n=0
+for opts in "" mapped_reads=off direct_io=off; do
+  for mode in ${MODES:-inplace keep_mtime overwrite rename truncate}; do
+    n=$((n + 1))
+    what="${opts:-defaults}, $mode"
+    src=$WORK/src$n mnt=$WORK/mnt$n log=$WORK/mnt$n.log
+    cp -r "$orig" "$src"
+    cat "$src"/*.safetensors > /dev/null # cached, so that mapped reads are used
+    sleep 0.05 # the mount's first look at the files one clock tick past their writing
+    if ! MOUNT_OPTS=layouts=tp2pp1${opts:+,$opts} fg_mount "$CKPTFS" "$src" "$mnt" "$log"; then
+      ok 1 "$what: mounted"; sed 's/^/# /' "$log" >&2
+      continue
+    fi
+    pid=$FG_PID
+    out=$($PY "$TESTS_TOP/tests/lib/change_race.py" "$mnt" "$ref" "$src/${shards[0]}" "$mode" "$n" "${files[@]}" 2>&1)
+    ok $? "$what: every read gave the untouched bytes or failed (${out%%$'\n'*})"
+    [[ $out == *$'\n'* ]] && printf '%s\n' "${out#*$'\n'}" | sed 's/^/# /' | head -20 >&2
+    bad=0
+    for f in "${uncached[@]}"; do
+      if cat "$mnt/$f" > /dev/null 2>&1; then bad=1; fail_diag "$f still reads"; fi
+    done
+    ok $bad "$what: the rank file and the .distcp fail afterwards"
+    grep -q "${shards[0]}" "$log"
+    ok $? "$what: the log names the changed shard ($(grep -m1 "${shards[0]}" "$log" | head -c 160))"
+    cmp -s "$mnt/hf/${shards[1]}" "$ref/hf/${shards[1]}"
+    ok $? "$what: the other shard's hf/ file still reads, unchanged"
+    FG_PID=$pid fg_unmount "$mnt"
+    ok $? "$what: unmounted"
+    rm -rf "$src"
+  done
+done
+FG_PID=$ref_pid fg_unmount "$ref"
+ok $? "reference mount unmounted"
+done_testing
