@@ -5,7 +5,7 @@
 # bytes of a mount of an untouched copy, or fail: never new bytes, never old and new mixed.
 # Afterwards the files that read the shard fail, the log names it, and the other shard's hf/ file
 # still reads. With the defaults (mapped reads under a lease, direct I/O), without mapped reads,
-# and through the mount's page cache.
+# through the mount's page cache, and from a packed copy (frames decoded on read).
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 
@@ -27,13 +27,19 @@ files=(hf/"${shards[0]}" hf/"${shards[1]}" tp2pp1/release/mp_rank_00/model_optim
 # The files that read the changed shard through the daemon, without the mount's page cache.
 uncached=(tp2pp1/release/mp_rank_00/model_optim_rng.pt mcore/release/__0_0.distcp)
 
+# The same model packed (zstd frames decoded on read, ahead of the reader on decoder threads).
+packed=$WORK/packed
+check "the model packed" "$CKPTFS" pack "$orig" "$packed"
+
 n=0
-for opts in "" mapped_reads=off direct_io=off; do
+for setting in "" mapped_reads=off direct_io=off packed; do
+  from=$orig opts=$setting
+  [[ $setting == packed ]] && from=$packed opts=
   for mode in ${MODES:-inplace keep_mtime overwrite rename truncate}; do
     n=$((n + 1))
-    what="${opts:-defaults}, $mode"
+    what="${setting:-defaults}, $mode"
     src=$WORK/src$n mnt=$WORK/mnt$n log=$WORK/mnt$n.log
-    cp -r "$orig" "$src"
+    cp -r "$from" "$src"
     cat "$src"/*.safetensors > /dev/null # cached, so that mapped reads are used
     sleep 0.05 # the mount's first look at the files one clock tick past their writing
     if ! MOUNT_OPTS=layouts=tp2pp1${opts:+,$opts} fg_mount "$CKPTFS" "$src" "$mnt" "$log"; then

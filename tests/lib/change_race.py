@@ -97,8 +97,11 @@ def reader(mount, refs, seed, changed, stop, counts):
 
 
 def data_start(path):
+    """Where the tensors start: past a safetensors header; past the first 64 bytes of a packed
+    file (ckptfs pack), whose frames are then what changes."""
     with open(path, "rb") as f:
-        return 8 + struct.unpack("<Q", f.read(8))[0]
+        head = f.read(8)
+    return 64 if head.startswith(b"CKPTFSZ") else 8 + struct.unpack("<Q", head)[0]
 
 
 def change(shard, mode, rng):
