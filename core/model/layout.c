@@ -96,19 +96,72 @@ static GArray *writers(const CkptfsLayout *layout)
     return out;
 }
 
-/* Whether the writers of each file name hold the same expert shard. */
-static bool writers_agree(const CkptfsLayout *layout)
+#define INVALID(...)                                                                          \
+    do {                                                                                      \
+        g_autofree char *name_ = ckptfs_layout_name(layout);                                  \
+        g_autofree char *why_ = g_strdup_printf(__VA_ARGS__);                                 \
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "layout %s: %s", name_, why_); \
+        return false;                                                                         \
+    } while (0)
+
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* Ranks per stage of the smallest world that tiles both the dense and the expert grid. */
+static uint64_t stage_world(const CkptfsLayout *layout)
+{
+    uint64_t tp = layout->tp, expert_grid = (uint64_t)ckptfs_layout_etp(layout) * ckptfs_layout_ep(layout);
+    return tp / gcd(tp, expert_grid) * expert_grid;
+}
+
+/* The expert TP shard each writer's file holds, by file name (TP rank << 32 | EP rank), plus 1;
+ * NULL when two writers of one name hold different shards. */
+static GHashTable *writer_shards(const CkptfsLayout *layout)
 {
     g_autoptr(GArray) all = writers(layout);
-    g_autoptr(GHashTable) shard_of = g_hash_table_new(g_int64_hash, g_int64_equal);
-    g_autofree gint64 *names = g_new(gint64, all->len);
+    GHashTable *shard_of = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
     for (guint i = 0; i < all->len; i++) {
         const CkptfsRankFile *f = &g_array_index(all, CkptfsRankFile, i);
-        names[i] = (gint64)f->tp << 32 | f->ep;
-        gpointer seen = g_hash_table_lookup(shard_of, &names[i]);
-        if (seen && GPOINTER_TO_UINT(seen) != f->etp + 1)
-            return false;
-        g_hash_table_insert(shard_of, &names[i], GUINT_TO_POINTER(f->etp + 1));
+        gint64 name = (gint64)f->tp << 32 | f->ep;
+        gpointer seen = g_hash_table_lookup(shard_of, &name);
+        if (seen && GPOINTER_TO_UINT(seen) != f->etp + 1) {
+            g_hash_table_unref(shard_of);
+            return NULL;
+        }
+        g_hash_table_insert(shard_of, g_memdup2(&name, sizeof name), GUINT_TO_POINTER(f->etp + 1));
+    }
+    return shard_of;
+}
+
+bool ckptfs_layout_loadable(const CkptfsLayout *layout, GError **error)
+{
+    g_autoptr(GHashTable) shard_of = writer_shards(layout);
+    if (shard_of == NULL)
+        return true; /* ckptfs_layout_validate refuses it */
+    uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
+    for (uint64_t g = MAX(tp, etp * ep); g < stage_world(layout); g++) {
+        gint64 name = (gint64)(g % tp) << 32 | (g / etp % ep);
+        gpointer shard = g_hash_table_lookup(shard_of, &name);
+        if (shard == NULL)
+            INVALID("tp %u with etp %u x ep %u: in a world of %" G_GUINT64_FORMAT " GPUs per stage (the "
+                    "least both grids tile) rank %" G_GUINT64_FORMAT " would load mp_rank_%02u with EP rank "
+                    "%u, which no rank writes (Megatron writes on expert data-parallel rank 0); torch_dist "
+                    "(mcore/) holds any split",
+                    layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout), g, (unsigned)(g % tp),
+                    (unsigned)(g / etp % ep));
+        if (GPOINTER_TO_UINT(shard) != g % etp + 1)
+            INVALID("tp %u with etp %u x ep %u: in a world of %" G_GUINT64_FORMAT " GPUs per stage (the "
+                    "least both grids tile) rank %" G_GUINT64_FORMAT " would load expert TP shard %u from "
+                    "mp_rank_%02u, which holds shard %u; torch_dist (mcore/) holds any split",
+                    layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout), g, (unsigned)(g % etp),
+                    (unsigned)(g % tp), GPOINTER_TO_UINT(shard) - 1);
     }
     return true;
 }
@@ -140,13 +193,6 @@ char *ckptfs_rank_file_dir(const CkptfsLayout *layout, unsigned pp_rank, const C
     return g_string_free(name, FALSE);
 }
 
-#define INVALID(...)                                                                          \
-    do {                                                                                      \
-        g_autofree char *name_ = ckptfs_layout_name(layout);                                  \
-        g_autofree char *why_ = g_strdup_printf(__VA_ARGS__);                                 \
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "layout %s: %s", name_, why_); \
-        return false;                                                                         \
-    } while (0)
 
 /* Stage kinds under Megatron's uneven pipeline rules: a first/last stage with its own layer
  * count when set, every other stage a "middle" one sharing the rest evenly. */
@@ -173,6 +219,12 @@ bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model
                 t, model->kv_heads);
     if (model->heads % t != 0)
         INVALID("tp %u does not divide the %" G_GUINT64_FORMAT " attention heads", t, model->heads);
+    /* With tp above the query groups, ColumnParallelLinear still splits the fused rows evenly. */
+    uint64_t qkv_rows = (model->heads + 2 * model->kv_heads) * model->head_dim;
+    if (!model->mla && qkv_rows % t != 0)
+        INVALID("tp %u does not divide the %" G_GUINT64_FORMAT " rows of the fused q/k/v weight "
+                "((%" G_GUINT64_FORMAT " heads + 2 x %" G_GUINT64_FORMAT " query groups) x head_dim %"
+                G_GUINT64_FORMAT ")", t, qkv_rows, model->heads, model->kv_heads, model->head_dim);
     if (model->ffn % t != 0 && ckptfs_model_moe_layers(model) < model->layers)
         INVALID("tp %u does not divide ffn_hidden_size %" G_GUINT64_FORMAT, t, model->ffn);
     unsigned ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
@@ -184,9 +236,11 @@ bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model
         INVALID("etp %u does not divide the experts' ffn size %" G_GUINT64_FORMAT, etp, model->moe_ffn);
     if (model->shared_ffn % t != 0)
         INVALID("tp %u does not divide the shared expert's ffn size %" G_GUINT64_FORMAT, t, model->shared_ffn);
-    if ((uint64_t)etp * ep > 65536)
-        INVALID("etp %u x ep %u is more GPUs per stage than ckptfs lays out (65536)", etp, ep);
-    if (!writers_agree(layout))
+    if (stage_world(layout) > 65536)
+        INVALID("tp %u with etp %u x ep %u needs a world of %" G_GUINT64_FORMAT " GPUs per stage, more "
+                "than ckptfs lays out (65536)", t, etp, ep, stage_world(layout));
+    g_autoptr(GHashTable) shards = writer_shards(layout);
+    if (shards == NULL)
         /* Two writers of one (TP rank, EP rank) file with different expert shards: the legacy
          * format has no name for the expert TP rank, so a share would be lost. */
         INVALID("etp %u with tp %u: two ranks holding different expert shards would write the same "

@@ -44,6 +44,12 @@ char *ckptfs_rank_file_dir(const CkptfsLayout *layout, unsigned pp_rank, const C
 
 /* Whether MODEL can be laid out so; the error says why not (in one line). */
 bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model, GError **error);
+/* Whether Megatron can load LAYOUT's rank files: every rank of a world of lcm(tp, etp x ep)
+ * ranks per stage finds the file named by its TP and EP ranks, holding its expert TP shard.
+ * Not so where neither divides the other (tp4 etp3, tp2 ep3 etp1): Megatron writes such files
+ * (on expert data-parallel rank 0) but cannot load them, so a view refuses them while a source
+ * of them is read. */
+bool ckptfs_layout_loadable(const CkptfsLayout *layout, GError **error);
 
 /* Global layers [*first, *first + *count) held by virtual chunk V of pipeline stage P. */
 void ckptfs_layout_chunk_layers(const CkptfsLayout *layout, const CkptfsModel *model, unsigned p,

@@ -58,6 +58,13 @@ static void test_validate(void)
     CkptfsModel m = model_of(32, 32, 8, 14336); /* Llama-3-8B-like */
     expect_valid(&m, (CkptfsLayout){.tp = 8, .pp = 1, .vpp = 1}, true, "tp8 with 8 groups");
     expect_valid(&m, (CkptfsLayout){.tp = 3, .pp = 1, .vpp = 1}, false, "tp3 with 8 KV heads");
+    /* tp above the query groups: the fused q/k/v rows must still split evenly. */
+    CkptfsModel mqa = model_of(2, 8, 1, 64);
+    mqa.head_dim = 6;
+    expect_valid(&mqa, (CkptfsLayout){.tp = 8, .pp = 1, .vpp = 1}, false, "tp8, 1 query group, 60 q/k/v rows");
+    expect_valid(&mqa, (CkptfsLayout){.tp = 4, .pp = 1, .vpp = 1}, true, "tp4, 1 query group, 60 q/k/v rows");
+    mqa.head_dim = 8;
+    expect_valid(&mqa, (CkptfsLayout){.tp = 8, .pp = 1, .vpp = 1}, true, "tp8, 1 query group, 80 q/k/v rows");
     expect_valid(&m, (CkptfsLayout){.tp = 16, .pp = 1, .vpp = 1}, true,
                  "tp16 > 8 groups (QKV sub-sharding, mcore >= 0.16)");
     expect_valid(&m, (CkptfsLayout){.tp = 64, .pp = 1, .vpp = 1}, false, "tp64 > 32 heads");
@@ -199,6 +206,33 @@ static void test_expert_layouts(void)
     }
     CkptfsLayout etp_over_tp = {.tp = 1, .pp = 1, .vpp = 1, .ep = 2, .etp = 2};
     expect_valid(&m, etp_over_tp, false, "tp1 ep2 etp2: two expert shards would share a file name");
+    /* Where tp and etp x ep do not divide one another, a loading world of their lcm has ranks
+     * whose file (named by TP and EP rank) no rank writes, or holds another expert shard. */
+    CkptfsModel six = model_of(4, 12, 12, 96);
+    six.experts = 6, six.moe_ffn = 48, six.topk = 2;
+    const struct {
+        CkptfsLayout layout;
+        bool valid;
+        const char *why;
+    } worlds[] = {
+        {{.tp = 4, .pp = 1, .vpp = 1, .etp = 3}, false, "tp4 etp3: ranks 4-11 need other shards of the files"},
+        {{.tp = 2, .pp = 1, .vpp = 1, .ep = 3, .etp = 1}, false, "tp2 ep3 etp1: ranks 3-5 need 3 more files"},
+        {{.tp = 4, .pp = 1, .vpp = 1, .ep = 3, .etp = 2}, false, "tp4 ep3 etp2: a world of 12"},
+        {{.tp = 6, .pp = 1, .vpp = 1, .ep = 3, .etp = 2}, true, "tp6 ep3 etp2: one grid of 6"},
+        {{.tp = 6, .pp = 1, .vpp = 1, .ep = 3, .etp = 1}, true, "tp6 ep3 etp1: ep x etp divides tp"},
+        {{.tp = 2, .pp = 1, .vpp = 1, .ep = 6, .etp = 1}, true, "tp2 ep6 etp1: tp divides ep x etp"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(worlds); i++) {
+        GError *error = NULL;
+        bool served = ckptfs_layout_validate(&worlds[i].layout, &six, &error) &&
+                  ckptfs_layout_loadable(&worlds[i].layout, &error);
+        tap_ok(served == worlds[i].valid, "%s: %s%s%s", worlds[i].why, served ? "loadable" : "refused",
+               error ? " - " : "", error ? error->message : "");
+        g_clear_error(&error);
+    }
+    /* As a source, a file set Megatron writes for tp2 ep3 etp1 is read: it holds every shard. */
+    expect_valid(&six, worlds[1].layout, true, "tp2 ep3 etp1 as a saved layout");
+
     CkptfsLayout both = {.tp = 2, .pp = 4, .vpp = 1, .ep = 2};
     CkptfsRankFile f = {1, 1, 1};
     g_autofree char *dir = ckptfs_rank_file_dir(&both, 3, &f);
