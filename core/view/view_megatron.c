@@ -301,14 +301,15 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
 #define SET_STR(k, x) ckptfs_value_set(a, k, ckptfs_value_str(x))
     SET_INT("tensor_model_parallel_size", l->tp);
     SET_INT("pipeline_model_parallel_size", l->pp);
-    if (l->vpp > 1) {
-        SET_INT("virtual_pipeline_model_parallel_size", l->vpp);
-        SET_INT("num_layers_per_virtual_pipeline_stage", m->layers / (l->pp * l->vpp));
-    } else {
-        ckptfs_value_set(a, "virtual_pipeline_model_parallel_size", ckptfs_value_none());
-        ckptfs_value_set(a, "num_layers_per_virtual_pipeline_stage", ckptfs_value_none());
-    }
+    /* Megatron's validate_args takes the virtual chunks as layers per chunk for an even split,
+     * and requires them as chunks per stage (--num-virtual-stages-per-pipeline-rank) for an
+     * uneven one, where the layers per chunk differ between stages. */
     bool uneven = l->pp > 1 && (l->pp_first || l->pp_last);
+    ckptfs_value_set(a, "virtual_pipeline_model_parallel_size", l->vpp > 1 ? ckptfs_value_int(l->vpp) : ckptfs_value_none());
+    ckptfs_value_set(a, "num_layers_per_virtual_pipeline_stage",
+                     l->vpp > 1 && !uneven ? ckptfs_value_int((int64_t)(m->layers / (l->pp * l->vpp))) : ckptfs_value_none());
+    ckptfs_value_set(a, "num_virtual_stages_per_pipeline_rank",
+                     l->vpp > 1 && uneven ? ckptfs_value_int(l->vpp) : ckptfs_value_none());
     if (uneven && l->pp_first)
         SET_INT("decoder_first_pipeline_num_layers", l->pp_first);
     else
@@ -410,6 +411,8 @@ static CkptfsPlan *plan_literal_text(gpointer owner, gconstpointer key, GError *
 bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions *options,
                                   const CkptfsLayout *layout, GError **error)
 {
+    if (!ckptfs_layout_loadable(layout, error))
+        return false;
     /* The local spec splits MLA's down projections over TP (column-parallel linears). */
     uint64_t kv_down = model->kv_lora + model->qk_rope_dim;
     bool local = options->spec == CKPTFS_SPEC_LOCAL;

@@ -575,10 +575,10 @@ def concrete(args):
     return {k: v[0] if isinstance(v, OneOf) else v for k, v in args.items()}
 
 
-def expected_args(m, layout, padded, grouped, mtp, torch):
+def expected_args(m, layout, padded, grouped, mtp, torch, first=0, last=0):
     """The args fields the files must carry (name -> value or OneOf)."""
     tp, pp, vpp, ep, etp = layout
-    want = dense_args(m, tp, pp, vpp, padded, torch)
+    want = dense_args(m, tp, pp, vpp, padded, torch, first, last)
     for k in ("kv_channels", "num_query_groups"):  # MLA uses neither
         want.pop(k)
     c, v3 = m.cfg, m.scoring == "sigmoid"
@@ -1071,7 +1071,7 @@ def check(argv):
     layout = parse_moe_layout(a.layout)
     m = DeepSeekModel(a.src)
     want, padded = expected_files(m, layout, a.spec, a.grouped, a.mtp, a.pp_first, a.pp_last, a.vocab_pad)
-    expect = expected_args(m, layout, padded, a.grouped, a.mtp, torch)
+    expect = expected_args(m, layout, padded, a.grouped, a.mtp, torch, a.pp_first, a.pp_last)
     errors, loaded = compare_view(a, want, expect, torch)
     if errors:
         print("\n".join(errors[:20]) + (f"\n... {len(errors) - 20} more" if len(errors) > 20 else ""), file=sys.stderr)

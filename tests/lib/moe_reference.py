@@ -316,7 +316,8 @@ def check(argv):
     want, padded = expected_moe_files(m, tp, pp, vpp, ep, etp, a.spec, a.grouped, a.pp_first,
                                       a.pp_last, a.vocab_pad)
     margs = m.moe_args(ep, etp, a.grouped)
-    errors, loaded = compare_view(a, want, {**dense_args(m, tp, pp, vpp, padded, torch), **margs}, torch)
+    errors, loaded = compare_view(a, want, {**dense_args(m, tp, pp, vpp, padded, torch, a.pp_first, a.pp_last),
+                                            **margs}, torch)
     if errors:
         print("\n".join(errors[:20]), file=sys.stderr)
         sys.exit(1)

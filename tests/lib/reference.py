@@ -350,10 +350,17 @@ def load_rank_file(torch, path, torch2, with_args):
     return torch.load(path, map_location="cpu")
 
 
-def dense_args(m, tp, pp, vpp, padded, torch):
-    """The args fields every view's files must carry (name -> value)."""
+def dense_args(m, tp, pp, vpp, padded, torch, first=0, last=0):
+    """The args fields every view's files must carry (name -> value). The pipeline fields as
+    Megatron's validate_args needs them: virtual chunks as layers per chunk for an even split,
+    as chunks per stage (--num-virtual-stages-per-pipeline-rank) for an uneven one."""
+    uneven = pp > 1 and bool(first or last)
     want = dict(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                 virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                num_layers_per_virtual_pipeline_stage=m.L // (pp * vpp) if vpp > 1 and not uneven else None,
+                num_virtual_stages_per_pipeline_rank=vpp if vpp > 1 and uneven else None,
+                decoder_first_pipeline_num_layers=first if pp > 1 and first else None,
+                decoder_last_pipeline_num_layers=last if pp > 1 and last else None,
                 num_layers=m.L, hidden_size=m.H, ffn_hidden_size=m.F,
                 num_attention_heads=m.nh, num_query_groups=m.ng, kv_channels=m.d,
                 padded_vocab_size=padded, untie_embeddings_and_output_weights=not m.tied,
@@ -438,7 +445,8 @@ def check(argv):
     tp, pp, vpp = parse_layout(a.layout)
     m = Model(a.src)
     want, padded = expected_files(m, tp, pp, vpp, a.spec, a.pp_first, a.pp_last, a.vocab_pad)
-    errors, loaded = compare_view(a, want, dense_args(m, tp, pp, vpp, padded, torch), torch)
+    errors, loaded = compare_view(a, want, dense_args(m, tp, pp, vpp, padded, torch, a.pp_first, a.pp_last),
+                                  torch)
     if errors:
         print("\n".join(errors[:20]), file=sys.stderr)
         sys.exit(1)
