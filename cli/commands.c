@@ -452,8 +452,17 @@ static int inspect_layout(CkptfsMount *mount, const char *name, bool json)
     } else if (ok) {
         printf("%s: valid (%s): tp %u, pp %u, vpp %u", name, canonical, layout.tp, layout.pp,
                layout.vpp);
-        if (layout.pp_first || layout.pp_last)
-            printf(", first stage %u layers, last stage %u layers", layout.pp_first, layout.pp_last);
+        if (layout.pp_first || layout.pp_last) {
+            /* The stage sizes that follow from the option given (an unset one shares the rest). */
+            uint64_t stage_layers[2] = {0, 0}, first, count;
+            for (unsigned s = 0; s < 2; s++)
+                for (unsigned v = 0; v < layout.vpp; v++) {
+                    ckptfs_layout_chunk_layers(&layout, mount->model, s ? layout.pp - 1 : 0, v, &first, &count);
+                    stage_layers[s] += count;
+                }
+            printf(", first stage %" G_GUINT64_FORMAT " layers, last stage %" G_GUINT64_FORMAT " layers",
+                   stage_layers[0], stage_layers[1]);
+        }
         if (mount->model && mount->model->experts) {
             g_autoptr(GArray) files = ckptfs_layout_rank_files(&layout);
             printf(", ep %u (%" G_GUINT64_FORMAT " experts per rank), etp %u; %u rank files per stage",

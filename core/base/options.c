@@ -54,7 +54,8 @@ static bool parse_count(const char *key, const char *value, unsigned min, unsign
     unsigned long v = value && *value >= '0' && *value <= '9' ? strtoul(value, &end, 10) : 0;
     if (end == NULL || *end != '\0' || v < min || v > 1u << 20)
     {
-        g_autofree char *why = g_strdup_printf("'%s' is not a whole number in range", value ? value : "");
+        g_autofree char *why = g_strdup_printf("'%s' is not a whole number from %u to %u", value ? value : "",
+                                               min, 1u << 20);
         return bad(error, key, why);
     }
     *out = (unsigned)v;

@@ -331,14 +331,29 @@ int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gp
     return rc;
 }
 
-int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error)
+/* PATH's components looked up from directory DIR; a symbolic link (a short layout name, a verl
+ * run's latest) is followed from its own directory, as the kernel does, at most DEPTH deep. */
+static int resolve_from(CkptfsTree *tree, uint64_t dir, const char *path, int depth, CkptfsAttr *attr,
+                        GError **error)
 {
     g_auto(GStrv) parts = g_strsplit(path, "/", -1);
-    int rc = ckptfs_tree_getattr(tree, CKPTFS_ROOT_INO, attr, error);
+    int rc = ckptfs_tree_getattr(tree, dir, attr, error);
     for (char **p = parts; rc == 0 && *p; p++) {
         if (**p == '\0' || strcmp(*p, ".") == 0)
             continue;
-        rc = ckptfs_tree_lookup(tree, attr->ino, *p, attr, error);
+        uint64_t parent = attr->ino;
+        rc = ckptfs_tree_lookup(tree, parent, *p, attr, error);
+        if (rc != 0 || attr->type != CKPTFS_NODE_SYMLINK)
+            continue;
+        const char *target;
+        rc = depth == 0 ? -ELOOP : ckptfs_tree_readlink(tree, attr->ino, &target);
+        if (rc == 0)
+            rc = resolve_from(tree, parent, target, depth - 1, attr, error);
     }
     return rc;
+}
+
+int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error)
+{
+    return resolve_from(tree, CKPTFS_ROOT_INO, path, 8, attr, error);
 }

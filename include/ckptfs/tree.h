@@ -104,7 +104,8 @@ int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target);
 int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gpointer *scope,
                      GError **error);
 
-/* Walks a relative path ("hf/config.json", "" = root) with lookups. */
+/* Walks a relative path ("hf/config.json", "" = root) with lookups, following symbolic links
+ * ("tp2/release" is "tp2pp1/release"). */
 int ckptfs_tree_resolve(CkptfsTree *tree, const char *path, CkptfsAttr *attr, GError **error);
 
 #endif

@@ -157,6 +157,14 @@ for what in ("kv", "gateup"):
             a[:f], a[f:] = a[f:].copy(), a[:f].copy()
     write_checkpoint(f"{out}-{what}", t, cfg)
 PY
+# The command line takes the short names the mount shows as symbolic links (tp2 -> tp2pp1).
+check "ls, cat and export follow a short layout name" bash -c \
+  "'$CKPTFS' ls '$WORK/phi3' tp2 | grep -q 'release/mp_rank_01/model_optim_rng.pt' &&
+   test \"\$('$CKPTFS' cat '$WORK/phi3' tp2/latest_checkpointed_iteration.txt)\" = release &&
+   '$CKPTFS' export '$WORK/phi3' tp2 '$WORK/exp-phi3-tp2' && diff -r '$WORK/exp-phi3-tp2' '$mnt/tp2pp1'"
+out=$("$CKPTFS" inspect -o pp_first=1 "$WORK/llama" --layout tp1pp2 2>&1)
+[[ $out == *"first stage 1 layers, last stage $(($($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$WORK/llama/config.json") - 1)) layers"* ]]
+ok $? "inspect --layout gives the stage sizes that follow from pp_first alone ($out)"
 for what in kv gateup; do
   key=linear_qkv.weight; [[ $what == gateup ]] && key=linear_fc1.weight
   $PY "$ref" check "$WORK/phi3-swap-$what" "$mnt/tp2pp2" tp2pp2 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
