@@ -684,9 +684,17 @@ bool ckptfs_srcfiles_unchanged(const CkptfsSrcFiles *files, unsigned index, GErr
         return false;
     SrcFile *f = g_ptr_array_index(files->files, index);
     struct stat st;
-    if (g_atomic_int_get(&f->changed) || stat(f->pub.path, &st) != 0 || !ckptfs_srcfile_same(f, &st))
+    if (g_atomic_int_get(&f->changed))
         return ckptfs_srcfile_report_changed(f, error);
-    return true;
+    if (stat(f->pub.path, &st) != 0) {
+        /* Gone is a change; another failure (EIO, ESTALE on a network file system) may pass, and
+         * must not refuse the file for the rest of the mount. */
+        if (errno == ENOENT || errno == ENOTDIR)
+            return ckptfs_srcfile_report_changed(f, error);
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s: cannot stat: %s", f->pub.path, g_strerror(errno));
+        return false;
+    }
+    return ckptfs_srcfile_same(f, &st) || ckptfs_srcfile_report_changed(f, error);
 }
 
 CkptfsAccess ckptfs_srcfiles_access(const CkptfsSrcFiles *files, const uint32_t *indexes,

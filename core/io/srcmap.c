@@ -201,7 +201,7 @@ typedef struct {
 } Breaking;
 
 /* Under w->lock: stops the pins of every leased file of every set whose lease descriptor is in
- * FDS (all of them when ALL), and lists them in OUT. */
+ * FDS (all of them when ALL), and adds them to OUT. */
 static void stop_matching(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArray *out)
 {
     for (guint s = 0; s < w->sets->len; s++) {
@@ -224,9 +224,11 @@ static gpointer watch_leases(gpointer data)
     CkptfsLeaseWatch *w = data;
     struct pollfd fds[2] = {{w->signal_fd, POLLIN, 0}, {w->stop_fd, POLLIN, 0}};
     GArray *broken = g_array_new(FALSE, FALSE, sizeof(int));
-    GArray *breaking = g_array_new(FALSE, FALSE, sizeof(Breaking));
+    GArray *breaking = g_array_new(FALSE, FALSE, sizeof(Breaking)); /* waiting for their replies */
     for (;;) {
-        if (poll(fds, 2, -1) < 0) {
+        /* While files wait for replies being written from them, breaks are still taken, and
+         * the files are looked at again every 50 us. */
+        if (poll(fds, 2, breaking->len ? 0 : -1) < 0) {
             if (errno == EINTR)
                 continue;
             g_warning("mapped reads: the lease watcher stops: poll: %s", g_strerror(errno));
@@ -234,32 +236,56 @@ static gpointer watch_leases(gpointer data)
         }
         if (fds[1].revents)
             break;
-        /* Every break queued now, together: a writer waits for the replies being written from
-         * its file, not for the other files' too. */
-        g_array_set_size(broken, 0);
-        bool all = false;
-        struct signalfd_siginfo si;
-        while (read(w->signal_fd, &si, sizeof si) == (ssize_t)sizeof si) {
-            if ((int)si.ssi_signo == ckptfs_lease_signal())
-                g_array_append_val(broken, si.ssi_fd);
-            else
-                all = true; /* SIGIO: the queue overflowed, which file is unknown */
+        if (fds[0].revents) {
+            g_array_set_size(broken, 0);
+            bool all = false;
+            struct signalfd_siginfo si;
+            while (read(w->signal_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+                if ((int)si.ssi_signo == ckptfs_lease_signal())
+                    g_array_append_val(broken, si.ssi_fd);
+                else
+                    all = true; /* SIGIO: the queue overflowed, which file is unknown */
+            }
+            g_mutex_lock(&w->lock);
+            stop_matching(w, broken, all, breaking);
+            w->busy = breaking->len > 0;
+            g_mutex_unlock(&w->lock);
         }
-        g_array_set_size(breaking, 0);
-        g_mutex_lock(&w->lock);
-        stop_matching(w, broken, all, breaking);
-        w->busy = breaking->len > 0;
-        g_mutex_unlock(&w->lock);
-        for (guint i = 0; i < breaking->len; i++) {
+        /* Each file goes back as soon as the replies written from it are: its writer waits for
+         * them only. Were they given back in turn, a reply stalled on one file would hold the
+         * others' leases until the kernel revoked them, and those files would be read from
+         * their mappings while their writers went on. */
+        for (guint i = 0; i < breaking->len;) {
             Breaking *b = &g_array_index(breaking, Breaking, i);
+            if (g_atomic_int_get(&b->file->map_pins) > 0) {
+                i++;
+                continue;
+            }
             give_back(w, b->files, b->file);
             g_atomic_int_inc(&w->given_back);
+            g_array_remove_index_fast(breaking, i);
+        }
+        if (breaking->len > 0) {
+            g_usleep(50);
+            continue;
         }
         g_mutex_lock(&w->lock);
-        w->busy = false;
-        g_cond_broadcast(&w->idle);
+        if (w->busy) {
+            w->busy = false;
+            g_cond_broadcast(&w->idle);
+        }
         g_mutex_unlock(&w->lock);
     }
+    /* Stopped: the files still breaking go back once their replies are written. */
+    for (guint i = 0; i < breaking->len; i++) {
+        Breaking *b = &g_array_index(breaking, Breaking, i);
+        give_back(w, b->files, b->file);
+        g_atomic_int_inc(&w->given_back);
+    }
+    g_mutex_lock(&w->lock);
+    w->busy = false;
+    g_cond_broadcast(&w->idle);
+    g_mutex_unlock(&w->lock);
     g_array_unref(broken);
     g_array_unref(breaking);
     return NULL;
