@@ -225,13 +225,18 @@ static gpointer watch_leases(gpointer data)
     struct pollfd fds[2] = {{w->signal_fd, POLLIN, 0}, {w->stop_fd, POLLIN, 0}};
     GArray *broken = g_array_new(FALSE, FALSE, sizeof(int));
     GArray *breaking = g_array_new(FALSE, FALSE, sizeof(Breaking)); /* waiting for their replies */
+    gulong nap = 0; /* us between looks at them: 50, doubling to 1 ms while a reply lasts */
     for (;;) {
-        /* While files wait for replies being written from them, breaks are still taken, and
-         * the files are looked at again every 50 us. */
+        /* While files wait for replies being written from them, breaks are still taken. */
         if (poll(fds, 2, breaking->len ? 0 : -1) < 0) {
             if (errno == EINTR)
                 continue;
             g_warning("mapped reads: the lease watcher stops: poll: %s", g_strerror(errno));
+            /* No break would be seen any more: every lease goes back, none left to be revoked. */
+            g_mutex_lock(&w->lock);
+            stop_matching(w, NULL, true, breaking);
+            w->busy = breaking->len > 0;
+            g_mutex_unlock(&w->lock);
             break;
         }
         if (fds[1].revents)
@@ -266,9 +271,11 @@ static gpointer watch_leases(gpointer data)
             g_array_remove_index_fast(breaking, i);
         }
         if (breaking->len > 0) {
-            g_usleep(50);
+            nap = nap ? MIN(2 * nap, 1000) : 50;
+            g_usleep(nap);
             continue;
         }
+        nap = 0;
         g_mutex_lock(&w->lock);
         if (w->busy) {
             w->busy = false;

@@ -146,6 +146,9 @@ bool ckptfs_layout_loadable(const CkptfsLayout *layout, GError **error)
     if (shard_of == NULL)
         return true; /* ckptfs_layout_validate refuses it */
     uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
+    if (stage_world(layout) > 65536)
+        INVALID("tp %u with etp %u x ep %u needs a world of %" G_GUINT64_FORMAT " GPUs per stage, more "
+                "than ckptfs lays out (65536)", layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout));
     for (uint64_t g = MAX(tp, etp * ep); g < stage_world(layout); g++) {
         gint64 name = (gint64)(g % tp) << 32 | (g / etp % ep);
         gpointer shard = g_hash_table_lookup(shard_of, &name);
@@ -236,9 +239,8 @@ bool ckptfs_layout_validate(const CkptfsLayout *layout, const CkptfsModel *model
         INVALID("etp %u does not divide the experts' ffn size %" G_GUINT64_FORMAT, etp, model->moe_ffn);
     if (model->shared_ffn % t != 0)
         INVALID("tp %u does not divide the shared expert's ffn size %" G_GUINT64_FORMAT, t, model->shared_ffn);
-    if (stage_world(layout) > 65536)
-        INVALID("tp %u with etp %u x ep %u needs a world of %" G_GUINT64_FORMAT " GPUs per stage, more "
-                "than ckptfs lays out (65536)", t, etp, ep, stage_world(layout));
+    if ((uint64_t)etp * ep > 65536)
+        INVALID("etp %u x ep %u is more GPUs per stage than ckptfs lays out (65536)", etp, ep);
     g_autoptr(GHashTable) shards = writer_shards(layout);
     if (shards == NULL)
         /* Two writers of one (TP rank, EP rank) file with different expert shards: the legacy

@@ -66,8 +66,9 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
     CkptfsLayout base = base_layout(mount);
     if (!ckptfs_layout_parse(name, &base, layout)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
-                    "'%s' is not a layout name (tp{T}pp{P}[vpp{V}][ep{E}][etp{X}] or vpp{V}, each "
-                    "number from 1 to 4096; the other views are hf and mcore)", name);
+                    "'%s' is not a layout name (tp{T}pp{P}[vpp{V}][ep{E}][etp{X}], or its tail alone "
+                    "such as pp{P}, vpp{V} or ep{E}; each number from 1 to 4096; the other views are hf "
+                    "and mcore)", name);
         return false;
     }
     apply_uneven_stages(mount, &base, layout);
