@@ -101,10 +101,16 @@ bool ckptfs_srcfile_same(const SrcFile *file, const struct stat *st)
 bool ckptfs_srcfile_report_changed(SrcFile *f, GError **error)
 {
     g_atomic_int_set(&f->changed, 1);
-    g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
-                "%s: source file changed after the mount (inode, size, mtime or ctime differ); "
-                "remount to serve the new contents",
-                f->pub.path);
+    struct stat st;
+    if (error != NULL && stat(f->pub.path, &st) != 0 && errno == ENOENT)
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
+                    "%s: source file removed after the mount (a checkpoint deleted, or renamed away); "
+                    "its views fail from now on", f->pub.path);
+    else
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_CHANGED,
+                    "%s: source file changed after the mount (inode, size, mtime or ctime differ); "
+                    "remount to serve the new contents",
+                    f->pub.path);
     return false;
 }
 

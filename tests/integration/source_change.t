@@ -64,6 +64,24 @@ for setting in "" mapped_reads=off direct_io=off packed; do
     rm -rf "$src"
   done
 done
+# A shard deleted (verl's max_ckpt_to_keep removing an old step): the log says so.
+src=$WORK/src-rm mnt=$WORK/mnt-rm
+cp -r "$orig" "$src"
+sleep 0.05
+if MOUNT_OPTS=layouts=tp2pp1 fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/rm.log"; then
+  pid=$FG_PID
+  exec 7< "$mnt/${files[2]}"
+  rm "$src/${shards[0]}"
+  ! cat <&7 > /dev/null 2>&1
+  ok $? "a rank file open before its shard was deleted fails"
+  exec 7<&-
+  grep -q "${shards[0]}: source file removed after the mount" "$WORK/rm.log"
+  ok $? "the log says the shard was removed ($(grep -m1 removed "$WORK/rm.log" | head -c 160))"
+  FG_PID=$pid fg_unmount "$mnt"
+  ok $? "unmounted"
+else
+  ok 1 "mount for the deleted shard"
+fi
 FG_PID=$ref_pid fg_unmount "$ref"
 ok $? "reference mount unmounted"
 done_testing
