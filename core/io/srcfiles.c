@@ -114,11 +114,11 @@ bool ckptfs_srcfile_report_changed(SrcFile *f, GError **error)
     return false;
 }
 
-/* Under the lock: closes least recently used descriptors no read is using until one more
- * fits. When every open one is in use, the cache goes over its size for a while. */
-static void make_room(CkptfsSrcFiles *files)
+/* Under the lock: closes least recently used descriptors no read is using until KEEP are left
+ * (or only ones in use). */
+static void trim_open(CkptfsSrcFiles *files, unsigned keep)
 {
-    for (GList *l = files->open.tail; l != NULL && files->open.length >= files->max_open;) {
+    for (GList *l = files->open.tail; l != NULL && files->open.length > keep;) {
         GList *prev = l->prev;
         SrcFile *f = l->data;
         if (f->pins == 0) {
@@ -129,6 +129,20 @@ static void make_room(CkptfsSrcFiles *files)
         }
         l = prev;
     }
+}
+
+/* Room for one more. When every open one is in use, the cache goes over its size for a while. */
+static void make_room(CkptfsSrcFiles *files)
+{
+    trim_open(files, files->max_open - 1);
+}
+
+void ckptfs_srcfiles_let_go(CkptfsSrcFiles *files)
+{
+    ckptfs_srcfiles_map_stop(files);
+    g_mutex_lock(&files->lock);
+    trim_open(files, 0);
+    g_mutex_unlock(&files->lock);
 }
 
 static void cache_insert(CkptfsSrcFiles *files, SrcFile *f, int fd)

@@ -369,6 +369,15 @@ static bool populate_run(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GEr
     g_autoptr(GArray) steps = ckptfs_verl_steps(run->run_dir);
     for (guint i = 0; i < steps->len; i++)
         add_step(run, root, g_array_index(steps, uint64_t, i));
+    /* Roles of steps deleted since (verl's max_ckpt_to_keep) let their files go, so that their
+     * space is freed; they stay listed, their files failing. */
+    for (guint i = 0; i < run->roles->len; i++) {
+        CkptfsMount *role = g_ptr_array_index(run->roles, i);
+        if (!role->let_go && !g_file_test(role->source->dir, G_FILE_TEST_IS_DIR)) {
+            ckptfs_srcfiles_let_go(role->source->files);
+            role->let_go = true;
+        }
+    }
     uint64_t latest;
     if (ckptfs_verl_latest(run->run_dir, &latest, NULL)) {
         g_autofree char *target = g_strdup_printf("global_step_%" G_GUINT64_FORMAT, latest);

@@ -26,6 +26,7 @@ struct CkptfsMount {
     bool run_is_step;     /* RUN_DIR is one global_step_N: the root lists its roles */
     GPtrArray *roles;     /* CkptfsMount*: the roles opened so far (a run's only) */
     bool tree_borrowed;   /* a role's: the run frees the tree */
+    bool let_go;          /* a role's: its directory was deleted, its files let go */
     CkptfsMountLog log;   /* a run's: warnings of roles opened while mounted (may be NULL) */
     gpointer log_ctx;
 };

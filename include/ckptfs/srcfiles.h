@@ -44,6 +44,10 @@ typedef struct {
 /* A set whose descriptor cache holds up to MAX_OPEN files (0: derived from RLIMIT_NOFILE). */
 CkptfsSrcFiles *ckptfs_srcfiles_new(unsigned max_open);
 void ckptfs_srcfiles_free(CkptfsSrcFiles *files);
+/* Closes every descriptor and mapping of FILES that no read is using now, and gives their
+ * leases back: for a source deleted while mounted, whose space is freed only once nothing holds
+ * its files open. Later reads open them again, and fail where they are gone. */
+void ckptfs_srcfiles_let_go(CkptfsSrcFiles *files);
 
 /* Raises the soft RLIMIT_NOFILE to the hard limit (a process-wide setting: the command does it
  * once at start). Returns the soft limit now in force. */

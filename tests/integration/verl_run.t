@@ -150,4 +150,32 @@ unmount_ckptfs "$mnt"
 rm -rf "$run/global_step_5" "$run/global_step_3" "$run/global_step_4"
 check "nothing was written into the run directory" diff "$WORK/sums.before" \
   <(cd "$run" && find . -type f -exec sha256sum {} + | sort)
+
+# A step deleted while mounted (verl's max_ckpt_to_keep): once the root is listed again, the
+# daemon holds none of its files open or mapped, so their space is freed.
+del=$WORK/run-del
+mkdir -p "$del/global_step_1" "$del/global_step_2"
+cp -r "$data/fsdp2/llama-w4/global_step_1/actor" "$del/global_step_1/actor"
+cp -r "$data/fsdp1/llama-w2/global_step_1/actor" "$del/global_step_2/actor"
+held_of() { # files of DIR the daemon PID holds open or mapped
+  { ls -l "/proc/$1/fd" 2> /dev/null; cat "/proc/$1/maps" 2> /dev/null; } | grep -c "$2"
+}
+if fg_mount "$CKPTFS" "$del" "$WORK/mnt-del" "$WORK/del.log"; then
+  pid=$FG_PID
+  cat "$WORK/mnt-del/global_step_1/actor/hf/"*.safetensors "$WORK/mnt-del/global_step_2/actor/tp2pp1/release/"*/* > /dev/null
+  before=$(held_of "$pid" "$del/global_step_1/")
+  rm -r "$del/global_step_1"
+  ls "$WORK/mnt-del" > /dev/null
+  after=$(held_of "$pid" "$del/global_step_1/")
+  [[ $before -gt 0 && $after -eq 0 ]]
+  ok $? "a deleted step's files let go at the next listing of the root (held before: $before, after: $after)"
+  ! cat "$WORK/mnt-del/global_step_1/actor/hf/model.safetensors" > /dev/null 2>&1
+  ok $? "  its files fail"
+  check "  the other step still serves" \
+    $PY "$check_hf" compare "$data/src/llama" "$WORK/mnt-del/global_step_2/actor/hf"
+  fg_unmount "$WORK/mnt-del"
+  ok $? "  unmounted"
+else
+  ok 1 "a run to delete a step of mounts"
+fi
 done_testing
