@@ -178,4 +178,7 @@ if fg_mount "$CKPTFS" "$del" "$WORK/mnt-del" "$WORK/del.log"; then
 else
   ok 1 "a run to delete a step of mounts"
 fi
+echo 7 > "$del/latest_checkpointed_iteration.txt"
+check "inspect says why latest is not the tracker's step" bash -c \
+  "'$CKPTFS' inspect '$del' | grep -q 'names step 7, which is not there .*latest is the highest step, global_step_2'"
 done_testing
