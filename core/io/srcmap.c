@@ -40,6 +40,7 @@ struct CkptfsLeaseWatch {
     GPtrArray *sets; /* CkptfsSrcFiles* whose files may be leased */
     gint held;       /* leases held now */
     gint given_back; /* leases given back because a writer came */
+    gint stopped;    /* the watcher stopped: no lease may be taken */
 };
 
 int ckptfs_lease_signal(void)
@@ -78,6 +79,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
     g_atomic_int_set(&f->map_state, SRC_MAP_REFUSED);
     /* Each lease holds a descriptor and a mapping beside the cache's: at most half as many. */
     if (f->container != NULL || f->disk_size == 0 || g_atomic_int_get(&f->changed) ||
+        g_atomic_int_get(&files->leases->stopped) ||
         files->leases_held >= MAX(files->max_open / 2, 1u))
         return SRC_MAP_REFUSED;
     struct stat st;
@@ -232,7 +234,9 @@ static gpointer watch_leases(gpointer data)
             if (errno == EINTR)
                 continue;
             g_warning("mapped reads: the lease watcher stops: poll: %s", g_strerror(errno));
-            /* No break would be seen any more: every lease goes back, none left to be revoked. */
+            /* No break would be seen any more: every lease goes back, none left to be revoked,
+             * and none is taken again. */
+            g_atomic_int_set(&w->stopped, 1);
             g_mutex_lock(&w->lock);
             stop_matching(w, NULL, true, breaking);
             w->busy = breaking->len > 0;
