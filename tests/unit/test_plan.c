@@ -492,6 +492,14 @@ static bool evicted(const char *path, uint64_t size, int n)
     return before == 0;
 }
 
+/* Whether the kernel brought in nearly ALL the pages advised: WILLNEED is best effort, and may
+ * skip a chunk whose pages it cannot allocate at once (8 of 8192 seen on a busy machine). The bugs
+ * these tests catch lost half the pages or more. */
+static bool nearly_all(size_t resident, size_t all)
+{
+    return resident * 20 >= all * 19;
+}
+
 /* Prefetch of [OUT, OUT + LEN) of PLAN (one source file at PATH of SIZE bytes, dropped from the
  * page cache first) brings exactly source bytes [LO, HI) in: all their pages, and fewer than 64
  * others (past HI the kernel may read a little ahead). */
@@ -507,7 +515,8 @@ static void check_window(const CkptfsPlan *plan, const CkptfsSrcFiles *files, co
         wanted = resident_pages(path, lo, hi);
     }
     unsigned others = resident_pages(path, 0, lo) + resident_pages(path, hi + (256u << 10), size);
-    tap_ok(wanted == pages, "prefetch of %s brings the %u pages of its source bytes (%u)", what, pages, wanted);
+    tap_ok(nearly_all(wanted, pages), "prefetch of %s brings the %u pages of its source bytes (%u, 95%% needed)", what,
+           pages, wanted);
     tap_ok(others < 64, "and not the rest of the file (%u pages of it)", others);
 }
 
@@ -610,8 +619,8 @@ static void check_rows(const char *dir, unsigned nfiles, size_t rows, bool warm_
         }
         for (unsigned k = 0; k < nfiles; k++)
             others += resident_pages(paths[k], rows * stride + (256u << 10), size);
-        tap_ok(wanted == rows * nfiles, "prefetch of %s brings every row in (%u of %zu pages)", what, wanted,
-               rows * nfiles);
+        tap_ok(nearly_all(wanted, rows * nfiles), "prefetch of %s brings every row in (%u of %zu pages, 95%% needed)",
+               what, wanted, rows * nfiles);
         tap_ok(others < 64 * nfiles, "and not the bytes after them (%u pages of them)", others);
     }
     ckptfs_plan_free(plan);
