@@ -532,7 +532,7 @@ static int inspect_run(const CkptfsMount *run, bool json)
         if (has_latest)
             printf("; latest: global_step_%" G_GUINT64_FORMAT, latest);
         printf(")\n");
-        g_autofree char *problem = run->run_is_step ? NULL : ckptfs_verl_tracker_problem(run->run_dir);
+        g_autofree char *problem = has_latest ? ckptfs_verl_tracker_problem(run->run_dir, latest) : NULL;
         if (problem)
             printf("warning:      %s\n", problem);
     }

@@ -221,6 +221,32 @@ static void stop_matching(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArr
     }
 }
 
+/* Stops the pins of the files stop_matching picks and adds them to BREAKING; the watcher is busy
+ * while any of them waits (no set is removed under it). */
+static void take_breaks(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArray *breaking)
+{
+    g_mutex_lock(&w->lock);
+    stop_matching(w, fds, all, breaking);
+    w->busy = breaking->len > 0;
+    g_mutex_unlock(&w->lock);
+}
+
+static void give_back_breaking(CkptfsLeaseWatch *w, const Breaking *b)
+{
+    give_back(w, b->files, b->file);
+    g_atomic_int_inc(&w->given_back);
+}
+
+static void no_longer_busy(CkptfsLeaseWatch *w)
+{
+    g_mutex_lock(&w->lock);
+    if (w->busy) {
+        w->busy = false;
+        g_cond_broadcast(&w->idle);
+    }
+    g_mutex_unlock(&w->lock);
+}
+
 static gpointer watch_leases(gpointer data)
 {
     CkptfsLeaseWatch *w = data;
@@ -237,10 +263,7 @@ static gpointer watch_leases(gpointer data)
             /* No break would be seen any more: every lease goes back, none left to be revoked,
              * and none is taken again. */
             g_atomic_int_set(&w->stopped, 1);
-            g_mutex_lock(&w->lock);
-            stop_matching(w, NULL, true, breaking);
-            w->busy = breaking->len > 0;
-            g_mutex_unlock(&w->lock);
+            take_breaks(w, NULL, true, breaking);
             break;
         }
         if (fds[1].revents)
@@ -255,10 +278,7 @@ static gpointer watch_leases(gpointer data)
                 else
                     all = true; /* SIGIO: the queue overflowed, which file is unknown */
             }
-            g_mutex_lock(&w->lock);
-            stop_matching(w, broken, all, breaking);
-            w->busy = breaking->len > 0;
-            g_mutex_unlock(&w->lock);
+            take_breaks(w, broken, all, breaking);
         }
         /* Each file goes back as soon as the replies written from it are: its writer waits for
          * them only. Were they given back in turn, a reply stalled on one file would hold the
@@ -270,8 +290,7 @@ static gpointer watch_leases(gpointer data)
                 i++;
                 continue;
             }
-            give_back(w, b->files, b->file);
-            g_atomic_int_inc(&w->given_back);
+            give_back_breaking(w, b);
             g_array_remove_index_fast(breaking, i);
         }
         if (breaking->len > 0) {
@@ -280,23 +299,12 @@ static gpointer watch_leases(gpointer data)
             continue;
         }
         nap = 0;
-        g_mutex_lock(&w->lock);
-        if (w->busy) {
-            w->busy = false;
-            g_cond_broadcast(&w->idle);
-        }
-        g_mutex_unlock(&w->lock);
+        no_longer_busy(w);
     }
     /* Stopped: the files still breaking go back once their replies are written. */
-    for (guint i = 0; i < breaking->len; i++) {
-        Breaking *b = &g_array_index(breaking, Breaking, i);
-        give_back(w, b->files, b->file);
-        g_atomic_int_inc(&w->given_back);
-    }
-    g_mutex_lock(&w->lock);
-    w->busy = false;
-    g_cond_broadcast(&w->idle);
-    g_mutex_unlock(&w->lock);
+    for (guint i = 0; i < breaking->len; i++)
+        give_back_breaking(w, &g_array_index(breaking, Breaking, i));
+    no_longer_busy(w);
     g_array_unref(broken);
     g_array_unref(breaking);
     return NULL;

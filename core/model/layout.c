@@ -146,10 +146,11 @@ bool ckptfs_layout_loadable(const CkptfsLayout *layout, GError **error)
     if (shard_of == NULL)
         return true; /* ckptfs_layout_validate refuses it */
     uint64_t tp = layout->tp, ep = ckptfs_layout_ep(layout), etp = ckptfs_layout_etp(layout);
-    if (stage_world(layout) > 65536)
+    uint64_t world = stage_world(layout);
+    if (world > 65536)
         INVALID("tp %u with etp %u x ep %u needs a world of %" G_GUINT64_FORMAT " GPUs per stage, more "
-                "than ckptfs lays out (65536)", layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout));
-    for (uint64_t g = MAX(tp, etp * ep); g < stage_world(layout); g++) {
+                "than ckptfs lays out (65536)", layout->tp, (unsigned)etp, (unsigned)ep, world);
+    for (uint64_t g = MAX(tp, etp * ep); g < world; g++) {
         gint64 name = (gint64)(g % tp) << 32 | (g / etp % ep);
         gpointer shard = g_hash_table_lookup(shard_of, &name);
         if (shard == NULL)
@@ -157,13 +158,13 @@ bool ckptfs_layout_loadable(const CkptfsLayout *layout, GError **error)
                     "least both grids tile) rank %" G_GUINT64_FORMAT " would load mp_rank_%02u with EP rank "
                     "%u, which no rank writes (Megatron writes on expert data-parallel rank 0); torch_dist "
                     "(mcore/) holds any split",
-                    layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout), g, (unsigned)(g % tp),
+                    layout->tp, (unsigned)etp, (unsigned)ep, world, g, (unsigned)(g % tp),
                     (unsigned)(g / etp % ep));
         if (GPOINTER_TO_UINT(shard) != g % etp + 1)
             INVALID("tp %u with etp %u x ep %u: in a world of %" G_GUINT64_FORMAT " GPUs per stage (the "
                     "least both grids tile) rank %" G_GUINT64_FORMAT " would load expert TP shard %u from "
                     "mp_rank_%02u, which holds shard %u; torch_dist (mcore/) holds any split",
-                    layout->tp, (unsigned)etp, (unsigned)ep, stage_world(layout), g, (unsigned)(g % etp),
+                    layout->tp, (unsigned)etp, (unsigned)ep, world, g, (unsigned)(g % etp),
                     (unsigned)(g % tp), GPOINTER_TO_UINT(shard) - 1);
     }
     return true;
@@ -195,7 +196,6 @@ char *ckptfs_rank_file_dir(const CkptfsLayout *layout, unsigned pp_rank, const C
         g_string_append_printf(name, "_%03u", file->ep);
     return g_string_free(name, FALSE);
 }
-
 
 /* Stage kinds under Megatron's uneven pipeline rules: a first/last stage with its own layer
  * count when set, every other stage a "middle" one sharing the rest evenly. */

@@ -144,14 +144,12 @@ bool ckptfs_verl_latest(const char *run, uint64_t *step, GError **error)
     return true;
 }
 
-char *ckptfs_verl_tracker_problem(const char *run)
+char *ckptfs_verl_tracker_problem(const char *run, uint64_t latest)
 {
     g_autofree char *path = g_build_filename(run, TRACKER, NULL);
     if (!g_file_test(path, G_FILE_TEST_EXISTS))
         return NULL; /* verl writes none with async saves */
-    uint64_t tracked, latest;
-    if (!ckptfs_verl_latest(run, &latest, NULL))
-        return NULL;
+    uint64_t tracked;
     if (!tracker_step(run, &tracked))
         return g_strdup_printf("%s holds no step number: latest is the highest step, global_step_%" G_GUINT64_FORMAT,
                                path, latest);

@@ -381,9 +381,12 @@ static bool populate_run(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GEr
     uint64_t latest;
     if (ckptfs_verl_latest(run->run_dir, &latest, NULL)) {
         g_autofree char *target = g_strdup_printf("global_step_%" G_GUINT64_FORMAT, latest);
-        g_autofree char *problem = ckptfs_verl_tracker_problem(run->run_dir);
-        if (ckptfs_tree_add_symlink(run->tree, root, "latest", target) != NULL && problem && run->log)
-            run->log(run->log_ctx, run->run_dir, problem);
+        /* Said once, when latest is made (it stays fixed). */
+        if (ckptfs_tree_add_symlink(run->tree, root, "latest", target) != NULL && run->log) {
+            g_autofree char *problem = ckptfs_verl_tracker_problem(run->run_dir, latest);
+            if (problem)
+                run->log(run->log_ctx, run->run_dir, problem);
+        }
     }
     return true;
 }

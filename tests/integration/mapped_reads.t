@@ -9,13 +9,8 @@ source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 
 src=$WORK/llama
-check "a 2-layer model with 512-wide rows written" $PY - "$TESTS_TOP/tests/lib" "$src" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1])
-import models
-cfg = dict(models.config_for("llama", 2), hidden_size=512, intermediate_size=1024, vocab_size=4096)
-models.write_checkpoint(sys.argv[2], models.model_tensors(cfg), cfg, shards=2)
-PY
+check "a 2-layer model with 512-wide rows written" $PY "$TESTS_TOP/tests/lib/models.py" write llama "$src" --layers 2 \
+  --shards 2 --set hidden_size=512 --set intermediate_size=1024 --set vocab_size=4096
 on=$WORK/mnt-on
 off=$WORK/mnt-off
 rank=tp2pp1/release/mp_rank_00/model_optim_rng.pt

@@ -10,13 +10,8 @@ source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 
 orig=$WORK/orig
-check "a 2-layer model in 2 shards written" $PY - "$TESTS_TOP/tests/lib" "$orig" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1])
-import models
-cfg = dict(models.config_for("llama", 2), hidden_size=512, intermediate_size=1024, vocab_size=4096)
-models.write_checkpoint(sys.argv[2], models.model_tensors(cfg), cfg, shards=2)
-PY
+check "a 2-layer model in 2 shards written" $PY "$TESTS_TOP/tests/lib/models.py" write llama "$orig" --layers 2 \
+  --shards 2 --set hidden_size=512 --set intermediate_size=1024 --set vocab_size=4096
 shards=($(cd "$orig" && ls -- *.safetensors))
 ref=$WORK/ref
 MOUNT_OPTS=layouts=tp2pp1,mapped_reads=off fg_mount "$CKPTFS" "$orig" "$ref" "$WORK/ref.log"

@@ -2,7 +2,8 @@
 """Tiny Hugging Face checkpoints for the tests (numpy only, fixed seeds), and an independent
 reference: safetensors reading, the Megatron split of DESIGN section 4, and forward passes.
 
-  models.py write ARCH DIR [--shards N] [--tokenizer] [--layers L]
+  models.py write ARCH DIR [--shards N] [--tokenizer] [--layers L] [--set KEY=N ...]
+      (--set: an integer config field over ARCH's, e.g. hidden_size=512)
     ARCH: llama (GQA, untied), qwen2 (qkv bias, tied), qwen3 (q/k norm, head_dim 16 != 64/8),
           mistral (GQA, untied), phi3 (GQA, untied, fused self_attn.qkv_proj = [q; k; v] and
           mlp.gate_up_proj = [gate; up] as Phi-3's checkpoints hold them),
@@ -353,6 +354,10 @@ def main():
             write_checkpoint(out, mixed_tensors(), None, shards, "--tokenizer" in args)
         else:
             cfg = config_for(arch, layers)
+            for i, a in enumerate(args):
+                if a == "--set":
+                    key, value = args[i + 1].split("=", 1)
+                    cfg[key] = int(value)
             if "--all-moe" in args:
                 assert "mlp_only_layers" in cfg, f"--all-moe: {arch} has no dense layers"
                 cfg["mlp_only_layers"] = []
