@@ -5,6 +5,7 @@
 #include "ckptfs/srcfiles.h"
 #include "commands.h"
 #include "daemon.h"
+#include "transport.h"
 
 #ifndef CKPTFS_VERSION
 #define CKPTFS_VERSION "0.0.0"
@@ -39,7 +40,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("ckptfs %s (libfuse %s)\n", CKPTFS_VERSION, ckptfs_libfuse_version());
+        printf("ckptfs %s (libfuse %s; %s)\n", CKPTFS_VERSION, ckptfs_libfuse_version(), ckptfs_transport_build_info());
         return 0;
     }
     static const struct {

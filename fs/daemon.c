@@ -12,6 +12,7 @@
 #include "ckptfs/error.h"
 #include "fuse_ops.h"
 #include "passthrough.h"
+#include "transport.h"
 
 const char *ckptfs_libfuse_version(void)
 {
@@ -30,9 +31,13 @@ static void mount_usage(FILE *out)
             "              max_threads=N  FUSE worker threads at most (default 16, up to 256)\n"
             "              max_idle_threads=N  idle workers kept (default: libfuse's)\n"
             "              clone_fd    a /dev/fuse descriptor per worker thread (default off)\n"
-            "              passthrough  the kernel reads hf/ files that are source files unchanged\n"
-            "                           straight from the source (root, Linux 6.9+, libfuse 3.17+;\n"
-            "                           a source file rewritten in place is then not detected)\n"
+            "              passthrough=auto|on|off  the kernel reads hf/ files that are source files\n"
+            "                           unchanged straight from the source (default auto: where it\n"
+            "                           can, root, Linux 6.9+, libfuse 3.17+; a source file rewritten\n"
+            "                           in place is then not detected); passthrough alone is on\n"
+            "              io_uring=auto|on|off  FUSE over io_uring (default auto: where this build's\n"
+            "                           libfuse 3.18+ has it and the kernel allows it; on: refuse to\n"
+            "                           mount without it)\n"
             "              FUSE options: allow_other, auto_unmount, fsname=NAME, and the other\n"
             "              options of mount.fuse3(8); default_permissions is always on\n"
             "Unmount with: fusermount3 -u MNT\n",
@@ -62,20 +67,23 @@ typedef struct {
     /* libfuse's session loop: worker threads, and whether each gets its own /dev/fuse queue */
     unsigned max_threads, max_idle_threads; /* 0: libfuse's default for idle */
     bool clone_fd;
-    bool passthrough; /* hand files identical to a source file to the kernel (passthrough.h) */
+    CkptfsPassthroughMode passthrough; /* hand files identical to a source file to the kernel (passthrough.h) */
+    CkptfsUringMode io_uring;          /* the transport (transport.h) */
 } MountArgs;
 
-/* max_threads=N, max_idle_threads=N, clone_fd (the names libfuse's own command-line helper uses)
- * and passthrough: the session's settings. 1 taken, 0 not one of them, -1 a bad value. */
+/* max_threads=N, max_idle_threads=N, clone_fd (the names libfuse's own command-line helper uses),
+ * passthrough and io_uring: the session's settings. 1 taken, 0 not one of them, -1 a bad value. */
 static int take_loop_option(MountArgs *a, const char *item)
 {
-    bool *flag = strcmp(item, "clone_fd") == 0      ? &a->clone_fd
-                 : strcmp(item, "passthrough") == 0 ? &a->passthrough
-                                                    : NULL;
-    if (flag != NULL) {
-        *flag = true;
+    if (strcmp(item, "clone_fd") == 0) {
+        a->clone_fd = true;
         return 1;
     }
+    int taken = ckptfs_passthrough_take_option(&a->passthrough, item);
+    if (taken == 0)
+        taken = ckptfs_transport_take_option(&a->io_uring, item);
+    if (taken != 0)
+        return taken;
     unsigned *slot = g_str_has_prefix(item, "max_threads=")        ? &a->max_threads
                      : g_str_has_prefix(item, "max_idle_threads=") ? &a->max_idle_threads
                                                                    : NULL;
@@ -270,12 +278,13 @@ static void log_role_warning(gpointer ctx, const char *where, const char *line)
     ckptfs_fuse_log(ctx, "%s: warning: %s", where, line);
 }
 
-static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
+static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src, CkptfsTransport *transport)
 {
     CkptfsFuseContext ctx = {.mount = mount,
                              .mtime = newest_source_mtime(mount),
                              .foreground = a->foreground,
-                             .passthrough = ckptfs_passthrough_new(a->passthrough)};
+                             .passthrough = ckptfs_passthrough_new(a->passthrough),
+                             .transport = transport};
     /* A key per mount, not a GPrivate: glib allocates one of those once and never frees it. The
      * workers' buffers are freed as they exit, before the loop returns. */
     if (pthread_key_create(&ctx.read_buffer, ckptfs_read_buffer_free) != 0) {
@@ -283,7 +292,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
         ckptfs_passthrough_free(ctx.passthrough);
         return 1;
     }
-    if (a->passthrough && !ckptfs_passthrough_built())
+    if (a->passthrough == CKPTFS_PASSTHROUGH_ON && !ckptfs_passthrough_built())
         fprintf(stderr, "ckptfs: warning: passthrough: this ckptfs was built with libfuse %s (3.17 or later "
                         "needed); files are read through the daemon\n", ckptfs_libfuse_version());
     g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
@@ -301,6 +310,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src)
     g_string_append(opts, ",default_permissions");
     for (guint i = 0; i < a->fuse_opts->len; i++)
         g_string_append_printf(opts, ",%s", (char *)g_ptr_array_index(a->fuse_opts, i));
+    g_string_append(opts, ckptfs_transport_session_option(transport));
     g_ptr_array_add(argv, g_strdup("-o"));
     g_ptr_array_add(argv, g_strdup(opts->str));
     struct fuse_args args = FUSE_ARGS_INIT((int)argv->len, (char **)argv->pdata);
@@ -362,7 +372,9 @@ static int validate_and_serve(MountArgs *a)
     /* The daemon changes to / when it detaches: keep absolute source paths. */
     g_autofree char *abs_src = g_canonicalize_filename(a->src, NULL);
     GError *error = NULL;
-    CkptfsMount *mount = ckptfs_mount_open(abs_src, &a->options, &error);
+    /* Before the source is read: io_uring=on is refused at once where it cannot work. */
+    g_autoptr(CkptfsTransport) transport = ckptfs_transport_new(a->io_uring, &error);
+    CkptfsMount *mount = transport ? ckptfs_mount_open(abs_src, &a->options, &error) : NULL;
     if (mount == NULL) {
         fprintf(stderr, "ckptfs: %s\n", error->message);
         g_error_free(error);
@@ -371,7 +383,7 @@ static int validate_and_serve(MountArgs *a)
     for (guint i = 0; mount->source && i < mount->source->warnings->len; i++)
         fprintf(stderr, "ckptfs: warning: %s\n",
                 (char *)g_ptr_array_index(mount->source->warnings, i));
-    int rc = serve(a, mount, abs_src);
+    int rc = serve(a, mount, abs_src, transport);
     ckptfs_mount_free(mount);
     return rc;
 }

@@ -10,6 +10,7 @@
 
 #include "ckptfs/error.h"
 #include "passthrough.h"
+#include "transport.h"
 
 /* The tree never changes while mounted: let the kernel cache names and attributes for long. */
 #define CACHE_TIMEOUT 86400.0
@@ -85,8 +86,9 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 #else
     conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 #endif
+    ckptfs_transport_init(ctx->transport, ctx, conn);
     const char *why = NULL;
-    if (ctx->passthrough != NULL && !ckptfs_passthrough_init(ctx->passthrough, conn, &why))
+    if (ctx->passthrough != NULL && !ckptfs_passthrough_init(ctx->passthrough, conn, &why) && why != NULL)
         ckptfs_fuse_log(ctx, "passthrough: %s; files are read through the daemon", why);
 }
 
@@ -357,7 +359,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     CkptfsFuseContext *ctx = ctx_of(req);
     const OpenFile *open_file = (const OpenFile *)(uintptr_t)fi->fh;
     const CkptfsSrcFiles *files = open_file->files; /* once replied, OPEN_FILE may be freed */
-    uint8_t *buf = thread_read_buffer(ctx, size ? size : 1);
+    uint8_t *ring = ckptfs_transport_reply_buffer(ctx->transport, ctx, req, size);
+    uint8_t *buf = ring ? ring : thread_read_buffer(ctx, size ? size : 1);
     CkptfsReplyRefs refs;
     struct iovec iov[CKPTFS_REPLY_IOV_MAX];
     GError *error = NULL;
@@ -367,6 +370,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
     if (n < 0)
         reply_failure(req, -EIO, error);
+    else if (ring != NULL) /* the mapped pieces copied into their places: the reply is the ring's buffer */
+        fuse_reply_buf(req, (const char *)buf, ckptfs_reply_refs_gather(&refs, buf, (size_t)n));
     else
         fuse_reply_iov(req, iov, ckptfs_reply_refs_iov(&refs, buf, (size_t)n, iov, G_N_ELEMENTS(iov)));
     ckptfs_reply_refs_release(files, &refs);

@@ -24,6 +24,7 @@ typedef struct {
     gint read_ahead_raised;
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
     CkptfsLeaseWatch *leases; /* -o mapped_reads once started, else NULL */
+    struct CkptfsTransport *transport; /* /dev/fuse or io_uring (transport.h) */
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;

@@ -1,6 +1,7 @@
 #include "passthrough.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@ struct CkptfsPassthrough {
     GMutex lock;
     GHashTable *by_ino; /* fuse_ino_t -> InodeMode*: inodes with opens, and refused ones */
     bool on;            /* cleared when the kernel refuses passthrough itself */
+    bool quiet;         /* auto: a refusal of passthrough itself is not logged */
     bool open_failed;   /* a source file could not be opened for it (logged once) */
 };
 
@@ -31,14 +33,37 @@ bool ckptfs_passthrough_built(void)
 #endif
 }
 
-CkptfsPassthrough *ckptfs_passthrough_new(bool wanted)
+int ckptfs_passthrough_take_option(CkptfsPassthroughMode *mode, const char *item)
 {
-    if (!wanted || !ckptfs_passthrough_built())
+    if (strcmp(item, "passthrough") == 0) {
+        *mode = CKPTFS_PASSTHROUGH_ON;
+        return 1;
+    }
+    if (!g_str_has_prefix(item, "passthrough="))
+        return 0;
+    const char *value = item + strlen("passthrough=");
+    static const char *const names[] = {[CKPTFS_PASSTHROUGH_AUTO] = "auto", [CKPTFS_PASSTHROUGH_ON] = "on",
+                                        [CKPTFS_PASSTHROUGH_OFF] = "off"};
+    for (unsigned i = 0; i < G_N_ELEMENTS(names); i++) {
+        if (strcmp(value, names[i]) == 0) {
+            *mode = (CkptfsPassthroughMode)i;
+            return 1;
+        }
+    }
+    fprintf(stderr, "ckptfs: option %s: expected passthrough=auto, on or off\n", item);
+    return -1;
+}
+
+CkptfsPassthrough *ckptfs_passthrough_new(CkptfsPassthroughMode mode)
+{
+    if (mode == CKPTFS_PASSTHROUGH_OFF || !ckptfs_passthrough_built() ||
+        (mode == CKPTFS_PASSTHROUGH_AUTO && geteuid() != 0))
         return NULL;
     CkptfsPassthrough *pt = g_new0(CkptfsPassthrough, 1);
     g_mutex_init(&pt->lock);
     pt->by_ino = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, g_free);
     pt->on = true;
+    pt->quiet = mode == CKPTFS_PASSTHROUGH_AUTO;
     return pt;
 }
 
@@ -61,10 +86,10 @@ bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn,
     conn->max_backing_stack_depth = FUSE_BACKING_STACKED_OVER;
     if (fuse_set_feature_flag(conn, FUSE_CAP_PASSTHROUGH))
         return true;
-    *why = "the kernel does not offer FUSE passthrough (it needs Linux 6.9 or later, built with it)";
+    *why = pt->quiet ? NULL : "the kernel does not offer FUSE passthrough (it needs Linux 6.9 or later, built with it)";
 #else
     (void)conn;
-    *why = "this build's libfuse has no passthrough (3.17 or later needed)";
+    *why = pt->quiet ? NULL : "this build's libfuse has no passthrough (3.17 or later needed)";
 #endif
     pt->on = false;
     return false;
@@ -127,9 +152,10 @@ bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t i
             id = 0;
         } else if (fd >= 0 && refuses_all(err) && pt->on) {
             pt->on = false;
-            *refusal = g_strdup_printf("passthrough refused by the kernel (%s%s); files are read through the "
-                                       "daemon from now on", g_strerror(err),
-                                       err == EPERM ? ": the daemon needs CAP_SYS_ADMIN" : "");
+            if (!pt->quiet)
+                *refusal = g_strdup_printf("passthrough refused by the kernel (%s%s); files are read through "
+                                           "the daemon from now on", g_strerror(err),
+                                           err == EPERM ? ": the daemon needs CAP_SYS_ADMIN" : "");
         } else if (fd >= 0 && !refuses_all(err)) {
             mode->refused = true;
             *refusal = g_strdup_printf("%s: passthrough refused by the kernel (%s); read through the daemon",

@@ -19,12 +19,21 @@ typedef struct CkptfsPassthrough CkptfsPassthrough;
 /* Whether this build can ask for passthrough (libfuse 3.17 or later). */
 bool ckptfs_passthrough_built(void);
 
-/* WANTED: -o passthrough. NULL when not wanted. */
-CkptfsPassthrough *ckptfs_passthrough_new(bool wanted);
+/* -o passthrough=auto (the default: where it can work, else silently not), on (-o passthrough
+ * alone too: a refusal is logged), off. */
+typedef enum { CKPTFS_PASSTHROUGH_AUTO, CKPTFS_PASSTHROUGH_ON, CKPTFS_PASSTHROUGH_OFF } CkptfsPassthroughMode;
+
+/* passthrough or passthrough=auto|on|off: 1 taken into *MODE, 0 not this option, -1 a bad value
+ * (said on stderr). */
+int ckptfs_passthrough_take_option(CkptfsPassthroughMode *mode, const char *item);
+
+/* NULL when MODE is off, when this build has no passthrough, or, for auto, when the daemon does
+ * not run as root (the kernel would refuse every file). */
+CkptfsPassthrough *ckptfs_passthrough_new(CkptfsPassthroughMode mode);
 void ckptfs_passthrough_free(CkptfsPassthrough *pt);
 
-/* At INIT: asks the kernel for passthrough. False (with the reason in *WHY, static) when it
- * does not offer it. */
+/* At INIT: asks the kernel for passthrough. False (with the reason in *WHY, static; NULL for
+ * auto, which falls back silently) when it does not offer it. */
 bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn, const char **why);
 
 /* At open of inode INO, a view file made by PLAN. For a plan that is a plain source file whole
@@ -34,7 +43,8 @@ bool ckptfs_passthrough_init(CkptfsPassthrough *pt, struct fuse_conn_info *conn,
  * every open of an inode gets the mode of the opens it already has (the kernel refuses a mix).
  * A refusal of passthrough itself (no CAP_SYS_ADMIN, a kernel without it) turns it off for the
  * mount; one of a single file, for that file; a source file that cannot be opened, for that open.
- * *REFUSAL gets a line for the log on the first of each (the caller frees it). */
+ * *REFUSAL gets a line for the log on the first of each (the caller frees it), but for a refusal
+ * of passthrough itself with auto. */
 bool ckptfs_passthrough_open(CkptfsPassthrough *pt, fuse_req_t req, fuse_ino_t ino, const CkptfsPlan *plan,
                              const CkptfsSrcFiles *files, struct fuse_file_info *fi, char **refusal);
 /* At release of an open that ckptfs_passthrough_open counted; REQ NULL for an open whose reply

@@ -697,6 +697,13 @@ int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, stru
     return k;
 }
 
+size_t ckptfs_reply_refs_gather(const CkptfsReplyRefs *refs, void *buf, size_t n)
+{
+    for (unsigned i = 0; i < refs->n; i++)
+        memcpy((uint8_t *)buf + refs->ref[i].at, refs->ref[i].ptr, refs->ref[i].len);
+    return n;
+}
+
 void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *refs)
 {
     for (unsigned i = 0; i < refs->npins; i++)

@@ -157,6 +157,9 @@ int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *fi
  * CKPTFS_REPLY_IOV_MAX); returns how many entries. Sorts REFS. */
 struct iovec;
 int ckptfs_reply_refs_iov(CkptfsReplyRefs *refs, const void *buf, size_t n, struct iovec *iov, int max);
+/* The N bytes read into BUF and REFS, whole in BUF: each ref copied into its place (a reply
+ * written from one buffer of its own, such as FUSE over io_uring's). Returns N. */
+size_t ckptfs_reply_refs_gather(const CkptfsReplyRefs *refs, void *buf, size_t n);
 void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *refs);
 
 /* Asks the kernel to start reading the source bytes of [OFFSET, OFFSET + LEN) of the

@@ -95,6 +95,21 @@ static void test_bytes(CkptfsSrcFiles *files)
     }
     tap_ok(good == 300, "300 mapped reads at odd offsets and sizes equal the copying read (%d)", good);
     tap_ok(with_refs > 200, "most of them left pieces in the mappings (%d)", with_refs);
+    /* The same reads gathered in place, as a reply written from the reader's own buffer is. */
+    good = with_refs = 0;
+    for (int k = 0; k < 100; k++) {
+        uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)size);
+        size_t len = k % 10 == 0 ? 1u << 20 : (size_t)g_rand_int_range(rng, 1, 1 << 20);
+        static CkptfsReplyRefs refs;
+        int64_t n = ckptfs_plan_read_mapped(plan, files, NULL, got, len, off, &refs, NULL);
+        size_t expect = off + len > size ? (size_t)(size - off) : len;
+        with_refs += refs.n > 0;
+        good += n == (int64_t)expect && ckptfs_reply_refs_gather(&refs, got, (size_t)n) == expect &&
+                memcmp(got, want + off, expect) == 0;
+        ckptfs_reply_refs_release(files, &refs);
+    }
+    tap_ok(good == 100 && with_refs > 50, "100 mapped reads gathered into their buffer equal the copying read "
+                                          "(%d; %d with pieces from the mappings)", good, with_refs);
     unsigned nrefs = 0;
     int64_t n = read_mapped(plan, files, got, 1u << 20, size - 30000, &nrefs);
     tap_ok(n == 30000 && memcmp(got, want + size - 30000, 30000) == 0, "the last bytes, past the end asked for");
