@@ -54,10 +54,22 @@ int ckptfs_passthrough_take_option(CkptfsPassthroughMode *mode, const char *item
     return -1;
 }
 
+/* Root in the kernel's eyes: root of the first user namespace (the kernel asks for CAP_SYS_ADMIN
+ * there; a container's root of a namespace of its own is refused, and libfuse logs each refusal). */
+static bool initial_root(void)
+{
+    g_autofree char *map = NULL;
+    if (geteuid() != 0 || !g_file_get_contents("/proc/self/uid_map", &map, NULL, NULL))
+        return false;
+    unsigned long inside, outside, count;
+    return sscanf(map, "%lu %lu %lu", &inside, &outside, &count) == 3 && inside == 0 && outside == 0 &&
+           count == 4294967295ul;
+}
+
 CkptfsPassthrough *ckptfs_passthrough_new(CkptfsPassthroughMode mode)
 {
     if (mode == CKPTFS_PASSTHROUGH_OFF || !ckptfs_passthrough_built() ||
-        (mode == CKPTFS_PASSTHROUGH_AUTO && geteuid() != 0))
+        (mode == CKPTFS_PASSTHROUGH_AUTO && !initial_root()))
         return NULL;
     CkptfsPassthrough *pt = g_new0(CkptfsPassthrough, 1);
     g_mutex_init(&pt->lock);

@@ -28,7 +28,7 @@ typedef enum { CKPTFS_PASSTHROUGH_AUTO, CKPTFS_PASSTHROUGH_ON, CKPTFS_PASSTHROUG
 int ckptfs_passthrough_take_option(CkptfsPassthroughMode *mode, const char *item);
 
 /* NULL when MODE is off, when this build has no passthrough, or, for auto, when the daemon does
- * not run as root (the kernel would refuse every file). */
+ * not run as root of the first user namespace (the kernel would refuse every file). */
 CkptfsPassthrough *ckptfs_passthrough_new(CkptfsPassthroughMode mode);
 void ckptfs_passthrough_free(CkptfsPassthrough *pt);
 

@@ -89,7 +89,8 @@ if [[ -n $ckptfs_dir ]]; then
   # The library by its full path, with the build tree's RPATH to it (CMake adds one for a library
   # outside the system's directories).
   PKG_CONFIG_PATH=$prefix/lib/pkgconfig "$top/scripts/build.sh" "$ckptfs_dir" "$@" > /dev/null
-  ldd "$top/$ckptfs_dir/ckptfs" | grep -q "$prefix/lib/libfuse3" ||
+  [[ $ckptfs_dir == /* ]] || ckptfs_dir=$top/$ckptfs_dir
+  ldd "$ckptfs_dir/ckptfs" | grep -q "$prefix/lib/libfuse3" ||
     die "$ckptfs_dir/ckptfs is not linked against $prefix/lib/libfuse3"
 fi
 echo "$prefix"

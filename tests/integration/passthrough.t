@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# -o passthrough: hf/ files that are source files unchanged are read by the kernel itself (FUSE
-# passthrough). ckptfs is built in the Debian 13 root against libfuse 3.17 and run on this
+# -o passthrough (on by default where it can work; passthrough=off refuses it): hf/ files that are
+# source files unchanged are read by the kernel itself (FUSE passthrough). ckptfs is built in the Debian 13 root against libfuse 3.17 and run on this
 # machine's kernel. Checked: bytes, the daemon reading none of them (its /proc/PID/io), mmap,
 # concurrent and repeated opens, synthesized files beside them (mapped shared too), re-sharded
 # and packed sources (served by the daemon), a source replaced or rewritten under the mount, a
@@ -117,10 +117,23 @@ ok $((1 - $?)) "nothing about passthrough in the log ($(head -c 300 "$WORK/pt.lo
 fg_unmount "$mnt"
 ok $? "unmounts"
 
-# --- without the option, the same build serves hf/ through the daemon
+# --- without the option: passthrough by default (auto), quietly
+mnt=$WORK/mnt-default
+fg_mount "$PT" "$src" "$mnt" "$WORK/default.log"
+ok $? "without the option: mounts"
+before=$(served "$FG_PID")
+check "hf/ byte-identical" same_as_source "$mnt/hf"
+grew=$(($(served "$FG_PID") - before))
+[[ $grew -lt 65536 ]]
+ok $? "passthrough by default: the daemon served $grew bytes (< 64 KiB) of $hf_bytes"
+fg_unmount "$mnt"
+! grep -qi "passthrough" "$WORK/default.log"
+ok $? "nothing about passthrough in the log"
+
+# --- passthrough=off: the same build serves hf/ through the daemon
 mnt=$WORK/mnt-nopt
-fg_mount "$PT" "$src" "$mnt" "$WORK/nopt.log"
-ok $? "without -o passthrough: mounts"
+MOUNT_OPTS=passthrough=off fg_mount "$PT" "$src" "$mnt" "$WORK/nopt.log"
+ok $? "-o passthrough=off: mounts"
 before=$(served "$FG_PID")
 check "hf/ byte-identical" same_as_source "$mnt/hf"
 grew=$(($(served "$FG_PID") - before))
