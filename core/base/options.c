@@ -47,17 +47,25 @@ static bool bad(GError **error, const char *key, const char *why)
     return false;
 }
 
+/* A number option's VALUE, MIN to MAX: digits only ("-1" is refused, not read as 2^64 - 1). */
+static bool parse_number(const char *key, const char *value, uint64_t min, uint64_t max, uint64_t *out,
+                         GError **error)
+{
+    GError *local = NULL;
+    if (!ckptfs_parse_uint(value, min, max, out, &local)) {
+        bad(error, key, local->message);
+        g_error_free(local);
+        return false;
+    }
+    return true;
+}
+
 static bool parse_count(const char *key, const char *value, unsigned min, unsigned *out,
                         GError **error)
 {
-    char *end = NULL;
-    unsigned long v = value && *value >= '0' && *value <= '9' ? strtoul(value, &end, 10) : 0;
-    if (end == NULL || *end != '\0' || v < min || v > 1u << 20)
-    {
-        g_autofree char *why = g_strdup_printf("'%s' is not a whole number from %u to %u", value ? value : "",
-                                               min, 1u << 20);
-        return bad(error, key, why);
-    }
+    uint64_t v;
+    if (!parse_number(key, value, min, 1u << 20, &v, error))
+        return false;
     *out = (unsigned)v;
     return true;
 }
@@ -219,9 +227,12 @@ static bool set_string(char **field, const char *value)
 
 static bool opt_iteration(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    char *end = NULL;
-    if (strcmp(value, "release") != 0 && (strtoul(value, &end, 10), end == value || *end))
-        return bad(error, key, "needs \"release\" or an iteration number");
+    uint64_t v;
+    if (strcmp(value, "release") != 0 && !ckptfs_parse_uint(value, 0, G_MAXUINT64, &v, NULL)) {
+        g_autofree char *why = g_strdup_printf("needs \"release\" or an iteration number (digits only, below 2^64), "
+                                               "not '%s'", value);
+        return bad(error, key, why);
+    }
     return set_string(&o->iteration, value);
 }
 
@@ -259,9 +270,12 @@ static bool opt_dtype(CkptfsOptions *o, const char *key, const char *value, GErr
 
 static bool opt_step(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    char *end = NULL;
-    if (strcmp(value, "latest") != 0 && (strtoul(value, &end, 10), end == value || *end || *value == '-'))
-        return bad(error, key, "needs \"latest\" or a step number");
+    uint64_t v;
+    if (strcmp(value, "latest") != 0 && !ckptfs_parse_uint(value, 0, G_MAXUINT64, &v, NULL)) {
+        g_autofree char *why = g_strdup_printf("needs \"latest\" or a step number (digits only, below 2^64), "
+                                               "not '%s'", value);
+        return bad(error, key, why);
+    }
     return set_string(&o->step, value);
 }
 

@@ -56,3 +56,16 @@ too_big:
     g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "size '%s' is too large", text);
     return false;
 }
+
+bool ckptfs_parse_uint(const char *text, uint64_t min, uint64_t max, uint64_t *out, GError **error)
+{
+    guint64 v;
+    if (text == NULL || !g_ascii_string_to_unsigned(text, 10, min, max, &v, NULL)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID,
+                    "'%s' is not a whole number from %" G_GUINT64_FORMAT " to %" G_GUINT64_FORMAT, text ? text : "",
+                    min, max);
+        return false;
+    }
+    *out = v;
+    return true;
+}

@@ -217,6 +217,7 @@ bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uin
 struct CkptfsContainer {
     CkptfsContainerTrailer trailer;
     CkptfsFrameEntry *frames;
+    uint32_t largest; /* of the frames' original lengths */
 };
 
 bool ckptfs_container_magic(const uint8_t *start, size_t len)
@@ -300,6 +301,7 @@ CkptfsContainer *ckptfs_container_open(int fd, uint64_t disk_size, const char *p
                 "lie outside [16, %" G_GUINT64_FORMAT ")", i, e->coffset, e->clength, t->index_offset);
         next_u += e->ulength;
         next_c = e->coffset + e->clength;
+        c->largest = MAX(c->largest, e->ulength);
     }
     if (next_u != t->size)
         BAD("the frames cover %" G_GUINT64_FORMAT " bytes of %" G_GUINT64_FORMAT, next_u, t->size);
@@ -322,6 +324,11 @@ uint64_t ckptfs_container_size(const CkptfsContainer *c)
 uint64_t ckptfs_container_frames(const CkptfsContainer *c)
 {
     return c->trailer.nframes;
+}
+
+uint32_t ckptfs_container_largest_frame(const CkptfsContainer *c)
+{
+    return c->largest;
 }
 
 const CkptfsFrameEntry *ckptfs_container_frame(const CkptfsContainer *c, uint64_t i)

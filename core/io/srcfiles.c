@@ -547,6 +547,19 @@ void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes)
     ckptfs_frame_cache_set_budget(files->frames, bytes);
 }
 
+uint32_t ckptfs_srcfiles_largest_frame(const CkptfsSrcFiles *files, unsigned *index)
+{
+    uint32_t largest = 0;
+    for (guint i = 0; i < files->files->len; i++) {
+        const SrcFile *f = g_ptr_array_index(files->files, i);
+        if (f->container != NULL && ckptfs_container_largest_frame(f->container) > largest) {
+            largest = ckptfs_container_largest_frame(f->container);
+            *index = i;
+        }
+    }
+    return largest;
+}
+
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out)
 {
     const SrcFile *f = index < files->files->len ? g_ptr_array_index(files->files, index) : NULL;

@@ -48,11 +48,12 @@ void ckptfs_pack_options_init(CkptfsPackOptions *options)
 static bool parse_uint(const char *key, const char *value, uint64_t min, uint64_t max, uint64_t *out,
                        GError **error)
 {
-    guint64 v;
-    if (!g_ascii_string_to_unsigned(value, 10, min, max, &v, NULL))
-        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "%s: '%s' is not a whole number from %" G_GUINT64_FORMAT
-                           " to %" G_GUINT64_FORMAT, key, value, min, max);
-    *out = v;
+    GError *local = NULL;
+    if (!ckptfs_parse_uint(value, min, max, out, &local)) {
+        ckptfs_fail(error, CKPTFS_ERROR_INVALID, "%s: %s", key, local->message);
+        g_error_free(local);
+        return false;
+    }
     return true;
 }
 
@@ -731,12 +732,11 @@ static bool write_item(CkptfsPacker *packer, const char *src, const char *dest, 
     /* A hidden name that never looks finished; a long name gets a short one (NAME_MAX). */
     g_autofree char *tmp = strlen(base) < 200 ? g_strdup_printf("%s/.%s.ckptfs-pack-XXXXXX", dir, base)
                                               : g_strdup_printf("%s/.ckptfs-pack-XXXXXX", dir);
-    int src_fd = open(src_path, O_RDONLY | O_CLOEXEC);
-    if (src_fd < 0)
-        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: %s", src_path, g_strerror(errno));
     struct stat st;
-    if (fstat(src_fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != it->size ||
-        st.st_ino != it->ino || st.st_dev != it->dev) {
+    int src_fd = ckptfs_open_regular(src_path, &st, error); /* replaced by a FIFO since: never blocks */
+    if (src_fd < 0)
+        return false;
+    if ((uint64_t)st.st_size != it->size || st.st_ino != it->ino || st.st_dev != it->dev) {
         close(src_fd);
         return ckptfs_fail(error, CKPTFS_ERROR_CHANGED, "%s: changed while being packed", src_path);
     }
@@ -794,9 +794,10 @@ static bool write_item(CkptfsPacker *packer, const char *src, const char *dest, 
 /* The first 8 bytes of a file are a container's (SRC already packed). */
 static bool check_not_packed(const char *path, GError **error)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    int fd = ckptfs_open_regular(path, &st, error);
     if (fd < 0)
-        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: %s", path, g_strerror(errno));
+        return false;
     uint8_t magic[CKPTFS_CONTAINER_MAGIC_LEN];
     ssize_t n = pread(fd, magic, sizeof magic, 0);
     int err = errno;
@@ -929,9 +930,10 @@ bool ckptfs_pack_dir(const char *src, const char *dest, const CkptfsOptions *sou
 static bool verify_file(const char *src_path, const char *dest_path, uint64_t size, uint8_t *a, uint8_t *b,
                         const CkptfsPackHooks *hooks, CkptfsPackStats *stats, GError **error)
 {
-    int fd = open(src_path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    int fd = ckptfs_open_regular(src_path, &st, error);
     if (fd < 0)
-        return ckptfs_fail(error, CKPTFS_ERROR_IO, "%s: %s", src_path, g_strerror(errno));
+        return false;
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     CkptfsSrcFiles *files = ckptfs_srcfiles_new(4);
     ckptfs_srcfiles_set_frame_cache(files, VERIFY_FRAME_CACHE);

@@ -9,6 +9,7 @@
 #include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/readfile.h"
+#include "ckptfs/units.h"
 #include "source_internal.h"
 
 #define TRACKER "latest_checkpointed_iteration.txt"
@@ -36,12 +37,11 @@ char *ckptfs_megatron_iteration_dir(const char *dir, const char *wanted, GError 
     }
     bool has_nul = strlen(text) != len; /* "release\0..." is not "release" */
     g_strstrip(text);
-    char *end;
-    unsigned long it = strtoul(text, &end, 10);
-    g_autofree char *name = has_nul                        ? NULL
-                            : strcmp(text, "release") == 0 ? g_strdup("release")
-                            : (*text && *end == '\0')      ? g_strdup_printf("iter_%07lu", it)
-                                                           : NULL;
+    uint64_t it; /* digits only: "-1" is no iteration (strtoul would make it 2^64 - 1) */
+    g_autofree char *name = has_nul                                              ? NULL
+                            : strcmp(text, "release") == 0                       ? g_strdup("release")
+                            : ckptfs_parse_uint(text, 0, G_MAXUINT64, &it, NULL) ? g_strdup_printf("iter_%07" G_GUINT64_FORMAT, it)
+                                                                                 : NULL;
     if (name == NULL) {
         /* The text shown escaped and cut short: the message stays one line. */
         g_autofree char *shown = g_strescape(text, NULL);

@@ -236,6 +236,20 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
     }
 }
 
+/* -o frame_cache below one frame of a packed source would keep no frame between two reads of
+ * it: every read would decode its frame again. Refused, naming the file and the size it needs,
+ * rather than raised behind the user's back. */
+static bool check_frame_cache(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    unsigned index = 0;
+    uint32_t largest = ckptfs_srcfiles_largest_frame(source->files, &index);
+    if (options->frame_cache == 0 || options->frame_cache >= largest)
+        return true;
+    return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "option frame_cache: %" G_GUINT64_FORMAT " bytes is less than "
+                       "one frame of %s (%u bytes): the cache keeps whole frames; give at least frame_cache=%u",
+                       options->frame_cache, ckptfs_srcfiles_get(source->files, index)->path, largest, largest);
+}
+
 CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options, GError **error)
 {
     struct stat st;
@@ -261,7 +275,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     for (size_t i = 0; i < G_N_ELEMENTS(formats) && source->format == NULL; i++)
         if (formats[i]->probe(path, options))
             source->format = formats[i];
-    if (!source->format->open(source, options, error)) {
+    if (!source->format->open(source, options, error) || !check_frame_cache(source, options, error)) {
         ckptfs_source_free(source);
         return NULL;
     }

@@ -5,6 +5,7 @@
  * becomes a catalog tensor made of the local shards of the mesh's first row, in their stored
  * type. Only the pickles and the tiny mesh tensors are read; optimizer and extra state files are
  * never opened. huggingface/ gives config.json and the tokenizer. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/pickle.h"
+#include "ckptfs/units.h"
 #include "ckptfs/zipreader.h"
 #include "source_internal.h"
 
@@ -46,6 +48,7 @@ typedef struct {
 /* A rank's local tensor: where its elements are in a storage record of its file. */
 typedef struct {
     const char *storage_key;
+    uint64_t storage_numel; /* what the pickle says the storage holds: torch makes it that size */
     CkptfsDtype dtype;
     uint64_t offset; /* in elements */
     unsigned ndim;
@@ -131,12 +134,17 @@ static bool check_key_text(Fsdp *f, const Rank *r, const char *key, guint index)
 
 /* --- the files --- */
 
+/* Digits at *P (any number of them: a name with a huge number is still a rank file's, refused
+ * by its number, not passed over); a number above 2^32 - 1 is read as UINT_MAX, out of range of
+ * any world size or rank read. */
 static bool parse_number(const char **p, unsigned *out)
 {
     size_t n = strspn(*p, "0123456789");
-    if (n == 0 || n > 9)
+    if (n == 0)
         return false;
-    *out = (unsigned)strtoul(*p, NULL, 10);
+    g_autofree char *digits = g_strndup(*p, n);
+    uint64_t v;
+    *out = ckptfs_parse_uint(digits, 0, UINT_MAX, &v, NULL) ? (unsigned)v : UINT_MAX;
     *p += n;
     return true;
 }
@@ -225,6 +233,9 @@ static bool scan_files(Fsdp *f)
     for (guint i = 0; i < names->len; i++) {
         const char *n = g_ptr_array_index(names, i);
         parse_rank_name(n, &w, &r);
+        if (w == 0 || w > MAX_WORLD_SIZE)
+            return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s/%s: the world size in its name is out of range (ckptfs "
+                        "reads 1 to %u ranks)", dir, n, MAX_WORLD_SIZE);
         if (seen == NULL) {
             f->W = w, seen = n;
         } else if (w != f->W) {
@@ -245,15 +256,13 @@ static bool scan_files(Fsdp *f)
     if (config_w > 0 && config_w != f->W)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s/%s: world_size %" G_GINT64_FORMAT ", but the rank files are "
                     "model_world_size_%u_rank_*.pt", dir, CONFIG_NAME, config_w, f->W);
-    if (f->W == 0 || f->W > MAX_WORLD_SIZE)
-        return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s/%s: world size %u (ckptfs reads 1 to %u ranks)", dir,
-                    seen, f->W, MAX_WORLD_SIZE);
     f->paths = g_new0(char *, f->W);
     for (guint i = 0; i < names->len; i++) {
         const char *n = g_ptr_array_index(names, i);
         parse_rank_name(n, &w, &r);
         if (r >= f->W)
-            return fail(f, CKPTFS_ERROR_FORMAT, "%s/%s: rank %u of world size %u", dir, n, r, f->W);
+            return fail(f, CKPTFS_ERROR_FORMAT, "%s/%s: the rank in its name is out of range (world size %u: ranks "
+                        "0 to %u)", dir, n, f->W, f->W - 1);
         if (f->paths[r] != NULL)
             return fail(f, CKPTFS_ERROR_FORMAT, "%s/%s: rank %u is also %s", dir, n, r, f->paths[r]);
         f->paths[r] = g_build_filename(dir, n, NULL);
@@ -338,6 +347,7 @@ static bool local_from_args(const CkptfsPy *args, Local *out)
         nsize != nstride)
         return false;
     out->storage_key = key;
+    out->storage_numel = (uint64_t)item(pid->args, 4)->i;
     out->dtype = ckptfs_py_storage_dtype(item(pid->args, 1));
     out->offset = (uint64_t)off->i;
     out->ndim = nsize;
@@ -352,7 +362,8 @@ static bool plain_local(const CkptfsPy *v, Local *out)
         return false;
     if (v->kind == CKPTFS_PY_TENSOR) {
         const CkptfsPyTensor *t = v->tensor;
-        *out = (Local){.storage_key = t->storage_key, .dtype = t->dtype, .offset = t->offset, .ndim = t->ndim};
+        *out = (Local){.storage_key = t->storage_key, .storage_numel = t->storage_numel, .dtype = t->dtype,
+                       .offset = t->offset, .ndim = t->ndim};
         memcpy(out->shape, t->shape, sizeof out->shape);
         memcpy(out->stride, t->stride, sizeof out->stride);
         return true;
@@ -379,6 +390,33 @@ static char *what_is(const CkptfsPy *v)
     return g_strdup(v->kind < G_N_ELEMENTS(kinds) ? kinds[v->kind] : "a value");
 }
 
+/* WHAT of KEY (a local tensor, a mesh tensor) against its storage as torch.load rebuilds it: a
+ * storage of the element count the pickle gives, which the tensor must lie within ("Trying to
+ * resize storage that is not resizable" otherwise, even where the bytes served lie inside the
+ * record). Every entry of every file read is checked, also those whose bytes are not served. */
+static bool check_storage(Fsdp *f, const Rank *r, const char *key, const char *what, const Local *l)
+{
+    size_t isz = ckptfs_dtype_size(l->dtype);
+    g_autofree char *record = g_strdup_printf("data/%s", l->storage_key);
+    g_autofree char *record_name = shown(record);
+    uint64_t reach, reach_bytes;
+    if (ckptfs_zip_find(r->zip, record) == NULL)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': the storage record %s of %s is missing", r->path, key,
+                    record_name, what);
+    g_autofree char *shape = ckptfs_dims_text(l->shape, l->ndim);
+    g_autofree char *stride = ckptfs_dims_text(l->stride, l->ndim);
+    if (!ckptfs_strided_extent(l->offset, l->shape, l->stride, l->ndim, &reach) ||
+        !ckptfs_mul_u64(reach, isz, &reach_bytes))
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': %s %s (strides %s) from storage offset %" G_GUINT64_FORMAT
+                    " overflows 64 bits", r->path, key, what, shape, stride, l->offset);
+    if (reach > l->storage_numel)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': %s %s (strides %s) from storage offset %" G_GUINT64_FORMAT
+                    " reaches element %" G_GUINT64_FORMAT " of storage record %s, which the pickle says holds %"
+                    G_GUINT64_FORMAT " (torch.load refuses it)", r->path, key, what, shape, stride, l->offset,
+                    reach, record_name, l->storage_numel);
+    return true;
+}
+
 /* The mesh tensor's values (the global rank at each coordinate), read from R's file. */
 static bool read_mesh_values(Fsdp *f, Rank *r, const char *key, const CkptfsPy *t, uint64_t numel, int64_t *out)
 {
@@ -391,6 +429,10 @@ static bool read_mesh_values(Fsdp *f, Rank *r, const char *key, const CkptfsPy *
     for (unsigned i = m->ndim; i-- > 0; want *= m->shape[i])
         if (m->shape[i] != 1 && m->stride[i] != want)
             return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh tensor is not contiguous", r->path, key);
+    Local mesh_local;
+    plain_local(t, &mesh_local);
+    if (!check_storage(f, r, key, "its device mesh tensor", &mesh_local))
+        return false;
     g_autofree char *record = g_strdup_printf("data/%s", m->storage_key);
     const CkptfsZipEntry *e = ckptfs_zip_find(r->zip, record);
     g_autofree char *name = shown(record);
@@ -546,6 +588,42 @@ static bool read_placements(Fsdp *f, Rank *r, const char *key, const CkptfsPy *p
     return true;
 }
 
+/* The DTensorSpec's tensor_meta, TensorMeta(shape, stride, dtype) (None or absent in older
+ * torch): the global shape, strides and dtype once more. torch.load takes a file where they are
+ * not the DTensor's own, but its sharding propagation works from the spec's: which of the two the
+ * tensor is cannot be known, so such a file is refused. */
+static bool check_tensor_meta(Fsdp *f, const Rank *r, const char *key, const CkptfsPy *meta, const Entry *e,
+                              const CkptfsPy *wrapper_stride, CkptfsDtype dtype)
+{
+    if (meta == NULL || meta->kind == CKPTFS_PY_NONE)
+        return true;
+    const CkptfsPy *cls = meta->kind == CKPTFS_PY_OBJECT ? meta->callable : NULL;
+    uint64_t shape[CKPTFS_MAX_DIMS], stride[CKPTFS_MAX_DIMS], own_stride[CKPTFS_MAX_DIMS];
+    unsigned nshape = 0, nstride = 0, own_nstride = 0;
+    const CkptfsPy *meta_dtype = item(meta->args, 2);
+    if (!is_dist_class(cls, "TensorMeta") || !ckptfs_py_dims(item(meta->args, 0), shape, &nshape) ||
+        !ckptfs_py_dims(item(meta->args, 1), stride, &nstride) || meta_dtype == NULL ||
+        meta_dtype->kind != CKPTFS_PY_GLOBAL || strcmp(meta_dtype->module, "torch") != 0)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensorSpec's tensor_meta is not a TensorMeta(shape, "
+                    "stride, dtype)", r->path, key);
+    if (!ckptfs_py_dims(wrapper_stride, own_stride, &own_nstride))
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensor has no global stride", r->path, key);
+    bool same = nshape == e->ndim && memcmp(shape, e->shape, nshape * sizeof *shape) == 0 &&
+                nstride == own_nstride && memcmp(stride, own_stride, nstride * sizeof *stride) == 0 &&
+                ckptfs_dtype_from_torch_name(meta_dtype->name) == dtype;
+    if (same)
+        return true;
+    g_autofree char *meta_shape = ckptfs_dims_text(shape, nshape), *meta_stride = ckptfs_dims_text(stride, nstride);
+    g_autofree char *own_shape = ckptfs_dims_text(e->shape, e->ndim);
+    g_autofree char *own_strides = ckptfs_dims_text(own_stride, own_nstride);
+    CkptfsDtype said = ckptfs_dtype_from_torch_name(meta_dtype->name);
+    g_autofree char *meta_name = said != CKPTFS_DTYPE_INVALID ? g_strdup(ckptfs_dtype_safetensors_name(said))
+                                                              : shown(meta_dtype->name);
+    return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensorSpec's tensor_meta says shape %s, strides %s, %s; the "
+                "DTensor is %s, strides %s, %s", r->path, key, meta_shape, meta_stride, meta_name, own_shape,
+                own_strides, ckptfs_dtype_safetensors_name(dtype));
+}
+
 /* An entry of R's state dict: a plain tensor or a DTensor, rebuilt by
  * _rebuild_from_type_v2(_rebuild_wrapper_subclass, DTensor, (DTensor, dtype, size, stride, ...),
  * (None, {'_local_tensor': tensor, '_spec': DTensorSpec})). */
@@ -586,7 +664,9 @@ static bool decode_entry(Fsdp *f, Rank *r, const char *key, const CkptfsPy *v, E
     const CkptfsPy *spec = ckptfs_py_object_state(ckptfs_py_dict_get(state, "_spec"));
     if (spec == NULL || spec->kind != CKPTFS_PY_DICT)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensor has no DTensorSpec", r->path, key);
-    return check_mesh(f, r, key, ckptfs_py_object_state(ckptfs_py_dict_get(spec, "mesh"))) &&
+    return check_tensor_meta(f, r, key, ckptfs_py_dict_get(spec, "tensor_meta"), e, item(wrapper, 3),
+                             global_dtype) &&
+           check_mesh(f, r, key, ckptfs_py_object_state(ckptfs_py_dict_get(spec, "mesh"))) &&
            read_placements(f, r, key, ckptfs_py_dict_get(spec, "placements"), e->ndim, e);
 }
 
@@ -687,6 +767,8 @@ static bool add_entry(Fsdp *f, Rank *r, unsigned coord, Key *k, const Entry *e)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': local shape %s does not fit global shape %s (%s)", r->path,
                     k->name, local, global, shard ? "sharded" : "one whole copy");
     }
+    if (!check_storage(f, r, k->name, "its local tensor", l))
+        return false;
     if (!shard && coord > 0)
         return true; /* the copy of the first rank is read */
     uint64_t start = 0, count = shard ? l->shape[k->dim] : 0;

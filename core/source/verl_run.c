@@ -1,12 +1,12 @@
 #include "ckptfs/verl_run.h"
 
-#include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/limits.h"
 #include "ckptfs/readfile.h"
+#include "ckptfs/units.h"
 
 #define STEP_PREFIX "global_step_"
 #define TRACKER "latest_checkpointed_iteration.txt"
@@ -16,15 +16,9 @@ bool ckptfs_verl_step_name(const char *name, uint64_t *step)
     if (strncmp(name, STEP_PREFIX, strlen(STEP_PREFIX)) != 0)
         return false;
     const char *digits = name + strlen(STEP_PREFIX);
-    if (!g_ascii_isdigit(digits[0]) || (digits[0] == '0' && digits[1] != '\0'))
+    if (digits[0] == '0' && digits[1] != '\0')
         return false;
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(digits, &end, 10);
-    if (errno != 0 || *end != '\0')
-        return false;
-    *step = v;
-    return true;
+    return ckptfs_parse_uint(digits, 0, G_MAXUINT64, step, NULL);
 }
 
 static bool is_dir(const char *path)
@@ -112,17 +106,30 @@ bool ckptfs_verl_is_step(const char *dir)
     return roles->len > 0;
 }
 
-/* The tracker's step, when it holds one (verl writes the bare number). */
-static bool tracker_step(const char *run, uint64_t *step)
+/* What the tracker says: a step (verl writes the bare number), or why it says none: it is not
+ * there (verl writes none with async saves: *WHY stays NULL), cannot be read (a FIFO, a device, a
+ * directory, too large: read as every small file is, never blocking or unbounded) or holds no
+ * step number. */
+static bool tracker_step(const char *run, uint64_t *step, char **why)
 {
     g_autofree char *path = g_build_filename(run, TRACKER, NULL);
     g_autofree char *text = NULL;
-    gsize len = 0;
-    if (!g_file_get_contents(path, &text, &len, NULL) || len > 64)
+    size_t len = 0;
+    GError *read_error = NULL;
+    *why = NULL;
+    if (!ckptfs_read_small_file(path, CKPTFS_MAX_TRACKER_BYTES, &text, &len, &read_error)) {
+        if (!g_error_matches(read_error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND))
+            *why = g_strdup(read_error->message);
+        g_error_free(read_error);
         return false;
+    }
+    bool has_nul = strlen(text) != len;
     g_strstrip(text);
     g_autofree char *name = g_strconcat(STEP_PREFIX, text, NULL);
-    return ckptfs_verl_step_name(name, step);
+    if (!has_nul && ckptfs_verl_step_name(name, step))
+        return true;
+    *why = g_strdup_printf("%s holds no step number", path);
+    return false;
 }
 
 bool ckptfs_verl_latest(const char *run, uint64_t *step, GError **error)
@@ -133,30 +140,31 @@ bool ckptfs_verl_latest(const char *run, uint64_t *step, GError **error)
         return false;
     }
     uint64_t tracked;
-    if (tracker_step(run, &tracked))
+    g_autofree char *why = NULL;
+    if (tracker_step(run, &tracked, &why))
         for (guint i = 0; i < steps->len; i++)
             if (g_array_index(steps, uint64_t, i) == tracked) {
                 *step = tracked;
                 return true;
             }
-    /* No tracker (verl skips it with async saves), or it names a step not there. */
+    /* No tracker, an unreadable one, or one naming a step not there. */
     *step = g_array_index(steps, uint64_t, steps->len - 1);
     return true;
 }
 
 char *ckptfs_verl_tracker_problem(const char *run, uint64_t latest)
 {
-    g_autofree char *path = g_build_filename(run, TRACKER, NULL);
-    if (!g_file_test(path, G_FILE_TEST_EXISTS))
-        return NULL; /* verl writes none with async saves */
     uint64_t tracked;
-    if (!tracker_step(run, &tracked))
-        return g_strdup_printf("%s holds no step number: latest is the highest step, global_step_%" G_GUINT64_FORMAT,
-                               path, latest);
-    if (tracked != latest)
+    g_autofree char *why = NULL;
+    if (!tracker_step(run, &tracked, &why))
+        return why ? g_strdup_printf("%s: latest is the highest step, global_step_%" G_GUINT64_FORMAT, why, latest)
+                   : NULL;
+    if (tracked != latest) {
+        g_autofree char *path = g_build_filename(run, TRACKER, NULL);
         return g_strdup_printf("%s names step %" G_GUINT64_FORMAT ", which is not there (a save still going on, or "
                                "deleted): latest is the highest step, global_step_%" G_GUINT64_FORMAT,
                                path, tracked, latest);
+    }
     return NULL;
 }
 
@@ -175,7 +183,12 @@ char *ckptfs_verl_pick_role(const char *run, const CkptfsOptions *options, GErro
         if (!ckptfs_verl_latest(run, &step, error))
             return NULL;
     } else {
-        step = g_ascii_strtoull(options->step, NULL, 10);
+        GError *parse_error = NULL;
+        if (!ckptfs_parse_uint(options->step, 0, G_MAXUINT64, &step, &parse_error)) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_INVALID, "option step: %s", parse_error->message);
+            g_error_free(parse_error);
+            return NULL;
+        }
     }
     g_autofree char *step_dir = g_strdup_printf("%s/" STEP_PREFIX "%" G_GUINT64_FORMAT, run, step);
     if (!is_dir(step_dir)) {

@@ -60,6 +60,24 @@ static inline bool ckptfs_rows_end(uint64_t offset, uint64_t rows, uint64_t row_
     return ckptfs_mul_u64(end, item_size, end_bytes);
 }
 
+/* The elements of a storage a strided tensor of N dims reaches, as torch counts them when it
+ * rebuilds one (computeStorageNbytes): OFFSET + 1 + sum((SHAPE[i] - 1) * STRIDE[i]), or 0 when
+ * the tensor has no element. */
+static inline bool ckptfs_strided_extent(uint64_t offset, const uint64_t *shape, const uint64_t *stride,
+                                         unsigned n, uint64_t *out)
+{
+    uint64_t end = 1;
+    for (unsigned i = 0; i < n; i++)
+        if (shape[i] == 0) {
+            *out = 0;
+            return true;
+        }
+    for (unsigned i = 0; i < n; i++)
+        if (!ckptfs_offset_at(end, shape[i] - 1, stride[i], &end))
+            return false;
+    return ckptfs_add_u64(end, offset, out);
+}
+
 /* Whether [OFFSET, OFFSET + LEN) lies inside [0, SIZE), without wrapping. */
 static inline bool ckptfs_range_inside(uint64_t offset, uint64_t len, uint64_t size)
 {

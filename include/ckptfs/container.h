@@ -85,6 +85,8 @@ void ckptfs_container_free(CkptfsContainer *c);
 uint64_t ckptfs_container_size(const CkptfsContainer *c);
 uint64_t ckptfs_container_frames(const CkptfsContainer *c);
 const CkptfsFrameEntry *ckptfs_container_frame(const CkptfsContainer *c, uint64_t i);
+/* The original length of its largest frame (0 for an empty file). */
+uint32_t ckptfs_container_largest_frame(const CkptfsContainer *c);
 uint64_t ckptfs_container_frame_at(const CkptfsContainer *c, uint64_t offset);
 /* What the container holds, for inspect: stored bytes and original bytes per planes class
  * (index 0: planes 1, 1: 2, 2: 4, 3: 8), and the codec pack was given. */

@@ -110,6 +110,9 @@ void ckptfs_srcfiles_set_frame_cache(CkptfsSrcFiles *files, uint64_t bytes);
 uint64_t ckptfs_srcfiles_prefetch_window(const CkptfsSrcFiles *files, uint64_t option);
 /* Frames of packed files decoded so far (a frame several threads want at once is decoded once). */
 uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
+/* The largest frame of the packed files added so far, in original bytes, and in *INDEX the file
+ * that has it; 0 (INDEX untouched) when none is packed. */
+uint32_t ckptfs_srcfiles_largest_frame(const CkptfsSrcFiles *files, unsigned *index);
 /* What packed file INDEX holds (false for a file that is not packed). */
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 

@@ -24,8 +24,10 @@ GArray *ckptfs_verl_steps(const char *run);
 /* The latest step: the tracker's when its directory exists, else the highest present. False
  * with an error naming the run when it has none. */
 bool ckptfs_verl_latest(const char *run, uint64_t *step, GError **error);
-/* Why LATEST (ckptfs_verl_latest's answer) is not the tracker's step (it holds no number, or
- * names a step not there), or NULL when it is or there is no tracker; to be freed. */
+/* Why LATEST (ckptfs_verl_latest's answer) is not the tracker's step (it cannot be read: a
+ * FIFO, a device, too large; it holds no number; it names a step not there), or NULL when it is
+ * or there is no tracker; to be freed. The tracker is read as every small file is
+ * (ckptfs_read_small_file): never blocking, never unbounded. */
 char *ckptfs_verl_tracker_problem(const char *run, uint64_t latest);
 /* The role directories of STEP_DIR, sorted by name. */
 GPtrArray *ckptfs_verl_roles(const char *step_dir);

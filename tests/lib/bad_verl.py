@@ -63,17 +63,15 @@ def rename_key(old, new):
 
 
 def global_size(key, rows):
-    """The DTensor of KEY claims ROWS rows: the first BININT1 after its name in the wrapper's
-    (DTensor, dtype, size, ...) arguments."""
+    """The DTensor of KEY claims ROWS rows: the first BININT1 after its name, in the wrapper's
+    (DTensor, dtype, size, ...) arguments (the dtype a GLOBAL or, after the first key, a BINGET)."""
     def change(data):
         listed, state = ops(data), 0
         out = bytearray(data)
         for name, arg, start, end in listed:
             if state == 0 and name == "BINUNICODE" and arg == key:
                 state = 1
-            elif state == 1 and name == "GLOBAL" and arg == "torch float32":
-                state = 2
-            elif state == 2 and name == "BININT1":
+            elif state == 1 and name == "BININT1":
                 out[start + 1] = rows
                 return bytes(out)
         raise SystemExit(f"no global size of {key}")
@@ -117,6 +115,36 @@ def mesh_3d(data):
     if state != 7:
         raise SystemExit("no mesh tensor found")
     return out
+
+
+def storage_numel(new):
+    """The element count the first storage's persistent id gives (the embedding's, a BININT2 after
+    GLOBAL torch FloatStorage) made NEW."""
+    def change(data):
+        listed, state = ops(data), 0
+        for name, arg, start, end in listed:
+            if name == "GLOBAL" and arg == "torch FloatStorage":
+                state = 1
+            elif state == 1 and name == "BININT2":
+                return data[:start] + b"M" + struct.pack("<H", new) + data[end:]
+        raise SystemExit("no storage numel found")
+    return change
+
+
+def tensor_meta_rows(rows):
+    """The first DTensorSpec's TensorMeta (the embedding's) says ROWS rows: the first BININT1
+    after GLOBAL ...TensorMeta."""
+    def change(data):
+        listed, state = ops(data), 0
+        out = bytearray(data)
+        for name, arg, start, end in listed:
+            if name == "GLOBAL" and arg.endswith(" TensorMeta"):
+                state = 1
+            elif state == 1 and name == "BININT1":
+                out[start + 1] = rows
+                return bytes(out)
+        raise SystemExit("no TensorMeta found")
+    return change
 
 
 def rename_global(old, new):
@@ -168,12 +196,15 @@ def main():
         f.write(struct.pack("<H", extra_len + 64))
         f.seek(at + 30 + name_len + 2)
         f.write(struct.pack("<H", field_len + 64))
-    # Every rank claims 251 rows of a 250-row embedding: the shards do not tile it.
+    # Every rank claims 251 rows of a 250-row embedding (its DTensor and its spec's TensorMeta,
+    # which the untied lm_head shares: its DTensor too): the shards do not tile it.
+    rows_251 = lambda data: tensor_meta_rows(251)(global_size("lm_head.weight", 251)(
+        global_size("model.embed_tokens.weight", 251)(data)))
     case("untiled-shape", ["DIR/model_world_size_4_rank_0.pt", "'model.embed_tokens.weight' has global shape "
-                           "[251, 64]", "do not tile"], global_size("model.embed_tokens.weight", 251), range(W))
+                           "[251, 64]", "do not tile"], rows_251, range(W))
     # One rank disagrees with the others on a global shape.
     case("shape-differs", ["DIR/model_world_size_4_rank_1.pt", "'model.embed_tokens.weight' has global shape "
-                           "[251, 64]", "[250, 64]"], global_size("model.embed_tokens.weight", 251), [1])
+                           "[251, 64]", "[250, 64]"], rows_251, [1])
     # A key renamed in one rank: the others' key is missing there.
     case("key-missing", ["DIR/model_world_size_4_rank_2.pt", "'model.norm.weighX'"],
          rename_key("model.norm.weight", "model.norm.weighX"), [2])
@@ -190,6 +221,25 @@ def main():
          local_offset(b"J" + struct.pack("<i", 2**31 - 1)), [3])
     case("offset-overflow", ["DIR/model_world_size_4_rank_3.pt", "'model.embed_tokens.weight'", "overflow"],
          local_offset(b"\x8a\x08" + struct.pack("<q", 2**62)), [3])
+    # Rank 3's embedding shard (61 of the 250 rows, in a storage padded to 63) in a storage the
+    # pickle says holds 3903 elements, one short: the bytes served lie inside the record, but
+    # torch.load refuses the file ("Trying to resize storage that is not resizable").
+    case("storage-short", ["DIR/model_world_size_4_rank_3.pt", "'model.embed_tokens.weight'",
+                           "reaches element 3904", "which the pickle says holds 3903"], storage_numel(3903), [3])
+    # A storage the pickle says is larger than its record (torch.load takes it), the local tensor
+    # within that size but beyond the record's bytes.
+    case("beyond-record", ["DIR/model_world_size_4_rank_3.pt", "'model.embed_tokens.weight'",
+                           "its local tensor reaches byte", "storage record"],
+         lambda data: local_offset(b"M" + struct.pack("<H", 60000))(storage_numel(65535)(data)), [3])
+    # Rank 2's DTensorSpec says the embedding has 251 rows, its DTensor 250.
+    case("tensor-meta", ["DIR/model_world_size_4_rank_2.pt", "'model.embed_tokens.weight'",
+                         "tensor_meta says shape [251, 64]", "the DTensor is [250, 64]"], tensor_meta_rows(251), [2])
+    # Stray rank-file names beside the four good ones: numbers beyond any world size are counted
+    # and refused by name, as a file of another world size is, not passed over.
+    for kind, name in (("huge-world-size", "model_world_size_1000000000_rank_999999999.pt"),
+                       ("huge-rank", "model_world_size_4_rank_99999999999999999999999.pt")):
+        d = case(kind, [f"DIR/{name}", "out of range"])
+        shutil.copy(rank_file(d, 0), os.path.join(d, name))
     case("mesh-3d", ["DIR/model_world_size_4_rank_0.pt", "3-D device mesh"], mesh_3d, range(W))
     case("mesh-names", ["DIR/model_world_size_4_rank_0.pt", "dims named (dp_shard)"],
          rename_key("fsdp", "dp_shard"), range(W))
