@@ -21,6 +21,7 @@
 #   VIEWS        views to measure beside the direct reads (default "hf tp4pp1 tp2pp2 mcore");
 #                VIEW:OPTS mounts that one with OPTS added (e.g. "hf hf:passthrough")
 #   MOUNT_OPTS   options for every mount (e.g. prefetch=0; default none)
+#   CONDITIONS   "cold cached" (default), or one of them
 #   TIMEOUT      seconds allowed per measurement (default 600; a hung mount fails the run)
 #   PYTHON       python for the readers and the generator (numpy) (default /usr/bin/python3)
 #   GPU          auto (default): the GPU comparison when torch sees CUDA; 0: skip it
@@ -90,7 +91,8 @@ for v in "${VIEW_LIST[@]}"; do [[ $v =~ ^[A-Za-z0-9_]+(:[A-Za-z0-9_=,.]+)?$ ]] |
 WHATS=(direct "${VIEW_LIST[@]}")
 CAN_DROP=0
 [[ $(id -u) == 0 && -w /proc/sys/vm/drop_caches ]] && CAN_DROP=1
-CONDS=(cold cached)
+read -ra CONDS <<<"${CONDITIONS:-cold cached}"
+for c in "${CONDS[@]}"; do [[ $c == cold || $c == cached ]] || die "CONDITIONS: '$c' is not cold or cached"; done
 
 # --- cleanup -------------------------------------------------------------------------------------
 

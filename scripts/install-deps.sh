@@ -2,6 +2,8 @@
 # Installs the Debian packages ckptfs needs (run as root on Debian 12).
 #   scripts/install-deps.sh          build + demo: compiler, libraries, FUSE, python3 torch/numpy
 #   scripts/install-deps.sh --tests  also what the test suite uses (clang for fuzzing, debootstrap;
+#                                    meson, ninja-build, liburing-dev, libnuma-dev and curl for
+#                                    libfuse 3.18 with io_uring, scripts/libfuse318.sh;
 #                                    rclone, s3fs, npm and s3rver for tests/integration/s3.t: s3rver with
 #                                    npm into /opt/ckptfs-test/s3rver, a warning if that fails)
 set -euo pipefail
@@ -9,7 +11,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libfuse3-dev fuse3 libglib2.0-dev libjson-glib-dev
           libzstd-dev liblz4-dev libxxhash-dev zlib1g-dev python3-numpy python3-torch)
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc python3-xxhash rclone s3fs)
+  packages+=(clang libclang-rt-dev debootstrap util-linux perl psmisc python3-xxhash rclone s3fs
+             meson ninja-build liburing-dev libnuma-dev curl)
 fi
 
 # s3rver (an S3 emulator, from npm) for tests/integration/s3.t, in a fixed prefix; failing soft:

@@ -5,6 +5,7 @@
 #   scripts/libfuse318.sh [PREFIX]                   build libfuse into PREFIX (reused when there)
 #   scripts/libfuse318.sh --ckptfs DIR [CMAKE ARGS]  also build ckptfs in DIR (scripts/build.sh)
 #                                                    against it: DIR/ckptfs finds PREFIX/lib by RPATH
+#   scripts/libfuse318.sh --source FILE              only fetch and check the source tarball
 #
 #   PREFIX   default /var/cache/ckptfs-tests/libfuse-3.18 (CKPTFS_LIBFUSE318 overrides it)
 #   CKPTFS_LIBFUSE_TARBALL  a local copy of fuse3_VERSION.orig.tar.gz (checked against the same
@@ -25,6 +26,34 @@ sha256=bcd19582c5e30f7fe45dd86a5540e998590aa01903afc7ebcbeea6c8ac5421ee
 
 die() { echo "libfuse318: $*" >&2; exit 1; }
 
+# fetch_source FILE: the pinned tarball, from CKPTFS_LIBFUSE_TARBALL or the mirror, checked.
+fetch_source() {
+  local tarball=$1
+  if [[ -n ${CKPTFS_LIBFUSE_TARBALL:-} ]]; then
+    cp "$CKPTFS_LIBFUSE_TARBALL" "$tarball"
+  else
+    local mirror pool
+    mirror=$(debian_mirror)
+    [[ -n $mirror ]] || die "no Debian mirror in this machine's apt sources (or set CKPTFS_LIBFUSE_TARBALL)"
+    pool=$mirror/pool/main/f/fuse3
+    curl -fsS --retry 3 -o "$tarball.dsc" "$pool/fuse3_$version-$debian_revision.dsc" ||
+      die "cannot fetch $pool/fuse3_$version-$debian_revision.dsc"
+    # The source description must name the same tarball: a pin that no longer matches it is a
+    # mistake here, not a file to trust.
+    grep -q "^ $sha256 [0-9]* fuse3_$version.orig.tar.gz$" "$tarball.dsc" ||
+      die "fuse3_$version-$debian_revision.dsc does not list the pinned checksum of the tarball"
+    rm -f "$tarball.dsc"
+    curl -fsS --retry 3 -o "$tarball" "$pool/fuse3_$version.orig.tar.gz" ||
+      die "cannot fetch $pool/fuse3_$version.orig.tar.gz"
+  fi
+  echo "$sha256  $tarball" | sha256sum -c --quiet - > /dev/null 2>&1 ||
+    die "fuse3_$version.orig.tar.gz: checksum mismatch (expected SHA-256 $sha256)"
+}
+
+if [[ ${1:-} == --source ]]; then
+  fetch_source "${2:?--source needs a file name}"
+  exit 0
+fi
 ckptfs_dir=""
 if [[ ${1:-} == --ckptfs ]]; then
   ckptfs_dir=${2:?--ckptfs needs a build directory}
@@ -49,23 +78,7 @@ if [[ ! -e $marker ]]; then
   work=$(mktemp -d /tmp/libfuse318.XXXXXX)
   trap 'rm -rf "$work"' EXIT
   tarball=$work/fuse3_$version.orig.tar.gz
-  if [[ -n ${CKPTFS_LIBFUSE_TARBALL:-} ]]; then
-    cp "$CKPTFS_LIBFUSE_TARBALL" "$tarball"
-  else
-    mirror=$(debian_mirror)
-    [[ -n $mirror ]] || die "no Debian mirror in this machine's apt sources (or set CKPTFS_LIBFUSE_TARBALL)"
-    pool=$mirror/pool/main/f/fuse3
-    curl -fsS --retry 3 -o "$work/fuse3.dsc" "$pool/fuse3_$version-$debian_revision.dsc" ||
-      die "cannot fetch $pool/fuse3_$version-$debian_revision.dsc"
-    # The source description must name the same tarball: a pin that no longer matches it is a
-    # mistake here, not a file to trust.
-    grep -q "^ $sha256 [0-9]* fuse3_$version.orig.tar.gz$" "$work/fuse3.dsc" ||
-      die "fuse3_$version-$debian_revision.dsc does not list the pinned checksum of the tarball"
-    curl -fsS --retry 3 -o "$tarball" "$pool/fuse3_$version.orig.tar.gz" ||
-      die "cannot fetch $pool/fuse3_$version.orig.tar.gz"
-  fi
-  echo "$sha256  $tarball" | sha256sum -c --quiet - > /dev/null 2>&1 ||
-    die "fuse3_$version.orig.tar.gz: checksum mismatch (expected SHA-256 $sha256)"
+  fetch_source "$tarball"
   tar -xzf "$tarball" -C "$work"
   src=$work/fuse-$version
   [[ -d $src ]] || die "the tarball has no fuse-$version/"

@@ -17,6 +17,9 @@ bash -c 'source tests/lib/common.sh; torch2_root_ensure' ||
 # And what building ckptfs there needs: libfuse 3.17, for the FUSE passthrough tests.
 bash -c 'source tests/lib/common.sh; trixie_build_deps_ensure || { echo "# $TRIXIE_WHY"; false; }' ||
   echo "# no libfuse 3.17 build: tests/integration/passthrough.t will skip"
+# And one against libfuse 3.18 built with FUSE over io_uring, for tests/integration/io_uring.t.
+scripts/libfuse318.sh --ckptfs build-fuse318 > /dev/null ||
+  echo "# no libfuse 3.18 build: tests/integration/io_uring.t builds its own or skips"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
