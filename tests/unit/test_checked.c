@@ -73,6 +73,25 @@ static void test_rows_end(void)
     tap_ok(!ckptfs_rows_end(0, 4096, 1ull << 57, 4096, 4, &r), "rows_end: 4096 rows of stride 2^57 refused");
 }
 
+/* torch's count of the storage elements a strided tensor reaches (computeStorageNbytes). */
+static void test_strided_extent(void)
+{
+    uint64_t r = 0;
+    const uint64_t shape[] = {61, 64}, stride[] = {64, 1};
+    tap_ok(ckptfs_strided_extent(0, shape, stride, 2, &r) && r == 61 * 64, "strided_extent: [61, 64] row-major");
+    tap_ok(ckptfs_strided_extent(5, shape, stride, 2, &r) && r == 5 + 61 * 64, "strided_extent: from offset 5");
+    const uint64_t wide[] = {3, 4}, wide_stride[] = {10, 1};
+    tap_ok(ckptfs_strided_extent(0, wide, wide_stride, 2, &r) && r == 2 * 10 + 4,
+           "strided_extent: rows 10 apart end at the last row's last element");
+    const uint64_t empty[] = {0, 64}, huge_stride[] = {U64_MAX, U64_MAX};
+    tap_ok(ckptfs_strided_extent(U64_MAX, empty, huge_stride, 2, &r) && r == 0,
+           "strided_extent: no element reaches nothing, whatever the offset and strides");
+    tap_ok(ckptfs_strided_extent(9, NULL, NULL, 0, &r) && r == 10, "strided_extent: a scalar is one element");
+    const uint64_t two[] = {2}, half[] = {P63};
+    tap_ok(ckptfs_strided_extent(0, two, half, 1, &r) && r == P63 + 1, "strided_extent: 2 elements 2^63 apart");
+    tap_ok(!ckptfs_strided_extent(P63, two, half, 1, &r), "strided_extent: past 2^64 refused");
+}
+
 static void test_range_inside(void)
 {
     tap_ok(ckptfs_range_inside(0, 0, 0), "range_inside: empty at 0 of an empty file");
@@ -91,6 +110,7 @@ int main(void)
     test_dims();
     test_elements_end();
     test_rows_end();
+    test_strided_extent();
     test_range_inside();
     return tap_done();
 }

@@ -196,6 +196,23 @@ static void test_sizes(void)
     }
 }
 
+/* Counts: digits only, in range; strtoul would take "-1" as 2^64 - 1 and " 5" as 5. */
+static void test_counts(void)
+{
+    uint64_t v = 0;
+    tap_ok(ckptfs_parse_uint("8", 1, 256, &v, NULL) && v == 8, "count '8'");
+    tap_ok(ckptfs_parse_uint("18446744073709551615", 0, G_MAXUINT64, &v, NULL) && v == G_MAXUINT64,
+           "count 2^64 - 1");
+    const char *bad[] = {"", "-1", "+1", " 1", "1 ", "1x", "0x10", "0", "257", "18446744073709551616"};
+    for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+        GError *error = NULL;
+        bool ok = ckptfs_parse_uint(bad[i], 1, 256, &v, &error);
+        tap_ok(!ok && error != NULL && strstr(error->message, "from 1 to 256") != NULL, "count '%s' refused (%s)",
+               bad[i], error ? error->message : "");
+        g_clear_error(&error);
+    }
+}
+
 /* Numbers near 2^63 and 2^64 in a header: refused with the value and what overflows, never
  * wrapped into a range that passes the checks. */
 static void test_hostile_sizes(void)
@@ -246,6 +263,7 @@ static void test_hostile_sizes(void)
 int main(void)
 {
     test_valid();
+    test_counts();
     test_length_prefix();
     test_malformed();
     test_hostile_sizes();
