@@ -52,7 +52,7 @@
 #   FRAME_BENCH   the frame_bench binary of (3b) (default: $(dirname CKPTFS_BIN)/bench/frame_bench)
 #   BENCH_DIR     work dir (default /tmp/ckptfs-bench); the run uses pack-run.XXXXXX/ below it
 #   DATA_DIR      the generated inputs bf16/, fp32/, fp32-true/ (default $BENCH_DIR/pack-normal)
-#   MEGATRON_DIR  Megatron-LM test checkpoints (default /work/shared/testdata/megatron-core-0.17.1)
+#   MEGATRON_DIR  Megatron-LM-written checkpoints (default <repo>/tests/data/megatron-core-0.17.1)
 #   PACK_THREADS  pack's threads= (default 2)
 #   READ_RUNS     runs of each read of (3) (default 5, --quick 3; median shown)
 #   CP_RUNS       runs of each cp of (4) (default 3, --quick 1; median shown)
@@ -79,7 +79,7 @@ done
 BIN=${CKPTFS_BIN:-$REPO/build/ckptfs}
 BENCH_DIR=${BENCH_DIR:-/tmp/ckptfs-bench}
 DATA_DIR=${DATA_DIR:-$BENCH_DIR/pack-normal}
-MEGATRON_DIR=${MEGATRON_DIR:-/work/shared/testdata/megatron-core-0.17.1}
+MEGATRON_DIR=${MEGATRON_DIR:-$REPO/tests/data/megatron-core-0.17.1}
 PACK_THREADS=${PACK_THREADS:-2}
 READ_RUNS=${READ_RUNS:-$( ((QUICK)) && echo 3 || echo 5)}
 CP_RUNS=${CP_RUNS:-$( ((QUICK)) && echo 1 || echo 3)}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The stages of core/ (base, io, format, model, source, view, pack: docs/design.md) depend only on
 # earlier ones: every header of include/ckptfs/ and every .c file of core/ includes only headers
-# of its own or an earlier stage. A header belongs to the stage of its .c file.
+# of its own or an earlier stage. A header belongs to the stage of its .c file. And the tests
+# read nothing outside the repository.
 source "$(dirname "$0")/../lib/common.sh"
 cd "$TESTS_TOP" || exit 1
 stages=(base io format model source view pack)
@@ -29,4 +30,11 @@ check_file() { # FILE STAGE
 }
 for h in include/ckptfs/*.h; do check_file "$h" "$(stage_of_header "$(basename "$h" .h)")"; done
 for f in core/*/*.c; do check_file "$f" "$(basename "$(dirname "$f")")"; done
+
+# Their checkpoints are tests/data/ (TESTDATA of tests/lib/common.sh), so that a fresh clone runs
+# every test: no path above the repository (../shared, TESTS_TOP/.., tests/lib's ../../..), and
+# no absolute one into a checkout.
+outside=$(grep -rnE '\.\./shared|shared/testdata|TESTS_TOP/\.\.|"\.\.", "\.\.", "\.\."|/work/' \
+  tests bench scripts CMakeLists.txt --exclude-dir=data --exclude=layering.t)
+[[ -z $outside ]]; ok $? "tests, benchmarks and scripts read no data outside the repository${outside:+: $(head -3 <<< "$outside" | tr '\n' ' ')}"
 done_testing

@@ -42,13 +42,10 @@ check_layouts qwen3 "spec=local" "--spec local" tp1pp4vpp2
 check_layouts mistral "vocab_pad=last" "--vocab-pad last" tp2pp1 tp2pp2
 
 # The same rank files Megatron-LM wrote for the same model (Megatron-core 0.17.1, local spec).
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-if [[ ! -d $real ]]; then
-  skip "Megatron-written checkpoints: $real absent"
-elif ((!have2)); then
+real=$TESTDATA/megatron-core-0.17.1
+if ((!have2)); then
   skip "Megatron-written checkpoints need torch 2.6: $TORCH2_WHY"
 else
-  real=$(cd "$real" && pwd)
   mnt=$WORK/mnt-real
   mount_ckptfs "$real/hf-llama" "$mnt" -o spec=local
   check "tp2pp2 spec=local equals Megatron's own save_checkpoint output, key order included" \

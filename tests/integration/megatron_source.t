@@ -9,37 +9,32 @@ ref="$TESTS_TOP/tests/lib/reference.py"
 check_hf="$TESTS_TOP/tests/lib/check_hf.py"
 models="$TESTS_TOP/tests/lib/models.py"
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-if [[ -d $real ]]; then
-  real=$(cd "$real" && pwd)
-  mnt=$WORK/mnt-real
-  check "mount Megatron's own tp2pp2 legacy checkpoint" mount_ckptfs "$real/llama-tp2pp2-torch" "$mnt"
-  check "its hf/ tensors are bit-identical to hf-llama" $PY "$check_hf" compare "$real/hf-llama" "$mnt/hf"
-  check "its config.json describes the same model" $PY -c "
+real=$TESTDATA/megatron-core-0.17.1
+mnt=$WORK/mnt-real
+check "mount Megatron's own tp2pp2 legacy checkpoint" mount_ckptfs "$real/llama-tp2pp2-torch" "$mnt"
+check "its hf/ tensors are bit-identical to hf-llama" $PY "$check_hf" compare "$real/hf-llama" "$mnt/hf"
+check "its config.json describes the same model" $PY -c "
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 keys = ['hidden_size', 'num_attention_heads', 'num_key_value_heads', 'num_hidden_layers',
         'intermediate_size', 'vocab_size', 'tie_word_embeddings', 'rms_norm_eps', 'max_position_embeddings']
 bad = [k for k in keys if a.get(k) != b.get(k)]
 sys.exit(f'differ: {bad}' if bad else 0)" "$real/hf-llama/config.json" "$mnt/hf/config.json"
-  check "vpp2 is tp2pp2vpp2" test "$(readlink "$mnt/vpp2")" = tp2pp2vpp2
-  mnt2=$WORK/mnt-real-extra
-  check "mount with -o hf_extra=hf-llama,iteration=10" \
-    mount_ckptfs "$real/llama-tp2pp2-torch" "$mnt2" -o "hf_extra=$real/hf-llama,iteration=10"
-  check "hf_extra: config.json, tokenizer.json, generation_config.json passed through" bash -c \
-    "cmp '$real/hf-llama/config.json' '$mnt2/hf/config.json' && cmp '$real/hf-llama/tokenizer.json' '$mnt2/hf/tokenizer.json' && cmp '$real/hf-llama/generation_config.json' '$mnt2/hf/generation_config.json'"
-  check "hf_extra: tensors still bit-identical" $PY "$check_hf" compare "$real/hf-llama" "$mnt2/hf"
-  check "hf_arch=mistral: config.json says MistralForCausalLM" bash -c \
-    "'$CKPTFS' cat '$real/llama-tp2pp2-torch' hf/config.json -o hf_arch=mistral | grep -q MistralForCausalLM"
-  "$CKPTFS" inspect "$real/llama-tp2pp2-torch" -o iteration=5 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
-  [[ $rc -eq 1 ]] && grep -q iter_0000005 "$WORK/err"; ok $? "iteration=5 (absent) fails naming iter_0000005"
-  for l in tp1pp4vpp2 tp2pp2vpp2 tp4pp1 tp1pp1; do
-    check "its $l/ equals the reference split of hf-llama; forward matches HF" \
-      $PY "$ref" check "$real/hf-llama" "$mnt/$l" "$l"
-  done
-else
-  skip "Megatron-written checkpoints absent ($real)"
-fi
+check "vpp2 is tp2pp2vpp2" test "$(readlink "$mnt/vpp2")" = tp2pp2vpp2
+mnt2=$WORK/mnt-real-extra
+check "mount with -o hf_extra=hf-llama,iteration=10" \
+  mount_ckptfs "$real/llama-tp2pp2-torch" "$mnt2" -o "hf_extra=$real/hf-llama,iteration=10"
+check "hf_extra: config.json, tokenizer.json, generation_config.json passed through" bash -c \
+  "cmp '$real/hf-llama/config.json' '$mnt2/hf/config.json' && cmp '$real/hf-llama/tokenizer.json' '$mnt2/hf/tokenizer.json' && cmp '$real/hf-llama/generation_config.json' '$mnt2/hf/generation_config.json'"
+check "hf_extra: tensors still bit-identical" $PY "$check_hf" compare "$real/hf-llama" "$mnt2/hf"
+check "hf_arch=mistral: config.json says MistralForCausalLM" bash -c \
+  "'$CKPTFS' cat '$real/llama-tp2pp2-torch' hf/config.json -o hf_arch=mistral | grep -q MistralForCausalLM"
+"$CKPTFS" inspect "$real/llama-tp2pp2-torch" -o iteration=5 > /dev/null 2> "$WORK/err" && rc=0 || rc=1
+[[ $rc -eq 1 ]] && grep -q iter_0000005 "$WORK/err"; ok $? "iteration=5 (absent) fails naming iter_0000005"
+for l in tp1pp4vpp2 tp2pp2vpp2 tp4pp1 tp1pp1; do
+  check "its $l/ equals the reference split of hf-llama; forward matches HF" \
+    $PY "$ref" check "$real/hf-llama" "$mnt/$l" "$l"
+done
 
 # Round trips: HF -> exported layout -> mounted as a source -> hf/ and other layouts.
 for a in llama qwen2 qwen3; do $PY "$models" write $a "$WORK/$a"; done

@@ -14,20 +14,13 @@ moe="$TESTS_TOP/tests/lib/moe_dcp_check.py"
 torch2_available && have2=1 || have2=0
 [[ $have2 -eq 1 ]] || diag "torch 2.6 checks skipped: $TORCH2_WHY"
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-[[ -d $real ]] && real=$(cd "$real" && pwd) || real=""
+real=$TESTDATA/megatron-core-0.17.1
 
 # Sources: name -> HF directory.
 declare -A src
-order=()
-if [[ -n $real ]]; then
-  src[mixtral]=$real/hf-mixtral          # every layer MoE
-  src[qwen2_moe_all]=$real/hf-qwen2_moe  # every layer MoE, shared expert with a gate
-  order+=(mixtral qwen2_moe_all)
-else
-  diag "Megatron-written test data absent: models.py's mixtral instead"
-  $PY "$models" write mixtral "$WORK/mixtral" --shards 2 && src[mixtral]=$WORK/mixtral && order+=(mixtral)
-fi
+src[mixtral]=$real/hf-mixtral          # every layer MoE
+src[qwen2_moe_all]=$real/hf-qwen2_moe  # every layer MoE, shared expert with a gate
+order=(mixtral qwen2_moe_all)
 # Dense layers among MoE layers: qwen2_moe layer 1 dense (shared expert), qwen3_moe layer 0
 # dense (q/k norms).
 for a in qwen2_moe qwen3_moe; do
@@ -90,7 +83,7 @@ for a in "${order[@]}"; do
 done
 
 # --- against the checkpoint Megatron-core wrote itself (local spec, tp1pp2ep2) ---
-if [[ -n $real && $have2 -eq 1 ]]; then
+if [[ $have2 -eq 1 ]]; then
   td=$real/mixtral-tp1pp2ep2-torch_dist/iter_0000010
   check "the checker's expectation is what Megatron's own mixtral torch_dist holds (every tensor bit-identical, local spec)" \
     torch2_python "$WORK:$real" "$moe" load "$td" "$real/hf-mixtral" --spec local --megatron
@@ -100,7 +93,7 @@ if [[ -n $real && $have2 -eq 1 ]]; then
   [[ $out == *"only here ['decoder.layers.pre_mlp_layernorm.weight'], only in the real one ['decoder.layers.mlp.linear_fc1.layer_norm_weight']"* ]]
   ok $? "mixtral mcore/ (TE spec) differs from the local-spec save only by the pre-MLP norm's name"
 else
-  skip "comparison with Megatron's own MoE torch_dist (test data or torch 2.6 missing)"
+  skip "comparison with Megatron's own MoE torch_dist needs torch 2.6 ($TORCH2_WHY)"
 fi
 
 done_testing

@@ -23,28 +23,23 @@ sys.exit("; ".join(bad) if bad else 0)
 PY
 }
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-if [[ -d $real ]]; then
-  real=$(cd "$real" && pwd)
-  mnt=$WORK/mnt-real-mixtral
-  check "mount Megatron's own Mixtral tp2pp1ep2 legacy checkpoint" \
-    mount_ckptfs "$real/mixtral-tp2pp1ep2-torch" "$mnt"
-  check "  its hf/ tensors are bit-identical to hf-mixtral" $PY "$check_hf" compare "$real/hf-mixtral" "$mnt/hf"
-  check "  its config.json has Mixtral's MoE fields" check_config "$mnt/hf/config.json" \
-    'architectures=["MixtralForCausalLM"]' num_local_experts=4 num_experts_per_tok=2 intermediate_size=32 \
-    num_hidden_layers=4 vocab_size=250
-  check "  inspect says it was saved as tp2pp1ep2" bash -c \
-    "'$CKPTFS' inspect '$real/mixtral-tp2pp1ep2-torch' | grep -q 'saved as tp2pp1ep2'"
-  mnt=$WORK/mnt-real-qwen2_moe
-  check "mount Megatron's own Qwen2-MoE tp1pp1ep2 legacy checkpoint (no optimizer)" \
-    mount_ckptfs "$real/qwen2_moe-tp1pp1ep2-torch-noopt" "$mnt"
-  check "  its hf/ tensors are bit-identical to hf-qwen2_moe" $PY "$check_hf" compare "$real/hf-qwen2_moe" "$mnt/hf"
-  check "  its config.json has Qwen2-MoE's MoE fields" check_config "$mnt/hf/config.json" \
-    'architectures=["Qwen2MoeForCausalLM"]' num_experts=4 num_experts_per_tok=2 moe_intermediate_size=32 \
-    intermediate_size=96 shared_expert_intermediate_size=48 norm_topk_prob=false 'mlp_only_layers=[]'
-else
-  skip "Megatron-written MoE checkpoints absent ($real)"
-fi
+real=$TESTDATA/megatron-core-0.17.1
+mnt=$WORK/mnt-real-mixtral
+check "mount Megatron's own Mixtral tp2pp1ep2 legacy checkpoint" \
+  mount_ckptfs "$real/mixtral-tp2pp1ep2-torch" "$mnt"
+check "  its hf/ tensors are bit-identical to hf-mixtral" $PY "$check_hf" compare "$real/hf-mixtral" "$mnt/hf"
+check "  its config.json has Mixtral's MoE fields" check_config "$mnt/hf/config.json" \
+  'architectures=["MixtralForCausalLM"]' num_local_experts=4 num_experts_per_tok=2 intermediate_size=32 \
+  num_hidden_layers=4 vocab_size=250
+check "  inspect says it was saved as tp2pp1ep2" bash -c \
+  "'$CKPTFS' inspect '$real/mixtral-tp2pp1ep2-torch' | grep -q 'saved as tp2pp1ep2'"
+mnt=$WORK/mnt-real-qwen2_moe
+check "mount Megatron's own Qwen2-MoE tp1pp1ep2 legacy checkpoint (no optimizer)" \
+  mount_ckptfs "$real/qwen2_moe-tp1pp1ep2-torch-noopt" "$mnt"
+check "  its hf/ tensors are bit-identical to hf-qwen2_moe" $PY "$check_hf" compare "$real/hf-qwen2_moe" "$mnt/hf"
+check "  its config.json has Qwen2-MoE's MoE fields" check_config "$mnt/hf/config.json" \
+  'architectures=["Qwen2MoeForCausalLM"]' num_experts=4 num_experts_per_tok=2 moe_intermediate_size=32 \
+  intermediate_size=96 shared_expert_intermediate_size=48 norm_topk_prob=false 'mlp_only_layers=[]'
 
 # Round trips: an HF MoE model -> a legacy view copied out of the mount -> mounted as a source
 # -> hf/ bit-identical to the model.
@@ -52,8 +47,8 @@ hf_models=()
 for a in mixtral qwen2_moe qwen3_moe; do
   if $PY "$models" write $a "$WORK/hf-$a" > /dev/null 2>&1; then hf_models+=("$WORK/hf-$a"); fi
 done
-[[ ${#hf_models[@]} -gt 0 ]] || diag "tests/lib/models.py writes no MoE models: round trips of the testdata only"
-if [[ -d $real ]]; then hf_models+=("$real/hf-mixtral" "$real/hf-qwen2_moe"); fi
+[[ ${#hf_models[@]} -gt 0 ]] || diag "tests/lib/models.py writes no MoE models: round trips of the test data only"
+hf_models+=("$real/hf-mixtral" "$real/hf-qwen2_moe")
 for model in "${hf_models[@]}"; do
   name=$(basename "$model")
   [[ $model == "$real"/* ]] && name=real-$name

@@ -17,8 +17,7 @@ compare="$TESTS_TOP/tests/lib/compare_megatron.py"     # torch 2.6
 torch2_available && have2=1 || have2=0
 [[ $have2 -eq 1 ]] || diag "torch 2.6 checks skipped: $TORCH2_WHY"
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-[[ -d $real ]] && real=$(cd "$real" && pwd) || real=""
+real=$TESTDATA/megatron-core-0.17.1
 
 # bad_cases GOOD_ITER_DIR OUT [--per-layer]: each broken copy fails to mount with one line
 # holding its `expect`, and leaves no mount.
@@ -39,41 +38,37 @@ bad_cases() {
 }
 
 # --- (a) Megatron's own: mixtral tp1pp2ep2 torch_dist ---
-if [[ -n $real ]]; then
-  td=$real/mixtral-tp1pp2ep2-torch_dist
-  mnt=$WORK/mnt-mixtral
-  check "mount Megatron's own mixtral tp1pp2ep2 torch_dist (spec=local)" mount_ckptfs "$td" "$mnt" -o spec=local
-  check "its hf/ tensors are bit-identical to hf-mixtral" $PY "$check_hf" compare "$real/hf-mixtral" "$mnt/hf"
-  check "its hf/config.json is Mixtral's with the experts (4 local, top-2, ffn 32)" $PY -c "
+td=$real/mixtral-tp1pp2ep2-torch_dist
+mnt=$WORK/mnt-mixtral
+check "mount Megatron's own mixtral tp1pp2ep2 torch_dist (spec=local)" mount_ckptfs "$td" "$mnt" -o spec=local
+check "its hf/ tensors are bit-identical to hf-mixtral" $PY "$check_hf" compare "$real/hf-mixtral" "$mnt/hf"
+check "its hf/config.json is Mixtral's with the experts (4 local, top-2, ffn 32)" $PY -c "
 import json, sys
 c = json.load(open(sys.argv[1]))
 want = dict(architectures=['MixtralForCausalLM'], model_type='mixtral', num_local_experts=4,
             num_experts_per_tok=2, intermediate_size=32, num_hidden_layers=4, hidden_size=64)
 bad = {k: c.get(k) for k, v in want.items() if c.get(k) != v}
 sys.exit(f'differs: {bad}' if bad else 0)" "$mnt/hf/config.json"
-  check "inspect: saved as tp1pp2ep2, stacked keys, expert _extra_state objects left unread" bash -c \
-    "'$CKPTFS' inspect '$td' > '$WORK/insp' && grep -q 'megatron-torch_dist.*saved as tp1pp2ep2' '$WORK/insp' &&
-     grep -q '10 model keys in 71 chunks over 4 .distcp files; 40 _extra_state objects' '$WORK/insp'"
-  if [[ $have2 -eq 1 ]]; then
-    check "its tp2pp1ep2/ equals Megatron's own mixtral-tp2pp1ep2-torch rank files, key order included" \
-      torch2_python "$WORK:$real" "$compare" "$real/mixtral-tp2pp1ep2-torch/iter_0000010" "$mnt/tp2pp1ep2/release"
-    # Qwen2-MoE (shared expert with its gate) stacked, the local spec's names, from the HF
-    # model Megatron's qwen2_moe files were made of: its legacy view equals those files.
-    out=$WORK/dist-qwen2_moe-real
-    check "hf-qwen2_moe: a stacked torch_dist of it (local spec names, irregular chunks) is written" \
-      torch2_python "$WORK:$real" "$writer" "$real/hf-qwen2_moe" "$out" --stacked --spec local
-    m=$WORK/mnt-qwen2_moe-real
-    check "it mounts (spec=local)" mount_ckptfs "$out" "$m" -o spec=local
-    check "its hf/ tensors are bit-identical to hf-qwen2_moe" $PY "$check_hf" compare "$real/hf-qwen2_moe" "$m/hf"
-    check "its tp1pp1ep2/ equals Megatron's own qwen2_moe-tp1pp1ep2-torch-noopt rank files" \
-      torch2_python "$WORK:$real" "$compare" "$real/qwen2_moe-tp1pp1ep2-torch-noopt/iter_0000010" "$m/tp1pp1ep2/release"
-    # --- (c) broken MoE checkpoints made from Megatron's own ---
-    bad_cases "$td/iter_0000010" "$WORK/bad"
-  else
-    skip "Megatron-written MoE checks need torch 2.6 ($TORCH2_WHY)"
-  fi
+check "inspect: saved as tp1pp2ep2, stacked keys, expert _extra_state objects left unread" bash -c \
+  "'$CKPTFS' inspect '$td' > '$WORK/insp' && grep -q 'megatron-torch_dist.*saved as tp1pp2ep2' '$WORK/insp' &&
+   grep -q '10 model keys in 71 chunks over 4 .distcp files; 40 _extra_state objects' '$WORK/insp'"
+if [[ $have2 -eq 1 ]]; then
+  check "its tp2pp1ep2/ equals Megatron's own mixtral-tp2pp1ep2-torch rank files, key order included" \
+    torch2_python "$WORK:$real" "$compare" "$real/mixtral-tp2pp1ep2-torch/iter_0000010" "$mnt/tp2pp1ep2/release"
+  # Qwen2-MoE (shared expert with its gate) stacked, the local spec's names, from the HF
+  # model Megatron's qwen2_moe files were made of: its legacy view equals those files.
+  out=$WORK/dist-qwen2_moe-real
+  check "hf-qwen2_moe: a stacked torch_dist of it (local spec names, irregular chunks) is written" \
+    torch2_python "$WORK:$real" "$writer" "$real/hf-qwen2_moe" "$out" --stacked --spec local
+  m=$WORK/mnt-qwen2_moe-real
+  check "it mounts (spec=local)" mount_ckptfs "$out" "$m" -o spec=local
+  check "its hf/ tensors are bit-identical to hf-qwen2_moe" $PY "$check_hf" compare "$real/hf-qwen2_moe" "$m/hf"
+  check "its tp1pp1ep2/ equals Megatron's own qwen2_moe-tp1pp1ep2-torch-noopt rank files" \
+    torch2_python "$WORK:$real" "$compare" "$real/qwen2_moe-tp1pp1ep2-torch-noopt/iter_0000010" "$m/tp1pp1ep2/release"
+  # --- (c) broken MoE checkpoints made from Megatron's own ---
+  bad_cases "$td/iter_0000010" "$WORK/bad"
 else
-  skip "Megatron-written checkpoints absent ($TESTS_TOP/../shared/testdata)"
+  skip "Megatron-written MoE checks need torch 2.6 ($TORCH2_WHY)"
 fi
 
 # --- (b) written here: Qwen2-MoE with a dense layer (per-layer keys), and all-MoE stacked ---

@@ -8,7 +8,8 @@ torch2_available && have2=1 || have2=0
 models="$TESTS_TOP/tests/lib/models.py"
 ref="$TESTS_TOP/tests/lib/moe_reference.py"
 
-check "the MoE reference agrees with itself and with Megatron's own files (selftest)" $PY "$ref" selftest
+check "the MoE reference agrees with itself and with Megatron's own files (selftest)" \
+  $PY "$ref" selftest --megatron-data "$TESTDATA/megatron-core-0.17.1"
 
 # Tiny models of each family: 4 experts, top-2; Qwen2-MoE and Qwen3-MoE with a dense layer.
 for a in mixtral qwen2_moe qwen3_moe; do $PY "$models" write $a "$WORK/$a" --shards 2; done
@@ -69,13 +70,7 @@ check "  (the unchanged model: no such warning)" bash -c "! grep -q 'in no Megat
 ok $((1 - rc)) "moe_grouped_gemm=on with spec=local is refused"
 check "and says why" grep -q "needs spec=te" "$WORK/err"
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-if [[ ! -d $real ]]; then
-  skip "Megatron-written MoE checkpoints: $real absent"
-  done_testing
-  exit
-fi
-real=$(cd "$real" && pwd)
+real=$TESTDATA/megatron-core-0.17.1
 
 for model in mixtral qwen2_moe; do
   check "$model: mount (-o spec=local)" mount_ckptfs "$real/hf-$model" "$WORK/mnt-$model" -o spec=local

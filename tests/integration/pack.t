@@ -49,25 +49,21 @@ packed_case() {
     same_views "$WORK/raw-$name" "$WORK/mnt-$name" "$@"
 }
 
-real=$TESTS_TOP/../shared/testdata
+real=$TESTDATA
 packed_case llama-zstd "$WORK/llama" "" "" hf tp2pp1 tp1pp2vpp2 mcore
 packed_case llama-lz4 "$WORK/llama" "codec=lz4,frame=69632" "" hf tp2pp2 mcore
 packed_case llama-zstd9-small "$WORK/llama" "codec=zstd,level=9,frame=65536" "" hf tp4pp1
 packed_case ds-fp8 "$WORK/ds-fp8" "frame=131072" "" hf tp2pp1ep4 mcore
 packed_case ds-fp8-bf16 "$WORK/ds-fp8" "codec=lz4" "dtype=bf16" hf tp1pp2ep2
-if [[ -d $real ]]; then
-  mc=$real/megatron-core-0.17.1
-  packed_case megatron-legacy "$mc/llama-tp2pp2-torch" "frame=65536" "" hf tp1pp1 tp2pp2
-  packed_case megatron-torch_dist "$mc/llama-tp2pp2-torch_dist" "" "" hf tp2pp1 mcore
-  packed_case moe-torch_dist "$mc/mixtral-tp1pp2ep2-torch_dist" "codec=lz4" "" hf tp1pp1ep2
-  packed_case moe-legacy "$mc/mixtral-tp2pp1ep2-torch" "frame=1M" "" hf tp1pp2ep2
-  packed_case qwen2_moe-legacy "$mc/qwen2_moe-tp1pp1ep2-torch-noopt" "codec=lz4,frame=65536" "" hf tp2pp1ep2
-  packed_case hf-mixtral "$mc/hf-mixtral" "" "" hf tp2pp1ep2 mcore
-  packed_case verl-fsdp2 "$real/verl-fsdp/fsdp2/llama-w4/global_step_1/actor" "frame=65536" "" hf tp2pp1
-  packed_case verl-fsdp1-hsdp "$real/verl-fsdp/fsdp1/llama-w4-hsdp2/global_step_1/actor" "codec=lz4" "dtype=fp32" hf
-else
-  skip "Megatron and verl test data: $real absent"
-fi
+mc=$real/megatron-core-0.17.1
+packed_case megatron-legacy "$mc/llama-tp2pp2-torch" "frame=65536" "" hf tp1pp1 tp2pp2
+packed_case megatron-torch_dist "$mc/llama-tp2pp2-torch_dist" "" "" hf tp2pp1 mcore
+packed_case moe-torch_dist "$mc/mixtral-tp1pp2ep2-torch_dist" "codec=lz4" "" hf tp1pp1ep2
+packed_case moe-legacy "$mc/mixtral-tp2pp1ep2-torch" "frame=1M" "" hf tp1pp2ep2
+packed_case qwen2_moe-legacy "$mc/qwen2_moe-tp1pp1ep2-torch-noopt" "codec=lz4,frame=65536" "" hf tp2pp1ep2
+packed_case hf-mixtral "$mc/hf-mixtral" "" "" hf tp2pp1ep2 mcore
+packed_case verl-fsdp2 "$real/verl-fsdp/fsdp2/llama-w4/global_step_1/actor" "frame=65536" "" hf tp2pp1
+packed_case verl-fsdp1-hsdp "$real/verl-fsdp/fsdp1/llama-w4-hsdp2/global_step_1/actor" "codec=lz4" "dtype=fp32" hf
 
 # Random reads across frame boundaries: the packed hf/ file (the original bytes, decoded frame
 # by frame) against the source file itself.

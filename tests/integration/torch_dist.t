@@ -13,8 +13,7 @@ dcp="$TESTS_TOP/tests/lib/dcp_check.py"  # torch 2.6 (the Debian 13 root)
 torch2_available && have2=1 || have2=0
 [[ $have2 -eq 1 ]] || diag "torch 2.6 checks skipped: $TORCH2_WHY"
 
-real=$TESTS_TOP/../shared/testdata/megatron-core-0.17.1
-[[ -d $real ]] && real=$(cd "$real" && pwd) || real=""
+real=$TESTDATA/megatron-core-0.17.1
 
 # --- mcore/ over Hugging Face sources ---
 for a in llama qwen2 qwen3; do
@@ -55,51 +54,47 @@ check "llama tp2pp2 legacy export mounts" mount_ckptfs "$WORK/leg-llama" "$WORK/
 check "its mcore/ is byte-identical to the one made from HF" diff -r -x common.pt "$WORK/mnt-llama/mcore" "$WORK/mnt-leg/mcore"
 
 # --- torch_dist as a source: written by Megatron itself ---
-if [[ -n $real ]]; then
-  td=$real/llama-tp2pp2-torch_dist
-  mnt=$WORK/mnt-real
-  check "mount Megatron's own tp2pp2 torch_dist checkpoint" mount_ckptfs "$td" "$mnt"
-  check "its hf/ tensors are bit-identical to hf-llama" $PY "$check_hf" compare "$real/hf-llama" "$mnt/hf"
-  check "its tp1pp4vpp2/ equals the reference split of hf-llama; forward matches" \
-    $PY "$ref" check "$real/hf-llama" "$mnt/tp1pp4vpp2" tp1pp4vpp2
-  check "vpp2 is tp2pp2vpp2 (the saved split)" test "$(readlink "$mnt/vpp2")" = tp2pp2vpp2
-  check "the iteration directory can be given directly" bash -c \
-    "'$CKPTFS' inspect '$td/iter_0000010' | grep -q 'megatron-torch_dist'"
-  check "inspect names the format and the saved split" bash -c \
-    "'$CKPTFS' inspect '$td' | grep -q 'megatron-torch_dist.*saved as tp2pp2'"
-  # verl's layout: model/dist_ckpt/ (no args in common.pt) beside model/huggingface/.
-  v=$WORK/verl/global_step_10/actor/model
-  mkdir -p "$v/huggingface"
-  cp -r "$td/iter_0000010" "$v/dist_ckpt" && rm "$v/dist_ckpt/common.pt"
-  cp "$real/hf-llama/config.json" "$real/hf-llama/tokenizer.json" "$v/huggingface/"
-  check "verl's model/dist_ckpt/ mounts, sizes from model/huggingface/config.json" mount_ckptfs "$v/dist_ckpt" "$WORK/mnt-verl"
-  check "its hf/ is bit-identical to hf-llama, with the tokenizer passed through" bash -c \
-    "$PY '$check_hf' compare '$real/hf-llama' '$WORK/mnt-verl/hf' && cmp '$real/hf-llama/tokenizer.json' '$WORK/mnt-verl/hf/tokenizer.json'"
-  check "its mcore/ equals the mcore/ of hf-llama" bash -c \
-    "mkdir -p '$WORK/mnt-hfl' && '$CKPTFS' mount '$real/hf-llama' '$WORK/mnt-hfl' && diff -r -x common.pt '$WORK/mnt-hfl/mcore' '$mnt/mcore'"
-  if [[ $have2 -eq 1 ]]; then
-    check "the checker itself passes on Megatron's own torch_dist files" \
-      torch2_python "$WORK:$real" "$dcp" load "$td/iter_0000010" "$real/hf-llama"
-    # --- broken checkpoints, made from Megatron's own with torch's classes ---
-    mkdir -p "$WORK/bad"
-    cases=$(torch2_python "$WORK:$real" "$TESTS_TOP/tests/lib/bad_torch_dist.py" "$td/iter_0000010" "$WORK/bad")
-    for c in $cases; do
-      expect=$(cat "$WORK/bad/$c/expect")
-      m=$WORK/mnt-bad-$c
-      mkdir -p "$m"
-      "$CKPTFS" mount "$WORK/bad/$c" "$m" 2> "$WORK/err" && rc=0 || rc=$?
-      [[ $rc -ne 0 && $(wc -l < "$WORK/err") -eq 1 ]] && grep -qF -- "$expect" "$WORK/err" &&
-        ! grep -q " $m " /proc/mounts
-      ok $? "$c: mount fails with one line naming '$expect' ($(head -c 160 "$WORK/err"))"
-    done
-    mkdir -p "$WORK/mnt-it"
-    "$CKPTFS" mount "$td" "$WORK/mnt-it" -o iteration=99 2> "$WORK/err" && rc=0 || rc=$?
-    [[ $rc -ne 0 ]] && grep -q iter_0000099 "$WORK/err"; ok $? "iteration=99 (absent) fails naming iter_0000099"
-  else
-    skip "checker and bad torch_dist inputs need torch 2.6 ($TORCH2_WHY)"
-  fi
+td=$real/llama-tp2pp2-torch_dist
+mnt=$WORK/mnt-real
+check "mount Megatron's own tp2pp2 torch_dist checkpoint" mount_ckptfs "$td" "$mnt"
+check "its hf/ tensors are bit-identical to hf-llama" $PY "$check_hf" compare "$real/hf-llama" "$mnt/hf"
+check "its tp1pp4vpp2/ equals the reference split of hf-llama; forward matches" \
+  $PY "$ref" check "$real/hf-llama" "$mnt/tp1pp4vpp2" tp1pp4vpp2
+check "vpp2 is tp2pp2vpp2 (the saved split)" test "$(readlink "$mnt/vpp2")" = tp2pp2vpp2
+check "the iteration directory can be given directly" bash -c \
+  "'$CKPTFS' inspect '$td/iter_0000010' | grep -q 'megatron-torch_dist'"
+check "inspect names the format and the saved split" bash -c \
+  "'$CKPTFS' inspect '$td' | grep -q 'megatron-torch_dist.*saved as tp2pp2'"
+# verl's layout: model/dist_ckpt/ (no args in common.pt) beside model/huggingface/.
+v=$WORK/verl/global_step_10/actor/model
+mkdir -p "$v/huggingface"
+cp -r "$td/iter_0000010" "$v/dist_ckpt" && rm "$v/dist_ckpt/common.pt"
+cp "$real/hf-llama/config.json" "$real/hf-llama/tokenizer.json" "$v/huggingface/"
+check "verl's model/dist_ckpt/ mounts, sizes from model/huggingface/config.json" mount_ckptfs "$v/dist_ckpt" "$WORK/mnt-verl"
+check "its hf/ is bit-identical to hf-llama, with the tokenizer passed through" bash -c \
+  "$PY '$check_hf' compare '$real/hf-llama' '$WORK/mnt-verl/hf' && cmp '$real/hf-llama/tokenizer.json' '$WORK/mnt-verl/hf/tokenizer.json'"
+check "its mcore/ equals the mcore/ of hf-llama" bash -c \
+  "mkdir -p '$WORK/mnt-hfl' && '$CKPTFS' mount '$real/hf-llama' '$WORK/mnt-hfl' && diff -r -x common.pt '$WORK/mnt-hfl/mcore' '$mnt/mcore'"
+if [[ $have2 -eq 1 ]]; then
+  check "the checker itself passes on Megatron's own torch_dist files" \
+    torch2_python "$WORK:$real" "$dcp" load "$td/iter_0000010" "$real/hf-llama"
+  # --- broken checkpoints, made from Megatron's own with torch's classes ---
+  mkdir -p "$WORK/bad"
+  cases=$(torch2_python "$WORK:$real" "$TESTS_TOP/tests/lib/bad_torch_dist.py" "$td/iter_0000010" "$WORK/bad")
+  for c in $cases; do
+    expect=$(cat "$WORK/bad/$c/expect")
+    m=$WORK/mnt-bad-$c
+    mkdir -p "$m"
+    "$CKPTFS" mount "$WORK/bad/$c" "$m" 2> "$WORK/err" && rc=0 || rc=$?
+    [[ $rc -ne 0 && $(wc -l < "$WORK/err") -eq 1 ]] && grep -qF -- "$expect" "$WORK/err" &&
+      ! grep -q " $m " /proc/mounts
+    ok $? "$c: mount fails with one line naming '$expect' ($(head -c 160 "$WORK/err"))"
+  done
+  mkdir -p "$WORK/mnt-it"
+  "$CKPTFS" mount "$td" "$WORK/mnt-it" -o iteration=99 2> "$WORK/err" && rc=0 || rc=$?
+  [[ $rc -ne 0 ]] && grep -q iter_0000099 "$WORK/err"; ok $? "iteration=99 (absent) fails naming iter_0000099"
 else
-  skip "Megatron-written checkpoints absent"
+  skip "checker and bad torch_dist inputs need torch 2.6 ($TORCH2_WHY)"
 fi
 
 # --- torch_dist written by torch 2.6's own dcp.save: several files, irregular chunks ---

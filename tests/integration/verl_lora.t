@@ -8,16 +8,11 @@ source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 check_hf="$TESTS_TOP/tests/lib/check_hf.py"
 lora="$TESTS_TOP/tests/lib/verl_lora.py"
-data=$TESTS_TOP/../shared/testdata/verl-fsdp
-if [[ ! -d $data ]]; then
-  echo "1..0 # skip verl FSDP test data absent ($data): the LoRA run starts from its Llama"
-  exit 0
-fi
 if ! torch2_available; then
   echo "1..0 # skip writing a LoRA run needs torch 2.6 (DTensor): $TORCH2_WHY"
   exit 0
 fi
-src=$(cd "$data/src/llama" && pwd)
+src=$TESTDATA/verl-fsdp/src/llama  # the Llama the LoRA run starts from
 check "torch 2.6: two gloo ranks save a LoRA actor as FSDP2 shards" \
   torch2_python "$WORK:$src" "$lora" write "$src" "$WORK/run" 2
 role=$WORK/run/global_step_1/actor

@@ -7,13 +7,7 @@
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 check_hf="$TESTS_TOP/tests/lib/check_hf.py"
-data=$TESTS_TOP/../shared/testdata/verl-fsdp
-if [[ ! -d $data ]]; then
-  skip "verl FSDP test data absent ($data)"
-  done_testing
-  exit
-fi
-data=$(cd "$data" && pwd)
+data=$TESTDATA/verl-fsdp
 
 # A run of two saved steps with an actor (FSDP2 W=4 Llama, then FSDP1 W=2 Llama) and a critic.
 run=$WORK/run

@@ -6,12 +6,7 @@
 # writes); a Megatron view of it reads back as the same model; broken role directories fail
 # with one line naming the file and the problem, and nothing in a hostile pickle runs.
 source "$(dirname "$0")/../lib/common.sh"
-data=$TESTS_TOP/../shared/testdata/verl-fsdp
-if [[ ! -d $data ]]; then
-  echo "1..0 # skip verl FSDP test data absent ($data)"
-  exit 0
-fi
-data=$(cd "$data" && pwd)
+data=$TESTDATA/verl-fsdp
 verl_check="$TESTS_TOP/tests/lib/verl_check.py"
 check_hf="$TESTS_TOP/tests/lib/check_hf.py"
 fuse=1

@@ -3,6 +3,9 @@
 set -u
 TESTS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CKPTFS=${CKPTFS_BIN:-$TESTS_TOP/build/ckptfs}
+# Checkpoints Megatron-LM and torch wrote (tests/data/README.md): the tests read nothing outside
+# the repository.
+TESTDATA=$TESTS_TOP/tests/data
 PY=/usr/bin/python3
 TORCH2_ROOT=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
 _tap_n=0

@@ -22,7 +22,8 @@ ckptfs's code. The dense parts are mcore_expect's (q/k/v interleaved per query g
     reader): the model tensor keys (optimizer.*, rng_state and _extra_state objects aside) equal
     the expectation's, and every tensor, assembled from its chunks, equals it bit for bit.
   mcore_moe_expect.py selftest [--megatron-data DIR]
-    check on mixtral-tp1pp2ep2-torch_dist, which Megatron itself wrote (local spec).
+    check on mixtral-tp1pp2ep2-torch_dist, which Megatron itself wrote (local spec; DIR:
+    tests/data/megatron-core-0.17.1 by default).
 """
 import argparse
 import io
@@ -140,8 +141,7 @@ def main():
     c.add_argument("--spec", default="te")
     s = sub.add_parser("selftest")
     here = os.path.dirname(os.path.abspath(__file__))
-    s.add_argument("--megatron-data", default=os.path.join(here, "..", "..", "..", "shared", "testdata",
-                                                           "megatron-core-0.17.1"))
+    s.add_argument("--megatron-data", default=os.path.join(here, "..", "data", "megatron-core-0.17.1"))
     a = ap.parse_args()
     if a.cmd == "check":
         ckpt, m, spec = a.ckpt, MoEModel(a.hf), a.spec

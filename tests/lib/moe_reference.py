@@ -15,7 +15,7 @@ everything a dense model has (attention, embedding, output layer, dense layers).
     Validates this reference: the forward over the expected files of many layouts equals the HF
     forward (and stops equalling it when an expert, a split or the routing is wrong), and the
     expected files of tp2pp1ep2 (Mixtral) and tp1pp1ep2 (Qwen2-MoE), local spec, equal the ones
-    Megatron itself wrote (DIR: ../testdata/megatron-core-0.17.1 from the shared folder).
+    Megatron itself wrote (DIR: tests/data/megatron-core-0.17.1 by default).
 
 Rules (Megatron-LM core_v0.17.1):
 - Rank grid of one pipeline stage (parallel_state: dense grid tp-cp-ep-dp-pp, expert grid
@@ -489,8 +489,7 @@ def selftest_real(data, failures):
 def selftest(argv):
     ap = argparse.ArgumentParser(prog="moe_reference.py selftest")
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--megatron-data", default=os.path.join(here, "..", "..", "..", "shared", "testdata",
-                                                            "megatron-core-0.17.1"))
+    ap.add_argument("--megatron-data", default=os.path.join(here, "..", "data", "megatron-core-0.17.1"))
     a = ap.parse_args(argv)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
