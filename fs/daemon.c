@@ -349,8 +349,10 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src, CkptfsTr
     if (a->max_idle_threads)
         fuse_loop_cfg_set_idle_threads(config, a->max_idle_threads);
     fuse_loop_cfg_set_clone_fd(config, a->clone_fd);
+    ckptfs_fuse_open_files_init(&ctx);
     status = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(config);
+    ckptfs_fuse_open_files_free(&ctx); /* those never released */
     ckptfs_lease_watch_free(ctx.leases);
 out_unmount:
     fuse_session_unmount(se);

@@ -241,6 +241,32 @@ static bool streams_direct(CkptfsFuseContext *ctx, fuse_ino_t ino)
            (attr.hints & CKPTFS_HINT_STREAMED);
 }
 
+/* What an open file holds, once it is released (its passthrough count given back by the caller)
+ * or left open when the session ended. */
+static void open_file_free(CkptfsFuseContext *ctx, OpenFile *open_file)
+{
+    g_mutex_lock(&ctx->open_lock);
+    g_hash_table_remove(ctx->open_files, open_file);
+    g_mutex_unlock(&ctx->open_lock);
+    ckptfs_src_reader_free(open_file->reader);
+    g_free(open_file);
+}
+
+void ckptfs_fuse_open_files_init(CkptfsFuseContext *ctx)
+{
+    g_mutex_init(&ctx->open_lock);
+    ctx->open_files = g_hash_table_new(g_direct_hash, g_direct_equal);
+}
+
+void ckptfs_fuse_open_files_free(CkptfsFuseContext *ctx)
+{
+    g_autoptr(GList) left = g_hash_table_get_keys(ctx->open_files);
+    for (GList *l = left; l != NULL; l = l->next)
+        open_file_free(ctx, l->data);
+    g_hash_table_unref(ctx->open_files);
+    g_mutex_clear(&ctx->open_lock);
+}
+
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     CkptfsFuseContext *ctx = ctx_of(req);
@@ -268,6 +294,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     *open_file = (OpenFile){plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
                             ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0, false};
     fi->fh = (uint64_t)(uintptr_t)open_file;
+    g_mutex_lock(&ctx->open_lock);
+    g_hash_table_add(ctx->open_files, open_file);
+    g_mutex_unlock(&ctx->open_lock);
     fi->keep_cache = 1;
     char *refusal = NULL;
     open_file->mode_counted = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
@@ -283,8 +312,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     if (fuse_reply_open(req, fi) == -ENOENT) {
         if (open_file->mode_counted)
             ckptfs_passthrough_release(ctx->passthrough, NULL, ino);
-        ckptfs_src_reader_free(open_file->reader);
-        g_free(open_file);
+        open_file_free(ctx, open_file);
     }
 }
 
@@ -382,8 +410,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     OpenFile *open_file = (OpenFile *)(uintptr_t)fi->fh;
     if (open_file->mode_counted)
         ckptfs_passthrough_release(ctx_of(req)->passthrough, req, ino);
-    ckptfs_src_reader_free(open_file->reader);
-    g_free(open_file);
+    open_file_free(ctx_of(req), open_file);
     fuse_reply_err(req, 0);
 }
 

@@ -25,9 +25,19 @@ typedef struct {
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
     CkptfsLeaseWatch *leases; /* -o mapped_reads once started, else NULL */
     struct CkptfsTransport *transport; /* /dev/fuse or io_uring (transport.h) */
+    /* The files open now (their handles, under open_lock): a session that ends while files are
+     * open (unmounted lazily, or stopped by a signal, while they are read) gets no release of
+     * them, and ckptfs_fuse_open_files_free frees them then. */
+    GMutex open_lock;
+    GHashTable *open_files;
 } CkptfsFuseContext;
 
 extern const struct fuse_lowlevel_ops ckptfs_fuse_ops;
+
+/* Around the session loop: the set of open files starts empty, and what the kernel never released
+ * is freed once the loop has ended (no request runs any more). */
+void ckptfs_fuse_open_files_init(CkptfsFuseContext *ctx);
+void ckptfs_fuse_open_files_free(CkptfsFuseContext *ctx);
 
 /* Frees a worker thread's reply buffer: the notify of CkptfsFuseContext.read_buffer. */
 void ckptfs_read_buffer_free(gpointer buffer);
