@@ -22,6 +22,8 @@ calls='\b(g_file_get_contents|g_file_load_contents|g_mapped_file_new|g_key_file_
 others=""
 while IFS= read -r hit; do
   file=${hit%%:*} text=${hit#*:*:}
+  code=$(sed -E 's|/\*.*\*/||g; s|//.*||; s|^[[:space:]]*(/\*\|\*).*||' <<< "$text") # comments are no calls
+  [[ $code =~ $calls ]] || continue
   [[ $text =~ \"/(proc|sys)/ ]] && continue
   ok_here=1
   while IFS=$'\t' read -r afile atext _; do
