@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/units.h"
 #include "fuse_ops.h"
 #include "passthrough.h"
 #include "transport.h"
@@ -90,8 +91,8 @@ static int take_loop_option(MountArgs *a, const char *item)
     if (slot == NULL)
         return 0;
     const char *value = strchr(item, '=') + 1;
-    guint64 n;
-    if (!g_ascii_string_to_unsigned(value, 10, 1, 256, &n, NULL)) {
+    uint64_t n;
+    if (!ckptfs_parse_uint(value, 1, 256, &n, NULL)) {
         fprintf(stderr, "ckptfs: option %s: expected a number of threads from 1 to 256\n", item);
         return -1;
     }
