@@ -24,7 +24,11 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 KNOB=/sys/module/fuse/parameters/enable_uring
 NODE_BUNDLE=${NODE_BUNDLE:-/tmp/ckptfs-node}
-PYTHON=${PYTHON:-$(command -v python3)}
+# A python with numpy (the generator needs it).
+for py in ${PYTHON:-} python3 /usr/bin/python3 /opt/conda/bin/python3 /usr/local/bin/python3; do
+  if "$py" -c 'import numpy' 2> /dev/null; then PYTHON=$(command -v "$py"); break; fi
+done
+PYTHON=${PYTHON:-python3}
 T0=$SECONDS
 
 die() { echo "node_uring: $*" | tee -a "$OUT/progress.log" >&2; exit 1; }
