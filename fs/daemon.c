@@ -13,6 +13,7 @@
 #include "ckptfs/units.h"
 #include "fuse_ops.h"
 #include "passthrough.h"
+#include "readahead.h"
 #include "transport.h"
 
 const char *ckptfs_libfuse_version(void)
@@ -345,6 +346,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src, CkptfsTr
             g_clear_error(&why);
         }
     }
+    ctx.readahead = ckptfs_fs_readahead_new(se, &mount->options); /* its threads: after the fork and the mask */
     struct fuse_loop_config *config = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(config, a->max_threads ? a->max_threads : 16);
     if (a->max_idle_threads)
@@ -353,7 +355,8 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src, CkptfsTr
     ckptfs_fuse_open_files_init(&ctx);
     status = fuse_session_loop_mt(se, config) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(config);
-    ckptfs_fuse_open_files_free(&ctx); /* those never released */
+    ckptfs_fuse_open_files_free(&ctx); /* those never released (their read-ahead closed) */
+    ckptfs_fs_readahead_free(&ctx); /* before the session's descriptor is closed */
     ckptfs_lease_watch_free(ctx.leases);
 out_unmount:
     fuse_session_unmount(se);

@@ -9,6 +9,7 @@
 #include <syslog.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/readahead.h"
 #include "passthrough.h"
 #include "transport.h"
 
@@ -227,6 +228,7 @@ typedef struct {
     uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
     uint64_t prefetched; /* the end of what was prefetched */
     bool mode_counted;   /* counted by ckptfs_passthrough_open: released there too */
+    CkptfsReadaheadStream *ahead; /* -o readahead, for a file read through the page cache */
 } OpenFile;
 
 /* Whether file INO is read with direct I/O (-o direct_io, on by default): a file its loaders
@@ -248,6 +250,7 @@ static void open_file_free(CkptfsFuseContext *ctx, OpenFile *open_file)
     g_mutex_lock(&ctx->open_lock);
     g_hash_table_remove(ctx->open_files, open_file);
     g_mutex_unlock(&ctx->open_lock);
+    ckptfs_readahead_close(open_file->ahead); /* before the reader its chunks read through */
     ckptfs_src_reader_free(open_file->reader);
     g_free(open_file);
 }
@@ -292,7 +295,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     if (ctx->leases != NULL) /* a verl run's roles each have their set */
         ckptfs_lease_watch_add(ctx->leases, owner->source->files);
     *open_file = (OpenFile){plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
-                            ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0, false};
+                            ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0, false,
+                            NULL};
     fi->fh = (uint64_t)(uintptr_t)open_file;
     g_mutex_lock(&ctx->open_lock);
     g_hash_table_add(ctx->open_files, open_file);
@@ -303,6 +307,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* keep_cache stays: a direct-I/O file is cached only where mapped (torch.load(mmap=True)),
      * and those pages stay valid for another reader's mapping: files never change under a mount. */
     fi->direct_io = !open_file->mode_counted && streams_direct(ctx, ino);
+    if (ctx->readahead != NULL && !fi->direct_io && !open_file->mode_counted)
+        open_file->ahead = ckptfs_readahead_open(ctx->readahead, plan, files, open_file->reader, ino);
     if (refusal != NULL) {
         ckptfs_fuse_log(ctx, "%s", refusal);
         g_free(refusal);
@@ -394,8 +400,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     GError *error = NULL;
     int64_t n = ckptfs_plan_read_mapped(open_file->plan, files, open_file->reader, buf, size, (uint64_t)off,
                                         &refs, &error);
-    if (n > 0)
+    if (n > 0) {
         prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
+        if (open_file->ahead != NULL)
+            ckptfs_readahead_note(open_file->ahead, (uint64_t)off, (uint64_t)n);
+    }
     if (n < 0)
         reply_failure(req, -EIO, error);
     else if (ring != NULL) /* the mapped pieces copied into their places: the reply is the ring's buffer */

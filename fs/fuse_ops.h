@@ -24,6 +24,7 @@ typedef struct {
     gint read_ahead_raised;
     struct CkptfsPassthrough *passthrough; /* -o passthrough (passthrough.h), else NULL */
     CkptfsLeaseWatch *leases; /* -o mapped_reads once started, else NULL */
+    struct CkptfsReadahead *readahead; /* -o readahead once started (fs/readahead.h), else NULL */
     struct CkptfsTransport *transport; /* /dev/fuse or io_uring (transport.h) */
     /* The files open now (their handles, under open_lock): a session that ends while files are
      * open (unmounted lazily, or stopped by a signal, while they are read) gets no release of

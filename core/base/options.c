@@ -183,6 +183,19 @@ static bool opt_mapped_reads(CkptfsOptions *o, const char *key, const char *valu
     return parse_switch(key, value, &o->mapped_reads, error);
 }
 
+static bool opt_readahead(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    if (strcmp(value, "off") == 0 || strcmp(value, "0") == 0) {
+        o->readahead = 0;
+        return true;
+    }
+    if (!parse_size_option(key, value, &o->readahead, error))
+        return false;
+    if (o->readahead > CKPTFS_PREFETCH_MAX)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "option readahead=%s: at most 64G", value);
+    return true;
+}
+
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     return parse_switch(key, value, &o->mtp, error);
@@ -314,6 +327,10 @@ static const struct {
      "on|off: replies copied straight from the source's cached pages (a mapping guarded\n"
      "                           by a read lease) instead of read into the daemon first, where the\n"
      "                           source is on a local file system the daemon may lease (default on)"},
+    {"readahead", opt_readahead,
+     "SIZE|off: files read through the mount's page cache get the chunks ahead of a\n"
+     "                           sequential reader built on worker threads and stored there, at\n"
+     "                           most SIZE ahead of all readers together (default off)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

@@ -25,6 +25,8 @@ typedef struct {
     bool direct_io;         /* files their loaders stream (CKPTFS_HINT_STREAMED) bypass the
                                mount's page cache */
     bool mapped_reads;      /* replies from leased mappings of source files (srcfiles.h) */
+    uint64_t readahead;     /* bytes pushed into the mount's page cache ahead of sequential readers
+                               of files read through it, all files together (readahead.h; 0: off) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */
