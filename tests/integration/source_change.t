@@ -5,7 +5,8 @@
 # bytes of a mount of an untouched copy, or fail: never new bytes, never old and new mixed.
 # Afterwards the files that read the shard fail, the log names it, and the other shard's hf/ file
 # still reads. With the defaults (mapped reads under a lease, direct I/O), without mapped reads,
-# through the mount's page cache, and from a packed copy (frames decoded on read). FUSE passthrough
+# through the mount's page cache, through it with chunks pushed ahead of the readers (readahead),
+# and from a packed copy (frames decoded on read). FUSE passthrough
 # (on by default where the build and kernel have it) is off: a file the kernel reads from the source
 # itself is checked at open only (passthrough.t).
 source "$(dirname "$0")/../lib/common.sh"
@@ -29,7 +30,7 @@ packed=$WORK/packed
 check "the model packed" "$CKPTFS" pack "$orig" "$packed"
 
 n=0
-for setting in "" mapped_reads=off direct_io=off packed; do
+for setting in "" mapped_reads=off direct_io=off direct_io=off,readahead=4M packed; do
   from=$orig opts=$setting
   [[ $setting == packed ]] && from=$packed opts=
   for mode in ${MODES:-inplace keep_mtime overwrite rename truncate}; do
@@ -58,6 +59,10 @@ for setting in "" mapped_reads=off direct_io=off packed; do
     ok $? "$what: the other shard's hf/ file still reads, unchanged"
     FG_PID=$pid fg_unmount "$mnt"
     ok $? "$what: unmounted"
+    if [[ $setting == *readahead* ]]; then # chunks were stored ahead of the readers during the race
+      grep -q "readahead: [1-9][0-9]* chunks pushed" "$log"
+      ok $? "$what: chunks were pushed ($(grep -m1 'readahead:' "$log" | head -c 120))"
+    fi
     rm -rf "$src"
   done
 done
