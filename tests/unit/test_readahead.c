@@ -190,7 +190,7 @@ static void test_random(const Fixture *fx, GRand *rng)
 {
     Cache c;
     cache_init(&c, fx);
-    CkptfsReadahead *ra = ckptfs_readahead_new(4u << 20, 64u << 20, 2, push, &c);
+    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     /* Seeks: each read far from the last (past the window and the slack), never at 0. */
     uint64_t last = fx->size / 2;
@@ -207,11 +207,20 @@ static void test_random(const Fixture *fx, GRand *rng)
     ckptfs_readahead_stats(ra, &st);
     tap_ok(st.chunks_pushed == 0 && st.peak_held == 0, "reads that jump about push nothing (%" G_GUINT64_FORMAT
        " chunks)", st.chunks_pushed);
-    /* A sequential run, then a seek away: what was queued for the old place is dropped. */
-    c.delay_us = 20000;
+    /* A sequential run, then a seek away while the workers are busy with its first chunks: what is
+     * still queued for the old place is dropped. */
+    c.hold = true;
     ckptfs_readahead_note(s, 4u << 20, MIB);
     ckptfs_readahead_note(s, 5u << 20, MIB);
+    g_mutex_lock(&c.lock);
+    while (!c.held)
+        g_cond_wait(&c.changed, &c.lock);
+    g_mutex_unlock(&c.lock);
     ckptfs_readahead_note(s, fx->size - PAGE, PAGE);
+    g_mutex_lock(&c.lock);
+    c.hold = false;
+    g_cond_broadcast(&c.changed);
+    g_mutex_unlock(&c.lock);
     settle(ra);
     ckptfs_readahead_stats(ra, &st);
     tap_ok(st.dropped > 0, "a seek drops the chunks queued for the old place (%" G_GUINT64_FORMAT " dropped, %"
@@ -279,6 +288,15 @@ static void test_cap(const Fixture *fx)
        total.chunks_pushed);
 }
 
+static gint closed;
+
+static gpointer close_stream(gpointer s)
+{
+    ckptfs_readahead_close(s);
+    g_atomic_int_set(&closed, 1);
+    return NULL;
+}
+
 /* Close while a chunk is being pushed: close returns only once that push is done; free with
  * chunks still queued returns at once, pushing none of them. */
 static void test_close_while_building(const Fixture *fx)
@@ -293,10 +311,10 @@ static void test_close_while_building(const Fixture *fx)
     while (!c.held)
         g_cond_wait(&c.changed, &c.lock);
     g_mutex_unlock(&c.lock);
-    GThread *closer = g_thread_new("close", (GThreadFunc)(void (*)(void))ckptfs_readahead_close, s);
+    GThread *closer = g_thread_new("close", close_stream, s);
     g_usleep(100000);
     g_mutex_lock(&c.lock);
-    bool waited = c.pushes == 0 && c.held;
+    bool waited = c.pushes == 0 && c.held && !g_atomic_int_get(&closed);
     c.hold = false;
     g_cond_broadcast(&c.changed);
     g_mutex_unlock(&c.lock);
