@@ -57,6 +57,8 @@ if ! command -v fusermount3 > /dev/null; then
 fi
 
 old_knob=""
+exec {knob_lock}> /tmp/ckptfs-enable_uring.lock
+flock -w 60 "$knob_lock" || die "another run holds $KNOB"
 if [[ -e $KNOB ]]; then
   old_knob=$(cat "$KNOB")
   trap 'echo "$old_knob" > "$KNOB"' EXIT

@@ -56,6 +56,9 @@ case $READ_SIZE in *M) CHUNK=$((${READ_SIZE%M} << 20)) ;; *K) CHUNK=$((${READ_SI
 # now_us, find_daemon, unmount, bench_start (mount point MNT, cleanup on exit)
 mkdir -p "$BENCH_DIR"
 source "$HERE/daemon.sh"
+# One user of the kernel's switch at a time (tests/integration/io_uring.t takes the same lock).
+exec {knob_lock}> /tmp/ckptfs-enable_uring.lock
+flock -w 900 "$knob_lock" || die "another test or benchmark held $KNOB for 15 minutes"
 OLD_KNOB=$(cat "$KNOB")
 bench_stop() { echo "$OLD_KNOB" > "$KNOB"; }
 bench_start "$BENCH_DIR/transport-run.XXXXXX"

@@ -103,7 +103,8 @@ if [[ -n $ckptfs_dir ]]; then
   # outside the system's directories).
   PKG_CONFIG_PATH=$prefix/lib/pkgconfig "$top/scripts/build.sh" "$ckptfs_dir" "$@" > /dev/null
   [[ $ckptfs_dir == /* ]] || ckptfs_dir=$top/$ckptfs_dir
-  ldd "$ckptfs_dir/ckptfs" | grep -q "$prefix/lib/libfuse3" ||
-    die "$ckptfs_dir/ckptfs is not linked against $prefix/lib/libfuse3"
+  linked=$(ldd "$ckptfs_dir/ckptfs" 2>&1 | grep libfuse3 || true)
+  [[ $linked == *"$prefix/lib/libfuse3"* ]] ||
+    die "$ckptfs_dir/ckptfs is not linked against $prefix/lib/libfuse3 (ldd: ${linked:-no libfuse3})"
 fi
 echo "$prefix"

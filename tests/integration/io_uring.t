@@ -30,6 +30,9 @@ else
 fi
 [[ -n $U ]] || skip_all "no ckptfs with libfuse 3.18 and io_uring: $(echo "$out" | tail -n 2 | tr '\n' ' ')"
 
+# One user of the kernel's switch at a time (bench/transport_bench.sh takes the same lock).
+exec {knob_lock}> /tmp/ckptfs-enable_uring.lock
+flock -w 900 "$knob_lock" || skip_all "another test or benchmark held $knob for 15 minutes"
 old_knob=$(cat "$knob")
 trap 'echo "$old_knob" > "$knob"; _cleanup' EXIT
 check "--version says the build speaks FUSE over io_uring" bash -c "'$U' --version | grep -q 'FUSE over io_uring: yes'"
