@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
 #include "ckptfs/layout.h"
 #include "ckptfs/mount.h"
 #include "ckptfs/pack.h"
+#include "ckptfs/schema.h"
 #include "ckptfs/verl_run.h"
 
 #define COPY_CHUNK (4u << 20)
@@ -111,31 +113,46 @@ static int report(const char *cmd, int rc, GError *error, const char *what)
 
 static const char *config_string(JsonObject *config, const char *key)
 {
-    JsonNode *n = config ? json_object_get_member(config, key) : NULL;
-    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING)
-        return json_node_get_string(n);
-    return NULL;
+    return config ? ckptfs_json_member_string(config, key) : NULL;
 }
 
 static const char *config_architecture(JsonObject *config)
 {
-    JsonNode *n = config ? json_object_get_member(config, "architectures") : NULL;
-    if (n && JSON_NODE_HOLDS_ARRAY(n) && json_array_get_length(json_node_get_array(n)) > 0) {
-        JsonNode *first = json_array_get_element(json_node_get_array(n), 0);
-        if (JSON_NODE_HOLDS_VALUE(first) && json_node_get_value_type(first) == G_TYPE_STRING)
-            return json_node_get_string(first);
-    }
-    return NULL;
+    return config ? ckptfs_schema_config_architecture(config) : NULL;
 }
 
 static bool config_int(JsonObject *config, const char *key, gint64 *out)
 {
-    JsonNode *n = config ? json_object_get_member(config, key) : NULL;
-    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64) {
-        *out = json_node_get_int(n);
-        return true;
-    }
-    return false;
+    return config && ckptfs_json_member_int(config, key, out) == CKPTFS_JSON_FOUND;
+}
+
+/* Every field of the schema that changes what the model computes, with the value the views use. */
+static char *math_fields_text(const CkptfsModel *m)
+{
+    size_t n = 0;
+    const CkptfsModelField *fields = ckptfs_schema_fields(&n);
+    GString *text = g_string_new(NULL);
+    for (size_t i = 0; i < n; i++)
+        if ((fields[i].flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(&fields[i], m)) {
+            g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
+            g_string_append_printf(text, "%s%s=%s", text->len ? " " : "", fields[i].field, v);
+        }
+    return g_string_free(text, FALSE);
+}
+
+static void math_fields_json(JsonBuilder *b, const CkptfsModel *m)
+{
+    size_t n = 0;
+    const CkptfsModelField *fields = ckptfs_schema_fields(&n);
+    json_builder_set_member_name(b, "math");
+    json_builder_begin_object(b);
+    for (size_t i = 0; i < n; i++)
+        if ((fields[i].flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(&fields[i], m)) {
+            g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
+            json_builder_set_member_name(b, fields[i].field);
+            json_builder_add_string_value(b, v);
+        }
+    json_builder_end_object(b);
 }
 
 static const char *const model_fields[] = {"num_hidden_layers", "hidden_size",
@@ -313,6 +330,8 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, mount->model->arch->model_type);
     else
         json_builder_add_null_value(b);
+    if (mount->model)
+        math_fields_json(b, mount->model);
     if (mount->model && mount->model->mla) {
         const CkptfsModel *m = mount->model;
         json_builder_set_member_name(b, "mla");
@@ -679,6 +698,8 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
                m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
                m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
+        g_autofree char *math = math_fields_text(m);
+        printf("math:         %s\n", math);
         if (m->mla)
         {
             g_autofree char *q = m->q_lora ? g_strdup_printf("%" G_GUINT64_FORMAT, m->q_lora) : g_strdup("none (q_proj)");

@@ -451,3 +451,87 @@ void ckptfs_json_cursor_skip(CkptfsJsonCursor *c)
         s.p = s.end;
     c->p = s.p;
 }
+
+JsonNode *ckptfs_json_member(JsonObject *object, const char *path)
+{
+    const char *dot = object ? strchr(path, '.') : NULL;
+    if (object == NULL)
+        return NULL;
+    if (dot == NULL)
+        return json_object_get_member(object, path);
+    g_autofree char *parent_name = g_strndup(path, (gsize)(dot - path));
+    JsonNode *parent = json_object_get_member(object, parent_name);
+    if (parent == NULL || !JSON_NODE_HOLDS_OBJECT(parent))
+        return NULL;
+    return ckptfs_json_member(json_node_get_object(parent), dot + 1);
+}
+
+/* The value node at PATH with its type, or ABSENT / WRONG_TYPE. */
+static CkptfsJsonMember member_value(JsonObject *object, const char *path, JsonNode **out, GType *type)
+{
+    JsonNode *n = ckptfs_json_member(object, path);
+    if (n == NULL || JSON_NODE_HOLDS_NULL(n))
+        return CKPTFS_JSON_ABSENT;
+    if (!JSON_NODE_HOLDS_VALUE(n))
+        return CKPTFS_JSON_WRONG_TYPE;
+    *out = n;
+    *type = json_node_get_value_type(n);
+    return CKPTFS_JSON_FOUND;
+}
+
+CkptfsJsonMember ckptfs_json_member_int(JsonObject *object, const char *path, gint64 *out)
+{
+    JsonNode *n;
+    GType t;
+    CkptfsJsonMember found = member_value(object, path, &n, &t);
+    if (found != CKPTFS_JSON_FOUND)
+        return found;
+    if (t != G_TYPE_INT64)
+        return CKPTFS_JSON_WRONG_TYPE;
+    *out = json_node_get_int(n);
+    return CKPTFS_JSON_FOUND;
+}
+
+CkptfsJsonMember ckptfs_json_member_number(JsonObject *object, const char *path, double *out)
+{
+    JsonNode *n;
+    GType t;
+    CkptfsJsonMember found = member_value(object, path, &n, &t);
+    if (found != CKPTFS_JSON_FOUND)
+        return found;
+    if (t == G_TYPE_INT64)
+        *out = (double)json_node_get_int(n);
+    else if (t == G_TYPE_DOUBLE)
+        *out = json_node_get_double(n);
+    else
+        return CKPTFS_JSON_WRONG_TYPE;
+    return CKPTFS_JSON_FOUND;
+}
+
+CkptfsJsonMember ckptfs_json_member_bool(JsonObject *object, const char *path, bool *out)
+{
+    JsonNode *n;
+    GType t;
+    CkptfsJsonMember found = member_value(object, path, &n, &t);
+    if (found != CKPTFS_JSON_FOUND)
+        return found;
+    if (t != G_TYPE_BOOLEAN)
+        return CKPTFS_JSON_WRONG_TYPE;
+    *out = json_node_get_boolean(n);
+    return CKPTFS_JSON_FOUND;
+}
+
+const char *ckptfs_json_member_string(JsonObject *object, const char *path)
+{
+    JsonNode *n;
+    GType t;
+    if (member_value(object, path, &n, &t) != CKPTFS_JSON_FOUND || t != G_TYPE_STRING)
+        return NULL;
+    return json_node_get_string(n);
+}
+
+JsonObject *ckptfs_json_member_object(JsonObject *object, const char *path)
+{
+    JsonNode *n = ckptfs_json_member(object, path);
+    return n && JSON_NODE_HOLDS_OBJECT(n) ? json_node_get_object(n) : NULL;
+}

@@ -3,8 +3,10 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/mcore.h"
+#include "ckptfs/schema.h"
 
 static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true};
 static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
@@ -18,21 +20,22 @@ static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_interme
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true};
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false};
-static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false};
-static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false};
-static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false};
-static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0};
+static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false, 0, 0};
+static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false, 0, 0};
+static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false, 0, 0};
+static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false,
+                                        0, 1e-5};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
-                                           &ckptfs_family_mixtral, &mixtral_moe, false};
+                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5};
 static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
-                                             &ckptfs_family_qwen_moe, &qwen2_moe_config, false};
+                                             &ckptfs_family_qwen_moe, &qwen2_moe_config, false, 0, 0};
 static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
-                                             &ckptfs_family_qwen_moe, &qwen3_moe_config, false};
+                                             &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 0, 0};
 static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true};
+                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0};
 static const CkptfsArchitecture deepseek_v2 = {"DeepseekV2ForCausalLM", "deepseek_v2", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true};
+                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, NULL};
@@ -112,68 +115,44 @@ char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
         return false;                                                                         \
     } while (0)
 
-static bool get_uint(JsonObject *config, const char *key, bool required, uint64_t fallback,
-                     uint64_t *out, GError **error)
+/* A count that may be absent, null or 0 (all three: none), else a positive integer; FALLBACK
+ * when absent. */
+static bool get_count(JsonObject *config, const char *key, uint64_t fallback, uint64_t *out, GError **error)
 {
-    JsonNode *n = json_object_get_member(config, key);
-    if (n == NULL || JSON_NODE_HOLDS_NULL(n)) {
-        if (required)
-            CONFIG_ERROR("missing \"%s\", which the Megatron views need", key);
-        *out = fallback;
-        return true;
-    }
-    if (!JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64 ||
-        json_node_get_int(n) <= 0)
+    gint64 v = 0;
+    CkptfsJsonMember got = ckptfs_json_member_int(config, key, &v);
+    if (got == CKPTFS_JSON_WRONG_TYPE || (got == CKPTFS_JSON_FOUND && v < 0))
         CONFIG_ERROR("\"%s\" is not a positive integer", key);
-    *out = (uint64_t)json_node_get_int(n);
+    *out = got == CKPTFS_JSON_FOUND ? (uint64_t)v : fallback;
     return true;
 }
 
-/* A count that may be absent, null or 0 (all three: none), else a positive integer. */
-static bool get_count(JsonObject *config, const char *key, uint64_t *out, GError **error)
+/* A positive integer, FALLBACK when absent or null. */
+static bool get_uint(JsonObject *config, const char *key, uint64_t fallback, uint64_t *out, GError **error)
 {
-    JsonNode *n = json_object_get_member(config, key);
-    *out = 0;
-    if (n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 && json_node_get_int(n) == 0)
-        return true;
-    return get_uint(config, key, false, 0, out, error);
+    if (!get_count(config, key, fallback, out, error))
+        return false;
+    if (*out == 0)
+        CONFIG_ERROR("\"%s\" is not a positive integer", key);
+    return true;
 }
 
 static double get_double(JsonObject *config, const char *key, double fallback)
 {
-    JsonNode *n = json_object_get_member(config, key);
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n))
-        return fallback;
-    GType t = json_node_get_value_type(n);
-    if (t == G_TYPE_DOUBLE)
-        return json_node_get_double(n);
-    if (t == G_TYPE_INT64)
-        return (double)json_node_get_int(n);
-    return fallback;
+    double v = fallback;
+    return ckptfs_json_member_number(config, key, &v) == CKPTFS_JSON_FOUND ? v : fallback;
 }
 
 static bool get_bool(JsonObject *config, const char *key, bool fallback)
 {
-    JsonNode *n = json_object_get_member(config, key);
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_BOOLEAN)
-        return fallback;
-    return json_node_get_boolean(n);
+    bool v = fallback;
+    return ckptfs_json_member_bool(config, key, &v) == CKPTFS_JSON_FOUND ? v : fallback;
 }
 
 static const CkptfsArchitecture *find_architecture(JsonObject *config, GError **error)
 {
-    JsonNode *n = json_object_get_member(config, "architectures");
-    const char *name = NULL;
-    if (n && JSON_NODE_HOLDS_ARRAY(n) && json_array_get_length(json_node_get_array(n)) > 0) {
-        JsonNode *first = json_array_get_element(json_node_get_array(n), 0);
-        if (JSON_NODE_HOLDS_VALUE(first) && json_node_get_value_type(first) == G_TYPE_STRING)
-            name = json_node_get_string(first);
-    }
-    JsonNode *mt = json_object_get_member(config, "model_type");
-    const char *model_type = mt && JSON_NODE_HOLDS_VALUE(mt) &&
-                                     json_node_get_value_type(mt) == G_TYPE_STRING
-                                 ? json_node_get_string(mt)
-                                 : NULL;
+    const char *name = ckptfs_schema_config_architecture(config);
+    const char *model_type = ckptfs_json_member_string(config, "model_type");
     for (const CkptfsArchitecture *const *a = architectures; *a; a++)
         if ((name && strcmp(name, (*a)->hf_architecture) == 0) ||
             (!name && model_type && strcmp(model_type, (*a)->model_type) == 0))
@@ -307,10 +286,8 @@ static const char *const unsupported_moe_fields[] = {
 
 static const char *get_string(JsonObject *config, const char *key, const char *fallback)
 {
-    JsonNode *n = json_object_get_member(config, key);
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_STRING)
-        return fallback;
-    return json_node_get_string(n);
+    const char *v = ckptfs_json_member_string(config, key);
+    return v ? v : fallback;
 }
 
 /* DeepSeek's routing (modeling_deepseek.py's MoEGate) as Megatron's router arguments: V3
@@ -353,8 +330,7 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
     if (!moe->sigmoid_routing)
         return true;
     uint64_t groups = 1, group_topk = 1;
-    if (!get_uint(config, "n_group", false, 1, &groups, error) ||
-        !get_uint(config, "topk_group", false, 1, &group_topk, error))
+    if (!get_uint(config, "n_group", 1, &groups, error) || !get_uint(config, "topk_group", 1, &group_topk, error))
         return false;
     if (groups > model->experts || model->experts % groups != 0 || group_topk > groups)
         CONFIG_ERROR("n_group %" G_GUINT64_FORMAT " with topk_group %" G_GUINT64_FORMAT
@@ -378,8 +354,8 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
 static bool read_dense_first(JsonObject *config, CkptfsModel *model, GError **error)
 {
     uint64_t first_dense = 0, freq = 1;
-    if (!get_count(config, "first_k_dense_replace", &first_dense, error) ||
-        !get_uint(config, "moe_layer_freq", false, 1, &freq, error))
+    if (!get_count(config, "first_k_dense_replace", 0, &first_dense, error) ||
+        !get_uint(config, "moe_layer_freq", 1, &freq, error))
         return false;
     if (first_dense >= model->layers)
         CONFIG_ERROR("first_k_dense_replace %" G_GUINT64_FORMAT " leaves no MoE layer of %" G_GUINT64_FORMAT,
@@ -398,13 +374,9 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
         if (json_object_has_member(config, *f))
             CONFIG_ERROR("\"%s\" is set: %s routing with it is not supported", *f,
                          model->arch->hf_architecture);
-    if (!get_uint(config, moe->experts_key, true, 0, &model->experts, error) ||
-        !get_uint(config, "num_experts_per_tok", true, 0, &model->topk, error) ||
-        !get_uint(config, moe->ffn_key, true, 0, &model->moe_ffn, error))
-        return false;
     const char *shared_key = moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key;
     if (shared_key) {
-        if (!get_count(config, shared_key, &model->shared_ffn, error))
+        if (!get_count(config, shared_key, 0, &model->shared_ffn, error))
             return false;
         if (moe->shared_count_key && model->shared_ffn > 0) {
             if (model->shared_ffn > 4096)
@@ -422,12 +394,12 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
     if (!moe->dense_layers)
         return true;
     uint64_t step = 1;
-    if (!get_uint(config, "decoder_sparse_step", false, 1, &step, error))
+    if (!get_uint(config, "decoder_sparse_step", 1, &step, error))
         return false;
     for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
         if ((l + 1) % step != 0)
             ckptfs_model_set_dense_layer(model, l);
-    JsonNode *only = json_object_get_member(config, "mlp_only_layers");
+    JsonNode *only = ckptfs_json_member(config, "mlp_only_layers");
     if (only == NULL || JSON_NODE_HOLDS_NULL(only))
         return true;
     if (!JSON_NODE_HOLDS_ARRAY(only))
@@ -444,16 +416,9 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
     return true;
 }
 
-/* Multi-head latent attention sizes (DeepSeek-V2/V3); q_lora_rank null means a plain q_proj. */
-static bool read_mla(JsonObject *config, CkptfsModel *model, GError **error)
+/* Multi-head latent attention: what its sizes must satisfy (read with the schema). */
+static bool check_mla(const CkptfsModel *model, GError **error)
 {
-    model->mla = true;
-    if (!get_uint(config, "q_lora_rank", false, 0, &model->q_lora, error) ||
-        !get_uint(config, "kv_lora_rank", true, 0, &model->kv_lora, error) ||
-        !get_uint(config, "qk_nope_head_dim", true, 0, &model->qk_head_dim, error) ||
-        !get_uint(config, "qk_rope_head_dim", true, 0, &model->qk_rope_dim, error) ||
-        !get_uint(config, "v_head_dim", true, 0, &model->v_head_dim, error))
-        return false;
     if (model->qk_rope_dim % 2 != 0)
         CONFIG_ERROR("qk_rope_head_dim %" G_GUINT64_FORMAT " is odd: rotary halves need an even width",
                      model->qk_rope_dim);
@@ -461,28 +426,30 @@ static bool read_mla(JsonObject *config, CkptfsModel *model, GError **error)
         CONFIG_ERROR("num_key_value_heads %" G_GUINT64_FORMAT " differs from num_attention_heads %" G_GUINT64_FORMAT
                      ": multi-latent attention has a key and value per head",
                      model->kv_heads, model->heads);
-    /* What Megatron's kv_channels means for MLA: the width linear_proj reads per head. */
-    model->head_dim = model->v_head_dim;
     return true;
 }
 
-/* YaRN rope scaling as DeepSeek-V3 configures it. */
-static bool read_yarn(JsonObject *scaling, CkptfsModel *model, GError **error)
+bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
 {
-    model->yarn_factor = get_double(scaling, "factor", 1.0);
-    model->yarn_mscale = get_double(scaling, "mscale", 1.0);
-    model->yarn_mscale_all_dim = get_double(scaling, "mscale_all_dim", 0.0);
-    model->yarn_beta_fast = get_double(scaling, "beta_fast", 32.0);
-    model->yarn_beta_slow = get_double(scaling, "beta_slow", 1.0);
-    if (!(model->yarn_factor >= 1.0 && model->yarn_factor < 1e6))
-        CONFIG_ERROR("rope_scaling factor is not a number from 1");
-    if (!get_uint(scaling, "original_max_position_embeddings", false, 4096, &model->yarn_original_positions, error))
+    model->mla = model->arch && model->arch->mla;
+    if (!ckptfs_schema_read_config(config, model, error))
         return false;
-    /* Megatron has no arguments for these: its MLA config's defaults are what it uses. */
-    if (model->yarn_beta_fast != 32.0 || model->yarn_beta_slow != 1.0 || model->yarn_original_positions != 4096)
-        CONFIG_ERROR("rope_scaling yarn with beta_fast %g, beta_slow %g, original_max_position_embeddings %"
-                     G_GUINT64_FORMAT ": Megatron takes 32, 1 and 4096 (it has no arguments for them)",
-                     model->yarn_beta_fast, model->yarn_beta_slow, model->yarn_original_positions);
+    if (model->mla && !check_mla(model, error))
+        return false;
+    gint64 given = 0;
+    if (!model->mla && model->hidden % model->heads != 0 &&
+        ckptfs_json_member_int(config, "head_dim", &given) != CKPTFS_JSON_FOUND)
+        CONFIG_ERROR("hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_attention_heads %"
+                     G_GUINT64_FORMAT " and no head_dim is given",
+                     model->hidden, model->heads);
+    if (model->heads % model->kv_heads != 0)
+        CONFIG_ERROR("num_attention_heads %" G_GUINT64_FORMAT
+                     " is not a multiple of num_key_value_heads %" G_GUINT64_FORMAT,
+                     model->heads, model->kv_heads);
+    /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
+     * with the experts' sizes. */
+    if (model->arch && model->arch->moe && !ckptfs_model_read_moe(config, model, error))
+        return false;
     return true;
 }
 
@@ -500,61 +467,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
     model->arch = find_architecture(config, error);
     if (model->arch == NULL)
         return false;
-    if (!get_uint(config, "num_hidden_layers", true, 0, &model->layers, error) ||
-        !get_uint(config, "hidden_size", true, 0, &model->hidden, error) ||
-        !get_uint(config, "num_attention_heads", true, 0, &model->heads, error) ||
-        !get_uint(config, "num_key_value_heads", false, model->heads, &model->kv_heads, error) ||
-        !get_uint(config, "intermediate_size", true, 0, &model->ffn, error) ||
-        !get_uint(config, "vocab_size", true, 0, &model->vocab, error) ||
-        !get_uint(config, "max_position_embeddings", false, 4096, &model->max_positions, error))
-        return false;
-    if (model->arch->mla && !read_mla(config, model, error))
-        return false;
-    if (!model->arch->mla && model->hidden % model->heads != 0 && json_object_get_member(config, "head_dim") == NULL)
-        CONFIG_ERROR("hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_attention_heads %"
-                     G_GUINT64_FORMAT " and no head_dim is given",
-                     model->hidden, model->heads);
-    if (!model->arch->mla &&
-        !get_uint(config, "head_dim", false, model->hidden / model->heads, &model->head_dim, error))
-        return false;
-    if (model->heads % model->kv_heads != 0)
-        CONFIG_ERROR("num_attention_heads %" G_GUINT64_FORMAT
-                     " is not a multiple of num_key_value_heads %" G_GUINT64_FORMAT,
-                     model->heads, model->kv_heads);
-    JsonNode *act = json_object_get_member(config, "hidden_act");
-    if (act && JSON_NODE_HOLDS_VALUE(act) && json_node_get_value_type(act) == G_TYPE_STRING &&
-        strcmp(json_node_get_string(act), "silu") != 0)
-        CONFIG_ERROR("hidden_act \"%s\" is not supported (SwiGLU models use silu)",
-                     json_node_get_string(act));
-    model->tied_embeddings = get_bool(config, "tie_word_embeddings", false);
-    model->qkv_bias = model->arch->qkv_bias || get_bool(config, "attention_bias", false);
-    model->qk_norm = model->arch->qk_norm;
-    model->rope_theta = get_double(config, "rope_theta", 10000.0);
-    model->norm_eps = get_double(config, "rms_norm_eps", 1e-6);
-    JsonNode *scaling = json_object_get_member(config, "rope_scaling");
-    if (scaling && JSON_NODE_HOLDS_OBJECT(scaling)) {
-        JsonObject *s = json_node_get_object(scaling);
-        JsonNode *type = json_object_get_member(s, "rope_type");
-        if (type == NULL)
-            type = json_object_get_member(s, "type");
-        const char *type_name = type && JSON_NODE_HOLDS_VALUE(type) &&
-                                        json_node_get_value_type(type) == G_TYPE_STRING
-                                    ? json_node_get_string(type)
-                                    : "";
-        bool yarn = model->arch->mla && strcmp(type_name, "yarn") == 0;
-        if (strcmp(type_name, "llama3") != 0 && strcmp(type_name, "default") != 0 && !yarn)
-            CONFIG_ERROR("rope_scaling type \"%s\" is not supported (llama3 is; yarn for MLA models)", type_name);
-        if (strcmp(type_name, "llama3") == 0)
-            model->rope_scaling_factor = get_double(s, "factor", 8.0);
-        if (yarn && !read_yarn(s, model, error))
-            return false;
-    }
-
-    if (!get_count(config, "num_nextn_predict_layers", &model->mtp_layers, error))
-        return false;
-    /* Reading the experts touches at most CKPTFS_MAX_LAYERS layers: limits are checked once,
-     * with the experts' sizes. */
-    if (model->arch->moe && !ckptfs_model_read_moe(config, model, error))
+    if (!ckptfs_model_read_config(config, model, error))
         return false;
     if (!ckptfs_model_check_limits(model, "config.json", error))
         return false;

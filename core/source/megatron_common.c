@@ -9,6 +9,7 @@
 #include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/readfile.h"
+#include "ckptfs/schema.h"
 #include "ckptfs/units.h"
 #include "source_internal.h"
 
@@ -98,29 +99,6 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
     return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
 }
 
-/* Members of a given config.json, type-checked: json-glib's getters log a critical and give 0
- * or NULL for a member of another type. Missing or null reads as FALLBACK, an integer that is
- * not one as -1. */
-static gint64 config_int(JsonObject *c, const char *key, gint64 fallback)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    if (n == NULL || JSON_NODE_HOLDS_NULL(n))
-        return fallback;
-    return JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_INT64 ? json_node_get_int(n) : -1;
-}
-
-static bool config_bool(JsonObject *c, const char *key)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN && json_node_get_boolean(n);
-}
-
-static const char *config_string(JsonObject *c, const char *key)
-{
-    JsonNode *n = json_object_get_member(c, key);
-    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING ? json_node_get_string(n) : "";
-}
-
 /* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first
  * with its features. */
 static bool pick_architecture(const char *named, const char *what, CkptfsModel *m, GError **error)
@@ -206,21 +184,17 @@ static bool read_routing(const CkptfsPy *args, const char *path, CkptfsModel *s,
 /* The experts from args: sizes, routing, the shared expert, which layers are MoE. */
 static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
 {
-    const CkptfsPy *n = arg(args, "num_experts");
-    if (n == NULL || n->kind == CKPTFS_PY_NONE)
+    if (s->experts == 0)
         return true;
-    if (!arg_uint(args, path, "num_experts", &s->experts, error) || !read_routing(args, path, s, error))
+    if (!read_routing(args, path, s, error))
         return false;
-    s->topk = arg_uint_or(args, "moe_router_topk", 2);
-    s->moe_ffn = arg_uint_or(args, "moe_ffn_hidden_size", s->ffn);
     s->shared_ffn = arg_uint_or(args, "moe_shared_expert_intermediate_size", 0);
     s->shared_gate = s->shared_ffn > 0 && arg_bool(args, "moe_shared_expert_gate");
     s->renormalize = !arg_bool(args, "moe_router_pre_softmax");
-    if (s->experts > CKPTFS_MAX_EXPERTS || s->topk > s->experts) {
+    if (s->topk > s->experts) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: args.num_experts %" G_GUINT64_FORMAT " with moe_router_topk %" G_GUINT64_FORMAT
-                    " (at most %u experts, top-k at most their number)", path, s->experts, s->topk,
-                    CKPTFS_MAX_EXPERTS);
+                    " (top-k at most their number)", path, s->experts, s->topk);
         return false;
     }
     /* moe_layer_freq: every N-th layer (from layer 0), or a 0/1 pattern of every layer. */
@@ -281,9 +255,8 @@ static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
 {
     s->mtp_layers = arg_uint_or(args, "mtp_num_layers", 0);
     s->mtp = s->mtp_layers > 0; /* what the files hold */
-    if (!arg_bool(args, "multi_latent_attention"))
+    if (!s->mla)
         return true;
-    s->mla = true;
     /* What DeepSeek's config.json can say: shared experts as a count of expert-sized MLPs, dense
      * layers as the first k and then every f-th MoE. */
     if (s->experts && s->shared_ffn % s->moe_ffn != 0)
@@ -294,22 +267,6 @@ static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.moe_layer_freq: MoE layers that are not the "
                            "first k dense layers then every f-th, which DeepSeek's first_k_dense_replace and "
                            "moe_layer_freq say", path);
-    s->q_lora = arg_uint_or(args, "q_lora_rank", 0);
-    if (!arg_uint(args, path, "kv_lora_rank", &s->kv_lora, error) ||
-        !arg_uint(args, path, "qk_head_dim", &s->qk_head_dim, error) ||
-        !arg_uint(args, path, "qk_pos_emb_head_dim", &s->qk_rope_dim, error) ||
-        !arg_uint(args, path, "v_head_dim", &s->v_head_dim, error))
-        return false;
-    const char *rope = ckptfs_py_str(arg(args, "rope_type"));
-    /* Megatron's MLA takes YaRN unless told rope */
-    if (rope == NULL || strcmp(rope, "yarn") == 0) {
-        s->yarn_factor = arg_double(args, "rotary_scaling_factor", 1.0);
-        s->yarn_mscale = arg_double(args, "mscale", 1.0);
-        s->yarn_mscale_all_dim = arg_double(args, "mscale_all_dim", 0.0);
-        s->yarn_beta_fast = arg_double(args, "beta_fast", 32.0);
-        s->yarn_beta_slow = arg_double(args, "beta_slow", 1.0);
-        s->yarn_original_positions = arg_uint_or(args, "original_max_position_embeddings", 4096);
-    }
     return true;
 }
 
@@ -320,36 +277,20 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     memset(out, 0, sizeof *out);
     CkptfsModel *s = &out->model;
     uint64_t tp = 0, pp = 0;
-    if (!arg_uint(args, path, "num_layers", &s->layers, error) ||
-        !arg_uint(args, path, "hidden_size", &s->hidden, error) ||
-        !arg_uint(args, path, "num_attention_heads", &s->heads, error) ||
-        !arg_uint(args, path, "ffn_hidden_size", &s->ffn, error) ||
+    if (!ckptfs_schema_read_args(args, path, s, error) ||
         !arg_uint(args, path, "padded_vocab_size", &out->padded_vocab, error) ||
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
         !arg_uint(args, path, "pipeline_model_parallel_size", &pp, error))
         return false;
+    if (s->vocab == 0)
+        s->vocab = out->padded_vocab;
     if (!moe_from_args(args, path, s, error) || !mla_from_args(args, path, s, error))
         return false;
-    if (!arg_bool(args, "swiglu")) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: args.swiglu is not true; only SwiGLU models are supported", path);
-        return false;
-    }
-    s->kv_heads = arg_bool(args, "group_query_attention") ? arg_uint_or(args, "num_query_groups", s->heads) : s->heads;
-    s->head_dim = s->mla ? s->v_head_dim : arg_uint_or(args, "kv_channels", s->hidden / s->heads);
-    s->vocab = arg_uint_or(args, "vocab_size", out->padded_vocab);
-    s->tied_embeddings = !arg_bool(args, "untie_embeddings_and_output_weights");
-    s->qkv_bias = arg_bool(args, "add_qkv_bias");
-    s->qk_norm = arg_bool(args, "qk_layernorm");
-    s->max_positions = arg_uint_or(args, "max_position_embeddings", 4096);
-    s->norm_eps = arg_double(args, "layernorm_epsilon", arg_double(args, "norm_epsilon", 1e-5));
-    s->rope_theta = arg_double(args, "rotary_base", 10000);
-    s->rope_scaling_factor = arg_bool(args, "use_rope_scaling") ? arg_double(args, "rope_scaling_factor", 8.0) : 0;
     /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
      * checkpoint (-o hf_config / hf_extra), else the features. */
     const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
-    if (named == NULL && given_config != NULL && *config_string(given_config, "model_type"))
-        named = config_string(given_config, "model_type");
+    if (named == NULL && given_config != NULL)
+        named = ckptfs_json_member_string(given_config, "model_type");
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error))
         return false;
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
@@ -372,33 +313,9 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
                     "-o hf_extra=DIR", what);
         return false;
     }
-    const char *need[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"};
-    for (size_t i = 0; i < G_N_ELEMENTS(need); i++)
-        if (config_int(c, need[i], 0) <= 0) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                        "config.json: \"%s\" is missing or not positive (needed for %s without args)",
-                        need[i], what);
-            return false;
-        }
-    s->layers = (uint64_t)config_int(c, "num_hidden_layers", 0);
-    s->hidden = (uint64_t)config_int(c, "hidden_size", 0);
-    s->heads = (uint64_t)config_int(c, "num_attention_heads", 0);
-    s->ffn = (uint64_t)config_int(c, "intermediate_size", 0);
-    s->vocab = (uint64_t)config_int(c, "vocab_size", 0);
-    gint64 groups = config_int(c, "num_key_value_heads", (gint64)s->heads);
-    gint64 head_dim = config_int(c, "head_dim", (gint64)(s->hidden / s->heads));
-    s->kv_heads = groups > 0 ? (uint64_t)groups : 0;
-    s->head_dim = head_dim > 0 ? (uint64_t)head_dim : 0;
-    s->tied_embeddings = config_bool(c, "tie_word_embeddings");
-    s->qkv_bias = config_bool(c, "attention_bias");
-    if (s->kv_heads == 0 || s->head_dim == 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "config.json: num_key_value_heads and head_dim must be positive");
-        return false;
-    }
     /* The architecture the config names; its built-in features (Qwen2's biases, Qwen3's norms). */
-    const char *type = config_string(c, "model_type");
-    const CkptfsArchitecture *named = ckptfs_architecture_find(*type ? type : NULL, s);
+    const char *type = ckptfs_json_member_string(c, "model_type");
+    const CkptfsArchitecture *named = ckptfs_architecture_find(type, s);
     if (named && named->mla) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: %s: a Megatron checkpoint of an MLA model is read with its args (the MLA sizes "
@@ -406,9 +323,11 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
         return false;
     }
     s->arch = named;
-    if (named && named->moe && !ckptfs_model_read_moe(c, s, error))
+    if (!ckptfs_model_read_config(c, s, error)) {
+        g_prefix_error(error, "%s without args: ", what);
         return false;
-    return pick_architecture(*type ? type : NULL, "config.json", s, error);
+    }
+    return pick_architecture(type, "config.json", s, error);
 }
 
 char *ckptfs_megatron_describe(const CkptfsSource *source)
@@ -423,20 +342,9 @@ char *ckptfs_megatron_describe(const CkptfsSource *source)
  * check then says which layer differs). */
 static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
 {
-    if (m->q_lora)
-        json_object_set_int_member(c, "q_lora_rank", (gint64)m->q_lora);
-    else
-        json_object_set_null_member(c, "q_lora_rank");
-    json_object_set_int_member(c, "kv_lora_rank", (gint64)m->kv_lora);
-    json_object_set_int_member(c, "qk_nope_head_dim", (gint64)m->qk_head_dim);
-    json_object_set_int_member(c, "qk_rope_head_dim", (gint64)m->qk_rope_dim);
-    json_object_set_int_member(c, "v_head_dim", (gint64)m->v_head_dim);
     json_object_set_int_member(c, "num_nextn_predict_layers", (gint64)m->mtp_layers);
     if (m->experts == 0)
         return;
-    json_object_set_int_member(c, "n_routed_experts", (gint64)m->experts);
-    json_object_set_int_member(c, "num_experts_per_tok", (gint64)m->topk);
-    json_object_set_int_member(c, "moe_intermediate_size", (gint64)m->moe_ffn);
     json_object_set_int_member(c, "n_shared_experts",
                                m->moe_ffn ? (gint64)(m->shared_ffn / m->moe_ffn) : 0);
     uint64_t first_dense = 0, freq = 1;
@@ -460,29 +368,12 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     json_array_add_string_element(archs, m->arch->hf_architecture);
     json_object_set_array_member(c, "architectures", archs);
     json_object_set_string_member(c, "model_type", m->arch->model_type);
-    json_object_set_int_member(c, "hidden_size", (gint64)m->hidden);
-    json_object_set_int_member(c, "intermediate_size", (gint64)m->ffn);
-    json_object_set_int_member(c, "num_attention_heads", (gint64)m->heads);
-    json_object_set_int_member(c, "num_key_value_heads", (gint64)m->kv_heads);
-    json_object_set_int_member(c, "num_hidden_layers", (gint64)m->layers);
-    if (!m->mla)
-        json_object_set_int_member(c, "head_dim", (gint64)m->head_dim);
-    json_object_set_int_member(c, "vocab_size", (gint64)m->vocab);
-    json_object_set_int_member(c, "max_position_embeddings", (gint64)m->max_positions);
-    json_object_set_double_member(c, "rms_norm_eps", m->norm_eps);
-    json_object_set_double_member(c, "rope_theta", m->rope_theta);
-    json_object_set_boolean_member(c, "tie_word_embeddings", m->tied_embeddings);
-    if (m->qkv_bias && !m->arch->qkv_bias)
-        json_object_set_boolean_member(c, "attention_bias", true);
-    json_object_set_string_member(c, "hidden_act", "silu");
+    ckptfs_schema_write_config(m, c);
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
     if (m->mla)
         synthesize_deepseek(c, m);
     else if (m->arch->moe) {
         const CkptfsMoeConfig *moe = m->arch->moe;
-        json_object_set_int_member(c, moe->experts_key, (gint64)m->experts);
-        json_object_set_int_member(c, "num_experts_per_tok", (gint64)m->topk);
-        json_object_set_int_member(c, moe->ffn_key, (gint64)m->moe_ffn);
         if (moe->shared_ffn_key)
             json_object_set_int_member(c, moe->shared_ffn_key, (gint64)m->shared_ffn);
         if (!moe->always_renormalize)
@@ -495,23 +386,6 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
             json_object_set_int_member(c, "decoder_sparse_step", 1);
             json_object_set_array_member(c, "mlp_only_layers", dense);
         }
-    }
-    if (m->yarn_factor > 0) {
-        JsonObject *scaling = json_object_new();
-        json_object_set_string_member(scaling, "type", "yarn");
-        json_object_set_double_member(scaling, "factor", m->yarn_factor);
-        json_object_set_double_member(scaling, "mscale", m->yarn_mscale);
-        json_object_set_double_member(scaling, "mscale_all_dim", m->yarn_mscale_all_dim);
-        json_object_set_double_member(scaling, "beta_fast", m->yarn_beta_fast);
-        json_object_set_double_member(scaling, "beta_slow", m->yarn_beta_slow);
-        json_object_set_int_member(scaling, "original_max_position_embeddings", (gint64)m->yarn_original_positions);
-        json_object_set_object_member(c, "rope_scaling", scaling);
-    }
-    if (m->rope_scaling_factor > 0) {
-        JsonObject *scaling = json_object_new();
-        json_object_set_string_member(scaling, "rope_type", "llama3");
-        json_object_set_double_member(scaling, "factor", m->rope_scaling_factor);
-        json_object_set_object_member(c, "rope_scaling", scaling);
     }
     source->config = c;
 }

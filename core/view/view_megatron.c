@@ -6,6 +6,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/layout.h"
 #include "ckptfs/mcore.h"
+#include "ckptfs/schema.h"
 #include "ckptfs/torchsave.h"
 #include "ckptfs/value.h"
 #include "ckptfs/views.h"
@@ -236,9 +237,6 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
         ckptfs_value_set(a, "num_experts", ckptfs_value_none());
         return;
     }
-    ckptfs_value_set(a, "num_experts", ckptfs_value_int((int64_t)m->experts));
-    ckptfs_value_set(a, "moe_router_topk", ckptfs_value_int((int64_t)m->topk));
-    ckptfs_value_set(a, "moe_ffn_hidden_size", ckptfs_value_int((int64_t)m->moe_ffn));
     ckptfs_value_set(a, "moe_shared_expert_intermediate_size",
                      m->shared_ffn ? ckptfs_value_int((int64_t)m->shared_ffn) : ckptfs_value_none());
     ckptfs_value_set(a, "moe_shared_expert_gate", ckptfs_value_bool(m->shared_gate));
@@ -265,30 +263,6 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
     }
     /* Megatron requires sequence parallelism for MoE with tensor parallelism. */
     ckptfs_value_set(a, "sequence_parallel", ckptfs_value_bool(l->tp > 1));
-}
-
-/* Multi-head latent attention and its rope (Megatron defaults MLA to YaRN: said explicitly). */
-static void add_attention_args(CkptfsValue *a, const CkptfsModel *m)
-{
-    ckptfs_value_set(a, "multi_latent_attention", ckptfs_value_bool(m->mla));
-    if (!m->mla)
-        return;
-    ckptfs_value_set(a, "q_lora_rank", m->q_lora ? ckptfs_value_int((int64_t)m->q_lora) : ckptfs_value_none());
-    ckptfs_value_set(a, "kv_lora_rank", ckptfs_value_int((int64_t)m->kv_lora));
-    ckptfs_value_set(a, "qk_head_dim", ckptfs_value_int((int64_t)m->qk_head_dim));
-    ckptfs_value_set(a, "qk_pos_emb_head_dim", ckptfs_value_int((int64_t)m->qk_rope_dim));
-    ckptfs_value_set(a, "v_head_dim", ckptfs_value_int((int64_t)m->v_head_dim));
-    bool yarn = m->yarn_factor > 0;
-    ckptfs_value_set(a, "rope_type", ckptfs_value_str(yarn ? "yarn" : "rope"));
-    ckptfs_value_set(a, "rotary_scaling_factor", ckptfs_value_float(yarn ? m->yarn_factor : 1.0));
-    ckptfs_value_set(a, "mscale", ckptfs_value_float(yarn ? m->yarn_mscale : 1.0));
-    ckptfs_value_set(a, "mscale_all_dim", ckptfs_value_float(yarn ? m->yarn_mscale_all_dim : 0.0));
-    if (yarn) {
-        ckptfs_value_set(a, "beta_fast", ckptfs_value_float(m->yarn_beta_fast));
-        ckptfs_value_set(a, "beta_slow", ckptfs_value_float(m->yarn_beta_slow));
-        ckptfs_value_set(a, "original_max_position_embeddings",
-                         ckptfs_value_int((int64_t)m->yarn_original_positions));
-    }
 }
 
 CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
@@ -320,36 +294,18 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
         ckptfs_value_set(a, "decoder_last_pipeline_num_layers", ckptfs_value_none());
     SET_INT("expert_model_parallel_size", ckptfs_layout_ep(l));
     SET_INT("expert_tensor_parallel_size", ckptfs_layout_etp(l));
-    SET_INT("num_layers", m->layers);
+    /* the model description: one walk of the schema (ckptfs/schema.h) */
+    ckptfs_schema_write_args(m, a);
+    /* MLA's latent norms are Megatron's q/k layernorms */
+    SET_BOOL("qk_layernorm", m->qk_norm || m->mla);
     SET_INT("encoder_num_layers", m->layers);
-    SET_INT("hidden_size", m->hidden);
-    SET_INT("ffn_hidden_size", m->ffn);
-    SET_INT("num_attention_heads", m->heads);
-    add_attention_args(a, m);
-    SET_BOOL("group_query_attention", m->kv_heads != m->heads);
-    SET_INT("num_query_groups", m->kv_heads);
-    SET_INT("kv_channels", m->head_dim);
-    SET_INT("max_position_embeddings", m->max_positions);
     SET_INT("seq_length", m->max_positions);
     SET_STR("position_embedding_type", "rope");
     /* What Megatron's own Llama examples run with (rope, no --no-position-embedding): its
      * check_checkpoint_args compares it when not fine-tuning; with rope it changes nothing. */
     SET_BOOL("add_position_embedding", true);
-    SET_INT("rotary_base", (int64_t)m->rope_theta);
-    ckptfs_value_set(a, "rotary_percent", ckptfs_value_float(1.0));
     SET_BOOL("rotary_interleaved", false);
-    SET_BOOL("use_rope_scaling", m->rope_scaling_factor > 0);
-    ckptfs_value_set(a, "rope_scaling_factor",
-                     ckptfs_value_float(m->rope_scaling_factor > 0 ? m->rope_scaling_factor : 8.0));
     SET_STR("normalization", "RMSNorm");
-    ckptfs_value_set(a, "layernorm_epsilon", ckptfs_value_float(m->norm_eps));
-    SET_BOOL("swiglu", true);
-    SET_BOOL("untie_embeddings_and_output_weights", !m->tied_embeddings);
-    SET_BOOL("add_bias_linear", false);
-    SET_BOOL("add_qkv_bias", m->qkv_bias);
-    /* MLA's latent norms are Megatron's q/k layernorms */
-    SET_BOOL("qk_layernorm", m->qk_norm || m->mla);
-    SET_INT("vocab_size", m->vocab);
     SET_INT("padded_vocab_size", padded_vocab);
     SET_INT("make_vocab_size_divisible_by", options->vocab_divisible_by);
     ckptfs_value_set(a, "params_dtype", ckptfs_value_dtype(m->dtype));

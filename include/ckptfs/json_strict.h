@@ -56,4 +56,25 @@ void ckptfs_json_cursor_skip(CkptfsJsonCursor *c);
  * Errors name PATH; a missing file is CKPTFS_ERROR_NOT_FOUND. */
 JsonObject *ckptfs_json_load_object(const char *path, GError **error);
 
+/* Typed members of a parsed object, the one set of accessors (json-glib's getters log a
+ * critical and give 0 or NULL for a member of another type). PATH is a member name, or
+ * "a.b" for member b of the object that is member a. */
+typedef enum {
+    CKPTFS_JSON_ABSENT, /* not there, null, or under a parent that is not an object */
+    CKPTFS_JSON_FOUND,
+    CKPTFS_JSON_WRONG_TYPE,
+} CkptfsJsonMember;
+
+/* The member at PATH, NULL when absent (a null member is returned: it is there). */
+JsonNode *ckptfs_json_member(JsonObject *object, const char *path);
+/* An integer (a JSON number without fraction or exponent). */
+CkptfsJsonMember ckptfs_json_member_int(JsonObject *object, const char *path, gint64 *out);
+/* Any number. */
+CkptfsJsonMember ckptfs_json_member_number(JsonObject *object, const char *path, double *out);
+CkptfsJsonMember ckptfs_json_member_bool(JsonObject *object, const char *path, bool *out);
+/* A string (owned by OBJECT), or NULL when absent or not a string. */
+const char *ckptfs_json_member_string(JsonObject *object, const char *path);
+/* The object at PATH, or NULL when absent or not an object. */
+JsonObject *ckptfs_json_member_object(JsonObject *object, const char *path);
+
 #endif

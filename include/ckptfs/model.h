@@ -37,7 +37,18 @@ typedef struct {
     const CkptfsFamily *family;  /* the Megatron mapping of its tensors */
     const CkptfsMoeConfig *moe;  /* NULL: a dense architecture */
     bool mla;                    /* multi-head latent attention (DeepSeek-V2/V3) */
+    /* transformers' defaults where a config.json leaves them out and the architecture's differ
+     * from the schema's (0: the schema's) */
+    double rope_theta, norm_eps;
 } CkptfsArchitecture;
+
+/* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
+ * attention, YaRN for multi-head latent attention). */
+typedef enum {
+    CKPTFS_ROPE_DEFAULT,
+    CKPTFS_ROPE_LLAMA3,
+    CKPTFS_ROPE_YARN,
+} CkptfsRopeType;
 
 /* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
 #define CKPTFS_MAX_EXPERTS 4096u
@@ -51,11 +62,16 @@ typedef struct {
     uint64_t max_positions;
     bool tied_embeddings;
     bool qkv_bias;
+    bool linear_bias; /* biases of the other linears (mlp_bias): none, the one form served */
     bool qk_norm;
     double rope_theta;
     double norm_eps;
-    /* Llama 3.x rope scaling ("rope_type": "llama3"); factor 0 when absent. */
-    double rope_scaling_factor;
+    double rotary_percent; /* of each head's width (partial rotary): 1 */
+    CkptfsRopeType rope_type;
+    /* Llama 3.x rope scaling ("rope_type": "llama3"); factor 0 when absent. The other three
+     * are what Megatron-core fixes (1, 4, 8192). */
+    double rope_scaling_factor, rope_low_freq, rope_high_freq;
+    uint64_t rope_original_positions;
     CkptfsDtype dtype; /* of the weights (all the same) */
     CkptfsDtype fp32_dtype; /* of the tensors Megatron keeps in fp32 (expert bias): F32 unless
                                a source stored them otherwise; all the same */
@@ -112,9 +128,13 @@ uint64_t ckptfs_model_moe_layers(const CkptfsModel *model);
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, CkptfsModel *model,
                               GPtrArray **unused, GError **error);
 
-/* The experts of MODEL (its arch an MoE architecture, its layers set) from CONFIG: their number
- * and sizes, the shared expert, routing, dense layers. Configs of routing schemes ckptfs has no
- * rules for are refused. */
+/* MODEL's description from CONFIG (MODEL's arch set, or NULL: a dense model by its defaults):
+ * the schema's fields (ckptfs/schema.h), then the experts' structure; no tensor is checked. */
+bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error);
+
+/* The experts' structure of MODEL (its arch an MoE architecture, its sizes read): the shared
+ * expert, routing, dense layers. Configs of routing schemes ckptfs has no rules for are
+ * refused. */
 bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error);
 
 /* Serves MODEL's multi-token prediction layers in the Megatron views (-o mtp=on): checks that

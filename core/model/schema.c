@@ -1,0 +1,637 @@
+#include "ckptfs/schema.h"
+
+#include <string.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
+
+#define M(member) offsetof(CkptfsModel, member)
+#define DIM ((double)CKPTFS_MAX_MODEL_DIM)
+
+/* Rows in the order they are read: the rope type before the fields of its scaling, sizes
+ * before what is derived from them. */
+static const CkptfsModelField fields[] = {
+    {"layers", CKPTFS_FIELD_UINT, M(layers), CKPTFS_FOR_ALL, {"num_hidden_layers"}, 0, "num_layers", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, CKPTFS_MAX_LAYERS},
+    {"hidden", CKPTFS_FIELD_UINT, M(hidden), CKPTFS_FOR_ALL, {"hidden_size"}, 0, "hidden_size", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"heads", CKPTFS_FIELD_UINT, M(heads), CKPTFS_FOR_ALL, {"num_attention_heads"}, 0, "num_attention_heads", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"kv_heads", CKPTFS_FIELD_UINT, M(kv_heads), CKPTFS_FOR_ALL, {"num_key_value_heads"}, 0, "num_query_groups", NULL,
+     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEADS, 0, DIM},
+    {"ffn", CKPTFS_FIELD_UINT, M(ffn), CKPTFS_FOR_ALL, {"intermediate_size"}, 0, "ffn_hidden_size", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"vocab", CKPTFS_FIELD_UINT, M(vocab), CKPTFS_FOR_ALL, {"vocab_size"}, 0, "vocab_size", NULL,
+     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_OPTIONAL, 0, 0, 0, 0, CKPTFS_MAX_VOCAB},
+    {"max_positions", CKPTFS_FIELD_UINT, M(max_positions), CKPTFS_FOR_ALL, {"max_position_embeddings"}, 0,
+     "max_position_embeddings", NULL, 0, 4096, 4096, 0, 0, (double)UINT32_MAX},
+    {"mla", CKPTFS_FIELD_BOOL, M(mla), CKPTFS_FOR_ALL, {NULL}, 0, "multi_latent_attention", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+    /* multi-head latent attention's sizes (DeepSeek-V2/V3); q_lora_rank null: a plain q_proj */
+    {"q_lora", CKPTFS_FIELD_COUNT, M(q_lora), CKPTFS_FOR_MLA, {"q_lora_rank"}, 0, "q_lora_rank", NULL,
+     CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, 0, DIM},
+    {"kv_lora", CKPTFS_FIELD_UINT, M(kv_lora), CKPTFS_FOR_MLA, {"kv_lora_rank"}, 0, "kv_lora_rank", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"qk_head_dim", CKPTFS_FIELD_UINT, M(qk_head_dim), CKPTFS_FOR_MLA, {"qk_nope_head_dim"}, 0, "qk_head_dim",
+     NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"qk_rope_dim", CKPTFS_FIELD_UINT, M(qk_rope_dim), CKPTFS_FOR_MLA, {"qk_rope_head_dim"}, 0,
+     "qk_pos_emb_head_dim", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    {"v_head_dim", CKPTFS_FIELD_UINT, M(v_head_dim), CKPTFS_FOR_MLA, {"v_head_dim"}, 0, "v_head_dim", NULL,
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+    /* transformers 5 writes head_dim null for "hidden_size / num_attention_heads" */
+    {"head_dim", CKPTFS_FIELD_UINT, M(head_dim), CKPTFS_FOR_MHA, {"head_dim"}, 0, "kv_channels", NULL,
+     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM},
+    {"activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_ALL, {"hidden_act", "hidden_activation"}, 0, "swiglu",
+     NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+    {"tied_embeddings", CKPTFS_FIELD_BOOL, M(tied_embeddings), CKPTFS_FOR_ALL, {"tie_word_embeddings"}, 0,
+     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 0, 0, 0, 0},
+    {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+    {"linear_bias", CKPTFS_FIELD_BOOL, M(linear_bias), CKPTFS_FOR_ALL, {"mlp_bias"}, 0, "add_bias_linear", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0},
+    /* Qwen3's per-head norms come with the architecture; MLA's latent norms are Megatron's
+     * q/k layernorms too */
+    {"qk_norm", CKPTFS_FIELD_BOOL, M(qk_norm), CKPTFS_FOR_ALL, {NULL}, 0, "qk_layernorm", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+    {"norm_eps", CKPTFS_FIELD_FLOAT, M(norm_eps), CKPTFS_FOR_ALL, {"rms_norm_eps"}, 0, "layernorm_epsilon",
+     "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1},
+    {"rope_theta", CKPTFS_FIELD_FLOAT, M(rope_theta), CKPTFS_FOR_ALL, {"rope_theta", "rope_parameters.rope_theta"},
+     0, "rotary_base", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000,
+     CKPTFS_DERIVED_ROPE_THETA, 0, 1e12},
+    {"rotary_percent", CKPTFS_FIELD_FLOAT, M(rotary_percent), CKPTFS_FOR_ALL,
+     {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"}, 0, "rotary_percent", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, 0, 1},
+    {"sliding_window", CKPTFS_FIELD_WINDOW, 0, CKPTFS_FOR_ALL, {"sliding_window"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+    {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_ALL,
+     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+    /* Llama 3's scaling: Megatron-core 0.17.1 (apply_rope_scaling) takes the factor and fixes
+     * the rest */
+    {"rope_scaling_factor", CKPTFS_FIELD_FLOAT, M(rope_scaling_factor), CKPTFS_FOR_LLAMA3,
+     {"rope_scaling.factor", "rope_parameters.factor"}, 0, "rope_scaling_factor", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_REQUIRED, 0, 8, 0, 0, 1e6},
+    {"rope_low_freq", CKPTFS_FIELD_FLOAT, M(rope_low_freq), CKPTFS_FOR_LLAMA3,
+     {"rope_scaling.low_freq_factor", "rope_parameters.low_freq_factor"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, 0, 1e6},
+    {"rope_high_freq", CKPTFS_FIELD_FLOAT, M(rope_high_freq), CKPTFS_FOR_LLAMA3,
+     {"rope_scaling.high_freq_factor", "rope_parameters.high_freq_factor"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4, 4, 0, 0, 1e6},
+    {"rope_original_positions", CKPTFS_FIELD_UINT, M(rope_original_positions), CKPTFS_FOR_LLAMA3,
+     {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 8192, 8192, 0, 0, (double)UINT32_MAX},
+    /* YaRN as DeepSeek-V3 configures it; Megatron's MLA has no arguments for beta_fast,
+     * beta_slow and original_max_position_embeddings that it reads: its defaults are used */
+    {"yarn_factor", CKPTFS_FIELD_FLOAT, M(yarn_factor), CKPTFS_FOR_YARN,
+     {"rope_scaling.factor", "rope_parameters.factor"}, 0, "rotary_scaling_factor", NULL, CKPTFS_FIELD_MATH, 1,
+     1, 0, 0.999999, 1e6},
+    {"yarn_mscale", CKPTFS_FIELD_FLOAT, M(yarn_mscale), CKPTFS_FOR_YARN,
+     {"rope_scaling.mscale", "rope_parameters.mscale"}, 0, "mscale", NULL, CKPTFS_FIELD_MATH, 1, 1, 0, -1e6, 1e6},
+    {"yarn_mscale_all_dim", CKPTFS_FIELD_FLOAT, M(yarn_mscale_all_dim), CKPTFS_FOR_YARN,
+     {"rope_scaling.mscale_all_dim", "rope_parameters.mscale_all_dim"}, 0, "mscale_all_dim", NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, -1e6, 1e6},
+    {"yarn_beta_fast", CKPTFS_FIELD_FLOAT, M(yarn_beta_fast), CKPTFS_FOR_YARN,
+     {"rope_scaling.beta_fast", "rope_parameters.beta_fast"}, 0, "beta_fast", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 32, 32, 0, -1e6, 1e6},
+    {"yarn_beta_slow", CKPTFS_FIELD_FLOAT, M(yarn_beta_slow), CKPTFS_FOR_YARN,
+     {"rope_scaling.beta_slow", "rope_parameters.beta_slow"}, 0, "beta_slow", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, -1e6, 1e6},
+    {"yarn_original_positions", CKPTFS_FIELD_UINT, M(yarn_original_positions), CKPTFS_FOR_YARN,
+     {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
+     "original_max_position_embeddings", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4096, 4096, 0, 0,
+     (double)UINT32_MAX},
+    /* experts: transformers 5 writes num_local_experts for every family */
+    {"experts", CKPTFS_FIELD_UINT, M(experts), CKPTFS_FOR_MOE, {"num_local_experts"}, CKPTFS_ARCH_KEY_EXPERTS,
+     "num_experts", NULL, CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 0, 0, 0, CKPTFS_MAX_EXPERTS},
+    {"topk", CKPTFS_FIELD_UINT, M(topk), CKPTFS_FOR_MOE, {"num_experts_per_tok"}, 0, "moe_router_topk", NULL,
+     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 2, 0, 0, CKPTFS_MAX_EXPERTS},
+    {"moe_ffn", CKPTFS_FIELD_UINT, M(moe_ffn), CKPTFS_FOR_MOE, {NULL}, CKPTFS_ARCH_KEY_EXPERT_FFN,
+     "moe_ffn_hidden_size", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, CKPTFS_DERIVED_FFN, 0, DIM},
+    {"mtp_layers", CKPTFS_FIELD_COUNT, M(mtp_layers), CKPTFS_FOR_ALL, {"num_nextn_predict_layers"}, 0, NULL, NULL,
+     CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64},
+};
+
+/* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
+static const char *const rope_objects[] = {"rope_scaling", "rope_parameters"};
+
+const CkptfsModelField *ckptfs_schema_fields(size_t *count)
+{
+    *count = G_N_ELEMENTS(fields);
+    return fields;
+}
+
+bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    switch (f->scope) {
+    case CKPTFS_FOR_MHA:
+        return !m->mla;
+    case CKPTFS_FOR_MLA:
+        return m->mla;
+    case CKPTFS_FOR_MOE:
+        return m->experts > 0 || (m->arch && m->arch->moe);
+    case CKPTFS_FOR_LLAMA3:
+        return m->rope_type == CKPTFS_ROPE_LLAMA3;
+    case CKPTFS_FOR_YARN:
+        return m->rope_type == CKPTFS_ROPE_YARN;
+    default:
+        return true;
+    }
+}
+
+static const char *const rope_type_names[] = {"default", "llama3", "yarn"};
+
+char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    const char *p = (const char *)m + f->offset;
+    switch (f->type) {
+    case CKPTFS_FIELD_UINT:
+    case CKPTFS_FIELD_COUNT:
+        return g_strdup_printf("%" G_GUINT64_FORMAT, *(const uint64_t *)(const void *)p);
+    case CKPTFS_FIELD_FLOAT:
+        return g_strdup_printf("%g", *(const double *)(const void *)p);
+    case CKPTFS_FIELD_BOOL:
+        return g_strdup(*(const bool *)(const void *)p ? "true" : "false");
+    case CKPTFS_FIELD_ROPE_TYPE:
+        return g_strdup(rope_type_names[*(const CkptfsRopeType *)(const void *)p]);
+    case CKPTFS_FIELD_ACTIVATION:
+        return g_strdup("silu");
+    case CKPTFS_FIELD_WINDOW:
+        return g_strdup("none");
+    }
+    return g_strdup("?");
+}
+
+/* --- values of any type, as the walks pass them --- */
+
+typedef struct {
+    double number; /* UINT, COUNT, FLOAT, BOOL (0/1), ROPE_TYPE (the enum) */
+    const char *text; /* names: as given */
+} FieldValue;
+
+static void store(const CkptfsModelField *f, CkptfsModel *m, double v)
+{
+    char *p = (char *)m + f->offset;
+    switch (f->type) {
+    case CKPTFS_FIELD_UINT:
+    case CKPTFS_FIELD_COUNT:
+        *(uint64_t *)(void *)p = (uint64_t)v;
+        break;
+    case CKPTFS_FIELD_FLOAT:
+        *(double *)(void *)p = v;
+        break;
+    case CKPTFS_FIELD_BOOL:
+        *(bool *)(void *)p = v != 0;
+        break;
+    case CKPTFS_FIELD_ROPE_TYPE:
+        *(CkptfsRopeType *)(void *)p = (CkptfsRopeType)v;
+        break;
+    default:
+        break;
+    }
+}
+
+static double load(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    const char *p = (const char *)m + f->offset;
+    switch (f->type) {
+    case CKPTFS_FIELD_UINT:
+    case CKPTFS_FIELD_COUNT:
+        return (double)*(const uint64_t *)(const void *)p;
+    case CKPTFS_FIELD_FLOAT:
+        return *(const double *)(const void *)p;
+    case CKPTFS_FIELD_BOOL:
+        return *(const bool *)(const void *)p;
+    case CKPTFS_FIELD_ROPE_TYPE:
+        return *(const CkptfsRopeType *)(const void *)p;
+    default:
+        return 0;
+    }
+}
+
+/* The default of F for MODEL (its sizes read): the derived one, else the row's. */
+static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool args)
+{
+    switch (f->derived) {
+    case CKPTFS_DERIVED_HEADS:
+        return (double)m->heads;
+    case CKPTFS_DERIVED_HEAD_DIM:
+        return m->heads ? (double)(m->hidden / m->heads) : 0;
+    case CKPTFS_DERIVED_FFN:
+        return (double)m->ffn;
+    case CKPTFS_DERIVED_ROPE_THETA:
+        if (!args && m->arch && m->arch->rope_theta > 0)
+            return m->arch->rope_theta;
+        break;
+    case CKPTFS_DERIVED_NORM_EPS:
+        if (!args && m->arch && m->arch->norm_eps > 0)
+            return m->arch->norm_eps;
+        break;
+    default:
+        break;
+    }
+    return args ? f->args_default : f->hf_default;
+}
+
+static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRopeType *out)
+{
+    if (strcmp(name, "default") == 0) {
+        *out = CKPTFS_ROPE_DEFAULT;
+        return true;
+    }
+    if (strcmp(name, "llama3") == 0 && !m->mla) {
+        *out = CKPTFS_ROPE_LLAMA3;
+        return true;
+    }
+    if (strcmp(name, "yarn") == 0 && m->mla) {
+        *out = CKPTFS_ROPE_YARN;
+        return true;
+    }
+    return false;
+}
+
+/* --- walk 1: config.json --- */
+
+const char *ckptfs_schema_config_architecture(JsonObject *config)
+{
+    JsonNode *n = ckptfs_json_member(config, "architectures");
+    if (n == NULL || !JSON_NODE_HOLDS_ARRAY(n) || json_array_get_length(json_node_get_array(n)) == 0)
+        return NULL;
+    JsonNode *first = json_array_get_element(json_node_get_array(n), 0);
+    return JSON_NODE_HOLDS_VALUE(first) && json_node_get_value_type(first) == G_TYPE_STRING
+               ? json_node_get_string(first)
+               : NULL;
+}
+
+#define REFUSE(...) return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: " __VA_ARGS__)
+
+/* The value under NAME (found: *FOUND), type-checked. */
+static bool config_value(JsonObject *config, const CkptfsModelField *f, const char *name, const CkptfsModel *m,
+                         bool *found, FieldValue *v, GError **error)
+{
+    CkptfsJsonMember got = CKPTFS_JSON_ABSENT;
+    gint64 i = 0;
+    bool b = false;
+    const char *kind = "";
+    switch (f->type) {
+    case CKPTFS_FIELD_UINT:
+    case CKPTFS_FIELD_COUNT:
+        got = ckptfs_json_member_int(config, name, &i);
+        v->number = (double)i;
+        kind = f->type == CKPTFS_FIELD_UINT ? "a positive integer" : "an integer from 0";
+        /* sizes over their limits: ckptfs_model_check_limits names them, with the others */
+        if (got == CKPTFS_JSON_FOUND && i < (f->type == CKPTFS_FIELD_UINT))
+            got = CKPTFS_JSON_WRONG_TYPE;
+        break;
+    case CKPTFS_FIELD_FLOAT:
+        got = ckptfs_json_member_number(config, name, &v->number);
+        kind = "a number";
+        if (got == CKPTFS_JSON_FOUND && !(v->number > f->min && v->number <= f->max))
+            REFUSE("\"%s\" %g is out of range (%g, %g]", name, v->number, f->min, f->max);
+        break;
+    case CKPTFS_FIELD_BOOL:
+        got = ckptfs_json_member_bool(config, name, &b);
+        v->number = b;
+        kind = "true or false";
+        break;
+    case CKPTFS_FIELD_ROPE_TYPE:
+    case CKPTFS_FIELD_ACTIVATION:
+        v->text = ckptfs_json_member_string(config, name);
+        got = v->text ? CKPTFS_JSON_FOUND : ckptfs_json_member(config, name) && !JSON_NODE_HOLDS_NULL(
+                                                ckptfs_json_member(config, name)) ? CKPTFS_JSON_WRONG_TYPE
+                                                                                  : CKPTFS_JSON_ABSENT;
+        kind = "a name";
+        break;
+    case CKPTFS_FIELD_WINDOW:
+        break;
+    }
+    if (got == CKPTFS_JSON_WRONG_TYPE)
+        REFUSE("\"%s\" is not %s", name, kind);
+    *found = got == CKPTFS_JSON_FOUND;
+    if (!*found)
+        return true;
+    if (f->type == CKPTFS_FIELD_ROPE_TYPE) {
+        CkptfsRopeType t;
+        if (!rope_type_from_name(v->text, m, &t))
+            REFUSE("%s '%s' has no Megatron equivalent (Megatron has llama3 scaling for attention, yarn for "
+                   "multi-latent attention)", name, v->text);
+        v->number = t;
+    }
+    if (f->type == CKPTFS_FIELD_ACTIVATION && strcmp(v->text, "silu") != 0 && strcmp(v->text, "swish") != 0)
+        REFUSE("%s '%s' has no Megatron equivalent (SwiGLU models use silu)", name, v->text);
+    return true;
+}
+
+/* A sliding attention window narrower than the context: Megatron's views would attend to all
+ * of it. Qwen2's use_sliding_window false turns it off; null or absent is none. */
+static bool check_window(JsonObject *config, const CkptfsModel *m, GError **error)
+{
+    gint64 window = 0;
+    bool use = true;
+    CkptfsJsonMember got = ckptfs_json_member_int(config, "sliding_window", &window);
+    if (got == CKPTFS_JSON_WRONG_TYPE)
+        REFUSE("\"sliding_window\" is not an integer");
+    if (ckptfs_json_member_bool(config, "use_sliding_window", &use) == CKPTFS_JSON_WRONG_TYPE)
+        REFUSE("\"use_sliding_window\" is not true or false");
+    if (got == CKPTFS_JSON_FOUND && use && (window <= 0 || (uint64_t)window < m->max_positions))
+        REFUSE("sliding_window %" G_GINT64_FORMAT " (below max_position_embeddings %" G_GUINT64_FORMAT
+               ") has no Megatron equivalent: its views attend to the whole sequence",
+               window, m->max_positions);
+    return true;
+}
+
+/* Every member of rope_scaling / rope_parameters must be one a row reads: another would be a
+ * setting whose effect the views silently drop. */
+static bool check_rope_members(JsonObject *config, GError **error)
+{
+    for (size_t o = 0; o < G_N_ELEMENTS(rope_objects); o++) {
+        JsonNode *node = json_object_get_member(config, rope_objects[o]);
+        if (node == NULL || JSON_NODE_HOLDS_NULL(node))
+            continue;
+        if (!JSON_NODE_HOLDS_OBJECT(node))
+            REFUSE("\"%s\" is not an object", rope_objects[o]);
+        g_autoptr(GList) members = json_object_get_members(json_node_get_object(node));
+        for (GList *k = members; k; k = k->next) {
+            g_autofree char *path = g_strdup_printf("%s.%s", rope_objects[o], (const char *)k->data);
+            bool known = false;
+            for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
+                for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
+                    known = strcmp(fields[i].hf[n], path) == 0;
+            if (!known)
+                REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
+        }
+    }
+    return true;
+}
+
+static const char *arch_key(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    const CkptfsMoeConfig *moe = m->arch ? m->arch->moe : NULL;
+    if (moe == NULL)
+        return NULL;
+    return f->arch_key == CKPTFS_ARCH_KEY_EXPERTS ? moe->experts_key
+           : f->arch_key == CKPTFS_ARCH_KEY_EXPERT_FFN ? moe->ffn_key
+                                                        : NULL;
+}
+
+/* F from every name it has in CONFIG: the values given must agree. */
+static bool read_config_field(JsonObject *config, const CkptfsModelField *f, CkptfsModel *m, GError **error)
+{
+    const char *names[G_N_ELEMENTS(f->hf) + 1];
+    size_t n = 0;
+    const char *own = arch_key(f, m);
+    if (own)
+        names[n++] = own;
+    for (size_t i = 0; i < G_N_ELEMENTS(f->hf) && f->hf[i]; i++)
+        if (own == NULL || strcmp(own, f->hf[i]) != 0)
+            names[n++] = f->hf[i];
+    const char *first = NULL;
+    FieldValue chosen = {0};
+    for (size_t i = 0; i < n; i++) {
+        FieldValue v = {0};
+        bool found = false;
+        if (!config_value(config, f, names[i], m, &found, &v, error))
+            return false;
+        if (!found)
+            continue;
+        if (first && (v.number != chosen.number || (v.text && strcmp(v.text, chosen.text) != 0))) {
+            if (v.text)
+                REFUSE("%s '%s' and %s '%s' disagree", first, chosen.text, names[i], v.text);
+            REFUSE("%s %g and %s %g disagree", first, chosen.number, names[i], v.number);
+        }
+        if (first == NULL)
+            first = names[i], chosen = v;
+    }
+    if (first == NULL) {
+        if (f->flags & CKPTFS_FIELD_REQUIRED)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: missing \"%s\", which the Megatron "
+                               "views need", n ? names[0] : f->field);
+        chosen.number = default_of(f, m, false);
+    }
+    if ((f->flags & CKPTFS_FIELD_ARGS_INTEGER) && chosen.number != (double)(int64_t)chosen.number)
+        REFUSE("%s %g has no Megatron equivalent: %s is an integer", first, chosen.number, f->args);
+    if ((f->flags & CKPTFS_FIELD_FIXED) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
+        REFUSE("%s %s has no Megatron equivalent: the views serve only %s", first, chosen.number ? "true" : "false",
+               f->hf_default ? "true" : "false");
+    if ((f->flags & CKPTFS_FIELD_FIXED) && chosen.number != f->hf_default)
+        REFUSE("%s %g has no Megatron equivalent: Megatron-core fixes it at %g", first, chosen.number,
+               f->hf_default);
+    if (f->type == CKPTFS_FIELD_BOOL && (f->flags & CKPTFS_FIELD_ARCH_HAS_IT))
+        chosen.number = load(f, m) || chosen.number; /* the architecture's own */
+    store(f, m, chosen.number);
+    return true;
+}
+
+bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **error)
+{
+    if (m->arch) {
+        m->qkv_bias = m->arch->qkv_bias;
+        m->qk_norm = m->arch->qk_norm;
+    }
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        if (!ckptfs_schema_applies(f, m))
+            continue;
+        if (f->type == CKPTFS_FIELD_WINDOW ? !check_window(config, m, error)
+                                           : !read_config_field(config, f, m, error))
+            return false;
+    }
+    if (m->mla) /* what Megatron's kv_channels means for MLA: the width linear_proj reads per head */
+        m->head_dim = m->v_head_dim;
+    return check_rope_members(config, error);
+}
+
+/* --- walk 2: config.json written --- */
+
+void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        const char *name = arch_key(f, m) ? arch_key(f, m) : f->hf[0];
+        double v = load(f, m);
+        if (name == NULL || !ckptfs_schema_applies(f, m) || f->type == CKPTFS_FIELD_WINDOW)
+            continue;
+        if ((f->flags & CKPTFS_FIELD_ARCH_HAS_IT) && m->arch && m->arch->qkv_bias && f->offset == M(qkv_bias))
+            continue; /* Qwen2's config has no such field: its biases come with it */
+        if ((f->flags & CKPTFS_FIELD_OMIT_ZERO) && v == 0)
+            continue;
+        if ((f->flags & CKPTFS_FIELD_FIXED) && f->scope == CKPTFS_FOR_ALL)
+            continue; /* its one value, which transformers takes too */
+        if (f->type == CKPTFS_FIELD_ROPE_TYPE && v == CKPTFS_ROPE_DEFAULT)
+            continue; /* no rope_scaling at all */
+        /* a member of rope_scaling: the object made on first use */
+        const char *dot = strchr(name, '.');
+        JsonObject *into = config;
+        if (dot) {
+            g_autofree char *parent = g_strndup(name, (gsize)(dot - name));
+            into = ckptfs_json_member_object(config, parent);
+            if (into == NULL) {
+                into = json_object_new();
+                json_object_set_object_member(config, parent, into);
+            }
+            name = dot + 1;
+        }
+        switch (f->type) {
+        case CKPTFS_FIELD_UINT:
+            json_object_set_int_member(into, name, (gint64)v);
+            break;
+        case CKPTFS_FIELD_COUNT:
+            if (v == 0 && (f->flags & CKPTFS_FIELD_NULL_WHEN_ZERO))
+                json_object_set_null_member(into, name);
+            else
+                json_object_set_int_member(into, name, (gint64)v);
+            break;
+        case CKPTFS_FIELD_FLOAT:
+            json_object_set_double_member(into, name, v);
+            break;
+        case CKPTFS_FIELD_BOOL:
+            json_object_set_boolean_member(into, name, v != 0);
+            break;
+        case CKPTFS_FIELD_ROPE_TYPE:
+            /* "type" too: DeepSeek's own modeling code reads that one */
+            json_object_set_string_member(into, name, rope_type_names[(int)v]);
+            json_object_set_string_member(into, "type", rope_type_names[(int)v]);
+            break;
+        case CKPTFS_FIELD_ACTIVATION:
+            json_object_set_string_member(into, name, "silu");
+            break;
+        case CKPTFS_FIELD_WINDOW:
+            break;
+        }
+    }
+}
+
+/* --- walk 3: Megatron args --- */
+
+#define ARGS_ERROR(...) return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, __VA_ARGS__)
+
+/* The argument of F in ARGS (its older name when the first is absent), NULL when absent or None. */
+static const CkptfsPy *args_value(const CkptfsPy *args, const CkptfsModelField *f)
+{
+    const CkptfsPy *v = ckptfs_py_dict_get(args, f->args);
+    if ((v == NULL || v->kind == CKPTFS_PY_NONE) && f->args_old)
+        v = ckptfs_py_dict_get(args, f->args_old);
+    return v && v->kind != CKPTFS_PY_NONE ? v : NULL;
+}
+
+static bool read_args_field(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
+                            GError **error)
+{
+    const CkptfsPy *v = f->args ? args_value(args, f) : NULL;
+    double value = default_of(f, m, true);
+    if (f->type == CKPTFS_FIELD_ACTIVATION) {
+        if (v == NULL || v->kind != CKPTFS_PY_BOOL || !v->i)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true; only SwiGLU models "
+                               "are supported", path);
+        return true;
+    }
+    if (f->type == CKPTFS_FIELD_ROPE_TYPE || f->type == CKPTFS_FIELD_WINDOW)
+        return true; /* the rope type read first; no window */
+    if (f->args == NULL) {
+        store(f, m, value); /* what Megatron fixes */
+        return true;
+    }
+    if (v == NULL) {
+        if ((f->flags & CKPTFS_FIELD_REQUIRED) && !(f->flags & CKPTFS_FIELD_ARGS_OPTIONAL) && f->args_default == 0 &&
+            f->derived == CKPTFS_DERIVED_NONE)
+            ARGS_ERROR("%s: args.%s is missing or not a positive integer", path, f->args);
+    } else if (f->type == CKPTFS_FIELD_UINT || f->type == CKPTFS_FIELD_COUNT) {
+        if (v->kind != CKPTFS_PY_INT || v->big || v->i < (f->type == CKPTFS_FIELD_UINT))
+            ARGS_ERROR("%s: args.%s is missing or not %s", path, f->args,
+                       f->type == CKPTFS_FIELD_UINT ? "a positive integer" : "an integer from 0");
+        value = (double)v->i;
+    } else if (f->type == CKPTFS_FIELD_FLOAT) {
+        if (v->kind != CKPTFS_PY_FLOAT && v->kind != CKPTFS_PY_INT)
+            ARGS_ERROR("%s: args.%s is not a number", path, f->args);
+        value = v->kind == CKPTFS_PY_FLOAT ? v->f : (double)v->i;
+        if (!(value > f->min && value <= f->max))
+            ARGS_ERROR("%s: args.%s %g is out of range (%g, %g]", path, f->args, value, f->min, f->max);
+    } else if (f->type == CKPTFS_FIELD_BOOL) {
+        if (v->kind != CKPTFS_PY_BOOL)
+            ARGS_ERROR("%s: args.%s is not True or False", path, f->args);
+        value = (v->i != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0);
+    }
+    if ((f->flags & CKPTFS_FIELD_FIXED) && value != f->args_default)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s %g: ckptfs serves only %g", path, f->args,
+                           value, f->args_default);
+    store(f, m, value);
+    return true;
+}
+
+static bool args_flag(const CkptfsPy *args, const char *key)
+{
+    const CkptfsPy *v = ckptfs_py_dict_get(args, key);
+    return v && v->kind == CKPTFS_PY_BOOL && v->i;
+}
+
+bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel *m, GError **error)
+{
+    /* What says which rows apply: experts, multi-latent attention, the rope's scaling. */
+    const CkptfsPy *experts = ckptfs_py_dict_get(args, "num_experts");
+    m->mla = args_flag(args, "multi_latent_attention");
+    m->experts = experts && experts->kind != CKPTFS_PY_NONE; /* its count read with the row */
+    const char *rope = ckptfs_py_str(ckptfs_py_dict_get(args, "rope_type"));
+    if (m->mla) /* Megatron's MLA takes YaRN unless told rope */
+        m->rope_type = rope == NULL || strcmp(rope, "yarn") == 0 ? CKPTFS_ROPE_YARN : CKPTFS_ROPE_DEFAULT;
+    else
+        m->rope_type = args_flag(args, "use_rope_scaling") ? CKPTFS_ROPE_LLAMA3 : CKPTFS_ROPE_DEFAULT;
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        if (!ckptfs_schema_applies(f, m))
+            continue;
+        if (f->derived == CKPTFS_DERIVED_HEADS && !args_flag(args, "group_query_attention")) {
+            m->kv_heads = m->heads;
+            continue;
+        }
+        if (!read_args_field(args, path, f, m, error))
+            return false;
+    }
+    if (m->mla)
+        m->head_dim = m->v_head_dim;
+    return true;
+}
+
+/* --- walk 4: Megatron args written --- */
+
+void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        if (f->args == NULL)
+            continue;
+        if (f->type == CKPTFS_FIELD_ACTIVATION) {
+            ckptfs_value_set(a, f->args, ckptfs_value_bool(true));
+            continue;
+        }
+        /* kv_channels: for MLA, the per-head width linear_proj reads (the value head's) */
+        bool has = ckptfs_schema_applies(f, m) || f->offset == M(head_dim);
+        /* the rope scaling Megatron has for this attention, unused: its defaults, said explicitly */
+        bool unused_scaling = f->scope == CKPTFS_FOR_LLAMA3 || (f->scope == CKPTFS_FOR_YARN && m->mla);
+        if (!has && !unused_scaling)
+            continue;
+        double v = has ? load(f, m) : f->args_default;
+        switch (f->type) {
+        case CKPTFS_FIELD_UINT:
+            ckptfs_value_set(a, f->args, ckptfs_value_int((int64_t)v));
+            break;
+        case CKPTFS_FIELD_COUNT:
+            ckptfs_value_set(a, f->args, v == 0 && (f->flags & CKPTFS_FIELD_NULL_WHEN_ZERO)
+                                             ? ckptfs_value_none()
+                                             : ckptfs_value_int((int64_t)v));
+            break;
+        case CKPTFS_FIELD_FLOAT:
+            ckptfs_value_set(a, f->args, (f->flags & CKPTFS_FIELD_ARGS_INTEGER) ? ckptfs_value_int((int64_t)v)
+                                                                                 : ckptfs_value_float(v));
+            break;
+        case CKPTFS_FIELD_BOOL:
+            ckptfs_value_set(a, f->args, ckptfs_value_bool((v != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0)));
+            break;
+        default:
+            break;
+        }
+    }
+    ckptfs_value_set(a, "group_query_attention", ckptfs_value_bool(m->kv_heads != m->heads));
+    ckptfs_value_set(a, "use_rope_scaling", ckptfs_value_bool(m->rope_type == CKPTFS_ROPE_LLAMA3));
+    if (m->mla)
+        ckptfs_value_set(a, "rope_type", ckptfs_value_str(m->rope_type == CKPTFS_ROPE_YARN ? "yarn" : "rope"));
+}

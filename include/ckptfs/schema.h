@@ -1,0 +1,121 @@
+/* The model description as one table, like the mapping table is one for tensors: each row a
+ * field of CkptfsModel with its names in config.json (transformers 4 and 5 spellings, members
+ * of rope_scaling / rope_parameters), its Megatron argument, its type, defaults, limits and
+ * whether it changes what the model computes. Reading and writing config.json, reading and
+ * writing Megatron args are four walks of it (MoE routing, shared experts and dense-layer
+ * patterns stay with the architecture's rules: they are structure, not one value each). */
+#ifndef CKPTFS_SCHEMA_H
+#define CKPTFS_SCHEMA_H
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ckptfs/model.h"
+#include "ckptfs/pickle.h"
+#include "ckptfs/value.h"
+
+typedef enum {
+    CKPTFS_FIELD_UINT,       /* a positive integer (uint64_t) */
+    CKPTFS_FIELD_COUNT,      /* an integer, 0 or null meaning none (uint64_t) */
+    CKPTFS_FIELD_FLOAT,      /* a number (double) */
+    CKPTFS_FIELD_BOOL,       /* bool */
+    CKPTFS_FIELD_ROPE_TYPE,  /* the rope scaling's kind, a name (CkptfsRopeType) */
+    CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only (no member) */
+    CKPTFS_FIELD_WINDOW,     /* a sliding attention window: Megatron's views have none (no member) */
+} CkptfsFieldType;
+
+/* Which models have a field. */
+typedef enum {
+    CKPTFS_FOR_ALL,
+    CKPTFS_FOR_MHA,    /* attention with q/k/v projections (not multi-head latent) */
+    CKPTFS_FOR_MLA,    /* multi-head latent attention */
+    CKPTFS_FOR_MOE,    /* mixtures of experts */
+    CKPTFS_FOR_LLAMA3, /* rope scaled the Llama 3 way */
+    CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
+} CkptfsFieldScope;
+
+/* Where a default that is not one number comes from. */
+typedef enum {
+    CKPTFS_DERIVED_NONE,
+    CKPTFS_DERIVED_HEADS,      /* num_attention_heads (key/value heads: no grouping) */
+    CKPTFS_DERIVED_HEAD_DIM,   /* hidden_size / num_attention_heads */
+    CKPTFS_DERIVED_FFN,        /* the dense ffn size (Megatron's moe_ffn_hidden_size) */
+    CKPTFS_DERIVED_ROPE_THETA, /* the architecture's transformers default (Mixtral: 1e6) */
+    CKPTFS_DERIVED_NORM_EPS,   /* the architecture's transformers default (Phi-3, Mixtral: 1e-5) */
+} CkptfsFieldDerived;
+
+/* The name of a field in config.json that depends on the architecture. */
+typedef enum {
+    CKPTFS_ARCH_KEY_NONE,
+    CKPTFS_ARCH_KEY_EXPERTS,    /* CkptfsMoeConfig.experts_key */
+    CKPTFS_ARCH_KEY_EXPERT_FFN, /* CkptfsMoeConfig.ffn_key */
+} CkptfsFieldArchKey;
+
+enum {
+    CKPTFS_FIELD_REQUIRED = 1u << 0,      /* no default: absent is an error */
+    CKPTFS_FIELD_MATH = 1u << 1,          /* changes what the model computes */
+    CKPTFS_FIELD_FIXED = 1u << 2,         /* Megatron has only the default: another value is refused */
+    CKPTFS_FIELD_ARGS_NEGATED = 1u << 3,  /* the argument is the negation (untie_...) */
+    CKPTFS_FIELD_ARGS_INTEGER = 1u << 4,  /* a number Megatron takes as an integer (rotary_base) */
+    CKPTFS_FIELD_NULL_WHEN_ZERO = 1u << 5, /* a COUNT of 0 written as null */
+    CKPTFS_FIELD_OMIT_ZERO = 1u << 6,     /* a COUNT of 0 (or false) not written to config.json */
+    CKPTFS_FIELD_ARCH_HAS_IT = 1u << 7,   /* a BOOL the architecture may force on (Qwen2's q/k/v bias,
+                                             Qwen3's q/k norm): not written to config.json then */
+    CKPTFS_FIELD_ARGS_OPTIONAL = 1u << 8, /* REQUIRED in config.json, but args may leave it out: 0
+                                             then, for the caller (vocab_size: the padded one) */
+};
+
+typedef struct {
+    const char *field;       /* CkptfsModel's member, as inspect names it */
+    CkptfsFieldType type;
+    size_t offset;           /* of the member in CkptfsModel */
+    CkptfsFieldScope scope;
+    /* Names in config.json, the one written first (transformers 4's top-level field, which 5
+     * reads too); "a.b" is member b of object a. NULL-terminated. */
+    const char *hf[4];
+    CkptfsFieldArchKey arch_key; /* read and written under the architecture's name too */
+    const char *args;        /* Megatron's argument (NULL: none) */
+    const char *args_old;    /* an older name of it, read when the first is absent */
+    unsigned flags;          /* CKPTFS_FIELD_* */
+    /* What transformers takes when config.json leaves it out, what Megatron takes when args do
+     * (each loader's own default, never a guess); FIXED: the one value Megatron has. */
+    double hf_default, args_default;
+    CkptfsFieldDerived derived; /* a default that follows from other fields */
+    /* a number's limits, min < value <= max; integers are positive (UINT) or not negative
+     * (COUNT) here, their upper limits checked with the whole model (ckptfs_model_check_limits) */
+    double min, max;
+} CkptfsModelField;
+
+/* The table, and its number of rows. */
+const CkptfsModelField *ckptfs_schema_fields(size_t *count);
+
+/* Whether MODEL has FIELD (its scope). */
+bool ckptfs_schema_applies(const CkptfsModelField *field, const CkptfsModel *model);
+
+/* FIELD's value in MODEL as text ("1e+06", "true", "llama3"), for inspect. */
+char *ckptfs_schema_value_text(const CkptfsModelField *field, const CkptfsModel *model);
+
+/* The first name of CONFIG's "architectures" list, or NULL. */
+const char *ckptfs_schema_config_architecture(JsonObject *config);
+
+/* Walk 1: MODEL's fields from CONFIG (MODEL's arch and mla set; arch may be NULL for a config
+ * without one: dense, its defaults). Every name of a field is read: two that disagree, a value
+ * of the wrong type or out of limits, a form with no Megatron equivalent (a rope type, a
+ * sliding window, a member of rope_parameters not understood) are errors naming config.json
+ * and the field. */
+bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *model, GError **error);
+
+/* Walk 2: CONFIG's fields for MODEL, as transformers 4 writes them (5 reads them too). */
+void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);
+
+/* Walk 3: MODEL's fields from ARGS (a Megatron args Namespace; PATH names it in errors), with
+ * Megatron's defaults. MODEL's experts (num_experts) and mla (multi_latent_attention) are read
+ * first: they say which rows apply. */
+bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
+
+/* Walk 4: MODEL's fields into ARGS (a Namespace value). */
+void ckptfs_schema_write_args(const CkptfsModel *model, CkptfsValue *args);
+
+#endif

@@ -1,0 +1,338 @@
+/* The model schema's four walks: every row read from each of its config.json spellings
+ * (transformers 4's and 5's), written back and read again, written to Megatron args and read
+ * from them; and the configs it refuses. Expected values are the ones the test's own JSON gives. */
+#include <json-glib/json-glib.h>
+#include <string.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
+#include "ckptfs/model.h"
+#include "ckptfs/pickle.h"
+#include "ckptfs/schema.h"
+#include "ckptfs/torchsave.h"
+#include "ckptfs/value.h"
+#include "tap.h"
+
+/* One config per kind of row: every row that applies is given (non-default where it may be). */
+static const char *const bases[] = {
+    /* dense, llama3 scaling, v4 spellings */
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"num_hidden_layers\": 3, "
+    "\"hidden_size\": 96, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32, "
+    "\"intermediate_size\": 200, \"vocab_size\": 300, \"max_position_embeddings\": 9000, \"hidden_act\": \"silu\", "
+    "\"tie_word_embeddings\": true, \"attention_bias\": true, \"mlp_bias\": false, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
+    "\"partial_rotary_factor\": 1.0, \"sliding_window\": null, \"num_nextn_predict_layers\": 0, "
+    "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
+    "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+    /* Qwen3-MoE, v5 spellings */
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 2, "
+    "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"head_dim\": null, "
+    "\"intermediate_size\": 128, \"vocab_size\": 100, \"max_position_embeddings\": 4096, \"hidden_act\": \"silu\", "
+    "\"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-06, \"dtype\": \"bfloat16\", "
+    "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, "
+    "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48, "
+    "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0}",
+    /* DeepSeek-V3: multi-latent attention, yarn */
+    "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 3, "
+    "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128, "
+    "\"vocab_size\": 100, \"max_position_embeddings\": 16384, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "
+    "\"rms_norm_eps\": 1e-06, \"rope_theta\": 20000.0, \"q_lora_rank\": 24, \"kv_lora_rank\": 16, "
+    "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 12, \"n_routed_experts\": 8, "
+    "\"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, "
+    "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, "
+    "\"n_group\": 4, \"topk_group\": 2, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
+    "\"num_nextn_predict_layers\": 1, "
+    "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 0.5, \"mscale_all_dim\": 0.75, "
+    "\"beta_fast\": 32, \"beta_slow\": 1, \"original_max_position_embeddings\": 4096}}",
+};
+
+static JsonObject *parse(const char *json)
+{
+    return ckptfs_json_parse_object("test config", json, strlen(json), NULL);
+}
+
+static const CkptfsArchitecture *arch_of(JsonObject *config)
+{
+    return ckptfs_architecture_find(ckptfs_json_member_string(config, "model_type"), NULL);
+}
+
+static bool read_model(JsonObject *config, CkptfsModel *m, GError **error)
+{
+    memset(m, 0, sizeof *m);
+    m->arch = arch_of(config);
+    return ckptfs_model_read_config(config, m, error);
+}
+
+/* The names of F in a config of M's architecture. */
+static unsigned names_of(const CkptfsModelField *f, const CkptfsModel *m, const char **out)
+{
+    unsigned n = 0;
+    const CkptfsMoeConfig *moe = m->arch ? m->arch->moe : NULL;
+    if (moe && f->arch_key == CKPTFS_ARCH_KEY_EXPERTS)
+        out[n++] = moe->experts_key;
+    if (moe && f->arch_key == CKPTFS_ARCH_KEY_EXPERT_FFN)
+        out[n++] = moe->ffn_key;
+    for (unsigned i = 0; i < G_N_ELEMENTS(f->hf) && f->hf[i]; i++)
+        if (n == 0 || strcmp(out[0], f->hf[i]) != 0)
+            out[n++] = f->hf[i];
+    return n;
+}
+
+static JsonObject *parent_of(JsonObject *config, const char *path, const char **leaf, bool create)
+{
+    const char *dot = strchr(path, '.');
+    *leaf = dot ? dot + 1 : path;
+    if (dot == NULL)
+        return config;
+    g_autofree char *parent = g_strndup(path, (gsize)(dot - path));
+    JsonObject *o = ckptfs_json_member_object(config, parent);
+    if (o == NULL && create) {
+        o = json_object_new();
+        json_object_set_object_member(config, parent, o);
+    }
+    return o;
+}
+
+/* The JSON value at PATH as the schema prints it ("%g" numbers, true/false, names). */
+static char *json_text(JsonObject *config, const char *path)
+{
+    JsonNode *n = ckptfs_json_member(config, path);
+    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n))
+        return NULL;
+    switch (json_node_get_value_type(n)) {
+    case G_TYPE_INT64:
+        return g_strdup_printf("%" G_GINT64_FORMAT, json_node_get_int(n));
+    case G_TYPE_DOUBLE:
+        return g_strdup_printf("%g", json_node_get_double(n));
+    case G_TYPE_BOOLEAN:
+        return g_strdup(json_node_get_boolean(n) ? "true" : "false");
+    default:
+        return g_strdup(json_node_get_string(n));
+    }
+}
+
+/* With ARGS, only the rows Megatron's args carry (or fix). */
+static bool same_model(const CkptfsModel *a, const CkptfsModel *b, bool args, GString *diff)
+{
+    size_t count = 0;
+    const CkptfsModelField *fields = ckptfs_schema_fields(&count);
+    for (size_t i = 0; i < count; i++) {
+        g_autofree char *x = ckptfs_schema_value_text(&fields[i], a);
+        g_autofree char *y = ckptfs_schema_value_text(&fields[i], b);
+        bool carried = !args || fields[i].args || (fields[i].flags & CKPTFS_FIELD_FIXED);
+        if (carried && ckptfs_schema_applies(&fields[i], a) && strcmp(x, y) != 0)
+            g_string_append_printf(diff, " %s %s/%s", fields[i].field, x, y);
+    }
+    return diff->len == 0;
+}
+
+/* Each row under each of its names alone: the value given is the value read. */
+static void every_spelling(const char *base_json, const CkptfsModel *base)
+{
+    size_t count = 0;
+    const CkptfsModelField *fields = ckptfs_schema_fields(&count);
+    for (size_t i = 0; i < count; i++) {
+        const CkptfsModelField *f = &fields[i];
+        const char *names[8];
+        unsigned n = names_of(f, base, names);
+        if (f->type == CKPTFS_FIELD_WINDOW || n == 0 || !ckptfs_schema_applies(f, base))
+            continue;
+        g_autoptr(JsonObject) probe = parse(base_json);
+        g_autofree char *given = NULL;
+        for (unsigned k = 0; k < n && given == NULL; k++)
+            given = json_text(probe, names[k]);
+        if (given == NULL)
+            continue; /* left to its default in this base */
+        for (unsigned k = 0; k < n; k++) {
+            g_autoptr(JsonObject) config = parse(base_json);
+            JsonNode *value = NULL;
+            for (unsigned j = 0; j < n; j++) { /* the value, then every name of it removed */
+                const char *leaf = NULL;
+                JsonObject *parent = parent_of(config, names[j], &leaf, false);
+                if (parent && json_object_has_member(parent, leaf)) {
+                    if (value == NULL)
+                        value = json_node_copy(json_object_get_member(parent, leaf));
+                    json_object_remove_member(parent, leaf);
+                }
+            }
+            const char *leaf = NULL;
+            JsonObject *into = parent_of(config, names[k], &leaf, true);
+            json_object_set_member(into, leaf, value);
+            CkptfsModel m;
+            GError *error = NULL;
+            bool ok = read_model(config, &m, &error);
+            g_autofree char *got = ok ? ckptfs_schema_value_text(f, &m) : NULL;
+            /* a rope type read as a name given ("type": "yarn" -> yarn) */
+            tap_ok(ok && strcmp(got, given) == 0, "%s: %s read from %s alone: %s (%s)", base->arch->model_type,
+                   f->field, names[k], got ? got : "refused", error ? error->message : given);
+            g_clear_error(&error);
+        }
+    }
+}
+
+/* Walks 2 to 4: config.json written and read again; args written, pickled, parsed, read. */
+static void round_trips(const CkptfsModel *base)
+{
+    g_autoptr(JsonObject) written = json_object_new();
+    json_object_set_string_member(written, "model_type", base->arch->model_type);
+    ckptfs_schema_write_config(base, written);
+    CkptfsModel again;
+    GError *error = NULL;
+    memset(&again, 0, sizeof again);
+    again.arch = base->arch;
+    again.mla = base->mla;
+    bool ok = ckptfs_schema_read_config(written, &again, &error);
+    g_autoptr(GString) diff = g_string_new(NULL);
+    ok = ok && same_model(base, &again, false, diff);
+    tap_ok(ok, "%s: config.json written and read again: the same fields (%s%s)",
+           base->arch->model_type, error ? error->message : "", diff->str);
+    g_clear_error(&error);
+    /* transformers 4's spelling: top-level rope_theta, rope_scaling, no rope_parameters */
+    tap_ok(ckptfs_json_member(written, "rope_theta") && !ckptfs_json_member(written, "rope_parameters"),
+           "%s: the written config.json has transformers 4's top-level rope_theta", base->arch->model_type);
+
+    CkptfsValue *args = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+    ckptfs_schema_write_args(base, args);
+    CkptfsPickleStream *stream = ckptfs_pickle_stream_new(NULL);
+    ckptfs_pickle_stream_value(stream, args);
+    g_autoptr(GBytes) bytes = ckptfs_pickle_stream_finish(stream);
+    ckptfs_value_free(args);
+    gsize len = 0;
+    const uint8_t *data = g_bytes_get_data(bytes, &len);
+    CkptfsPickle *pickle = ckptfs_pickle_parse("args", data, len, &error);
+    const CkptfsPy *state = pickle ? ckptfs_py_object_state(ckptfs_pickle_root(pickle)) : NULL;
+    CkptfsModel from_args;
+    memset(&from_args, 0, sizeof from_args);
+    from_args.arch = base->arch;
+    ok = state && ckptfs_schema_read_args(state, "args", &from_args, &error);
+    g_string_truncate(diff, 0);
+    ok = ok && same_model(base, &from_args, true, diff);
+    tap_ok(ok, "%s: args written and read again: the same fields (%s%s)",
+           base->arch->model_type, error ? error->message : "", diff->str);
+    g_clear_error(&error);
+    if (pickle)
+        ckptfs_pickle_free(pickle);
+}
+
+/* CONFIG (BASE with EDIT's members merged: "a.b" paths, JSON values) is refused naming WANT. */
+static void refused(const char *base_json, const char *const *edit, const char *want, const char *what)
+{
+    g_autoptr(JsonObject) config = parse(base_json);
+    for (const char *const *e = edit; *e; e += 2) {
+        const char *leaf = NULL;
+        JsonObject *parent = parent_of(config, e[0], &leaf, true);
+        if (e[1] == NULL) {
+            json_object_remove_member(parent, leaf);
+            continue;
+        }
+        g_autoptr(JsonParser) p = json_parser_new();
+        g_assert(json_parser_load_from_data(p, e[1], -1, NULL));
+        json_object_set_member(parent, leaf, json_node_copy(json_parser_get_root(p)));
+    }
+    CkptfsModel m;
+    GError *error = NULL;
+    bool ok = read_model(config, &m, &error);
+    tap_ok(!ok && error && strstr(error->message, "config.json") && strstr(error->message, want),
+           "refused: %s (%s)", what, error ? error->message : "accepted");
+    g_clear_error(&error);
+}
+
+int main(void)
+{
+    for (size_t b = 0; b < G_N_ELEMENTS(bases); b++) {
+        g_autoptr(JsonObject) config = parse(bases[b]);
+        CkptfsModel base;
+        GError *error = NULL;
+        bool ok = read_model(config, &base, &error);
+        tap_ok(ok, "base config %zu is read (%s)", b, error ? error->message : "");
+        g_clear_error(&error);
+        if (!ok)
+            continue;
+        every_spelling(bases[b], &base);
+        round_trips(&base);
+    }
+
+    const char *llama = bases[0], *qwen3_moe = bases[1], *deepseek = bases[2];
+#define EDIT(...) ((const char *const[]){__VA_ARGS__, NULL})
+    refused(qwen3_moe, EDIT("rope_parameters.rope_type", "\"longrope\""), "rope_parameters.rope_type 'longrope' has no Megatron equivalent",
+            "an unknown rope type");
+    refused(llama, EDIT("rope_scaling.rope_type", "\"linear\""), "'linear' has no Megatron equivalent",
+            "linear scaling, which Megatron lacks");
+    refused(llama, EDIT("rope_scaling.rope_type", "\"dynamic\""), "'dynamic' has no Megatron equivalent",
+            "dynamic scaling, which Megatron lacks");
+    refused(llama, EDIT("rope_scaling.rope_type", "\"yarn\""), "'yarn' has no Megatron equivalent",
+            "yarn without multi-latent attention");
+    refused(llama, EDIT("rope_parameters.rope_theta", "1000000.0"), "rope_theta 500000 and rope_parameters.rope_theta 1e+06 disagree",
+            "rope_theta and rope_parameters.rope_theta disagreeing");
+    refused(llama, EDIT("rope_parameters.rope_type", "\"default\""), "disagree",
+            "rope_scaling.rope_type llama3 and rope_parameters.rope_type default disagreeing");
+    refused(qwen3_moe, EDIT("num_experts", "16"), "disagree", "num_experts and num_local_experts disagreeing");
+    refused(llama, EDIT("rope_scaling.low_freq_factor", "2.0"), "low_freq_factor 2 has no Megatron equivalent",
+            "llama3 low_freq_factor other than Megatron's 1");
+    refused(llama, EDIT("rope_scaling.high_freq_factor", "8.0"), "high_freq_factor 8 has no Megatron equivalent",
+            "llama3 high_freq_factor other than Megatron's 4");
+    refused(llama, EDIT("rope_scaling.original_max_position_embeddings", "4096"),
+            "original_max_position_embeddings 4096 has no Megatron equivalent",
+            "llama3 original_max_position_embeddings other than Megatron's 8192");
+    refused(llama, EDIT("rope_scaling.attention_factor", "0.5"), "rope_scaling.attention_factor is not understood",
+            "a rope member with no rule");
+    refused(llama, EDIT("rope_scaling.factor", NULL), "missing \"rope_scaling.factor\"", "llama3 without its factor");
+    refused(llama, EDIT("rope_theta", "10000.5"), "rotary_base is an integer", "a rope_theta Megatron cannot take");
+    refused(llama, EDIT("hidden_act", "\"gelu\""), "hidden_act 'gelu'", "an activation other than silu");
+    refused(llama, EDIT("sliding_window", "4096"), "sliding_window 4096", "a sliding window narrower than the context");
+    refused(llama, EDIT("mlp_bias", "true"), "mlp_bias true has no Megatron equivalent", "MLP biases");
+    refused(llama, EDIT("partial_rotary_factor", "0.5"), "partial_rotary_factor 0.5", "partial rotary");
+    refused(deepseek, EDIT("rope_scaling.beta_fast", "16"), "beta_fast 16", "yarn beta_fast other than Megatron's 32");
+    refused(llama, EDIT("rms_norm_eps", "\"small\""), "\"rms_norm_eps\" is not a number", "a number of the wrong type");
+
+    /* Megatron's args without vocab_size (older runs): read, the vocabulary left to the caller
+     * (the padded size); without swiglu: refused. */
+    for (int swiglu = 1; swiglu >= 0; swiglu--) {
+        CkptfsValue *a = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+        ckptfs_value_set(a, "num_layers", ckptfs_value_int(2));
+        ckptfs_value_set(a, "hidden_size", ckptfs_value_int(64));
+        ckptfs_value_set(a, "num_attention_heads", ckptfs_value_int(4));
+        ckptfs_value_set(a, "ffn_hidden_size", ckptfs_value_int(128));
+        ckptfs_value_set(a, "swiglu", ckptfs_value_bool(swiglu));
+        CkptfsPickleStream *stream = ckptfs_pickle_stream_new(NULL);
+        ckptfs_pickle_stream_value(stream, a);
+        g_autoptr(GBytes) bytes = ckptfs_pickle_stream_finish(stream);
+        ckptfs_value_free(a);
+        gsize len = 0;
+        const uint8_t *data = g_bytes_get_data(bytes, &len);
+        CkptfsPickle *pickle = ckptfs_pickle_parse("args", data, len, NULL);
+        CkptfsModel m;
+        memset(&m, 0, sizeof m);
+        GError *error = NULL;
+        bool ok = ckptfs_schema_read_args(ckptfs_py_object_state(ckptfs_pickle_root(pickle)), "args", &m, &error);
+        if (swiglu)
+            tap_ok(ok && m.vocab == 0 && m.rope_theta == 10000 && m.norm_eps == 1e-5 && m.kv_heads == 4,
+                   "args without vocab_size: read with Megatron's defaults (%s)", error ? error->message : "");
+        else
+            tap_ok(!ok && error && strstr(error->message, "args.swiglu"), "args without swiglu: refused (%s)",
+                   error ? error->message : "accepted");
+        g_clear_error(&error);
+        ckptfs_pickle_free(pickle);
+    }
+
+    /* What is left out is transformers' default for the architecture, not one guess for all. */
+    static const struct {
+        const char *arch, *type;
+        double rope_theta, eps;
+    } defaults[] = {{"LlamaForCausalLM", "llama", 10000, 1e-6}, {"MixtralForCausalLM", "mixtral", 1e6, 1e-5},
+                    {"Phi3ForCausalLM", "phi3", 10000, 1e-5}};
+    for (size_t i = 0; i < G_N_ELEMENTS(defaults); i++) {
+        g_autofree char *json = g_strdup_printf(
+            "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+            "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, \"num_local_experts\": 4, "
+            "\"num_experts_per_tok\": 2}", defaults[i].arch, defaults[i].type);
+        g_autoptr(JsonObject) config = parse(json);
+        CkptfsModel m;
+        GError *error = NULL;
+        bool ok = read_model(config, &m, &error);
+        tap_ok(ok && m.rope_theta == defaults[i].rope_theta && m.norm_eps == defaults[i].eps,
+               "%s without rope_theta and rms_norm_eps: transformers' %g and %g (%s)", defaults[i].type,
+               defaults[i].rope_theta, defaults[i].eps, error ? error->message : "");
+        g_clear_error(&error);
+    }
+    return tap_done();
+}
