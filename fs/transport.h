@@ -13,8 +13,8 @@
 #define CKPTFS_HAVE_URING 1
 #endif
 
-/* -o io_uring=auto (the default: where it works, else /dev/fuse with a line saying why),
- * on (refuse to mount without it), off. */
+/* -o io_uring=auto (where it works, else /dev/fuse with a line saying why), on (refuse to mount
+ * without it), off (the default). */
 typedef enum { CKPTFS_URING_AUTO, CKPTFS_URING_ON, CKPTFS_URING_OFF } CkptfsUringMode;
 
 typedef struct CkptfsTransport CkptfsTransport;

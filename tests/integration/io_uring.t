@@ -53,8 +53,8 @@ ok $? "io_uring=on while $knob is N: the mount is refused (exit $rc)"
 grep -q "io_uring=on: FUSE over io_uring is not available: the kernel has it switched off (as root: echo Y > $knob)" "$WORK/refused.out"
 ok $? "with a message that says how to switch it on ($(cat "$WORK/refused.out"))"
 
-MOUNT_OPTS=passthrough=off fg_mount "$U" "$src" "$WORK/auto-n" "$WORK/auto-n.log"
-ok $? "the default (io_uring=auto) while it is N: mounts"
+MOUNT_OPTS=passthrough=off,io_uring=auto fg_mount "$U" "$src" "$WORK/auto-n" "$WORK/auto-n.log"
+ok $? "io_uring=auto while it is N: mounts"
 pid=$FG_PID
 before=$(daemon_io wchar "$pid")
 check "rank files equal the reference's" diff -r "$ref/tp2pp1" "$WORK/auto-n/tp2pp1"
@@ -95,14 +95,21 @@ for mapped in on off; do
   ok $? "the log says which transport served ($(head -c 300 "$WORK/on-$mapped.log"))"
 done
 
-mount_uring auto-y ""
-ok $? "the default (io_uring=auto) while it is Y: mounts"
+mount_uring auto-y "io_uring=auto"
+ok $? "io_uring=auto while it is Y: mounts"
 check "rank files equal the reference's" diff -r "$ref/tp2pp1" "$WORK/auto-y/tp2pp1"
 [[ $(rings "$FG_PID") -ge 1 ]]
 ok $? "over io_uring"
 fg_unmount "$WORK/auto-y"
 grep -q "transport: FUSE over io_uring" "$WORK/auto-y.log" && ! grep -q "/dev/fuse" "$WORK/auto-y.log"
 ok $? "the log says so, nothing about /dev/fuse"
+
+mount_uring default ""
+ok $? "no io_uring option while it is Y: mounts"
+check "rank files equal the reference's" diff -r "$ref/tp2pp1" "$WORK/default/tp2pp1"
+[[ $(rings "$FG_PID") -eq 0 ]]
+ok $? "the default is /dev/fuse: no ring threads"
+fg_unmount "$WORK/default"
 
 mount_uring off "io_uring=off"
 ok $? "io_uring=off while it is Y: mounts"
