@@ -396,7 +396,7 @@ static int validate_and_serve(MountArgs *a)
 
 int ckptfs_cmd_mount(int argc, char **argv)
 {
-    /* io_uring off unless asked for: on a 16-core node it served 4-16 readers 10-17% slower than
+    /* io_uring off unless asked for: on a 16-core node it served 4-16 readers 14-17% slower than
      * /dev/fuse (docs/performance.md). */
     MountArgs a = {.io_uring = CKPTFS_URING_OFF};
     ckptfs_options_init(&a.options);
