@@ -323,16 +323,23 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
 }
 
 /* A sliding attention window narrower than the context: Megatron's views would attend to all
- * of it. Qwen2's use_sliding_window false turns it off; null or absent is none. */
+ * of it. null is none; absent is transformers' default for the architecture (Mistral's is a
+ * window of 4096); Qwen's use_sliding_window, false unless given, must turn it on. */
 static bool check_window(JsonObject *config, const CkptfsModel *m, GError **error)
 {
     gint64 window = 0;
-    bool use = true;
+    bool use = !(m->arch && m->arch->window_opt_in);
     CkptfsJsonMember got = ckptfs_json_member_int(config, "sliding_window", &window);
     if (got == CKPTFS_JSON_WRONG_TYPE)
         REFUSE("\"sliding_window\" is not an integer");
     if (ckptfs_json_member_bool(config, "use_sliding_window", &use) == CKPTFS_JSON_WRONG_TYPE)
         REFUSE("\"use_sliding_window\" is not true or false");
+    bool absent = ckptfs_json_member(config, "sliding_window") == NULL;
+    if (absent && m->arch && m->arch->sliding_window > 0 && use && m->arch->sliding_window < m->max_positions)
+        REFUSE("no \"sliding_window\": transformers gives %s its default window of %" G_GUINT64_FORMAT
+               " (below max_position_embeddings %" G_GUINT64_FORMAT "), which has no Megatron equivalent: its "
+               "views attend to the whole sequence (\"sliding_window\": null says there is none)",
+               m->arch->hf_architecture, m->arch->sliding_window, m->max_positions);
     if (got == CKPTFS_JSON_FOUND && use && (window <= 0 || (uint64_t)window < m->max_positions))
         REFUSE("sliding_window %" G_GINT64_FORMAT " (below max_position_embeddings %" G_GUINT64_FORMAT
                ") has no Megatron equivalent: its views attend to the whole sequence",
@@ -448,8 +455,14 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         const char *name = arch_key(f, m) ? arch_key(f, m) : f->hf[0];
+        if (f->type == CKPTFS_FIELD_WINDOW) {
+            /* none, said where transformers' default for the architecture is a window (Mistral) */
+            if (m->arch && m->arch->sliding_window > 0)
+                json_object_set_null_member(config, name);
+            continue;
+        }
         double v = load(f, m);
-        if (name == NULL || !ckptfs_schema_applies(f, m) || f->type == CKPTFS_FIELD_WINDOW)
+        if (name == NULL || !ckptfs_schema_applies(f, m))
             continue;
         if ((f->flags & CKPTFS_FIELD_ARCH_HAS_IT) && m->arch && m->arch->qkv_bias && f->offset == M(qkv_bias))
             continue; /* Qwen2's config has no such field: its biases come with it */

@@ -40,6 +40,11 @@ typedef struct {
     /* transformers' defaults where a config.json leaves them out and the architecture's differ
      * from the schema's (0: the schema's) */
     double rope_theta, norm_eps;
+    /* transformers' sliding attention window where config.json has no sliding_window (Mistral:
+     * 4096; 0: none), and whether it applies only when use_sliding_window says so (Qwen: off
+     * unless it does) */
+    uint64_t sliding_window;
+    bool window_opt_in;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

@@ -213,10 +213,10 @@ static void round_trips(const CkptfsModel *base)
         ckptfs_pickle_free(pickle);
 }
 
-/* CONFIG (BASE with EDIT's members merged: "a.b" paths, JSON values) is refused naming WANT. */
-static void refused(const char *base_json, const char *const *edit, const char *want, const char *what)
+/* BASE with EDIT's members merged: "a.b" paths, JSON values (NULL: the member removed). */
+static JsonObject *edited(const char *base_json, const char *const *edit)
 {
-    g_autoptr(JsonObject) config = parse(base_json);
+    JsonObject *config = parse(base_json);
     for (const char *const *e = edit; *e; e += 2) {
         const char *leaf = NULL;
         JsonObject *parent = parent_of(config, e[0], &leaf, true);
@@ -228,6 +228,13 @@ static void refused(const char *base_json, const char *const *edit, const char *
         g_assert(json_parser_load_from_data(p, e[1], -1, NULL));
         json_object_set_member(parent, leaf, json_node_copy(json_parser_get_root(p)));
     }
+    return config;
+}
+
+/* BASE with EDIT is refused naming WANT. */
+static void refused(const char *base_json, const char *const *edit, const char *want, const char *what)
+{
+    g_autoptr(JsonObject) config = edited(base_json, edit);
     CkptfsModel m;
     GError *error = NULL;
     bool ok = read_model(config, &m, &error);
@@ -332,6 +339,41 @@ int main(void)
         tap_ok(ok && m.rope_theta == defaults[i].rope_theta && m.norm_eps == defaults[i].eps,
                "%s without rope_theta and rms_norm_eps: transformers' %g and %g (%s)", defaults[i].type,
                defaults[i].rope_theta, defaults[i].eps, error ? error->message : "");
+        g_clear_error(&error);
+    }
+
+    /* A sliding window config.json leaves out is transformers' default for the architecture:
+     * MistralConfig's 4096 (a window the views do not have), none for Qwen2 unless
+     * use_sliding_window (False in Qwen2Config) turns it on. */
+#define MISTRAL "model_type", "\"mistral\"", "architectures", "[\"MistralForCausalLM\"]"
+#define QWEN2 "model_type", "\"qwen2\"", "architectures", "[\"Qwen2ForCausalLM\"]"
+    refused(llama, EDIT(MISTRAL, "sliding_window", NULL), "no \"sliding_window\"",
+            "Mistral without sliding_window (transformers' window of 4096)");
+    refused(llama, EDIT(QWEN2, "sliding_window", "4096", "use_sliding_window", "true"), "sliding_window 4096",
+            "Qwen2 with use_sliding_window true and a window of 4096");
+    {
+        g_autoptr(JsonObject) qwen2 = edited(llama, EDIT(QWEN2, "sliding_window", "4096"));
+        CkptfsModel m;
+        GError *error = NULL;
+        bool read = read_model(qwen2, &m, &error);
+        tap_ok(read, "Qwen2 with a sliding_window but no use_sliding_window: read, its window off as in "
+               "transformers (%s)", error ? error->message : "");
+        g_clear_error(&error);
+
+        g_autoptr(JsonObject) mistral = edited(llama, EDIT(MISTRAL, "sliding_window", "null"));
+        bool ok = read_model(mistral, &m, &error);
+        tap_ok(ok, "Mistral with sliding_window null: read (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        g_autoptr(JsonObject) written = json_object_new();
+        if (ok)
+            ckptfs_schema_write_config(&m, written);
+        JsonNode *window = ckptfs_json_member(written, "sliding_window");
+        CkptfsModel again;
+        memset(&again, 0, sizeof again);
+        again.arch = m.arch;
+        tap_ok(ok && window && JSON_NODE_HOLDS_NULL(window) && ckptfs_schema_read_config(written, &again, &error),
+               "Mistral's written config.json says sliding_window null (transformers would take 4096), and is "
+               "read again (%s)", error ? error->message : "");
         g_clear_error(&error);
     }
     return tap_done();
