@@ -44,8 +44,9 @@ static const CkptfsModelField fields[] = {
      CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM},
     {"activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_ALL, {"hidden_act", "hidden_activation"}, 0, "swiglu",
      NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+    /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
     {"tied_embeddings", CKPTFS_FIELD_BOOL, M(tied_embeddings), CKPTFS_FOR_ALL, {"tie_word_embeddings"}, 0,
-     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 0, 0, 0, 0},
+     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
     {"linear_bias", CKPTFS_FIELD_BOOL, M(linear_bias), CKPTFS_FOR_ALL, {"mlp_bias"}, 0, "add_bias_linear", NULL,

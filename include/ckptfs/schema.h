@@ -80,7 +80,8 @@ typedef struct {
     const char *args_old;    /* an older name of it, read when the first is absent */
     unsigned flags;          /* CKPTFS_FIELD_* */
     /* What transformers takes when config.json leaves it out, what Megatron takes when args do
-     * (each loader's own default, never a guess); FIXED: the one value Megatron has. */
+     * (each loader's own default, never a guess; the field's value, also for a negated
+     * argument); FIXED: the one value Megatron has. */
     double hf_default, args_default;
     CkptfsFieldDerived derived; /* a default that follows from other fields */
     /* a number's limits, min < value <= max; integers are positive (UINT) or not negative

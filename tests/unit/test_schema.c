@@ -314,6 +314,9 @@ int main(void)
         if (swiglu)
             tap_ok(ok && m.vocab == 0 && m.rope_theta == 10000 && m.norm_eps == 1e-5 && m.kv_heads == 4,
                    "args without vocab_size: read with Megatron's defaults (%s)", error ? error->message : "");
+        if (swiglu) /* untie_embeddings_and_output_weights is False in Megatron unless given */
+            tap_ok(ok && m.tied_embeddings, "args without untie_embeddings_and_output_weights: tied embeddings, "
+                   "as Megatron");
         else
             tap_ok(!ok && error && strstr(error->message, "args.swiglu"), "args without swiglu: refused (%s)",
                    error ? error->message : "accepted");
