@@ -210,13 +210,18 @@ static double load(const CkptfsModelField *f, const CkptfsModel *m)
     }
 }
 
-/* The default of F for MODEL (its sizes read): the derived one, else the row's. */
-static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool args)
+/* The default of F for MODEL (its sizes read): the derived one, else the row's. A size config.json
+ * leaves out is the architecture's transformers default where it has one (Mistral's 8 key/value
+ * heads); one it gives as null is the derived one (transformers' "None"). */
+static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool args, bool null_given)
 {
+    bool arch_default = !args && !null_given && m->arch;
     switch (f->derived) {
     case CKPTFS_DERIVED_HEADS:
-        return (double)m->heads;
+        return arch_default && m->arch->kv_heads ? (double)m->arch->kv_heads : (double)m->heads;
     case CKPTFS_DERIVED_HEAD_DIM:
+        if (arch_default && m->arch->head_dim)
+            return (double)m->arch->head_dim;
         return m->heads ? (double)(m->hidden / m->heads) : 0;
     case CKPTFS_DERIVED_FFN:
         return (double)m->ffn;
@@ -395,11 +400,14 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
             names[n++] = f->hf[i];
     const char *first = NULL;
     FieldValue chosen = {0};
+    bool null_given = false;
     for (size_t i = 0; i < n; i++) {
         FieldValue v = {0};
         bool found = false;
         if (!config_value(config, f, names[i], m, &found, &v, error))
             return false;
+        JsonNode *node = ckptfs_json_member(config, names[i]);
+        null_given = null_given || (node != NULL && JSON_NODE_HOLDS_NULL(node));
         if (!found)
             continue;
         if (first && (v.number != chosen.number || (v.text && strcmp(v.text, chosen.text) != 0))) {
@@ -414,7 +422,7 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
         if (f->flags & CKPTFS_FIELD_REQUIRED)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: missing \"%s\", which the Megatron "
                                "views need", n ? names[0] : f->field);
-        chosen.number = default_of(f, m, false);
+        chosen.number = default_of(f, m, false, null_given);
     }
     if ((f->flags & CKPTFS_FIELD_ARGS_INTEGER) && chosen.number != (double)(int64_t)chosen.number)
         REFUSE("%s %g has no Megatron equivalent: %s is an integer", first, chosen.number, f->args);
@@ -532,7 +540,7 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
                             GError **error)
 {
     const CkptfsPy *v = f->args ? args_value(args, f) : NULL;
-    double value = default_of(f, m, true);
+    double value = default_of(f, m, true, false);
     if (f->type == CKPTFS_FIELD_ACTIVATION) {
         if (v == NULL || v->kind != CKPTFS_PY_BOOL || !v->i)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true; only SwiGLU models "

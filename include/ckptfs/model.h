@@ -45,6 +45,9 @@ typedef struct {
      * unless it does) */
     uint64_t sliding_window;
     bool window_opt_in;
+    /* transformers' num_key_value_heads and head_dim where config.json leaves them out (0: the
+     * attention heads, hidden_size / num_attention_heads) */
+    uint64_t kv_heads, head_dim;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

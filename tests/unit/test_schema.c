@@ -333,8 +333,8 @@ int main(void)
     for (size_t i = 0; i < G_N_ELEMENTS(defaults); i++) {
         g_autofree char *json = g_strdup_printf(
             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
-            "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, \"num_local_experts\": 4, "
-            "\"num_experts_per_tok\": 2}", defaults[i].arch, defaults[i].type);
+            "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 100, "
+            "\"num_local_experts\": 4, \"num_experts_per_tok\": 2}", defaults[i].arch, defaults[i].type);
         g_autoptr(JsonObject) config = parse(json);
         CkptfsModel m;
         GError *error = NULL;
@@ -348,6 +348,37 @@ int main(void)
     /* A sliding window config.json leaves out is transformers' default for the architecture:
      * MistralConfig's 4096 (a window the views do not have), none for Qwen2 unless
      * use_sliding_window (False in Qwen2Config) turns it on. */
+    /* num_key_value_heads and head_dim left out: the architecture's transformers defaults
+     * (MistralConfig's 8 key/value heads, Qwen3Config's head_dim 128); given as null: the
+     * attention heads and hidden_size / num_attention_heads. */
+    static const struct {
+        const char *arch, *type, *sizes;
+        uint64_t kv_heads, head_dim;
+    } sizes[] = {
+        {"MistralForCausalLM", "mistral", "", 8, 32},
+        {"MixtralForCausalLM", "mixtral", "", 8, 32},
+        {"Qwen3ForCausalLM", "qwen3", "\"num_key_value_heads\": 4, ", 4, 128},
+        {"Qwen3ForCausalLM", "qwen3", "\"num_key_value_heads\": null, \"head_dim\": null, ", 16, 32},
+        {"MistralForCausalLM", "mistral", "\"num_key_value_heads\": null, ", 16, 32},
+        {"LlamaForCausalLM", "llama", "", 16, 32},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+        g_autofree char *json = g_strdup_printf(
+            "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 512, "
+            "\"num_attention_heads\": 16, %s\"intermediate_size\": 1024, \"vocab_size\": 100, "
+            "\"max_position_embeddings\": 4096, \"num_local_experts\": 4, \"num_experts_per_tok\": 2}",
+            sizes[i].arch, sizes[i].type, sizes[i].sizes);
+        g_autoptr(JsonObject) config = parse(json);
+        CkptfsModel m;
+        GError *error = NULL;
+        bool ok = read_model(config, &m, &error);
+        tap_ok(ok && m.kv_heads == sizes[i].kv_heads && m.head_dim == sizes[i].head_dim,
+               "%s with {%s}: %" G_GUINT64_FORMAT " key/value heads of %" G_GUINT64_FORMAT " as transformers (got %"
+               G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "; %s)", sizes[i].type, sizes[i].sizes, sizes[i].kv_heads,
+               sizes[i].head_dim, ok ? m.kv_heads : 0, ok ? m.head_dim : 0, error ? error->message : "");
+        g_clear_error(&error);
+    }
+
 #define MISTRAL "model_type", "\"mistral\"", "architectures", "[\"MistralForCausalLM\"]"
 #define QWEN2 "model_type", "\"qwen2\"", "architectures", "[\"Qwen2ForCausalLM\"]"
     refused(llama, EDIT(MISTRAL, "sliding_window", NULL), "no \"sliding_window\"",
