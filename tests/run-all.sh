@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine (as root) and runs every test: C unit tests (under CTest,
 # then again with the rest under prove), integration tests through real FUSE mounts (loaded
-# with torch 1.13 on the host and torch 2.6 + safetensors in a Debian 13 root), the fuzz smoke
-# run, then the unit and integration tests again with the AddressSanitizer/UBSan build.
+# with torch 1.13 on the host, torch 2.6 + safetensors in a Debian 13 root, transformers 5 in
+# a Debian sid root), the fuzz smoke run, then the unit and integration tests again with the
+# AddressSanitizer/UBSan build.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -14,6 +15,9 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON
 # The Debian 13 root with torch 2.6 and safetensors (built once, then reused).
 bash -c 'source tests/lib/common.sh; torch2_root_ensure' ||
   echo "# torch 2.6 root unavailable: its checks will be skipped"
+# The sid root with transformers 5 (built once, then reused): models saved by transformers 5.
+bash -c 'source tests/lib/common.sh; sid_root_ensure' ||
+  echo "# sid root unavailable: tests/integration/tf5_roundtrip.t will skip"
 # And what building ckptfs there needs: libfuse 3.17, for the FUSE passthrough tests.
 bash -c 'source tests/lib/common.sh; trixie_build_deps_ensure || { echo "# $TRIXIE_WHY"; false; }' ||
   echo "# no libfuse 3.17 build: tests/integration/passthrough.t will skip"

@@ -1,5 +1,6 @@
 # Shared helpers for the bash integration tests: TAP output, mounts that are always unmounted,
-# and the Debian 13 root with torch 2.6 + safetensors. Source it; it sets `set -u` and traps.
+# the Debian 13 root with torch 2.6 + safetensors and the sid root with transformers 5. Source
+# it; it sets `set -u` and traps.
 set -u
 TESTS_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CKPTFS=${CKPTFS_BIN:-$TESTS_TOP/build/ckptfs}
@@ -8,6 +9,7 @@ CKPTFS=${CKPTFS_BIN:-$TESTS_TOP/build/ckptfs}
 TESTDATA=$TESTS_TOP/tests/data
 PY=/usr/bin/python3
 TORCH2_ROOT=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
+SID_ROOT=${CKPTFS_SID_ROOT:-/var/cache/ckptfs-tests/sid-root}
 _tap_n=0
 _tap_failed=0
 WORK=$(mktemp -d /tmp/ckptfs-test.XXXXXX)
@@ -19,8 +21,11 @@ _cleanup() {
     fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
   rm -rf --one-file-system "$WORK"
-  # The empty mount points torch2_python and trixie_ckptfs made for $WORK's directories in the root.
-  [[ -d $TORCH2_ROOT$WORK ]] && find "$TORCH2_ROOT$WORK" -depth -type d -empty -delete 2> /dev/null
+  # The empty mount points root_python and trixie_ckptfs made for $WORK's directories in the roots.
+  local root
+  for root in "$TORCH2_ROOT" "$SID_ROOT"; do
+    [[ -d $root$WORK ]] && find "$root$WORK" -depth -type d -empty -delete 2> /dev/null
+  done
   return 0
 }
 trap _cleanup EXIT
@@ -106,20 +111,52 @@ torch2_available() {
 }
 torch2_root_ensure() {
   torch2_available && return 0
-  local url tmp=$TORCH2_ROOT.tmp
+  debian_root_make "$TORCH2_ROOT" trixie 'torch, safetensors' \
+    --include=python3-torch,python3-safetensors,python3-numpy
+}
+# The sid root: transformers 5 and the torch it goes with, to save models the way transformers 5
+# does and load ckptfs's views back with it (tests/integration/tf5_roundtrip.t). Made like the
+# torch 2.6 root, the packages then installed by the root's apt.
+sid_available() {
+  SID_WHY=""
+  if [[ -x $SID_ROOT/usr/bin/python3 ]]; then return 0; fi
+  SID_WHY="no Debian sid root at $SID_ROOT (tests/run-all.sh builds it)"
+  return 1
+}
+sid_root_ensure() {
+  sid_available && return 0
+  debian_root_make "$SID_ROOT" sid 'torch, safetensors, transformers' -- \
+    python3-transformers python3-torch python3-safetensors
+}
+# debian_root_make ROOT SUITE IMPORTS [DEBOOTSTRAP ARGS...] [-- APT PACKAGES...]: debootstraps
+# SUITE into ROOT.tmp from the machine's Debian mirror, apt-installs the packages there, and
+# renames it ROOT once python3 imports IMPORTS; a complete ROOT.tmp left by an interrupted
+# run is kept.
+debian_root_make() {
+  local root=$1 suite=$2 imports=$3 url tmp=$1.tmp name=${1##*/}
+  shift 3
+  local boot=() apt=()
+  while (($#)) && [[ $1 != -- ]]; do boot+=("$1"); shift; done
+  (($#)) && shift && apt=("$@")
   url=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
   [[ -n $url ]] || url=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-  [[ -n $url ]] || { echo "torch2 root: no Debian mirror configured" >&2; return 1; }
-  command -v debootstrap >/dev/null || { echo "torch2 root: debootstrap missing" >&2; return 1; }
-  if [[ -x $tmp/usr/bin/python3 ]] && chroot "$tmp" /usr/bin/python3 -c 'import torch, safetensors' 2>/dev/null; then
-    mv "$tmp" "$TORCH2_ROOT"
+  [[ -n $url ]] || { echo "$name: no Debian mirror configured" >&2; return 1; }
+  command -v debootstrap >/dev/null || { echo "$name: debootstrap missing" >&2; return 1; }
+  if [[ -x $tmp/usr/bin/python3 ]] && chroot "$tmp" /usr/bin/python3 -c "import $imports" 2>/dev/null; then
+    mv "$tmp" "$root"
     return 0
   fi
   rm -rf "$tmp"
-  mkdir -p "$(dirname "$TORCH2_ROOT")"
-  debootstrap --variant=minbase --include=python3-torch,python3-safetensors,python3-numpy \
-    trixie "$tmp" "$url" >&2 || return 1
-  mv "$tmp" "$TORCH2_ROOT"
+  mkdir -p "$(dirname "$root")"
+  debootstrap --variant=minbase "${boot[@]}" "$suite" "$tmp" "$url" >&2 || return 1
+  # sid's Release expires within days: a mirror that is a dated snapshot serves it expired.
+  if ((${#apt[@]})); then
+    chroot "$tmp" apt-get -o Acquire::Check-Valid-Until=false update >&2 &&
+      chroot "$tmp" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "${apt[@]}" >&2 &&
+      chroot "$tmp" apt-get clean || return 1
+  fi
+  mv "$tmp" "$root"
 }
 # What building ckptfs in the Debian 13 root needs (libfuse 3.17: FUSE passthrough), added to the
 # root with its apt once (scripts/bundle.sh --prepare); non-zero with the reason in TRIXIE_WHY.
@@ -147,9 +184,12 @@ trixie_ckptfs() {
 # in DIRS (colon-separated: mounts and files the script reads) and the tests' lib visible at the
 # same paths; in a private mount namespace, so nothing leaks if the test dies; killed after
 # TORCH2_TIMEOUT seconds (900), so a hung loader fails its check instead of stalling the run.
-torch2_python() {
-  local dirs="$1:$TESTS_TOP/tests/lib"
-  shift
+torch2_python() { root_python "$TORCH2_ROOT" "$@"; }
+# sid_python DIRS SCRIPT ARGS...: the same in the sid root (transformers 5).
+sid_python() { root_python "$SID_ROOT" "$@"; }
+root_python() {
+  local root=$1 dirs="$2:$TESTS_TOP/tests/lib"
+  shift 2
   unshare --mount --propagation private bash -c '
     root=$1 dirs=$2; shift 2
     mount -t proc proc "$root/proc" || exit 1
@@ -158,5 +198,5 @@ torch2_python() {
       mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1
     done
     exec timeout --kill-after=10 "${TORCH2_TIMEOUT:-900}" chroot "$root" /usr/bin/python3 "$@"' \
-    _ "$TORCH2_ROOT" "$dirs" "$@"
+    _ "$root" "$dirs" "$@"
 }
