@@ -369,7 +369,9 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     json_object_set_array_member(c, "architectures", archs);
     json_object_set_string_member(c, "model_type", m->arch->model_type);
     ckptfs_schema_write_config(m, c);
+    /* Until the weights are listed: then the type most of them are served in (source.c). */
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
+    source->config_dtype_from_weights = true;
     if (m->mla)
         synthesize_deepseek(c, m);
     else if (m->arch->moe) {

@@ -199,13 +199,51 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
     return true;
 }
 
+/* config.json's element type, under both names where the file has both: transformers 5 writes
+ * "dtype", earlier versions "torch_dtype" (both read both). */
+static void set_config_dtype(CkptfsSource *source, CkptfsDtype dtype)
+{
+    static const char *const keys[] = {"torch_dtype", "dtype"};
+    const char *name = ckptfs_dtype_torch_name(dtype);
+    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
+        JsonNode *node = json_object_get_member(source->config, keys[i]);
+        bool present = node != NULL, same = present && JSON_NODE_HOLDS_VALUE(node) &&
+                                            json_node_get_value_type(node) == G_TYPE_STRING &&
+                                            strcmp(json_node_get_string(node), name) == 0;
+        if ((present || i == 0) && !same) {
+            json_object_set_string_member(source->config, keys[i], name);
+            source->config_changed = true;
+        }
+    }
+}
+
+/* The floating-point type holding most of the served weights' bytes: what transformers should
+ * load a config.json made here as (a Megatron checkpoint saved without --bf16 holds fp32). */
+static CkptfsDtype weights_dtype(const CkptfsCatalog *catalog)
+{
+    uint64_t bytes[CKPTFS_DTYPE_COUNT] = {0};
+    CkptfsDtype most = CKPTFS_DTYPE_BF16;
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(catalog, i);
+        if (!ckptfs_dtype_is_float(t->dtype))
+            continue;
+        bytes[t->dtype] += t->nbytes;
+        if (bytes[t->dtype] > bytes[most])
+            most = t->dtype;
+    }
+    return most;
+}
+
 /* -o dtype (or the format's default): floating-point weights served as bf16 or fp32,
  * converted on read, and config.json's torch_dtype saying so. */
 static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool dequantized)
 {
     CkptfsServeDtype want = options->dtype != CKPTFS_SERVE_AUTO ? options->dtype : source->default_dtype;
-    if (want == CKPTFS_SERVE_AUTO)
+    if (want == CKPTFS_SERVE_AUTO) {
+        if (source->config_dtype_from_weights && source->config != NULL)
+            set_config_dtype(source, weights_dtype(source->catalog));
         return;
+    }
     CkptfsDtype to = want == CKPTFS_SERVE_BF16 ? CKPTFS_DTYPE_BF16 : CKPTFS_DTYPE_F32;
     /* bf16: what a family keeps in fp32 (DeepSeek's router bias) stays so, as fp8_cast_bf16.py
      * leaves it. */
@@ -219,21 +257,8 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
     bool served = false;
     for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog) && !served; i++)
         served = ckptfs_catalog_at(source->catalog, i)->dtype == to;
-    if (!served || source->config == NULL)
-        return;
-    /* transformers 5 writes "dtype"; earlier versions "torch_dtype" (both read both). */
-    static const char *const keys[] = {"torch_dtype", "dtype"};
-    const char *name = ckptfs_dtype_torch_name(to);
-    for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
-        JsonNode *node = json_object_get_member(source->config, keys[i]);
-        bool present = node != NULL, same = present && JSON_NODE_HOLDS_VALUE(node) &&
-                                            json_node_get_value_type(node) == G_TYPE_STRING &&
-                                            strcmp(json_node_get_string(node), name) == 0;
-        if ((present || i == 0) && !same) {
-            json_object_set_string_member(source->config, keys[i], name);
-            source->config_changed = true;
-        }
-    }
+    if (served && source->config != NULL)
+        set_config_dtype(source, to);
 }
 
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of

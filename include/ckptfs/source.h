@@ -44,6 +44,7 @@ typedef struct CkptfsSource {
     JsonObject *adapter_config; /* PEFT's adapter_config.json for it */
     unsigned converted;   /* tensors served in another element type than stored */
     bool config_changed;  /* config (torch_dtype) no longer says what the config.json file does */
+    bool config_dtype_from_weights; /* config was made here: its torch_dtype is the served weights' */
 } CkptfsSource;
 
 /* One checkpoint format: a row of the source registry (source.c), tried in order. */

@@ -23,8 +23,6 @@ known() {
   case $1 in
     phi3-*:\ logits:\ transformers\ 5\ cannot\ load*Padding_idx\ must\ be\ within\ num_embeddings)
       echo "hf/config.json of a Phi-3 Megatron source has no pad_token_id: transformers takes Phi-3's 32000, outside this vocabulary" ;;
-    *-v4:\ logits:\ torch.bfloat16\ *original\ torch.float32*loaded\ as\ torch.float32:\ max\ \|diff\|\ 0.0) # the fp32 copies
-      echo "hf/config.json of a Megatron source says torch_dtype bfloat16 whatever args.params_dtype is: an fp32 copy loads as bf16 (loaded as fp32 it is exact)" ;;
   esac
 }
 
