@@ -454,3 +454,20 @@ const struct fuse_lowlevel_ops ckptfs_fuse_ops = {
     .readlink = op_readlink,
     .statfs = op_statfs,
 };
+
+int ckptfs_take_auto_switch(const char *item, const char *key, int *value)
+{
+    size_t len = strlen(key);
+    if (strncmp(item, key, len) != 0 || item[len] != '=')
+        return 0;
+    static const char *const names[] = {[CKPTFS_SWITCH_AUTO] = "auto", [CKPTFS_SWITCH_ON] = "on",
+                                        [CKPTFS_SWITCH_OFF] = "off"};
+    for (int i = 0; i < (int)G_N_ELEMENTS(names); i++) {
+        if (strcmp(item + len + 1, names[i]) == 0) {
+            *value = i;
+            return 1;
+        }
+    }
+    fprintf(stderr, "ckptfs: option %s: expected %s=auto, on or off\n", item, key);
+    return -1;
+}

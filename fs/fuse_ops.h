@@ -46,4 +46,9 @@ void ckptfs_read_buffer_free(gpointer buffer);
 /* One log line, to stderr in the foreground and to syslog once daemonized. */
 void ckptfs_fuse_log(const CkptfsFuseContext *ctx, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
 
+/* The session's switches written KEY=auto|on|off (passthrough, io_uring): ITEM's value as 0
+ * (auto), 1 (on) or 2 (off) in *VALUE. 1 taken, 0 not KEY=..., -1 a bad value (said on stderr). */
+enum { CKPTFS_SWITCH_AUTO, CKPTFS_SWITCH_ON, CKPTFS_SWITCH_OFF };
+int ckptfs_take_auto_switch(const char *item, const char *key, int *value);
+
 #endif

@@ -39,19 +39,11 @@ int ckptfs_passthrough_take_option(CkptfsPassthroughMode *mode, const char *item
         *mode = CKPTFS_PASSTHROUGH_ON;
         return 1;
     }
-    if (!g_str_has_prefix(item, "passthrough="))
-        return 0;
-    const char *value = item + strlen("passthrough=");
-    static const char *const names[] = {[CKPTFS_PASSTHROUGH_AUTO] = "auto", [CKPTFS_PASSTHROUGH_ON] = "on",
-                                        [CKPTFS_PASSTHROUGH_OFF] = "off"};
-    for (unsigned i = 0; i < G_N_ELEMENTS(names); i++) {
-        if (strcmp(value, names[i]) == 0) {
-            *mode = (CkptfsPassthroughMode)i;
-            return 1;
-        }
-    }
-    fprintf(stderr, "ckptfs: option %s: expected passthrough=auto, on or off\n", item);
-    return -1;
+    int value;
+    int taken = ckptfs_take_auto_switch(item, "passthrough", &value);
+    if (taken == 1)
+        *mode = (CkptfsPassthroughMode)value;
+    return taken;
 }
 
 /* Root in the kernel's eyes: root of the first user namespace (the kernel asks for CAP_SYS_ADMIN

@@ -21,7 +21,11 @@ bool ckptfs_passthrough_built(void);
 
 /* -o passthrough=auto (the default: where it can work, else silently not), on (-o passthrough
  * alone too: a refusal is logged), off. */
-typedef enum { CKPTFS_PASSTHROUGH_AUTO, CKPTFS_PASSTHROUGH_ON, CKPTFS_PASSTHROUGH_OFF } CkptfsPassthroughMode;
+typedef enum {
+    CKPTFS_PASSTHROUGH_AUTO = CKPTFS_SWITCH_AUTO,
+    CKPTFS_PASSTHROUGH_ON = CKPTFS_SWITCH_ON,
+    CKPTFS_PASSTHROUGH_OFF = CKPTFS_SWITCH_OFF
+} CkptfsPassthroughMode;
 
 /* passthrough or passthrough=auto|on|off: 1 taken into *MODE, 0 not this option, -1 a bad value
  * (said on stderr). */

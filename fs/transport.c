@@ -16,19 +16,11 @@ struct CkptfsTransport {
 
 int ckptfs_transport_take_option(CkptfsUringMode *mode, const char *item)
 {
-    if (!g_str_has_prefix(item, "io_uring="))
-        return 0;
-    const char *value = item + strlen("io_uring=");
-    static const char *const names[] = {[CKPTFS_URING_AUTO] = "auto", [CKPTFS_URING_ON] = "on",
-                                        [CKPTFS_URING_OFF] = "off"};
-    for (unsigned i = 0; i < G_N_ELEMENTS(names); i++) {
-        if (strcmp(value, names[i]) == 0) {
-            *mode = (CkptfsUringMode)i;
-            return 1;
-        }
-    }
-    fprintf(stderr, "ckptfs: option %s: expected io_uring=auto, on or off\n", item);
-    return -1;
+    int value;
+    int taken = ckptfs_take_auto_switch(item, "io_uring", &value);
+    if (taken == 1)
+        *mode = (CkptfsUringMode)value;
+    return taken;
 }
 
 #ifdef CKPTFS_HAVE_URING

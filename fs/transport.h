@@ -15,7 +15,11 @@
 
 /* -o io_uring=auto (where it works, else /dev/fuse with a line saying why), on (refuse to mount
  * without it), off (the default). */
-typedef enum { CKPTFS_URING_AUTO, CKPTFS_URING_ON, CKPTFS_URING_OFF } CkptfsUringMode;
+typedef enum {
+    CKPTFS_URING_AUTO = CKPTFS_SWITCH_AUTO,
+    CKPTFS_URING_ON = CKPTFS_SWITCH_ON,
+    CKPTFS_URING_OFF = CKPTFS_SWITCH_OFF
+} CkptfsUringMode;
 
 typedef struct CkptfsTransport CkptfsTransport;
 
