@@ -59,10 +59,17 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     uint64_t covered = 0;
     for (unsigned i = 0; i < npieces; i++) {
         const CkptfsPiece *a = &pieces[i];
-        uint64_t end;
+        uint64_t end, last_row, last_col;
         bool inside = a->row0 < a->row1 && a->col0 < a->col1 && a->row1 <= rows && a->col1 <= cols;
-        if (inside && !ckptfs_rows_end(a->offset, a->row1 - a->row0, a->row_stride,
-                                       (a->col1 - a->col0) * isz, 1, &end)) {
+        bool wraps = inside && (a->col_stride == 0
+                                    ? !ckptfs_rows_end(a->offset, a->row1 - a->row0, a->row_stride,
+                                                       (a->col1 - a->col0) * isz, 1, &end)
+                                    /* strided: the end of its last row's last element */
+                                    : !ckptfs_offset_at(a->offset, a->row1 - a->row0 - 1, a->row_stride, &last_row) ||
+                                          !ckptfs_mul_u64(a->col1 - a->col0 - 1, a->col_stride, &last_col) ||
+                                          !ckptfs_add_u64(last_row, last_col, &end) ||
+                                          !ckptfs_add_u64(end, isz, &end));
+        if (wraps) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                         "tensor '%s': piece of %" G_GUINT64_FORMAT " rows %" G_GUINT64_FORMAT
                         " bytes apart from offset %" G_GUINT64_FORMAT " overflows 64 bits",
@@ -137,8 +144,14 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
                     "FP8 matrix", name, scale);
         return false;
     }
+    for (unsigned p = 0; p < t->npieces; p++)
+        if (t->pieces[p].col_stride != 0 && t->pieces[p].col_stride != 1) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' has block scales ('%s') but is "
+                        "stored transposed: not dequantised", name, scale);
+            return false;
+        }
     if (s->stored != CKPTFS_DTYPE_F32 || s->ndim != 2 || s->rows != want_rows || s->cols != want_cols ||
-        s->npieces != 1) {
+        s->npieces != 1 || (s->pieces[0].col_stride != 0 && s->pieces[0].col_stride != 4)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s': its scales '%s' are %s [%" G_GUINT64_FORMAT
                     ", %" G_GUINT64_FORMAT "]; %ux%u blocks of [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] need F32 [%"
                     G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", name, scale, ckptfs_dtype_safetensors_name(s->stored),
@@ -269,7 +282,9 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
         }
         /* Items: the pieces covering this band, left to right. */
         g_autoptr(GArray) items = g_array_new(FALSE, FALSE, sizeof(CkptfsGatherItem));
+        g_autoptr(GArray) strided = g_array_new(FALSE, FALSE, sizeof(CkptfsStridedItem));
         g_autoptr(GArray) col0 = g_array_new(FALSE, FALSE, sizeof(uint64_t));
+        bool transposed = false; /* some piece's columns are not adjacent */
         for (uint64_t col = c0; col < c1;) {
             const CkptfsPiece *hit = NULL;
             for (unsigned p = 0; p < tensor->npieces && !hit; p++) {
@@ -285,11 +300,25 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
                 .stride = hit->row_stride,
                 .len = (end - col) * isz,
             };
+            uint64_t col_stride = hit->col_stride ? hit->col_stride : isz;
+            CkptfsStridedItem by_element = {
+                .src = hit->src,
+                .base = hit->offset + (row - hit->row0) * hit->row_stride + (col - hit->col0) * col_stride,
+                .row_stride = hit->row_stride,
+                .col_stride = col_stride,
+                .cols = end - col,
+            };
+            transposed = transposed || col_stride != isz;
             g_array_append_val(items, item);
+            g_array_append_val(strided, by_element);
             g_array_append_val(col0, col);
             col = end;
         }
-        if (scaled) {
+        g_assert(!(transposed && scaled)); /* ckptfs_catalog_set_block_scale refuses such pieces */
+        if (transposed) {
+            ckptfs_plan_add_strided(b, tensor->stored, conv, band_end - row,
+                                    (const CkptfsStridedItem *)(void *)strided->data, strided->len);
+        } else if (scaled) {
             CkptfsBlockScale where = *tensor->scale;
             where.row0 = row;
             where.col0 = (const uint64_t *)(void *)col0->data;

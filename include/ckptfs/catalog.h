@@ -1,8 +1,10 @@
 /* The catalog: every tensor of a source under its Hugging Face name, in source order, with
  * where its bytes live. A tensor is seen as a row-major 2-D matrix (rows = shape[0], columns =
  * the product of the other dims; a scalar is 1x1), covered exactly by pieces; each piece is a
- * rectangle of that matrix stored row-major in one source file. An HF tensor is one piece; a
- * tensor gathered from Megatron rank files is several. Views only ask for rectangles. */
+ * rectangle of that matrix stored in one source file, row-major or, with a column stride, in any
+ * other order (an expert's slice of a fused 3-D tensor, stored transposed or with gate and up
+ * interleaved). An HF tensor is one piece; a tensor gathered from Megatron rank files is several.
+ * Views only ask for rectangles. */
 #ifndef CKPTFS_CATALOG_H
 #define CKPTFS_CATALOG_H
 
@@ -19,6 +21,9 @@ typedef struct {
     uint32_t src;        /* source file index */
     uint64_t offset;     /* where element (row0, col0) is in the source file */
     uint64_t row_stride; /* bytes between consecutive rows in the source file */
+    /* bytes between consecutive columns: 0 for the element size (rows stored row-major); an
+     * element (r, c) is at offset + (r - row0) * row_stride + (c - col0) * col_stride */
+    uint64_t col_stride;
 } CkptfsPiece;
 
 typedef struct {

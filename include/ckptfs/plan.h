@@ -9,6 +9,10 @@
  *   CONVERT  a gather whose bytes are elements of one type, emitted as another (fp32 shards
  *            served as bf16): N source bytes become M output bytes; reads at any offset and
  *            length convert only the elements they touch.
+ *   TRANSPOSE NREP rows, each the items' columns side by side, whose elements are not adjacent
+ *            in the source (a matrix stored transposed: an expert's slice of a fused 3-D
+ *            tensor); a read fetches each source run it needs once, transposes in a buffer and
+ *            converts when the catalog does.
  * The read engine binary-searches the extent containing an offset and copies from the sources;
  * a plan never holds tensor data. Plans are immutable once built and safe to read from any
  * number of threads. */
@@ -30,6 +34,7 @@ typedef enum {
     CKPTFS_EXTENT_CRC32, /* 4 bytes: CRC-32 (little-endian) of an earlier range of the same
                             file, computed on first read and cached */
     CKPTFS_EXTENT_CONVERT,
+    CKPTFS_EXTENT_TRANSPOSE,
 } CkptfsExtentKind;
 
 typedef struct {
@@ -53,6 +58,16 @@ typedef struct {
     const uint64_t *col0; /* per item; owned by the plan */
 } CkptfsBlockScale;
 
+/* A TRANSPOSE extent's item: COLS columns whose element (j, k) (row j of the extent, column k
+ * of the item) is at BASE + j * ROW_STRIDE + k * COL_STRIDE of source file SRC. */
+typedef struct {
+    uint32_t src;
+    uint64_t base;
+    uint64_t row_stride; /* an element size for a matrix stored transposed */
+    uint64_t col_stride; /* its stored rows' length */
+    uint64_t cols;
+} CkptfsStridedItem;
+
 typedef struct {
     uint64_t offset; /* where the extent starts in the synthesized file */
     uint64_t size;   /* bytes it covers */
@@ -71,6 +86,14 @@ typedef struct {
             uint64_t offset, len; /* the range of this file it covers */
             uint32_t slot;        /* index of its cache slot in the plan */
         } crc;
+        struct {
+            uint64_t nrep;      /* rows */
+            uint64_t row_elems; /* elements per row: the items' columns */
+            uint32_t nitems;
+            const CkptfsStridedItem *items; /* owned by the plan */
+            CkptfsConvert convert;          /* NONE: served as stored */
+            uint32_t elsize;                /* of the stored elements */
+        } strided;
     } u;
 } CkptfsExtent;
 
@@ -97,6 +120,11 @@ void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t 
  * with NITEMS entries) places them in their tensor. */
 void ckptfs_plan_add_scaled(CkptfsPlanBuilder *b, CkptfsConvert conv, const CkptfsBlockScale *scale,
                             uint64_t nrep, const CkptfsGatherItem *items, uint32_t nitems);
+/* Appends NREP rows of elements of STORED type (converted by CONV unless NONE), each row the
+ * ITEMS' columns (copied) side by side: TRANSPOSE, or a gather when every item's elements are
+ * adjacent. */
+void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsConvert conv, uint64_t nrep,
+                             const CkptfsStridedItem *items, uint32_t nitems);
 /* Appends the 4-byte CRC-32 of bytes [OFFSET, OFFSET + LEN) of this file, which must come
  * before it and hold no CRC extent. Computed lazily: the first read of it reads the range. */
 void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len);

@@ -415,7 +415,7 @@ static void test_catalog_rects(const Sources *s, GRand *rng)
     /* Pieces: rows cut at 5, columns at 3 and 7 -> 6 pieces in various files. */
     CkptfsTensor t = *t0;
     const uint64_t rcut[] = {0, 5, 12}, ccut[] = {0, 3, 7, 10};
-    CkptfsPiece pieces[6];
+    CkptfsPiece pieces[6] = {{0}};
     uint8_t expect_full[12 * 10 * 2];
     int np = 0;
     for (int i = 0; i < 2; i++)
