@@ -42,19 +42,36 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                                               const uint64_t *shape, const CkptfsPiece *pieces,
                                               unsigned npieces, GError **error)
 {
+    return ckptfs_catalog_add_reshaped(catalog, name, dtype, dtype, ndim, shape, 0, pieces, npieces, error);
+}
+
+const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const char *name, CkptfsDtype dtype,
+                                                CkptfsDtype stored, unsigned ndim, const uint64_t *shape,
+                                                uint64_t view_rows, const CkptfsPiece *pieces, unsigned npieces,
+                                                GError **error)
+{
     if (g_hash_table_contains(catalog->by_name, name)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' is given twice", name);
         return NULL;
     }
     /* Sources check their numbers; these checks keep the catalog's own arithmetic (and every
      * read that follows from it) from wrapping whatever a source let through. */
-    size_t isz = ckptfs_dtype_size(dtype);
+    size_t isz = ckptfs_dtype_size(stored); /* pieces address stored bytes */
     uint64_t numel = 0, nbytes = 0, rows = ndim > 0 ? shape[0] : 1, cols = 1;
-    if (!ckptfs_dims_product(shape, ndim, &numel) || !ckptfs_mul_u64(numel, isz, &nbytes) ||
+    if (!ckptfs_dims_product(shape, ndim, &numel) ||
+        !ckptfs_mul_u64(numel, MAX(isz, ckptfs_dtype_size(dtype)), &nbytes) ||
         (ndim > 1 && !ckptfs_dims_product(shape + 1, ndim - 1, &cols))) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s': its %u-dimensional shape overflows 64 bits", name, ndim);
         return NULL;
+    }
+    if (view_rows != 0) {
+        if (numel % view_rows != 0) {
+            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s': %" G_GUINT64_FORMAT
+                        " elements are not %" G_GUINT64_FORMAT " rows", name, numel, view_rows);
+            return NULL;
+        }
+        rows = view_rows, cols = numel / view_rows;
     }
     uint64_t covered = 0;
     for (unsigned i = 0; i < npieces; i++) {
@@ -101,7 +118,8 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
     CkptfsTensor *t = g_new0(CkptfsTensor, 1);
     t->name = g_strdup(name);
     t->dtype = dtype;
-    t->stored = dtype;
+    t->stored = stored;
+    nbytes = numel * ckptfs_dtype_size(dtype);
     t->ndim = ndim;
     memcpy(t->shape, shape, ndim * sizeof *shape);
     t->rows = rows;

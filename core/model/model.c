@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/fused.h"
 #include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/mcore.h"
@@ -12,7 +13,10 @@ static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_s
 static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
                                                  "shared_expert_intermediate_size", .shared_gate = true,
                                                  .dense_layers = true};
-static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true};
+/* transformers 5 loads a Qwen3-MoE checkpoint with its experts fused as it holds them in memory */
+static const CkptfsFusedExperts *const transformers5_fused[] = {&ckptfs_fused_in_memory, NULL};
+static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
+                                                 .fused_forms = transformers5_fused};
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true};

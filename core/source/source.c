@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/fused.h"
+#include "ckptfs/json_strict.h"
 #include "ckptfs/mapping.h"
+#include "ckptfs/schema.h"
 #include "source_internal.h"
 
 static void source_file_free(gpointer data)
@@ -261,6 +264,43 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
         set_config_dtype(source, to);
 }
 
+/* Experts fused on disk (transformers 5's form; some families' releases): the Megatron views
+ * read per-expert tensors, strided pieces of the fused ones, from a catalog of their own, as
+ * block-FP8's; hf/ serves the source's own form. A problem costs the Megatron views, not hf/. */
+static void split_fused_experts(CkptfsSource *source)
+{
+    if (source->config == NULL || source->model_problem != NULL)
+        return;
+    const char *name = ckptfs_schema_config_architecture(source->config);
+    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    if (arch == NULL || arch->moe == NULL || arch->moe->fused_forms == NULL)
+        return;
+    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
+    model->arch = arch;
+    GError *error = NULL;
+    if (!ckptfs_model_read_config(source->config, model, &error)) {
+        g_error_free(error); /* the mount reads the model again and says why */
+        return;
+    }
+    if (!ckptfs_fused_experts_present(ckptfs_source_model_catalog(source), model, arch->moe->fused_forms))
+        return;
+    CkptfsCatalog *split = ckptfs_catalog_copy(ckptfs_source_model_catalog(source));
+    unsigned layers = 0;
+    if (!ckptfs_fused_experts_split(split, model, arch->moe->fused_forms, &layers, &error)) {
+        source->model_problem = g_strdup_printf("%s: %s", source->dir, error->message);
+        g_error_free(error);
+        ckptfs_catalog_free(split);
+        return;
+    }
+    if (layers == 0) {
+        ckptfs_catalog_free(split);
+        return;
+    }
+    ckptfs_catalog_free(source->model_catalog);
+    source->model_catalog = split;
+}
+
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of
  * it: every read would decode its frame again. Refused, naming the file and the size it needs,
  * rather than raised behind the user's back. */
@@ -310,6 +350,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         return NULL;
     }
     serve_dtype(source, options, dequantized);
+    split_fused_experts(source);
     return source;
 }
 

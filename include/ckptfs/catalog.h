@@ -59,6 +59,15 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                                               const uint64_t *shape, const CkptfsPiece *pieces,
                                               unsigned npieces, GError **error);
 
+/* The same with pieces of STORED elements served as DTYPE (one of them converted on read, as
+ * ckptfs_catalog_serve_as does), and the 2-D view VIEW_ROWS rows of numel / VIEW_ROWS columns (0:
+ * shape[0] rows): a fused [E, 2F, H] expert tensor seen as [E * 2F, H], so that each expert's
+ * pieces are rectangles of it. */
+const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const char *name, CkptfsDtype dtype,
+                                                CkptfsDtype stored, unsigned ndim, const uint64_t *shape,
+                                                uint64_t view_rows, const CkptfsPiece *pieces, unsigned npieces,
+                                                GError **error);
+
 /* Gives FP8 tensor NAME its block scales: tensor SCALE of the catalog, fp32 of shape
  * [ceil(rows / BLOCK_ROWS), ceil(cols / BLOCK_COLS)], stored in one piece. Errors name both. */
 bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, const char *scale,

@@ -27,6 +27,9 @@ typedef struct {
     /* DeepSeek-V3: sigmoid scores with a per-expert bias (noaux_tc), group-limited top-k;
      * otherwise softmax scores */
     bool sigmoid_routing;
+    /* The fused forms (fused.h) its Hugging Face checkpoints may hold the experts in, NULL-
+     * terminated; NULL: per expert only */
+    const struct CkptfsFusedExperts *const *fused_forms;
 } CkptfsMoeConfig;
 
 typedef struct {

@@ -1,0 +1,309 @@
+#include "ckptfs/fused.h"
+
+#include <string.h>
+
+#include "ckptfs/error.h"
+
+const CkptfsFusedExperts ckptfs_fused_in_memory = {
+    .name = "[E, 2F, H] and [E, H, F]", .gate_up = "mlp.experts.gate_up_proj", .down = "mlp.experts.down_proj"};
+const CkptfsFusedExperts ckptfs_fused_transposed = {
+    .name = "[E, H, 2F] and [E, F, H]", .gate_up = "mlp.experts.gate_up_proj", .down = "mlp.experts.down_proj",
+    .transposed = true};
+const CkptfsFusedExperts ckptfs_fused_interleaved = {
+    .name = "[E, H, 2F] with gate and up interleaved, and [E, F, H]", .gate_up = "mlp.experts.gate_up_proj",
+    .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true};
+
+enum { GATE, UP, DOWN, PROJECTIONS };
+
+/* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
+ * family's routed experts: fc1's two halves, fc2. */
+static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], GError **error)
+{
+    names[GATE] = names[UP] = names[DOWN] = NULL;
+    for (unsigned i = 0; i < family->n_rules; i++) {
+        const CkptfsRule *r = &family->rules[i];
+        if (!r->expert || r->extra_state)
+            continue;
+        if (r->recipe == CKPTFS_RECIPE_HALVES)
+            names[GATE] = r->hf[0], names[UP] = r->hf[1];
+        else if (r->recipe == CKPTFS_RECIPE_WHOLE && r->ndim == 2 && r->rows == CKPTFS_DIM_HIDDEN)
+            names[DOWN] = r->hf[0];
+    }
+    if (names[GATE] && names[DOWN])
+        return true;
+    return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the %s rules have no per-expert gate, up and down "
+                       "projections for fused expert tensors to be read as", family->name);
+}
+
+/* "model.layers.L." + PATTERN with "{e}" replaced by EXPERT. */
+static char *layer_name(uint64_t layer, const char *pattern, uint64_t expert)
+{
+    g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
+    g_auto(GStrv) parts = g_strsplit(pattern, "{e}", -1);
+    g_autofree char *suffix = g_strjoinv(e, parts);
+    return ckptfs_hf_layer_name(layer, suffix);
+}
+
+/* Whether fused SHAPE's last two dims are gate_up's (WHICH 0) or down's (1) in FORM. */
+static bool fits(const CkptfsFusedExperts *form, const CkptfsModel *m, const CkptfsTensor *t, int which)
+{
+    uint64_t out = which == 0 ? 2 * m->moe_ffn : m->hidden, in = which == 0 ? m->hidden : m->moe_ffn;
+    if (form->transposed) {
+        uint64_t swap = out;
+        out = in, in = swap;
+    }
+    return t->ndim == 3 && t->shape[1] == out && t->shape[2] == in;
+}
+
+/* Where element (e, j) of fused tensor T (its 2-D view [E, rest]) is: its pieces must hold
+ * whole rows, each row's elements adjacent. */
+static bool expert_base(const CkptfsTensor *t, uint64_t e, const CkptfsPiece **piece, uint64_t *offset,
+                        GError **error)
+{
+    size_t isz = ckptfs_dtype_size(t->stored);
+    for (unsigned p = 0; p < t->npieces; p++) {
+        const CkptfsPiece *pc = &t->pieces[p];
+        if (e < pc->row0 || e >= pc->row1)
+            continue;
+        if (pc->col0 != 0 || pc->col1 != t->cols || (pc->col_stride != 0 && pc->col_stride != isz) ||
+            t->scale != NULL)
+            break;
+        *piece = pc;
+        *offset = pc->offset + (e - pc->row0) * pc->row_stride;
+        return true;
+    }
+    return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s': expert %" G_GUINT64_FORMAT " is not stored "
+                       "as one run of bytes (split across files, or block-scaled); its experts are not served", t->name,
+                       e);
+}
+
+/* "[4, 128, 64]" */
+static char *shape_text(const CkptfsTensor *t)
+{
+    GString *text = g_string_new("[");
+    for (unsigned i = 0; i < t->ndim; i++)
+        g_string_append_printf(text, "%s%" G_GUINT64_FORMAT, i ? ", " : "", t->shape[i]);
+    g_string_append_c(text, ']');
+    return g_string_free(text, FALSE);
+}
+
+/* The form of layer L's fused tensors among FORMS: the one their shapes fit. */
+static const CkptfsFusedExperts *layer_form(const CkptfsModel *m, const CkptfsFusedExperts *const *forms,
+                                            const CkptfsTensor *gate_up, const CkptfsTensor *down, GError **error)
+{
+    const CkptfsFusedExperts *found = NULL;
+    const CkptfsTensor *both[2] = {gate_up, down};
+    for (int i = 0; i < 2; i++)
+        if (both[i]->ndim != 3 || both[i]->shape[0] != m->experts) {
+            g_autofree char *shape = shape_text(both[i]);
+            ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensor '%s' is %s: it must be 3-dimensional, "
+                        "its first dimension the %" G_GUINT64_FORMAT " experts config.json gives", both[i]->name, shape,
+                        m->experts);
+            return NULL;
+        }
+    for (const CkptfsFusedExperts *const *f = forms; *f; f++) {
+        if (!fits(*f, m, gate_up, 0) || !fits(*f, m, down, 1))
+            continue;
+        if (found != NULL && (found->transposed != (*f)->transposed || found->interleaved != (*f)->interleaved)) {
+            ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensors '%s' and '%s' fit both %s and %s "
+                        "(hidden_size %" G_GUINT64_FORMAT ", expert FFN size %" G_GUINT64_FORMAT "): their "
+                        "orientation is ambiguous", gate_up->name, down->name, found->name, (*f)->name, m->hidden,
+                        m->moe_ffn);
+            return NULL;
+        }
+        found = *f;
+    }
+    if (found == NULL && gate_up->ndim == 3 && down->ndim == 3) {
+        g_autoptr(GString) want = g_string_new(NULL);
+        for (const CkptfsFusedExperts *const *f = forms; *f; f++)
+            g_string_append_printf(want, "%s%s", want->len ? " or " : "", (*f)->name);
+        ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensors '%s' [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                    ", %" G_GUINT64_FORMAT "] and '%s' [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                    "] are not %s with E %" G_GUINT64_FORMAT ", H %" G_GUINT64_FORMAT " and F %" G_GUINT64_FORMAT
+                    " (config.json)", gate_up->name, gate_up->shape[0], gate_up->shape[1], gate_up->shape[2],
+                    down->name, down->shape[0], down->shape[1], down->shape[2], want->str, m->experts, m->hidden,
+                    m->moe_ffn);
+    }
+    return found;
+}
+
+/* Adds expert E's per-expert tensors of layer L (NAMES) as pieces of GATE_UP and DOWN. */
+static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form, uint64_t l,
+                       uint64_t e, const char *const names[PROJECTIONS], const CkptfsTensor *gate_up,
+                       const CkptfsTensor *down, GError **error)
+{
+    uint64_t h = m->hidden, f = m->moe_ffn;
+    size_t isz = ckptfs_dtype_size(gate_up->stored);
+    const CkptfsPiece *gp, *dp;
+    uint64_t gbase, dbase;
+    if (!expert_base(gate_up, e, &gp, &gbase, error) || !expert_base(down, e, &dp, &dbase, error))
+        return false;
+    /* gate_up element (o, i) (output o of 2F, input i of H) at gbase + (o * o_step + i * i_step)
+     * elements; gate's row r is output r (halves) or 2r (interleaved), up's F + r or 2r + 1. */
+    uint64_t o_step = form->transposed ? 1 : h, i_step = form->transposed ? 2 * f : 1;
+    uint64_t rows_apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : f;
+    /* down element (o, i) (output o of H, input i of F) */
+    uint64_t do_step = form->transposed ? 1 : f, di_step = form->transposed ? h : 1;
+    struct {
+        uint64_t offset, row_stride, col_stride, rows, cols;
+        const CkptfsPiece *in;
+        const CkptfsTensor *of;
+    } parts[PROJECTIONS] = {
+        {gbase, rows_apart * o_step * isz, i_step * isz, f, h, gp, gate_up},
+        {gbase + up_first * o_step * isz, rows_apart * o_step * isz, i_step * isz, f, h, gp, gate_up},
+        {dbase, do_step * isz, di_step * isz, h, f, dp, down},
+    };
+    for (int p = 0; p < PROJECTIONS; p++) {
+        g_autofree char *name = layer_name(l, names[p], e);
+        uint64_t shape[2] = {parts[p].rows, parts[p].cols};
+        CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = shape[1], .src = parts[p].in->src,
+                             .offset = parts[p].offset, .row_stride = parts[p].row_stride,
+                             .col_stride = parts[p].col_stride};
+        if (!ckptfs_catalog_add_reshaped(catalog, name, parts[p].of->dtype, parts[p].of->stored, 2, shape, 0, &piece,
+                                         1, error))
+            return false;
+    }
+    return true;
+}
+
+bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,
+                                  const CkptfsFusedExperts *const *forms)
+{
+    for (const CkptfsFusedExperts *const *f = forms; f && *f; f++)
+        for (uint64_t l = 0; l < model->layers; l++) {
+            g_autofree char *gate_up = ckptfs_hf_layer_name(l, (*f)->gate_up);
+            g_autofree char *down = ckptfs_hf_layer_name(l, (*f)->down);
+            if (ckptfs_model_layer_is_moe(model, l) &&
+                (ckptfs_catalog_find(catalog, gate_up) || ckptfs_catalog_find(catalog, down)))
+                return true;
+        }
+    return false;
+}
+
+bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model,
+                                const CkptfsFusedExperts *const *forms, unsigned *split, GError **error)
+{
+    *split = 0;
+    const char *names[PROJECTIONS];
+    if (forms == NULL || forms[0] == NULL || model->experts == 0)
+        return true;
+    g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (uint64_t l = 0; l < model->layers; l++) {
+        if (!ckptfs_model_layer_is_moe(model, l))
+            continue;
+        g_autofree char *gate_up_name = ckptfs_hf_layer_name(l, forms[0]->gate_up);
+        g_autofree char *down_name = ckptfs_hf_layer_name(l, forms[0]->down);
+        const CkptfsTensor *gate_up = ckptfs_catalog_find(catalog, gate_up_name);
+        const CkptfsTensor *down = ckptfs_catalog_find(catalog, down_name);
+        if (gate_up == NULL && down == NULL)
+            continue; /* held per expert */
+        if (gate_up == NULL || down == NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " has fused expert tensor '%s' "
+                               "but not '%s'", l, gate_up ? gate_up_name : down_name,
+                               gate_up ? down_name : gate_up_name);
+        if (*split == 0 && !expert_names(model->arch->family, names, error))
+            return false;
+        const CkptfsFusedExperts *form = layer_form(model, forms, gate_up, down, error);
+        if (form == NULL)
+            return false;
+        for (uint64_t e = 0; e < model->experts; e++)
+            for (int p = 0; p < PROJECTIONS; p++) {
+                g_autofree char *name = layer_name(l, names[p], e);
+                if (ckptfs_catalog_find(catalog, name) != NULL)
+                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " holds its experts "
+                                       "both fused ('%s') and one by one ('%s')", l, gate_up_name, name);
+            }
+        for (uint64_t e = 0; e < model->experts; e++)
+            if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error))
+                return false;
+        g_hash_table_add(fused, g_steal_pointer(&gate_up_name));
+        g_hash_table_add(fused, g_steal_pointer(&down_name));
+        (*split)++;
+    }
+    ckptfs_catalog_remove(catalog, fused);
+    return true;
+}
+
+/* Piece P of an expert's [R, C] tensor as a piece of the fused tensor's 2-D view: its rows
+ * shifted by ROW0 and columns by COL0, or, TRANSPOSED, its columns become rows (shifted by
+ * ROW0) and its rows columns (shifted by COL0). */
+static CkptfsPiece fused_piece(const CkptfsPiece *p, size_t isz, bool transposed, uint64_t row0, uint64_t col0)
+{
+    CkptfsPiece q = *p;
+    if (!transposed) {
+        q.row0 += row0, q.row1 += row0, q.col0 += col0, q.col1 += col0;
+        return q;
+    }
+    q.row0 = row0 + p->col0, q.row1 = row0 + p->col1;
+    q.col0 = col0 + p->row0, q.col1 = col0 + p->row1;
+    q.row_stride = p->col_stride ? p->col_stride : isz;
+    q.col_stride = p->row_stride;
+    return q;
+}
+
+bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model, const CkptfsFusedExperts *form,
+                               GError **error)
+{
+    if (form->transposed && form->interleaved)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s cannot be made of per-expert pieces: "
+                           "gate and up interleaved along a dimension the pieces are stored across", form->name);
+    const char *names[PROJECTIONS];
+    if (model->experts == 0 || !expert_names(model->arch->family, names, error))
+        return model->experts == 0;
+    uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
+    g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (uint64_t l = 0; l < model->layers; l++) {
+        if (!ckptfs_model_layer_is_moe(model, l))
+            continue;
+        g_autoptr(GArray) gate_up_pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+        g_autoptr(GArray) down_pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+        GArray *pieces[2] = {gate_up_pieces, down_pieces};
+        const CkptfsTensor *first = NULL;
+        for (uint64_t e = 0; e < e_count; e++)
+            for (int p = 0; p < PROJECTIONS; p++) {
+                g_autofree char *name = layer_name(l, names[p], e);
+                const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+                uint64_t rows = p == DOWN ? h : f, cols = p == DOWN ? f : h;
+                if (t == NULL || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols || t->scale != NULL)
+                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "tensor '%s' is %s; fused experts need it [%"
+                                       G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", name,
+                                       t == NULL ? "missing" : "of another shape or block-scaled", rows, cols);
+                first = first ? first : t;
+                if (t->dtype != first->dtype || t->stored != first->stored)
+                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "tensor '%s' is %s, '%s' %s: fused experts are "
+                                       "one type", name, ckptfs_dtype_safetensors_name(t->dtype), first->name,
+                                       ckptfs_dtype_safetensors_name(first->dtype));
+                /* Where the expert's tensor sits in the fused one's 2-D view: [E * 2F, H]
+                 * (halves), [E * F, 2H] (interleaved: a row is gate's then up's), [E * H, 2F]
+                 * (transposed); down [E * H, F] or, transposed, [E * F, H]. */
+                uint64_t row0, col0 = 0;
+                if (p == DOWN)
+                    row0 = e * (form->transposed ? f : h);
+                else if (form->transposed)
+                    row0 = e * h, col0 = p == UP ? f : 0;
+                else if (form->interleaved)
+                    row0 = e * f, col0 = p == UP ? h : 0;
+                else
+                    row0 = e * 2 * f + (p == UP ? f : 0);
+                size_t isz = ckptfs_dtype_size(t->stored);
+                for (unsigned k = 0; k < t->npieces; k++) {
+                    CkptfsPiece q = fused_piece(&t->pieces[k], isz, form->transposed, row0, col0);
+                    g_array_append_val(pieces[p == DOWN], q);
+                }
+                g_hash_table_add(joined, g_steal_pointer(&name));
+            }
+        uint64_t gate_up_shape[3] = {e_count, form->transposed ? h : 2 * f, form->transposed ? 2 * f : h};
+        uint64_t down_shape[3] = {e_count, form->transposed ? f : h, form->transposed ? h : f};
+        uint64_t gate_up_rows = e_count * (form->transposed ? h : form->interleaved ? f : 2 * f);
+        uint64_t down_rows = e_count * (form->transposed ? f : h);
+        g_autofree char *gate_up = ckptfs_hf_layer_name(l, form->gate_up);
+        g_autofree char *down = ckptfs_hf_layer_name(l, form->down);
+        if (!ckptfs_catalog_add_reshaped(catalog, gate_up, first->dtype, first->stored, 3, gate_up_shape, gate_up_rows,
+                                         (const CkptfsPiece *)(void *)pieces[0]->data, pieces[0]->len, error) ||
+            !ckptfs_catalog_add_reshaped(catalog, down, first->dtype, first->stored, 3, down_shape, down_rows,
+                                         (const CkptfsPiece *)(void *)pieces[1]->data, pieces[1]->len, error))
+            return false;
+    }
+    ckptfs_catalog_remove(catalog, joined);
+    return true;
+}

@@ -1,0 +1,56 @@
+/* Routed experts fused on disk: one 3-D tensor per projection, expert e a slice of it, as
+ * transformers 5 holds them in memory (and loads them as they are for Qwen3-MoE), Qwen3-VL-MoE's
+ * releases (transposed) and GPT-OSS's (transposed, gate and up interleaved) store them. The
+ * Megatron views read per-expert tensors: each is a strided piece of the fused one, no byte
+ * copied. The other way, the fused tensors of hf/ are made of per-expert pieces. */
+#ifndef CKPTFS_FUSED_H
+#define CKPTFS_FUSED_H
+
+#include <glib.h>
+#include <stdbool.h>
+
+#include "ckptfs/catalog.h"
+#include "ckptfs/model.h"
+
+/* One form of fused experts (E experts, hidden size H, expert FFN size F). */
+typedef struct CkptfsFusedExperts {
+    const char *name;    /* in messages: "[E, 2F, H]" */
+    const char *gate_up; /* names after "model.layers.N." */
+    const char *down;
+    /* gate_up [E, H, 2F] and down [E, F, H] (inputs first: x @ W) rather than nn.Linear's
+     * [E, 2F, H] and [E, H, F] */
+    bool transposed;
+    /* gate and up alternate along 2F (gate at even places) rather than gate's F then up's */
+    bool interleaved;
+} CkptfsFusedExperts;
+
+/* transformers 5's experts module in memory: [E, 2F, H] gate then up, [E, H, F] */
+extern const CkptfsFusedExperts ckptfs_fused_in_memory;
+/* Qwen3-VL-MoE's releases: [E, H, 2F] gate then up, [E, F, H] */
+extern const CkptfsFusedExperts ckptfs_fused_transposed;
+/* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H] */
+extern const CkptfsFusedExperts ckptfs_fused_interleaved;
+
+/* The per-expert tensors MODEL's rules read, in CATALOG, for every MoE layer whose experts are
+ * fused in one of FORMS (NULL-terminated; the one whose shapes fit): each a strided piece of the
+ * fused tensor, which leaves the catalog. Layers held per expert are left as they are. Refused
+ * by name: a fused tensor whose first dimension is not the expert count or whose other two fit
+ * no form, shapes that fit two forms, a layer with fused and per-expert tensors both, one fused
+ * projection without the other, a fused tensor not stored whole rows per expert. *SPLIT counts
+ * the layers. */
+bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model,
+                                const CkptfsFusedExperts *const *forms, unsigned *split, GError **error);
+
+/* Whether CATALOG holds a fused tensor of FORMS for some MoE layer of MODEL. */
+bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,
+                                  const CkptfsFusedExperts *const *forms);
+
+/* The other way (hf/ of a source held per expert, for an architecture whose Hugging Face form
+ * is fused): every MoE layer's per-expert tensors in CATALOG become fused tensors in FORM, made
+ * of their pieces (reshaped so that each piece is a rectangle, transposed pieces where FORM is),
+ * and leave it. A form with gate and up interleaved and transposed cannot be made of pieces: it
+ * is refused. */
+bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model, const CkptfsFusedExperts *form,
+                               GError **error);
+
+#endif
