@@ -286,6 +286,27 @@ static void test_few_reads(const Sources *s)
     ckptfs_plan_free(plan);
 }
 
+/* The files a transposed plan reads from (checked at open), and prefetch over one. */
+static void test_sources_and_prefetch(const Sources *s)
+{
+    CkptfsStridedItem items[2] = {{.src = 1, .base = 100, .row_stride = 2, .col_stride = 1000, .cols = 30},
+                                  {.src = 0, .base = 8, .row_stride = 4, .col_stride = 2000, .cols = 5}};
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_literal(b, "header", 6);
+    ckptfs_plan_add_strided(b, CKPTFS_DTYPE_BF16, CKPTFS_CONVERT_NONE, 200, items, 2);
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    g_autoptr(GArray) srcs = g_array_new(FALSE, FALSE, sizeof(guint32));
+    ckptfs_plan_sources(plan, srcs);
+    tap_ok(srcs->len == 2 && g_array_index(srcs, guint32, 0) == 1 && g_array_index(srcs, guint32, 1) == 0,
+           "a transposed plan's sources are its items' files (%u)", srcs->len);
+    ckptfs_plan_prefetch(plan, s->files, 0, ckptfs_plan_size(plan));
+    ckptfs_plan_prefetch(plan, s->files, 1000, 3);
+    uint8_t buf[64];
+    tap_ok(ckptfs_plan_read(plan, s->files, buf, sizeof buf, 6, NULL) == (int64_t)sizeof buf,
+           "prefetch over it, whole and a few bytes, then a read");
+    ckptfs_plan_free(plan);
+}
+
 /* A source file changed in place under a plan: a transposed read fails naming it. */
 static void test_source_changed(Sources *s)
 {
@@ -319,6 +340,7 @@ int main(void)
     test_adjacent_is_gather(&s);
     test_catalog_pieces(&s, rng);
     test_few_reads(&s);
+    test_sources_and_prefetch(&s);
     test_source_changed(&s);
     sources_clear(&s);
     g_rand_free(rng);
