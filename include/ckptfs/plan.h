@@ -64,7 +64,7 @@ typedef struct {
     uint32_t src;
     uint64_t base;
     uint64_t row_stride; /* an element size for a matrix stored transposed */
-    uint64_t col_stride; /* its stored rows' length */
+    uint64_t col_stride; /* its stored rows' length (0: the element size) */
     uint64_t cols;
 } CkptfsStridedItem;
 
