@@ -794,7 +794,8 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, C
     for (uint32_t k = 0; k < nitems; k++)
         widest = MAX(widest, MIN(items[k].row_stride, items[k].col_stride));
     uint64_t pass_rows = MAX((uint64_t)1, TRANSPOSE_STRIPE / widest);
-    g_autofree uint8_t *fetched = g_malloc(TRANSPOSE_STRIPE + widest + isz);
+    /* zeroed: a partial first or last row leaves elements unread, transposed and dropped */
+    g_autofree uint8_t *fetched = g_malloc0(TRANSPOSE_STRIPE + widest + isz);
     g_autofree uint8_t *block = g_malloc(TRANSPOSE_STRIPE + widest + isz);
     /* a block converted at once (a call per row of a narrow stripe cost a third of the time) */
     g_autofree uint8_t *converted = conv != CKPTFS_CONVERT_NONE ? g_malloc((TRANSPOSE_STRIPE + widest + isz) / isz * osz)
