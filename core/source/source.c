@@ -299,6 +299,9 @@ static void split_fused_experts(CkptfsSource *source)
     }
     ckptfs_catalog_free(source->model_catalog);
     source->model_catalog = split;
+    g_autofree char *found = source->found;
+    source->found = g_strdup_printf("%s%sexperts fused on disk in %u layers: hf/ serves them fused, the Megatron views "
+                                    "per expert", found ? found : "", found ? "; " : "", layers);
 }
 
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of

@@ -23,6 +23,8 @@ per=$WORK/mnt-per fused=$WORK/mnt-fused
 check "mount the per-expert copy" mount_ckptfs "$m/per-expert" "$per"
 check "mount the fused copy" mount_ckptfs "$m/fused" "$fused"
 check "  its views are the per-expert copy's" diff <(ls "$per") <(ls "$fused")
+check "  inspect says the experts are fused in its 2 MoE layers" \
+  bash -c "'$CKPTFS' inspect '$m/fused' | grep -q '^found: .*experts fused on disk in 2 layers'"
 check "  hf/ keeps the fused form: model.safetensors is the source's file" \
   cmp "$fused/hf/model.safetensors" "$m/fused/model.safetensors"
 
