@@ -263,7 +263,7 @@ static void packed_json(JsonBuilder *b, const CkptfsSource *s)
 static void readahead_json(JsonBuilder *b, const CkptfsOptions *options)
 {
     CkptfsReadaheadPolicy p;
-    ckptfs_readahead_policy(options, g_get_num_processors(), &p);
+    ckptfs_readahead_policy(options, ckptfs_readahead_machine_cores(), &p);
     static const char *const modes[] = {[CKPTFS_AHEAD_OFF] = "off", [CKPTFS_AHEAD_CACHED] = "cached",
                                         [CKPTFS_AHEAD_LONE] = "lone"};
     json_builder_set_member_name(b, "readahead");
@@ -765,7 +765,7 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         printf(" %s", (char *)g_ptr_array_index(views, i));
     printf("\n");
     CkptfsReadaheadPolicy ahead;
-    ckptfs_readahead_policy(&mount->options, g_get_num_processors(), &ahead);
+    ckptfs_readahead_policy(&mount->options, ckptfs_readahead_machine_cores(), &ahead);
     g_autofree char *ahead_text = ckptfs_readahead_policy_describe(&ahead);
     printf("read-ahead:   %s\n", ahead_text);
     print_packed(s);

@@ -14,7 +14,7 @@ static bool store(gpointer se, uint64_t target, uint64_t offset, const void *dat
 void ckptfs_fs_readahead_start(CkptfsFuseContext *ctx, struct fuse_session *se)
 {
     CkptfsReadaheadPolicy policy;
-    ckptfs_readahead_policy(&ctx->mount->options, g_get_num_processors(), &policy);
+    ckptfs_readahead_policy(&ctx->mount->options, ckptfs_readahead_machine_cores(), &policy);
     if (ctx->foreground) {
         g_autofree char *about = ckptfs_readahead_policy_describe(&policy);
         ckptfs_fuse_log(ctx, "readahead=%s", about);

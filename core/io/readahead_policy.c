@@ -1,8 +1,18 @@
 #include "ckptfs/readahead_policy.h"
 
 #include <glib.h>
+#include <sched.h>
 
 #include "ckptfs/readahead.h"
+
+unsigned ckptfs_readahead_machine_cores(void)
+{
+    /* The CPUs this process may run on (taskset, a cgroup's cpuset), not all the machine has. */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return (unsigned)CPU_COUNT(&set);
+    return g_get_num_processors();
+}
 
 void ckptfs_readahead_policy(const CkptfsOptions *options, unsigned machine_cores, CkptfsReadaheadPolicy *out)
 {
@@ -31,11 +41,12 @@ char *ckptfs_readahead_policy_describe(const CkptfsReadaheadPolicy *p)
     const char *counted = p->cores_given ? " (-o readahead_cores)" : "";
     switch (p->mode) {
     case CKPTFS_AHEAD_LONE:
-        return g_strdup_printf("auto: on: %u cores%s, %u needed; a rank or mcore/ file opened as one of at most "
+        return g_strdup_printf("auto: on: %u core%s%s, %u needed; a rank or mcore/ file opened as one of at most "
                                "%u such files open (-o readahead_streams) is read through the page cache with "
                                "chunks pushed ahead of its reader, paused while more are open; others as "
                                "direct_io says; %s ahead at most",
-                               p->cores, counted, CKPTFS_READAHEAD_AUTO_MIN_CORES, p->streams, cap);
+                               p->cores, p->cores == 1 ? "" : "s", counted, CKPTFS_READAHEAD_AUTO_MIN_CORES, p->streams,
+                               cap);
     case CKPTFS_AHEAD_CACHED:
         return g_strdup_printf("%s: files read through the page cache get chunks pushed ahead of their readers, "
                                "%s ahead of all at most", cap, cap);
@@ -43,7 +54,7 @@ char *ckptfs_readahead_policy_describe(const CkptfsReadaheadPolicy *p)
         break;
     }
     if (p->automatic)
-        return g_strdup_printf("auto: off: %u cores%s, %u needed (-o readahead_cores=N counts otherwise)", p->cores,
-                               counted, CKPTFS_READAHEAD_AUTO_MIN_CORES);
+        return g_strdup_printf("auto: off: %u core%s%s, %u needed (-o readahead_cores=N counts otherwise)", p->cores,
+                               p->cores == 1 ? "" : "s", counted, CKPTFS_READAHEAD_AUTO_MIN_CORES);
     return g_strdup("off");
 }

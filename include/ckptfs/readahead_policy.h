@@ -40,6 +40,8 @@ typedef struct {
     unsigned streams; /* LONE: the most streamed files open for pushing to run */
 } CkptfsReadaheadPolicy;
 
+/* The cores this process may run on (its CPU affinity). */
+unsigned ckptfs_readahead_machine_cores(void);
 /* The policy OPTIONS ask for on a machine of MACHINE_CORES cores. */
 void ckptfs_readahead_policy(const CkptfsOptions *options, unsigned machine_cores, CkptfsReadaheadPolicy *out);
 /* One line for the log and inspect, e.g. "auto: off: 2 cores, 8 needed (-o readahead_cores=N

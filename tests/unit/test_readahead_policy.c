@@ -1,8 +1,9 @@
 /* -o readahead's policy (core/io/readahead_policy.c): auto is the default and turns on only from
- * 8 cores, as counted by the machine or -o readahead_cores; -o readahead_streams sets how many
+ * 8 cores, as counted by the CPU affinity or -o readahead_cores; -o readahead_streams sets how many
  * streamed files may be open for pushing to run; readahead=SIZE and off keep their meaning; bad
  * values are refused by name; the line for the log and inspect says what was decided and why. */
 #include <glib.h>
+#include <sched.h>
 #include <string.h>
 
 #include "ckptfs/options.h"
@@ -94,8 +95,30 @@ static void test_refused(void)
     }
 }
 
+/* The cores counted are those the process may run on: one, once its affinity is one CPU. */
+static void test_machine_cores(void)
+{
+    cpu_set_t all, one;
+    if (sched_getaffinity(0, sizeof all, &all) != 0 || CPU_COUNT(&all) < 2) {
+        tap_skip(1, "needs two CPUs to run on");
+        return;
+    }
+    int first = 0;
+    while (!CPU_ISSET(first, &all))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    unsigned before = ckptfs_readahead_machine_cores();
+    g_assert(sched_setaffinity(0, sizeof one, &one) == 0);
+    unsigned pinned = ckptfs_readahead_machine_cores();
+    g_assert(sched_setaffinity(0, sizeof all, &all) == 0);
+    tap_ok(before == (unsigned)CPU_COUNT(&all) && pinned == 1,
+           "the cores counted follow the CPU affinity (%u, then %u pinned to one CPU)", before, pinned);
+}
+
 int main(void)
 {
+    test_machine_cores();
     test_auto();
     test_overrides();
     test_size_and_off();
