@@ -8,6 +8,10 @@
  * the kernel's read-ahead requests of one reader reach the worker threads out of order. */
 #define SLACK CKPTFS_READAHEAD_CHUNK
 #define MAX_THREADS 8u
+/* How long an open that one close would leave alone waits for that close: the kernel sends a close
+ * (RELEASE) without waiting for it, so a reader that closes a file and opens the next at once
+ * (cp -r) may have its open served first. */
+#define LONE_GRACE_US 10000
 
 struct CkptfsReadahead {
     uint64_t window, cap, page;
@@ -16,6 +20,7 @@ struct CkptfsReadahead {
     GMutex lock;
     GCond work; /* a chunk queued, or stopping */
     GCond idle; /* a chunk done: a closing stream waits for its own */
+    GCond closed; /* a lone stream closed: an open waits for one for a moment */
     GQueue queue; /* of Chunk */
     GPtrArray *threads;
     uint64_t held; /* bytes of chunks ahead of their readers: queued, being built, or pushed */
@@ -142,6 +147,7 @@ CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned th
     g_mutex_init(&ra->lock);
     g_cond_init(&ra->work);
     g_cond_init(&ra->idle);
+    g_cond_init(&ra->closed);
     g_queue_init(&ra->queue);
     if (threads == 0)
         threads = MIN(MAX(g_get_num_processors(), 1u), MAX_THREADS);
@@ -190,6 +196,7 @@ void ckptfs_readahead_free(CkptfsReadahead *ra)
     g_mutex_clear(&ra->lock);
     g_cond_clear(&ra->work);
     g_cond_clear(&ra->idle);
+    g_cond_clear(&ra->closed);
     g_free(ra);
 }
 
@@ -215,6 +222,9 @@ CkptfsReadaheadStream *ckptfs_readahead_open_lone(CkptfsReadahead *ra, const Ckp
     if (ra->lone == 0)
         return *pushes = true, s;
     g_mutex_lock(&ra->lock);
+    gint64 until = g_get_monotonic_time() + LONE_GRACE_US;
+    while (ra->lone_open == ra->lone && g_cond_wait_until(&ra->closed, &ra->lock, until))
+        ;
     s->lone = true;
     s->pushes = ra->lone_open < ra->lone;
     ra->lone_open++;
@@ -282,8 +292,10 @@ void ckptfs_readahead_close(CkptfsReadaheadStream *s)
         return;
     CkptfsReadahead *ra = s->ra;
     g_mutex_lock(&ra->lock);
-    if (s->lone) /* first: a reader that opens the next file at once (cp -r) finds this one gone */
+    if (s->lone) { /* first: a reader that opens the next file at once (cp -r) finds this one gone */
         ra->lone_open--;
+        g_cond_broadcast(&ra->closed);
+    }
     s->stopped = true;
     drop_queued(ra, s);
     release_until(ra, s, s->ahead);

@@ -50,8 +50,9 @@ void ckptfs_readahead_free(CkptfsReadahead *ra);
 CkptfsReadaheadStream *ckptfs_readahead_open(CkptfsReadahead *ra, const CkptfsPlan *plan, const CkptfsSrcFiles *files,
                                              CkptfsSrcReader *reader, uint64_t target);
 /* A lone stream (readahead=auto): counted among the open ones until closed. *PUSHES: whether it is
- * pushed, which is when fewer than LONE others are open; one that is not never is (its reader may
- * go on with direct I/O). A pushed one pauses while more than LONE are open: its queued chunks are
+ * pushed, which is when fewer than LONE others are open (where one close would make it so, after
+ * waiting up to 10 ms for that close: cp -r's close of the previous file may come after its next
+ * open); one that is not never is (its reader may go on with direct I/O). A pushed one pauses while more than LONE are open: its queued chunks are
  * dropped and its reads queue none; once few enough are open, a read that continues the previous
  * one starts its window again. */
 CkptfsReadaheadStream *ckptfs_readahead_open_lone(CkptfsReadahead *ra, const CkptfsPlan *plan,
