@@ -201,6 +201,8 @@ again=$(served "$mnt/$rank0")
 fg_unmount "$mnt"
 grep -q "^ckptfs: readahead=off$" "$log" && ! grep -q "chunks pushed" "$log" && [[ $again -ge 100 ]]
 ok $? "readahead=off: nothing pushed, the rank file read with direct I/O whatever the cores counted (read again: $again% served)"
+! grep -l "Sanitizer" "$WORK"/{default,lone,two,cp,torch,off}.log
+ok $? "the readahead=auto mounts' logs have no sanitizer report"
 
 # A source changed under a reader: what it reads after is an error, never the new bytes.
 # On a fresh mount, so that the file's pages are not all cached already.
