@@ -7,15 +7,18 @@
 #   1. check: what inspect says auto does here; one rank file read alone and two read at once
 #      through a foreground mount of the default, equal to `ckptfs cat`; the daemon's log lines
 #      (the policy, and at unmount the chunks pushed and the opens pushed or not).
-#   2. the old default: tp4pp1/ with readahead=off and with readahead=auto, 1/4/8 cached readers,
-#      median of REPEAT rounds; then the GPU loads (TP-4, TP-8: torch.load of the rank files
-#      through the mount, and safe_open + get_slice of the HF shards) with readahead=off.
-#   3. the new default: the GPU loads' torch.load again with the default mount (auto).
+#   2. tp4pp1/ with readahead=off (the old default) and readahead=auto, 1/4/8 cached readers,
+#      median of REPEAT rounds (report-matrix.txt; at most MATRIX_S seconds, 110).
+#   3. the GPU loads (TP-4, TP-8) of torch.load of the rank files through a mount with
+#      readahead=off (report-gpu-off.txt), 4. the same through the default mount, auto
+#      (report-gpu-auto.txt), 5. safe_open + get_slice of the HF shards, which do not touch the
+#      mount (report-gpu-slice.txt), as time allows. Each also reads tp4pp1/ with one reader.
+#   Each step is a node_bench.sh run of its own, so that one cut short by the time left loses
+#   only its own report.
 #
 #   bench/node_readahead.sh OUT [--quick]
 #
-#   OUT      a directory for the results: report-off.txt (steps 2), report-auto.txt (step 3),
-#            check.txt, env.txt, progress.log
+#   OUT      a directory for the results: the reports above, check.txt, env.txt, progress.log
 #   --quick  SIZE=1.5G and one round: to try the script on a build host (with CKPTFS_BIN set to a
 #            local build, and GPU_DEVICE=cpu for the loads where there is no GPU)
 #
@@ -92,20 +95,23 @@ check() {
 check > "$OUT/check.txt" 2>&1 || note "the check found a problem (check.txt)"
 cat "$OUT/check.txt"
 
-bench() { # REPORT SECONDS_LEFT VAR=VALUE...: node_bench.sh, cached, with the settings given
+bench() { # REPORT SECONDS VAR=VALUE...: node_bench.sh, cached, with the settings given, at most SECONDS
   local report=$1 left=$2
   shift 2
-  ((left > 30)) || { note "no time left for $report"; return 0; }
+  ((left <= BUDGET - (SECONDS - T0))) || left=$((BUDGET - (SECONDS - T0)))
+  ((left > 20)) || { note "no time left for $report"; return 0; }
   env CKPTFS_BIN="$BIN" BENCH_DIR="$BENCH_DIR" MODEL=llama3-8b SIZE="$SIZE" READ_SIZE=1M CONDITIONS=cached \
     TIMEOUT=120 PYTHON="$PYTHON" GPU_TP="$GPU_TP" "$@" \
     timeout --kill-after=10 "$left" "$HERE/node_bench.sh" > "$OUT/$report" 2>> "$OUT/progress.log" ||
     note "node_bench.sh for $report ended with $? (see progress.log)"
   cat "$OUT/$report"
 }
-# 2. The old default beside auto, and the GPU loads with the old default. Step 3's loads take about
-# 90 s or what is left.
-bench report-off.txt $((BUDGET - 90 - (SECONDS - T0))) REPEAT="$REPEAT" READERS="$READERS" MOUNT_OPTS=readahead=off \
+# 2. The old default beside auto.
+bench report-matrix.txt "${MATRIX_S:-110}" GPU=0 REPEAT="$REPEAT" READERS="$READERS" \
   VIEWS="tp4pp1:readahead=off tp4pp1:readahead=auto${AUTO_OPTS:+,$AUTO_OPTS}"
-# 3. The GPU loads through the default mount (auto); one reader of tp4pp1/ as the matrix's part.
-bench report-auto.txt $((BUDGET - (SECONDS - T0))) REPEAT=1 READERS=1 MOUNT_OPTS="$AUTO_OPTS" VIEWS=tp4pp1 GPU_MODES=torch
+# 3-5. The GPU loads: the old default, auto, then the baseline that does not touch the mount.
+gpu_run() { bench "$1" "$2" REPEAT=1 READERS=1 VIEWS="tp4pp1:${3:-readahead=auto}" MOUNT_OPTS="$3" GPU_MODES="$4"; }
+gpu_run report-gpu-off.txt 90 readahead=off torch
+gpu_run report-gpu-auto.txt 90 "$AUTO_OPTS" torch
+gpu_run report-gpu-slice.txt 90 "" slice
 note "$((SECONDS - T0)) s in all"

@@ -343,15 +343,17 @@ static const struct {
      "                           by a read lease) instead of read into the daemon first, where the\n"
      "                           source is on a local file system the daemon may lease (default on)"},
     {"readahead", opt_readahead,
-     "auto|SIZE|off: chunks ahead of a sequential reader built on worker threads and\n"
-     "                           stored in the mount's page cache. auto (default): for a rank\n"
-     "                           file or mcore/ file read alone, on a machine of 8 cores or more\n"
+     "auto|SIZE|off: chunks ahead of a sequential reader built on worker\n"
+     "                           threads and stored in the mount's page cache. auto (default):\n"
+     "                           for a rank file or mcore/ file read alone, on 8 cores or more\n"
      "                           (64M at most); SIZE: for every file read through that cache, at\n"
      "                           most SIZE ahead of all readers together"},
     {"readahead_cores", opt_readahead_cores,
-     "the cores readahead=auto counts (default: the machine's; it needs 8)"},
+     "the cores readahead=auto counts (default: those the daemon may run\n"
+     "                           on; auto needs 8)"},
     {"readahead_streams", opt_readahead_streams,
-     "readahead=auto pushes while at most N rank or mcore/ files are open (default 1)"},
+     "readahead=auto pushes while at most N rank or mcore/ files are open\n"
+     "                           (default 1)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
