@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the scripts a GPU node runs from a bundle (node_uring.sh, node_readahead.sh): sourced,
 # with HERE, REPO and OUT set and die() defined.
 #
@@ -32,6 +33,7 @@ node_bundle() {
 # bench/daemon.sh call fusermount3 -u / -uz.
 node_fusermount() {
   command -v fusermount3 > /dev/null && return 0
+  # shellcheck disable=SC2317 # called by the helpers of bench/daemon.sh
   fusermount3() {
     case $1 in
     -u) umount "$2" ;;
