@@ -29,6 +29,8 @@
 #   PYTHON       python for the readers and the generator (numpy) (default /usr/bin/python3)
 #   GPU          auto (default): the GPU comparison when torch sees CUDA; 0: skip it
 #   GPU_TP       tensor-parallel degrees for it (default "4 8"; an invalid layout is skipped)
+#   GPU_MODES    the loads compared: "torch slice" (default), or one of them (slice does not
+#                touch the mount: a second run with other mount options may leave it out)
 #   GPU_PYTHON   python with torch (+ safetensors) for it (default: PYTHON, then python3)
 #   GPU_DEVICE   cuda (default); cpu runs the comparison on the CPU (tests the script, no GPU)
 set -euo pipefail
@@ -67,6 +69,7 @@ SIZE=${SIZE:-}
 GPU=${GPU:-auto}
 GPU_TP=${GPU_TP:-4 8}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
+GPU_MODES=${GPU_MODES:-torch slice}
 
 die() { echo "node_bench: $*" >&2; exit 1; }
 note() { echo "node_bench: $*" >&2; }
@@ -98,6 +101,7 @@ CAN_DROP=0
 [[ $(id -u) == 0 && -w /proc/sys/vm/drop_caches ]] && CAN_DROP=1
 read -ra CONDS <<<"${CONDITIONS:-cold cached}"
 for c in "${CONDS[@]}"; do [[ $c == cold || $c == cached ]] || die "CONDITIONS: '$c' is not cold or cached"; done
+for m in $GPU_MODES; do [[ $m == torch || $m == slice ]] || die "GPU_MODES: '$m' is not torch or slice"; done
 
 # --- cleanup -------------------------------------------------------------------------------------
 
@@ -347,7 +351,7 @@ print(f"torch {torch.__version__}, {d}")' "$GPU_DEVICE" 2>/dev/null || echo "tor
             GPU_LINES+=("$layout: skipped: ${why:-not a valid layout for this model}")
             continue
         fi
-        for mode in torch slice; do
+        for mode in $GPU_MODES; do
             [[ $mode == slice ]] && ((!has_st)) && continue
             if [[ $mode == torch ]]; then label="tp$t torch.load(MNT/$layout rank file)"; else label="tp$t safe_open+get_slice (HF shards)"; fi
             local row
@@ -539,6 +543,8 @@ for w in "${CACHE_WARN[@]}"; do echo "WARNING: $w"; done
 echo
 printf '%s\n' "${GPU_LINES[@]}"
 if ((${#GPU_ROWS[@]} > 0)); then
-    printf '%-40s %9s %9s %10s %18s\n' "" "cold s" "cached s" "GB loaded" "peak RSS/rank MiB"
+    head=$(printf '%-40s' "")
+    for cond in "${CONDS[@]}"; do head+=$(printf ' %9s' "$cond s"); done # a column per condition run
+    printf '%s %10s %18s\n' "$head" "GB loaded" "peak RSS/rank MiB"
     printf '%s\n' "${GPU_ROWS[@]}"
 fi

@@ -23,38 +23,16 @@ OUT=${1:?usage: bench/node_uring.sh OUT}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 KNOB=/sys/module/fuse/parameters/enable_uring
-NODE_BUNDLE=${NODE_BUNDLE:-/tmp/ckptfs-node}
-# A python with numpy (the generator needs it).
-for py in ${PYTHON:-} python3 /usr/bin/python3 /opt/conda/bin/python3 /usr/local/bin/python3; do
-  if "$py" -c 'import numpy' 2> /dev/null; then PYTHON=$(command -v "$py"); break; fi
-done
-PYTHON=${PYTHON:-python3}
 T0=$SECONDS
 
 die() { echo "node_uring: $*" | tee -a "$OUT/progress.log" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "needs root"
-
-# The bundle at the path it was built for.
-if [[ ! -x $NODE_BUNDLE/bin/ckptfs ]]; then
-  [[ -x $REPO/build-node/bin/ckptfs ]] || die "no bundle: neither $NODE_BUNDLE nor $REPO/build-node"
-  mkdir -p "$NODE_BUNDLE"
-  cp -a "$REPO/build-node/." "$NODE_BUNDLE/"
-fi
-BIN=$NODE_BUNDLE/bin/ckptfs
-"$BIN" --version > /dev/null || die "$BIN does not run here"
-
-# Without fusermount3 (no FUSE package on the node), root unmounts with umount(8): the helpers
-# of bench/daemon.sh call fusermount3 -u / -uz.
-if ! command -v fusermount3 > /dev/null; then
-  fusermount3() {
-    case $1 in
-    -u) umount "$2" ;;
-    -uz) umount -l "$2" ;;
-    *) return 1 ;;
-    esac
-  }
-  export -f fusermount3
-fi
+# shellcheck source=bench/node_env.sh
+source "$HERE/node_env.sh"
+node_python
+unset CKPTFS_BIN # always the bundle: it is the build with io_uring
+node_bundle
+node_fusermount
 
 old_knob=""
 exec {knob_lock}> /tmp/ckptfs-enable_uring.lock
@@ -66,14 +44,9 @@ if [[ -e $KNOB ]]; then
 fi
 
 {
-  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), host $(hostname)"
-  echo "cores: $(nproc), CPU: $(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
-  echo "memory: $(awk '/^MemTotal:/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r)"
+  node_env_lines
   echo "enable_uring: ${old_knob:-missing (no CONFIG_FUSE_IO_URING)} before, $(cat "$KNOB" 2> /dev/null || echo -) during the run"
   echo "io_uring_disabled: $(cat /proc/sys/kernel/io_uring_disabled 2> /dev/null || echo '?')"
-  echo "fuse max_pages_limit: $(cat /proc/sys/fs/fuse/max_pages_limit 2> /dev/null || echo '?')"
-  echo "binary: $BIN: $("$BIN" --version)"
-  echo "python: $PYTHON $("$PYTHON" -c 'import numpy, platform; print(platform.python_version(), "numpy", numpy.__version__)' 2>&1)"
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
 

@@ -13,6 +13,7 @@
 #include "ckptfs/layout.h"
 #include "ckptfs/mount.h"
 #include "ckptfs/pack.h"
+#include "ckptfs/readahead_policy.h"
 #include "ckptfs/schema.h"
 #include "ckptfs/verl_run.h"
 
@@ -258,6 +259,33 @@ static void packed_json(JsonBuilder *b, const CkptfsSource *s)
     json_builder_end_object(b);
 }
 
+/* What -o readahead does on this machine, as a mount of these options would. */
+static void readahead_json(JsonBuilder *b, const CkptfsOptions *options)
+{
+    CkptfsReadaheadPolicy p;
+    ckptfs_readahead_policy(options, ckptfs_readahead_machine_cores(), &p);
+    static const char *const modes[] = {[CKPTFS_AHEAD_OFF] = "off", [CKPTFS_AHEAD_CACHED] = "cached",
+                                        [CKPTFS_AHEAD_LONE] = "lone"};
+    json_builder_set_member_name(b, "readahead");
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "auto");
+    json_builder_add_boolean_value(b, p.automatic);
+    json_builder_set_member_name(b, "mode");
+    json_builder_add_string_value(b, modes[p.mode]);
+    json_builder_set_member_name(b, "cores");
+    json_builder_add_int_value(b, p.cores);
+    json_builder_set_member_name(b, "cores_needed");
+    json_builder_add_int_value(b, CKPTFS_READAHEAD_AUTO_MIN_CORES);
+    json_builder_set_member_name(b, "streams");
+    json_builder_add_int_value(b, p.streams);
+    json_builder_set_member_name(b, "cap");
+    json_builder_add_int_value(b, (gint64)p.cap);
+    json_builder_set_member_name(b, "text");
+    g_autofree char *text = ckptfs_readahead_policy_describe(&p);
+    json_builder_add_string_value(b, text);
+    json_builder_end_object(b);
+}
+
 static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
                          GPtrArray *views)
 {
@@ -398,6 +426,7 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
     for (guint i = 0; i < views->len; i++)
         json_builder_add_string_value(b, g_ptr_array_index(views, i));
     json_builder_end_array(b);
+    readahead_json(b, &mount->options);
     if (s->found) {
         json_builder_set_member_name(b, "found");
         json_builder_add_string_value(b, s->found);
@@ -735,6 +764,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     for (guint i = 0; i < views->len; i++)
         printf(" %s", (char *)g_ptr_array_index(views, i));
     printf("\n");
+    CkptfsReadaheadPolicy ahead;
+    ckptfs_readahead_policy(&mount->options, ckptfs_readahead_machine_cores(), &ahead);
+    g_autofree char *ahead_text = ckptfs_readahead_policy_describe(&ahead);
+    printf("read-ahead:   %s\n", ahead_text);
     print_packed(s);
     if (s->found)
         printf("found:        %s\n", s->found);

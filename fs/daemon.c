@@ -346,7 +346,7 @@ static int serve(MountArgs *a, CkptfsMount *mount, const char *abs_src, CkptfsTr
             g_clear_error(&why);
         }
     }
-    ctx.readahead = ckptfs_fs_readahead_new(se, &mount->options); /* its threads: after the fork and the mask */
+    ckptfs_fs_readahead_start(&ctx, se); /* its threads: after the fork and the mask */
     struct fuse_loop_config *config = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(config, a->max_threads ? a->max_threads : 16);
     if (a->max_idle_threads)

@@ -9,8 +9,8 @@
 #include <syslog.h>
 
 #include "ckptfs/error.h"
-#include "ckptfs/readahead.h"
 #include "passthrough.h"
+#include "readahead.h"
 #include "transport.h"
 
 /* The tree never changes while mounted: let the kernel cache names and attributes for long. */
@@ -228,19 +228,18 @@ typedef struct {
     uint64_t next;       /* where the last read ended (atomic: reads run in parallel) */
     uint64_t prefetched; /* the end of what was prefetched */
     bool mode_counted;   /* counted by ckptfs_passthrough_open: released there too */
-    CkptfsReadaheadStream *ahead; /* -o readahead, for a file read through the page cache */
+    CkptfsReadaheadStream *ahead; /* -o readahead (fs/readahead.h), else NULL */
 } OpenFile;
 
-/* Whether file INO is read with direct I/O (-o direct_io, on by default): a file its loaders
- * stream with read(2), such as a rank file. The reply then lands in the reader's buffer instead
- * of new page-cache pages that are copied again, and the bytes are not cached twice (source and
- * mount). Files loaders map shared (safetensors) are not hinted: the kernel refuses a shared
- * mapping of a direct-I/O file unless libfuse 3.17 asks it (Linux 6.6+) to allow one. */
-static bool streams_direct(CkptfsFuseContext *ctx, fuse_ino_t ino)
+/* Whether file INO is one its loaders stream with read(2), such as a rank file: read with direct
+ * I/O (-o direct_io, on by default), the reply lands in the reader's buffer instead of new
+ * page-cache pages that are copied again, and the bytes are not cached twice (source and mount).
+ * Files loaders map shared (safetensors) are not hinted: the kernel refuses a shared mapping of a
+ * direct-I/O file unless libfuse 3.17 asks it (Linux 6.6+) to allow one. */
+static bool is_streamed(CkptfsFuseContext *ctx, fuse_ino_t ino)
 {
     CkptfsAttr attr;
-    return ctx->mount->options.direct_io && ckptfs_tree_getattr(ctx->mount->tree, ino, &attr, NULL) == 0 &&
-           (attr.hints & CKPTFS_HINT_STREAMED);
+    return ckptfs_tree_getattr(ctx->mount->tree, ino, &attr, NULL) == 0 && (attr.hints & CKPTFS_HINT_STREAMED);
 }
 
 /* What an open file holds, once it is released (its passthrough count given back by the caller)
@@ -306,9 +305,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     open_file->mode_counted = ckptfs_passthrough_open(ctx->passthrough, req, ino, plan, files, fi, &refusal);
     /* keep_cache stays: a direct-I/O file is cached only where mapped (torch.load(mmap=True)),
      * and those pages stay valid for another reader's mapping: files never change under a mount. */
-    fi->direct_io = !open_file->mode_counted && streams_direct(ctx, ino);
-    if (ctx->readahead != NULL && !fi->direct_io && !open_file->mode_counted)
-        open_file->ahead = ckptfs_readahead_open(ctx->readahead, plan, files, open_file->reader, ino);
+    bool streamed = !open_file->mode_counted && is_streamed(ctx, ino);
+    fi->direct_io = streamed && ctx->mount->options.direct_io;
+    if (!open_file->mode_counted)
+        open_file->ahead = ckptfs_fs_readahead_open(ctx, ino, streamed, plan, files, open_file->reader, fi);
     if (refusal != NULL) {
         ckptfs_fuse_log(ctx, "%s", refusal);
         g_free(refusal);

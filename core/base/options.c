@@ -16,6 +16,7 @@ void ckptfs_options_init(CkptfsOptions *options)
     options->prefetch = CKPTFS_PREFETCH_AUTO;
     options->direct_io = true;
     options->mapped_reads = true;
+    options->readahead = CKPTFS_READAHEAD_AUTO;
 }
 
 void ckptfs_options_clear(CkptfsOptions *options)
@@ -185,15 +186,29 @@ static bool opt_mapped_reads(CkptfsOptions *o, const char *key, const char *valu
 
 static bool opt_readahead(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
-    if (strcmp(value, "off") == 0 || strcmp(value, "0") == 0) {
-        o->readahead = 0;
+    if (strcmp(value, "off") == 0 || strcmp(value, "0") == 0 || strcmp(value, "auto") == 0) {
+        o->readahead = strcmp(value, "auto") == 0 ? CKPTFS_READAHEAD_AUTO : 0;
         return true;
     }
-    if (!parse_size_option(key, value, &o->readahead, error))
-        return false;
+    GError *local = NULL;
+    if (!ckptfs_parse_size(value, &o->readahead, &local)) {
+        g_autofree char *why = g_strdup_printf("auto, off or a size: %s", local->message);
+        g_error_free(local);
+        return bad(error, key, why);
+    }
     if (o->readahead > CKPTFS_PREFETCH_MAX)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "option readahead=%s: at most 64G", value);
     return true;
+}
+
+static bool opt_readahead_cores(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_count(key, value, 1, &o->readahead_cores, error);
+}
+
+static bool opt_readahead_streams(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_count(key, value, 1, &o->readahead_streams, error);
 }
 
 static bool opt_mtp(CkptfsOptions *o, const char *key, const char *value, GError **error)
@@ -328,9 +343,17 @@ static const struct {
      "                           by a read lease) instead of read into the daemon first, where the\n"
      "                           source is on a local file system the daemon may lease (default on)"},
     {"readahead", opt_readahead,
-     "SIZE|off: files read through the mount's page cache get the chunks ahead of a\n"
-     "                           sequential reader built on worker threads and stored there, at\n"
-     "                           most SIZE ahead of all readers together (default off)"},
+     "auto|SIZE|off: chunks ahead of a sequential reader built on worker\n"
+     "                           threads and stored in the mount's page cache. auto (default):\n"
+     "                           for a rank file or mcore/ file read alone, on 8 cores or more\n"
+     "                           (64M at most); SIZE: for every file read through that cache, at\n"
+     "                           most SIZE ahead of all readers together"},
+    {"readahead_cores", opt_readahead_cores,
+     "the cores readahead=auto counts (default: those the daemon may run\n"
+     "                           on; auto needs 8)"},
+    {"readahead_streams", opt_readahead_streams,
+     "readahead=auto pushes while at most N rank or mcore/ files are open\n"
+     "                           (default 1)"},
     {"frame_cache", opt_frame_cache,
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,

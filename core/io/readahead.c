@@ -8,6 +8,10 @@
  * the kernel's read-ahead requests of one reader reach the worker threads out of order. */
 #define SLACK CKPTFS_READAHEAD_CHUNK
 #define MAX_THREADS 8u
+/* How long an open that one close would leave alone waits for that close: the kernel sends a close
+ * (RELEASE) without waiting for it, so a reader that closes a file and opens the next at once
+ * (cp -r) may have its open served first. */
+#define LONE_GRACE_US 10000
 
 struct CkptfsReadahead {
     uint64_t window, cap, page;
@@ -16,9 +20,12 @@ struct CkptfsReadahead {
     GMutex lock;
     GCond work; /* a chunk queued, or stopping */
     GCond idle; /* a chunk done: a closing stream waits for its own */
+    GCond closed; /* a lone stream closed: an open waits for one for a moment */
     GQueue queue; /* of Chunk */
     GPtrArray *threads;
     uint64_t held; /* bytes of chunks ahead of their readers: queued, being built, or pushed */
+    unsigned lone;      /* 0: every stream pushes; else lone streams push while at most LONE are open */
+    unsigned lone_open; /* lone streams open now, pushed or not */
     bool stopping;
     CkptfsReadaheadStats stats;
 };
@@ -34,6 +41,8 @@ struct CkptfsReadaheadStream {
     uint64_t ahead;    /* chunks before this are queued, built or passed */
     unsigned building; /* chunks of this stream being built now */
     bool stopped;      /* closed, or a chunk failed */
+    bool lone;         /* counted in lone_open */
+    bool pushes;       /* chunks are pushed for it (not a lone stream opened among others) */
 };
 
 typedef struct {
@@ -55,6 +64,12 @@ static uint8_t *buffer_new(void)
         g_error("out of memory for a %u-byte read-ahead buffer", CKPTFS_READAHEAD_CHUNK); /* as g_malloc */
     madvise(data, CKPTFS_READAHEAD_CHUNK, MADV_HUGEPAGE);
     return data;
+}
+
+/* More lone streams open than may push: no chunk is queued or built for any (the lock held). */
+static bool crowded(const CkptfsReadahead *ra)
+{
+    return ra->lone > 0 && ra->lone_open > ra->lone;
 }
 
 /* Builds chunk C of S (the lock not held) and pushes it; false when that failed. */
@@ -90,8 +105,11 @@ static gpointer worker(gpointer data)
             break;
         Chunk *c = g_queue_pop_head(&ra->queue);
         CkptfsReadaheadStream *s = c->stream;
-        if (s->stopped || s->next > c->offset) {
-            ra->stats.skipped++;
+        if (s->stopped || s->next > c->offset || crowded(ra)) {
+            if (crowded(ra))
+                ra->stats.dropped++;
+            else
+                ra->stats.skipped++;
             g_free(c);
             continue;
         }
@@ -114,8 +132,8 @@ static gpointer worker(gpointer data)
     return NULL;
 }
 
-CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned threads, CkptfsReadaheadPush push,
-                                      gpointer push_data)
+CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned threads, unsigned lone,
+                                      CkptfsReadaheadPush push, gpointer push_data)
 {
     CkptfsReadahead *ra = g_new0(CkptfsReadahead, 1);
     long page = sysconf(_SC_PAGESIZE);
@@ -123,11 +141,13 @@ CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned th
     ra->window = MAX(window, CKPTFS_READAHEAD_CHUNK);
     ra->cap = MAX(cap / CKPTFS_READAHEAD_CHUNK, 1) * CKPTFS_READAHEAD_CHUNK;
     ra->stats.cap = ra->cap;
+    ra->lone = lone;
     ra->push = push;
     ra->push_data = push_data;
     g_mutex_init(&ra->lock);
     g_cond_init(&ra->work);
     g_cond_init(&ra->idle);
+    g_cond_init(&ra->closed);
     g_queue_init(&ra->queue);
     if (threads == 0)
         threads = MIN(MAX(g_get_num_processors(), 1u), MAX_THREADS);
@@ -176,6 +196,7 @@ void ckptfs_readahead_free(CkptfsReadahead *ra)
     g_mutex_clear(&ra->lock);
     g_cond_clear(&ra->work);
     g_cond_clear(&ra->idle);
+    g_cond_clear(&ra->closed);
     g_free(ra);
 }
 
@@ -184,7 +205,37 @@ CkptfsReadaheadStream *ckptfs_readahead_open(CkptfsReadahead *ra, const CkptfsPl
 {
     CkptfsReadaheadStream *s = g_new0(CkptfsReadaheadStream, 1);
     *s = (CkptfsReadaheadStream){.ra = ra, .plan = plan, .files = files, .reader = reader, .target = target,
-                                 .size = ckptfs_plan_size(plan)};
+                                 .size = ckptfs_plan_size(plan), .pushes = true};
+    return s;
+}
+
+unsigned ckptfs_readahead_lone(const CkptfsReadahead *ra)
+{
+    return ra->lone;
+}
+
+CkptfsReadaheadStream *ckptfs_readahead_open_lone(CkptfsReadahead *ra, const CkptfsPlan *plan,
+                                                  const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                                                  uint64_t target, bool *pushes)
+{
+    CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, plan, files, reader, target);
+    if (ra->lone == 0)
+        return *pushes = true, s;
+    g_mutex_lock(&ra->lock);
+    gint64 until = g_get_monotonic_time() + LONE_GRACE_US;
+    while (ra->lone_open == ra->lone && g_cond_wait_until(&ra->closed, &ra->lock, until))
+        ;
+    s->lone = true;
+    s->pushes = ra->lone_open < ra->lone;
+    ra->lone_open++;
+    if (s->pushes)
+        ra->stats.lone_pushed++;
+    else
+        ra->stats.lone_unpushed++;
+    if (crowded(ra)) /* the others stop being pushed: their queued chunks go now */
+        drop_queued(ra, NULL);
+    g_mutex_unlock(&ra->lock);
+    *pushes = s->pushes;
     return s;
 }
 
@@ -193,15 +244,20 @@ void ckptfs_readahead_note(CkptfsReadaheadStream *s, uint64_t offset, uint64_t l
     CkptfsReadahead *ra = s->ra;
     const uint64_t chunk = CKPTFS_READAHEAD_CHUNK;
     uint64_t end = offset + len;
+    if (!s->pushes) /* fixed at open */
+        return;
     g_mutex_lock(&ra->lock);
     if (s->stopped || ra->stopping) {
         g_mutex_unlock(&ra->lock);
         return;
     }
     bool continues = offset <= MAX(s->next, s->ahead) + SLACK && end + SLACK >= s->next;
-    if (!continues) {
-        /* A seek: what is queued for the old place is dropped, what was pushed there is left to
-         * the cache; a read that continues this one starts the window again. */
+    if (crowded(ra))
+        ra->stats.crowded_reads++;
+    if (!continues || crowded(ra)) {
+        /* A seek, or other files open: what is queued for the old place is dropped, what was
+         * pushed there is left to the cache; a read that continues this one (among few enough
+         * open files) starts the window again. */
         drop_queued(ra, s);
         release_until(ra, s, s->ahead);
         s->next = end;
@@ -236,6 +292,10 @@ void ckptfs_readahead_close(CkptfsReadaheadStream *s)
         return;
     CkptfsReadahead *ra = s->ra;
     g_mutex_lock(&ra->lock);
+    if (s->lone) { /* first: a reader that opens the next file at once (cp -r) finds this one gone */
+        ra->lone_open--;
+        g_cond_broadcast(&ra->closed);
+    }
     s->stopped = true;
     drop_queued(ra, s);
     release_until(ra, s, s->ahead);

@@ -15,6 +15,8 @@ typedef enum { CKPTFS_SERVE_AUTO, CKPTFS_SERVE_BF16, CKPTFS_SERVE_FP32 } CkptfsS
 
 #define CKPTFS_PREFETCH_AUTO UINT64_MAX
 #define CKPTFS_PREFETCH_MAX (64ull << 30)
+/* -o readahead=auto: a lone reader of a streamed file gets its chunks pushed (readahead_policy.h). */
+#define CKPTFS_READAHEAD_AUTO UINT64_MAX
 
 typedef struct {
     uint64_t hf_shard_size; /* 0: hf/ passes the source files through unchanged */
@@ -26,7 +28,11 @@ typedef struct {
                                mount's page cache */
     bool mapped_reads;      /* replies from leased mappings of source files (srcfiles.h) */
     uint64_t readahead;     /* bytes pushed into the mount's page cache ahead of sequential readers
-                               of files read through it, all files together (readahead.h; 0: off) */
+                               of files read through it, all files together (readahead.h; 0: off;
+                               CKPTFS_READAHEAD_AUTO, the default: readahead_policy.h) */
+    unsigned readahead_cores;   /* the cores readahead=auto counts (0: the machine's) */
+    unsigned readahead_streams; /* readahead=auto pushes while at most this many streamed files
+                                   are open (0: the default, 1) */
     /* Megatron views */
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */

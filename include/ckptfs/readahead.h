@@ -35,9 +35,12 @@ typedef bool (*CkptfsReadaheadPush)(gpointer push_data, uint64_t target, uint64_
 
 /* WINDOW: how far past a sequential reader chunks are pushed; CAP: the bytes of chunks ahead of
  * readers at once, over all files (rounded down to whole chunks, one at least); THREADS: workers
- * building them (0: one per CPU, 8 at most). */
-CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned threads, CkptfsReadaheadPush push,
-                                      gpointer push_data);
+ * building them (0: one per CPU, 8 at most); LONE: 0, or the most streams opened with
+ * ckptfs_readahead_open_lone that may be open for chunks to be pushed (readahead=auto). */
+CkptfsReadahead *ckptfs_readahead_new(uint64_t window, uint64_t cap, unsigned threads, unsigned lone,
+                                      CkptfsReadaheadPush push, gpointer push_data);
+/* Its LONE. */
+unsigned ckptfs_readahead_lone(const CkptfsReadahead *ra);
 /* Drops what is queued, waits for the chunks being built, stops the workers. Streams must be
  * closed first. */
 void ckptfs_readahead_free(CkptfsReadahead *ra);
@@ -46,6 +49,15 @@ void ckptfs_readahead_free(CkptfsReadahead *ra);
  * push target TARGET. */
 CkptfsReadaheadStream *ckptfs_readahead_open(CkptfsReadahead *ra, const CkptfsPlan *plan, const CkptfsSrcFiles *files,
                                              CkptfsSrcReader *reader, uint64_t target);
+/* A lone stream (readahead=auto): counted among the open ones until closed. *PUSHES: whether it is
+ * pushed, which is when fewer than LONE others are open (where one close would make it so, after
+ * waiting up to 10 ms for that close: cp -r's close of the previous file may come after its next
+ * open); one that is not never is (its reader may go on with direct I/O). A pushed one pauses while more than LONE are open: its queued chunks are
+ * dropped and its reads queue none; once few enough are open, a read that continues the previous
+ * one starts its window again. */
+CkptfsReadaheadStream *ckptfs_readahead_open_lone(CkptfsReadahead *ra, const CkptfsPlan *plan,
+                                                  const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                                                  uint64_t target, bool *pushes);
 /* The reader was served LEN bytes at OFFSET (a read that came past its cache). */
 void ckptfs_readahead_note(CkptfsReadaheadStream *s, uint64_t offset, uint64_t len);
 /* Drops its queued chunks and waits for those being built: nothing is pushed for it after. */
@@ -58,6 +70,8 @@ typedef struct {
     uint64_t failed;    /* a source read or the push failed (the reader's own read says why) */
     uint64_t peak_held; /* the most bytes of chunks ahead of readers at once */
     uint64_t cap;
+    uint64_t lone_pushed, lone_unpushed; /* lone streams opened pushed, and among others */
+    uint64_t crowded_reads;              /* reads of pushed streams while too many were open */
 } CkptfsReadaheadStats;
 void ckptfs_readahead_stats(CkptfsReadahead *ra, CkptfsReadaheadStats *out);
 

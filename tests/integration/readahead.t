@@ -5,7 +5,9 @@
 # the daemon's log says chunks were pushed and never more than SIZE ahead of its readers, with four
 # readers at once; a source changed under a reader gives errors, never other bytes (source_change.t
 # races it too); unmounting or aborting the connection while chunks are being built ends the daemon
-# cleanly (the ASan build reports nothing).
+# cleanly (the ASan build reports nothing). readahead=auto (the default; on from 8 cores, here
+# forced with readahead_cores=16): a lone reader of a rank file, cp -r and torch.load are pushed,
+# two readers at once are not (the second with direct I/O), readahead=off pushes nothing.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 
@@ -81,6 +83,126 @@ ok $? "the log counts the chunks pushed ($line)"
 ok $? "never more than the cap ahead of the readers (${ahead:-?} of $cap bytes)"
 ! grep -q "Sanitizer" "$log"
 ok $? "the daemon's log has no sanitizer report"
+
+# -o readahead=auto, the default: on from 8 cores, as counted by the machine or readahead_cores.
+# A lone reader of a rank file goes through the page cache with chunks pushed; two readers at once
+# are not pushed, the second with direct I/O; cp -r reads one file at a time, each pushed. Bytes
+# always those of ckptfs cat. The policy's line comes first in the log, its counts at unmount.
+auto_line() { sed -n 's/.*readahead: \([0-9]*\) chunks pushed.*auto: \([0-9]*\) opens pushed, \([0-9]*\) opens among others not, \([0-9]*\) reads.*/\1 \2 \3 \4/p' "$1"; }
+# served FILE: what the daemon wrote (its replies and stores) while FILE was read, in % of its
+# size: 100 or more where nothing of it was cached, little where the page cache held it.
+served() {
+  local before
+  before=$(daemon_io wchar "$FG_PID")
+  cat "$1" > /dev/null
+  echo $((($(daemon_io wchar "$FG_PID") - before) * 100 / $(stat -c %s "$1")))
+}
+cores=$(nproc)
+mnt=$WORK/mnt-default log=$WORK/default.log
+MOUNT_OPTS=layouts=tp2pp1 fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+ok $? "mounted with the defaults"
+cat "$mnt/$rank0" > "$WORK/default0"
+cmp -s "$WORK/default0" "$WORK/ref/${rank0//\//_}"
+ok $? "a lone reader of the default mount reads ckptfs cat's bytes"
+again=$(served "$mnt/$rank0")
+fg_unmount "$mnt"
+if ((cores >= 8)); then
+  grep -q "readahead=auto: on: $cores cores, 8 needed" "$log" && [[ $again -lt 50 ]]
+  ok $? "on $cores cores the default reads a lone reader through the page cache (read again: $again% served)"
+else
+  grep -q "readahead=auto: off: $cores cores, 8 needed" "$log" && [[ $again -ge 100 ]] && ! grep -q "chunks pushed" "$log"
+  ok $? "on $cores cores the default is off, the rank file read with direct I/O (read again: $again% served; $(head -c 100 "$log"))"
+fi
+"$CKPTFS" inspect "$src" | grep -q "^read-ahead: *auto: o[nf]*: $cores cores"
+ok $? "inspect says what auto does on $cores cores"
+
+forced=layouts=tp2pp1,readahead_cores=16
+mnt=$WORK/mnt-lone log=$WORK/lone.log
+MOUNT_OPTS=$forced fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+ok $? "mounted with readahead_cores=16 (auto on here)"
+grep -q "readahead=auto: on: 16 cores (-o readahead_cores), 8 needed; .* at most 1 such" "$log"
+ok $? "the log says auto is on for 16 cores counted, one file at a time ($(head -c 90 "$log"))"
+dd if="$mnt/$rank0" of="$WORK/lone0" bs=1M status=none
+cmp -s "$WORK/lone0" "$WORK/ref/${rank0//\//_}"
+ok $? "a lone reader reads ckptfs cat's bytes"
+fg_unmount "$mnt"
+read -r pushed opened among crowded <<< "$(auto_line "$log")"
+[[ ${pushed:-0} -ge $((size0 / (2 << 20) - 2)) && $opened == 1 && $among == 0 ]]
+ok $? "the lone reader was pushed: ${pushed:-?} chunks of its $((size0 >> 20)) MiB, ${opened:-?} open pushed"
+
+mnt=$WORK/mnt-two log=$WORK/two.log
+MOUNT_OPTS=$forced fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+# Then, both still open, each read again: what the daemon serves for it (in % of its size) says
+# whether the first read left it in the page cache.
+out=$($PY - "$mnt/$rank0" "$mnt/$rank1" "$WORK/ref/${rank0//\//_}" "$WORK/ref/${rank1//\//_}" "$FG_PID" <<'PY'
+import os, sys
+fds = [os.open(p, os.O_RDONLY) for p in sys.argv[1:3]]
+refs = [open(p, "rb").read() for p in sys.argv[3:5]]
+off = [0, 0]
+while any(off[i] < len(refs[i]) for i in range(2)):
+    for i in range(2):
+        got = os.pread(fds[i], 1 << 20, off[i])
+        assert got == refs[i][off[i]:off[i] + len(got)], f"file {i} differs at {off[i]}"
+        off[i] += len(got)
+def wchar():
+    return int(next(l for l in open(f"/proc/{sys.argv[5]}/io") if l.startswith("wchar:")).split()[1])
+again = []
+for i in range(2):
+    before, off = wchar(), 0
+    while off < len(refs[i]):
+        off += len(os.pread(fds[i], 1 << 20, off))
+    again.append((wchar() - before) * 100 // len(refs[i]))
+print(*again)
+PY
+)
+ok $? "two readers at once, reading in turns, read ckptfs cat's bytes"
+read -r again0 again1 <<< "$out"
+fg_unmount "$mnt"
+read -r pushed opened among crowded <<< "$(auto_line "$log")"
+[[ $pushed == 0 && $opened -ge 1 && $among == 1 && $crowded -gt 0 ]]
+ok $? "two readers at once: none pushed (${pushed:-?} chunks; ${opened:-?} opened alone, ${among:-?} among others, ${crowded:-?} reads paused)"
+[[ $again0 -lt 50 && $again1 -ge 100 ]]
+ok $? "the first went through the page cache, the second, opened beside it, with direct I/O (read again: $again0% and $again1% served)"
+
+mnt=$WORK/mnt-cp log=$WORK/cp.log
+MOUNT_OPTS=$forced fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+mkdir -p "$WORK/copy" "$WORK/export"
+cp -r "$mnt/tp2pp1" "$mnt/mcore" "$WORK/copy"
+fg_unmount "$mnt"
+"$CKPTFS" export -o layouts=tp2pp1 "$src" tp2pp1 "$WORK/export/tp2pp1" &&
+  "$CKPTFS" export -o layouts=tp2pp1 "$src" mcore "$WORK/export/mcore" && diff -r "$WORK/export" "$WORK/copy"
+ok $? "cp -r of tp2pp1/ and mcore/ equals ckptfs export's"
+files_copied=$(find "$WORK/copy" -type f ! -name '*.txt' ! -name '*.json' | wc -l) # the streamed ones
+read -r pushed opened among crowded <<< "$(auto_line "$log")"
+[[ $opened == "$files_copied" && $among == 0 && $pushed -gt 0 ]]
+ok $? "cp -r: each of its $files_copied files read alone and pushed (${opened:-?} opens pushed, ${among:-?} not; ${pushed:-?} chunks)"
+
+mnt=$WORK/mnt-torch log=$WORK/torch.log
+MOUNT_OPTS=$forced fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+check "torch 1.13 loads the rank file, read alone with pushes, as ckptfs cat's copy" \
+  $PY - "$mnt/$rank1" "$WORK/ref/${rank1//\//_}" <<'PY'
+import sys, torch
+a, b = (torch.load(p, map_location="cpu")["model"] for p in sys.argv[1:3])
+assert list(a) == list(b)
+for k in a:
+    if torch.is_tensor(a[k]):
+        assert torch.equal(a[k], b[k]), k
+print(len(a), "entries equal")
+PY
+fg_unmount "$mnt"
+read -r pushed opened among crowded <<< "$(auto_line "$log")"
+[[ ${pushed:-0} -gt 0 ]]
+ok $? "torch.load (the zip's end first, then its records in order) was pushed (${pushed:-?} chunks)"
+
+mnt=$WORK/mnt-off log=$WORK/off.log
+MOUNT_OPTS=$forced,readahead=off fg_mount "$CKPTFS" "$src" "$mnt" "$log"
+cat "$mnt/$rank0" > /dev/null
+again=$(served "$mnt/$rank0")
+fg_unmount "$mnt"
+grep -q "^ckptfs: readahead=off$" "$log" && ! grep -q "chunks pushed" "$log" && [[ $again -ge 100 ]]
+ok $? "readahead=off: nothing pushed, the rank file read with direct I/O whatever the cores counted (read again: $again% served)"
+! grep -l "Sanitizer" "$WORK"/{default,lone,two,cp,torch,off}.log
+ok $? "the readahead=auto mounts' logs have no sanitizer report"
 
 # A source changed under a reader: what it reads after is an error, never the new bytes.
 # On a fresh mount, so that the file's pages are not all cached already.

@@ -6,7 +6,8 @@
 # Afterwards the files that read the shard fail, the log names it, and the other shard's hf/ file
 # still reads. With the defaults (mapped reads under a lease, direct I/O), without mapped reads,
 # through the mount's page cache, through it with chunks pushed ahead of the readers (readahead),
-# and from a packed copy (frames decoded on read). FUSE passthrough
+# with readahead=auto on (readahead_cores=16: a file opened alone through the page cache and
+# pushed, the others with direct I/O), and from a packed copy (frames decoded on read). FUSE passthrough
 # (on by default where the build and kernel have it) is off: a file the kernel reads from the source
 # itself is checked at open only (passthrough.t).
 source "$(dirname "$0")/../lib/common.sh"
@@ -30,7 +31,7 @@ packed=$WORK/packed
 check "the model packed" "$CKPTFS" pack "$orig" "$packed"
 
 n=0
-for setting in "" mapped_reads=off direct_io=off direct_io=off,readahead=4M packed; do
+for setting in "" mapped_reads=off direct_io=off direct_io=off,readahead=4M readahead_cores=16 packed; do
   from=$orig opts=$setting
   [[ $setting == packed ]] && from=$packed opts=
   for mode in ${MODES:-inplace keep_mtime overwrite rename truncate}; do
@@ -59,7 +60,7 @@ for setting in "" mapped_reads=off direct_io=off direct_io=off,readahead=4M pack
     ok $? "$what: the other shard's hf/ file still reads, unchanged"
     FG_PID=$pid fg_unmount "$mnt"
     ok $? "$what: unmounted"
-    if [[ $setting == *readahead* ]]; then # chunks were stored ahead of the readers during the race
+    if [[ $setting == *readahead=* ]]; then # chunks were stored ahead of the readers during the race
       grep -q "readahead: [1-9][0-9]* chunks pushed" "$log"
       ok $? "$what: chunks were pushed ($(grep -m1 'readahead:' "$log" | head -c 120))"
     fi

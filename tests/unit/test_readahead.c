@@ -2,8 +2,9 @@
  * into an image of the file that stands for the page cache, and a simulated reader copies from it,
  * sending a "request" (ckptfs_readahead_note) only for pages not stored, as the kernel does. Every
  * pushed byte must equal the plan's; a sequential reader must get most of the file pushed; seeks
- * push nothing; the cap holds over many readers; close waits for a chunk being built; a source
- * changed under it pushes nothing new. */
+ * push nothing; the cap holds over many readers; close waits for a chunk being built; lone streams
+ * (readahead=auto) are pushed only while few enough are open; a source changed under it pushes
+ * nothing new. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <string.h>
@@ -163,7 +164,7 @@ static void test_sequential(const Fixture *fx)
 {
     Cache c;
     cache_init(&c, fx);
-    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, push, &c);
+    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, 0, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     unsigned requests = 0;
     for (uint64_t off = 0; off < fx->size; off += MIB) {
@@ -190,7 +191,7 @@ static void test_random(const Fixture *fx, GRand *rng)
 {
     Cache c;
     cache_init(&c, fx);
-    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, push, &c);
+    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, 0, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     /* Seeks: each read far from the last (past the window and the slack), never at 0. */
     uint64_t last = fx->size / 2;
@@ -261,7 +262,7 @@ static void test_cap(const Fixture *fx)
     for (int i = 0; i < 8; i += 2) {
         cache_init(&caches[i], fx);
         caches[i].delay_us = 2000;
-        ra[i] = ckptfs_readahead_new(8u << 20, cap, 4, push, &caches[i]);
+        ra[i] = ckptfs_readahead_new(8u << 20, cap, 4, 0, push, &caches[i]);
         for (int j = i; j < i + 2; j++) {
             args[j] = (ReaderArgs){&caches[i], ra[i], fx};
             t[j] = g_thread_new("reader", run_reader, &args[j]);
@@ -304,7 +305,7 @@ static void test_close_while_building(const Fixture *fx)
     Cache c;
     cache_init(&c, fx);
     c.hold = true;
-    CkptfsReadahead *ra = ckptfs_readahead_new(16u << 20, 64u << 20, 1, push, &c);
+    CkptfsReadahead *ra = ckptfs_readahead_new(16u << 20, 64u << 20, 1, 0, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     ckptfs_readahead_note(s, 0, MIB);
     g_mutex_lock(&c.lock);
@@ -346,7 +347,7 @@ static void test_source_changed(const Fixture *fx)
 {
     Cache c;
     cache_init(&c, fx);
-    CkptfsReadahead *ra = ckptfs_readahead_new(16u << 20, 64u << 20, 2, push, &c);
+    CkptfsReadahead *ra = ckptfs_readahead_new(16u << 20, 64u << 20, 2, 0, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     reader_read(&c, s, 0, MIB);
     settle(ra);
@@ -371,6 +372,157 @@ static void test_source_changed(const Fixture *fx)
     cache_clear(&c);
 }
 
+/* Reads the whole file in order through S, each chunk stored before the next read (a reader slower
+ * than the workers); the chunks it got pushed. */
+static uint64_t read_through(Cache *c, CkptfsReadahead *ra, CkptfsReadaheadStream *s)
+{
+    CkptfsReadaheadStats before, after;
+    ckptfs_readahead_stats(ra, &before);
+    for (uint64_t off = 0; off < c->fx->size; off += MIB) {
+        reader_read(c, s, off, MIB);
+        settle(ra);
+    }
+    ckptfs_readahead_stats(ra, &after);
+    return after.chunks_pushed - before.chunks_pushed;
+}
+
+/* Forgets what the cache holds: the next reader asks for every page again. */
+static void cache_forget(Cache *c)
+{
+    g_mutex_lock(&c->lock);
+    memset(c->stored, 0, (c->fx->size / PAGE + 1) * sizeof *c->stored);
+    g_mutex_unlock(&c->lock);
+}
+
+/* Closes stream S 3 ms from now. */
+static gpointer close_later(gpointer s)
+{
+    g_usleep(3000);
+    ckptfs_readahead_close(s);
+    return NULL;
+}
+
+/* readahead=auto's lone streams: pushed only while at most LONE are open. */
+static void test_lone(const Fixture *fx)
+{
+    Cache c;
+    cache_init(&c, fx);
+    CkptfsReadahead *ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, 1, push, &c);
+    tap_ok(ckptfs_readahead_lone(ra) == 1, "the mount's read-ahead says it is for lone streams");
+    bool pa = false, pb = true;
+    CkptfsReadaheadStream *a = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 1, &pa);
+    CkptfsReadaheadStream *b = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 2, &pb);
+    tap_ok(pa && !pb, "the first file open is pushed, the second, opened beside it, is not");
+    uint64_t pushed = read_through(&c, ra, a);
+    CkptfsReadaheadStats st;
+    ckptfs_readahead_stats(ra, &st);
+    tap_ok(pushed == 0 && st.crowded_reads > 0,
+           "while both are open the first one's reads push nothing (%" G_GUINT64_FORMAT " chunks, %" G_GUINT64_FORMAT
+           " reads paused)", pushed, st.crowded_reads);
+    cache_forget(&c);
+    ckptfs_readahead_note(b, 0, MIB);
+    ckptfs_readahead_note(b, MIB, MIB);
+    settle(ra);
+    ckptfs_readahead_stats(ra, &st);
+    tap_ok(st.chunks_pushed == 0, "the second one's reads push nothing either");
+    ckptfs_readahead_close(b);
+    pushed = read_through(&c, ra, a);
+    unsigned chunks = (unsigned)((fx->size + CKPTFS_READAHEAD_CHUNK - 1) / CKPTFS_READAHEAD_CHUNK);
+    tap_ok(pushed >= chunks - 3, "once the second is closed, the first is pushed again (%" G_GUINT64_FORMAT " of %u)",
+           pushed, chunks);
+
+    /* A second file opened while the first's chunks are queued: they are dropped at once. */
+    cache_forget(&c);
+    c.hold = true;
+    ckptfs_readahead_note(a, 0, MIB); /* a seek back to the start, then a read that continues it */
+    ckptfs_readahead_note(a, MIB, MIB);
+    g_mutex_lock(&c.lock);
+    while (!c.held)
+        g_cond_wait(&c.changed, &c.lock);
+    g_mutex_unlock(&c.lock);
+    ckptfs_readahead_stats(ra, &st);
+    uint64_t dropped = st.dropped;
+    b = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 2, &pb);
+    ckptfs_readahead_stats(ra, &st);
+    uint64_t dropped_at_open = st.dropped - dropped;
+    g_mutex_lock(&c.lock);
+    c.hold = false;
+    g_cond_broadcast(&c.changed);
+    g_mutex_unlock(&c.lock);
+    settle(ra);
+    ckptfs_readahead_stats(ra, &st);
+    tap_ok(!pb && dropped_at_open > 0 && st.chunks_pushed <= pushed + 2 * chunks,
+           "opening a second file drops the first one's queued chunks (%" G_GUINT64_FORMAT ")", dropped_at_open);
+    ckptfs_readahead_close(b);
+    ckptfs_readahead_close(a);
+
+    /* cp -r: files opened one after the other are each alone, each pushed. */
+    bool all = true;
+    uint64_t least = UINT64_MAX;
+    for (int i = 0; i < 3; i++) {
+        cache_forget(&c);
+        bool p = false;
+        CkptfsReadaheadStream *s = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 10 + i, &p);
+        all &= p;
+        uint64_t got = read_through(&c, ra, s); /* not in MIN: it would read twice */
+        least = MIN(least, got);
+        ckptfs_readahead_close(s);
+    }
+    tap_ok(all && least >= chunks - 3, "files read one after the other are each pushed (at least %" G_GUINT64_FORMAT
+           " chunks each)", least);
+
+    /* cp -r's close of a file may reach the daemon after its open of the next: the open waits for
+     * it a moment. Held open, the first file leaves the next one unpushed, after that moment. */
+    bool pn = false;
+    a = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 30, &pa);
+    GThread *late = g_thread_new("late-close", close_later, a);
+    b = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 31, &pn);
+    g_thread_join(late);
+    tap_ok(pa && pn, "a file opened just before the previous one's close arrives is pushed");
+    gint64 t0 = g_get_monotonic_time();
+    CkptfsReadaheadStream *held = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 32, &pn);
+    gint64 waited = g_get_monotonic_time() - t0;
+    tap_ok(!pn && waited >= 9000 && waited < 1000000,
+           "beside a file that stays open it is not, after waiting %" G_GINT64_FORMAT " us for a close", waited);
+    ckptfs_readahead_close(held);
+    ckptfs_readahead_close(b);
+    ckptfs_readahead_free(ra);
+    tap_ok(memcmp(c.image, fx->ref, fx->size) == 0 && c.wrong == 0, "the cache holds the file's bytes");
+
+    /* LONE 2: two files pushed, a third opened beside them is not and pauses both. */
+    ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, 2, push, &c);
+    CkptfsReadaheadStream *s3[3];
+    bool p3[3];
+    for (int i = 0; i < 3; i++)
+        s3[i] = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 20 + i, &p3[i]);
+    tap_ok(p3[0] && p3[1] && !p3[2], "with 2 streams allowed, the first two files are pushed and the third not");
+    cache_forget(&c);
+    pushed = read_through(&c, ra, s3[0]);
+    tap_ok(pushed == 0, "while three are open nothing is pushed (%" G_GUINT64_FORMAT ")", pushed);
+    ckptfs_readahead_close(s3[2]);
+    cache_forget(&c);
+    pushed = read_through(&c, ra, s3[1]);
+    tap_ok(pushed >= chunks - 3, "with two open again, they are pushed (%" G_GUINT64_FORMAT ")", pushed);
+    ckptfs_readahead_close(s3[0]);
+    ckptfs_readahead_close(s3[1]);
+    ckptfs_readahead_free(ra);
+
+    /* LONE 0 (readahead=SIZE): every stream pushes, however many are open. */
+    ra = ckptfs_readahead_new(8u << 20, 64u << 20, 2, 0, push, &c);
+    bool p0 = false, p1 = false;
+    a = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 1, &p0);
+    b = ckptfs_readahead_open_lone(ra, fx->plan, fx->files, NULL, 2, &p1);
+    cache_forget(&c);
+    pushed = read_through(&c, ra, a);
+    tap_ok(p0 && p1 && pushed >= chunks - 3, "with no limit, two open files are both pushed (%" G_GUINT64_FORMAT ")",
+           pushed);
+    ckptfs_readahead_close(a);
+    ckptfs_readahead_close(b);
+    ckptfs_readahead_free(ra);
+    tap_ok(c.wrong == 0, "every push held the plan's bytes");
+    cache_clear(&c);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(31);
@@ -380,6 +532,7 @@ int main(void)
     test_random(&fx, rng);
     test_cap(&fx);
     test_close_while_building(&fx);
+    test_lone(&fx);
     test_source_changed(&fx); /* last: it rewrites the source */
     fixture_clear(&fx);
     g_rand_free(rng);
