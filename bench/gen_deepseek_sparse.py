@@ -2,9 +2,11 @@
 """Generate a sparse DeepSeek-V3-671B-shaped block-FP8 Hugging Face checkpoint for the ckptfs
 benchmarks: every tensor of the release with its real name, dtype and shape, real headers, and
 data areas that are holes (each shard's header is written, then the file is truncated to its full
-size), so ~688 GB of apparent size take a few MB of disk.
+size), so ~688 GB of apparent size take a few MB of disk. With --model kimi-k2, the same for
+Kimi-K2-Instruct (its config.json: DeepSeek-V3's architecture with 384 routed experts in one
+group, 64 heads, one dense layer, no MTP layer, YaRN with beta_fast 1; 61 shards, ~1.03 TB).
 
-  gen_deepseek_sparse.py OUT [--shards 163] [--force]
+  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2] [--shards N] [--force]
 
 Run with Debian's /usr/bin/python3 (standard library only). Writes into OUT.tmp-PID and renames it
 to OUT at the end, so an existing OUT is always complete; OUT must not exist (--force replaces it).
@@ -113,6 +115,35 @@ DEEPSEEK_V3_CONFIG = {
     "v_head_dim": 128,
     "vocab_size": 129280,
 }
+
+# moonshotai/Kimi-K2-Instruct's config.json.
+KIMI_K2_CONFIG = dict(DEEPSEEK_V3_CONFIG, **{
+    "bos_token_id": 163584,
+    "eos_token_id": 163585,
+    "first_k_dense_replace": 1,
+    "max_position_embeddings": 131072,
+    "model_type": "kimi_k2",
+    "n_group": 1,
+    "n_routed_experts": 384,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "num_nextn_predict_layers": 0,
+    "rope_scaling": {
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 50000.0,
+    "routed_scaling_factor": 2.827,
+    "topk_group": 1,
+    "transformers_version": "4.48.3",
+    "vocab_size": 163840,
+})
+MODELS = {"deepseek-v3": (DEEPSEEK_V3_CONFIG, 163), "kimi-k2": (KIMI_K2_CONFIG, 61)}
 
 GENERATION_CONFIG = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
                      "do_sample": True, "temperature": 0.6, "top_p": 0.95,
@@ -292,10 +323,13 @@ def write_checkpoint(dest, cfg, tensors, nshards, write_data=None, generation_co
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="directory to create")
-    ap.add_argument("--shards", type=int, default=163, help="number of shards (default 163)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="deepseek-v3", help="whose config (default deepseek-v3)")
+    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args()
     dest = os.path.abspath(args.out)
+    cfg, release_shards = MODELS[args.model]
+    args.shards = args.shards or release_shards
     if args.shards < 1:
         ap.error("--shards must be >= 1")
     if os.path.exists(dest):
@@ -304,7 +338,6 @@ def main():
         shutil.rmtree(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     t0 = time.monotonic()
-    cfg = DEEPSEEK_V3_CONFIG
     tensors = tensors_of(cfg)
     n, ntensors, total, files = write_checkpoint(dest, cfg, tensors, args.shards)
     counts = {}
