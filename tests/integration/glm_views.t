@@ -38,10 +38,25 @@ check_layouts() {
     fi
   done
 }
-check_layouts glm-a "" "" tp2pp1 tp1pp2vpp2ep2 tp2pp2ep4 tp2pp1ep4etp1
+check_layouts glm-a "" "" tp1pp1 tp2pp1 tp1pp2vpp2ep2 tp2pp2ep4 tp2pp1ep4etp1
 check_layouts glm-b "" "" tp2pp1 tp1pp2vpp2ep2 tp2pp2ep2
-check_layouts glm-mtp "mtp=on" "--mtp" tp2pp1ep2 tp1pp2ep2
+check_layouts glm-mtp "mtp=on" "--mtp" tp1pp1 tp2pp1ep2 tp1pp2ep2
 check_layouts glm-mtp "" "" tp2pp1ep2
+
+# mcore/ (torch_dist: per-layer keys, experts stacked, MTP as mtp.layers.0.transformer_layer)
+# loaded with torch.distributed.checkpoint equals the checked tp1pp1 rank file.
+for v in "glm-a:" "glm-mtp:mtp=on"; do
+  name=${v%%:*} opts=${v#*:} mnt=$WORK/mnt-dcp-${v//[:=]/_}
+  if ! mount_ckptfs "$models/$name" "$mnt" -o "layouts=tp1pp1${opts:+,$opts}"; then
+    ok 1 "$name mcore/ ${opts:-default}: mount"
+  elif ((have2)); then
+    check "$name mcore/ ${opts:-default}: dcp.load of every key = the tp1pp1 rank file" \
+      torch2_python "$WORK" "$TESTS_TOP/tests/lib/deepseek_dcp.py" check "$mnt/mcore/release" \
+      "$mnt/tp1pp1/release/mp_rank_00/model_optim_rng.pt"
+  else
+    skip "$name mcore/ DCP load: $TORCH2_WHY"
+  fi
+done
 
 # HF -> Megatron view -> mounted as a source -> hf/: the same tensors bit for bit, and loaded by
 # transformers 5 the same logits (tf5_roundtrip.py's check: also the args its import sets).
