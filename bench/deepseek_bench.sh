@@ -49,8 +49,11 @@
 #   PYTHON       python with numpy (default /usr/bin/python3)
 #   MOUNT_RUNS   timed fresh mounts in (a) (default 5; --quick 2); medians shown
 #   REPEAT       runs of each side of (b) and of the cat (default 3; --quick 1); medians shown
+#   SPARSE_MODEL (a)'s checkpoint: deepseek-v3 (default), kimi-k2 (Kimi-K2-Instruct's config, 1.03 TB)
+#                or glm-4.6 (GLM-4.6's, bf16, 714 GB), kept as BENCH_DIR/SPARSE_MODEL-sparse
+#   LAYOUT       (a)'s layout (default tp1pp16ep64; glm-4.6: tp2pp4ep32)
 #   PP_OPTS      mount options that make tp1pp16ep64 valid for 61 layers (default pp_first=3,pp_last=2:
-#                stages of 3, 14 x 4, 2 layers; set but empty: none)
+#                stages of 3, 14 x 4, 2 layers; glm-4.6: mtp=on; set but empty: none)
 #   FP8_LAYERS, FP8_EXPERTS   size of (b)'s checkpoint (default 4 and 6; ~0.5 GB of FP8 per MoE layer)
 #   CKPTFS_TORCH2_ROOT  Debian 13 root with torch 2.6 (default /var/cache/ckptfs-tests/trixie-root)
 #   LS_TIMEOUT, CP_TIMEOUT, CONV_TIMEOUT  seconds allowed per ls / cp / converter run
@@ -72,7 +75,12 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 if ((QUICK)); then MOUNT_RUNS=${MOUNT_RUNS:-2} REPEAT=${REPEAT:-1}; fi
 MOUNT_RUNS=${MOUNT_RUNS:-5}
 REPEAT=${REPEAT:-3}
-PP_OPTS=${PP_OPTS-pp_first=3,pp_last=2}
+SPARSE_MODEL=${SPARSE_MODEL:-deepseek-v3}
+case $SPARSE_MODEL in
+deepseek-v3 | kimi-k2) LAYOUT=${LAYOUT:-tp1pp16ep64} PP_OPTS=${PP_OPTS-pp_first=3,pp_last=2} ;;
+glm-4.6) LAYOUT=${LAYOUT:-tp2pp4ep32} PP_OPTS=${PP_OPTS-mtp=on} ;;
+*) echo "deepseek_bench: SPARSE_MODEL $SPARSE_MODEL: deepseek-v3, kimi-k2 or glm-4.6" >&2; exit 2 ;;
+esac
 FP8_LAYERS=${FP8_LAYERS:-4}
 FP8_EXPERTS=${FP8_EXPERTS:-6}
 ROOT=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
@@ -80,7 +88,6 @@ LS_TIMEOUT=${LS_TIMEOUT:-120}
 CP_TIMEOUT=${CP_TIMEOUT:-600}
 CONV_TIMEOUT=${CONV_TIMEOUT:-1800}
 
-LAYOUT=tp1pp16ep64
 
 # Targets.
 TARGET_MOUNT_MS=1000
@@ -102,7 +109,7 @@ command -v fusermount3 >/dev/null || die "fusermount3 not found"
 
 mkdir -p "$BENCH_DIR"
 BENCH_DIR=$(cd "$BENCH_DIR" && pwd -P)
-SPARSE=$BENCH_DIR/deepseek-v3-sparse
+SPARSE=$BENCH_DIR/$SPARSE_MODEL-sparse
 FP8=$BENCH_DIR/deepseek-fp8-l${FP8_LAYERS}e${FP8_EXPERTS}
 
 TORCH2_NOTE=""
@@ -203,8 +210,8 @@ torch2_prep() {
 # --- inputs --------------------------------------------------------------------------------------
 
 if [[ ! -f $SPARSE/model.safetensors.index.json ]]; then
-    note "generating $SPARSE (sparse DeepSeek-V3 shapes, 163 shards)"
-    "$PYTHON" "$HERE/gen_deepseek_sparse.py" "$SPARSE" >&2
+    note "generating $SPARSE (sparse $SPARSE_MODEL shapes)"
+    "$PYTHON" "$HERE/gen_deepseek_sparse.py" --model "$SPARSE_MODEL" "$SPARSE" >&2
 fi
 if [[ ! -f $FP8/model.safetensors.index.json ]]; then
     note "generating $FP8 (block-FP8, $FP8_LAYERS layers x $FP8_EXPERTS experts; ~1 min)"
@@ -484,7 +491,7 @@ echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end"
 
 echo
 echo "(a) metadata at scale: $SPARSE"
-echo "    DeepSeek-V3 671B shapes, ${#SPARSE_SRC[@]} shards, $SPARSE_TENSORS tensors, $SPARSE_BYTES bytes apparent"
+echo "    $SPARSE_MODEL shapes, ${#SPARSE_SRC[@]} shards, $SPARSE_TENSORS tensors, $SPARSE_BYTES bytes apparent"
 echo "    ($(du -sm "$SPARSE" | cut -f1) MB on disk: data areas are holes). Mounted -o $A_OPTS;"
 echo "    one untimed warm-up mount, then $MOUNT_RUNS fresh mounts; medians (single runs on the right)."
 printf '    %-46s %19s  %-11s %-8s %s\n' "" measured target "" runs

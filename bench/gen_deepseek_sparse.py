@@ -2,9 +2,13 @@
 """Generate a sparse DeepSeek-V3-671B-shaped block-FP8 Hugging Face checkpoint for the ckptfs
 benchmarks: every tensor of the release with its real name, dtype and shape, real headers, and
 data areas that are holes (each shard's header is written, then the file is truncated to its full
-size), so ~688 GB of apparent size take a few MB of disk.
+size), so ~688 GB of apparent size take a few MB of disk. With --model kimi-k2, the same for
+Kimi-K2-Instruct (its config.json: DeepSeek-V3's architecture with 384 routed experts in one
+group, 64 heads, one dense layer, no MTP layer, YaRN with beta_fast 1; 61 shards, ~1.03 TB);
+with --model glm-4.6, GLM-4.6 (Glm4MoeForCausalLM, bf16: 92 layers + 1 MTP layer, 160 experts,
+q/k/v biases and norms, 3 dense layers; 92 shards, ~714 GB).
 
-  gen_deepseek_sparse.py OUT [--shards 163] [--force]
+  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2|glm-4.6] [--shards N] [--force]
 
 Run with Debian's /usr/bin/python3 (standard library only). Writes into OUT.tmp-PID and renames it
 to OUT at the end, so an existing OUT is always complete; OUT must not exist (--force replaces it).
@@ -114,6 +118,73 @@ DEEPSEEK_V3_CONFIG = {
     "vocab_size": 129280,
 }
 
+# moonshotai/Kimi-K2-Instruct's config.json.
+KIMI_K2_CONFIG = dict(DEEPSEEK_V3_CONFIG, **{
+    "bos_token_id": 163584,
+    "eos_token_id": 163585,
+    "first_k_dense_replace": 1,
+    "max_position_embeddings": 131072,
+    "model_type": "kimi_k2",
+    "n_group": 1,
+    "n_routed_experts": 384,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "num_nextn_predict_layers": 0,
+    "rope_scaling": {
+        "beta_fast": 1.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 50000.0,
+    "routed_scaling_factor": 2.827,
+    "topk_group": 1,
+    "transformers_version": "4.48.3",
+    "vocab_size": 163840,
+})
+# zai-org/GLM-4.6's config.json.
+GLM_46_CONFIG = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 202752,
+    "model_type": "glm4_moe",
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.54.0",
+    "use_cache": True,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+MODELS = {"deepseek-v3": (DEEPSEEK_V3_CONFIG, 163), "kimi-k2": (KIMI_K2_CONFIG, 61), "glm-4.6": (GLM_46_CONFIG, 92)}
+
 GENERATION_CONFIG = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
                      "do_sample": True, "temperature": 0.6, "top_p": 0.95,
                      "transformers_version": "4.46.3"}
@@ -189,6 +260,57 @@ def tensors_of(cfg):
         bf16(p + "embed_tokens.weight", v, h)
         bf16(p + "shared_head.norm.weight", h)
         bf16(p + "shared_head.head.weight", v, h)
+    return out
+
+
+def glm_tensors_of(cfg):
+    """[(name, dtype, shape)] of Glm4MoeForCausalLM (bf16) + its MTP layers, in model order."""
+    h, v, d = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    out = []
+
+    def bf16(name, *shape):
+        out.append((name, "BF16", list(shape)))
+
+    def mlp(p, ffn):
+        bf16(p + "gate_proj.weight", ffn, h)
+        bf16(p + "up_proj.weight", ffn, h)
+        bf16(p + "down_proj.weight", h, ffn)
+
+    def decoder_layer(i):
+        p = f"model.layers.{i}."
+        for proj, rows in (("q", q), ("k", kv), ("v", kv)):
+            bf16(f"{p}self_attn.{proj}_proj.weight", rows, h)
+            if cfg["attention_bias"]:
+                bf16(f"{p}self_attn.{proj}_proj.bias", rows)
+        bf16(p + "self_attn.o_proj.weight", h, q)
+        if cfg["use_qk_norm"]:
+            bf16(p + "self_attn.q_norm.weight", d)
+            bf16(p + "self_attn.k_norm.weight", d)
+        if i >= cfg["first_k_dense_replace"]:
+            for e in range(cfg["n_routed_experts"]):
+                mlp(f"{p}mlp.experts.{e}.", cfg["moe_intermediate_size"])
+            bf16(p + "mlp.gate.weight", cfg["n_routed_experts"], h)
+            out.append((p + "mlp.gate.e_score_correction_bias", "F32", [cfg["n_routed_experts"]]))
+            mlp(p + "mlp.shared_experts.", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+        else:
+            mlp(p + "mlp.", cfg["intermediate_size"])
+        bf16(p + "input_layernorm.weight", h)
+        bf16(p + "post_attention_layernorm.weight", h)
+
+    n = cfg["num_hidden_layers"]
+    bf16("model.embed_tokens.weight", v, h)
+    for i in range(n):
+        decoder_layer(i)
+    bf16("model.norm.weight", h)
+    bf16("lm_head.weight", v, h)
+    for i in range(n, n + cfg["num_nextn_predict_layers"]):
+        p = f"model.layers.{i}."
+        decoder_layer(i)
+        bf16(p + "eh_proj.weight", h, 2 * h)
+        bf16(p + "enorm.weight", h)
+        bf16(p + "hnorm.weight", h)
+        bf16(p + "shared_head.norm.weight", h)
     return out
 
 
@@ -292,10 +414,13 @@ def write_checkpoint(dest, cfg, tensors, nshards, write_data=None, generation_co
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="directory to create")
-    ap.add_argument("--shards", type=int, default=163, help="number of shards (default 163)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="deepseek-v3", help="whose config (default deepseek-v3)")
+    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args()
     dest = os.path.abspath(args.out)
+    cfg, release_shards = MODELS[args.model]
+    args.shards = args.shards or release_shards
     if args.shards < 1:
         ap.error("--shards must be >= 1")
     if os.path.exists(dest):
@@ -304,8 +429,7 @@ def main():
         shutil.rmtree(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     t0 = time.monotonic()
-    cfg = DEEPSEEK_V3_CONFIG
-    tensors = tensors_of(cfg)
+    tensors = glm_tensors_of(cfg) if cfg["model_type"] == "glm4_moe" else tensors_of(cfg)
     n, ntensors, total, files = write_checkpoint(dest, cfg, tensors, args.shards)
     counts = {}
     for _, dt, s in tensors:

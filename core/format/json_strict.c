@@ -72,6 +72,15 @@ static bool string(Scan *s, GString *out)
         unsigned char c = *s->p;
         if (c < 0x20)
             return bad(s, "a control character inside a string");
+        if (c < 0x80 && c != '\\') {
+            /* a run of plain ASCII, appended at once (a safetensors header is ~all of it) */
+            const unsigned char *from = s->p;
+            while (s->p < s->end && *s->p >= 0x20 && *s->p < 0x80 && *s->p != '"' && *s->p != '\\')
+                s->p++;
+            if (out)
+                g_string_append_len(out, (const char *)from, s->p - from);
+            continue;
+        }
         if (c != '\\') {
             /* One character, as long as its encoding says: a stray continuation byte after
              * it is the next character, and refused there. */

@@ -84,22 +84,34 @@
     EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 16, 12, CKPTFS_DIM_HIDDEN,           \
                   CKPTFS_DIM_MOE_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, down_hf),             \
     EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 17, 13)
+/* The shared experts' MLP, split by dense TP: fc1 = [gate; up] at legacy orders TE_AT, LOCAL_AT,
+ * fc2 two after; HF_ is its module ("mlp.shared_expert" in Qwen, "mlp.shared_experts" in
+ * DeepSeek and GLM). */
+#define SHARED_EXPERT_MLP(te_at, local_at, hf_)                                                \
+    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, te_at, local_at, CKPTFS_NEED_SHARED_EXPERT, \
+           2, CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, \
+           hf_ ".gate_proj.weight", hf_ ".up_proj.weight"),                                    \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", te_at + 1, local_at + 1, \
+          CKPTFS_NEED_SHARED_EXPERT),                                                           \
+    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, te_at + 2, local_at + 2,               \
+           CKPTFS_NEED_SHARED_EXPERT, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, \
+           CKPTFS_RECIPE_WHOLE, hf_ ".down_proj.weight"),                                      \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", te_at + 3, local_at + 3, \
+          CKPTFS_NEED_SHARED_EXPERT)
 /* Qwen2-MoE's shared expert: its sigmoid gate [1, H] first (Megatron registers it first), then
- * an MLP split by dense TP. */
+ * its MLP. */
 #define SHARED_EXPERT                                                                         \
     WEIGHT("mlp.shared_experts.gate_weight", NULL, 18, 14, CKPTFS_NEED_SHARED_GATE, 2,          \
            CKPTFS_DIM_ONE, CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,          \
            "mlp.shared_expert_gate.weight"),                                                   \
-    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 19, 15, CKPTFS_NEED_SHARED_EXPERT, 2,  \
-           CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, \
-           "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),          \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 20, 16,            \
-          CKPTFS_NEED_SHARED_EXPERT),                                                           \
-    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 21, 17, CKPTFS_NEED_SHARED_EXPERT, 2,  \
-           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,         \
-           "mlp.shared_expert.down_proj.weight"),                                              \
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 22, 18,            \
-          CKPTFS_NEED_SHARED_EXPERT)
+    SHARED_EXPERT_MLP(19, 15, "mlp.shared_expert")
+/* The router's expert bias (DeepSeek-V3's e_score_correction_bias): a persistent fp32 buffer,
+ * after the router's weight in a legacy state dict (a buffer follows its module's parameters;
+ * at the weight's order, the table's order decides). */
+#define ROUTER_EXPERT_BIAS(te_at, local_at)                                                   \
+    {CKPTFS_SCOPE_LAYER, false, false, "mlp.router.expert_bias", NULL, NULL, te_at, local_at,  \
+     CKPTFS_NEED_EXPERT_BIAS, 1, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,      \
+     CKPTFS_RECIPE_WHOLE, {"mlp.gate.e_score_correction_bias"}, NULL, true, false}
 
 /* The layer's extra states (in the order mcore/ lists their objects) and the last stage. */
 #define LAYER_EXTRAS_AND_LAST                                                                 \
@@ -187,6 +199,19 @@ static const CkptfsRule qwen_moe_rules[] = {
      false, false},                                                                              \
     EXTRA(scope_, name_ "._extra_state", te_at + 1, NONE, CKPTFS_NEED_MTP)
 
+/* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the decoder's
+ * layers, "model.layers.{layers + N}."): its norms of the embedding and of the hidden state,
+ * their projection (column-parallel), the transformer layer (the family's layer rules), and its
+ * final norm (HF's shared_head.norm). Its embedding and head are the model's. */
+#define MTP_LAYER                                                                             \
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, "enorm.weight"),                               \
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, "hnorm.weight"),                               \
+    {CKPTFS_SCOPE_MTP_IN, false, false, "eh_proj.weight", NULL, NULL, 4, 2, CKPTFS_NEED_MTP, 2, \
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE, {"eh_proj.weight"}, \
+     NULL, false, false},                                                                      \
+    EXTRA(CKPTFS_SCOPE_MTP_IN, "eh_proj._extra_state", 5, 3, CKPTFS_NEED_MTP),                  \
+    MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, "shared_head.norm.weight")
+
 static const CkptfsRule deepseek_rules[] = {
     EMBEDDING,
     {CKPTFS_SCOPE_LAYER, false, false, "input_layernorm.weight", NULL, NULL, 0, 0, CKPTFS_NEED_ALWAYS, 1,
@@ -228,9 +253,7 @@ static const CkptfsRule deepseek_rules[] = {
     EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 16, NONE, CKPTFS_NEED_MOE),
     WEIGHT("mlp.router.weight", NULL, 17, 14, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_HIDDEN,
            CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "mlp.gate.weight"),
-    {CKPTFS_SCOPE_LAYER, false, false, "mlp.router.expert_bias", NULL, NULL, 18, 15,
-     CKPTFS_NEED_EXPERT_BIAS, 1, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
-     CKPTFS_RECIPE_WHOLE, {"mlp.gate.e_score_correction_bias"}, NULL, true, false},
+    ROUTER_EXPERT_BIAS(18, 15),
     EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 19, 16, CKPTFS_DIM_MOE_FFN2, CKPTFS_DIM_HIDDEN,
                   CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.experts.{e}.gate_proj.weight",
                   "mlp.experts.{e}.up_proj.weight"),
@@ -238,14 +261,7 @@ static const CkptfsRule deepseek_rules[] = {
     EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 21, 18, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_MOE_FFN,
                   CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.experts.{e}.down_proj.weight"),
     EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 22, 19),
-    WEIGHT("mlp.shared_experts.linear_fc1.weight", NULL, 23, 20, CKPTFS_NEED_SHARED_EXPERT, 2,
-           CKPTFS_DIM_SHARED_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES,
-           "mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc1._extra_state", 24, 21, CKPTFS_NEED_SHARED_EXPERT),
-    WEIGHT("mlp.shared_experts.linear_fc2.weight", NULL, 25, 22, CKPTFS_NEED_SHARED_EXPERT, 2,
-           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_SHARED_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE,
-           "mlp.shared_experts.down_proj.weight"),
-    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.shared_experts.linear_fc2._extra_state", 26, 23, CKPTFS_NEED_SHARED_EXPERT),
+    SHARED_EXPERT_MLP(23, 20, "mlp.shared_experts"),
     /* The last stage */
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
@@ -255,17 +271,22 @@ static const CkptfsRule deepseek_rules[] = {
      CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,
      CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS),
-    /* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the decoder's
-     * layers, "model.layers.{layers + N}."): its norms of the embedding and of the hidden
-     * state, their projection (column-parallel), the transformer layer (the layer rules), and
-     * its final norm (HF's shared_head.norm). Its embedding and head are the model's. */
-    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, "enorm.weight"),
-    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, "hnorm.weight"),
-    {CKPTFS_SCOPE_MTP_IN, false, false, "eh_proj.weight", NULL, NULL, 4, 2, CKPTFS_NEED_MTP, 2,
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE, {"eh_proj.weight"},
-     NULL, false, false},
-    EXTRA(CKPTFS_SCOPE_MTP_IN, "eh_proj._extra_state", 5, 3, CKPTFS_NEED_MTP),
-    MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, "shared_head.norm.weight"),
+    MTP_LAYER,
+};
+
+/* GLM-4.5/4.6 (Glm4MoeForCausalLM): Llama/Qwen attention (q/k/v biases and q/k norms as
+ * config.json says), dense-first layers, then DeepSeek-V3's MoE (router with expert bias,
+ * ungated shared experts) and its multi-token prediction layers (Megatron-Bridge's GLM-4.5 and
+ * mbridge's glm4_moe names). */
+static const CkptfsRule glm4_moe_rules[] = {
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM, DENSE_MLP,
+    MOE_NORM_AND_ROUTER("mlp.gate.weight"),
+    ROUTER_EXPERT_BIAS(13, 9),
+    EXPERTS("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight"),
+    SHARED_EXPERT_MLP(19, 15, "mlp.shared_experts"),
+    LAYER_EXTRAS_AND_LAST,
+    MTP_LAYER,
 };
 
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules)};
@@ -273,6 +294,7 @@ const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_r
 const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules)};
 const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules)};
 const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules)};
+const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules)};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {
@@ -286,7 +308,7 @@ bool ckptfs_tensor_keeps_fp32(const char *hf_name)
 {
     static const CkptfsFamily *const families[] = {&ckptfs_family_llama, &ckptfs_family_phi3,
                                                    &ckptfs_family_mixtral, &ckptfs_family_qwen_moe,
-                                                   &ckptfs_family_deepseek};
+                                                   &ckptfs_family_deepseek, &ckptfs_family_glm4_moe};
     for (size_t f = 0; f < G_N_ELEMENTS(families); f++)
         for (unsigned i = 0; i < families[f]->n_rules; i++) {
             const CkptfsRule *r = &families[f]->rules[i];

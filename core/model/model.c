@@ -24,7 +24,7 @@ static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_interme
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true};
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0, NULL, 0};
 static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false, 0, 0,
                                            .sliding_window = 4096, .kv_heads = 8};
 static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false, 0, 0,
@@ -32,9 +32,9 @@ static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, fals
 static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false, 0, 0,
                                          .window_opt_in = true, .kv_heads = 32, .head_dim = 128};
 static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false,
-                                        0, 1e-5, 0, false, 0, 0};
+                                        0, 1e-5, 0, false, 0, 0, NULL, 0};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
-                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0};
+                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0, NULL, 0};
 static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
                                              &ckptfs_family_qwen_moe, &qwen2_moe_config, false, 0, 0,
                                              .window_opt_in = true, .kv_heads = 16};
@@ -42,12 +42,19 @@ static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe",
                                              &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 0, 0,
                                              .window_opt_in = true, .kv_heads = 4};
 static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0, NULL, 0};
 static const CkptfsArchitecture deepseek_v2 = {"DeepseekV2ForCausalLM", "deepseek_v2", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0, NULL, 0};
+/* GLM-4.5/4.6: DeepSeek-V3's MoE config; optional attention biases and q/k norms; half of each
+ * head rotated unless partial_rotary_factor says otherwise (transformers' defaults: 8 key/value
+ * heads, rms_norm_eps 1e-5) */
+static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", false, false,
+                                            &ckptfs_family_glm4_moe, &deepseek_v3_moe, false, 0, 1e-5,
+                                            .kv_heads = 8, .qk_norm_key = "use_qk_norm",
+                                            .partial_rotary = 0.5};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
-                                                          &deepseek_v3, &deepseek_v2, NULL};
+                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -58,17 +65,20 @@ const CkptfsArchitecture *const *ckptfs_architectures(void)
 static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bool loose_bias)
 {
     bool moe = f->experts > 0, shared = f->shared_ffn > 0;
+    bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
     if (a->mla != f->mla || (a->moe != NULL) != moe)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
         return a->moe->sigmoid_routing == f->sigmoid_scores;
-    if (moe && (a->moe->shared_ffn_key != NULL) != shared)
+    if (moe && a->moe->sigmoid_routing != f->sigmoid_scores) /* GLM-4.5's routing or Qwen's */
+        return false;
+    if (moe && (a->moe->shared_ffn_key != NULL || a->moe->shared_count_key != NULL) != shared)
         return false;
     /* Qwen2-MoE without a shared expert is not a Qwen2-MoE checkpoint; with one, its biases
      * and norms are what they are. */
     if (moe && shared)
-        return a->qk_norm == f->qk_norm;
-    return (loose_bias || a->qkv_bias == f->qkv_bias) && a->qk_norm == f->qk_norm;
+        return norms;
+    return (loose_bias || a->qkv_bias == f->qkv_bias) && norms;
 }
 
 const CkptfsArchitecture *ckptfs_architecture_find(const char *name, const CkptfsModel *features)
@@ -497,7 +507,7 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
     if (model->mtp_layers == 0 || !ckptfs_family_has(model->arch->family, CKPTFS_NEED_MTP)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
-                    "with rules for them (DeepSeek-V3)");
+                    "with rules for them (DeepSeek-V3, GLM-4.5)");
         return false;
     }
     model->mtp = true;

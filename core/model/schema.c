@@ -53,7 +53,7 @@ static const CkptfsModelField fields[] = {
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0},
     /* Qwen3's per-head norms come with the architecture; MLA's latent norms are Megatron's
      * q/k layernorms too */
-    {"qk_norm", CKPTFS_FIELD_BOOL, M(qk_norm), CKPTFS_FOR_ALL, {NULL}, 0, "qk_layernorm", NULL,
+    {"qk_norm", CKPTFS_FIELD_BOOL, M(qk_norm), CKPTFS_FOR_ALL, {NULL}, CKPTFS_ARCH_KEY_QK_NORM, "qk_layernorm", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
     {"norm_eps", CKPTFS_FIELD_FLOAT, M(norm_eps), CKPTFS_FOR_ALL, {"rms_norm_eps"}, 0, "layernorm_epsilon",
      "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1},
@@ -62,7 +62,7 @@ static const CkptfsModelField fields[] = {
      CKPTFS_DERIVED_ROPE_THETA, 0, 1e12},
     {"rotary_percent", CKPTFS_FIELD_FLOAT, M(rotary_percent), CKPTFS_FOR_ALL,
      {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"}, 0, "rotary_percent", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, 0, 1},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1},
     {"sliding_window", CKPTFS_FIELD_WINDOW, 0, CKPTFS_FOR_ALL, {"sliding_window"}, 0, NULL, NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
     {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_ALL,
@@ -82,8 +82,9 @@ static const CkptfsModelField fields[] = {
     {"rope_original_positions", CKPTFS_FIELD_UINT, M(rope_original_positions), CKPTFS_FOR_LLAMA3,
      {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
      NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 8192, 8192, 0, 0, (double)UINT32_MAX},
-    /* YaRN as DeepSeek-V3 configures it; Megatron's MLA has no arguments for beta_fast,
-     * beta_slow and original_max_position_embeddings that it reads: its defaults are used */
+    /* YaRN as DeepSeek-V3 and Kimi-K2 configure it: beta_fast and beta_slow are fields of
+     * Megatron-core's MLATransformerConfig (Kimi-K2's are 1 and 1), written to args under their
+     * names; original_max_position_embeddings has Megatron's default only */
     {"yarn_factor", CKPTFS_FIELD_FLOAT, M(yarn_factor), CKPTFS_FOR_YARN,
      {"rope_scaling.factor", "rope_parameters.factor"}, 0, "rotary_scaling_factor", NULL, CKPTFS_FIELD_MATH, 1,
      1, 0, 0.999999, 1e6},
@@ -93,11 +94,11 @@ static const CkptfsModelField fields[] = {
      {"rope_scaling.mscale_all_dim", "rope_parameters.mscale_all_dim"}, 0, "mscale_all_dim", NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, -1e6, 1e6},
     {"yarn_beta_fast", CKPTFS_FIELD_FLOAT, M(yarn_beta_fast), CKPTFS_FOR_YARN,
-     {"rope_scaling.beta_fast", "rope_parameters.beta_fast"}, 0, "beta_fast", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 32, 32, 0, -1e6, 1e6},
+     {"rope_scaling.beta_fast", "rope_parameters.beta_fast"}, 0, "beta_fast", NULL, CKPTFS_FIELD_MATH, 32, 32, 0,
+     -1e6, 1e6},
     {"yarn_beta_slow", CKPTFS_FIELD_FLOAT, M(yarn_beta_slow), CKPTFS_FOR_YARN,
-     {"rope_scaling.beta_slow", "rope_parameters.beta_slow"}, 0, "beta_slow", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, -1e6, 1e6},
+     {"rope_scaling.beta_slow", "rope_parameters.beta_slow"}, 0, "beta_slow", NULL, CKPTFS_FIELD_MATH, 1, 1, 0,
+     -1e6, 1e6},
     {"yarn_original_positions", CKPTFS_FIELD_UINT, M(yarn_original_positions), CKPTFS_FOR_YARN,
      {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
      "original_max_position_embeddings", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4096, 4096, 0, 0,
@@ -233,6 +234,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
         if (!args && m->arch && m->arch->norm_eps > 0)
             return m->arch->norm_eps;
         break;
+    case CKPTFS_DERIVED_ROTARY_PERCENT:
+        if (!args && m->arch && m->arch->partial_rotary > 0)
+            return m->arch->partial_rotary;
+        break;
     default:
         break;
     }
@@ -254,6 +259,18 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
         return true;
     }
     return false;
+}
+
+/* Whether F has only its default for MODEL: a FIXED row, unless the architecture's transformers
+ * class honours the field (partial rotary), or while the architecture is not known yet (Megatron
+ * args are read before it is picked, which checks it then). */
+static bool fixed_for(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    if (!(f->flags & CKPTFS_FIELD_FIXED))
+        return false;
+    if (f->derived == CKPTFS_DERIVED_ROTARY_PERCENT)
+        return m->arch != NULL && m->arch->partial_rotary == 0;
+    return true;
 }
 
 /* --- walk 1: config.json --- */
@@ -379,6 +396,8 @@ static bool check_rope_members(JsonObject *config, GError **error)
 
 static const char *arch_key(const CkptfsModelField *f, const CkptfsModel *m)
 {
+    if (f->arch_key == CKPTFS_ARCH_KEY_QK_NORM)
+        return m->arch ? m->arch->qk_norm_key : NULL;
     const CkptfsMoeConfig *moe = m->arch ? m->arch->moe : NULL;
     if (moe == NULL)
         return NULL;
@@ -426,10 +445,10 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     }
     if ((f->flags & CKPTFS_FIELD_ARGS_INTEGER) && chosen.number != (double)(int64_t)chosen.number)
         REFUSE("%s %g has no Megatron equivalent: %s is an integer", first, chosen.number, f->args);
-    if ((f->flags & CKPTFS_FIELD_FIXED) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
+    if (fixed_for(f, m) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
         REFUSE("%s %s has no Megatron equivalent: the views serve only %s", first, chosen.number ? "true" : "false",
                f->hf_default ? "true" : "false");
-    if ((f->flags & CKPTFS_FIELD_FIXED) && chosen.number != f->hf_default)
+    if (fixed_for(f, m) && chosen.number != f->hf_default)
         REFUSE("%s %g has no Megatron equivalent: Megatron-core fixes it at %g", first, chosen.number,
                f->hf_default);
     if (f->type == CKPTFS_FIELD_BOOL && (f->flags & CKPTFS_FIELD_ARCH_HAS_IT))
@@ -477,7 +496,7 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             continue; /* Qwen2's config has no such field: its biases come with it */
         if ((f->flags & CKPTFS_FIELD_OMIT_ZERO) && v == 0)
             continue;
-        if ((f->flags & CKPTFS_FIELD_FIXED) && f->scope == CKPTFS_FOR_ALL)
+        if (fixed_for(f, m) && f->scope == CKPTFS_FOR_ALL)
             continue; /* its one value, which transformers takes too */
         if (f->type == CKPTFS_FIELD_ROPE_TYPE && v == CKPTFS_ROPE_DEFAULT)
             continue; /* no rope_scaling at all */
@@ -573,7 +592,7 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
             ARGS_ERROR("%s: args.%s is not True or False", path, f->args);
         value = (v->i != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0);
     }
-    if ((f->flags & CKPTFS_FIELD_FIXED) && value != f->args_default)
+    if (fixed_for(f, m) && value != f->args_default)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s %g: ckptfs serves only %g", path, f->args,
                            value, f->args_default);
     store(f, m, value);

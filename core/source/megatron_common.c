@@ -120,6 +120,12 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     }
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
+    if (m->rotary_percent != 1.0 && m->arch->partial_rotary == 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: rotary_percent %g: %s rotates the whole head (its transformers class has no "
+                    "partial_rotary_factor)", what, m->rotary_percent, m->arch->hf_architecture);
+        return false;
+    }
     if ((m->arch->moe != NULL) != (m->experts > 0)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: architecture %s %s experts but the checkpoint has %s", what,
@@ -250,12 +256,13 @@ static bool dense_first_pattern(const CkptfsModel *s, uint64_t *first_dense, uin
     return true;
 }
 
-/* Multi-head latent attention (DeepSeek) from args, with its rope and MTP layers. */
-static bool mla_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
+/* The MTP layers from args, and what DeepSeek's config fields (DeepSeek-V2/V3, GLM-4.5: S's
+ * architecture picked) can say of its experts. */
+static bool deepseek_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
 {
     s->mtp_layers = arg_uint_or(args, "mtp_num_layers", 0);
     s->mtp = s->mtp_layers > 0; /* what the files hold */
-    if (!s->mla)
+    if (s->arch->moe == NULL || !s->arch->moe->deepseek_config)
         return true;
     /* What DeepSeek's config.json can say: shared experts as a count of expert-sized MLPs, dense
      * layers as the first k and then every f-th MoE. */
@@ -284,14 +291,15 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         return false;
     if (s->vocab == 0)
         s->vocab = out->padded_vocab;
-    if (!moe_from_args(args, path, s, error) || !mla_from_args(args, path, s, error))
+    if (!moe_from_args(args, path, s, error))
         return false;
     /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
      * checkpoint (-o hf_config / hf_extra), else the features. */
     const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
     if (named == NULL && given_config != NULL)
         named = ckptfs_json_member_string(given_config, "model_type");
-    if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error))
+    if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
+        !deepseek_from_args(args, path, s, error))
         return false;
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
                                  .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
@@ -336,7 +344,7 @@ char *ckptfs_megatron_describe(const CkptfsSource *source)
     return g_strdup_printf("%u files opened; saved as %s", ckptfs_srcfiles_count(source->files), saved);
 }
 
-/* DeepSeek's config fields (modeling_deepseek.py's names) for an MLA model from Megatron:
+/* DeepSeek's config fields (modeling_deepseek.py's names; GLM-4.5 reads them too) from Megatron:
  * dense layers as first_k_dense_replace and moe_layer_freq when the pattern is one of theirs
  * (else an explicit list would be needed, which DeepSeek's config has no field for: the model
  * check then says which layer differs). */
@@ -372,7 +380,7 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     /* Until the weights are listed: then the type most of them are served in (source.c). */
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
     source->config_dtype_from_weights = true;
-    if (m->mla)
+    if (m->arch->moe && m->arch->moe->deepseek_config)
         synthesize_deepseek(c, m);
     else if (m->arch->moe) {
         const CkptfsMoeConfig *moe = m->arch->moe;

@@ -123,6 +123,7 @@ extern const CkptfsFamily ckptfs_family_mixtral;  /* Mixtral: block_sparse_moe, 
 extern const CkptfsFamily ckptfs_family_qwen_moe; /* Qwen2-MoE, Qwen3-MoE: mlp.experts, shared expert */
 extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-first layers, shared
                                                      experts, expert bias */
+extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention, DeepSeek-V3 MoE and MTP */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

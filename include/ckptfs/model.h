@@ -51,6 +51,13 @@ typedef struct {
     /* transformers' num_key_value_heads and head_dim where config.json leaves them out (0: the
      * attention heads, hidden_size / num_attention_heads) */
     uint64_t kv_heads, head_dim;
+    /* config.json's flag for per-head q/k norms where the architecture makes them optional
+     * (GLM-4.5's use_qk_norm; NULL: qk_norm alone decides) */
+    const char *qk_norm_key;
+    /* transformers' partial_rotary_factor where config.json leaves it out, for an architecture
+     * whose transformers class honours the field (GLM-4.5: 0.5); 0: it does not, only full
+     * rotary is served */
+    double partial_rotary;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

@@ -44,6 +44,9 @@ typedef enum {
     CKPTFS_DERIVED_FFN,        /* the dense ffn size (Megatron's moe_ffn_hidden_size) */
     CKPTFS_DERIVED_ROPE_THETA, /* the architecture's transformers default (Mixtral: 1e6) */
     CKPTFS_DERIVED_NORM_EPS,   /* the architecture's transformers default (Phi-3, Mixtral: 1e-5) */
+    /* the architecture's partial_rotary_factor where it honours one (GLM-4.5: 0.5); FIXED at
+     * the row's default for the others */
+    CKPTFS_DERIVED_ROTARY_PERCENT,
 } CkptfsFieldDerived;
 
 /* The name of a field in config.json that depends on the architecture. */
@@ -51,6 +54,7 @@ typedef enum {
     CKPTFS_ARCH_KEY_NONE,
     CKPTFS_ARCH_KEY_EXPERTS,    /* CkptfsMoeConfig.experts_key */
     CKPTFS_ARCH_KEY_EXPERT_FFN, /* CkptfsMoeConfig.ffn_key */
+    CKPTFS_ARCH_KEY_QK_NORM,    /* CkptfsArchitecture.qk_norm_key */
 } CkptfsFieldArchKey;
 
 enum {

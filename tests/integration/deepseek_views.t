@@ -16,6 +16,9 @@ check "the DeepSeek reference agrees with itself and catches wrong splits and ro
 $PY "$ref" write "$WORK/v3" --variant v3
 $PY "$ref" write "$WORK/v3-fp8" --variant v3 --fp8 --shards 3
 $PY "$ref" write "$WORK/v2lite" --variant v2lite --shards 2
+# Kimi-K2's config (kimi_k2 model type on DeepSeek-V3's architecture, one expert group, YaRN with
+# beta_fast 1), block-FP8 as released.
+$PY "$ref" write "$WORK/kimi-fp8" --variant kimi --fp8 --shards 2
 
 # check_layouts SRC "OPTIONS" "REFERENCE ARGS" LAYOUT...: each layout's rank files, torch 1.13
 # and 2.6 (weights_only), tensor by tensor = the reference, forward = HF.
@@ -50,6 +53,8 @@ check_layouts v2lite "spec=local" "--spec local" tp2pp1ep2
 # An FP8 release mounted as it is: hf/ passes FP8 through, the Megatron views are bf16.
 check_layouts v3-fp8 "" "" tp2pp1ep4 tp1pp2ep2
 check_layouts v3-fp8 "mtp=on" "--mtp" tp2pp2ep2
+check_layouts kimi-fp8 "" "" tp2pp1ep4 tp1pp2vpp2ep8 tp2pp2ep2etp1
+check_layouts kimi-fp8 "spec=local" "--spec local" tp2pp1ep2
 
 # mcore/ (torch_dist, per-layer keys, experts stacked, MTP as mtp.layers.0.transformer_layer)
 # loaded with torch.distributed.checkpoint equals the checked tp1pp1 rank file.
@@ -125,6 +130,18 @@ if mount_ckptfs "$WORK/v3-fp8" "$mnt" -o dtype=bf16,layouts=tp2pp1ep4; then
   fi
 else
   ok 1 "v3-fp8 -o dtype=bf16: mount"
+fi
+mnt=$WORK/mnt-kimi-bf16
+if mount_ckptfs "$WORK/kimi-fp8" "$mnt" -o dtype=bf16; then
+  check "kimi-fp8 -o dtype=bf16: hf/ = independent dequantisation" $PY "$ref" check-hf "$WORK/kimi-fp8" "$mnt/hf"
+  m2=$WORK/mnt-kimi-back
+  if mount_ckptfs "$mnt/tp2pp1ep2" "$m2"; then
+    check "kimi-fp8 bf16 -> tp2pp1ep2 -> hf/: the bf16 view's tensors, bit for bit" same_hf "$mnt/hf" "$m2/hf"
+  else
+    ok 1 "kimi-fp8: tp2pp1ep2 mounts as a source"
+  fi
+else
+  ok 1 "kimi-fp8 -o dtype=bf16: mount"
 fi
 mnt=$WORK/mnt-fp8-raw
 if mount_ckptfs "$WORK/v3-fp8" "$mnt"; then

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks the torch_dist checkpoint (mcore/) of a DeepSeek model against the legacy rank file of
+"""Checks the torch_dist checkpoint (mcore/) of a DeepSeek (or GLM-4.5) model against the legacy rank file of
 the same mount's tp1pp1 (or tp1pp1ep1) view, which deepseek_reference.py checks against an
 independent expectation. Names follow Megatron-core's sharded_state_dict (core_v0.17.1):
 
@@ -12,7 +12,8 @@ independent expectation. Names follow Megatron-core's sharded_state_dict (core_v
   MultiTokenPredictionLayer.sharded_state_dict keeps for checkpoints) for the legacy
   `mtp.layers.{j}.mtp_model_layer.<name>`, and `mtp.layers.{j}.{enorm,hnorm,eh_proj,
   final_layernorm}.weight` as they are;
-- `_extra_state` objects load (None); common.pt's args say multi_latent_attention.
+- `_extra_state` objects load (None); common.pt's args say multi_latent_attention as the legacy
+  file's do (DeepSeek: true, GLM-4.5: false).
 
   deepseek_dcp.py check MCORE_DIR LEGACY_FILE      (torch 2.x: torch.distributed.checkpoint)
 """
@@ -46,7 +47,8 @@ def main(argv):
     ckpt, legacy_file = argv[1], argv[2]
     import argparse
     torch.serialization.add_safe_globals([argparse.Namespace])
-    legacy = torch.load(legacy_file, map_location="cpu", weights_only=True)["model"]
+    legacy_top = torch.load(legacy_file, map_location="cpu", weights_only=True)
+    legacy = legacy_top["model"]
     legacy_tensors = {k: v for k, v in legacy.items() if isinstance(v, torch.Tensor)}
     md = FileSystemReader(ckpt).read_metadata()
     sdm = md.state_dict_metadata
@@ -95,8 +97,9 @@ def main(argv):
         fail(f"_extra_state values {sorted(kinds)}")
     common = torch.load(f"{ckpt}/common.pt", map_location="cpu", weights_only=False)
     args = common.get("args")
-    if args is None or not getattr(args, "multi_latent_attention", False):
-        fail("common.pt: args without multi_latent_attention")
+    mla = getattr(legacy_top["args"], "multi_latent_attention", False)
+    if args is None or getattr(args, "multi_latent_attention", None) != mla:
+        fail(f"common.pt: args.multi_latent_attention is not {mla} as in the legacy file")
     mtp = sum(1 for k in sd if k.startswith("mtp.layers."))
     print(f"# {len(sd)} tensor keys ({mtp} of MTP layers) equal the legacy file's {len(covered)} tensors; "
           f"{len(objects)} _extra_state objects load")

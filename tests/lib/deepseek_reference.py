@@ -138,8 +138,18 @@ def config_for(variant, fp8=False, yarn=False):
                  n_shared_experts=2, scoring_func="softmax", topk_method="greedy", norm_topk_prob=False,
                  n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0,
                  num_nextn_predict_layers=0)
+    elif variant == "kimi":
+        # Kimi-K2-Instruct's config.json (DeepSeek-V3's architecture) at a small scale: model_type
+        # kimi_k2, more experts in one group (n_group 1, topk_group 1), no MTP layer, its YaRN
+        # (factor 32 of 4096, beta_fast 1, beta_slow 1, mscale 1 and 1), rope_theta 50000,
+        # routed_scaling_factor 2.827, block-FP8 weights.
+        c.update(model_type="kimi_k2", n_routed_experts=16, n_group=1, topk_group=1, first_k_dense_replace=1,
+                 num_nextn_predict_layers=0, routed_scaling_factor=2.827, rope_theta=50000)
+        c["rope_scaling"] = {"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0,
+                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
+        c["max_position_embeddings"] = 32 * 4096
     elif variant != "v3":
-        raise ValueError(f"variant {variant}: v3 or v2lite")
+        raise ValueError(f"variant {variant}: v3, v2lite or kimi")
     if yarn:
         # DeepSeek-V3's own rope_scaling, with its original_max_position_embeddings 4096 (which is
         # what Megatron uses: it has no argument for it) and max_position_embeddings = factor x
@@ -275,7 +285,7 @@ def model_tensors(c, seed):
 
 def write_model(out, variant, fp8=False, yarn=False, shards=1, seed=None):
     c = config_for(variant, fp8, yarn)
-    named = model_tensors(c, {"v3": 3, "v2lite": 2}[variant] if seed is None else seed)
+    named = model_tensors(c, {"v3": 3, "v2lite": 2, "kimi": 5}[variant] if seed is None else seed)
     models.write_checkpoint(out, named, c, shards)
     return c
 
@@ -283,7 +293,7 @@ def write_model(out, variant, fp8=False, yarn=False, shards=1, seed=None):
 def write(argv):
     ap = argparse.ArgumentParser(prog="deepseek_reference.py write")
     ap.add_argument("out")
-    ap.add_argument("--variant", required=True, choices=["v3", "v2lite"])
+    ap.add_argument("--variant", required=True, choices=["v3", "v2lite", "kimi"])
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--yarn", action="store_true")
     ap.add_argument("--shards", type=int, default=1)
@@ -334,7 +344,7 @@ class DeepSeekModel(Model):
     def __init__(self, src):
         super().__init__(src)
         c = self.cfg
-        assert c["model_type"] in ("deepseek_v3", "deepseek_v2"), f"{src}: model_type {c['model_type']}"
+        assert c["model_type"] in ("deepseek_v3", "deepseek_v2", "kimi_k2"), f"{src}: model_type {c['model_type']}"
         self.raw, self.fp8_names = dequantised(c, self.raw)
         self.ql, self.kvl = c.get("q_lora_rank"), c["kv_lora_rank"]
         self.nope, self.rope_d, self.vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
@@ -601,7 +611,9 @@ def expected_args(m, layout, padded, grouped, mtp, torch, first=0, last=0):
     want["moe_router_pre_softmax"] = OneOf((True, False)) if v3 else (not m.norm_topk)
     if rs:
         want.update(rotary_scaling_factor=float(rs["factor"]), mscale=float(rs.get("mscale", 1.0)),
-                    mscale_all_dim=float(rs.get("mscale_all_dim", 0.0)))
+                    mscale_all_dim=float(rs.get("mscale_all_dim", 0.0)),
+                    # MLATransformerConfig's fields of these names (Kimi-K2's are 1 and 1)
+                    beta_fast=float(rs.get("beta_fast", 32)), beta_slow=float(rs.get("beta_slow", 1)))
     return want
 
 
@@ -712,8 +724,9 @@ def hf_route(m, i, logits):
     normed = m.topk > 1 and m.norm_topk
     if normed:
         w = w / (w.sum(-1, keepdims=True) + 1e-20)
-    # V3 scales always; V2's MoEGate only when it does not renormalise.
-    if m.cfg["model_type"] == "deepseek_v3" or not normed:
+    # V3 (and Kimi-K2, model_type kimi_k2 on the V3 class) scales always; V2's MoEGate only
+    # when it does not renormalise.
+    if m.cfg["architectures"][0] == "DeepseekV3ForCausalLM" or not normed:
         w = w * m.rsf
     return mask, w
 

@@ -238,7 +238,7 @@ class MegatronMoE:
         get = args.get if isinstance(args, dict) else lambda k: getattr(args, k)
         self.N, self.topk = get("num_experts"), get("moe_router_topk")
         self.pre_softmax, self.shared_gate = get("moe_router_pre_softmax"), get("moe_shared_expert_gate")
-        assert get("moe_router_score_function") == "softmax"
+        self.score_function = get("moe_router_score_function")
         freq = get("moe_layer_freq")
         # moe_layer_freq: an int k = every k-th layer (layer i is MoE when i % k == 0), or a list.
         self.moe = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(m.L)]
@@ -261,12 +261,7 @@ class MegatronMoE:
             return megatron_dense_mlp(m, sds, pre, x, te)
         h = rms(x, f32(sds[0][pre + "pre_mlp_layernorm.weight"]), m.eps)
         logits = h @ f32(sds[0][pre + "mlp.router.weight"]).T  # fp32 router
-        if self.pre_softmax:  # softmax over all experts, then top-k, no renormalisation
-            scores = softmax(logits)
-            w = np.where(topk_mask(scores, self.topk), scores, 0)
-        else:  # top-k of the logits, softmax over those k
-            mask = topk_mask(logits, self.topk)
-            w = np.where(mask, softmax(np.where(mask, logits, -np.inf)), 0)
+        w = self.route(logits, sds, pre)
         local = self.N // self.ep
         out = 0
         for n in range(self.N):
@@ -288,6 +283,16 @@ class MegatronMoE:
                 shared = shared / (1 + np.exp(-(h @ f32(sds[0][q + "gate_weight"]).T)))
             out = out + shared
         return out
+
+    def route(self, logits, sds, pre):
+        """The routing weights [T, N] of the router's logits (softmax scores; a subclass
+        routes otherwise)."""
+        assert self.score_function == "softmax"
+        if self.pre_softmax:  # softmax over all experts, then top-k, no renormalisation
+            scores = softmax(logits)
+            return np.where(topk_mask(scores, self.topk), scores, 0)
+        mask = topk_mask(logits, self.topk)  # top-k of the logits, softmax over those k
+        return np.where(mask, softmax(np.where(mask, logits, -np.inf)), 0)
 
     def forward(self, spec, tokens):
         return megatron_forward(self.m, self.stages, self.vpp, spec, tokens, self.mlp)

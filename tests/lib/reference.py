@@ -186,14 +186,18 @@ def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def rope(x, theta):  # x [heads, T, d], HF rotate_half convention
-    d = x.shape[-1]
+def rope(x, theta, dim=None):  # x [heads, T, d], HF rotate_half convention
+    """Rotary embedding of the first DIM channels of each head (all by default), the rest passed
+    through: partial rotary as Megatron's rotary_percent (RotaryEmbedding of kv_channels x
+    rotary_percent, _apply_rotary_pos_emb_bshd's t_pass) and transformers' partial_rotary_factor."""
+    d = dim or x.shape[-1]
     inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
     ang = np.arange(x.shape[1])[:, None] * inv[None, :]
     cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
     sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
-    rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return x * cos + rot * sin
+    xr = x[..., :d]
+    rot = np.concatenate([-xr[..., d // 2:], xr[..., :d // 2]], -1)
+    return np.concatenate([xr * cos + rot * sin, x[..., d:]], -1)
 
 
 def attention(q, k, v, nh, ng):  # q [nh, T, d], k/v [ng, T, d]
@@ -276,7 +280,8 @@ def megatron_attention(m, sds, pre, x, te):
     if m.qk:
         q = rms(q, g(sds[0], "self_attention.q_layernorm.weight"), m.eps)
         k = rms(k, g(sds[0], "self_attention.k_layernorm.weight"), m.eps)
-    a = attention(rope(q, m.theta), rope(k, m.theta), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
+    rd = getattr(m, "rotary_dim", None)  # partial rotary (GLM-4.5)
+    a = attention(rope(q, m.theta, rd), rope(k, m.theta, rd), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
     # Row-parallel linear_proj: each rank multiplies its column slice; partials summed.
     cols = a.shape[1] // tp
     return x + sum(a[:, r * cols:(r + 1) * cols] @ g(sd, "self_attention.linear_proj.weight").T

@@ -50,6 +50,12 @@ FAMILIES = {
         first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_key_value_heads=4,
         norm_topk_prob=True, routed_scaling_factor=2.5), {}),
+    # GLM-4.5: attention biases, q/k norms, half of each head rotated (Glm4MoeConfig's default),
+    # DeepSeek-V3's experts and routing
+    "glm4_moe": ("Glm4MoeConfig", dict(
+        moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        attention_bias=True, use_qk_norm=True), {}),
 }
 
 
@@ -109,6 +115,10 @@ def megatron_import(cfg):
         want["moe_ffn_hidden_size"] = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     if cfg.model_type == "qwen2_moe":
         want["moe_shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
+    if cfg.model_type == "glm4_moe":  # Megatron-Bridge's GLM-4.5 bridge
+        want.update(moe_shared_expert_intermediate_size=cfg.n_shared_experts * cfg.moe_intermediate_size,
+                    rotary_percent=cfg.rope_parameters.get("partial_rotary_factor", 1.0),
+                    add_qkv_bias=cfg.attention_bias, qk_layernorm=cfg.use_qk_norm)
     if cfg.model_type == "deepseek_v3":
         want["moe_shared_expert_intermediate_size"] = cfg.n_shared_experts * cfg.moe_intermediate_size
         want.update(q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,

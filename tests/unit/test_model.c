@@ -332,6 +332,35 @@ static void test_deepseek_configs(void)
     g_free(why);
 }
 
+/* A Megatron checkpoint without an architecture name is matched by its features: sigmoid routing
+ * with shared experts and no MLA is GLM-4.5 (with or without q/k norms, biases), softmax routing
+ * with a shared expert Qwen2-MoE, never the other way round. */
+static void test_features(void)
+{
+    static const struct {
+        bool sigmoid, shared, qk_norm, bias;
+        const char *want;
+    } cases[] = {
+        {true, true, true, true, "glm4_moe"},     {true, true, false, false, "glm4_moe"},
+        {false, true, false, true, "qwen2_moe"},  {false, false, true, false, "qwen3_moe"},
+        {true, false, false, false, NULL},        {false, false, false, false, "mixtral"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        CkptfsModel f;
+        memset(&f, 0, sizeof f);
+        f.experts = 8;
+        f.sigmoid_scores = f.expert_bias = cases[i].sigmoid;
+        f.shared_ffn = cases[i].shared ? 32 : 0;
+        f.qk_norm = cases[i].qk_norm;
+        f.qkv_bias = cases[i].bias;
+        const CkptfsArchitecture *a = ckptfs_architecture_find(NULL, &f);
+        const char *got = a ? a->model_type : NULL;
+        tap_ok(g_strcmp0(got, cases[i].want) == 0, "features sigmoid=%d shared=%d qk_norm=%d bias=%d: %s (want %s)",
+               cases[i].sigmoid, cases[i].shared, cases[i].qk_norm, cases[i].bias, got ? got : "none",
+               cases[i].want ? cases[i].want : "none");
+    }
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -435,5 +464,6 @@ int main(void)
     g_free(why);
     test_moe_configs();
     test_deepseek_configs();
+    test_features();
     return tap_done();
 }

@@ -31,7 +31,7 @@ static const char *const bases[] = {
     "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, "
     "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48, "
     "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0}",
-    /* DeepSeek-V3: multi-latent attention, yarn */
+    /* DeepSeek-V3: multi-latent attention, yarn (Kimi-K2's betas: MLATransformerConfig fields) */
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 3, "
     "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128, "
     "\"vocab_size\": 100, \"max_position_embeddings\": 16384, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "
@@ -42,7 +42,16 @@ static const char *const bases[] = {
     "\"n_group\": 4, \"topk_group\": 2, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
     "\"num_nextn_predict_layers\": 1, "
     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 0.5, \"mscale_all_dim\": 0.75, "
-    "\"beta_fast\": 32, \"beta_slow\": 1, \"original_max_position_embeddings\": 4096}}",
+    "\"beta_fast\": 1, \"beta_slow\": 1, \"original_max_position_embeddings\": 4096}}",
+    /* GLM-4.5: optional q/k norms (use_qk_norm) and biases, partial rotary, DeepSeek-V3's MoE */
+    "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"num_hidden_layers\": 3, "
+    "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, "
+    "\"intermediate_size\": 128, \"vocab_size\": 100, \"max_position_embeddings\": 8192, \"hidden_act\": \"silu\", "
+    "\"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-06, \"attention_bias\": true, \"use_qk_norm\": true, "
+    "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0, \"partial_rotary_factor\": 0.25}, "
+    "\"n_routed_experts\": 8, \"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, "
+    "\"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, \"n_group\": 4, "
+    "\"topk_group\": 2, \"num_nextn_predict_layers\": 1}",
 };
 
 static JsonObject *parse(const char *json)
@@ -71,6 +80,8 @@ static unsigned names_of(const CkptfsModelField *f, const CkptfsModel *m, const 
         out[n++] = moe->experts_key;
     if (moe && f->arch_key == CKPTFS_ARCH_KEY_EXPERT_FFN)
         out[n++] = moe->ffn_key;
+    if (m->arch && m->arch->qk_norm_key && f->arch_key == CKPTFS_ARCH_KEY_QK_NORM)
+        out[n++] = m->arch->qk_norm_key;
     for (unsigned i = 0; i < G_N_ELEMENTS(f->hf) && f->hf[i]; i++)
         if (n == 0 || strcmp(out[0], f->hf[i]) != 0)
             out[n++] = f->hf[i];
@@ -258,7 +269,7 @@ int main(void)
         round_trips(&base);
     }
 
-    const char *llama = bases[0], *qwen3_moe = bases[1], *deepseek = bases[2];
+    const char *llama = bases[0], *qwen3_moe = bases[1], *glm = bases[3];
 #define EDIT(...) ((const char *const[]){__VA_ARGS__, NULL})
     refused(qwen3_moe, EDIT("rope_parameters.rope_type", "\"longrope\""), "rope_parameters.rope_type 'longrope' has no Megatron equivalent",
             "an unknown rope type");
@@ -288,7 +299,24 @@ int main(void)
     refused(llama, EDIT("sliding_window", "4096"), "sliding_window 4096", "a sliding window narrower than the context");
     refused(llama, EDIT("mlp_bias", "true"), "mlp_bias true has no Megatron equivalent", "MLP biases");
     refused(llama, EDIT("partial_rotary_factor", "0.5"), "partial_rotary_factor 0.5", "partial rotary");
-    refused(deepseek, EDIT("rope_scaling.beta_fast", "16"), "beta_fast 16", "yarn beta_fast other than Megatron's 32");
+    refused(qwen3_moe, EDIT("rope_parameters.partial_rotary_factor", "0.5"), "partial_rotary_factor 0.5",
+            "partial rotary in an architecture whose transformers class ignores it");
+    refused(glm, EDIT("rope_parameters.partial_rotary_factor", "1.5"), "out of range", "partial rotary over 1");
+    refused(glm, EDIT("partial_rotary_factor", "0.5"), "disagree", "two partial rotary factors disagreeing");
+
+    /* GLM-4.5: transformers' partial_rotary_factor is 0.5 where config.json has none (Glm4MoeConfig's
+     * default), and q/k norms follow use_qk_norm, absent: none. */
+    {
+        g_autoptr(JsonObject) config = edited(glm, EDIT("rope_parameters.partial_rotary_factor", NULL, "use_qk_norm",
+                                                        NULL, "attention_bias", "false"));
+        CkptfsModel m;
+        GError *error = NULL;
+        bool ok = read_model(config, &m, &error);
+        tap_ok(ok && m.rotary_percent == 0.5 && !m.qk_norm && !m.qkv_bias,
+               "GLM-4.5 without partial_rotary_factor and use_qk_norm: half the head rotated, no q/k norms (%s)",
+               error ? error->message : "");
+        g_clear_error(&error);
+    }
     refused(llama, EDIT("rms_norm_eps", "\"small\""), "\"rms_norm_eps\" is not a number", "a number of the wrong type");
 
     /* Megatron's args without vocab_size (older runs): read, the vocabulary left to the caller
