@@ -111,6 +111,16 @@ static const CkptfsModelField fields[] = {
      "moe_ffn_hidden_size", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, CKPTFS_DERIVED_FFN, 0, DIM},
     {"mtp_layers", CKPTFS_FIELD_COUNT, M(mtp_layers), CKPTFS_FOR_ALL, {"num_nextn_predict_layers"}, 0, NULL, NULL,
      CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64},
+    /* the tokenizer's ids, kept as given: the views' args carry them in one dict (Megatron has no
+     * such argument and its loaders ignore the ones they do not know), so that hf/ of their copy
+     * writes them back; a Megatron checkpoint's own args have none: written null, never left to
+     * transformers' defaults, which may lie outside the vocabulary (Phi-3's pad_token_id 32000) */
+    {"bos_token_id", CKPTFS_FIELD_TOKEN_ID, M(bos_token), CKPTFS_FOR_ALL, {"bos_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0},
+    {"eos_token_id", CKPTFS_FIELD_TOKEN_ID, M(eos_token), CKPTFS_FOR_ALL, {"eos_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0},
+    {"pad_token_id", CKPTFS_FIELD_TOKEN_ID, M(pad_token), CKPTFS_FOR_ALL, {"pad_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0},
 };
 
 /* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
@@ -142,6 +152,22 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
 
 static const char *const rope_type_names[] = {"default", "llama3", "yarn"};
 
+static char *token_ids_text(const CkptfsTokenIds *t, bool known)
+{
+    if (!known)
+        return g_strdup("null (unknown)");
+    if (t->form == CKPTFS_TOKEN_ABSENT)
+        return g_strdup("absent (transformers' default)");
+    if (t->form == CKPTFS_TOKEN_NULL)
+        return g_strdup("null");
+    GString *text = g_string_new(t->form == CKPTFS_TOKEN_LIST ? "[" : "");
+    for (unsigned i = 0; i < t->count; i++)
+        g_string_append_printf(text, "%s%" G_GINT64_FORMAT, i ? ", " : "", t->ids[i]);
+    if (t->form == CKPTFS_TOKEN_LIST)
+        g_string_append_c(text, ']');
+    return g_string_free(text, FALSE);
+}
+
 char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
 {
     const char *p = (const char *)m + f->offset;
@@ -159,6 +185,8 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
         return g_strdup("silu");
     case CKPTFS_FIELD_WINDOW:
         return g_strdup("none");
+    case CKPTFS_FIELD_TOKEN_ID:
+        return token_ids_text((const CkptfsTokenIds *)(const void *)p, m->token_ids_known);
     }
     return g_strdup("?");
 }
@@ -309,6 +337,7 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
         kind = "a name";
         break;
     case CKPTFS_FIELD_WINDOW:
+    case CKPTFS_FIELD_TOKEN_ID: /* their own readers */
         break;
     }
     if (got == CKPTFS_JSON_WRONG_TYPE)
@@ -374,6 +403,41 @@ static bool check_rope_members(JsonObject *config, GError **error)
                 REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
         }
     }
+    return true;
+}
+
+static const CkptfsTokenIds *token_ids_of(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    return (const CkptfsTokenIds *)(const void *)((const char *)m + f->offset);
+}
+
+/* A token id as config.json gives it, kept as given (an id outside the vocabulary too: the
+ * model's own config says so, and transformers reads it the same from hf/). */
+static bool read_config_token_ids(JsonObject *config, const CkptfsModelField *f, CkptfsModel *m, GError **error)
+{
+    CkptfsTokenIds *t = (CkptfsTokenIds *)(void *)((char *)m + f->offset);
+    const char *name = f->hf[0];
+    JsonNode *node = ckptfs_json_member(config, name);
+    memset(t, 0, sizeof *t);
+    if (node == NULL)
+        return true;
+    if (JSON_NODE_HOLDS_NULL(node)) {
+        t->form = CKPTFS_TOKEN_NULL;
+        return true;
+    }
+    if (ckptfs_json_node_int(node, &t->ids[0])) {
+        t->form = CKPTFS_TOKEN_ONE, t->count = 1;
+        return true;
+    }
+    JsonArray *list = JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
+    if (list == NULL)
+        REFUSE("\"%s\" is not a token id, a list of them or null", name);
+    if (json_array_get_length(list) > CKPTFS_MAX_TOKEN_IDS)
+        REFUSE("\"%s\" lists %u ids, more than %u", name, json_array_get_length(list), CKPTFS_MAX_TOKEN_IDS);
+    t->form = CKPTFS_TOKEN_LIST;
+    for (guint i = 0; i < json_array_get_length(list); i++, t->count++)
+        if (!ckptfs_json_node_int(json_array_get_element(list, i), &t->ids[i]))
+            REFUSE("\"%s\" entry %u is not a token id", name, i);
     return true;
 }
 
@@ -444,12 +508,15 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **erro
         m->qkv_bias = m->arch->qkv_bias;
         m->qk_norm = m->arch->qk_norm;
     }
+    m->token_ids_known = true;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         if (!ckptfs_schema_applies(f, m))
             continue;
-        if (f->type == CKPTFS_FIELD_WINDOW ? !check_window(config, m, error)
-                                           : !read_config_field(config, f, m, error))
+        bool ok = f->type == CKPTFS_FIELD_WINDOW     ? check_window(config, m, error)
+                  : f->type == CKPTFS_FIELD_TOKEN_ID ? read_config_token_ids(config, f, m, error)
+                                                     : read_config_field(config, f, m, error);
+        if (!ok)
             return false;
     }
     if (m->mla) /* what Megatron's kv_channels means for MLA: the width linear_proj reads per head */
@@ -459,11 +526,30 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **erro
 
 /* --- walk 2: config.json written --- */
 
+/* A token id as it was given; null when unknown. */
+static void write_config_token_ids(JsonObject *config, const char *name, const CkptfsTokenIds *t, bool known)
+{
+    if (!known || t->form == CKPTFS_TOKEN_NULL) {
+        json_object_set_null_member(config, name);
+    } else if (t->form == CKPTFS_TOKEN_ONE) {
+        json_object_set_int_member(config, name, t->ids[0]);
+    } else if (t->form == CKPTFS_TOKEN_LIST) {
+        JsonArray *list = json_array_new();
+        for (unsigned i = 0; i < t->count; i++)
+            json_array_add_int_element(list, t->ids[i]);
+        json_object_set_array_member(config, name, list);
+    }
+}
+
 void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         const char *name = arch_key(f, m) ? arch_key(f, m) : f->hf[0];
+        if (f->type == CKPTFS_FIELD_TOKEN_ID) {
+            write_config_token_ids(config, name, token_ids_of(f, m), m->token_ids_known);
+            continue;
+        }
         if (f->type == CKPTFS_FIELD_WINDOW) {
             /* none, said where transformers' default for the architecture is a window (Mistral) */
             if (m->arch && m->arch->sliding_window > 0)
@@ -518,6 +604,7 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_string_member(into, name, "silu");
             break;
         case CKPTFS_FIELD_WINDOW:
+        case CKPTFS_FIELD_TOKEN_ID:
             break;
         }
     }
@@ -536,9 +623,47 @@ static const CkptfsPy *args_value(const CkptfsPy *args, const CkptfsModelField *
     return v && v->kind != CKPTFS_PY_NONE ? v : NULL;
 }
 
+/* A token id the views' args carry (in their dict under config.json's name): absent from it,
+ * None, an int or a list of ints. */
+static bool read_args_token_ids(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
+                                GError **error)
+{
+    CkptfsTokenIds *t = (CkptfsTokenIds *)(void *)((char *)m + f->offset);
+    const CkptfsPy *dict = ckptfs_py_dict_get(args, f->args);
+    const CkptfsPy *v = ckptfs_py_dict_get(dict, f->hf[0]);
+    memset(t, 0, sizeof *t);
+    if (dict == NULL || dict->kind == CKPTFS_PY_NONE)
+        return true; /* none carried: m->token_ids_known stays false */
+    if (dict->kind != CKPTFS_PY_DICT)
+        ARGS_ERROR("%s: args.%s is not a dict of token ids", path, f->args);
+    m->token_ids_known = true;
+    if (v == NULL)
+        return true;
+    if (v->kind == CKPTFS_PY_NONE) {
+        t->form = CKPTFS_TOKEN_NULL;
+        return true;
+    }
+    bool one = v->kind == CKPTFS_PY_INT;
+    guint n = one ? 1 : v->kind == CKPTFS_PY_LIST ? v->items->len : 0;
+    if (!one && v->kind != CKPTFS_PY_LIST)
+        ARGS_ERROR("%s: args.%s['%s'] is not a token id, a list of them or None", path, f->args, f->hf[0]);
+    if (n > CKPTFS_MAX_TOKEN_IDS)
+        ARGS_ERROR("%s: args.%s['%s'] lists %u ids, more than %u", path, f->args, f->hf[0], n, CKPTFS_MAX_TOKEN_IDS);
+    t->form = one ? CKPTFS_TOKEN_ONE : CKPTFS_TOKEN_LIST;
+    for (guint i = 0; i < n; i++, t->count++) {
+        const CkptfsPy *id = one ? v : g_ptr_array_index(v->items, i);
+        if (id->kind != CKPTFS_PY_INT || id->big)
+            ARGS_ERROR("%s: args.%s['%s'] entry %u is not a token id", path, f->args, f->hf[0], i);
+        t->ids[i] = id->i;
+    }
+    return true;
+}
+
 static bool read_args_field(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
                             GError **error)
 {
+    if (f->type == CKPTFS_FIELD_TOKEN_ID)
+        return read_args_token_ids(args, path, f, m, error);
     const CkptfsPy *v = f->args ? args_value(args, f) : NULL;
     double value = default_of(f, m, true, false);
     if (f->type == CKPTFS_FIELD_ACTIVATION) {
@@ -615,12 +740,39 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
 
 /* --- walk 4: Megatron args written --- */
 
+/* A token id known from a config.json into the dict of them (made with the first); an absent
+ * one is left out of it, as it was of config.json. */
+static void write_args_token_ids(const CkptfsModelField *f, const CkptfsModel *m, CkptfsValue *a,
+                                 CkptfsValue **dict)
+{
+    const CkptfsTokenIds *t = token_ids_of(f, m);
+    if (!m->token_ids_known)
+        return;
+    if (*dict == NULL) {
+        *dict = ckptfs_value_container(CKPTFS_VALUE_DICT);
+        ckptfs_value_set(a, f->args, *dict);
+    }
+    if (t->form == CKPTFS_TOKEN_ABSENT)
+        return;
+    CkptfsValue *v = t->form == CKPTFS_TOKEN_NULL ? ckptfs_value_none()
+                     : t->form == CKPTFS_TOKEN_ONE ? ckptfs_value_int(t->ids[0])
+                                                   : ckptfs_value_container(CKPTFS_VALUE_LIST);
+    for (unsigned i = 0; t->form == CKPTFS_TOKEN_LIST && i < t->count; i++)
+        ckptfs_value_append(v, ckptfs_value_int(t->ids[i]));
+    ckptfs_value_set(*dict, f->hf[0], v);
+}
+
 void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
 {
+    CkptfsValue *token_ids = NULL;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         if (f->args == NULL)
             continue;
+        if (f->type == CKPTFS_FIELD_TOKEN_ID) {
+            write_args_token_ids(f, m, a, &token_ids);
+            continue;
+        }
         if (f->type == CKPTFS_FIELD_ACTIVATION) {
             ckptfs_value_set(a, f->args, ckptfs_value_bool(true));
             continue;

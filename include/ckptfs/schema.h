@@ -24,6 +24,8 @@ typedef enum {
     CKPTFS_FIELD_ROPE_TYPE,  /* the rope scaling's kind, a name (CkptfsRopeType) */
     CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only (no member) */
     CKPTFS_FIELD_WINDOW,     /* a sliding attention window: Megatron's views have none (no member) */
+    CKPTFS_FIELD_TOKEN_ID,   /* a tokenizer id as given: absent, null, one or a list (CkptfsTokenIds);
+                                its argument a dict of them under config.json's names */
 } CkptfsFieldType;
 
 /* Which models have a field. */

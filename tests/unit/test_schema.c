@@ -21,6 +21,7 @@ static const char *const bases[] = {
     "\"intermediate_size\": 200, \"vocab_size\": 300, \"max_position_embeddings\": 9000, \"hidden_act\": \"silu\", "
     "\"tie_word_embeddings\": true, \"attention_bias\": true, \"mlp_bias\": false, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
     "\"partial_rotary_factor\": 1.0, \"sliding_window\": null, \"num_nextn_predict_layers\": 0, "
+    "\"bos_token_id\": 1, \"eos_token_id\": [2, 7], \"pad_token_id\": null, "
     "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
     "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
     /* Qwen3-MoE, v5 spellings */
@@ -30,7 +31,7 @@ static const char *const bases[] = {
     "\"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-06, \"dtype\": \"bfloat16\", "
     "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, "
     "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48, "
-    "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0}",
+    "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0, \"bos_token_id\": 5}",
     /* DeepSeek-V3: multi-latent attention, yarn */
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 3, "
     "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128, "
@@ -40,7 +41,7 @@ static const char *const bases[] = {
     "\"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, "
     "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, "
     "\"n_group\": 4, \"topk_group\": 2, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
-    "\"num_nextn_predict_layers\": 1, "
+    "\"num_nextn_predict_layers\": 1, \"eos_token_id\": 1, \"pad_token_id\": 300, "
     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 0.5, \"mscale_all_dim\": 0.75, "
     "\"beta_fast\": 32, \"beta_slow\": 1, \"original_max_position_embeddings\": 4096}}",
 };
@@ -290,6 +291,11 @@ int main(void)
     refused(llama, EDIT("partial_rotary_factor", "0.5"), "partial_rotary_factor 0.5", "partial rotary");
     refused(deepseek, EDIT("rope_scaling.beta_fast", "16"), "beta_fast 16", "yarn beta_fast other than Megatron's 32");
     refused(llama, EDIT("rms_norm_eps", "\"small\""), "\"rms_norm_eps\" is not a number", "a number of the wrong type");
+    refused(llama, EDIT("eos_token_id", "\"</s>\""), "\"eos_token_id\" is not a token id", "a token id that is a name");
+    refused(llama, EDIT("eos_token_id", "[2, 1.5]"), "\"eos_token_id\" entry 1 is not a token id",
+            "a list of token ids with a number that is not one");
+    refused(llama, EDIT("bos_token_id", "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]"),
+            "lists 17 ids, more than 16", "more token ids than kept");
 
     /* Megatron's args without vocab_size (older runs): read, the vocabulary left to the caller
      * (the padded size); without swiglu: refused. */
@@ -317,6 +323,18 @@ int main(void)
         if (swiglu) /* untie_embeddings_and_output_weights is False in Megatron unless given */
             tap_ok(ok && m.tied_embeddings, "args without untie_embeddings_and_output_weights: tied embeddings, "
                    "as Megatron");
+        if (swiglu) { /* no token ids carried: config.json says null, not transformers' defaults */
+            m.vocab = 100;
+            g_autoptr(JsonObject) written = json_object_new();
+            ckptfs_schema_write_config(&m, written);
+            static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+            bool nulls = !m.token_ids_known;
+            for (size_t i = 0; i < G_N_ELEMENTS(ids); i++) {
+                JsonNode *n = ckptfs_json_member(written, ids[i]);
+                nulls = nulls && n && JSON_NODE_HOLDS_NULL(n);
+            }
+            tap_ok(nulls, "args without hf_token_ids: config.json written with bos/eos/pad_token_id null");
+        }
         else
             tap_ok(!ok && error && strstr(error->message, "args.swiglu"), "args without swiglu: refused (%s)",
                    error ? error->message : "accepted");
