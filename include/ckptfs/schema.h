@@ -46,6 +46,9 @@ typedef enum {
     CKPTFS_DERIVED_FFN,        /* the dense ffn size (Megatron's moe_ffn_hidden_size) */
     CKPTFS_DERIVED_ROPE_THETA, /* the architecture's transformers default (Mixtral: 1e6) */
     CKPTFS_DERIVED_NORM_EPS,   /* the architecture's transformers default (Phi-3, Mixtral: 1e-5) */
+    CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
+    CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
+                                  expert bias (CkptfsMoeConfig.sigmoid_routing) */
 } CkptfsFieldDerived;
 
 /* The name of a field in config.json that depends on the architecture. */
@@ -53,6 +56,7 @@ typedef enum {
     CKPTFS_ARCH_KEY_NONE,
     CKPTFS_ARCH_KEY_EXPERTS,    /* CkptfsMoeConfig.experts_key */
     CKPTFS_ARCH_KEY_EXPERT_FFN, /* CkptfsMoeConfig.ffn_key */
+    CKPTFS_ARCH_KEY_SHARED_FFN, /* CkptfsMoeConfig.shared_ffn_key (only that name) */
 } CkptfsFieldArchKey;
 
 enum {
@@ -67,6 +71,22 @@ enum {
                                              Qwen3's q/k norm): not written to config.json then */
     CKPTFS_FIELD_ARGS_OPTIONAL = 1u << 8, /* REQUIRED in config.json, but args may leave it out: 0
                                              then, for the caller (vocab_size: the padded one) */
+    /* Routing fields (CkptfsMoeConfig): */
+    CKPTFS_FIELD_DEEPSEEK_ONLY = 1u << 9, /* its config.json names are DeepSeek's routing
+                                             (deepseek_config): another MoE's config with one is
+                                             refused by name, its rules not being that routing */
+    CKPTFS_FIELD_DEEPSEEK_REQUIRED = 1u << 10, /* a DeepSeek config must give it: transformers'
+                                                  defaults differ between V2 and V3 */
+    CKPTFS_FIELD_SIGMOID_ONLY = 1u << 11, /* read from config.json only for sigmoid routing
+                                             (DeepSeek-V3's expert groups): V2's is ignored */
+    CKPTFS_FIELD_ARCH_FIXED = 1u << 12,   /* config.json may say only the architecture's value
+                                             (its derived default): another is refused */
+    CKPTFS_FIELD_TIMES_EXPERT_FFN = 1u << 13, /* a count of expert-sized MLPs, kept as their width
+                                                 (DeepSeek's n_shared_experts): not in args */
+    CKPTFS_FIELD_DEFAULT_AS_ZERO = 1u << 14,  /* transformers' default (1: no groups, no scaling)
+                                                 kept as 0; 0 written as that default, None in args */
+    CKPTFS_FIELD_ZERO_AS_DEFAULT = 1u << 15,  /* 0 written as transformers' default, None in args */
+    CKPTFS_FIELD_ARGS_CHOICE = 1u << 16,  /* a CHOICE flag that args take by name too (else a bool) */
 };
 
 typedef struct {
@@ -87,8 +107,12 @@ typedef struct {
     double hf_default, args_default;
     CkptfsFieldDerived derived; /* a default that follows from other fields */
     /* a number's limits, min < value <= max; integers are positive (UINT) or not negative
-     * (COUNT) here, their upper limits checked with the whole model (ckptfs_model_check_limits) */
+     * (COUNT) here, their upper limits checked with the whole model (ckptfs_model_check_limits)
+     * except a TIMES_EXPERT_FFN count's */
     double min, max;
+    /* a BOOL that config.json gives as a name: CHOICE[0] for false, CHOICE[1] for true
+     * (scoring_func softmax / sigmoid) */
+    const char *choice[2];
 } CkptfsModelField;
 
 /* The table, and its number of rows. */
