@@ -328,6 +328,7 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     /* Until the weights are listed: then the type most of them are served in (source.c). */
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
     source->config_dtype_from_weights = true;
+    source->token_ids_unknown = !m->token_ids_known;
     if (!m->token_ids_known)
         g_ptr_array_add(source->warnings, g_strdup("hf/config.json: bos_token_id, eos_token_id and pad_token_id "
                                                    "are null: the Megatron args name no tokenizer ids (give the "
