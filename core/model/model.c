@@ -20,27 +20,35 @@ static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_interme
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true};
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0,
+                                         .max_positions = 2048};
 static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false, 0, 0,
-                                           .sliding_window = 4096, .kv_heads = 8};
+                                           .sliding_window = 4096, .kv_heads = 8, .max_positions = 131072};
 static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false, 0, 0,
-                                         .window_opt_in = true, .kv_heads = 32};
+                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
+                                         .max_positions = 32768};
 static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false, 0, 0,
-                                         .window_opt_in = true, .kv_heads = 32, .head_dim = 128};
+                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32, .head_dim = 128,
+                                         .max_positions = 32768};
 static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false,
-                                        0, 1e-5, 0, false, 0, 0};
+                                        0, 1e-5, 0, false, 0, 0, .max_positions = 4096};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
-                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0};
+                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0,
+                                           .max_positions = 131072};
 static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
                                              &ckptfs_family_qwen_moe, &qwen2_moe_config, false, 0, 0,
-                                             .window_opt_in = true, .kv_heads = 16};
+                                             .sliding_window = 4096, .window_opt_in = true, .kv_heads = 16,
+                                             .max_positions = 32768};
 static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
                                              &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 0, 0,
-                                             .window_opt_in = true, .kv_heads = 4};
+                                             .sliding_window = 4096, .window_opt_in = true, .kv_heads = 4,
+                                             .max_positions = 32768};
 static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0,
+                                               .max_positions = 4096};
 static const CkptfsArchitecture deepseek_v2 = {"DeepseekV2ForCausalLM", "deepseek_v2", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0,
+                                               .max_positions = 2048};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, NULL};

@@ -25,7 +25,7 @@ static const CkptfsModelField fields[] = {
     {"vocab", CKPTFS_FIELD_UINT, M(vocab), CKPTFS_FOR_ALL, {"vocab_size"}, 0, "vocab_size", NULL,
      CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_OPTIONAL, 0, 0, 0, 0, CKPTFS_MAX_VOCAB, {NULL}},
     {"max_positions", CKPTFS_FIELD_UINT, M(max_positions), CKPTFS_FOR_ALL, {"max_position_embeddings"}, 0,
-     "max_position_embeddings", NULL, 0, 4096, 4096, 0, 0, (double)UINT32_MAX, {NULL}},
+     "max_position_embeddings", NULL, 0, 4096, 4096, CKPTFS_DERIVED_MAX_POSITIONS, 0, (double)UINT32_MAX, {NULL}},
     {"mla", CKPTFS_FIELD_BOOL, M(mla), CKPTFS_FOR_ALL, {NULL}, 0, "multi_latent_attention", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     /* multi-head latent attention's sizes (DeepSeek-V2/V3); q_lora_rank null: a plain q_proj */
@@ -301,6 +301,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
     case CKPTFS_DERIVED_NORM_EPS:
         if (!args && m->arch && m->arch->norm_eps > 0)
             return m->arch->norm_eps;
+        break;
+    case CKPTFS_DERIVED_MAX_POSITIONS:
+        if (!args && m->arch && m->arch->max_positions > 0)
+            return (double)m->arch->max_positions;
         break;
     case CKPTFS_DERIVED_SHARED_GATE:
         if (!args && m->arch && m->arch->moe)

@@ -106,6 +106,17 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     m->mla ? "has it" : "does not");
         return false;
     }
+    /* An architecture named by the option must compute what the checkpoint does: Llama, Mistral
+     * and Phi-3 have no q/k norms, and no q/k/v-only biases (Llama's attention_bias adds
+     * o_proj's too); their Hugging Face model would silently leave them out. */
+    bool by_option = strcmp(what, "option hf_arch") == 0;
+    if (by_option && ((m->qk_norm && !m->arch->qk_norm && !m->arch->mla) || (m->qkv_bias && !m->arch->qkv_bias))) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s has no %s, but the checkpoint has them (args.%s is true)", what, m->arch->model_type,
+                    m->qk_norm && !m->arch->qk_norm ? "q/k layernorms" : "q/k/v-only biases",
+                    m->qk_norm && !m->arch->qk_norm ? "qk_layernorm" : "add_qkv_bias");
+        return false;
+    }
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
     if ((m->arch->moe != NULL) != (m->experts > 0)) {

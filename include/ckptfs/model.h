@@ -48,6 +48,8 @@ typedef struct {
     /* transformers' num_key_value_heads and head_dim where config.json leaves them out (0: the
      * attention heads, hidden_size / num_attention_heads) */
     uint64_t kv_heads, head_dim;
+    /* transformers' max_position_embeddings where config.json leaves it out (0: the schema's) */
+    uint64_t max_positions;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

@@ -46,6 +46,7 @@ typedef enum {
     CKPTFS_DERIVED_FFN,        /* the dense ffn size (Megatron's moe_ffn_hidden_size) */
     CKPTFS_DERIVED_ROPE_THETA, /* the architecture's transformers default (Mixtral: 1e6) */
     CKPTFS_DERIVED_NORM_EPS,   /* the architecture's transformers default (Phi-3, Mixtral: 1e-5) */
+    CKPTFS_DERIVED_MAX_POSITIONS, /* the architecture's transformers default (Llama: 2048) */
     CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
     CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
                                   expert bias (CkptfsMoeConfig.sigmoid_routing) */

@@ -336,6 +336,9 @@ int main(void)
     refused(llama, EDIT("partial_rotary_factor", "0.5"), "partial_rotary_factor 0.5", "partial rotary");
     refused(deepseek, EDIT("rope_scaling.beta_fast", "16"), "beta_fast 16", "yarn beta_fast other than Megatron's 32");
     refused(llama, EDIT("rms_norm_eps", "\"small\""), "\"rms_norm_eps\" is not a number", "a number of the wrong type");
+    /* Qwen's sliding window applies with use_sliding_window; left out, it is transformers' 4096 */
+    refused(bases[2], EDIT("use_sliding_window", "true", "max_position_embeddings", "32768"), "transformers gives Qwen2MoeForCausalLM its default window "
+            "of 4096", "Qwen's window turned on without its size");
     /* routing: DeepSeek's fields elsewhere, another scoring, a guessed default, limits */
     refused(qwen3_moe, EDIT("routed_scaling_factor", "2.5"), "\"routed_scaling_factor\" is set: Qwen3MoeForCausalLM "
             "routing with it is not supported", "DeepSeek's scaling in another MoE's config");
@@ -441,12 +444,15 @@ int main(void)
         g_clear_error(&error);
     }
 
-    /* What is left out is transformers' default for the architecture, not one guess for all. */
+    /* What is left out is transformers' default for the architecture, not one guess for all
+     * (max_position_embeddings: transformers 5.12.1's LlamaConfig(), MixtralConfig(), Phi3Config()). */
     static const struct {
         const char *arch, *type;
         double rope_theta, eps;
-    } defaults[] = {{"LlamaForCausalLM", "llama", 10000, 1e-6}, {"MixtralForCausalLM", "mixtral", 1e6, 1e-5},
-                    {"Phi3ForCausalLM", "phi3", 10000, 1e-5}};
+        uint64_t max_positions;
+    } defaults[] = {{"LlamaForCausalLM", "llama", 10000, 1e-6, 2048},
+                    {"MixtralForCausalLM", "mixtral", 1e6, 1e-5, 131072},
+                    {"Phi3ForCausalLM", "phi3", 10000, 1e-5, 4096}};
     for (size_t i = 0; i < G_N_ELEMENTS(defaults); i++) {
         g_autofree char *json = g_strdup_printf(
             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
@@ -459,6 +465,9 @@ int main(void)
         tap_ok(ok && m.rope_theta == defaults[i].rope_theta && m.norm_eps == defaults[i].eps,
                "%s without rope_theta and rms_norm_eps: transformers' %g and %g (%s)", defaults[i].type,
                defaults[i].rope_theta, defaults[i].eps, error ? error->message : "");
+        tap_ok(ok && m.max_positions == defaults[i].max_positions,
+               "%s without max_position_embeddings: transformers' %" G_GUINT64_FORMAT " (got %" G_GUINT64_FORMAT ")",
+               defaults[i].type, defaults[i].max_positions, m.max_positions);
         g_clear_error(&error);
     }
 
