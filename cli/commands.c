@@ -127,28 +127,36 @@ static bool config_int(JsonObject *config, const char *key, gint64 *out)
     return config && ckptfs_json_member_int(config, key, out) == CKPTFS_JSON_FOUND;
 }
 
-/* Every field of the schema that changes what the model computes, with the value the views use. */
-static char *math_fields_text(const CkptfsModel *m)
+/* Whether inspect lists FIELD of M: with TOKEN_IDS, the tokenizer's ids hf/config.json has; else
+ * every field that changes what the model computes, with the value the views use. */
+static bool listed(const CkptfsModelField *field, const CkptfsModel *m, bool token_ids)
+{
+    if (token_ids)
+        return field->type == CKPTFS_FIELD_TOKEN_ID;
+    return (field->flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(field, m);
+}
+
+static char *fields_text(const CkptfsModel *m, bool token_ids)
 {
     size_t n = 0;
     const CkptfsModelField *fields = ckptfs_schema_fields(&n);
     GString *text = g_string_new(NULL);
     for (size_t i = 0; i < n; i++)
-        if ((fields[i].flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(&fields[i], m)) {
+        if (listed(&fields[i], m, token_ids)) {
             g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
             g_string_append_printf(text, "%s%s=%s", text->len ? " " : "", fields[i].field, v);
         }
     return g_string_free(text, FALSE);
 }
 
-static void math_fields_json(JsonBuilder *b, const CkptfsModel *m)
+static void fields_json(JsonBuilder *b, const CkptfsModel *m, bool token_ids)
 {
     size_t n = 0;
     const CkptfsModelField *fields = ckptfs_schema_fields(&n);
-    json_builder_set_member_name(b, "math");
+    json_builder_set_member_name(b, token_ids ? "token_ids" : "math");
     json_builder_begin_object(b);
     for (size_t i = 0; i < n; i++)
-        if ((fields[i].flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(&fields[i], m)) {
+        if (listed(&fields[i], m, token_ids)) {
             g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
             json_builder_set_member_name(b, fields[i].field);
             json_builder_add_string_value(b, v);
@@ -358,8 +366,10 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, mount->model->arch->model_type);
     else
         json_builder_add_null_value(b);
-    if (mount->model)
-        math_fields_json(b, mount->model);
+    if (mount->model) {
+        fields_json(b, mount->model, false);
+        fields_json(b, mount->model, true);
+    }
     if (mount->model && mount->model->mla) {
         const CkptfsModel *m = mount->model;
         json_builder_set_member_name(b, "mla");
@@ -727,8 +737,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
                m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
                m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
-        g_autofree char *math = math_fields_text(m);
+        g_autofree char *math = fields_text(m, false);
         printf("math:         %s\n", math);
+        g_autofree char *token_ids = fields_text(m, true);
+        printf("token ids:    %s (hf/config.json)\n", token_ids);
         if (m->mla)
         {
             g_autofree char *q = m->q_lora ? g_strdup_printf("%" G_GUINT64_FORMAT, m->q_lora) : g_strdup("none (q_proj)");

@@ -495,10 +495,15 @@ CkptfsJsonMember ckptfs_json_member_int(JsonObject *object, const char *path, gi
     CkptfsJsonMember found = member_value(object, path, &n, &t);
     if (found != CKPTFS_JSON_FOUND)
         return found;
-    if (t != G_TYPE_INT64)
-        return CKPTFS_JSON_WRONG_TYPE;
-    *out = json_node_get_int(n);
-    return CKPTFS_JSON_FOUND;
+    return ckptfs_json_node_int(n, out) ? CKPTFS_JSON_FOUND : CKPTFS_JSON_WRONG_TYPE;
+}
+
+bool ckptfs_json_node_int(JsonNode *node, gint64 *out)
+{
+    if (node == NULL || !JSON_NODE_HOLDS_VALUE(node) || json_node_get_value_type(node) != G_TYPE_INT64)
+        return false;
+    *out = json_node_get_int(node);
+    return true;
 }
 
 CkptfsJsonMember ckptfs_json_member_number(JsonObject *object, const char *path, double *out)

@@ -24,34 +24,42 @@ static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_interme
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true};
 
-static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0, NULL, 0};
+static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0,
+                                         .max_positions = 2048};
 static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false, 0, 0,
-                                           .sliding_window = 4096, .kv_heads = 8};
+                                           .sliding_window = 4096, .kv_heads = 8, .max_positions = 131072};
 static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false, 0, 0,
-                                         .window_opt_in = true, .kv_heads = 32};
+                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
+                                         .max_positions = 32768};
 static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false, 0, 0,
-                                         .window_opt_in = true, .kv_heads = 32, .head_dim = 128};
+                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32, .head_dim = 128,
+                                         .max_positions = 32768};
 static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false,
-                                        0, 1e-5, 0, false, 0, 0, NULL, 0};
+                                        0, 1e-5, 0, false, 0, 0, .max_positions = 4096};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
-                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0, NULL, 0};
+                                           &ckptfs_family_mixtral, &mixtral_moe, false, 1e6, 1e-5, 0, false, 8, 0,
+                                           .max_positions = 131072};
 static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe", true, false,
                                              &ckptfs_family_qwen_moe, &qwen2_moe_config, false, 0, 0,
-                                             .window_opt_in = true, .kv_heads = 16};
+                                             .sliding_window = 4096, .window_opt_in = true, .kv_heads = 16,
+                                             .max_positions = 32768};
 static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
                                              &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 0, 0,
-                                             .window_opt_in = true, .kv_heads = 4};
+                                             .sliding_window = 4096, .window_opt_in = true, .kv_heads = 4,
+                                             .max_positions = 32768};
 static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0, NULL, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0,
+                                               .max_positions = 4096};
 static const CkptfsArchitecture deepseek_v2 = {"DeepseekV2ForCausalLM", "deepseek_v2", false, false,
-                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0, NULL, 0};
+                                               &ckptfs_family_deepseek, &deepseek_v2_moe, true, 0, 0, 0, false, 0, 0,
+                                               .max_positions = 2048};
 /* GLM-4.5/4.6: DeepSeek-V3's MoE config; optional attention biases and q/k norms; half of each
  * head rotated unless partial_rotary_factor says otherwise (transformers' defaults: 8 key/value
  * heads, rms_norm_eps 1e-5) */
 static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", false, false,
                                             &ckptfs_family_glm4_moe, &deepseek_v3_moe, false, 0, 1e-5,
                                             .kv_heads = 8, .qk_norm_key = "use_qk_norm",
-                                            .partial_rotary = 0.5};
+                                            .partial_rotary = 0.5, .max_positions = 131072};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, NULL};
@@ -154,18 +162,6 @@ static bool get_uint(JsonObject *config, const char *key, uint64_t fallback, uin
     if (*out == 0)
         CONFIG_ERROR("\"%s\" is not a positive integer", key);
     return true;
-}
-
-static double get_double(JsonObject *config, const char *key, double fallback)
-{
-    double v = fallback;
-    return ckptfs_json_member_number(config, key, &v) == CKPTFS_JSON_FOUND ? v : fallback;
-}
-
-static bool get_bool(JsonObject *config, const char *key, bool fallback)
-{
-    bool v = fallback;
-    return ckptfs_json_member_bool(config, key, &v) == CKPTFS_JSON_FOUND ? v : fallback;
 }
 
 static const CkptfsArchitecture *find_architecture(JsonObject *config, GError **error)
@@ -297,60 +293,24 @@ static bool check_no_shared_expert(const CkptfsModel *m, const GPtrArray *unused
     return true;
 }
 
-/* Config fields of routing schemes ckptfs has no rules for, outside the DeepSeek family that
- * defines them: a model using them would be served with the wrong semantics, so it is refused. */
-static const char *const unsupported_moe_fields[] = {
-    "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor",
-    "moe_layer_freq", "scoring_func", "topk_method", NULL};
+/* DeepSeek's layer pattern fields: another MoE's rules have no such pattern, so a config with
+ * one is refused (its routing fields are the schema's, refused there the same way). */
+static const char *const deepseek_layer_fields[] = {"first_k_dense_replace", "moe_layer_freq", NULL};
 
-static const char *get_string(JsonObject *config, const char *key, const char *fallback)
-{
-    const char *v = ckptfs_json_member_string(config, key);
-    return v ? v : fallback;
-}
-
-/* DeepSeek's routing (modeling_deepseek.py's MoEGate) as Megatron's router arguments: V3
- * scores with a sigmoid, picks the top-k of score + e_score_correction_bias within the
- * topk_group best of n_group groups (a group's score: the sum of its top two), weights the
- * chosen experts by their scores normalised and times routed_scaling_factor; V2 uses softmax
- * scores, greedy top-k. Megatron's group-limited top-k sums the top topk / group_topk scores of
- * a group, so only topk = 2 * topk_group routes the same way. */
-static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError **error)
+/* What DeepSeek's routing fields (read with the schema) must satisfy to route as Megatron does.
+ * Megatron's group-limited top-k sums the top topk / group_topk scores of a group where
+ * DeepSeek sums its top two, so only topk = 2 * topk_group routes the same way. */
+static bool check_deepseek_routing(CkptfsModel *model, GError **error)
 {
     const CkptfsMoeConfig *moe = model->arch->moe;
-    /* transformers' defaults for these differ between V2 and V3 and from what a reader would
-     * guess: a config that leaves one out is refused rather than routed by a guess. */
-    static const char *const required[] = {"routed_scaling_factor", "norm_topk_prob", "n_shared_experts",
-                                           "n_group", "topk_group"};
-    for (size_t i = 0; i < G_N_ELEMENTS(required); i++)
-        if ((i < 3 || moe->sigmoid_routing) && !json_object_has_member(config, required[i]))
-            CONFIG_ERROR("\"%s\" is missing; %s routing needs it given", required[i], model->arch->hf_architecture);
-    const char *scoring = get_string(config, "scoring_func", moe->sigmoid_routing ? "sigmoid" : "softmax");
-    const char *method = get_string(config, "topk_method", moe->sigmoid_routing ? "noaux_tc" : "greedy");
-    const char *want_scoring = moe->sigmoid_routing ? "sigmoid" : "softmax";
-    const char *want_method = moe->sigmoid_routing ? "noaux_tc" : "greedy";
-    if (strcmp(scoring, want_scoring) != 0)
-        CONFIG_ERROR("scoring_func \"%s\": %s routes with %s scores", scoring,
-                     model->arch->hf_architecture, want_scoring);
-    if (strcmp(method, want_method) != 0)
-        CONFIG_ERROR("topk_method \"%s\" is not supported for %s (%s is: Megatron's group-limited "
-                     "routing scores a group by the sum of its top scores, not by their maximum)",
-                     method, model->arch->hf_architecture, want_method);
-    model->sigmoid_scores = moe->sigmoid_routing;
-    model->expert_bias = moe->sigmoid_routing;
-    model->topk_scaling = get_double(config, "routed_scaling_factor", 1.0);
-    if (!(model->topk_scaling > 0 && model->topk_scaling < 1e6))
-        CONFIG_ERROR("routed_scaling_factor is not a positive number");
     /* V2's gate scales the weights only when it does not renormalise them (V3's always). */
-    if (model->topk_scaling == 1.0 || (!moe->sigmoid_routing && model->renormalize && model->topk > 1))
+    if (!moe->sigmoid_routing && model->renormalize && model->topk > 1)
         model->topk_scaling = 0;
     if (model->sigmoid_scores && !model->renormalize && model->topk > 1)
         CONFIG_ERROR("norm_topk_prob is false: Megatron always normalises the top-k of sigmoid scores");
     if (!moe->sigmoid_routing)
         return true;
-    uint64_t groups = 1, group_topk = 1;
-    if (!get_uint(config, "n_group", 1, &groups, error) || !get_uint(config, "topk_group", 1, &group_topk, error))
-        return false;
+    uint64_t groups = model->groups ? model->groups : 1, group_topk = model->group_topk;
     if (groups > model->experts || model->experts % groups != 0 || group_topk > groups)
         CONFIG_ERROR("n_group %" G_GUINT64_FORMAT " with topk_group %" G_GUINT64_FORMAT
                      " does not divide the %" G_GUINT64_FORMAT " routed experts into groups",
@@ -363,8 +323,8 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
                          model->topk, group_topk);
         if (model->experts / groups < 2)
             CONFIG_ERROR("n_group %" G_GUINT64_FORMAT " leaves fewer than two experts per group", groups);
-        model->groups = groups;
-        model->group_topk = group_topk;
+    } else {
+        model->groups = model->group_topk = 0; /* every expert a candidate */
     }
     return true;
 }
@@ -373,8 +333,8 @@ static bool read_deepseek_routing(JsonObject *config, CkptfsModel *model, GError
 static bool read_dense_first(JsonObject *config, CkptfsModel *model, GError **error)
 {
     uint64_t first_dense = 0, freq = 1;
-    if (!get_count(config, "first_k_dense_replace", 0, &first_dense, error) ||
-        !get_uint(config, "moe_layer_freq", 1, &freq, error))
+    if (!get_count(config, deepseek_layer_fields[0], 0, &first_dense, error) ||
+        !get_uint(config, deepseek_layer_fields[1], 1, &freq, error))
         return false;
     if (first_dense >= model->layers)
         CONFIG_ERROR("first_k_dense_replace %" G_GUINT64_FORMAT " leaves no MoE layer of %" G_GUINT64_FORMAT,
@@ -385,31 +345,20 @@ static bool read_dense_first(JsonObject *config, CkptfsModel *model, GError **er
     return true;
 }
 
-/* The experts of an MoE architecture: sizes, shared expert, routing, which layers are dense. */
+/* The experts' structure of an MoE architecture (their sizes and routing read with the schema):
+ * which layers are dense, and what the routing must satisfy. */
 bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **error)
 {
     const CkptfsMoeConfig *moe = model->arch->moe;
-    for (const char *const *f = unsupported_moe_fields; *f && !moe->deepseek_config; f++)
-        if (json_object_has_member(config, *f))
+    for (const char *const *f = deepseek_layer_fields; *f && !moe->deepseek_config; f++)
+        if (ckptfs_json_member(config, *f) != NULL)
             CONFIG_ERROR("\"%s\" is set: %s routing with it is not supported", *f,
                          model->arch->hf_architecture);
-    const char *shared_key = moe->shared_ffn_key ? moe->shared_ffn_key : moe->shared_count_key;
-    if (shared_key) {
-        if (!get_count(config, shared_key, 0, &model->shared_ffn, error))
-            return false;
-        if (moe->shared_count_key && model->shared_ffn > 0) {
-            if (model->shared_ffn > 4096)
-                CONFIG_ERROR("%s %" G_GUINT64_FORMAT " is over the limit of 4096", shared_key, model->shared_ffn);
-            model->shared_ffn *= model->moe_ffn;
-        }
-    }
-    model->shared_gate = model->shared_ffn > 0 && moe->shared_gate;
-    model->renormalize = moe->always_renormalize || get_bool(config, "norm_topk_prob", false);
     if (model->topk > model->experts)
         CONFIG_ERROR("num_experts_per_tok %" G_GUINT64_FORMAT " is more than the %" G_GUINT64_FORMAT " experts",
                      model->topk, model->experts);
     if (moe->deepseek_config)
-        return read_deepseek_routing(config, model, error) && read_dense_first(config, model, error);
+        return check_deepseek_routing(model, error) && read_dense_first(config, model, error);
     if (!moe->dense_layers)
         return true;
     uint64_t step = 1;
@@ -425,12 +374,12 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
         CONFIG_ERROR("\"mlp_only_layers\" is not a list of layer numbers");
     JsonArray *list = json_node_get_array(only);
     for (guint i = 0; i < json_array_get_length(list); i++) {
-        JsonNode *e = json_array_get_element(list, i);
-        if (!JSON_NODE_HOLDS_VALUE(e) || json_node_get_value_type(e) != G_TYPE_INT64 ||
-            json_node_get_int(e) < 0 || (uint64_t)json_node_get_int(e) >= model->layers)
+        gint64 layer = -1;
+        if (!ckptfs_json_node_int(json_array_get_element(list, i), &layer) || layer < 0 ||
+            (uint64_t)layer >= model->layers)
             CONFIG_ERROR("\"mlp_only_layers\" entry %u is not a layer number below num_hidden_layers %" G_GUINT64_FORMAT,
                          i, model->layers);
-        ckptfs_model_set_dense_layer(model, (uint64_t)json_node_get_int(e));
+        ckptfs_model_set_dense_layer(model, (uint64_t)layer);
     }
     return true;
 }

@@ -13,105 +13,152 @@
  * before what is derived from them. */
 static const CkptfsModelField fields[] = {
     {"layers", CKPTFS_FIELD_UINT, M(layers), CKPTFS_FOR_ALL, {"num_hidden_layers"}, 0, "num_layers", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, CKPTFS_MAX_LAYERS},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, CKPTFS_MAX_LAYERS, {NULL}},
     {"hidden", CKPTFS_FIELD_UINT, M(hidden), CKPTFS_FOR_ALL, {"hidden_size"}, 0, "hidden_size", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"heads", CKPTFS_FIELD_UINT, M(heads), CKPTFS_FOR_ALL, {"num_attention_heads"}, 0, "num_attention_heads", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"kv_heads", CKPTFS_FIELD_UINT, M(kv_heads), CKPTFS_FOR_ALL, {"num_key_value_heads"}, 0, "num_query_groups", NULL,
-     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEADS, 0, DIM},
+     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEADS, 0, DIM, {NULL}},
     {"ffn", CKPTFS_FIELD_UINT, M(ffn), CKPTFS_FOR_ALL, {"intermediate_size"}, 0, "ffn_hidden_size", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"vocab", CKPTFS_FIELD_UINT, M(vocab), CKPTFS_FOR_ALL, {"vocab_size"}, 0, "vocab_size", NULL,
-     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_OPTIONAL, 0, 0, 0, 0, CKPTFS_MAX_VOCAB},
+     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_OPTIONAL, 0, 0, 0, 0, CKPTFS_MAX_VOCAB, {NULL}},
     {"max_positions", CKPTFS_FIELD_UINT, M(max_positions), CKPTFS_FOR_ALL, {"max_position_embeddings"}, 0,
-     "max_position_embeddings", NULL, 0, 4096, 4096, 0, 0, (double)UINT32_MAX},
+     "max_position_embeddings", NULL, 0, 4096, 4096, CKPTFS_DERIVED_MAX_POSITIONS, 0, (double)UINT32_MAX, {NULL}},
     {"mla", CKPTFS_FIELD_BOOL, M(mla), CKPTFS_FOR_ALL, {NULL}, 0, "multi_latent_attention", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     /* multi-head latent attention's sizes (DeepSeek-V2/V3); q_lora_rank null: a plain q_proj */
     {"q_lora", CKPTFS_FIELD_COUNT, M(q_lora), CKPTFS_FOR_MLA, {"q_lora_rank"}, 0, "q_lora_rank", NULL,
-     CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, 0, DIM, {NULL}},
     {"kv_lora", CKPTFS_FIELD_UINT, M(kv_lora), CKPTFS_FOR_MLA, {"kv_lora_rank"}, 0, "kv_lora_rank", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"qk_head_dim", CKPTFS_FIELD_UINT, M(qk_head_dim), CKPTFS_FOR_MLA, {"qk_nope_head_dim"}, 0, "qk_head_dim",
-     NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"qk_rope_dim", CKPTFS_FIELD_UINT, M(qk_rope_dim), CKPTFS_FOR_MLA, {"qk_rope_head_dim"}, 0,
-     "qk_pos_emb_head_dim", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     "qk_pos_emb_head_dim", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     {"v_head_dim", CKPTFS_FIELD_UINT, M(v_head_dim), CKPTFS_FOR_MLA, {"v_head_dim"}, 0, "v_head_dim", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM},
+     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
     /* transformers 5 writes head_dim null for "hidden_size / num_attention_heads" */
     {"head_dim", CKPTFS_FIELD_UINT, M(head_dim), CKPTFS_FOR_MHA, {"head_dim"}, 0, "kv_channels", NULL,
-     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM},
+     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM, {NULL}},
     {"activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_ALL, {"hidden_act", "hidden_activation"}, 0, "swiglu",
-     NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+     NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
     {"tied_embeddings", CKPTFS_FIELD_BOOL, M(tied_embeddings), CKPTFS_FOR_ALL, {"tie_word_embeddings"}, 0,
-     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0},
+     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0, {NULL}},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     {"linear_bias", CKPTFS_FIELD_BOOL, M(linear_bias), CKPTFS_FOR_ALL, {"mlp_bias"}, 0, "add_bias_linear", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0, {NULL}},
     /* Qwen3's per-head norms come with the architecture; MLA's latent norms are Megatron's
      * q/k layernorms too */
     {"qk_norm", CKPTFS_FIELD_BOOL, M(qk_norm), CKPTFS_FOR_ALL, {NULL}, CKPTFS_ARCH_KEY_QK_NORM, "qk_layernorm", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     {"norm_eps", CKPTFS_FIELD_FLOAT, M(norm_eps), CKPTFS_FOR_ALL, {"rms_norm_eps"}, 0, "layernorm_epsilon",
-     "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1},
+     "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1, {NULL}},
     {"rope_theta", CKPTFS_FIELD_FLOAT, M(rope_theta), CKPTFS_FOR_ALL, {"rope_theta", "rope_parameters.rope_theta"},
      0, "rotary_base", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000,
-     CKPTFS_DERIVED_ROPE_THETA, 0, 1e12},
+     CKPTFS_DERIVED_ROPE_THETA, 0, 1e12, {NULL}},
     {"rotary_percent", CKPTFS_FIELD_FLOAT, M(rotary_percent), CKPTFS_FOR_ALL,
      {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"}, 0, "rotary_percent", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1, {NULL}},
     {"sliding_window", CKPTFS_FIELD_WINDOW, 0, CKPTFS_FOR_ALL, {"sliding_window"}, 0, NULL, NULL,
-     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_ALL,
      {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type"}, 0, NULL, NULL,
-     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0},
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Llama 3's scaling: Megatron-core 0.17.1 (apply_rope_scaling) takes the factor and fixes
      * the rest */
     {"rope_scaling_factor", CKPTFS_FIELD_FLOAT, M(rope_scaling_factor), CKPTFS_FOR_LLAMA3,
      {"rope_scaling.factor", "rope_parameters.factor"}, 0, "rope_scaling_factor", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_REQUIRED, 0, 8, 0, 0, 1e6},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_REQUIRED, 0, 8, 0, 0, 1e6, {NULL}},
     {"rope_low_freq", CKPTFS_FIELD_FLOAT, M(rope_low_freq), CKPTFS_FOR_LLAMA3,
      {"rope_scaling.low_freq_factor", "rope_parameters.low_freq_factor"}, 0, NULL, NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, 0, 1e6},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, 0, 0, 1e6, {NULL}},
     {"rope_high_freq", CKPTFS_FIELD_FLOAT, M(rope_high_freq), CKPTFS_FOR_LLAMA3,
      {"rope_scaling.high_freq_factor", "rope_parameters.high_freq_factor"}, 0, NULL, NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4, 4, 0, 0, 1e6},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4, 4, 0, 0, 1e6, {NULL}},
     {"rope_original_positions", CKPTFS_FIELD_UINT, M(rope_original_positions), CKPTFS_FOR_LLAMA3,
      {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
-     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 8192, 8192, 0, 0, (double)UINT32_MAX},
+     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 8192, 8192, 0, 0, (double)UINT32_MAX, {NULL}},
     /* YaRN as DeepSeek-V3 and Kimi-K2 configure it: beta_fast and beta_slow are fields of
      * Megatron-core's MLATransformerConfig (Kimi-K2's are 1 and 1), written to args under their
      * names; original_max_position_embeddings has Megatron's default only */
     {"yarn_factor", CKPTFS_FIELD_FLOAT, M(yarn_factor), CKPTFS_FOR_YARN,
      {"rope_scaling.factor", "rope_parameters.factor"}, 0, "rotary_scaling_factor", NULL, CKPTFS_FIELD_MATH, 1,
-     1, 0, 0.999999, 1e6},
+     1, 0, 0.999999, 1e6, {NULL}},
     {"yarn_mscale", CKPTFS_FIELD_FLOAT, M(yarn_mscale), CKPTFS_FOR_YARN,
-     {"rope_scaling.mscale", "rope_parameters.mscale"}, 0, "mscale", NULL, CKPTFS_FIELD_MATH, 1, 1, 0, -1e6, 1e6},
+     {"rope_scaling.mscale", "rope_parameters.mscale"}, 0, "mscale", NULL, CKPTFS_FIELD_MATH, 1, 1, 0, -1e6, 1e6, {NULL}},
     {"yarn_mscale_all_dim", CKPTFS_FIELD_FLOAT, M(yarn_mscale_all_dim), CKPTFS_FOR_YARN,
      {"rope_scaling.mscale_all_dim", "rope_parameters.mscale_all_dim"}, 0, "mscale_all_dim", NULL,
-     CKPTFS_FIELD_MATH, 0, 0, 0, -1e6, 1e6},
+     CKPTFS_FIELD_MATH, 0, 0, 0, -1e6, 1e6, {NULL}},
     {"yarn_beta_fast", CKPTFS_FIELD_FLOAT, M(yarn_beta_fast), CKPTFS_FOR_YARN,
      {"rope_scaling.beta_fast", "rope_parameters.beta_fast"}, 0, "beta_fast", NULL, CKPTFS_FIELD_MATH, 32, 32, 0,
-     -1e6, 1e6},
+     -1e6, 1e6, {NULL}},
     {"yarn_beta_slow", CKPTFS_FIELD_FLOAT, M(yarn_beta_slow), CKPTFS_FOR_YARN,
      {"rope_scaling.beta_slow", "rope_parameters.beta_slow"}, 0, "beta_slow", NULL, CKPTFS_FIELD_MATH, 1, 1, 0,
-     -1e6, 1e6},
+     -1e6, 1e6, {NULL}},
     {"yarn_original_positions", CKPTFS_FIELD_UINT, M(yarn_original_positions), CKPTFS_FOR_YARN,
      {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
      "original_max_position_embeddings", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4096, 4096, 0, 0,
-     (double)UINT32_MAX},
+     (double)UINT32_MAX, {NULL}},
     /* experts: transformers 5 writes num_local_experts for every family */
     {"experts", CKPTFS_FIELD_UINT, M(experts), CKPTFS_FOR_MOE, {"num_local_experts"}, CKPTFS_ARCH_KEY_EXPERTS,
-     "num_experts", NULL, CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 0, 0, 0, CKPTFS_MAX_EXPERTS},
+     "num_experts", NULL, CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 0, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
     {"topk", CKPTFS_FIELD_UINT, M(topk), CKPTFS_FOR_MOE, {"num_experts_per_tok"}, 0, "moe_router_topk", NULL,
-     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 2, 0, 0, CKPTFS_MAX_EXPERTS},
+     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 2, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
     {"moe_ffn", CKPTFS_FIELD_UINT, M(moe_ffn), CKPTFS_FOR_MOE, {NULL}, CKPTFS_ARCH_KEY_EXPERT_FFN,
-     "moe_ffn_hidden_size", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, CKPTFS_DERIVED_FFN, 0, DIM},
+     "moe_ffn_hidden_size", NULL, CKPTFS_FIELD_REQUIRED, 0, 0, CKPTFS_DERIVED_FFN, 0, DIM, {NULL}},
+    /* the shared expert: Qwen2-MoE's width, or DeepSeek's count of expert-sized MLPs (read after
+     * the expert's width); Qwen2-MoE's is gated */
+    {"shared_ffn", CKPTFS_FIELD_COUNT, M(shared_ffn), CKPTFS_FOR_MOE, {NULL}, CKPTFS_ARCH_KEY_SHARED_FFN,
+     "moe_shared_expert_intermediate_size", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, 0, DIM, {NULL}},
+    {"shared_experts", CKPTFS_FIELD_COUNT, M(shared_ffn), CKPTFS_FOR_MOE, {"n_shared_experts"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_TIMES_EXPERT_FFN | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_DEEPSEEK_REQUIRED,
+     0, 0, 0, 0, 4096, {NULL}},
+    {"shared_gate", CKPTFS_FIELD_BOOL, M(shared_gate), CKPTFS_FOR_MOE, {NULL}, 0, "moe_shared_expert_gate", NULL,
+     CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_SHARED_GATE, 0, 0, {NULL}},
+    /* top-k weights renormalised (Mixtral's always); Megatron's moe_router_pre_softmax is the
+     * negation */
+    {"renormalize", CKPTFS_FIELD_BOOL, M(renormalize), CKPTFS_FOR_MOE, {"norm_topk_prob"}, 0, "moe_router_pre_softmax",
+     NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED | CKPTFS_FIELD_ARCH_HAS_IT | CKPTFS_FIELD_DEEPSEEK_REQUIRED,
+     0, 1, 0, 0, 0, {NULL}},
+    /* DeepSeek's routing (modeling_deepseek.py's MoEGate) as Megatron's router: V3 scores with a
+     * sigmoid and picks the top-k of score + e_score_correction_bias (noaux_tc), V2 with softmax,
+     * greedily. Megatron's group-limited top-k scores a group by the sum of its top scores, not
+     * by their maximum: another top-k method is refused. */
+    {"sigmoid_scores", CKPTFS_FIELD_BOOL, M(sigmoid_scores), CKPTFS_FOR_MOE, {"scoring_func"}, 0,
+     "moe_router_score_function", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_ARCH_FIXED | CKPTFS_FIELD_ARGS_CHOICE, 0, 0,
+     CKPTFS_DERIVED_SIGMOID, 0, 0, {"softmax", "sigmoid"}},
+    {"expert_bias", CKPTFS_FIELD_BOOL, M(expert_bias), CKPTFS_FOR_MOE, {"topk_method"}, 0,
+     "moe_router_enable_expert_bias", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_ARCH_FIXED,
+     0, 0, CKPTFS_DERIVED_SIGMOID, 0, 0, {"greedy", "noaux_tc"}},
+    /* the chosen experts' weights times routed_scaling_factor (1: not scaled) */
+    {"topk_scaling", CKPTFS_FIELD_FLOAT, M(topk_scaling), CKPTFS_FOR_MOE, {"routed_scaling_factor"}, 0,
+     "moe_router_topk_scaling_factor", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_DEEPSEEK_REQUIRED | CKPTFS_FIELD_DEFAULT_AS_ZERO, 1,
+     0, 0, 0, 1e6, {NULL}},
+    /* V3's group-limited top-k: within the topk_group best of n_group groups (1 group: none) */
+    {"groups", CKPTFS_FIELD_UINT, M(groups), CKPTFS_FOR_MOE, {"n_group"}, 0, "moe_router_num_groups", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_DEEPSEEK_REQUIRED | CKPTFS_FIELD_SIGMOID_ONLY |
+         CKPTFS_FIELD_DEFAULT_AS_ZERO, 1, 0, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
+    {"group_topk", CKPTFS_FIELD_UINT, M(group_topk), CKPTFS_FOR_MOE, {"topk_group"}, 0, "moe_router_group_topk", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_DEEPSEEK_REQUIRED | CKPTFS_FIELD_SIGMOID_ONLY |
+         CKPTFS_FIELD_ZERO_AS_DEFAULT, 1, 0, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
     {"mtp_layers", CKPTFS_FIELD_COUNT, M(mtp_layers), CKPTFS_FOR_ALL, {"num_nextn_predict_layers"}, 0, NULL, NULL,
-     CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64},
+     CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64, {NULL}},
+    /* the tokenizer's ids, kept as given: the views' args carry them in one dict (Megatron has no
+     * such argument and its loaders ignore the ones they do not know), so that hf/ of their copy
+     * writes them back; a Megatron checkpoint's own args have none: written null, never left to
+     * transformers' defaults, which may lie outside the vocabulary (Phi-3's pad_token_id 32000) */
+    {"bos_token_id", CKPTFS_FIELD_TOKEN_ID, M(bos_token), CKPTFS_FOR_ALL, {"bos_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0, {NULL}},
+    {"eos_token_id", CKPTFS_FIELD_TOKEN_ID, M(eos_token), CKPTFS_FOR_ALL, {"eos_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0, {NULL}},
+    {"pad_token_id", CKPTFS_FIELD_TOKEN_ID, M(pad_token), CKPTFS_FOR_ALL, {"pad_token_id"}, 0, "hf_token_ids", NULL,
+     0, 0, 0, 0, 0, 0, {NULL}},
 };
 
 /* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
@@ -143,16 +190,36 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
 
 static const char *const rope_type_names[] = {"default", "llama3", "yarn"};
 
+static char *token_ids_text(const CkptfsTokenIds *t, bool known)
+{
+    if (!known)
+        return g_strdup("null (unknown)");
+    if (t->form == CKPTFS_TOKEN_ABSENT)
+        return g_strdup("absent (transformers' default)");
+    if (t->form == CKPTFS_TOKEN_NULL)
+        return g_strdup("null");
+    GString *text = g_string_new(t->form == CKPTFS_TOKEN_LIST ? "[" : "");
+    for (unsigned i = 0; i < t->count; i++)
+        g_string_append_printf(text, "%s%" G_GINT64_FORMAT, i ? ", " : "", t->ids[i]);
+    if (t->form == CKPTFS_TOKEN_LIST)
+        g_string_append_c(text, ']');
+    return g_string_free(text, FALSE);
+}
+
 char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
 {
     const char *p = (const char *)m + f->offset;
     switch (f->type) {
     case CKPTFS_FIELD_UINT:
     case CKPTFS_FIELD_COUNT:
+        if (f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN) /* the count config.json says */
+            return g_strdup_printf("%" G_GUINT64_FORMAT, m->moe_ffn ? *(const uint64_t *)(const void *)p / m->moe_ffn : 0);
         return g_strdup_printf("%" G_GUINT64_FORMAT, *(const uint64_t *)(const void *)p);
     case CKPTFS_FIELD_FLOAT:
         return g_strdup_printf("%g", *(const double *)(const void *)p);
     case CKPTFS_FIELD_BOOL:
+        if (f->choice[0])
+            return g_strdup(f->choice[*(const bool *)(const void *)p]);
         return g_strdup(*(const bool *)(const void *)p ? "true" : "false");
     case CKPTFS_FIELD_ROPE_TYPE:
         return g_strdup(rope_type_names[*(const CkptfsRopeType *)(const void *)p]);
@@ -160,6 +227,8 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
         return g_strdup("silu");
     case CKPTFS_FIELD_WINDOW:
         return g_strdup("none");
+    case CKPTFS_FIELD_TOKEN_ID:
+        return token_ids_text((const CkptfsTokenIds *)(const void *)p, m->token_ids_known);
     }
     return g_strdup("?");
 }
@@ -238,6 +307,18 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
         if (!args && m->arch && m->arch->partial_rotary > 0)
             return m->arch->partial_rotary;
         break;
+    case CKPTFS_DERIVED_MAX_POSITIONS:
+        if (!args && m->arch && m->arch->max_positions > 0)
+            return (double)m->arch->max_positions;
+        break;
+    case CKPTFS_DERIVED_SHARED_GATE:
+        if (!args && m->arch && m->arch->moe)
+            return m->arch->moe->shared_gate && m->shared_ffn > 0;
+        break;
+    case CKPTFS_DERIVED_SIGMOID:
+        if (!args && m->arch && m->arch->moe)
+            return m->arch->moe->sigmoid_routing;
+        break;
     default:
         break;
     }
@@ -313,6 +394,15 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
             REFUSE("\"%s\" %g is out of range (%g, %g]", name, v->number, f->min, f->max);
         break;
     case CKPTFS_FIELD_BOOL:
+        if (f->choice[0]) { /* a name: one of the two, else -1 (refused as not the architecture's) */
+            v->text = ckptfs_json_member_string(config, name);
+            got = v->text ? CKPTFS_JSON_FOUND : ckptfs_json_member_bool(config, name, &b) == CKPTFS_JSON_ABSENT
+                                                    ? CKPTFS_JSON_ABSENT : CKPTFS_JSON_WRONG_TYPE;
+            v->number = v->text == NULL ? 0 : strcmp(v->text, f->choice[1]) == 0 ? 1
+                                           : strcmp(v->text, f->choice[0]) == 0 ? 0 : -1;
+            kind = "a name";
+            break;
+        }
         got = ckptfs_json_member_bool(config, name, &b);
         v->number = b;
         kind = "true or false";
@@ -326,6 +416,7 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
         kind = "a name";
         break;
     case CKPTFS_FIELD_WINDOW:
+    case CKPTFS_FIELD_TOKEN_ID: /* their own readers */
         break;
     }
     if (got == CKPTFS_JSON_WRONG_TYPE)
@@ -394,6 +485,41 @@ static bool check_rope_members(JsonObject *config, GError **error)
     return true;
 }
 
+static const CkptfsTokenIds *token_ids_of(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    return (const CkptfsTokenIds *)(const void *)((const char *)m + f->offset);
+}
+
+/* A token id as config.json gives it, kept as given (an id outside the vocabulary too: the
+ * model's own config says so, and transformers reads it the same from hf/). */
+static bool read_config_token_ids(JsonObject *config, const CkptfsModelField *f, CkptfsModel *m, GError **error)
+{
+    CkptfsTokenIds *t = (CkptfsTokenIds *)(void *)((char *)m + f->offset);
+    const char *name = f->hf[0];
+    JsonNode *node = ckptfs_json_member(config, name);
+    memset(t, 0, sizeof *t);
+    if (node == NULL)
+        return true;
+    if (JSON_NODE_HOLDS_NULL(node)) {
+        t->form = CKPTFS_TOKEN_NULL;
+        return true;
+    }
+    if (ckptfs_json_node_int(node, &t->ids[0])) {
+        t->form = CKPTFS_TOKEN_ONE, t->count = 1;
+        return true;
+    }
+    JsonArray *list = JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
+    if (list == NULL)
+        REFUSE("\"%s\" is not a token id, a list of them or null", name);
+    if (json_array_get_length(list) > CKPTFS_MAX_TOKEN_IDS)
+        REFUSE("\"%s\" lists %u ids, more than %u", name, json_array_get_length(list), CKPTFS_MAX_TOKEN_IDS);
+    t->form = CKPTFS_TOKEN_LIST;
+    for (guint i = 0; i < json_array_get_length(list); i++, t->count++)
+        if (!ckptfs_json_node_int(json_array_get_element(list, i), &t->ids[i]))
+            REFUSE("\"%s\" entry %u is not a token id", name, i);
+    return true;
+}
+
 static const char *arch_key(const CkptfsModelField *f, const CkptfsModel *m)
 {
     if (f->arch_key == CKPTFS_ARCH_KEY_QK_NORM)
@@ -401,9 +527,38 @@ static const char *arch_key(const CkptfsModelField *f, const CkptfsModel *m)
     const CkptfsMoeConfig *moe = m->arch ? m->arch->moe : NULL;
     if (moe == NULL)
         return NULL;
-    return f->arch_key == CKPTFS_ARCH_KEY_EXPERTS ? moe->experts_key
+    return f->arch_key == CKPTFS_ARCH_KEY_EXPERTS      ? moe->experts_key
            : f->arch_key == CKPTFS_ARCH_KEY_EXPERT_FFN ? moe->ffn_key
+           : f->arch_key == CKPTFS_ARCH_KEY_SHARED_FFN ? moe->shared_ffn_key
                                                         : NULL;
+}
+
+/* Whether the architecture of M has the flag F always on (Qwen2's q/k/v biases, Qwen3's q/k
+ * norms, Mixtral's renormalised top-k, DeepSeek's latent attention). */
+static bool arch_has(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    const CkptfsArchitecture *a = m->arch;
+    if (a == NULL || !(f->flags & CKPTFS_FIELD_ARCH_HAS_IT))
+        return false;
+    return f->offset == M(qkv_bias)      ? a->qkv_bias
+           : f->offset == M(qk_norm)     ? a->qk_norm
+           : f->offset == M(renormalize) ? a->moe && a->moe->always_renormalize
+           : f->offset == M(mla)         ? a->mla
+                                         : false;
+}
+
+static bool deepseek_routing(const CkptfsModel *m)
+{
+    return m->arch && m->arch->moe && m->arch->moe->deepseek_config;
+}
+
+/* Whether config.json's names of F are read for M: DeepSeek's routing fields only in DeepSeek's
+ * configs, V3's groups only with sigmoid routing. */
+static bool config_names_apply(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    if ((f->flags & CKPTFS_FIELD_DEEPSEEK_ONLY) && !deepseek_routing(m))
+        return false;
+    return !(f->flags & CKPTFS_FIELD_SIGMOID_ONLY) || (m->arch && m->arch->moe && m->arch->moe->sigmoid_routing);
 }
 
 /* F from every name it has in CONFIG: the values given must agree. */
@@ -441,8 +596,20 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
         if (f->flags & CKPTFS_FIELD_REQUIRED)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: missing \"%s\", which the Megatron "
                                "views need", n ? names[0] : f->field);
+        if ((f->flags & CKPTFS_FIELD_DEEPSEEK_REQUIRED) && deepseek_routing(m) && !null_given)
+            REFUSE("\"%s\" is missing; %s routing needs it given", names[0], m->arch->hf_architecture);
         chosen.number = default_of(f, m, false, null_given);
     }
+    double arch_value = default_of(f, m, false, false);
+    if ((f->flags & CKPTFS_FIELD_ARCH_FIXED) && chosen.number != arch_value)
+        REFUSE("%s \"%s\" is not supported for %s (%s is)", first, chosen.text, m->arch->hf_architecture,
+               f->choice[arch_value != 0]);
+    if ((f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN) && chosen.number > f->max)
+        REFUSE("%s %g is over the limit of %g", first, chosen.number, f->max);
+    if (f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)
+        chosen.number *= (double)m->moe_ffn;
+    if ((f->flags & CKPTFS_FIELD_DEFAULT_AS_ZERO) && chosen.number == f->hf_default)
+        chosen.number = 0;
     if ((f->flags & CKPTFS_FIELD_ARGS_INTEGER) && chosen.number != (double)(int64_t)chosen.number)
         REFUSE("%s %g has no Megatron equivalent: %s is an integer", first, chosen.number, f->args);
     if (fixed_for(f, m) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
@@ -451,24 +618,32 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     if (fixed_for(f, m) && chosen.number != f->hf_default)
         REFUSE("%s %g has no Megatron equivalent: Megatron-core fixes it at %g", first, chosen.number,
                f->hf_default);
-    if (f->type == CKPTFS_FIELD_BOOL && (f->flags & CKPTFS_FIELD_ARCH_HAS_IT))
-        chosen.number = load(f, m) || chosen.number; /* the architecture's own */
+    if (f->type == CKPTFS_FIELD_BOOL && arch_has(f, m))
+        chosen.number = 1; /* the architecture's own */
     store(f, m, chosen.number);
     return true;
 }
 
 bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **error)
 {
-    if (m->arch) {
-        m->qkv_bias = m->arch->qkv_bias;
-        m->qk_norm = m->arch->qk_norm;
-    }
+    m->token_ids_known = true;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         if (!ckptfs_schema_applies(f, m))
             continue;
-        if (f->type == CKPTFS_FIELD_WINDOW ? !check_window(config, m, error)
-                                           : !read_config_field(config, f, m, error))
+        if (!config_names_apply(f, m)) {
+            /* another MoE's config with a DeepSeek routing field: its rules route otherwise */
+            for (size_t k = 0; (f->flags & CKPTFS_FIELD_DEEPSEEK_ONLY) && !deepseek_routing(m) &&
+                               k < G_N_ELEMENTS(f->hf) && f->hf[k]; k++)
+                if (ckptfs_json_member(config, f->hf[k]) != NULL)
+                    REFUSE("\"%s\" is set: %s routing with it is not supported", f->hf[k],
+                           m->arch->hf_architecture);
+            continue;
+        }
+        bool ok = f->type == CKPTFS_FIELD_WINDOW     ? check_window(config, m, error)
+                  : f->type == CKPTFS_FIELD_TOKEN_ID ? read_config_token_ids(config, f, m, error)
+                                                     : read_config_field(config, f, m, error);
+        if (!ok)
             return false;
     }
     if (m->mla) /* what Megatron's kv_channels means for MLA: the width linear_proj reads per head */
@@ -478,11 +653,30 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **erro
 
 /* --- walk 2: config.json written --- */
 
+/* A token id as it was given; null when unknown. */
+static void write_config_token_ids(JsonObject *config, const char *name, const CkptfsTokenIds *t, bool known)
+{
+    if (!known || t->form == CKPTFS_TOKEN_NULL) {
+        json_object_set_null_member(config, name);
+    } else if (t->form == CKPTFS_TOKEN_ONE) {
+        json_object_set_int_member(config, name, t->ids[0]);
+    } else if (t->form == CKPTFS_TOKEN_LIST) {
+        JsonArray *list = json_array_new();
+        for (unsigned i = 0; i < t->count; i++)
+            json_array_add_int_element(list, t->ids[i]);
+        json_object_set_array_member(config, name, list);
+    }
+}
+
 void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         const char *name = arch_key(f, m) ? arch_key(f, m) : f->hf[0];
+        if (f->type == CKPTFS_FIELD_TOKEN_ID) {
+            write_config_token_ids(config, name, token_ids_of(f, m), m->token_ids_known);
+            continue;
+        }
         if (f->type == CKPTFS_FIELD_WINDOW) {
             /* none, said where transformers' default for the architecture is a window (Mistral) */
             if (m->arch && m->arch->sliding_window > 0)
@@ -492,10 +686,16 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
         double v = load(f, m);
         if (name == NULL || !ckptfs_schema_applies(f, m))
             continue;
-        if ((f->flags & CKPTFS_FIELD_ARCH_HAS_IT) && m->arch && m->arch->qkv_bias && f->offset == M(qkv_bias))
-            continue; /* Qwen2's config has no such field: its biases come with it */
+        if (arch_has(f, m))
+            continue; /* Qwen2's config has no attention_bias: its biases come with it */
+        if ((f->flags & CKPTFS_FIELD_DEEPSEEK_ONLY) && !deepseek_routing(m))
+            continue;
         if ((f->flags & CKPTFS_FIELD_OMIT_ZERO) && v == 0)
             continue;
+        if (f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)
+            v = m->moe_ffn ? v / (double)m->moe_ffn : 0;
+        if ((f->flags & (CKPTFS_FIELD_DEFAULT_AS_ZERO | CKPTFS_FIELD_ZERO_AS_DEFAULT)) && v == 0)
+            v = f->hf_default;
         if (fixed_for(f, m) && f->scope == CKPTFS_FOR_ALL)
             continue; /* its one value, which transformers takes too */
         if (f->type == CKPTFS_FIELD_ROPE_TYPE && v == CKPTFS_ROPE_DEFAULT)
@@ -526,7 +726,10 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_double_member(into, name, v);
             break;
         case CKPTFS_FIELD_BOOL:
-            json_object_set_boolean_member(into, name, v != 0);
+            if (f->choice[0])
+                json_object_set_string_member(into, name, f->choice[v != 0]);
+            else
+                json_object_set_boolean_member(into, name, v != 0);
             break;
         case CKPTFS_FIELD_ROPE_TYPE:
             /* "type" too: DeepSeek's own modeling code reads that one */
@@ -537,6 +740,7 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_string_member(into, name, "silu");
             break;
         case CKPTFS_FIELD_WINDOW:
+        case CKPTFS_FIELD_TOKEN_ID:
             break;
         }
     }
@@ -555,9 +759,47 @@ static const CkptfsPy *args_value(const CkptfsPy *args, const CkptfsModelField *
     return v && v->kind != CKPTFS_PY_NONE ? v : NULL;
 }
 
+/* A token id the views' args carry (in their dict under config.json's name): absent from it,
+ * None, an int or a list of ints. */
+static bool read_args_token_ids(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
+                                GError **error)
+{
+    CkptfsTokenIds *t = (CkptfsTokenIds *)(void *)((char *)m + f->offset);
+    const CkptfsPy *dict = ckptfs_py_dict_get(args, f->args);
+    const CkptfsPy *v = ckptfs_py_dict_get(dict, f->hf[0]);
+    memset(t, 0, sizeof *t);
+    if (dict == NULL || dict->kind == CKPTFS_PY_NONE)
+        return true; /* none carried: m->token_ids_known stays false */
+    if (dict->kind != CKPTFS_PY_DICT)
+        ARGS_ERROR("%s: args.%s is not a dict of token ids", path, f->args);
+    m->token_ids_known = true;
+    if (v == NULL)
+        return true;
+    if (v->kind == CKPTFS_PY_NONE) {
+        t->form = CKPTFS_TOKEN_NULL;
+        return true;
+    }
+    bool one = v->kind == CKPTFS_PY_INT;
+    guint n = one ? 1 : v->kind == CKPTFS_PY_LIST ? v->items->len : 0;
+    if (!one && v->kind != CKPTFS_PY_LIST)
+        ARGS_ERROR("%s: args.%s['%s'] is not a token id, a list of them or None", path, f->args, f->hf[0]);
+    if (n > CKPTFS_MAX_TOKEN_IDS)
+        ARGS_ERROR("%s: args.%s['%s'] lists %u ids, more than %u", path, f->args, f->hf[0], n, CKPTFS_MAX_TOKEN_IDS);
+    t->form = one ? CKPTFS_TOKEN_ONE : CKPTFS_TOKEN_LIST;
+    for (guint i = 0; i < n; i++, t->count++) {
+        const CkptfsPy *id = one ? v : g_ptr_array_index(v->items, i);
+        if (id->kind != CKPTFS_PY_INT || id->big)
+            ARGS_ERROR("%s: args.%s['%s'] entry %u is not a token id", path, f->args, f->hf[0], i);
+        t->ids[i] = id->i;
+    }
+    return true;
+}
+
 static bool read_args_field(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
                             GError **error)
 {
+    if (f->type == CKPTFS_FIELD_TOKEN_ID)
+        return read_args_token_ids(args, path, f, m, error);
     const CkptfsPy *v = f->args ? args_value(args, f) : NULL;
     double value = default_of(f, m, true, false);
     if (f->type == CKPTFS_FIELD_ACTIVATION) {
@@ -569,7 +811,8 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
     if (f->type == CKPTFS_FIELD_ROPE_TYPE || f->type == CKPTFS_FIELD_WINDOW)
         return true; /* the rope type read first; no window */
     if (f->args == NULL) {
-        store(f, m, value); /* what Megatron fixes */
+        if (!(f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)) /* the shared experts' width is args' own */
+            store(f, m, value); /* what Megatron fixes */
         return true;
     }
     if (v == NULL) {
@@ -587,11 +830,21 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         value = v->kind == CKPTFS_PY_FLOAT ? v->f : (double)v->i;
         if (!(value > f->min && value <= f->max))
             ARGS_ERROR("%s: args.%s %g is out of range (%g, %g]", path, f->args, value, f->min, f->max);
+    } else if (f->type == CKPTFS_FIELD_BOOL && (f->flags & CKPTFS_FIELD_ARGS_CHOICE)) {
+        const char *name = ckptfs_py_str(v);
+        if (name == NULL)
+            ARGS_ERROR("%s: args.%s is not a name", path, f->args);
+        if (strcmp(name, f->choice[0]) != 0 && strcmp(name, f->choice[1]) != 0)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is '%s'; %s and %s are supported", path,
+                               f->args, name, f->choice[0], f->choice[1]);
+        value = strcmp(name, f->choice[1]) == 0;
     } else if (f->type == CKPTFS_FIELD_BOOL) {
         if (v->kind != CKPTFS_PY_BOOL)
             ARGS_ERROR("%s: args.%s is not True or False", path, f->args);
         value = (v->i != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0);
     }
+    if ((f->flags & CKPTFS_FIELD_DEFAULT_AS_ZERO) && value == f->hf_default)
+        value = 0;
     if (fixed_for(f, m) && value != f->args_default)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s %g: ckptfs serves only %g", path, f->args,
                            value, f->args_default);
@@ -634,12 +887,39 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
 
 /* --- walk 4: Megatron args written --- */
 
+/* A token id known from a config.json into the dict of them (made with the first); an absent
+ * one is left out of it, as it was of config.json. */
+static void write_args_token_ids(const CkptfsModelField *f, const CkptfsModel *m, CkptfsValue *a,
+                                 CkptfsValue **dict)
+{
+    const CkptfsTokenIds *t = token_ids_of(f, m);
+    if (!m->token_ids_known)
+        return;
+    if (*dict == NULL) {
+        *dict = ckptfs_value_container(CKPTFS_VALUE_DICT);
+        ckptfs_value_set(a, f->args, *dict);
+    }
+    if (t->form == CKPTFS_TOKEN_ABSENT)
+        return;
+    CkptfsValue *v = t->form == CKPTFS_TOKEN_NULL ? ckptfs_value_none()
+                     : t->form == CKPTFS_TOKEN_ONE ? ckptfs_value_int(t->ids[0])
+                                                   : ckptfs_value_container(CKPTFS_VALUE_LIST);
+    for (unsigned i = 0; t->form == CKPTFS_TOKEN_LIST && i < t->count; i++)
+        ckptfs_value_append(v, ckptfs_value_int(t->ids[i]));
+    ckptfs_value_set(*dict, f->hf[0], v);
+}
+
 void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
 {
+    CkptfsValue *token_ids = NULL;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         if (f->args == NULL)
             continue;
+        if (f->type == CKPTFS_FIELD_TOKEN_ID) {
+            write_args_token_ids(f, m, a, &token_ids);
+            continue;
+        }
         if (f->type == CKPTFS_FIELD_ACTIVATION) {
             ckptfs_value_set(a, f->args, ckptfs_value_bool(true));
             continue;
@@ -651,6 +931,10 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
         if (!has && !unused_scaling)
             continue;
         double v = has ? load(f, m) : f->args_default;
+        if ((f->flags & (CKPTFS_FIELD_DEFAULT_AS_ZERO | CKPTFS_FIELD_ZERO_AS_DEFAULT)) && v == 0) {
+            ckptfs_value_set(a, f->args, ckptfs_value_none()); /* Megatron's "not set" */
+            continue;
+        }
         switch (f->type) {
         case CKPTFS_FIELD_UINT:
             ckptfs_value_set(a, f->args, ckptfs_value_int((int64_t)v));
@@ -665,7 +949,11 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
                                                                                  : ckptfs_value_float(v));
             break;
         case CKPTFS_FIELD_BOOL:
-            ckptfs_value_set(a, f->args, ckptfs_value_bool((v != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0)));
+            if (f->flags & CKPTFS_FIELD_ARGS_CHOICE)
+                ckptfs_value_set(a, f->args, ckptfs_value_str(f->choice[v != 0]));
+            else
+                ckptfs_value_set(a, f->args,
+                                 ckptfs_value_bool((v != 0) != ((f->flags & CKPTFS_FIELD_ARGS_NEGATED) != 0)));
             break;
         default:
             break;

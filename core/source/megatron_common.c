@@ -81,18 +81,6 @@ static bool arg_uint(const CkptfsPy *args, const char *path, const char *key, ui
     return true;
 }
 
-static bool arg_bool(const CkptfsPy *args, const char *key)
-{
-    const CkptfsPy *v = arg(args, key);
-    return v && v->kind == CKPTFS_PY_BOOL && v->i;
-}
-
-static double arg_double(const CkptfsPy *args, const char *key, double fallback)
-{
-    const CkptfsPy *v = arg(args, key);
-    return v && v->kind == CKPTFS_PY_FLOAT ? v->f : v && v->kind == CKPTFS_PY_INT ? (double)v->i : fallback;
-}
-
 static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fallback)
 {
     const CkptfsPy *v = arg(args, key);
@@ -116,6 +104,17 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: architecture %s %s multi-latent attention "
                     "but the checkpoint %s", what, m->arch->hf_architecture, m->arch->mla ? "has" : "has no",
                     m->mla ? "has it" : "does not");
+        return false;
+    }
+    /* An architecture named by the option must compute what the checkpoint does: Llama, Mistral
+     * and Phi-3 have no q/k norms, and no q/k/v-only biases (Llama's attention_bias adds
+     * o_proj's too); their Hugging Face model would silently leave them out. */
+    bool by_option = strcmp(what, "option hf_arch") == 0;
+    if (by_option && ((m->qk_norm && !m->arch->qk_norm && !m->arch->mla) || (m->qkv_bias && !m->arch->qkv_bias))) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "%s: %s has no %s, but the checkpoint has them (args.%s is true)", what, m->arch->model_type,
+                    m->qk_norm && !m->arch->qk_norm ? "q/k layernorms" : "q/k/v-only biases",
+                    m->qk_norm && !m->arch->qk_norm ? "qk_layernorm" : "add_qkv_bias");
         return false;
     }
     m->qkv_bias |= m->arch->qkv_bias;
@@ -158,45 +157,21 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     return true;
 }
 
-/* Megatron's router arguments: softmax or sigmoid scores, an expert bias for the choice,
- * group-limited top-k and a scaling of the weights (DeepSeek's routing; the architecture then
- * says whether the Hugging Face model routes that way). Other score functions are refused. */
-static bool read_routing(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
-{
-    const char *score = ckptfs_py_str(arg(args, "moe_router_score_function"));
-    if (score && strcmp(score, "softmax") != 0 && strcmp(score, "sigmoid") != 0) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: args.moe_router_score_function is '%s'; softmax and sigmoid routing are supported",
-                    path, score);
-        return false;
-    }
-    s->sigmoid_scores = score && strcmp(score, "sigmoid") == 0;
-    s->expert_bias = arg_bool(args, "moe_router_enable_expert_bias");
-    s->groups = arg_uint_or(args, "moe_router_num_groups", 0);
-    s->group_topk = s->groups ? arg_uint_or(args, "moe_router_group_topk", 0) : 0;
-    s->topk_scaling = arg_double(args, "moe_router_topk_scaling_factor", 0);
-    if (s->topk_scaling == 1.0)
-        s->topk_scaling = 0;
-    if ((s->groups && (s->group_topk == 0 || s->group_topk > s->groups)) || s->topk_scaling < 0 ||
-        s->topk_scaling > 1e6) {
-        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "%s: args.moe_router_num_groups, moe_router_group_topk or "
-                    "moe_router_topk_scaling_factor are not valid", path);
-        return false;
-    }
-    return true;
-}
-
-/* The experts from args: sizes, routing, the shared expert, which layers are MoE. */
+/* The experts' structure from args (their sizes and routing read with the schema): what the
+ * routing must satisfy, which layers are MoE. */
 static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
 {
     if (s->experts == 0)
         return true;
-    if (!read_routing(args, path, s, error))
+    if (s->groups == 0)
+        s->group_topk = 0;
+    if (s->groups && (s->group_topk == 0 || s->group_topk > s->groups)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
+                    "%s: args.moe_router_num_groups %" G_GUINT64_FORMAT " with moe_router_group_topk %" G_GUINT64_FORMAT
+                    " (the best groups at most their number)", path, s->groups, s->group_topk);
         return false;
-    s->shared_ffn = arg_uint_or(args, "moe_shared_expert_intermediate_size", 0);
-    s->shared_gate = s->shared_ffn > 0 && arg_bool(args, "moe_shared_expert_gate");
-    s->renormalize = !arg_bool(args, "moe_router_pre_softmax");
+    }
+    s->shared_gate = s->shared_gate && s->shared_ffn > 0;
     if (s->topk > s->experts) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "%s: args.num_experts %" G_GUINT64_FORMAT " with moe_router_topk %" G_GUINT64_FORMAT
@@ -344,8 +319,8 @@ char *ckptfs_megatron_describe(const CkptfsSource *source)
     return g_strdup_printf("%u files opened; saved as %s", ckptfs_srcfiles_count(source->files), saved);
 }
 
-/* DeepSeek's config fields (modeling_deepseek.py's names; GLM-4.5 reads them too) from Megatron:
- * dense layers as first_k_dense_replace and moe_layer_freq when the pattern is one of theirs
+/* DeepSeek's config fields (modeling_deepseek.py's names; GLM-4.5 reads them too) from Megatron
+ * beyond the schema's: dense layers as first_k_dense_replace and moe_layer_freq when the pattern is one of theirs
  * (else an explicit list would be needed, which DeepSeek's config has no field for: the model
  * check then says which layer differs). */
 static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
@@ -353,18 +328,10 @@ static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
     json_object_set_int_member(c, "num_nextn_predict_layers", (gint64)m->mtp_layers);
     if (m->experts == 0)
         return;
-    json_object_set_int_member(c, "n_shared_experts",
-                               m->moe_ffn ? (gint64)(m->shared_ffn / m->moe_ffn) : 0);
     uint64_t first_dense = 0, freq = 1;
     dense_first_pattern(m, &first_dense, &freq); /* checked when read */
     json_object_set_int_member(c, "first_k_dense_replace", (gint64)first_dense);
     json_object_set_int_member(c, "moe_layer_freq", (gint64)freq);
-    json_object_set_string_member(c, "scoring_func", m->sigmoid_scores ? "sigmoid" : "softmax");
-    json_object_set_string_member(c, "topk_method", m->expert_bias ? "noaux_tc" : "greedy");
-    json_object_set_int_member(c, "n_group", (gint64)(m->groups ? m->groups : 1));
-    json_object_set_int_member(c, "topk_group", (gint64)(m->groups ? m->group_topk : 1));
-    json_object_set_double_member(c, "routed_scaling_factor", m->topk_scaling > 0 ? m->topk_scaling : 1.0);
-    json_object_set_boolean_member(c, "norm_topk_prob", m->sigmoid_scores || m->renormalize);
 }
 
 void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *m)
@@ -380,15 +347,15 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
     /* Until the weights are listed: then the type most of them are served in (source.c). */
     json_object_set_string_member(c, "torch_dtype", "bfloat16");
     source->config_dtype_from_weights = true;
+    source->token_ids_unknown = !m->token_ids_known;
+    if (!m->token_ids_known)
+        g_ptr_array_add(source->warnings, g_strdup("hf/config.json: bos_token_id, eos_token_id and pad_token_id "
+                                                   "are null: the Megatron args name no tokenizer ids (give the "
+                                                   "model's config.json with -o hf_config or -o hf_extra)"));
     if (m->arch->moe && m->arch->moe->deepseek_config)
         synthesize_deepseek(c, m);
     else if (m->arch->moe) {
-        const CkptfsMoeConfig *moe = m->arch->moe;
-        if (moe->shared_ffn_key)
-            json_object_set_int_member(c, moe->shared_ffn_key, (gint64)m->shared_ffn);
-        if (!moe->always_renormalize)
-            json_object_set_boolean_member(c, "norm_topk_prob", m->renormalize);
-        if (moe->dense_layers) {
+        if (m->arch->moe->dense_layers) {
             JsonArray *dense = json_array_new();
             for (uint64_t l = 0; l < m->layers; l++)
                 if (!ckptfs_model_layer_is_moe(m, l))

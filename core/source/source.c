@@ -75,31 +75,27 @@ static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &c
 static bool block_fp8_config(const CkptfsSource *source, gint64 *br, gint64 *bc, GError **error)
 {
     *br = *bc = 0;
-    JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
+    JsonNode *q = ckptfs_json_member(source->config, "quantization_config");
     if (q == NULL || JSON_NODE_HOLDS_NULL(q))
         return true;
     g_autofree char *what = g_strdup_printf("%s: config.json: quantization_config", source->dir);
-    JsonObject *qc = JSON_NODE_HOLDS_OBJECT(q) ? json_node_get_object(q) : NULL;
-    JsonNode *method = qc ? json_object_get_member(qc, "quant_method") : NULL;
-    if (method == NULL || !JSON_NODE_HOLDS_VALUE(method) || json_node_get_value_type(method) != G_TYPE_STRING) {
+    JsonObject *qc = ckptfs_json_member_object(source->config, "quantization_config");
+    const char *name = ckptfs_json_member_string(qc, "quant_method");
+    if (name == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: %s; without -o dtype=bf16 the checkpoint is "
                     "served as it is", what, qc ? "no \"quant_method\" string" : "not an object");
         return false;
     }
-    const char *name = json_node_get_string(method);
     if (strcmp(name, "fp8") != 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: quant_method '%s' is not dequantised "
                     "(block FP8 \"fp8\" is); without -o dtype=bf16 the checkpoint is served as it is", what, name);
         return false;
     }
-    JsonNode *block = json_object_get_member(qc, "weight_block_size");
+    JsonNode *block = ckptfs_json_member(qc, "weight_block_size");
     JsonArray *dims = block && JSON_NODE_HOLDS_ARRAY(block) ? json_node_get_array(block) : NULL;
-    if (dims && json_array_get_length(dims) == 2 &&
-        json_node_get_value_type(json_array_get_element(dims, 0)) == G_TYPE_INT64 &&
-        json_node_get_value_type(json_array_get_element(dims, 1)) == G_TYPE_INT64) {
-        *br = json_array_get_int_element(dims, 0);
-        *bc = json_array_get_int_element(dims, 1);
-    }
+    if (dims && json_array_get_length(dims) == 2 && !(ckptfs_json_node_int(json_array_get_element(dims, 0), br) &&
+                                                      ckptfs_json_node_int(json_array_get_element(dims, 1), bc)))
+        *br = *bc = 0;
     if (*br < 1 || *bc < 1 || *br > 65536 || *bc > 65536) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: weight_block_size is not two block sizes "
                     "from 1 to 65536 (per-tensor or per-channel FP8 is not dequantised)", what);
@@ -209,10 +205,9 @@ static void set_config_dtype(CkptfsSource *source, CkptfsDtype dtype)
     static const char *const keys[] = {"torch_dtype", "dtype"};
     const char *name = ckptfs_dtype_torch_name(dtype);
     for (size_t i = 0; i < G_N_ELEMENTS(keys); i++) {
-        JsonNode *node = json_object_get_member(source->config, keys[i]);
-        bool present = node != NULL, same = present && JSON_NODE_HOLDS_VALUE(node) &&
-                                            json_node_get_value_type(node) == G_TYPE_STRING &&
-                                            strcmp(json_node_get_string(node), name) == 0;
+        const char *given = ckptfs_json_member_string(source->config, keys[i]);
+        bool present = ckptfs_json_member(source->config, keys[i]) != NULL,
+             same = given != NULL && strcmp(given, name) == 0;
         if ((present || i == 0) && !same) {
             json_object_set_string_member(source->config, keys[i], name);
             source->config_changed = true;

@@ -178,12 +178,13 @@ static bool probe_fsdp(const char *dir, const CkptfsOptions *options)
     return false;
 }
 
+/* An integer member (null or absent: none). */
 static bool json_int(JsonObject *o, const char *key, int64_t *out)
 {
-    JsonNode *n = json_object_get_member(o, key);
-    if (n == NULL || !JSON_NODE_HOLDS_VALUE(n) || json_node_get_value_type(n) != G_TYPE_INT64)
+    gint64 v = 0;
+    if (ckptfs_json_member_int(o, key, &v) != CKPTFS_JSON_FOUND)
         return false;
-    *out = json_node_get_int(n);
+    *out = v;
     return true;
 }
 
@@ -198,7 +199,7 @@ static bool read_fsdp_config(Fsdp *f, int64_t *world_size)
     if (config == NULL)
         return false;
     if (!json_int(config, "world_size", world_size) || *world_size < 1) {
-        JsonNode *n = json_object_get_member(config, "world_size");
+        JsonNode *n = ckptfs_json_member(config, "world_size");
         g_autofree char *text = n ? json_to_string(n, FALSE) : g_strdup("missing");
         g_autofree char *value = g_utf8_strlen(text, -1) > 40
                                      ? g_strdup_printf("%.*s...", (int)(g_utf8_offset_to_pointer(text, 37) - text), text)
@@ -206,7 +207,7 @@ static bool read_fsdp_config(Fsdp *f, int64_t *world_size)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: \"world_size\" must be a whole number of at least 1 (it is %s)",
                     path, value);
     }
-    if (json_object_has_member(config, "FSDP_version") && !json_int(config, "FSDP_version", &f->version))
+    if (ckptfs_json_member(config, "FSDP_version") != NULL && !json_int(config, "FSDP_version", &f->version))
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: \"FSDP_version\" is not a number", path);
     return true;
 }
@@ -879,9 +880,8 @@ static bool find_mesh(Fsdp *f, Rank *r0)
 
 static bool config_true(JsonObject *config, const char *key)
 {
-    JsonNode *n = config ? json_object_get_member(config, key) : NULL;
-    return n && JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_BOOLEAN &&
-           json_node_get_boolean(n);
+    bool value = false;
+    return ckptfs_json_member_bool(config, key, &value) == CKPTFS_JSON_FOUND && value;
 }
 
 /* The files hf/ passes through (config, tokenizer, generation_config) from huggingface/, and
@@ -1025,16 +1025,13 @@ static bool adapter_config(Fsdp *f)
         if (meta == NULL)
             return false;
         /* PEFT takes any number for alpha (16.0 from Python is common). */
-        JsonNode *a = json_object_get_member(meta, "lora_alpha");
-        bool numeric = a != NULL && JSON_NODE_HOLDS_VALUE(a) &&
-                       (json_node_get_value_type(a) == G_TYPE_INT64 || json_node_get_value_type(a) == G_TYPE_DOUBLE);
+        bool numeric = ckptfs_json_member_number(meta, "lora_alpha", &alpha) == CKPTFS_JSON_FOUND;
         if (!json_int(meta, "r", &r) || r < 1 || !numeric)
             return fail(f, CKPTFS_ERROR_FORMAT, "%s: no whole \"r\" of at least 1 and numeric \"lora_alpha\"",
                         meta_path);
-        alpha = json_node_get_value_type(a) == G_TYPE_INT64 ? (double)json_node_get_int(a) : json_node_get_double(a);
-        JsonNode *t = json_object_get_member(meta, "task_type");
-        if (t != NULL && JSON_NODE_HOLDS_VALUE(t) && json_node_get_value_type(t) == G_TYPE_STRING)
-            task = json_node_get_string(t);
+        const char *given_task = ckptfs_json_member_string(meta, "task_type");
+        if (given_task != NULL)
+            task = given_task;
     }
     g_autoptr(GPtrArray) modules = g_ptr_array_new_with_free_func(g_free);
     for (unsigned i = 0; i < ckptfs_catalog_count(source->adapter); i++) {

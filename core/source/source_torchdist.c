@@ -79,11 +79,9 @@ static bool check_metadata_json(Td *t)
         g_error_free(json_error);
         return false;
     }
-    /* Checked as a string: json-glib gives NULL (and logs) for a number or an object. */
-    JsonNode *node = json_object_get_member(o, "sharded_backend");
-    bool is_string = node && JSON_NODE_HOLDS_VALUE(node) && json_node_get_value_type(node) == G_TYPE_STRING;
-    g_autofree char *backend = g_strescape(is_string ? json_node_get_string(node) : "", NULL);
-    if (!is_string)
+    const char *given = ckptfs_json_member_string(o, "sharded_backend");
+    g_autofree char *backend = g_strescape(given ? given : "", NULL);
+    if (given == NULL)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: no \"sharded_backend\" string", path);
     if (strcmp(backend, "torch_dist") != 0)
         return fail(t, CKPTFS_ERROR_UNSUPPORTED,

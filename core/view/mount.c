@@ -224,6 +224,7 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
     } else if (ckptfs_model_from_config(source->config, ckptfs_source_model_catalog(source), model, &unused,
                                         &model_error)) {
         mount->model = model;
+        model->token_ids_known = !source->token_ids_unknown;
         if (options->mtp && !ckptfs_model_serve_mtp(model, ckptfs_source_model_catalog(source), error)) {
             g_prefix_error(error, "%s: option mtp=on: ", path);
             ckptfs_mount_free(mount);

@@ -228,8 +228,8 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     return sd;
 }
 
-/* What Megatron needs to build the same experts and route as Hugging Face does (softmax scores
- * in fp32, top-k renormalised unless moe_router_pre_softmax, no load-balancing loss). */
+/* What Megatron needs besides the model's fields to build the same experts and route as Hugging
+ * Face does (scores in fp32, no load-balancing loss), and which layers are MoE. */
 static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptions *options,
                          const CkptfsLayout *l)
 {
@@ -237,17 +237,7 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
         ckptfs_value_set(a, "num_experts", ckptfs_value_none());
         return;
     }
-    ckptfs_value_set(a, "moe_shared_expert_intermediate_size",
-                     m->shared_ffn ? ckptfs_value_int((int64_t)m->shared_ffn) : ckptfs_value_none());
-    ckptfs_value_set(a, "moe_shared_expert_gate", ckptfs_value_bool(m->shared_gate));
-    ckptfs_value_set(a, "moe_router_pre_softmax", ckptfs_value_bool(!m->sigmoid_scores && !m->renormalize));
-    ckptfs_value_set(a, "moe_router_score_function", ckptfs_value_str(m->sigmoid_scores ? "sigmoid" : "softmax"));
-    ckptfs_value_set(a, "moe_router_enable_expert_bias", ckptfs_value_bool(m->expert_bias));
-    ckptfs_value_set(a, "moe_router_num_groups", m->groups ? ckptfs_value_int((int64_t)m->groups) : ckptfs_value_none());
-    ckptfs_value_set(a, "moe_router_group_topk",
-                     m->groups ? ckptfs_value_int((int64_t)m->group_topk) : ckptfs_value_none());
-    ckptfs_value_set(a, "moe_router_topk_scaling_factor",
-                     m->topk_scaling > 0 ? ckptfs_value_float(m->topk_scaling) : ckptfs_value_none());
+    /* the experts' sizes and routing: the schema's (ckptfs_schema_write_args) */
     ckptfs_value_set(a, "moe_router_dtype", ckptfs_value_str("fp32"));
     ckptfs_value_set(a, "moe_router_load_balancing_type", ckptfs_value_str("none"));
     ckptfs_value_set(a, "moe_aux_loss_coeff", ckptfs_value_float(0.0));

@@ -76,5 +76,7 @@ CkptfsJsonMember ckptfs_json_member_bool(JsonObject *object, const char *path, b
 const char *ckptfs_json_member_string(JsonObject *object, const char *path);
 /* The object at PATH, or NULL when absent or not an object. */
 JsonObject *ckptfs_json_member_object(JsonObject *object, const char *path);
+/* Whether NODE (an element of an array) is an integer, then in *OUT. */
+bool ckptfs_json_node_int(JsonNode *node, gint64 *out);
 
 #endif

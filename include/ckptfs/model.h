@@ -58,6 +58,8 @@ typedef struct {
      * whose transformers class honours the field (GLM-4.5: 0.5); 0: it does not, only full
      * rotary is served */
     double partial_rotary;
+    /* transformers' max_position_embeddings where config.json leaves it out (0: the schema's) */
+    uint64_t max_positions;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
@@ -67,6 +69,25 @@ typedef enum {
     CKPTFS_ROPE_LLAMA3,
     CKPTFS_ROPE_YARN,
 } CkptfsRopeType;
+
+/* Most ids one token-id field of config.json may list (Llama 3.1's eos_token_id lists 3). */
+#define CKPTFS_MAX_TOKEN_IDS 16u
+
+/* How config.json gives a token id (bos_token_id, eos_token_id, pad_token_id): they are the
+ * tokenizer's, not the model's math, and are kept as given. Absent: transformers takes the
+ * architecture's default (Phi-3's pad_token_id is 32000). */
+typedef enum {
+    CKPTFS_TOKEN_ABSENT,
+    CKPTFS_TOKEN_NULL,
+    CKPTFS_TOKEN_ONE,
+    CKPTFS_TOKEN_LIST,
+} CkptfsTokenForm;
+
+typedef struct {
+    CkptfsTokenForm form;
+    uint8_t count; /* ids in IDS: 1 for ONE, 0 or more for LIST */
+    int64_t ids[CKPTFS_MAX_TOKEN_IDS];
+} CkptfsTokenIds;
 
 /* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
 #define CKPTFS_MAX_EXPERTS 4096u
@@ -116,6 +137,10 @@ typedef struct {
      * the Megatron views serve them (-o mtp=on) */
     uint64_t mtp_layers;
     bool mtp;
+    /* The tokenizer's ids as a config.json gave them (or the Megatron views' args carried them:
+     * TOKEN_IDS_KNOWN); unknown ones (a Megatron checkpoint's own args) are written null. */
+    bool token_ids_known;
+    CkptfsTokenIds bos_token, eos_token, pad_token;
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */

@@ -24,6 +24,8 @@ typedef enum {
     CKPTFS_FIELD_ROPE_TYPE,  /* the rope scaling's kind, a name (CkptfsRopeType) */
     CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only (no member) */
     CKPTFS_FIELD_WINDOW,     /* a sliding attention window: Megatron's views have none (no member) */
+    CKPTFS_FIELD_TOKEN_ID,   /* a tokenizer id as given: absent, null, one or a list (CkptfsTokenIds);
+                                its argument a dict of them under config.json's names */
 } CkptfsFieldType;
 
 /* Which models have a field. */
@@ -47,6 +49,10 @@ typedef enum {
     /* the architecture's partial_rotary_factor where it honours one (GLM-4.5: 0.5); FIXED at
      * the row's default for the others */
     CKPTFS_DERIVED_ROTARY_PERCENT,
+    CKPTFS_DERIVED_MAX_POSITIONS, /* the architecture's transformers default (Llama: 2048) */
+    CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
+    CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
+                                  expert bias (CkptfsMoeConfig.sigmoid_routing) */
 } CkptfsFieldDerived;
 
 /* The name of a field in config.json that depends on the architecture. */
@@ -55,6 +61,7 @@ typedef enum {
     CKPTFS_ARCH_KEY_EXPERTS,    /* CkptfsMoeConfig.experts_key */
     CKPTFS_ARCH_KEY_EXPERT_FFN, /* CkptfsMoeConfig.ffn_key */
     CKPTFS_ARCH_KEY_QK_NORM,    /* CkptfsArchitecture.qk_norm_key */
+    CKPTFS_ARCH_KEY_SHARED_FFN, /* CkptfsMoeConfig.shared_ffn_key (only that name) */
 } CkptfsFieldArchKey;
 
 enum {
@@ -69,6 +76,22 @@ enum {
                                              Qwen3's q/k norm): not written to config.json then */
     CKPTFS_FIELD_ARGS_OPTIONAL = 1u << 8, /* REQUIRED in config.json, but args may leave it out: 0
                                              then, for the caller (vocab_size: the padded one) */
+    /* Routing fields (CkptfsMoeConfig): */
+    CKPTFS_FIELD_DEEPSEEK_ONLY = 1u << 9, /* its config.json names are DeepSeek's routing
+                                             (deepseek_config): another MoE's config with one is
+                                             refused by name, its rules not being that routing */
+    CKPTFS_FIELD_DEEPSEEK_REQUIRED = 1u << 10, /* a DeepSeek config must give it: transformers'
+                                                  defaults differ between V2 and V3 */
+    CKPTFS_FIELD_SIGMOID_ONLY = 1u << 11, /* read from config.json only for sigmoid routing
+                                             (DeepSeek-V3's expert groups): V2's is ignored */
+    CKPTFS_FIELD_ARCH_FIXED = 1u << 12,   /* config.json may say only the architecture's value
+                                             (its derived default): another is refused */
+    CKPTFS_FIELD_TIMES_EXPERT_FFN = 1u << 13, /* a count of expert-sized MLPs, kept as their width
+                                                 (DeepSeek's n_shared_experts): not in args */
+    CKPTFS_FIELD_DEFAULT_AS_ZERO = 1u << 14,  /* transformers' default (1: no groups, no scaling)
+                                                 kept as 0; 0 written as that default, None in args */
+    CKPTFS_FIELD_ZERO_AS_DEFAULT = 1u << 15,  /* 0 written as transformers' default, None in args */
+    CKPTFS_FIELD_ARGS_CHOICE = 1u << 16,  /* a CHOICE flag that args take by name too (else a bool) */
 };
 
 typedef struct {
@@ -89,8 +112,12 @@ typedef struct {
     double hf_default, args_default;
     CkptfsFieldDerived derived; /* a default that follows from other fields */
     /* a number's limits, min < value <= max; integers are positive (UINT) or not negative
-     * (COUNT) here, their upper limits checked with the whole model (ckptfs_model_check_limits) */
+     * (COUNT) here, their upper limits checked with the whole model (ckptfs_model_check_limits)
+     * except a TIMES_EXPERT_FFN count's */
     double min, max;
+    /* a BOOL that config.json gives as a name: CHOICE[0] for false, CHOICE[1] for true
+     * (scoring_func softmax / sigmoid) */
+    const char *choice[2];
 } CkptfsModelField;
 
 /* The table, and its number of rows. */

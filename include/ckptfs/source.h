@@ -45,6 +45,8 @@ typedef struct CkptfsSource {
     unsigned converted;   /* tensors served in another element type than stored */
     bool config_changed;  /* config (torch_dtype) no longer says what the config.json file does */
     bool config_dtype_from_weights; /* config was made here: its torch_dtype is the served weights' */
+    bool token_ids_unknown; /* config was made here from args that name no tokenizer ids: its null
+                               ids say nothing is known, and the views carry none */
 } CkptfsSource;
 
 /* One checkpoint format: a row of the source registry (source.c), tried in order. */

@@ -53,6 +53,15 @@ for case in "llama tp2pp2 crc32=compute" "llama tp2pp2vpp2 " "qwen2 tp4pp1 " "qw
   done
 done
 
+# -o hf_arch naming an architecture without what the checkpoint has: refused by name, not
+# served by a model that would compute without it.
+for case in "qwen2 tp4pp1 llama add_qkv_bias" "qwen3 tp2pp2 mistral qk_layernorm" "qwen3 tp2pp2 phi3 qk_layernorm"; do
+  read -r a layout arch arg <<< "$case"
+  "$CKPTFS" inspect "$WORK/exp-$a-$layout" -o hf_arch=$arch > "$WORK/out" 2> "$WORK/err" && rc=0 || rc=1
+  [[ $rc -eq 1 ]] && grep -q "option hf_arch: $arch has no .*args.$arg is true" "$WORK/err"
+  ok $? "$a $layout with -o hf_arch=$arch: refused naming args.$arg ($(head -c 200 "$WORK/err"))"
+done
+
 # Phi-3 round trips: the rank files hold the Llama keys (linear_qkv, linear_fc1); hf/ of the
 # export must give back the fused self_attn.qkv_proj / mlp.gate_up_proj, bit-identical.
 a=phi3

@@ -11,8 +11,14 @@ sid root), and the checks of their round trip through ckptfs's Megatron views.
   tf5_roundtrip.py check ORIG RANK_FILE HF_DIR [ORIG RANK_FILE HF_DIR ...]
       for each triple: the args of RANK_FILE (a Megatron copy of ORIG) against what Megatron's own import sets
       from ORIG's config as transformers 5 reads it; then ORIG and HF_DIR loaded by
-      transformers 5 give the same logits (torch.equal). Prints "PASS what" or "FAIL what: why"
-      lines.
+      transformers 5 give the same logits (torch.equal), and the same token ids (bos, eos, pad).
+      Prints "PASS what" or "FAIL what: why" lines.
+  tf5_roundtrip.py strip MEGATRON_DIR OUT
+      a copy of a Megatron checkpoint (release/) whose args carry no token ids, as a checkpoint
+      Megatron saved itself has none.
+  tf5_roundtrip.py unknown_ids ORIG HF_DIR
+      HF_DIR (hf/ of such a copy) has bos/eos/pad_token_id null, transformers 5 loads it, and its
+      logits are ORIG's.
 """
 import argparse
 import json
@@ -171,6 +177,49 @@ def check(orig, rank_file, hf_dir):
     else:
         print(f"PASS {name}: logits of hf/ of the Megatron copy equal the original's "
               f"({want.dtype}, max |diff| {(got.float() - want.float()).abs().max().item():g})")
+    ids = {k: (getattr(orig_model.config, k, None), getattr(back.config, k, None)) for k in TOKEN_IDS}
+    differ = {k: v for k, v in ids.items() if v[0] != v[1]}
+    if differ:
+        print(f"FAIL {name}: token ids of hf/ of the Megatron copy (original, copy): {differ}")
+    else:
+        print(f"PASS {name}: token ids of hf/ of the Megatron copy are the original's: "
+              f"{ {k: v[0] for k, v in ids.items()} }")
+
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def strip(megatron_dir, out):
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    for rank in sorted(os.listdir(f"{megatron_dir}/release")):
+        state = torch.load(f"{megatron_dir}/release/{rank}/model_optim_rng.pt", map_location="cpu",
+                           weights_only=True)
+        if not hasattr(state["args"], "hf_token_ids"):
+            sys.exit(f"{megatron_dir}: args.hf_token_ids is missing from {rank}")
+        del state["args"].hf_token_ids
+        os.makedirs(f"{out}/release/{rank}")
+        torch.save(state, f"{out}/release/{rank}/model_optim_rng.pt")
+    with open(f"{out}/latest_checkpointed_iteration.txt", "w") as f:
+        f.write("release")
+
+
+def unknown_ids(orig, hf_dir):
+    name = os.path.basename(orig)
+    written = json.load(open(f"{hf_dir}/config.json"))
+    bad = {k: written.get(k, "absent") for k in TOKEN_IDS if written.get(k, "absent") is not None}
+    if bad:
+        print(f"FAIL {name}: hf/config.json of a copy without token ids in its args: not null: {bad}")
+        return
+    want = logits(orig)[0]
+    try:
+        got, back = logits(hf_dir)
+    except Exception as e:
+        print(f"FAIL {name}: transformers 5 cannot load hf/ of a copy without token ids in its args: "
+              f"{type(e).__name__}: {e}".splitlines()[0])
+        return
+    ok = torch.equal(got, want) and all(getattr(back.config, k, None) is None for k in TOKEN_IDS)
+    print(f"{'PASS' if ok else 'FAIL'} {name}: hf/ of a copy without token ids in its args: ids null, "
+          f"loaded by transformers 5, logits {'equal' if torch.equal(got, want) else 'differ'}")
 
 
 if __name__ == "__main__":
@@ -179,5 +228,9 @@ if __name__ == "__main__":
     elif len(sys.argv) > 2 and (len(sys.argv) - 2) % 3 == 0 and sys.argv[1] == "check":
         for i in range(2, len(sys.argv), 3):
             check(*sys.argv[i:i + 3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "strip":
+        strip(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "unknown_ids":
+        unknown_ids(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

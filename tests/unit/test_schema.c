@@ -21,6 +21,7 @@ static const char *const bases[] = {
     "\"intermediate_size\": 200, \"vocab_size\": 300, \"max_position_embeddings\": 9000, \"hidden_act\": \"silu\", "
     "\"tie_word_embeddings\": true, \"attention_bias\": true, \"mlp_bias\": false, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
     "\"partial_rotary_factor\": 1.0, \"sliding_window\": null, \"num_nextn_predict_layers\": 0, "
+    "\"bos_token_id\": 1, \"eos_token_id\": [2, 7], \"pad_token_id\": null, "
     "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
     "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
     /* Qwen3-MoE, v5 spellings */
@@ -30,7 +31,14 @@ static const char *const bases[] = {
     "\"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-06, \"dtype\": \"bfloat16\", "
     "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, "
     "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48, "
-    "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0}",
+    "\"norm_topk_prob\": true, \"num_nextn_predict_layers\": 0, \"bos_token_id\": 5}",
+    /* Qwen2-MoE, v4 spellings: a gated shared expert under the architecture's name */
+    "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 2, "
+    "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 100, \"max_position_embeddings\": 4096, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false, "
+    "\"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"num_experts\": 4, \"num_experts_per_tok\": 2, "
+    "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 48, \"norm_topk_prob\": false, "
+    "\"decoder_sparse_step\": 1, \"mlp_only_layers\": []}",
     /* DeepSeek-V3: multi-latent attention, yarn (Kimi-K2's betas: MLATransformerConfig fields) */
     "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 3, "
     "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128, "
@@ -40,7 +48,7 @@ static const char *const bases[] = {
     "\"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, "
     "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, "
     "\"n_group\": 4, \"topk_group\": 2, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
-    "\"num_nextn_predict_layers\": 1, "
+    "\"num_nextn_predict_layers\": 1, \"eos_token_id\": 1, \"pad_token_id\": 300, "
     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 0.5, \"mscale_all_dim\": 0.75, "
     "\"beta_fast\": 1, \"beta_slow\": 1, \"original_max_position_embeddings\": 4096}}",
     /* GLM-4.5: optional q/k norms (use_qk_norm) and biases, partial rotary, DeepSeek-V3's MoE */
@@ -82,6 +90,8 @@ static unsigned names_of(const CkptfsModelField *f, const CkptfsModel *m, const 
         out[n++] = moe->ffn_key;
     if (m->arch && m->arch->qk_norm_key && f->arch_key == CKPTFS_ARCH_KEY_QK_NORM)
         out[n++] = m->arch->qk_norm_key;
+    if (moe && f->arch_key == CKPTFS_ARCH_KEY_SHARED_FFN && moe->shared_ffn_key)
+        out[n++] = moe->shared_ffn_key;
     for (unsigned i = 0; i < G_N_ELEMENTS(f->hf) && f->hf[i]; i++)
         if (n == 0 || strcmp(out[0], f->hf[i]) != 0)
             out[n++] = f->hf[i];
@@ -224,6 +234,42 @@ static void round_trips(const CkptfsModel *base)
         ckptfs_pickle_free(pickle);
 }
 
+/* ARGS (a Namespace, freed) pickled, parsed and read into M. */
+static bool read_args_value(CkptfsValue *args, CkptfsModel *m, GError **error)
+{
+    CkptfsPickleStream *stream = ckptfs_pickle_stream_new(NULL);
+    ckptfs_pickle_stream_value(stream, args);
+    g_autoptr(GBytes) bytes = ckptfs_pickle_stream_finish(stream);
+    ckptfs_value_free(args);
+    gsize len = 0;
+    const uint8_t *data = g_bytes_get_data(bytes, &len);
+    CkptfsPickle *pickle = ckptfs_pickle_parse("args", data, len, error);
+    memset(m, 0, sizeof *m);
+    bool ok = pickle && ckptfs_schema_read_args(ckptfs_py_object_state(ckptfs_pickle_root(pickle)), "args", m, error);
+    if (pickle)
+        ckptfs_pickle_free(pickle);
+    return ok;
+}
+
+/* Megatron args of a small MoE whose router is SCORE with NUM_GROUPS groups (0: None). */
+static CkptfsValue *moe_args(const char *score, int64_t groups)
+{
+    CkptfsValue *a = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+    ckptfs_value_set(a, "num_layers", ckptfs_value_int(2));
+    ckptfs_value_set(a, "hidden_size", ckptfs_value_int(64));
+    ckptfs_value_set(a, "num_attention_heads", ckptfs_value_int(4));
+    ckptfs_value_set(a, "ffn_hidden_size", ckptfs_value_int(128));
+    ckptfs_value_set(a, "swiglu", ckptfs_value_bool(true));
+    ckptfs_value_set(a, "num_experts", ckptfs_value_int(8));
+    ckptfs_value_set(a, "moe_router_topk", ckptfs_value_int(2));
+    ckptfs_value_set(a, "moe_router_score_function", ckptfs_value_str(score));
+    ckptfs_value_set(a, "moe_router_num_groups", groups ? ckptfs_value_int(groups) : ckptfs_value_none());
+    ckptfs_value_set(a, "moe_router_group_topk", groups ? ckptfs_value_int(1) : ckptfs_value_none());
+    ckptfs_value_set(a, "moe_router_topk_scaling_factor", ckptfs_value_float(1.0));
+    ckptfs_value_set(a, "moe_router_pre_softmax", ckptfs_value_bool(true));
+    return a;
+}
+
 /* BASE with EDIT's members merged: "a.b" paths, JSON values (NULL: the member removed). */
 static JsonObject *edited(const char *base_json, const char *const *edit)
 {
@@ -269,7 +315,7 @@ int main(void)
         round_trips(&base);
     }
 
-    const char *llama = bases[0], *qwen3_moe = bases[1], *glm = bases[3];
+    const char *llama = bases[0], *qwen3_moe = bases[1], *deepseek = bases[3], *glm = bases[4];
 #define EDIT(...) ((const char *const[]){__VA_ARGS__, NULL})
     refused(qwen3_moe, EDIT("rope_parameters.rope_type", "\"longrope\""), "rope_parameters.rope_type 'longrope' has no Megatron equivalent",
             "an unknown rope type");
@@ -318,6 +364,27 @@ int main(void)
         g_clear_error(&error);
     }
     refused(llama, EDIT("rms_norm_eps", "\"small\""), "\"rms_norm_eps\" is not a number", "a number of the wrong type");
+    /* Qwen's sliding window applies with use_sliding_window; left out, it is transformers' 4096 */
+    refused(bases[2], EDIT("use_sliding_window", "true", "max_position_embeddings", "32768"), "transformers gives Qwen2MoeForCausalLM its default window "
+            "of 4096", "Qwen's window turned on without its size");
+    /* routing: DeepSeek's fields elsewhere, another scoring, a guessed default, limits */
+    refused(qwen3_moe, EDIT("routed_scaling_factor", "2.5"), "\"routed_scaling_factor\" is set: Qwen3MoeForCausalLM "
+            "routing with it is not supported", "DeepSeek's scaling in another MoE's config");
+    refused(qwen3_moe, EDIT("topk_method", "\"greedy\""), "\"topk_method\" is set", "DeepSeek's top-k method elsewhere");
+    refused(deepseek, EDIT("scoring_func", "\"softmax\""), "scoring_func \"softmax\" is not supported for "
+            "DeepseekV3ForCausalLM (sigmoid is)", "softmax scores for V3");
+    refused(deepseek, EDIT("topk_method", "\"group_limited_greedy\""), "topk_method \"group_limited_greedy\" is not "
+            "supported for DeepseekV3ForCausalLM (noaux_tc is)", "a top-k method Megatron lacks");
+    refused(deepseek, EDIT("routed_scaling_factor", NULL), "\"routed_scaling_factor\" is missing; "
+            "DeepseekV3ForCausalLM routing needs it given", "V3 without its scaling factor");
+    refused(deepseek, EDIT("n_shared_experts", "5000"), "n_shared_experts 5000 is over the limit of 4096",
+            "more shared experts than kept");
+    refused(deepseek, EDIT("n_group", "0"), "\"n_group\" is not a positive integer", "no expert groups as 0");
+    refused(llama, EDIT("eos_token_id", "\"</s>\""), "\"eos_token_id\" is not a token id", "a token id that is a name");
+    refused(llama, EDIT("eos_token_id", "[2, 1.5]"), "\"eos_token_id\" entry 1 is not a token id",
+            "a list of token ids with a number that is not one");
+    refused(llama, EDIT("bos_token_id", "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]"),
+            "lists 17 ids, more than 16", "more token ids than kept");
 
     /* Megatron's args without vocab_size (older runs): read, the vocabulary left to the caller
      * (the padded size); without swiglu: refused. */
@@ -345,6 +412,18 @@ int main(void)
         if (swiglu) /* untie_embeddings_and_output_weights is False in Megatron unless given */
             tap_ok(ok && m.tied_embeddings, "args without untie_embeddings_and_output_weights: tied embeddings, "
                    "as Megatron");
+        if (swiglu) { /* no token ids carried: config.json says null, not transformers' defaults */
+            m.vocab = 100;
+            g_autoptr(JsonObject) written = json_object_new();
+            ckptfs_schema_write_config(&m, written);
+            static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+            bool nulls = !m.token_ids_known;
+            for (size_t i = 0; i < G_N_ELEMENTS(ids); i++) {
+                JsonNode *n = ckptfs_json_member(written, ids[i]);
+                nulls = nulls && n && JSON_NODE_HOLDS_NULL(n);
+            }
+            tap_ok(nulls, "args without hf_token_ids: config.json written with bos/eos/pad_token_id null");
+        }
         else
             tap_ok(!ok && error && strstr(error->message, "args.swiglu"), "args without swiglu: refused (%s)",
                    error ? error->message : "accepted");
@@ -352,12 +431,56 @@ int main(void)
         ckptfs_pickle_free(pickle);
     }
 
-    /* What is left out is transformers' default for the architecture, not one guess for all. */
+    /* The experts' fields of the MoE bases as their JSON gives them, and the same through args
+     * written and read again (a row left out of the table would not be compared above). */
+    for (int b = 2; b <= 3; b++) {
+        g_autoptr(JsonObject) config = parse(bases[b]);
+        CkptfsModel m, back;
+        GError *error = NULL;
+        bool ok = read_model(config, &m, &error);
+        CkptfsValue *args = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+        ckptfs_schema_write_args(&m, args);
+        ok = ok && read_args_value(args, &back, &error);
+        const CkptfsModel *models[2] = {&m, &back};
+        for (int k = 0; k < 2; k++) {
+            const CkptfsModel *x = models[k];
+            bool want = b == 2 ? x->shared_ffn == 48 && x->shared_gate && !x->renormalize && !x->sigmoid_scores &&
+                                     !x->expert_bias && x->groups == 0 && x->topk_scaling == 0
+                               : x->shared_ffn == 32 && !x->shared_gate && x->renormalize && x->sigmoid_scores &&
+                                     x->expert_bias && x->groups == 4 && x->group_topk == 2 && x->topk_scaling == 2.5;
+            tap_ok(ok && want, "%s: shared expert, gate, renormalisation and routing %s (%s)",
+                   b == 2 ? "qwen2_moe" : "deepseek_v3", k ? "through args" : "as config.json gives them",
+                   error ? error->message : "");
+        }
+        g_clear_error(&error);
+    }
+
+    /* The router from args: Megatron's names and its "not set" (None, a scaling of 1). */
+    {
+        CkptfsModel m;
+        GError *error = NULL;
+        bool ok = read_args_value(moe_args("sigmoid", 4), &m, &error);
+        tap_ok(ok && m.sigmoid_scores && m.groups == 4 && m.group_topk == 1 && m.topk_scaling == 0 && !m.renormalize &&
+                   m.moe_ffn == 128 && m.shared_ffn == 0,
+               "MoE args: sigmoid scores, 4 groups, scaling 1 as none, pre-softmax as not renormalised (%s)",
+               error ? error->message : "");
+        g_clear_error(&error);
+        ok = read_args_value(moe_args("sparsemixer", 0), &m, &error);
+        tap_ok(!ok && error && strstr(error->message, "args.moe_router_score_function is 'sparsemixer'"),
+               "MoE args with a score function Megatron has and ckptfs has no rules for: refused (%s)",
+               error ? error->message : "accepted");
+        g_clear_error(&error);
+    }
+
+    /* What is left out is transformers' default for the architecture, not one guess for all
+     * (max_position_embeddings: transformers 5.12.1's LlamaConfig(), MixtralConfig(), Phi3Config()). */
     static const struct {
         const char *arch, *type;
         double rope_theta, eps;
-    } defaults[] = {{"LlamaForCausalLM", "llama", 10000, 1e-6}, {"MixtralForCausalLM", "mixtral", 1e6, 1e-5},
-                    {"Phi3ForCausalLM", "phi3", 10000, 1e-5}};
+        uint64_t max_positions;
+    } defaults[] = {{"LlamaForCausalLM", "llama", 10000, 1e-6, 2048},
+                    {"MixtralForCausalLM", "mixtral", 1e6, 1e-5, 131072},
+                    {"Phi3ForCausalLM", "phi3", 10000, 1e-5, 4096}};
     for (size_t i = 0; i < G_N_ELEMENTS(defaults); i++) {
         g_autofree char *json = g_strdup_printf(
             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
@@ -370,6 +493,9 @@ int main(void)
         tap_ok(ok && m.rope_theta == defaults[i].rope_theta && m.norm_eps == defaults[i].eps,
                "%s without rope_theta and rms_norm_eps: transformers' %g and %g (%s)", defaults[i].type,
                defaults[i].rope_theta, defaults[i].eps, error ? error->message : "");
+        tap_ok(ok && m.max_positions == defaults[i].max_positions,
+               "%s without max_position_embeddings: transformers' %" G_GUINT64_FORMAT " (got %" G_GUINT64_FORMAT ")",
+               defaults[i].type, defaults[i].max_positions, m.max_positions);
         g_clear_error(&error);
     }
 
