@@ -25,7 +25,7 @@ static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_interme
                                                 .deepseek_config = true, .sigmoid_routing = true};
 
 static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0,
-                                         .max_positions = 2048};
+                                         .max_positions = 2048, .attention_bias_on_output = true};
 static const CkptfsArchitecture mistral = {"MistralForCausalLM", "mistral", false, false, &ckptfs_family_llama, NULL, false, 0, 0,
                                            .sliding_window = 4096, .kv_heads = 8, .max_positions = 131072};
 static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, false, &ckptfs_family_llama, NULL, false, 0, 0,
@@ -33,7 +33,7 @@ static const CkptfsArchitecture qwen2 = {"Qwen2ForCausalLM", "qwen2", true, fals
                                          .max_positions = 32768};
 static const CkptfsArchitecture qwen3 = {"Qwen3ForCausalLM", "qwen3", false, true, &ckptfs_family_llama, NULL, false, 0, 0,
                                          .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32, .head_dim = 128,
-                                         .max_positions = 32768};
+                                         .max_positions = 32768, .attention_bias_on_output = true};
 static const CkptfsArchitecture phi3 = {"Phi3ForCausalLM", "phi3", false, false, &ckptfs_family_phi3, NULL, false,
                                         0, 1e-5, 0, false, 0, 0, .max_positions = 4096};
 static const CkptfsArchitecture mixtral = {"MixtralForCausalLM", "mixtral", false, false,
@@ -46,7 +46,7 @@ static const CkptfsArchitecture qwen2_moe = {"Qwen2MoeForCausalLM", "qwen2_moe",
 static const CkptfsArchitecture qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", false, true,
                                              &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 0, 0,
                                              .sliding_window = 4096, .window_opt_in = true, .kv_heads = 4,
-                                             .max_positions = 32768};
+                                             .max_positions = 32768, .attention_bias_on_output = true};
 static const CkptfsArchitecture deepseek_v3 = {"DeepseekV3ForCausalLM", "deepseek_v3", false, false,
                                                &ckptfs_family_deepseek, &deepseek_v3_moe, true, 0, 0, 0, false, 0, 0,
                                                .max_positions = 4096};
@@ -404,6 +404,10 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
         return false;
     if (model->mla && !check_mla(model, error))
         return false;
+    if (model->qkv_bias && model->arch && model->arch->attention_bias_on_output)
+        CONFIG_ERROR("attention_bias is true: %s puts a bias on o_proj too, which Megatron has only with "
+                     "add_bias_linear (on every linear layer): no Megatron equivalent",
+                     model->arch->hf_architecture);
     gint64 given = 0;
     if (!model->mla && model->hidden % model->heads != 0 &&
         ckptfs_json_member_int(config, "head_dim", &given) != CKPTFS_JSON_FOUND)

@@ -60,6 +60,9 @@ typedef struct {
     double partial_rotary;
     /* transformers' max_position_embeddings where config.json leaves it out (0: the schema's) */
     uint64_t max_positions;
+    /* config.json's attention_bias also puts a bias on o_proj (Llama, Qwen3): Megatron has that one
+     * only with add_bias_linear, on every linear layer, so such a model has no Megatron equivalent */
+    bool attention_bias_on_output;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

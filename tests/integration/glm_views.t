@@ -86,7 +86,7 @@ ok $? "transformers 5 ran the logit checks" || tail -n 20 "$WORK/check.err" | se
 while read -r state what; do
   [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
 done < "$WORK/checked"
-ok $(($(grep -c '^PASS' "$WORK/checked") == ${#triples[@]} / 3 * 2 ? 0 : 1)) "args and logits passed for each of the $((${#triples[@]} / 3)) copies"
+ok $(($(grep -c '^PASS' "$WORK/checked") == ${#triples[@]} / 3 * 3 ? 0 : 1)) "args, logits and token ids passed for each of the $((${#triples[@]} / 3)) copies"
 
 # inspect: the layer pattern, routing, partial rotary and the MTP layer.
 "$CKPTFS" inspect "$models/glm-mtp" > "$WORK/inspect" 2>&1
@@ -107,12 +107,13 @@ refused() {
 }
 refused glm-a no-norm "norm_topk_prob is false: Megatron always normalises the top-k of sigmoid scores"
 refused glm-a groups "num_experts_per_tok 3 is not 2 x topk_group 1"
-# A Megatron GLM checkpoint (rotary_percent 0.5) read as an architecture that rotates whole heads.
+# A Megatron GLM checkpoint read as an architecture that rotates whole heads: glm-b (rotary_percent
+# 0.25, no biases: glm-a's q/k/v biases would be refused first, Qwen3-MoE having none).
 mnt=$WORK/mnt-arch
-if mount_ckptfs "$models/glm-a" "$mnt" -o layouts=tp2pp1; then
+if mount_ckptfs "$models/glm-b" "$mnt" -o layouts=tp2pp1; then
   "$CKPTFS" inspect -o hf_arch=Qwen3MoeForCausalLM "$mnt/tp2pp1" > "$WORK/out" 2>&1 || true
-  check "partial rotary read as Qwen3-MoE: refused by name" grep -qF "rotary_percent 0.5: Qwen3MoeForCausalLM rotates the whole head" "$WORK/out"
+  check "partial rotary read as Qwen3-MoE: refused by name" grep -qF "rotary_percent 0.25: Qwen3MoeForCausalLM rotates the whole head" "$WORK/out"
 else
-  ok 1 "glm-a: mount for the hf_arch refusal"
+  ok 1 "glm-b: mount for the hf_arch refusal"
 fi
 done_testing

@@ -406,6 +406,12 @@ int main(void)
     tap_ok(!ok && strstr(why, "num_hidden_layers"), "missing num_hidden_layers is named (%s)", why);
     g_free(why);
 
+    /* Llama's attention_bias biases o_proj too, which Megatron's add_qkv_bias does not cover */
+    ok = run("{" LLAMA ", \"attention_bias\": true}", &llama, &m, &why);
+    tap_ok(!ok && strstr(why, "attention_bias") && strstr(why, "o_proj"),
+           "Llama's attention_bias (o_proj's bias too) is refused by name (%s)", why);
+    g_free(why);
+
     ok = run("{" LLAMA ", \"hidden_act\": \"gelu\"}", &llama, &m, &why);
     tap_ok(!ok && strstr(why, "gelu"), "non-SwiGLU activation is refused (%s)", why);
     g_free(why);
