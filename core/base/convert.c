@@ -193,3 +193,34 @@ void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, 
         out[i] = bf16_from_f32_bits(u, 0xFFFFu);
     }
 }
+
+void ckptfs_convert_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t groups, uint16_t *out)
+{
+    /* E2M1: sign, two exponent bits (bias 1), one mantissa bit; exponent 0 is subnormal */
+    static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    uint16_t values[16];
+    int cached = -1; /* neighbouring groups mostly share a scale: its 16 values are made once */
+    for (size_t g = 0; g < groups; g++) {
+        if (scales[g] != cached) {
+            cached = scales[g];
+            /* 2^(s - 127) as fp32 bits: the exponent field itself; 2^-127 the subnormal 0x400000,
+             * 2^128 (s = 255) infinity */
+            uint32_t scale_bits = cached == 0 ? 0x400000u : (uint32_t)cached << 23;
+            float scale;
+            memcpy(&scale, &scale_bits, 4);
+            for (unsigned c = 0; c < 16; c++) {
+                float p = e2m1[c] * scale;
+                uint32_t u;
+                memcpy(&u, &p, 4);
+                values[c] = bf16_from_f32_bits(u, 0xFFFFu);
+            }
+        }
+        const uint8_t *in = blocks + g * 16;
+        uint16_t *o = out + g * CKPTFS_MXFP4_GROUP;
+        for (unsigned i = 0; i < 16; i++) {
+            o[2 * i] = values[in[i] & 0xFu];
+            o[2 * i + 1] = values[in[i] >> 4];
+        }
+    }
+}

@@ -18,6 +18,7 @@ struct CkptfsPlan {
     CkptfsBlockScale *scales; /* of the block-scaled CONVERT extents */
     uint64_t *cols;           /* their items' first columns */
     CkptfsStridedItem *strided; /* all TRANSPOSE items, one allocation */
+    CkptfsMxfp4 *mxfp4;         /* of the MXFP4 extents */
     /* CRC-32 cache, one slot per CRC extent: the value, then a flag set once it is valid.
      * Two threads may compute the same slot at once; both store the same value. */
     uint32_t *crc_values;
@@ -46,6 +47,7 @@ struct CkptfsPlanBuilder {
     GArray *scales;    /* CkptfsBlockScale, col0 an index into cols until finished */
     GArray *cols;      /* uint64_t */
     GArray *strided;   /* CkptfsStridedItem */
+    GArray *mxfp4;     /* CkptfsMxfp4 */
     uint64_t size;
     uint32_t n_crcs;
 };
@@ -59,6 +61,7 @@ CkptfsPlanBuilder *ckptfs_plan_builder_new(void)
     b->scales = g_array_new(FALSE, FALSE, sizeof(CkptfsBlockScale));
     b->cols = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     b->strided = g_array_new(FALSE, FALSE, sizeof(CkptfsStridedItem));
+    b->mxfp4 = g_array_new(FALSE, FALSE, sizeof(CkptfsMxfp4));
     return b;
 }
 
@@ -72,6 +75,7 @@ void ckptfs_plan_builder_free(CkptfsPlanBuilder *b)
     g_array_unref(b->scales);
     g_array_unref(b->cols);
     g_array_unref(b->strided);
+    g_array_unref(b->mxfp4);
     g_free(b);
 }
 
@@ -299,6 +303,17 @@ void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsCon
     push_extent(b, e);
 }
 
+void ckptfs_plan_add_mxfp4(CkptfsPlanBuilder *b, const CkptfsMxfp4 *where, uint64_t nrep, uint64_t width)
+{
+    g_assert(where->cols % CKPTFS_MXFP4_GROUP == 0 && where->row_step > 0);
+    if (nrep == 0 || width == 0)
+        return;
+    BuildExtent e = {.kind = CKPTFS_EXTENT_MXFP4, .size = nrep * width * 2, .nrep = nrep, .rep_size = width,
+                     .first = b->mxfp4->len};
+    g_array_append_val(b->mxfp4, *where);
+    push_extent(b, e);
+}
+
 CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
 {
     CkptfsPlan *plan = g_new0(CkptfsPlan, 1);
@@ -313,6 +328,7 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
     for (guint i = 0; i < b->scales->len; i++)
         plan->scales[i].col0 = plan->cols + (uintptr_t)plan->scales[i].col0;
     plan->strided = g_memdup2(b->strided->data, (b->strided->len ? b->strided->len : 1) * sizeof(CkptfsStridedItem));
+    plan->mxfp4 = g_memdup2(b->mxfp4->data, (b->mxfp4->len ? b->mxfp4->len : 1) * sizeof(CkptfsMxfp4));
     plan->crc_values = g_new0(uint32_t, b->n_crcs ? b->n_crcs : 1);
     plan->crc_ready = g_new0(gint, b->n_crcs ? b->n_crcs : 1);
     for (size_t i = 0; i < plan->n_extents; i++) {
@@ -337,6 +353,10 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
             e->u.strided.items = plan->strided + be->first;
             e->u.strided.convert = be->convert;
             e->u.strided.elsize = be->elsize;
+        } else if (be->kind == CKPTFS_EXTENT_MXFP4) {
+            e->u.mxfp4.nrep = be->nrep;
+            e->u.mxfp4.width = be->rep_size;
+            e->u.mxfp4.where = plan->mxfp4 + be->first;
         } else if (be->kind == CKPTFS_EXTENT_CRC32) {
             e->u.crc.offset = be->crc_offset;
             e->u.crc.len = be->crc_len;
@@ -357,6 +377,7 @@ void ckptfs_plan_free(CkptfsPlan *plan)
     g_free(plan->scales);
     g_free(plan->cols);
     g_free(plan->strided);
+    g_free(plan->mxfp4);
     g_free(plan->crc_values);
     g_free(plan->crc_ready);
     g_free(plan);
@@ -890,6 +911,84 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, C
     return true;
 }
 
+/* Elements an MXFP4 read decodes at a time, at least (a stored row, or a group of columns). */
+#define MXFP4_PASS 65536u
+
+/* Groups [G0, G0 + NG) of NROWS stored rows of M, ROW0 + k * STEP: row k's codes to CODES + k * NG
+ * * 16, its scales to SCALES + k * NG, in merged reads as a gather's. */
+static bool mxfp4_fetch(const CkptfsMxfp4 *m, const CkptfsSrcFiles *files, CkptfsSrcReader *reader, uint64_t row0,
+                        uint64_t step, uint64_t nrows, uint64_t g0, uint64_t ng, uint8_t *codes, uint8_t *scales,
+                        GError **error)
+{
+    uint64_t groups = m->cols / CKPTFS_MXFP4_GROUP;
+    PendingRead pending = {.files = files, .reader = reader};
+    bool ok = true;
+    for (uint64_t k = 0; k < nrows && ok; k++)
+        ok = pending_add(&pending, m->blocks_src, m->blocks_base + ((row0 + k * step) * groups + g0) * 16,
+                         codes + k * ng * 16, (size_t)(ng * 16), error);
+    ok = ok && pending_flush(&pending, error);
+    for (uint64_t k = 0; k < nrows && ok; k++)
+        ok = pending_add(&pending, m->scales_src, m->scales_base + (row0 + k * step) * groups + g0, scales + k * ng,
+                         (size_t)ng, error);
+    ok = ok && pending_flush(&pending, error);
+    g_free(pending.skip);
+    return ok;
+}
+
+/* Output bytes [in_off, in_off + n) of an MXFP4 extent: the whole rows they touch decoded, a
+ * pass at a time (stored rows: as many as MXFP4_PASS elements; stored columns: a stripe of
+ * groups over every stored row, transposed in registers as a TRANSPOSE read's), the requested
+ * bytes copied out. */
+static bool mxfp4_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader, uint64_t in_off,
+                       uint8_t *dst, size_t n, GError **error)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, out_end = in_off + n;
+    uint64_t j_first = in_off / 2 / width, j_end = ((out_end + 1) / 2 - 1) / width + 1;
+    if (!m->transposed) {
+        uint64_t g0 = m->col0 / CKPTFS_MXFP4_GROUP, ng = (m->col0 + width + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP - g0;
+        uint64_t pass = MAX((uint64_t)1, MXFP4_PASS / (ng * CKPTFS_MXFP4_GROUP));
+        pass = MIN(pass, j_end - j_first);
+        g_autofree uint8_t *codes = g_malloc(pass * ng * 16), *scales = g_malloc(pass * ng);
+        g_autofree uint16_t *decoded = g_new(uint16_t, pass * ng * CKPTFS_MXFP4_GROUP);
+        for (uint64_t ja = j_first; ja < j_end; ja += pass) {
+            uint64_t nr = MIN(pass, j_end - ja);
+            if (!mxfp4_fetch(m, files, reader, m->row0 + ja * m->row_step, m->row_step, nr, g0, ng, codes, scales,
+                             error))
+                return false;
+            ckptfs_convert_mxfp4(codes, scales, (size_t)(nr * ng), decoded);
+            for (uint64_t r = 0; r < nr; r++)
+                put_elements(CKPTFS_CONVERT_NONE, 2,
+                             (const uint8_t *)(decoded + r * ng * CKPTFS_MXFP4_GROUP + (m->col0 - g0 * CKPTFS_MXFP4_GROUP)),
+                             (ja + r) * width, width, in_off, out_end, dst);
+        }
+        return true;
+    }
+    /* Transposed: output row j is stored column COL0 + j of WIDTH stored rows. */
+    uint64_t stripe = MAX((uint64_t)1, MXFP4_PASS / (CKPTFS_MXFP4_GROUP * width)); /* groups per pass */
+    uint64_t g_last = (m->col0 + j_end - 1) / CKPTFS_MXFP4_GROUP;
+    stripe = MIN(stripe, g_last - (m->col0 + j_first) / CKPTFS_MXFP4_GROUP + 1);
+    uint64_t span = stripe * CKPTFS_MXFP4_GROUP; /* columns a pass decodes, at most */
+    g_autofree uint8_t *codes = g_malloc(width * stripe * 16), *scales = g_malloc(width * stripe);
+    g_autofree uint16_t *decoded = g_new(uint16_t, width * span), *rows = g_new(uint16_t, width * span);
+    for (uint64_t ja = j_first; ja < j_end;) {
+        uint64_t ga = (m->col0 + ja) / CKPTFS_MXFP4_GROUP, gb = MIN(ga + stripe, g_last + 1), ng = gb - ga;
+        uint64_t jb = MIN(j_end, gb * CKPTFS_MXFP4_GROUP - m->col0);
+        if (!mxfp4_fetch(m, files, reader, m->row0, m->row_step, width, ga, ng, codes, scales, error))
+            return false;
+        ckptfs_convert_mxfp4(codes, scales, (size_t)(width * ng), decoded);
+        /* element (j, k): stored row k's column COL0 + j, ng groups a row */
+        transpose_columns((uint8_t *)rows, width * 2,
+                          (const uint8_t *)(decoded + (m->col0 + ja - ga * CKPTFS_MXFP4_GROUP)),
+                          ng * CKPTFS_MXFP4_GROUP * 2, 2, jb - ja, width, 2);
+        for (uint64_t r = 0; r < jb - ja; r++)
+            put_elements(CKPTFS_CONVERT_NONE, 2, (const uint8_t *)(rows + r * width), (ja + r) * width, width, in_off,
+                         out_end, dst);
+        ja = jb;
+    }
+    return true;
+}
+
 #define CRC_CHUNK (1u << 20)
 
 static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const CkptfsExtent *e,
@@ -1044,6 +1143,12 @@ static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, Ck
                 goto out;
             }
             break;
+        case CKPTFS_EXTENT_MXFP4:
+            if (!mxfp4_read(e, files, reader, in_off, dst, n, error)) {
+                result = -1;
+                goto out;
+            }
+            break;
         case CKPTFS_EXTENT_CRC32: {
             uint32_t crc;
             if (!crc_value(plan, files, e, &crc, error)) {
@@ -1157,6 +1262,24 @@ static void prefetch_strided(Advice *a, const CkptfsExtent *e, uint64_t lo, uint
     }
 }
 
+/* The stored rows an MXFP4 read of bytes [LO, HI) of extent E decodes (mxfp4_read): their groups
+ * of its columns, codes and scales. */
+static void prefetch_mxfp4(Advice *a, const CkptfsExtent *e, uint64_t lo, uint64_t hi)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, groups = m->cols / CKPTFS_MXFP4_GROUP;
+    uint64_t j0 = lo / 2 / width, j1 = ((hi + 1) / 2 - 1) / width + 1;
+    /* stored rows [k0, k1) and columns [c0, c1) */
+    uint64_t k0 = m->transposed ? 0 : j0, k1 = m->transposed ? width : j1;
+    uint64_t c0 = m->col0 + (m->transposed ? j0 : 0), c1 = m->col0 + (m->transposed ? j1 : width);
+    uint64_t g0 = c0 / CKPTFS_MXFP4_GROUP, g1 = (c1 + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP;
+    for (uint64_t k = k0; k < k1 && a->calls < PREFETCH_MAX_CALLS; k++) {
+        uint64_t row = m->row0 + k * m->row_step;
+        advice_add(a, m->blocks_src, m->blocks_base + (row * groups + g0) * 16, (g1 - g0) * 16);
+        advice_add(a, m->scales_src, m->scales_base + row * groups + g0, g1 - g0);
+    }
+}
+
 void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint64_t offset, uint64_t len)
 {
     if (offset >= plan->size || len == 0)
@@ -1165,6 +1288,10 @@ void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, u
     Advice a = {.files = files};
     for (size_t i = find_extent(plan, offset); i < plan->n_extents && plan->extents[i].offset < offset + len; i++) {
         const CkptfsExtent *e = &plan->extents[i];
+        if (e->kind == CKPTFS_EXTENT_MXFP4) {
+            prefetch_mxfp4(&a, e, MAX(offset, e->offset) - e->offset, MIN(offset + len, e->offset + e->size) - e->offset);
+            continue;
+        }
         if (e->kind == CKPTFS_EXTENT_TRANSPOSE) {
             prefetch_strided(&a, e, MAX(offset, e->offset) - e->offset, MIN(offset + len, e->offset + e->size) - e->offset);
             continue;
@@ -1207,6 +1334,10 @@ void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
         if (e->kind == CKPTFS_EXTENT_TRANSPOSE)
             for (uint32_t k = 0; k < e->u.strided.nitems; k++)
                 add_source_once(out_indexes, e->u.strided.items[k].src);
+        if (e->kind == CKPTFS_EXTENT_MXFP4) {
+            add_source_once(out_indexes, e->u.mxfp4.where->blocks_src);
+            add_source_once(out_indexes, e->u.mxfp4.where->scales_src);
+        }
         if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
         if (e->kind == CKPTFS_EXTENT_CONVERT && e->u.gather.scale != NULL)
