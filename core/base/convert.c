@@ -204,13 +204,13 @@ void ckptfs_convert_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t g
     for (size_t g = 0; g < groups; g++) {
         if (scales[g] != cached) {
             cached = scales[g];
-            /* 2^(s - 127) as fp32 bits: the exponent field itself; 2^-127 the subnormal 0x400000,
-             * 2^128 (s = 255) infinity */
-            uint32_t scale_bits = cached == 0 ? 0x400000u : (uint32_t)cached << 23;
-            float scale;
-            memcpy(&scale, &scale_bits, 4);
+            /* 2^(s - 127) as a double (exact, 2^128 included): the products are exact, and
+             * their cast to fp32 too but for those of 2^128 or more, infinity */
+            uint64_t scale_bits = (uint64_t)(cached - 127 + 1023) << 52;
+            double scale;
+            memcpy(&scale, &scale_bits, 8);
             for (unsigned c = 0; c < 16; c++) {
-                float p = e2m1[c] * scale;
+                float p = (float)(e2m1[c] * scale);
                 uint32_t u;
                 memcpy(&u, &p, 4);
                 values[c] = bf16_from_f32_bits(u, 0xFFFFu);
