@@ -114,8 +114,8 @@ static void source_clear(MxSource *m)
 
 /* Reads PLAN whole, at odd offsets in odd lengths and byte by byte near an end; whether every
  * read equals WANT (SIZE bytes). */
-static bool reads_equal(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const uint8_t *want, size_t size,
-                        GRand *rng)
+static bool reads_equal_n(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const uint8_t *want, size_t size,
+                          GRand *rng, int nreads)
 {
     g_autofree uint8_t *got = g_malloc0(size + 1);
     GError *error = NULL;
@@ -125,7 +125,7 @@ static bool reads_equal(const CkptfsPlan *plan, const CkptfsSrcFiles *files, con
         g_clear_error(&error);
         return false;
     }
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < nreads; i++) {
         size_t off = (size_t)g_rand_int_range(rng, 0, (gint32)size), len = (size_t)g_rand_int_range(rng, 1, 700);
         len = MIN(len, size - off);
         memset(got, 0xA5, len);
@@ -140,6 +140,44 @@ static bool reads_equal(const CkptfsPlan *plan, const CkptfsSrcFiles *files, con
             return false;
         }
     return true;
+}
+
+static bool reads_equal(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const uint8_t *want, size_t size,
+                        GRand *rng)
+{
+    return reads_equal_n(plan, files, want, size, rng, 200);
+}
+
+/* A transposed extent of so many stored rows that a band holds one group of columns (16 MiB
+ * of output): reads cross bands, come back to earlier ones, start inside a group. */
+static void test_bands(GRand *rng)
+{
+    MxSource m = {0};
+    m.dir = g_dir_make_tmp("ckptfs-mxfp4-XXXXXX", NULL);
+    m.path = g_strdup_printf("%s/experts", m.dir);
+    uint64_t rows = 140000, cols = 96;
+    m.scales_at = rows * cols / 2;
+    size_t size = (size_t)(m.scales_at + rows * cols / 32);
+    m.data = g_malloc(size);
+    for (size_t i = 0; i < size; i++)
+        m.data[i] = i < m.scales_at ? (uint8_t)g_rand_int(rng) : (uint8_t)g_rand_int_range(rng, 100, 150);
+    g_file_set_contents(m.path, (const char *)m.data, (gssize)size, NULL);
+    m.files = ckptfs_srcfiles_new(0);
+    g_assert(ckptfs_srcfiles_add(m.files, m.path, NULL) == 0);
+    CkptfsMxfp4 where = {.scales_base = m.scales_at, .cols = cols, .row0 = 0, .row_step = 1, .col0 = 7,
+                         .transposed = true};
+    uint64_t nrep = cols - 7;
+    g_autofree uint16_t *want = g_new(uint16_t, nrep * rows);
+    for (uint64_t j = 0; j < nrep; j++)
+        for (uint64_t k = 0; k < rows; k++)
+            want[j * rows + k] = reference_element(m.data, m.data + m.scales_at, cols, k, 7 + j);
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_mxfp4(b, &where, nrep, rows);
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    tap_ok(reads_equal_n(plan, m.files, (const uint8_t *)want, nrep * rows * 2, rng, 40),
+           "stored columns in bands of one group (140000 stored rows): every read as the reference");
+    ckptfs_plan_free(plan);
+    source_clear(&m);
 }
 
 static void test_extents(MxSource *m, GRand *rng)
@@ -264,6 +302,7 @@ int main(void)
     test_extents(&m, rng);
     test_catalog(&m, rng);
     source_clear(&m);
+    test_bands(rng);
     g_rand_free(rng);
     return tap_done();
 }
