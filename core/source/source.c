@@ -220,7 +220,8 @@ static bool mxfp4_config(const CkptfsSource *source)
 /* Every MXFP4 pair X_blocks, X_scales of CATALOG becomes X, bf16 dequantised on read, as
  * transformers dequantises it; the pairs leave the catalog. A blocks tensor without its scales,
  * or scales without their blocks, is refused by name. */
-static bool dequantize_mxfp4_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, GError **error)
+static bool dequantize_mxfp4_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, unsigned *pairs_found,
+                                     GError **error)
 {
     g_autoptr(GHashTable) pairs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     unsigned count = ckptfs_catalog_count(catalog);
@@ -243,6 +244,7 @@ static bool dequantize_mxfp4_catalog(const CkptfsSource *source, CkptfsCatalog *
         g_hash_table_add(pairs, g_strdup(name));
         g_hash_table_add(pairs, g_steal_pointer(&other));
     }
+    *pairs_found = g_hash_table_size(pairs) / 2;
     ckptfs_catalog_remove(catalog, pairs);
     return true;
 }
@@ -255,16 +257,21 @@ static bool dequantize_mxfp4(CkptfsSource *source, const CkptfsOptions *options,
 {
     if (!mxfp4_config(source))
         return true;
+    unsigned pairs = 0;
     if (options->dtype != CKPTFS_SERVE_BF16) { /* a problem here costs the Megatron views, not the pass-through */
         GError *why = NULL;
         source->model_catalog = ckptfs_catalog_copy(source->catalog);
-        if (!dequantize_mxfp4_catalog(source, source->model_catalog, &why)) {
+        if (!dequantize_mxfp4_catalog(source, source->model_catalog, &pairs, &why)) {
             source->model_problem = g_strdup(why->message);
             g_error_free(why);
+            return true;
         }
+        g_autofree char *found = source->found;
+        source->found = g_strdup_printf("%s%sMXFP4 experts in %u tensors: hf/ serves their blocks and scales, "
+                                        "-o dtype=bf16 them dequantised", found ? found : "", found ? "; " : "", pairs);
         return true;
     }
-    if (!dequantize_mxfp4_catalog(source, source->catalog, error))
+    if (!dequantize_mxfp4_catalog(source, source->catalog, &pairs, error))
         return false;
     json_object_remove_member(source->config, "quantization_config");
     source->config_changed = true;

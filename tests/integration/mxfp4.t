@@ -23,6 +23,8 @@ check "the MXFP4 copy holds gate_up_proj_blocks [E, 2F, H/32, 16] and its scales
 pass=$WORK/mnt-pass
 check "the MXFP4 copy mounts as it is without -o dtype" mount_ckptfs "$m/mxfp4" "$pass"
 check "  hf/ passes every file through byte-identical" diff -r "$m/mxfp4" "$pass/hf"
+check "  inspect says the experts are MXFP4 in 4 tensors, dequantised with -o dtype=bf16" \
+  bash -c "'$CKPTFS' inspect '$m/mxfp4' | grep -q '^found: .*MXFP4 experts in 4 tensors: hf/ serves their blocks and scales, -o dtype=bf16 them dequantised'"
 
 bf16=$WORK/mnt-bf16
 check "-o dtype=bf16 mounts it dequantised" mount_ckptfs "$m/mxfp4" "$bf16" -o dtype=bf16
