@@ -12,13 +12,23 @@
 /* The last band of stored columns of a transposed MXFP4 extent decoded, as rows: the reads after
  * it (a reader going through the file) find them ready. A band fetches every stored row of its
  * expert once for many output rows; without it each read fetched them all again for its own few
- * (0.07 GB/s for GPT-OSS-120B's [2880, 5760]). Kept with the plan (16 MiB at most): freeing it at
- * an extent's end made each band's buffers fresh pages again (0.25-0.35 GB/s against 0.98-1.65). */
+ * (0.07 GB/s for GPT-OSS-120B's [2880, 5760]). Kept with the plan, and the one before it for its
+ * buffer (16 MiB at most): fresh pages for every band cost a third of the time. */
 typedef struct {
     GMutex lock;
     const CkptfsExtent *extent;
     uint64_t ja, jb;  /* its output rows */
     uint16_t *rows;   /* (jb - ja) x the extent's width */
+    uint16_t *spare;  /* the band before, its buffer reused by the next (fresh pages cost a third of
+                         the decoding time) */
+    size_t spare_len; /* elements */
+    size_t rows_len;
+    /* the band a read is decoding, which the reads that need it wait for rather than decode it
+     * too (a reader's read-ahead comes as several reads at once: each decoded the same band,
+     * 0.08 GB/s for `cat`); NULL: none */
+    const CkptfsExtent *coming;
+    uint64_t coming_ja, coming_jb;
+    GCond done; /* it is in */
 } Mxfp4Band;
 
 struct CkptfsPlan {
@@ -373,6 +383,7 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
             if (e->u.mxfp4.where->transposed && plan->band == NULL) {
                 plan->band = g_new0(Mxfp4Band, 1);
                 g_mutex_init(&plan->band->lock);
+                g_cond_init(&plan->band->done);
             }
         } else if (be->kind == CKPTFS_EXTENT_CRC32) {
             e->u.crc.offset = be->crc_offset;
@@ -397,7 +408,9 @@ void ckptfs_plan_free(CkptfsPlan *plan)
     g_free(plan->mxfp4);
     if (plan->band != NULL) {
         g_mutex_clear(&plan->band->lock);
+        g_cond_clear(&plan->band->done);
         g_free(plan->band->rows);
+        g_free(plan->band->spare);
         g_free(plan->band);
     }
     g_free(plan->crc_values);
@@ -959,40 +972,48 @@ static bool mxfp4_fetch(const CkptfsMxfp4 *m, const CkptfsSrcFiles *files, Ckptf
     return ok;
 }
 
-/* Output bytes of a band decoded at a time, at most: a band of GPT-OSS-120B's gate_up_proj is 45
- * of its 90 groups of columns (each of its 5760 stored rows fetched as one run of 720 bytes, the
+/* Output bytes of a band decoded at a time, at most: a band of GPT-OSS-120B's gate_up_proj is 22
+ * of its 90 groups of columns, each of its 5760 stored rows fetched as one run of 352 bytes (the
  * rest of the row read in the same preadv as a gap): each band copies its expert's whole blocks.
- * bench/mxfp4_bench on a loaded 2-vCPU machine: bands of 4 MiB 0.85-1.04 GB/s of output, 8 MiB
- * 0.36-0.67, 16 MiB 1.10-1.86. */
-#define MXFP4_BAND (16u << 20)
+ * With the buffers reused, bands of 8 and 16 MiB ran alike (bench/mxfp4_bench). */
+#define MXFP4_BAND (8u << 20)
 
-/* Decodes the band of transposed MXFP4 extent E from its output row J: groups of stored columns
- * over every stored row, transposed in registers as a TRANSPOSE read's; then BAND's. */
-static bool mxfp4_band(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader, Mxfp4Band *band,
-                       uint64_t j, GError **error)
+/* The band of transposed MXFP4 extent E holding its output row J: groups [GA, GA + NG) of stored
+ * columns, output rows [JA, JB). */
+static void band_range(const CkptfsExtent *e, uint64_t j, uint64_t *ga, uint64_t *ng, uint64_t *ja, uint64_t *jb)
 {
     const CkptfsMxfp4 *m = e->u.mxfp4.where;
     uint64_t width = e->u.mxfp4.width, nrep = e->u.mxfp4.nrep;
     uint64_t groups = MAX((uint64_t)1, MXFP4_BAND / (width * CKPTFS_MXFP4_GROUP * 2));
-    uint64_t ga = (m->col0 + j) / CKPTFS_MXFP4_GROUP, g_last = (m->col0 + nrep - 1) / CKPTFS_MXFP4_GROUP;
-    uint64_t ng = MIN(groups, g_last + 1 - ga);
-    uint64_t ja = MAX(ga * CKPTFS_MXFP4_GROUP, m->col0) - m->col0, jb = MIN(nrep, (ga + ng) * CKPTFS_MXFP4_GROUP - m->col0);
-    g_autofree uint8_t *codes = g_malloc(width * ng * 16), *scales = g_malloc(width * ng);
-    g_autofree uint16_t *decoded = g_new(uint16_t, width * ng * CKPTFS_MXFP4_GROUP);
-    uint16_t *rows = g_new(uint16_t, (jb - ja) * width);
-    if (!mxfp4_fetch(m, files, reader, m->row0, m->row_step, width, ga, ng, codes, scales, error)) {
-        g_free(rows);
-        return false;
+    uint64_t g_last = (m->col0 + nrep - 1) / CKPTFS_MXFP4_GROUP;
+    *ga = (m->col0 + j) / CKPTFS_MXFP4_GROUP;
+    *ng = MIN(groups, g_last + 1 - *ga);
+    *ja = MAX(*ga * CKPTFS_MXFP4_GROUP, m->col0) - m->col0;
+    *jb = MIN(nrep, (*ga + *ng) * CKPTFS_MXFP4_GROUP - m->col0);
+}
+
+/* Decodes into ROWS the band of transposed MXFP4 extent E (band_range): groups of stored columns
+ * over every stored row, a block of stored rows at a time (its scratch below malloc's threshold
+ * for fresh pages), transposed in registers as a TRANSPOSE read's. */
+static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                              uint64_t ga, uint64_t ng, uint64_t ja, uint64_t jb, uint16_t *rows, GError **error)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, span = ng * CKPTFS_MXFP4_GROUP;
+    uint64_t block = MAX((uint64_t)8, MXFP4_PASS / span); /* stored rows */
+    block = MIN(block, width);
+    g_autofree uint8_t *codes = g_malloc(block * ng * 16), *scales = g_malloc(block * ng);
+    g_autofree uint16_t *decoded = g_new(uint16_t, block * span);
+    for (uint64_t k0 = 0; k0 < width; k0 += block) {
+        uint64_t nk = MIN(block, width - k0);
+        if (!mxfp4_fetch(m, files, reader, m->row0 + k0 * m->row_step, m->row_step, nk, ga, ng, codes, scales, error))
+            return false;
+        ckptfs_convert_mxfp4(codes, scales, (size_t)(nk * ng), decoded);
+        /* element (j, k): stored row k's column COL0 + j, SPAN columns a row */
+        transpose_columns((uint8_t *)(rows + k0), width * 2,
+                          (const uint8_t *)(decoded + (m->col0 + ja - ga * CKPTFS_MXFP4_GROUP)), span * 2, 2, jb - ja,
+                          nk, 2);
     }
-    ckptfs_convert_mxfp4(codes, scales, (size_t)(width * ng), decoded);
-    /* element (j, k): stored row k's column COL0 + j, ng groups a row */
-    transpose_columns((uint8_t *)rows, width * 2,
-                      (const uint8_t *)(decoded + (m->col0 + ja - ga * CKPTFS_MXFP4_GROUP)),
-                      ng * CKPTFS_MXFP4_GROUP * 2, 2, jb - ja, width, 2);
-    g_mutex_lock(&band->lock);
-    g_free(band->rows);
-    band->extent = e, band->ja = ja, band->jb = jb, band->rows = rows;
-    g_mutex_unlock(&band->lock);
     return true;
 }
 
@@ -1006,7 +1027,9 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFi
     uint64_t width = e->u.mxfp4.width, out_end = in_off + n;
     uint64_t j_first = in_off / 2 / width, j_end = ((out_end + 1) / 2 - 1) / width + 1;
     if (!m->transposed) {
-        uint64_t g0 = m->col0 / CKPTFS_MXFP4_GROUP, ng = (m->col0 + width + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP - g0;
+        uint64_t g0 = m->col0 / CKPTFS_MXFP4_GROUP;
+        uint64_t ng = (m->col0 + width + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP - g0;
+        uint64_t skip = m->col0 - g0 * CKPTFS_MXFP4_GROUP; /* the columns of its first group before COL0 */
         uint64_t pass = MAX((uint64_t)1, MXFP4_PASS / (ng * CKPTFS_MXFP4_GROUP));
         pass = MIN(pass, j_end - j_first);
         g_autofree uint8_t *codes = g_malloc(pass * ng * 16), *scales = g_malloc(pass * ng);
@@ -1019,28 +1042,54 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFi
             ckptfs_convert_mxfp4(codes, scales, (size_t)(nr * ng), decoded);
             for (uint64_t r = 0; r < nr; r++)
                 put_elements(CKPTFS_CONVERT_NONE, 2,
-                             (const uint8_t *)(decoded + r * ng * CKPTFS_MXFP4_GROUP + (m->col0 - g0 * CKPTFS_MXFP4_GROUP)),
+                             (const uint8_t *)(decoded + r * ng * CKPTFS_MXFP4_GROUP + skip),
                              (ja + r) * width, width, in_off, out_end, dst);
         }
         return true;
     }
     /* Transposed: output row j is stored column COL0 + j of WIDTH stored rows, decoded a band at
-     * a time. */
+     * a time, the plan's last band kept. */
+    g_mutex_lock(&band->lock);
     for (uint64_t j = j_first; j < j_end;) {
-        g_mutex_lock(&band->lock);
-        bool ready = band->extent == e && band->ja <= j && j < band->jb;
-        g_mutex_unlock(&band->lock);
-        if (!ready && !mxfp4_band(e, files, reader, band, j, error))
-            return false;
-        g_mutex_lock(&band->lock); /* another read's band may have come in between: copy what is there */
         if (band->extent == e && band->ja <= j && j < band->jb) {
-            uint64_t stop = MIN(j_end, band->jb);
-            for (; j < stop; j++)
+            for (uint64_t stop = MIN(j_end, band->jb); j < stop; j++)
                 put_elements(CKPTFS_CONVERT_NONE, 2, (const uint8_t *)(band->rows + (j - band->ja) * width), j * width,
                              width, in_off, out_end, dst);
+            continue;
         }
+        if (band->coming == e && band->coming_ja <= j && j < band->coming_jb) {
+            g_cond_wait(&band->done, &band->lock);
+            continue;
+        }
+        uint64_t ga, ng, ja, jb;
+        band_range(e, j, &ga, &ng, &ja, &jb);
+        bool announced = band->coming == NULL;
+        if (announced)
+            band->coming = e, band->coming_ja = ja, band->coming_jb = jb;
+        size_t len = (size_t)((jb - ja) * width);
+        uint16_t *rows = NULL;
+        if (announced && band->spare != NULL && band->spare_len >= len) /* no other read uses it */
+            rows = g_steal_pointer(&band->spare), len = band->spare_len;
         g_mutex_unlock(&band->lock);
+        rows = rows ? rows : g_new(uint16_t, len);
+        bool ok = mxfp4_band_decode(e, files, reader, ga, ng, ja, jb, rows, error);
+        g_mutex_lock(&band->lock);
+        if (announced) {
+            band->coming = NULL;
+            g_cond_broadcast(&band->done);
+        }
+        if (!ok) {
+            g_free(rows);
+            g_mutex_unlock(&band->lock);
+            return false;
+        }
+        if (band->spare == NULL)
+            band->spare = band->rows, band->spare_len = band->rows_len;
+        else
+            g_free(band->rows);
+        band->extent = e, band->ja = ja, band->jb = jb, band->rows = rows, band->rows_len = len;
     }
+    g_mutex_unlock(&band->lock);
     return true;
 }
 

@@ -209,8 +209,9 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
 static bool mxfp4_config(const CkptfsSource *source)
 {
     JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
-    const char *method = q && JSON_NODE_HOLDS_OBJECT(q) ? ckptfs_json_member_string(json_node_get_object(q), "quant_method")
-                                                        : NULL;
+    if (q == NULL || !JSON_NODE_HOLDS_OBJECT(q))
+        return false;
+    const char *method = ckptfs_json_member_string(json_node_get_object(q), "quant_method");
     return method != NULL && strcmp(method, "mxfp4") == 0;
 }
 

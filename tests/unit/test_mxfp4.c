@@ -148,6 +148,32 @@ static bool reads_equal(const CkptfsPlan *plan, const CkptfsSrcFiles *files, con
     return reads_equal_n(plan, files, want, size, rng, 200);
 }
 
+typedef struct {
+    const CkptfsPlan *plan;
+    const CkptfsSrcFiles *files;
+    const uint8_t *want;
+    size_t size;
+    guint32 seed;
+    int bad;
+} Reader;
+
+/* Random reads of a plan from a thread of its own, as FUSE workers serve a reader's read-ahead. */
+static gpointer read_randomly(gpointer data)
+{
+    Reader *r = data;
+    GRand *rng = g_rand_new_with_seed(r->seed);
+    g_autofree uint8_t *got = g_malloc(256 << 10);
+    for (int i = 0; i < 12; i++) {
+        size_t off = (size_t)g_rand_int_range(rng, 0, (gint32)r->size);
+        size_t len = MIN((size_t)g_rand_int_range(rng, 1, 256 << 10), r->size - off);
+        if (ckptfs_plan_read(r->plan, r->files, got, len, off, NULL) != (int64_t)len ||
+            memcmp(got, r->want + off, len) != 0)
+            r->bad++;
+    }
+    g_rand_free(rng);
+    return NULL;
+}
+
 /* A transposed extent of so many stored rows that a band holds one group of columns (16 MiB
  * of output): reads cross bands, come back to earlier ones, start inside a group. */
 static void test_bands(GRand *rng)
@@ -176,6 +202,18 @@ static void test_bands(GRand *rng)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     tap_ok(reads_equal_n(plan, m.files, (const uint8_t *)want, nrep * rows * 2, rng, 40),
            "stored columns in bands of one group (140000 stored rows): every read as the reference");
+    Reader readers[4];
+    GThread *threads[4];
+    for (int t = 0; t < 4; t++) {
+        readers[t] = (Reader){plan, m.files, (const uint8_t *)want, nrep * rows * 2, 7u + (guint32)t, 0};
+        threads[t] = g_thread_new("reader", read_randomly, &readers[t]);
+    }
+    int bad = 0;
+    for (int t = 0; t < 4; t++) {
+        g_thread_join(threads[t]);
+        bad += readers[t].bad;
+    }
+    tap_ok(bad == 0, "  4 threads reading it at once: every read as the reference (%d wrong)", bad);
     ckptfs_plan_free(plan);
     source_clear(&m);
 }
@@ -281,7 +319,8 @@ static void test_catalog(MxSource *m, GRand *rng)
     g_clear_error(&error);
     ckptfs_catalog_add_contiguous(cat, "z_blocks", CKPTFS_DTYPE_U8, 4, bshape, 0, 0);
     ckptfs_catalog_add_contiguous(cat, "z_scales", CKPTFS_DTYPE_U8, 3, wrong_scales, 0, 0);
-    tap_ok(!ckptfs_catalog_add_mxfp4(cat, "z", "z_blocks", "z_scales", &error) && strstr(error->message, "'z_scales'") &&
+    tap_ok(!ckptfs_catalog_add_mxfp4(cat, "z", "z_blocks", "z_scales", &error) &&
+               strstr(error->message, "'z_scales'") &&
                strstr(error->message, "[3, 40, 4]") && strstr(error->message, "need U8 [3, 40, 3]"),
            "scales of another shape: refused by name");
     g_clear_error(&error);
