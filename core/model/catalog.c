@@ -350,9 +350,6 @@ uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog)
     return catalog->total_bytes;
 }
 
-/* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
- * by the pieces it crosses; within a band the pieces side by side become the items of one
- * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
 /* Rows [r0, r1) x columns [c0, c1) of an MXFP4 tensor: one extent (stored rows), or one per
  * expert (stored columns: the view's rows are E experts' C columns, its columns their R rows). */
 static void emit_mxfp4_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1, uint64_t c0,
@@ -375,6 +372,9 @@ static void emit_mxfp4_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, ui
     }
 }
 
+/* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
+ * by the pieces it crosses; within a band the pieces side by side become the items of one
+ * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
 void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                              uint64_t r1, uint64_t c0, uint64_t c1)
 {
