@@ -193,3 +193,106 @@ void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, 
         out[i] = bf16_from_f32_bits(u, 0xFFFFu);
     }
 }
+
+/* The 16 bf16 values of E2M1 codes under E8M0 scale S into VALUES. */
+static void mxfp4_values(unsigned s, uint16_t *values)
+{
+    /* E2M1 (sign, two exponent bits of bias 1, one mantissa bit; exponent 0 subnormal) as bf16
+     * under scale 2^0: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives */
+    static const uint16_t e2m1_bf16[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+                                           0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+    if (s >= 2 && s <= 252) {
+        /* the non-zero values' exponents (126-129) stay normal: the scale adds to their field */
+        uint16_t add = (uint16_t)(((int)s - 127) * 128);
+        for (unsigned c = 0; c < 16; c++)
+            values[c] = (uint16_t)(e2m1_bf16[c] + ((c & 7u) ? add : 0u));
+        return;
+    }
+    /* subnormal or infinite ends: 2^(s - 127) as a double (exact, 2^128 included), the products
+     * exact, their cast to fp32 too but from 2^128 up, infinity */
+    uint64_t scale_bits = (uint64_t)((int)s - 127 + 1023) << 52;
+    double scale;
+    memcpy(&scale, &scale_bits, 8);
+    for (unsigned c = 0; c < 16; c++) {
+        uint32_t bf16_bits = (uint32_t)e2m1_bf16[c] << 16, u;
+        float v, p;
+        memcpy(&v, &bf16_bits, 4);
+        p = (float)(v * scale);
+        memcpy(&u, &p, 4);
+        values[c] = bf16_from_f32_bits(u, 0xFFFFu);
+    }
+}
+
+/* Groups [0, GROUPS) one byte at a time through their 16 values. */
+static void mxfp4_scalar(const uint8_t *blocks, const uint8_t *scales, size_t groups, uint16_t *out)
+{
+    uint16_t values[16];
+    int cached = -1; /* neighbouring groups often share a scale: its 16 values are made once */
+    for (size_t g = 0; g < groups; g++) {
+        if (scales[g] != cached) {
+            cached = scales[g];
+            mxfp4_values((unsigned)cached, values);
+        }
+        const uint8_t *in = blocks + g * 16;
+        uint16_t *o = out + g * CKPTFS_MXFP4_GROUP;
+        for (unsigned i = 0; i < 16; i++) {
+            o[2 * i] = values[in[i] & 0xFu];
+            o[2 * i + 1] = values[in[i] >> 4];
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* The same with SSSE3's byte shuffle as the table: a group's 32 nibbles looked up at once in the
+ * bytes of their values under scale 2^0, the scale then added to the exponents of the non-zero
+ * ones (the ends of the scale's range one byte at a time). One table per group took as long as
+ * the scalar loop: 1.3-1.6 GB/s of output for rows of GPT-OSS-120B's gate_up_proj. */
+__attribute__((target("ssse3"))) static void mxfp4_ssse3(const uint8_t *blocks, const uint8_t *scales, size_t groups,
+                                                         uint16_t *out)
+{
+    uint16_t base[16], nonzero[16];
+    mxfp4_values(127, base);
+    for (unsigned c = 0; c < 16; c++)
+        nonzero[c] = (c & 7u) ? 0xFFFFu : 0;
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)(const void *)base);
+    const __m128i b1 = _mm_loadu_si128((const __m128i *)(const void *)(base + 8));
+    const __m128i n0 = _mm_loadu_si128((const __m128i *)(const void *)nonzero);
+    const __m128i n1 = _mm_loadu_si128((const __m128i *)(const void *)(nonzero + 8));
+    const __m128i low_byte = _mm_set1_epi16(0x00FF), nibble = _mm_set1_epi8(0x0F);
+    const __m128i table_lo = _mm_packus_epi16(_mm_and_si128(b0, low_byte), _mm_and_si128(b1, low_byte));
+    const __m128i table_hi = _mm_packus_epi16(_mm_srli_epi16(b0, 8), _mm_srli_epi16(b1, 8));
+    const __m128i table_nz = _mm_packs_epi16(n0, n1);
+    for (size_t g = 0; g < groups; g++) {
+        unsigned scale = scales[g];
+        if (scale < 2 || scale > 252) {
+            mxfp4_scalar(blocks + g * 16, scales + g, 1, out + g * CKPTFS_MXFP4_GROUP);
+            continue;
+        }
+        __m128i add = _mm_set1_epi16((short)(((int)scale - 127) * 128));
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(blocks + g * 16));
+        __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+        __m128i codes[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)}; /* element order */
+        __m128i *o = (__m128i *)(void *)(out + g * CKPTFS_MXFP4_GROUP);
+        for (int h = 0; h < 2; h++) {
+            __m128i l = _mm_shuffle_epi8(table_lo, codes[h]), u = _mm_shuffle_epi8(table_hi, codes[h]);
+            __m128i nz = _mm_shuffle_epi8(table_nz, codes[h]);
+            __m128i v0 = _mm_add_epi16(_mm_unpacklo_epi8(l, u), _mm_and_si128(_mm_unpacklo_epi8(nz, nz), add));
+            __m128i v1 = _mm_add_epi16(_mm_unpackhi_epi8(l, u), _mm_and_si128(_mm_unpackhi_epi8(nz, nz), add));
+            _mm_storeu_si128(o + 2 * h, v0);
+            _mm_storeu_si128(o + 2 * h + 1, v1);
+        }
+    }
+}
+#endif
+
+void ckptfs_convert_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t groups, uint16_t *out)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("ssse3")) {
+        mxfp4_ssse3(blocks, scales, groups, out);
+        return;
+    }
+#endif
+    mxfp4_scalar(blocks, scales, groups, out);
+}

@@ -9,6 +9,28 @@
 
 #include "ckptfs/error.h"
 
+/* The last band of stored columns of a transposed MXFP4 extent decoded, as rows: the reads after
+ * it (a reader going through the file) find them ready. A band fetches every stored row of its
+ * expert once for many output rows; without it each read fetched them all again for its own few
+ * (0.07 GB/s for GPT-OSS-120B's [2880, 5760]). Kept with the plan, and the one before it for its
+ * buffer (16 MiB at most): fresh pages for every band cost a third of the time. */
+typedef struct {
+    GMutex lock;
+    const CkptfsExtent *extent;
+    uint64_t ja, jb;  /* its output rows */
+    uint16_t *rows;   /* (jb - ja) x the extent's width */
+    uint16_t *spare;  /* the band before, its buffer reused by the next (fresh pages cost a third of
+                         the decoding time) */
+    size_t spare_len; /* elements */
+    size_t rows_len;
+    /* the band a read is decoding, which the reads that need it wait for rather than decode it
+     * too (a reader's read-ahead comes as several reads at once: each decoded the same band,
+     * 0.08 GB/s for `cat`); NULL: none */
+    const CkptfsExtent *coming;
+    uint64_t coming_ja, coming_jb;
+    GCond done; /* it is in */
+} Mxfp4Band;
+
 struct CkptfsPlan {
     uint64_t size;
     size_t n_extents;
@@ -18,6 +40,8 @@ struct CkptfsPlan {
     CkptfsBlockScale *scales; /* of the block-scaled CONVERT extents */
     uint64_t *cols;           /* their items' first columns */
     CkptfsStridedItem *strided; /* all TRANSPOSE items, one allocation */
+    CkptfsMxfp4 *mxfp4;         /* of the MXFP4 extents */
+    Mxfp4Band *band;            /* with a transposed one */
     /* CRC-32 cache, one slot per CRC extent: the value, then a flag set once it is valid.
      * Two threads may compute the same slot at once; both store the same value. */
     uint32_t *crc_values;
@@ -46,6 +70,7 @@ struct CkptfsPlanBuilder {
     GArray *scales;    /* CkptfsBlockScale, col0 an index into cols until finished */
     GArray *cols;      /* uint64_t */
     GArray *strided;   /* CkptfsStridedItem */
+    GArray *mxfp4;     /* CkptfsMxfp4 */
     uint64_t size;
     uint32_t n_crcs;
 };
@@ -59,6 +84,7 @@ CkptfsPlanBuilder *ckptfs_plan_builder_new(void)
     b->scales = g_array_new(FALSE, FALSE, sizeof(CkptfsBlockScale));
     b->cols = g_array_new(FALSE, FALSE, sizeof(uint64_t));
     b->strided = g_array_new(FALSE, FALSE, sizeof(CkptfsStridedItem));
+    b->mxfp4 = g_array_new(FALSE, FALSE, sizeof(CkptfsMxfp4));
     return b;
 }
 
@@ -72,6 +98,7 @@ void ckptfs_plan_builder_free(CkptfsPlanBuilder *b)
     g_array_unref(b->scales);
     g_array_unref(b->cols);
     g_array_unref(b->strided);
+    g_array_unref(b->mxfp4);
     g_free(b);
 }
 
@@ -299,6 +326,17 @@ void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsCon
     push_extent(b, e);
 }
 
+void ckptfs_plan_add_mxfp4(CkptfsPlanBuilder *b, const CkptfsMxfp4 *where, uint64_t nrep, uint64_t width)
+{
+    g_assert(where->cols % CKPTFS_MXFP4_GROUP == 0 && where->row_step > 0);
+    if (nrep == 0 || width == 0)
+        return;
+    BuildExtent e = {.kind = CKPTFS_EXTENT_MXFP4, .size = nrep * width * 2, .nrep = nrep, .rep_size = width,
+                     .first = b->mxfp4->len};
+    g_array_append_val(b->mxfp4, *where);
+    push_extent(b, e);
+}
+
 CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
 {
     CkptfsPlan *plan = g_new0(CkptfsPlan, 1);
@@ -313,6 +351,7 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
     for (guint i = 0; i < b->scales->len; i++)
         plan->scales[i].col0 = plan->cols + (uintptr_t)plan->scales[i].col0;
     plan->strided = g_memdup2(b->strided->data, (b->strided->len ? b->strided->len : 1) * sizeof(CkptfsStridedItem));
+    plan->mxfp4 = g_memdup2(b->mxfp4->data, (b->mxfp4->len ? b->mxfp4->len : 1) * sizeof(CkptfsMxfp4));
     plan->crc_values = g_new0(uint32_t, b->n_crcs ? b->n_crcs : 1);
     plan->crc_ready = g_new0(gint, b->n_crcs ? b->n_crcs : 1);
     for (size_t i = 0; i < plan->n_extents; i++) {
@@ -337,6 +376,15 @@ CkptfsPlan *ckptfs_plan_builder_finish(CkptfsPlanBuilder *b)
             e->u.strided.items = plan->strided + be->first;
             e->u.strided.convert = be->convert;
             e->u.strided.elsize = be->elsize;
+        } else if (be->kind == CKPTFS_EXTENT_MXFP4) {
+            e->u.mxfp4.nrep = be->nrep;
+            e->u.mxfp4.width = be->rep_size;
+            e->u.mxfp4.where = plan->mxfp4 + be->first;
+            if (e->u.mxfp4.where->transposed && plan->band == NULL) {
+                plan->band = g_new0(Mxfp4Band, 1);
+                g_mutex_init(&plan->band->lock);
+                g_cond_init(&plan->band->done);
+            }
         } else if (be->kind == CKPTFS_EXTENT_CRC32) {
             e->u.crc.offset = be->crc_offset;
             e->u.crc.len = be->crc_len;
@@ -357,6 +405,14 @@ void ckptfs_plan_free(CkptfsPlan *plan)
     g_free(plan->scales);
     g_free(plan->cols);
     g_free(plan->strided);
+    g_free(plan->mxfp4);
+    if (plan->band != NULL) {
+        g_mutex_clear(&plan->band->lock);
+        g_cond_clear(&plan->band->done);
+        g_free(plan->band->rows);
+        g_free(plan->band->spare);
+        g_free(plan->band);
+    }
     g_free(plan->crc_values);
     g_free(plan->crc_ready);
     g_free(plan);
@@ -890,6 +946,153 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, C
     return true;
 }
 
+/* Elements a read of MXFP4 stored rows decodes at a time, at least a row: its buffers stay below
+ * malloc's threshold for fresh pages (at 65536, 128 KiB reads of rows ran at 1.7 GB/s, 3.5-4.6 at
+ * this size). */
+#define MXFP4_PASS 32768u
+
+/* Groups [G0, G0 + NG) of NROWS stored rows of M, ROW0 + k * STEP: row k's codes to CODES + k * NG
+ * * 16, its scales to SCALES + k * NG, in merged reads as a gather's. */
+static bool mxfp4_fetch(const CkptfsMxfp4 *m, const CkptfsSrcFiles *files, CkptfsSrcReader *reader, uint64_t row0,
+                        uint64_t step, uint64_t nrows, uint64_t g0, uint64_t ng, uint8_t *codes, uint8_t *scales,
+                        GError **error)
+{
+    uint64_t groups = m->cols / CKPTFS_MXFP4_GROUP;
+    PendingRead pending = {.files = files, .reader = reader};
+    bool ok = true;
+    for (uint64_t k = 0; k < nrows && ok; k++)
+        ok = pending_add(&pending, m->blocks_src, m->blocks_base + ((row0 + k * step) * groups + g0) * 16,
+                         codes + k * ng * 16, (size_t)(ng * 16), error);
+    ok = ok && pending_flush(&pending, error);
+    for (uint64_t k = 0; k < nrows && ok; k++)
+        ok = pending_add(&pending, m->scales_src, m->scales_base + (row0 + k * step) * groups + g0, scales + k * ng,
+                         (size_t)ng, error);
+    ok = ok && pending_flush(&pending, error);
+    g_free(pending.skip);
+    return ok;
+}
+
+/* Output bytes of a band decoded at a time, at most: a band of GPT-OSS-120B's gate_up_proj is 22
+ * of its 90 groups of columns, each of its 5760 stored rows fetched as one run of 352 bytes (the
+ * rest of the row read in the same preadv as a gap): each band copies its expert's whole blocks.
+ * With the buffers reused, bands of 8 and 16 MiB ran alike (bench/mxfp4_bench). */
+#define MXFP4_BAND (8u << 20)
+
+/* The band of transposed MXFP4 extent E holding its output row J: groups [GA, GA + NG) of stored
+ * columns, output rows [JA, JB). */
+static void band_range(const CkptfsExtent *e, uint64_t j, uint64_t *ga, uint64_t *ng, uint64_t *ja, uint64_t *jb)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, nrep = e->u.mxfp4.nrep;
+    uint64_t groups = MAX((uint64_t)1, MXFP4_BAND / (width * CKPTFS_MXFP4_GROUP * 2));
+    uint64_t g_last = (m->col0 + nrep - 1) / CKPTFS_MXFP4_GROUP;
+    *ga = (m->col0 + j) / CKPTFS_MXFP4_GROUP;
+    *ng = MIN(groups, g_last + 1 - *ga);
+    *ja = MAX(*ga * CKPTFS_MXFP4_GROUP, m->col0) - m->col0;
+    *jb = MIN(nrep, (*ga + *ng) * CKPTFS_MXFP4_GROUP - m->col0);
+}
+
+/* Decodes into ROWS the band of transposed MXFP4 extent E (band_range): groups of stored columns
+ * over every stored row, a block of stored rows at a time (its scratch below malloc's threshold
+ * for fresh pages), transposed in registers as a TRANSPOSE read's. */
+static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                              uint64_t ga, uint64_t ng, uint64_t ja, uint64_t jb, uint16_t *rows, GError **error)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, span = ng * CKPTFS_MXFP4_GROUP;
+    uint64_t block = MAX((uint64_t)8, MXFP4_PASS / span); /* stored rows */
+    block = MIN(block, width);
+    g_autofree uint8_t *codes = g_malloc(block * ng * 16), *scales = g_malloc(block * ng);
+    g_autofree uint16_t *decoded = g_new(uint16_t, block * span);
+    for (uint64_t k0 = 0; k0 < width; k0 += block) {
+        uint64_t nk = MIN(block, width - k0);
+        if (!mxfp4_fetch(m, files, reader, m->row0 + k0 * m->row_step, m->row_step, nk, ga, ng, codes, scales, error))
+            return false;
+        ckptfs_convert_mxfp4(codes, scales, (size_t)(nk * ng), decoded);
+        /* element (j, k): stored row k's column COL0 + j, SPAN columns a row */
+        transpose_columns((uint8_t *)(rows + k0), width * 2,
+                          (const uint8_t *)(decoded + (m->col0 + ja - ga * CKPTFS_MXFP4_GROUP)), span * 2, 2, jb - ja,
+                          nk, 2);
+    }
+    return true;
+}
+
+/* Output bytes [in_off, in_off + n) of an MXFP4 extent: the whole rows they touch decoded, a
+ * pass of as many as MXFP4_PASS elements at a time for stored rows, the plan's BAND for stored
+ * columns; the requested bytes copied out. */
+static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+                       uint64_t in_off, uint8_t *dst, size_t n, GError **error)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, out_end = in_off + n;
+    uint64_t j_first = in_off / 2 / width, j_end = ((out_end + 1) / 2 - 1) / width + 1;
+    if (!m->transposed) {
+        uint64_t g0 = m->col0 / CKPTFS_MXFP4_GROUP;
+        uint64_t ng = (m->col0 + width + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP - g0;
+        uint64_t skip = m->col0 - g0 * CKPTFS_MXFP4_GROUP; /* the columns of its first group before COL0 */
+        uint64_t pass = MAX((uint64_t)1, MXFP4_PASS / (ng * CKPTFS_MXFP4_GROUP));
+        pass = MIN(pass, j_end - j_first);
+        g_autofree uint8_t *codes = g_malloc(pass * ng * 16), *scales = g_malloc(pass * ng);
+        g_autofree uint16_t *decoded = g_new(uint16_t, pass * ng * CKPTFS_MXFP4_GROUP);
+        for (uint64_t ja = j_first; ja < j_end; ja += pass) {
+            uint64_t nr = MIN(pass, j_end - ja);
+            if (!mxfp4_fetch(m, files, reader, m->row0 + ja * m->row_step, m->row_step, nr, g0, ng, codes, scales,
+                             error))
+                return false;
+            ckptfs_convert_mxfp4(codes, scales, (size_t)(nr * ng), decoded);
+            for (uint64_t r = 0; r < nr; r++)
+                put_elements(CKPTFS_CONVERT_NONE, 2,
+                             (const uint8_t *)(decoded + r * ng * CKPTFS_MXFP4_GROUP + skip),
+                             (ja + r) * width, width, in_off, out_end, dst);
+        }
+        return true;
+    }
+    /* Transposed: output row j is stored column COL0 + j of WIDTH stored rows, decoded a band at
+     * a time, the plan's last band kept. */
+    g_mutex_lock(&band->lock);
+    for (uint64_t j = j_first; j < j_end;) {
+        if (band->extent == e && band->ja <= j && j < band->jb) {
+            for (uint64_t stop = MIN(j_end, band->jb); j < stop; j++)
+                put_elements(CKPTFS_CONVERT_NONE, 2, (const uint8_t *)(band->rows + (j - band->ja) * width), j * width,
+                             width, in_off, out_end, dst);
+            continue;
+        }
+        if (band->coming == e && band->coming_ja <= j && j < band->coming_jb) {
+            g_cond_wait(&band->done, &band->lock);
+            continue;
+        }
+        uint64_t ga, ng, ja, jb;
+        band_range(e, j, &ga, &ng, &ja, &jb);
+        bool announced = band->coming == NULL;
+        if (announced)
+            band->coming = e, band->coming_ja = ja, band->coming_jb = jb;
+        size_t len = (size_t)((jb - ja) * width);
+        uint16_t *rows = NULL;
+        if (announced && band->spare != NULL && band->spare_len >= len) /* no other read uses it */
+            rows = g_steal_pointer(&band->spare), len = band->spare_len;
+        g_mutex_unlock(&band->lock);
+        rows = rows ? rows : g_new(uint16_t, len);
+        bool ok = mxfp4_band_decode(e, files, reader, ga, ng, ja, jb, rows, error);
+        g_mutex_lock(&band->lock);
+        if (announced) {
+            band->coming = NULL;
+            g_cond_broadcast(&band->done);
+        }
+        if (!ok) {
+            g_free(rows);
+            g_mutex_unlock(&band->lock);
+            return false;
+        }
+        if (band->spare == NULL)
+            band->spare = band->rows, band->spare_len = band->rows_len;
+        else
+            g_free(band->rows);
+        band->extent = e, band->ja = ja, band->jb = jb, band->rows = rows, band->rows_len = len;
+    }
+    g_mutex_unlock(&band->lock);
+    return true;
+}
+
 #define CRC_CHUNK (1u << 20)
 
 static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const CkptfsExtent *e,
@@ -1044,6 +1247,12 @@ static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, Ck
                 goto out;
             }
             break;
+        case CKPTFS_EXTENT_MXFP4:
+            if (!mxfp4_read(e, plan->band, files, reader, in_off, dst, n, error)) {
+                result = -1;
+                goto out;
+            }
+            break;
         case CKPTFS_EXTENT_CRC32: {
             uint32_t crc;
             if (!crc_value(plan, files, e, &crc, error)) {
@@ -1157,6 +1366,24 @@ static void prefetch_strided(Advice *a, const CkptfsExtent *e, uint64_t lo, uint
     }
 }
 
+/* The stored rows an MXFP4 read of bytes [LO, HI) of extent E decodes (mxfp4_read): their groups
+ * of its columns, codes and scales. */
+static void prefetch_mxfp4(Advice *a, const CkptfsExtent *e, uint64_t lo, uint64_t hi)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, groups = m->cols / CKPTFS_MXFP4_GROUP;
+    uint64_t j0 = lo / 2 / width, j1 = ((hi + 1) / 2 - 1) / width + 1;
+    /* stored rows [k0, k1) and columns [c0, c1) */
+    uint64_t k0 = m->transposed ? 0 : j0, k1 = m->transposed ? width : j1;
+    uint64_t c0 = m->col0 + (m->transposed ? j0 : 0), c1 = m->col0 + (m->transposed ? j1 : width);
+    uint64_t g0 = c0 / CKPTFS_MXFP4_GROUP, g1 = (c1 + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP;
+    for (uint64_t k = k0; k < k1 && a->calls < PREFETCH_MAX_CALLS; k++) {
+        uint64_t row = m->row0 + k * m->row_step;
+        advice_add(a, m->blocks_src, m->blocks_base + (row * groups + g0) * 16, (g1 - g0) * 16);
+        advice_add(a, m->scales_src, m->scales_base + row * groups + g0, g1 - g0);
+    }
+}
+
 void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint64_t offset, uint64_t len)
 {
     if (offset >= plan->size || len == 0)
@@ -1165,6 +1392,10 @@ void ckptfs_plan_prefetch(const CkptfsPlan *plan, const CkptfsSrcFiles *files, u
     Advice a = {.files = files};
     for (size_t i = find_extent(plan, offset); i < plan->n_extents && plan->extents[i].offset < offset + len; i++) {
         const CkptfsExtent *e = &plan->extents[i];
+        if (e->kind == CKPTFS_EXTENT_MXFP4) {
+            prefetch_mxfp4(&a, e, MAX(offset, e->offset) - e->offset, MIN(offset + len, e->offset + e->size) - e->offset);
+            continue;
+        }
         if (e->kind == CKPTFS_EXTENT_TRANSPOSE) {
             prefetch_strided(&a, e, MAX(offset, e->offset) - e->offset, MIN(offset + len, e->offset + e->size) - e->offset);
             continue;
@@ -1207,6 +1438,10 @@ void ckptfs_plan_sources(const CkptfsPlan *plan, GArray *out_indexes)
         if (e->kind == CKPTFS_EXTENT_TRANSPOSE)
             for (uint32_t k = 0; k < e->u.strided.nitems; k++)
                 add_source_once(out_indexes, e->u.strided.items[k].src);
+        if (e->kind == CKPTFS_EXTENT_MXFP4) {
+            add_source_once(out_indexes, e->u.mxfp4.where->blocks_src);
+            add_source_once(out_indexes, e->u.mxfp4.where->scales_src);
+        }
         if (e->kind != CKPTFS_EXTENT_GATHER && e->kind != CKPTFS_EXTENT_CONVERT)
             continue;
         if (e->kind == CKPTFS_EXTENT_CONVERT && e->u.gather.scale != NULL)

@@ -17,6 +17,7 @@ static void tensor_free(gpointer data)
     g_free(t->name);
     g_free(t->pieces);
     g_free(t->scale);
+    g_free(t->mxfp4);
     g_free(t);
 }
 
@@ -43,6 +44,31 @@ const CkptfsTensor *ckptfs_catalog_add_pieces(CkptfsCatalog *catalog, const char
                                               unsigned npieces, GError **error)
 {
     return ckptfs_catalog_add_reshaped(catalog, name, dtype, dtype, ndim, shape, 0, pieces, npieces, error);
+}
+
+/* A tensor of ROWS x COLS elements (their product within 64 bits with 8 bytes each), no pieces. */
+static CkptfsTensor *tensor_new(const char *name, CkptfsDtype dtype, CkptfsDtype stored, unsigned ndim,
+                                const uint64_t *shape, uint64_t rows, uint64_t cols)
+{
+    CkptfsTensor *t = g_new0(CkptfsTensor, 1);
+    t->name = g_strdup(name);
+    t->dtype = dtype;
+    t->stored = stored;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    t->rows = rows;
+    t->cols = cols;
+    t->nbytes = rows * cols * ckptfs_dtype_size(dtype);
+    return t;
+}
+
+static const CkptfsTensor *tensor_insert(CkptfsCatalog *catalog, CkptfsTensor *t)
+{
+    g_ptr_array_add(catalog->tensors, t);
+    g_hash_table_insert(catalog->by_name, t->name, t);
+    if (!ckptfs_add_u64(catalog->total_bytes, t->nbytes, &catalog->total_bytes))
+        catalog->total_bytes = UINT64_MAX; /* only shown; every tensor's own size is exact */
+    return t;
 }
 
 const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const char *name, CkptfsDtype dtype,
@@ -115,23 +141,10 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
                     name, covered, rows * cols);
         return NULL;
     }
-    CkptfsTensor *t = g_new0(CkptfsTensor, 1);
-    t->name = g_strdup(name);
-    t->dtype = dtype;
-    t->stored = stored;
-    nbytes = numel * ckptfs_dtype_size(dtype);
-    t->ndim = ndim;
-    memcpy(t->shape, shape, ndim * sizeof *shape);
-    t->rows = rows;
-    t->cols = cols;
-    t->nbytes = nbytes;
+    CkptfsTensor *t = tensor_new(name, dtype, stored, ndim, shape, rows, cols);
     t->npieces = npieces;
     t->pieces = g_memdup2(pieces, npieces * sizeof *pieces);
-    g_ptr_array_add(catalog->tensors, t);
-    g_hash_table_insert(catalog->by_name, t->name, t);
-    if (!ckptfs_add_u64(catalog->total_bytes, t->nbytes, &catalog->total_bytes))
-        catalog->total_bytes = UINT64_MAX; /* only shown; every tensor's own size is exact */
-    return t;
+    return tensor_insert(catalog, t);
 }
 
 const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
@@ -184,6 +197,67 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
     return true;
 }
 
+/* "[2, 64, 2, 16]" */
+static char *shape_text(const CkptfsTensor *t)
+{
+    GString *s = g_string_new("[");
+    for (unsigned d = 0; d < t->ndim; d++)
+        g_string_append_printf(s, "%s%" G_GUINT64_FORMAT, d ? ", " : "", t->shape[d]);
+    return g_string_free(g_string_append_c(s, ']'), FALSE);
+}
+
+/* Whether T is stored whole, row-major, in one piece (as a Hugging Face file holds a tensor). */
+static bool stored_whole(const CkptfsTensor *t)
+{
+    return t->npieces == 1 && t->pieces[0].col_stride == 0 && t->pieces[0].row_stride == t->cols;
+}
+
+const CkptfsTensor *ckptfs_catalog_add_mxfp4(CkptfsCatalog *catalog, const char *name, const char *blocks,
+                                             const char *scales, GError **error)
+{
+    const CkptfsTensor *b = g_hash_table_lookup(catalog->by_name, blocks);
+    const CkptfsTensor *s = g_hash_table_lookup(catalog->by_name, scales);
+    g_assert(b != NULL && s != NULL);
+    g_autofree char *b_shape = shape_text(b), *s_shape = shape_text(s);
+    if (b->stored != CKPTFS_DTYPE_U8 || b->ndim != 4 || b->shape[3] != 16 || b->shape[2] == 0 ||
+        b->shape[2] > UINT64_MAX / CKPTFS_MXFP4_GROUP) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "MXFP4 blocks '%s' are %s %s: they must be U8 [E, R, "
+                    "C/32, 16] (16 bytes of 32 FP4 codes a group)", blocks, ckptfs_dtype_safetensors_name(b->stored),
+                    b_shape);
+        return NULL;
+    }
+    if (s->stored != CKPTFS_DTYPE_U8 || s->ndim != 3 || memcmp(s->shape, b->shape, 3 * sizeof *s->shape) != 0) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "MXFP4 scales '%s' are %s %s: blocks '%s' %s need U8 "
+                    "[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] (one E8M0 scale a group)",
+                    scales, ckptfs_dtype_safetensors_name(s->stored), s_shape, blocks, b_shape, b->shape[0],
+                    b->shape[1], b->shape[2]);
+        return NULL;
+    }
+    if (!stored_whole(b) || !stored_whole(s)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "MXFP4 blocks '%s' or scales '%s' are not stored whole "
+                    "in one file: not dequantised", blocks, scales);
+        return NULL;
+    }
+    if (g_hash_table_contains(catalog->by_name, name)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' is given beside its MXFP4 blocks '%s'",
+                    name, blocks);
+        return NULL;
+    }
+    uint64_t experts = b->shape[0], rows = b->shape[1], cols = b->shape[2] * CKPTFS_MXFP4_GROUP, numel = 0;
+    uint64_t shape[3] = {experts, cols, rows};
+    if (!ckptfs_dims_product(shape, 3, &numel) || numel > UINT64_MAX / 8) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "MXFP4 blocks '%s' %s: the tensor overflows 64 bits",
+                    blocks, b_shape);
+        return NULL;
+    }
+    CkptfsTensor *t = tensor_new(name, CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_U8, 3, shape, experts * cols, rows);
+    t->mxfp4 = g_new0(CkptfsMxfp4, 1);
+    *t->mxfp4 = (CkptfsMxfp4){.blocks_src = b->pieces[0].src, .blocks_base = b->pieces[0].offset,
+                              .scales_src = s->pieces[0].src, .scales_base = s->pieces[0].offset, .cols = cols,
+                              .row_step = 1, .transposed = true};
+    return tensor_insert(catalog, t);
+}
+
 void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names)
 {
     guint kept = 0;
@@ -212,7 +286,9 @@ static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_onl
     for (guint i = 0; i < catalog->tensors->len; i++) {
         CkptfsTensor *t = g_ptr_array_index(catalog->tensors, i);
         CkptfsDtype serve = t->stored == to || ckptfs_convert_find(t->stored, to) ? to : t->stored;
-        if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
+        if (t->mxfp4 != NULL) /* MXFP4: bf16 only */
+            serve = t->dtype;
+        else if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
             serve = to == CKPTFS_DTYPE_BF16 ? to : t->stored;
         else if (scaled_only || (keep && keep(t->name)))
             serve = t->dtype;
@@ -236,6 +312,7 @@ CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog)
         t->name = g_strdup(from->name);
         t->pieces = g_memdup2(from->pieces, from->npieces * sizeof *from->pieces);
         t->scale = from->scale ? g_memdup2(from->scale, sizeof *from->scale) : NULL;
+        t->mxfp4 = from->mxfp4 ? g_memdup2(from->mxfp4, sizeof *from->mxfp4) : NULL;
         g_ptr_array_add(c->tensors, t);
         g_hash_table_insert(c->by_name, t->name, t);
     }
@@ -273,12 +350,39 @@ uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog)
     return catalog->total_bytes;
 }
 
+/* Rows [r0, r1) x columns [c0, c1) of an MXFP4 tensor: one extent (stored rows), or one per
+ * expert (stored columns: the view's rows are E experts' C columns, its columns their R rows). */
+static void emit_mxfp4_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1, uint64_t c0,
+                            uint64_t c1)
+{
+    const CkptfsMxfp4 *m = tensor->mxfp4;
+    if (!m->transposed) {
+        CkptfsMxfp4 where = *m;
+        where.row0 += r0 * m->row_step, where.col0 += c0;
+        ckptfs_plan_add_mxfp4(b, &where, r1 - r0, c1 - c0);
+        return;
+    }
+    uint64_t per_expert = tensor->shape[1]; /* stored columns */
+    for (uint64_t row = r0; row < r1;) {
+        uint64_t e = row / per_expert, end = MIN(r1, (e + 1) * per_expert);
+        CkptfsMxfp4 where = *m;
+        where.row0 += (e * tensor->cols + c0) * m->row_step, where.col0 += row - e * per_expert;
+        ckptfs_plan_add_mxfp4(b, &where, end - row, c1 - c0);
+        row = end;
+    }
+}
+
 /* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
  * by the pieces it crosses; within a band the pieces side by side become the items of one
  * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
 void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                              uint64_t r1, uint64_t c0, uint64_t c1)
 {
+    if (tensor->mxfp4 != NULL) {
+        if (r0 < r1 && c0 < c1)
+            emit_mxfp4_rect(tensor, b, r0, r1, c0, c1);
+        return;
+    }
     size_t isz = ckptfs_dtype_size(tensor->stored); /* pieces address stored bytes */
     CkptfsConvert conv = ckptfs_convert_find(tensor->stored, tensor->dtype);
     bool scaled = tensor->scale != NULL && tensor->dtype != tensor->stored;

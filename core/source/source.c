@@ -86,6 +86,8 @@ static bool block_fp8_config(const CkptfsSource *source, gint64 *br, gint64 *bc,
                     "served as it is", what, qc ? "no \"quant_method\" string" : "not an object");
         return false;
     }
+    if (strcmp(name, "mxfp4") == 0) /* no FP8 blocks: dequantize_mxfp4's */
+        return true;
     if (strcmp(name, "fp8") != 0) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: quant_method '%s' is not dequantised "
                     "(block FP8 \"fp8\" is); without -o dtype=bf16 the checkpoint is served as it is", what, name);
@@ -191,6 +193,82 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
         return true;
     }
     if (!dequantize_catalog(source, source->catalog, br, bc, error))
+        return false;
+    json_object_remove_member(source->config, "quantization_config");
+    source->config_changed = true;
+    *dequantized = true;
+    return true;
+}
+
+/* Whether config.json's quantization_config says MXFP4 (GPT-OSS's releases: {"quant_method":
+ * "mxfp4", "modules_to_not_convert": [...]}). */
+static bool mxfp4_config(const CkptfsSource *source)
+{
+    JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
+    if (q == NULL || !JSON_NODE_HOLDS_OBJECT(q))
+        return false;
+    const char *method = ckptfs_json_member_string(json_node_get_object(q), "quant_method");
+    return method != NULL && strcmp(method, "mxfp4") == 0;
+}
+
+#define MXFP4_BLOCKS "_blocks"
+#define MXFP4_SCALES "_scales"
+
+/* Every MXFP4 pair X_blocks, X_scales of CATALOG becomes X, bf16 dequantised on read, as
+ * transformers dequantises it; the pairs leave the catalog. A blocks tensor without its scales,
+ * or scales without their blocks, is refused by name. */
+static bool dequantize_mxfp4_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, unsigned *pairs_found,
+                                     GError **error)
+{
+    g_autoptr(GHashTable) pairs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    unsigned count = ckptfs_catalog_count(catalog);
+    for (unsigned i = 0; i < count; i++) {
+        const char *name = ckptfs_catalog_at(catalog, i)->name;
+        bool blocks = g_str_has_suffix(name, MXFP4_BLOCKS), scales = g_str_has_suffix(name, MXFP4_SCALES);
+        if (!blocks && !scales)
+            continue;
+        g_autofree char *stem = g_strndup(name, strlen(name) - strlen(MXFP4_BLOCKS)); /* both 7 letters */
+        g_autofree char *other = g_strconcat(stem, blocks ? MXFP4_SCALES : MXFP4_BLOCKS, NULL);
+        if (ckptfs_catalog_find(catalog, other) == NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: MXFP4 %s '%s' have no %s '%s'", source->dir,
+                               blocks ? "blocks" : "scales", name, blocks ? "scales" : "blocks", other);
+        if (!blocks)
+            continue;
+        if (!ckptfs_catalog_add_mxfp4(catalog, stem, name, other, error)) {
+            g_prefix_error(error, "%s: ", source->dir);
+            return false;
+        }
+        g_hash_table_add(pairs, g_strdup(name));
+        g_hash_table_add(pairs, g_steal_pointer(&other));
+    }
+    *pairs_found = g_hash_table_size(pairs) / 2;
+    ckptfs_catalog_remove(catalog, pairs);
+    return true;
+}
+
+/* An MXFP4 checkpoint (GPT-OSS's releases): with -o dtype=bf16 its experts are served as bf16
+ * everywhere (hf/ then has no blocks, scales or quantization_config, as transformers'
+ * dequantize=True loads it); otherwise hf/ passes it through and the Megatron views, which are
+ * bf16, read a dequantised copy of the catalog, as block-FP8's. *DEQUANTIZED as dequantize_fp8's. */
+static bool dequantize_mxfp4(CkptfsSource *source, const CkptfsOptions *options, bool *dequantized, GError **error)
+{
+    if (!mxfp4_config(source))
+        return true;
+    unsigned pairs = 0;
+    if (options->dtype != CKPTFS_SERVE_BF16) { /* a problem here costs the Megatron views, not the pass-through */
+        GError *why = NULL;
+        source->model_catalog = ckptfs_catalog_copy(source->catalog);
+        if (!dequantize_mxfp4_catalog(source, source->model_catalog, &pairs, &why)) {
+            source->model_problem = g_strdup(why->message);
+            g_error_free(why);
+            return true;
+        }
+        g_autofree char *found = source->found;
+        source->found = g_strdup_printf("%s%sMXFP4 experts in %u tensors: hf/ serves their blocks and scales, "
+                                        "-o dtype=bf16 them dequantised", found ? found : "", found ? "; " : "", pairs);
+        return true;
+    }
+    if (!dequantize_mxfp4_catalog(source, source->catalog, &pairs, error))
         return false;
     json_object_remove_member(source->config, "quantization_config");
     source->config_changed = true;
@@ -343,7 +421,8 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         return NULL;
     }
     bool dequantized = false;
-    if (!dequantize_fp8(source, options, &dequantized, error)) {
+    if (!dequantize_fp8(source, options, &dequantized, error) ||
+        !dequantize_mxfp4(source, options, &dequantized, error)) {
         ckptfs_source_free(source);
         return NULL;
     }

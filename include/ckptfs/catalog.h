@@ -37,6 +37,10 @@ typedef struct {
     unsigned npieces;
     CkptfsPiece *pieces;
     CkptfsBlockScale *scale; /* block-scaled FP8: where its scales are (row0, col0 unused); NULL */
+    /* MXFP4 dequantised on read (no pieces; stored U8): where its blocks and scales are, ROW0 and
+     * COL0 those of the view's element (0, 0); TRANSPOSED, its view's rows are E experts' stored
+     * columns, shape [E, C, R] of stored [E, R, C]. NULL */
+    CkptfsMxfp4 *mxfp4;
 } CkptfsTensor;
 
 typedef struct CkptfsCatalog CkptfsCatalog;
@@ -72,6 +76,12 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
  * [ceil(rows / BLOCK_ROWS), ceil(cols / BLOCK_COLS)], stored in one piece. Errors name both. */
 bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, const char *scale,
                                     unsigned block_rows, unsigned block_cols, GError **error);
+/* Adds tensor NAME, bf16 [E, C, R], dequantised on read from the MXFP4 tensors BLOCKS (uint8
+ * [E, R, C / 32, 16]) and SCALES (uint8 [E, R, C / 32]) of the catalog, as transformers'
+ * convert_moe_packed_tensors gives it (GPT-OSS's experts: gate_up_proj [E, H, 2F] of blocks
+ * [E, 2F, H / 32, 16]). Errors name the tensors and the shapes they need. */
+const CkptfsTensor *ckptfs_catalog_add_mxfp4(CkptfsCatalog *catalog, const char *name, const char *blocks,
+                                             const char *scales, GError **error);
 /* Removes the tensors named in NAMES (a set of strings), in one pass (before any view uses the
  * catalog). */
 void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names);

@@ -34,4 +34,12 @@ float ckptfs_fp8_value(CkptfsDtype fp8, uint8_t code);
  * (torch's `(x.float() * s).bfloat16()` on CPU). */
 void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, uint16_t *out, size_t n);
 
+/* MXFP4 (OCP microscaling FP4: GPT-OSS's experts): GROUPS groups of 32 elements, each 16 bytes of
+ * BLOCKS (element 2i in the low nibble of byte i, 2i + 1 in the high one; E2M1 codes) and one
+ * E8M0 byte of SCALES, into 32 * GROUPS bf16 of OUT: code * 2^(scale - 127) exactly (as ldexp),
+ * infinity from 2^128 up, zeros keeping their sign; as transformers' convert_moe_packed_tensors
+ * does on CPU (scale 255 is a number there, not E8M0's NaN). */
+#define CKPTFS_MXFP4_GROUP 32u
+void ckptfs_convert_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t groups, uint16_t *out);
+
 #endif

@@ -13,9 +13,12 @@
  *            in the source (a matrix stored transposed: an expert's slice of a fused 3-D
  *            tensor); a read fetches each source run it needs once, transposes in a buffer and
  *            converts when the catalog does.
+ *   MXFP4    NREP rows of bf16 dequantised from MXFP4 blocks and scales (CkptfsMxfp4), stored
+ *            rows or, transposed, stored columns (transformers' [E, H, 2F] of [E, 2F, H/32, 16]).
  * The read engine binary-searches the extent containing an offset and copies from the sources;
  * a plan never holds tensor data. Plans are immutable once built and safe to read from any
- * number of threads. */
+ * number of threads (what they cache as they are read, CRCs and a band of decoded MXFP4, is
+ * behind their own synchronisation). */
 #ifndef CKPTFS_PLAN_H
 #define CKPTFS_PLAN_H
 
@@ -35,6 +38,7 @@ typedef enum {
                             file, computed on first read and cached */
     CKPTFS_EXTENT_CONVERT,
     CKPTFS_EXTENT_TRANSPOSE,
+    CKPTFS_EXTENT_MXFP4,
 } CkptfsExtentKind;
 
 typedef struct {
@@ -68,6 +72,19 @@ typedef struct {
     uint64_t cols;
 } CkptfsStridedItem;
 
+/* MXFP4 data: stored rows of COLS elements (COLS a multiple of 32), each COLS / 32 groups of 16
+ * bytes of codes in the blocks file and one scale byte in the scales file, rows back to back in
+ * both (ckptfs_convert_mxfp4 says what an element is). An MXFP4 extent's element (j, k) is the
+ * stored one at row ROW0 + k * ROW_STEP, column COL0 + j when TRANSPOSED, else at row
+ * ROW0 + j * ROW_STEP, column COL0 + k. */
+typedef struct {
+    uint32_t blocks_src, scales_src;
+    uint64_t blocks_base, scales_base; /* of stored row 0 */
+    uint64_t cols;
+    uint64_t row0, row_step, col0;
+    bool transposed;
+} CkptfsMxfp4;
+
 typedef struct {
     uint64_t offset; /* where the extent starts in the synthesized file */
     uint64_t size;   /* bytes it covers */
@@ -94,6 +111,10 @@ typedef struct {
             CkptfsConvert convert;          /* NONE: served as stored */
             uint32_t elsize;                /* of the stored elements */
         } strided;
+        struct {
+            uint64_t nrep, width; /* rows, elements per row */
+            const CkptfsMxfp4 *where; /* owned by the plan */
+        } mxfp4;
     } u;
 } CkptfsExtent;
 
@@ -125,6 +146,8 @@ void ckptfs_plan_add_scaled(CkptfsPlanBuilder *b, CkptfsConvert conv, const Ckpt
  * adjacent. */
 void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsConvert conv, uint64_t nrep,
                              const CkptfsStridedItem *items, uint32_t nitems);
+/* Appends NREP rows of WIDTH bf16 elements dequantised from the MXFP4 data WHERE (copied) says. */
+void ckptfs_plan_add_mxfp4(CkptfsPlanBuilder *b, const CkptfsMxfp4 *where, uint64_t nrep, uint64_t width);
 /* Appends the 4-byte CRC-32 of bytes [OFFSET, OFFSET + LEN) of this file, which must come
  * before it and hold no CRC extent. Computed lazily: the first read of it reads the range. */
 void ckptfs_plan_add_crc32(CkptfsPlanBuilder *b, uint64_t offset, uint64_t len);

@@ -1,0 +1,138 @@
+/* MXFP4 experts dequantised to bf16 on read, one thread: what a daemon thread does for a read of
+ * GPT-OSS's experts served as bf16. A source file of random MXFP4 blocks and scales (E experts of
+ * [R, C/32, 16] and [R, C/32]) is written to DIR and read from the page cache through
+ * ckptfs_plan_read (no FUSE):
+ *
+ *   plain       the bf16 output's size as a plain run of a file (the baseline of the ratios)
+ *   rows        each expert's stored rows (a Megatron view's fc1/fc2: rows of [R, C])
+ *   gate        every other stored row (gate rows of GPT-OSS's interleaved gate_up)
+ *   transposed  each expert's [C, R] (hf/ with -o dtype=bf16: transformers' [E, H, 2F])
+ *
+ *   mxfp4_bench [--rounds N] [--read KIB] [--rows R] [--cols C] [--experts E] [--only CASE] DIR
+ *
+ * Prints GB/s of bf16 output per second of this thread for each, the best of N rounds (default
+ * 5), and its ratio to the plain read. Defaults: GPT-OSS-120B's gate_up_proj (R 5760 = 2F, C 2880
+ * = H), 4 experts (127 MiB of bf16), reads of 1 MiB. */
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckptfs/plan.h"
+#include "ckptfs/srcfiles.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Seconds to read PLAN whole in READ-byte requests, the best of ROUNDS. */
+static double best_seconds(const CkptfsPlan *plan, const CkptfsSrcFiles *files, size_t read, int rounds)
+{
+    g_autofree uint8_t *buf = g_malloc(read);
+    double best = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        double t0 = now();
+        for (uint64_t off = 0; off < ckptfs_plan_size(plan); off += read) {
+            GError *error = NULL;
+            if (ckptfs_plan_read(plan, files, buf, read, off, &error) < 0) {
+                fprintf(stderr, "mxfp4_bench: %s\n", error->message);
+                exit(1);
+            }
+        }
+        double t = now() - t0;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = 5;
+    uint64_t read_kib = 1024, rows = 5760, cols = 2880, experts = 4;
+    const char *dir = NULL, *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 < argc && strcmp(argv[i], "--rounds") == 0)
+            rounds = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--read") == 0)
+            read_kib = strtoull(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--rows") == 0)
+            rows = strtoull(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--cols") == 0)
+            cols = strtoull(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--experts") == 0)
+            experts = strtoull(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--only") == 0)
+            only = argv[++i];
+        else
+            dir = argv[i];
+    }
+    if (dir == NULL || rounds < 1 || read_kib == 0 || rows < 2 || cols == 0 || cols % 32 != 0 || experts == 0) {
+        fprintf(stderr, "usage: mxfp4_bench [--rounds N] [--read KIB] [--rows R] [--cols C (a multiple of 32)] "
+                        "[--experts E] [--only CASE] DIR\n");
+        return 2;
+    }
+    /* The file: blocks, then scales; long enough to hold the plain read's bytes too. */
+    uint64_t elems = experts * rows * cols, blocks = elems / 2, scales = elems / 32;
+    uint64_t size = MAX(blocks + scales, elems * 2);
+    g_autofree char *path = g_build_filename(dir, "mxfp4_bench.src", NULL);
+    {
+        g_autofree uint8_t *data = g_malloc(size);
+        GRand *rng = g_rand_new_with_seed(1);
+        for (uint64_t i = 0; i < size; i++)
+            data[i] = i >= blocks && i < blocks + scales ? (uint8_t)g_rand_int_range(rng, 110, 130)
+                                                          : (uint8_t)g_rand_int(rng);
+        g_rand_free(rng);
+        if (!g_file_set_contents(path, (const char *)data, (gssize)size, NULL)) {
+            fprintf(stderr, "mxfp4_bench: cannot write %s\n", path);
+            return 1;
+        }
+    }
+    CkptfsSrcFiles *files = ckptfs_srcfiles_new(0);
+    GError *error = NULL;
+    if (ckptfs_srcfiles_add(files, path, &error) < 0) {
+        fprintf(stderr, "mxfp4_bench: %s\n", error->message);
+        return 1;
+    }
+    static const char *const cases[] = {"plain", "rows", "gate", "transposed"};
+    double base = 0;
+    printf("experts %" G_GUINT64_FORMAT " x MXFP4 [R %" G_GUINT64_FORMAT ", C %" G_GUINT64_FORMAT "], reads of %"
+           G_GUINT64_FORMAT " KiB, best of %d, one thread\n", experts, rows, cols, read_kib, rounds);
+    for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+        if (c > 0 && only != NULL && strcmp(only, cases[c]) != 0)
+            continue; /* the plain read stays: the ratios' base */
+        CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+        for (uint64_t e = 0; e < experts; e++) {
+            CkptfsMxfp4 where = {.blocks_src = 0, .scales_src = 0, .blocks_base = 0, .scales_base = blocks,
+                                 .cols = cols, .row0 = e * rows, .row_step = 1};
+            if (c == 0) {
+                ckptfs_plan_add_run(b, 0, e * rows * cols * 2, rows * cols * 2);
+            } else if (c == 1) {
+                ckptfs_plan_add_mxfp4(b, &where, rows, cols);
+            } else if (c == 2) { /* gate rows, then up rows */
+                where.row_step = 2;
+                ckptfs_plan_add_mxfp4(b, &where, rows / 2, cols);
+                where.row0++;
+                ckptfs_plan_add_mxfp4(b, &where, rows / 2, cols);
+            } else {
+                where.transposed = true;
+                ckptfs_plan_add_mxfp4(b, &where, cols, rows);
+            }
+        }
+        CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+        best_seconds(plan, files, (size_t)read_kib << 10, 1); /* warm the page cache */
+        double t = best_seconds(plan, files, (size_t)read_kib << 10, rounds);
+        double gbs = (double)ckptfs_plan_size(plan) / t / 1e9;
+        if (c == 0)
+            base = gbs;
+        printf("  %-12s %7.2f GB/s  %.2f of plain\n", cases[c], gbs, gbs / base);
+        ckptfs_plan_free(plan);
+    }
+    ckptfs_srcfiles_free(files);
+    g_unlink(path);
+    return 0;
+}
