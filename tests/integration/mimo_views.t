@@ -50,6 +50,16 @@ round_trip tp2pp1
 round_trip tp1pp2
 round_trip mcore
 
+# The released MiMo-7B's config.json spelling (transformers 4.40) serves the same rank files.
+rel=$WORK/released
+cp -r "$src" "$rel"
+$PY "$ref" bad "$rel" released-config
+if mount_ckptfs "$rel" "$WORK/mnt-rel" -o "mtp=on,layouts=tp2pp2"; then
+  check "released config.json spelling: tp2pp2 checks as above" $PY "$ref" check "$rel" "$WORK/mnt-rel/tp2pp2" tp2pp2
+else
+  ok 1 "released config.json spelling: mount"
+fi
+
 "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1
 check "inspect: mimo rules with q/k/v biases" grep -q "mimo rules: .*qkv bias" "$WORK/inspect"
 check "inspect: the MTP layers under model.mtp_layers, left out unless -o mtp=on" \

@@ -23,7 +23,9 @@ ckptfs's code.
   mimo_reference.py same ORIG HF_DIR
       HF_DIR's tensors (the MTP layers' included) are ORIG's, bit for bit.
   mimo_reference.py bad SRC KIND
-      breaks SRC: KIND drop-mtp (an MTP tensor left out), input-proj-shape ([H, H]).
+      breaks SRC: KIND drop-mtp (an MTP tensor left out), input-proj-shape ([H, H]);
+      released-config rewrites its config.json in the released MiMo-7B's spelling (transformers
+      4.40: rope_theta, torch_dtype, attention_bias, use_mrope, sliding_window, auto_map).
 """
 import argparse
 import json
@@ -236,6 +238,19 @@ def bad(src, kind):
     path = os.path.join(src, "model.safetensors")
     tensors = models.read_checkpoint(src)
     H = json.load(open(os.path.join(src, "config.json")))["hidden_size"]
+    if kind == "released-config":
+        c = json.load(open(os.path.join(src, "config.json")))
+        keep = {k: c[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                  "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                                  "tie_word_embeddings", "num_nextn_predict_layers")}
+        released = dict(architectures=["MiMoForCausalLM"], model_type="mimo", attention_bias=True,
+                        attention_dropout=0.0, hidden_act="silu", initializer_range=0.02, max_window_layers=36,
+                        rope_scaling=None, rope_theta=THETA, sliding_window=32768, torch_dtype="bfloat16",
+                        transformers_version="4.40.1", use_cache=True, use_mrope=False, use_sliding_window=False,
+                        auto_map={"AutoConfig": "configuration_mimo.MiMoConfig",
+                                  "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"})
+        json.dump({**released, **keep}, open(os.path.join(src, "config.json"), "w"), indent=2)
+        return
     if kind == "drop-mtp":
         del tensors["model.mtp_layers.1.hidden_layernorm.weight"]
     elif kind == "input-proj-shape":
