@@ -50,6 +50,13 @@ round_trip tp2pp1
 round_trip tp1pp2
 round_trip mcore
 
+# Megatron's local spec: the MTP layer's norms under their module names.
+if mount_ckptfs "$src" "$WORK/mnt-local" -o "mtp=on,spec=local,layouts=tp2pp2"; then
+  check "spec=local tp2pp2: local names, the same bytes and forward" $PY "$ref" check "$src" "$WORK/mnt-local/tp2pp2" tp2pp2 --local
+else
+  ok 1 "spec=local: mount"
+fi
+
 # The released MiMo-7B's config.json spelling (transformers 4.40) serves the same rank files.
 rel=$WORK/released
 cp -r "$src" "$rel"

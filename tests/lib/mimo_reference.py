@@ -11,7 +11,7 @@ ckptfs's code.
       OUT/mimo: a tiny Qwen2ForCausalLM built by transformers, saved in bf16, plus MTP layers
       built as MiMoMTPLayers builds them (transformers' Qwen2Attention, Qwen2MLP, Qwen2RMSNorm,
       a Linear(2H, H)) and written under model.mtp_layers.N; config.json says MiMoForCausalLM.
-  mimo_reference.py check SRC VIEW LAYOUT [--torch2]
+  mimo_reference.py check SRC VIEW LAYOUT [--torch2] [--local]
       every rank file of VIEW (a Megatron view of SRC with -o mtp=on) loads; the MTP layers'
       entries are mbridge's names holding exactly the bytes of SRC's tensors (eh_proj =
       input_proj with its column halves exchanged, split by rows over TP; the transformer layer's
@@ -133,8 +133,8 @@ class MimoModel(Model):
         return super().layer(i, suffix)
 
 
-def expected_mtp(m, j, r, tp):
-    """TP rank r's entries of MTP layer j (legacy names, TE spec): mbridge's mimo map, and
+def expected_mtp(m, j, r, tp, te):
+    """TP rank r's entries of MTP layer j (legacy names of the TE or local spec): mbridge's mimo map, and
     eh_proj = input_proj with its halves exchanged (mbridge's _weight_to_mcore_format), rows split."""
     pre, H = f"mtp.layers.{j}.", m.H
     sd = {pre + "enorm.weight": m.layer(("mtp", j), "token_layernorm.weight"),
@@ -143,8 +143,8 @@ def expected_mtp(m, j, r, tp):
     w = m.layer(("mtp", j), "input_proj.weight")
     eh = np.concatenate([w[:, H:], w[:, :H]], 1)
     sd[pre + "eh_proj.weight"] = eh[r * H // tp:(r + 1) * H // tp]
-    attention_keys(m, sd, pre + "mtp_model_layer.", ("mtp", j), r, tp, True)
-    dense_mlp_keys(m, sd, pre + "mtp_model_layer.", ("mtp", j), r, tp, True)
+    attention_keys(m, sd, pre + "mtp_model_layer.", ("mtp", j), r, tp, te)
+    dense_mlp_keys(m, sd, pre + "mtp_model_layer.", ("mtp", j), r, tp, te)
     return {k: v for k, v in sd.items() if v is not None}
 
 
@@ -158,15 +158,15 @@ def mimo_mtp(m, j, e, h):
     return rms(x, g("final_layernorm.weight"), m.eps)
 
 
-def megatron_mtp(m, sds, j, e, h):
+def megatron_mtp(m, sds, j, e, h, te):
     """Megatron-core's MultiTokenPredictionLayer over the TP ranks' state dicts: eh_proj column-
     parallel (each rank its rows of the output, gathered), then the layer and the final norm."""
     pre = f"mtp.layers.{j}."
     x = np.concatenate([rms(e, f32(sds[0][pre + "enorm.weight"]), m.eps),
                         rms(h, f32(sds[0][pre + "hnorm.weight"]), m.eps)], 1)
     x = np.concatenate([x @ f32(sd[pre + "eh_proj.weight"]).T for sd in sds], 1)
-    x = megatron_attention(m, sds, pre + "mtp_model_layer.", x, True)
-    x = x + megatron_dense_mlp(m, sds, pre + "mtp_model_layer.", x, True)
+    x = megatron_attention(m, sds, pre + "mtp_model_layer.", x, te)
+    x = x + megatron_dense_mlp(m, sds, pre + "mtp_model_layer.", x, te)
     return rms(x, f32(sds[0][pre + "final_layernorm.weight"]), m.eps)
 
 
@@ -176,8 +176,10 @@ def check(argv):
     ap.add_argument("view")
     ap.add_argument("layout")
     ap.add_argument("--torch2", action="store_true")
+    ap.add_argument("--local", action="store_true", help="a view mounted with spec=local")
     a = ap.parse_args(argv)
     import torch
+    te = not a.local
     tp, pp = (int(x) for x in a.layout[2:].split("pp"))
     m = MimoModel(a.src)
     names = sorted(os.listdir(os.path.join(a.view, "release")))
@@ -198,7 +200,7 @@ def check(argv):
             continue
         r = int(n.split("_")[2])
         last.append(sd)
-        want = {k: v for j in range(MTP_LAYERS) for k, v in expected_mtp(m, j, r, tp).items()}
+        want = {k: v for j in range(MTP_LAYERS) for k, v in expected_mtp(m, j, r, tp, te).items()}
         if set(got) != set(want):
             errors.append(f"{n}: MTP keys extra {sorted(set(got) - set(want))[:4]}, missing {sorted(set(want) - set(got))[:4]}")
             continue
@@ -215,7 +217,7 @@ def check(argv):
     h = rng.standard_normal((len(TOKENS), m.H)).astype(np.float32)
     worst = 0.0
     for j in range(MTP_LAYERS):
-        want, got = mimo_mtp(m, j, e, h), megatron_mtp(m, last, j, e, h)
+        want, got = mimo_mtp(m, j, e, h), megatron_mtp(m, last, j, e, h, te)
         worst = max(worst, np.abs(got - want).max() / np.abs(want).max())
     if not worst < TOLERANCE:
         sys.exit(f"Megatron's MTP forward differs from MiMo's: max relative error {worst:.3g}")
