@@ -760,9 +760,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                    m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
                    m->topk_scaling > 0 ? m->topk_scaling : 1.0);
         if (m->mtp_layers)
-            printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (model.layers.%" G_GUINT64_FORMAT
-                   "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "", m->layers,
-                   m->mtp_layers > 1 ? "..." : "",
+            printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
+                   "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",
+                   m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.",
+                   m->arch->family->mtp_hf_prefix ? 0 : m->layers, m->mtp_layers > 1 ? "..." : "",
                    m->mtp ? "in the Megatron views as mtp.layers.N"
                    : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
                        ? "left out of the Megatron views; -o mtp=on adds them"

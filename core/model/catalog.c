@@ -460,3 +460,45 @@ void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b)
 {
     ckptfs_tensor_emit_rect(tensor, b, 0, tensor->rows, 0, tensor->cols);
 }
+
+unsigned ckptfs_piece_swap_col_halves(const CkptfsPiece *piece, uint64_t cols, size_t isz, CkptfsPiece out[2])
+{
+    uint64_t half = cols / 2, col_stride = piece->col_stride ? piece->col_stride : isz;
+    if (piece->col1 <= half || piece->col0 >= half) {
+        out[0] = *piece;
+        out[0].col0 = piece->col0 < half ? piece->col0 + half : piece->col0 - half;
+        out[0].col1 = out[0].col0 + (piece->col1 - piece->col0);
+        return 1;
+    }
+    out[0] = *piece, out[1] = *piece; /* [col0, half) goes right, [half, col1) left */
+    out[0].col0 = piece->col0 + half, out[0].col1 = cols;
+    out[1].col0 = 0, out[1].col1 = piece->col1 - half;
+    out[1].offset = piece->offset + (half - piece->col0) * col_stride;
+    return 2;
+}
+
+void ckptfs_tensor_emit_rect_swapped(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                                     uint64_t r1, uint64_t c0, uint64_t c1)
+{
+    size_t isz = ckptfs_dtype_size(tensor->stored);
+    if (tensor->scale != NULL) {
+        /* Block scales are found by the tensor's own columns: row by row, each half its own rect. */
+        uint64_t half = tensor->cols / 2;
+        for (uint64_t row = r0; row < r1; row++) {
+            if (c0 < half)
+                ckptfs_tensor_emit_rect(tensor, b, row, row + 1, c0 + half, MIN(c1, half) + half);
+            if (c1 > half)
+                ckptfs_tensor_emit_rect(tensor, b, row, row + 1, MAX(c0, half) - half, c1 - half);
+        }
+        return;
+    }
+    /* The tensor seen swapped: its pieces' columns moved; the gather then reads them side by side. */
+    CkptfsTensor swapped = *tensor;
+    g_autofree CkptfsPiece *pieces = g_new(CkptfsPiece, 2 * (size_t)tensor->npieces);
+    swapped.npieces = 0;
+    for (unsigned p = 0; p < tensor->npieces; p++)
+        swapped.npieces += ckptfs_piece_swap_col_halves(&tensor->pieces[p], tensor->cols, isz,
+                                                        pieces + swapped.npieces);
+    swapped.pieces = pieces;
+    ckptfs_tensor_emit_rect(&swapped, b, r0, r1, c0, c1);
+}

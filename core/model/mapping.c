@@ -199,18 +199,21 @@ static const CkptfsRule qwen_moe_rules[] = {
      false, false},                                                                              \
     EXTRA(scope_, name_ "._extra_state", te_at + 1, NONE, CKPTFS_NEED_MTP)
 
-/* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the decoder's
- * layers, "model.layers.{layers + N}."): its norms of the embedding and of the hidden state,
- * their projection (column-parallel), the transformer layer (the family's layer rules), and its
- * final norm (HF's shared_head.norm). Its embedding and head are the model's. */
-#define MTP_LAYER                                                                             \
-    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, "enorm.weight"),                               \
-    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, "hnorm.weight"),                               \
+/* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the family's MTP
+ * prefix, mtp_hf_prefix): its norms of the embedding and of the hidden state, their projection
+ * (column-parallel; EH_RECIPE says how the HF matrix's columns are ordered), the transformer
+ * layer (the family's layer rules), and its final norm. Its embedding and head are the model's. */
+#define MTP_LAYER_OF(enorm_hf, hnorm_hf, eh_recipe, eh_hf, final_hf)                            \
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, enorm_hf),                                     \
+    MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, hnorm_hf),                                     \
     {CKPTFS_SCOPE_MTP_IN, false, false, "eh_proj.weight", NULL, NULL, 4, 2, CKPTFS_NEED_MTP, 2, \
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE, {"eh_proj.weight"}, \
-     NULL, false, false},                                                                      \
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, eh_recipe, {eh_hf}, NULL, false, false}, \
     EXTRA(CKPTFS_SCOPE_MTP_IN, "eh_proj._extra_state", 5, 3, CKPTFS_NEED_MTP),                  \
-    MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, "shared_head.norm.weight")
+    MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, final_hf)
+/* DeepSeek-V3's (HF: model.layers.{layers + N}.): eh_proj as Megatron orders it. */
+#define MTP_LAYER                                                                             \
+    MTP_LAYER_OF("enorm.weight", "hnorm.weight", CKPTFS_RECIPE_WHOLE, "eh_proj.weight",        \
+                 "shared_head.norm.weight")
 
 static const CkptfsRule deepseek_rules[] = {
     EMBEDDING,
@@ -289,12 +292,23 @@ static const CkptfsRule glm4_moe_rules[] = {
     MTP_LAYER,
 };
 
-const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules)};
-const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules)};
-const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules)};
-const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules)};
-const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules)};
-const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules)};
+/* MiMo (MiMoForCausalLM): Qwen2 (q/k/v biases) with multi-token prediction layers under
+ * model.mtp_layers.N (mbridge's mimo names): token_layernorm and hidden_layernorm are Megatron's
+ * enorm and hnorm; input_proj reads [hidden; embedding], eh_proj [embedding; hidden]. */
+static const CkptfsRule mimo_rules[] = {
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM, DENSE_MLP,
+    LAYER_EXTRAS_AND_LAST,
+    MTP_LAYER_OF("token_layernorm.weight", "hidden_layernorm.weight", CKPTFS_RECIPE_SWAP_COL_HALVES,
+                 "input_proj.weight", "final_layernorm.weight"),
+};
+
+const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules), NULL};
+const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules), NULL};
+const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules), NULL};
+const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules), NULL};
+const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules), NULL};
+const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules), NULL};
+const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers."};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -127,6 +127,7 @@ static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *
     uint64_t q = m->heads * d, kv = m->kv_heads * d;
     switch (key->rule->recipe) {
     case CKPTFS_RECIPE_WHOLE: /* the vocabulary's padding rows are left uncovered */
+    case CKPTFS_RECIPE_SWAP_COL_HALVES: /* rows as they are; readers swap the columns */
         segment(key, hf[0], 0, 0, key->split == CKPTFS_TP_VOCAB ? m->vocab : key->rows);
         break;
     case CKPTFS_RECIPE_QKV:
@@ -168,7 +169,8 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
                               r, stacked, r->expert, r->expert ? m->experts : 0,
                               r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split,
-                              g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment))};
+                              g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
+                              family->mtp_hf_prefix};
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
         const char *tied[1] = {r->tied_hf};
@@ -271,6 +273,11 @@ static bool mtp_scope(CkptfsScope scope)
     return scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT;
 }
 
+bool ckptfs_mcore_key_swaps_col_halves(const CkptfsMcoreKey *key)
+{
+    return key->rule->recipe == CKPTFS_RECIPE_SWAP_COL_HALVES;
+}
+
 char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf)
 {
     if (!key->stacked && !mtp_scope(key->rule->scope))
@@ -278,6 +285,9 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
     g_auto(GStrv) parts = g_strsplit(hf, "{e}", -1);
     g_autofree char *suffix = g_strjoinv(e, parts);
+    if (key->mtp_hf_prefix && layer >= key->decoder_layers)
+        return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->mtp_hf_prefix, layer - key->decoder_layers,
+                               suffix);
     return ckptfs_hf_layer_name(layer, suffix);
 }
 

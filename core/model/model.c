@@ -60,9 +60,13 @@ static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", fa
                                             &ckptfs_family_glm4_moe, &deepseek_v3_moe, false, 0, 1e-5,
                                             .kv_heads = 8, .qk_norm_key = "use_qk_norm",
                                             .partial_rotary = 0.5, .max_positions = 131072};
+/* MiMo: Qwen2 (MiMoConfig is Qwen2Config's) with multi-token prediction layers of its own */
+static const CkptfsArchitecture mimo = {"MiMoForCausalLM", "mimo", true, false, &ckptfs_family_mimo, NULL, false, 0, 0,
+                                        .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
+                                        .max_positions = 32768};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
-                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, NULL};
+                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -230,12 +234,14 @@ static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsMod
  * them (their copies of the model's embedding and head are never read). */
 static bool in_mtp_layer(const CkptfsModel *m, const char *name)
 {
-    const char *p = name + strlen("model.layers.");
-    if (m->mtp_layers == 0 || !g_str_has_prefix(name, "model.layers.") || !g_ascii_isdigit(*p))
+    const char *prefix = m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.";
+    uint64_t first = m->arch->family->mtp_hf_prefix ? 0 : m->layers; /* the index of MTP layer 0 */
+    const char *p = name + strlen(prefix);
+    if (m->mtp_layers == 0 || !g_str_has_prefix(name, prefix) || !g_ascii_isdigit(*p))
         return false;
     char *end = NULL;
     guint64 layer = g_ascii_strtoull(p, &end, 10);
-    return end != NULL && *end == '.' && layer >= m->layers && layer - m->layers < m->mtp_layers;
+    return end != NULL && *end == '.' && layer >= first && layer - first < m->mtp_layers;
 }
 
 /* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape.
@@ -460,7 +466,7 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
     if (model->mtp_layers == 0 || !ckptfs_family_has(model->arch->family, CKPTFS_NEED_MTP)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
                     "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
-                    "with rules for them (DeepSeek-V3, GLM-4.5)");
+                    "with rules for them (DeepSeek-V3, GLM-4.5, MiMo)");
         return false;
     }
     model->mtp = true;

@@ -460,7 +460,9 @@ bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m
     const CkptfsTensor *embed = ckptfs_catalog_find(catalog, "model.embed_tokens.weight");
     const CkptfsTensor *head = ckptfs_catalog_find(catalog, m->tied_embeddings ? "model.embed_tokens.weight"
                                                                                : "lm_head.weight");
-    for (uint64_t j = 0; j < m->mtp_layers && embed && head; j++) {
+    /* DeepSeek's form only: a family with MTP layers of their own prefix has no copies */
+    bool copies = m->arch->family->mtp_hf_prefix == NULL;
+    for (uint64_t j = 0; copies && j < m->mtp_layers && embed && head; j++) {
         const CkptfsTensor *from[2] = {embed, head};
         const char *suffix[2] = {"embed_tokens.weight", "shared_head.head.weight"};
         for (int i = 0; i < 2; i++) {

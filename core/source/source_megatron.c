@@ -520,7 +520,14 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
         CkptfsPiece piece = {.row0 = part->hf_row0, .row1 = part->hf_row0 + part->rows,
                              .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l->src,
                              .offset = l->base + row * l->row_stride, .row_stride = l->row_stride};
-        ckptfs_piece_set_add(set, hf, &piece);
+        CkptfsPiece swapped[2];
+        unsigned n = ckptfs_mcore_key_swaps_col_halves(key)
+                         ? ckptfs_piece_swap_col_halves(&piece, key->cols, ckptfs_dtype_size(l->dtype), swapped)
+                         : 0;
+        for (unsigned i = 0; i < n; i++)
+            ckptfs_piece_set_add(set, hf, &swapped[i]);
+        if (n == 0)
+            ckptfs_piece_set_add(set, hf, &piece);
         if (key->rule->fp32)
             ckptfs_piece_set_dtype(set, hf, l->dtype);
     }

@@ -414,7 +414,14 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
                     if (!g_hash_table_contains(set->pieces, hf))
                         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u holds '%s', which the model "
                                     "does not have", t->metadata_path, en->name, c, hf);
-                    ckptfs_piece_set_add(set, hf, &p);
+                    CkptfsPiece swapped[2];
+                    unsigned nswapped = ckptfs_mcore_key_swaps_col_halves(key)
+                                            ? ckptfs_piece_swap_col_halves(&p, key->cols, isz, swapped)
+                                            : 0;
+                    for (unsigned i = 0; i < nswapped; i++)
+                        ckptfs_piece_set_add(set, hf, &swapped[i]);
+                    if (nswapped == 0)
+                        ckptfs_piece_set_add(set, hf, &p);
                     if (key->rule->fp32)
                         ckptfs_piece_set_dtype(set, hf, dtype);
                 }

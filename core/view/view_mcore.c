@@ -110,8 +110,8 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
         g_autofree char *name = ckptfs_mcore_hf_name(k, it->layer, it->expert, seg->hf_name);
         const CkptfsTensor *t = ckptfs_catalog_find(ckptfs_source_model_catalog(ref->view->source), name);
         g_assert(t != NULL); /* the model rules checked every tensor */
-        ckptfs_tensor_emit_rect(t, b, seg->hf_row0 + (a - seg->row0), seg->hf_row0 + (z - seg->row0),
-                                it->c0, it->c1);
+        (ckptfs_mcore_key_swaps_col_halves(k) ? ckptfs_tensor_emit_rect_swapped : ckptfs_tensor_emit_rect)(
+            t, b, seg->hf_row0 + (a - seg->row0), seg->hf_row0 + (z - seg->row0), it->c0, it->c1);
         row = z;
     }
     if (row < it->r1)

@@ -15,6 +15,7 @@
 typedef struct {
     const CkptfsTensor *src; /* NULL: zero rows */
     uint64_t r0, r1, c0, c1; /* rectangle (for zero rows: r1 - r0 rows of c1 - c0 columns) */
+    bool swapped;            /* of SRC seen with its column halves exchanged */
 } Part;
 
 typedef struct {
@@ -35,7 +36,9 @@ static void rank_tensor_emit(gconstpointer ctx, CkptfsPlanBuilder *b)
     size_t isz = ckptfs_dtype_size(t->dtype);
     for (guint i = 0; i < t->parts->len; i++) {
         const Part *p = &g_array_index(t->parts, Part, i);
-        if (p->src)
+        if (p->src && p->swapped)
+            ckptfs_tensor_emit_rect_swapped(p->src, b, p->r0, p->r1, p->c0, p->c1);
+        else if (p->src)
             ckptfs_tensor_emit_rect(p->src, b, p->r0, p->r1, p->c0, p->c1);
         else
             ckptfs_plan_add_zero(b, (p->r1 - p->r0) * (p->c1 - p->c0) * isz);
@@ -87,7 +90,7 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
 {
     if (r1 <= r0 || c1 <= c0)
         return;
-    Part p = {src, r0, r1, c0, c1};
+    Part p = {src, r0, r1, c0, c1, false};
     g_array_append_val(t->parts, p);
 }
 
@@ -110,6 +113,8 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
             g_autofree char *name = ckptfs_mcore_hf_name(key, layer, expert, p->hf);
             add_part(t, ckptfs_catalog_find(catalog, name), p->hf_row0, p->hf_row0 + p->rows, p->col0,
                      p->col0 + p->cols);
+            if (t->parts->len > 0 && ckptfs_mcore_key_swaps_col_halves(key))
+                g_array_index(t->parts, Part, t->parts->len - 1).swapped = true;
         } else if (key->split == CKPTFS_TP_VOCAB && v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST) {
             const CkptfsMcoreSegment *vocab = &g_array_index(key->segments, CkptfsMcoreSegment, 0);
             const CkptfsTensor *src = ckptfs_catalog_find(catalog, vocab->hf_name);

@@ -110,4 +110,14 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
 /* The whole tensor. */
 void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b);
 
+/* The same rectangle of TENSOR's 2-D view seen with each row's two column halves exchanged
+ * ([b | a] for [a | b]; columns an even count): gather extents side by side, no data moved. */
+void ckptfs_tensor_emit_rect_swapped(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                                     uint64_t r1, uint64_t c0, uint64_t c1);
+
+/* PIECE, a rectangle of a matrix of COLS columns (ISZ bytes an element), as the same bytes seen
+ * with the column halves exchanged: one piece, or two where it crosses the middle, into OUT;
+ * returns how many. Its own inverse. */
+unsigned ckptfs_piece_swap_col_halves(const CkptfsPiece *piece, uint64_t cols, size_t isz, CkptfsPiece out[2]);
+
 #endif

@@ -52,6 +52,10 @@ typedef enum {
     CKPTFS_RECIPE_QKV_FUSED,    /* the same from hf[0] = [q; k; v] (one fused projection) */
     CKPTFS_RECIPE_HALVES,       /* [hf[0]; hf[1]] (fc1 = [gate; up]) */
     CKPTFS_RECIPE_HALVES_FUSED, /* hf[0] = [gate; up] already */
+    /* hf[0] with each row's two column halves in the other order: [b | a] from [a | b] (MiMo's
+     * MTP input_proj reads [hidden; embedding], Megatron's eh_proj [embedding; hidden]). A
+     * gather of rectangles, its own inverse: sources read it back the same way. */
+    CKPTFS_RECIPE_SWAP_COL_HALVES,
 } CkptfsRecipe;
 
 /* When an entry exists. */
@@ -114,6 +118,11 @@ typedef struct {
     const char *name; /* "llama": separate q/k/v and gate/up projections */
     const CkptfsRule *rules;
     unsigned n_rules;
+    /* Where multi-token prediction layer J's Hugging Face tensors are: "model.mtp_layers." (then
+     * "J."; MiMo), its layer's under the decoder layers' names, no copies of the embedding and
+     * head. NULL: DeepSeek's form, the layers after the decoder's ("model.layers.{layers + J}."),
+     * with copies of the embedding and head (embed_tokens, shared_head.head). */
+    const char *mtp_hf_prefix;
 } CkptfsFamily;
 
 /* The families ckptfs knows. */
@@ -124,6 +133,7 @@ extern const CkptfsFamily ckptfs_family_qwen_moe; /* Qwen2-MoE, Qwen3-MoE: mlp.e
 extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-first layers, shared
                                                      experts, expert bias */
 extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention, DeepSeek-V3 MoE and MTP */
+extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers of their own names */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

@@ -30,7 +30,16 @@ typedef struct {
     uint64_t rows, cols;  /* that tensor as a matrix (cols 1 for 1-D) */
     CkptfsTpSplit split;
     GArray *segments;     /* CkptfsMcoreSegment, by row; rows not covered are zero (padding) */
+    /* Layers from DECODER_LAYERS on are multi-token prediction layers, whose HF tensors are
+     * under MTP_HF_PREFIX when the family names one (CkptfsFamily.mtp_hf_prefix) */
+    uint64_t decoder_layers;
+    const char *mtp_hf_prefix;
 } CkptfsMcoreKey;
+
+/* Whether KEY's HF matrix holds its columns' two halves in the other order
+ * (CKPTFS_RECIPE_SWAP_COL_HALVES): each rectangle of the key is then read through
+ * ckptfs_tensor_emit_rect_swapped / ckptfs_piece_swap_col_halves. */
+bool ckptfs_mcore_key_swaps_col_halves(const CkptfsMcoreKey *key);
 
 /* The tensor keys of MODEL from its family's mapping table (sizes, bias, norms and tying are
  * read), with the vocabulary padded to PADDED_VOCAB rows, in Megatron's module order. Tied
@@ -77,7 +86,8 @@ char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j
 GPtrArray *ckptfs_mcore_extra_state_rules(const CkptfsModel *model);
 
 /* A Hugging Face tensor of KEY: HF (a segment's or share part's name) of layer LAYER and
- * expert EXPERT, as the checkpoint names it ("model.layers.3.mlp.experts.5.up_proj.weight"). */
+ * expert EXPERT, as the checkpoint names it ("model.layers.3.mlp.experts.5.up_proj.weight";
+ * a multi-token prediction layer's under the family's prefix: "model.mtp_layers.0.input_proj.weight"). */
 char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf);
 
 /* Every Hugging Face tensor of MODEL (KEYS: its mcore keys), full names, in checkpoint order:

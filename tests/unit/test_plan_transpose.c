@@ -1,7 +1,8 @@
 /* TRANSPOSE extents (a matrix stored transposed, an expert's slice of a fused tensor) against a
  * naive element-by-element reference: random extents over random source files read at random
  * offsets and lengths, bf16 and fp32 as stored and fp32 served as bf16; the catalog's strided
- * pieces cut into rectangles; a 1 MiB read in few read calls; a source changed under the plan. */
+ * pieces cut into rectangles, and seen with their column halves exchanged; a 1 MiB read in few
+ * read calls; a source changed under the plan. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <stdio.h>
@@ -250,6 +251,71 @@ static void test_catalog_pieces(const Sources *s, GRand *rng)
     ckptfs_catalog_free(catalog);
 }
 
+/* A matrix seen with each row's column halves exchanged (CKPTFS_RECIPE_SWAP_COL_HALVES): pieces
+ * row-major and transposed, one crossing the middle; rectangles of the swapped view emitted by
+ * ckptfs_tensor_emit_rect_swapped, and a tensor made of pieces swapped by
+ * ckptfs_piece_swap_col_halves (a source read backwards), both equal the naive copy where
+ * column c is the stored matrix's column (c + half) mod cols. */
+static void test_swapped_halves(const Sources *s, GRand *rng)
+{
+    const uint64_t rows = 19, half = 13, cols = 2 * half;
+    const size_t isz = 2;
+    CkptfsPiece pieces[3] = {
+        {.row0 = 0, .row1 = rows, .col0 = 0, .col1 = 9, .src = 0, .offset = 300, .row_stride = 9 * isz},
+        {.row0 = 0, .row1 = rows, .col0 = 9, .col1 = 20, .src = 1, .offset = 5000, .row_stride = isz,
+         .col_stride = (rows + 1) * isz},
+        {.row0 = 0, .row1 = rows, .col0 = 20, .col1 = cols, .src = 0, .offset = 9000, .row_stride = 6 * isz},
+    };
+    CkptfsPiece swapped[6];
+    unsigned n = 0;
+    for (int i = 0; i < 3; i++)
+        n += ckptfs_piece_swap_col_halves(&pieces[i], cols, isz, swapped + n);
+    tap_ok(n == 4, "the piece crossing the middle is cut in two, the others moved (%u pieces)", n);
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    uint64_t shape[2] = {rows, cols};
+    GError *error = NULL;
+    const CkptfsTensor *stored = ckptfs_catalog_add_pieces(catalog, "stored", CKPTFS_DTYPE_BF16, 2, shape, pieces, 3, &error);
+    const CkptfsTensor *backwards = ckptfs_catalog_add_pieces(catalog, "backwards", CKPTFS_DTYPE_BF16, 2, shape, swapped, n,
+                                                              &error);
+    tap_ok(stored && backwards, "both tile the matrix (%s)", error ? error->message : "ok");
+    g_clear_error(&error);
+    for (int way = 0; way < 2 && stored && backwards; way++) {
+        int ok = 0, total = 200;
+        for (int k = 0; k < total; k++) {
+            uint64_t r0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)rows);
+            uint64_t r1 = (uint64_t)g_rand_int_range(rng, (gint32)r0 + 1, (gint32)rows + 1);
+            uint64_t c0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)cols);
+            uint64_t c1 = (uint64_t)g_rand_int_range(rng, (gint32)c0 + 1, (gint32)cols + 1);
+            CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+            if (way == 0)
+                ckptfs_tensor_emit_rect_swapped(stored, b, r0, r1, c0, c1);
+            else
+                ckptfs_tensor_emit_rect(backwards, b, r0, r1, c0, c1);
+            CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+            g_autoptr(GByteArray) want = g_byte_array_new();
+            for (uint64_t r = r0; r < r1; r++)
+                for (uint64_t c = c0; c < c1; c++) {
+                    uint64_t at = (c + half) % cols;
+                    const CkptfsPiece *pc = &pieces[at < 9 ? 0 : at < 20 ? 1 : 2];
+                    uint64_t cs = pc->col_stride ? pc->col_stride : isz;
+                    CkptfsStridedItem one = {.src = pc->src, .base = pc->offset + (r - pc->row0) * pc->row_stride +
+                                                                     (at - pc->col0) * cs};
+                    uint8_t el[2];
+                    reference_element(s, &one, 0, 0, isz, false, el);
+                    g_byte_array_append(want, el, 2);
+                }
+            g_autofree uint8_t *buf = g_malloc(want->len);
+            ok += ckptfs_plan_size(plan) == want->len &&
+                  ckptfs_plan_read(plan, s->files, buf, want->len, 0, NULL) == (int64_t)want->len &&
+                  memcmp(buf, want->data, want->len) == 0;
+            ckptfs_plan_free(plan);
+        }
+        tap_ok(ok == total, "%s: rectangles of the halves exchanged equal the naive copy (%d/%d)",
+               way == 0 ? "emit_rect_swapped" : "pieces swapped", ok, total);
+    }
+    ckptfs_catalog_free(catalog);
+}
+
 /* read(2)-family calls this process made so far (/proc/self/io's syscr). */
 static long read_calls(void)
 {
@@ -339,6 +405,7 @@ int main(void)
     test_random_extents(&s, rng);
     test_adjacent_is_gather(&s);
     test_catalog_pieces(&s, rng);
+    test_swapped_halves(&s, rng);
     test_few_reads(&s);
     test_sources_and_prefetch(&s);
     test_source_changed(&s);
