@@ -204,10 +204,8 @@ static bool dequantize_fp8(CkptfsSource *source, const CkptfsOptions *options, b
  * "mxfp4", "modules_to_not_convert": [...]}). */
 static bool mxfp4_config(const CkptfsSource *source)
 {
-    JsonNode *q = source->config ? json_object_get_member(source->config, "quantization_config") : NULL;
-    if (q == NULL || !JSON_NODE_HOLDS_OBJECT(q))
-        return false;
-    const char *method = ckptfs_json_member_string(json_node_get_object(q), "quant_method");
+    JsonObject *q = source->config ? ckptfs_json_member_object(source->config, "quantization_config") : NULL;
+    const char *method = q ? ckptfs_json_member_string(q, "quant_method") : NULL;
     return method != NULL && strcmp(method, "mxfp4") == 0;
 }
 
