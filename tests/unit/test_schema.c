@@ -19,7 +19,7 @@ static const char *const bases[] = {
     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"num_hidden_layers\": 3, "
     "\"hidden_size\": 96, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32, "
     "\"intermediate_size\": 200, \"vocab_size\": 300, \"max_position_embeddings\": 9000, \"hidden_act\": \"silu\", "
-    "\"tie_word_embeddings\": true, \"attention_bias\": true, \"mlp_bias\": false, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
+    "\"tie_word_embeddings\": true, \"attention_bias\": false, \"mlp_bias\": false, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
     "\"partial_rotary_factor\": 1.0, \"sliding_window\": null, \"num_nextn_predict_layers\": 0, "
     "\"bos_token_id\": 1, \"eos_token_id\": [2, 7], \"pad_token_id\": null, "
     "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, \"low_freq_factor\": 1.0, "
