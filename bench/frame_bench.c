@@ -20,6 +20,7 @@
 
 #include "ckptfs/container.h"
 #include "ckptfs/readfile.h"
+#include "plan_bench.h"
 
 enum { ST_READ, ST_CODEC, ST_PLANES, ST_CHECKSUM, ST_WHOLE, ST_COUNT };
 static const char *const stage_names[ST_COUNT] = {"read stored bytes", "decompress", "byte planes",
@@ -32,13 +33,6 @@ typedef struct {
     uint64_t frames;
 } Totals;
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* A pass over every frame of C (in FD) timing the whole decode with its read (as a decoder
  * thread does it), apart from the staged pass so neither warms the caches for the other. */
 static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCtx *dctx, uint8_t *work,
@@ -46,10 +40,10 @@ static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, ZS
 {
     for (uint64_t i = 0; i < ckptfs_container_frames(c); i++) {
         const CkptfsFrameEntry *e = ckptfs_container_frame(c, i);
-        double t0 = now();
+        double t0 = bench_now();
         bool ok = ckptfs_pread_full(fd, work, e->clength, e->coffset) == 0 &&
                   ckptfs_frame_decode_with(e, work, out, scratch, dctx, NULL);
-        double t1 = now();
+        double t1 = bench_now();
         if (!ok) {
             fprintf(stderr, "frame_bench: %s: frame %llu does not decode\n", path, (unsigned long long)i);
             return -1;
@@ -66,12 +60,12 @@ static int run_file(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCt
     for (uint64_t i = 0; i < ckptfs_container_frames(c); i++) {
         const CkptfsFrameEntry *e = ckptfs_container_frame(c, i);
         Totals *k = &t[e->codec];
-        double t0 = now();
+        double t0 = bench_now();
         if (ckptfs_pread_full(fd, work, e->clength, e->coffset) != 0) {
             fprintf(stderr, "frame_bench: %s: cannot read frame %llu\n", path, (unsigned long long)i);
             return -1;
         }
-        double t1 = now();
+        double t1 = bench_now();
         uint8_t *dst = e->planes > 1 ? scratch : out;
         size_t got = e->ulength;
         if (e->codec == CKPTFS_CODEC_ZSTD)
@@ -80,12 +74,12 @@ static int run_file(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCt
             got = (size_t)LZ4_decompress_safe((const char *)work, (char *)dst, (int)e->clength, (int)e->ulength);
         else
             memcpy(dst, work, e->ulength);
-        double t2 = now();
+        double t2 = bench_now();
         if (e->planes > 1)
             ckptfs_planes_unshuffle(out, scratch, e->ulength, e->planes);
-        double t3 = now();
+        double t3 = bench_now();
         uint32_t sum = ckptfs_frame_checksum(out, e->ulength);
-        double t4 = now();
+        double t4 = bench_now();
         if (got != e->ulength || sum != e->checksum) {
             fprintf(stderr, "frame_bench: %s: frame %llu does not decode\n", path, (unsigned long long)i);
             return -1;

@@ -22,33 +22,7 @@
 
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* Seconds to read PLAN whole in READ-byte requests, the best of ROUNDS. */
-static double best_seconds(const CkptfsPlan *plan, const CkptfsSrcFiles *files, size_t read, int rounds)
-{
-    g_autofree uint8_t *buf = g_malloc(read);
-    double best = 1e30;
-    for (int r = 0; r < rounds; r++) {
-        double t0 = now();
-        for (uint64_t off = 0; off < ckptfs_plan_size(plan); off += read) {
-            GError *error = NULL;
-            if (ckptfs_plan_read(plan, files, buf, read, off, &error) < 0) {
-                fprintf(stderr, "transpose_bench: %s\n", error->message);
-                exit(1);
-            }
-        }
-        double t = now() - t0;
-        best = t < best ? t : best;
-    }
-    return best;
-}
+#include "plan_bench.h"
 
 int main(int argc, char **argv)
 {
@@ -134,8 +108,8 @@ int main(int argc, char **argv)
             }
         }
         CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
-        best_seconds(plan, files, (size_t)read_kib << 10, 1); /* warm the page cache */
-        double t = best_seconds(plan, files, (size_t)read_kib << 10, rounds);
+        bench_best_read_seconds(plan, files, (size_t)read_kib << 10, 1, "transpose_bench"); /* warm the page cache */
+        double t = bench_best_read_seconds(plan, files, (size_t)read_kib << 10, rounds, "transpose_bench");
         double gbs = (double)ckptfs_plan_size(plan) / t / 1e9;
         if (c == 0)
             base = gbs;
