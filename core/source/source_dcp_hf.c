@@ -70,6 +70,10 @@ static bool passed_through(const char *name)
 static bool read_checkpoint_dir(DcpHf *h)
 {
     CkptfsSource *source = h->source;
+    /* Given files first: the first file of a name is the one served. */
+    if (!ckptfs_source_use_given_config(source, h->options, h->error) ||
+        (h->options->hf_extra && !ckptfs_source_add_extra_files(source, h->options->hf_extra, h->error)))
+        return false;
     g_autoptr(GDir) d = g_dir_open(h->checkpoint_dir, 0, NULL);
     const char *name;
     while (d && (name = g_dir_read_name(d)) != NULL) {
@@ -78,8 +82,6 @@ static bool read_checkpoint_dir(DcpHf *h)
             !ckptfs_source_add_file(source, name, path, h->error))
             return false;
     }
-    if (!ckptfs_source_use_given_config(source, h->options, h->error))
-        return false;
     if (source->config != NULL)
         return true;
     g_autofree char *path = g_build_filename(h->checkpoint_dir, "config.json", NULL);

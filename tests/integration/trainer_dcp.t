@@ -84,6 +84,28 @@ if ((${#checks[@]})); then
   ok $((n == ${#checks[@]} / 3 ? 0 : 1)) "one logits check for each of the $((${#checks[@]} / 3)) mounts (got $n)"
 fi
 
+# -o hf_config: the given config.json is the one served, over the checkpoint's (fp32 and saying
+# so: hf/ passes it through unchanged); without any config hf/ still serves the weights.
+if grep -qx "built llama-fsdp2" "$WORK/built"; then
+  src=$models/llama-fsdp2/checkpoint-10
+  "$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(torch_dtype="float32", dtype="float32", given_here=True); json.dump(c, open(sys.argv[2], "w"), indent=2)' \
+    "$src/config.json" "$WORK/given.json"
+  if mount_ckptfs "$src" "$WORK/mnt-given" -o dtype=fp32,hf_config="$WORK/given.json" 2> "$WORK/err"; then
+    cmp "$WORK/given.json" "$WORK/mnt-given/hf/config.json"
+    ok $? "-o hf_config: hf/config.json is the given file"
+    unmount_ckptfs "$WORK/mnt-given"
+  else
+    ok 1 "-o hf_config: mount: $(head -c 300 "$WORK/err")"
+  fi
+  mkdir -p "$WORK/no-config"
+  cp -r "$src/pytorch_model_fsdp_0" "$WORK/no-config/"
+  out=$("$CKPTFS" ls "$WORK/no-config/pytorch_model_fsdp_0" hf 2>&1 | awk '{print $NF}')
+  [[ $out == model.safetensors ]]
+  ok $? "pytorch_model_fsdp_0/ alone, no config.json anywhere: hf/ serves the weights ($out)"
+  "$CKPTFS" inspect "$WORK/no-config/pytorch_model_fsdp_0" 2>&1 | grep -q "config.json: missing (give -o hf_config=PATH)"
+  ok $? "pytorch_model_fsdp_0/ alone: inspect says config.json is missing and how to give one"
+fi
+
 # Broken copies of the FSDP2 Llama: refused at mount, naming the file and the problem.
 if grep -qx "built llama-fsdp2" "$WORK/built"; then
   bad=$WORK/bad
