@@ -3,10 +3,11 @@
 # the sid root: a tiny Llama and a tiny Qwen3-MoE wrapped in FSDP2 across two gloo ranks on the
 # CPU and saved as Accelerate's save_fsdp_model does with SHARDED_STATE_DICT (checkpoint-10/
 # with config.json, pytorch_model_fsdp_0/ and optimizer_0/), the Llama also with FSDP1 and as a
-# bare DCP of its state dict. hf/ loaded by transformers 5 gives the original model's logits
-# exactly (bf16 by default, fp32 with -o dtype=fp32); tp2pp1/ and mcore/ are byte for byte those
-# of the model saved by save_pretrained, and torch 1.13 loads the rank files; broken copies are
-# refused naming the file and the problem.
+# bare DCP of its state dict (and one with its head tied to the embedding). hf/ loaded by
+# transformers 5 gives the original model's weights and logits exactly (bf16 by default, fp32
+# with -o dtype=fp32); tp2pp1/ and mcore/ are byte for byte those of the model saved by
+# save_pretrained, and torch 1.13 loads the rank files; broken copies are refused naming the
+# file and the problem.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -32,7 +33,7 @@ source_dir() {
 }
 
 checks=()
-for name in llama-fsdp2 llama-fsdp1 llama-bare qwen3_moe-fsdp2; do
+for name in llama-fsdp2 llama-fsdp1 llama-bare llamatied-bare qwen3_moe-fsdp2; do
   grep -qx "built $name" "$WORK/built" || continue
   src=$(source_dir "$name") ref=$models/${name%%-*}-ref
   "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1

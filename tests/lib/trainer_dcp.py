@@ -10,7 +10,8 @@ root: torch 2.14, transformers 5), and the checks of what ckptfs serves from the
       get_model_state_dict(model)}) into pytorch_model_fsdp_0/, with config.json beside it (as
       the Trainer writes) and an optimizer_0/ saved the same way. For Llama also
       OUT/llama-fsdp1/checkpoint-10/ (FSDP1, SHARDED_STATE_DICT, model.state_dict()) when FSDP1
-      runs on the CPU, and OUT/llama-bare/, a DCP save of the plain state dict with config.json.
+      runs on the CPU, and OUT/llama-bare/, a DCP save of the plain state dict with config.json;
+      the same of a Llama with tied embeddings: OUT/llamatied-ref, OUT/llamatied-bare.
       Prints "built NAME" or "unbuilt NAME: why" lines.
   trainer_dcp.py hostile SRC OUT
       copies of the FSDP2 checkpoint SRC with one thing broken each (their names say what).
@@ -36,6 +37,8 @@ BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 # vocab 255: FSDP's row shards of the embedding are uneven (128 + 127)
 FAMILIES = {
     "llama": ("LlamaConfig", dict(vocab_size=255)),
+    # the head tied to the embedding: the state dict has both, save_pretrained writes one
+    "llamatied": ("LlamaConfig", dict(vocab_size=255, tie_word_embeddings=True)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(vocab_size=256, num_experts=4, num_experts_per_tok=2,
                                          moe_intermediate_size=32, decoder_sparse_step=1, head_dim=16,
                                          norm_topk_prob=False)),
@@ -94,11 +97,13 @@ def save_sharded(family, version, ckpt):
 
 def build(out):
     for family in FAMILIES:
-        jobs = [(f"{family}-ref", lambda: make_model(family).save_pretrained(f"{out}/{family}-ref")),
-                (f"{family}-fsdp2", lambda: save_sharded(family, 2, f"{out}/{family}-fsdp2/checkpoint-10"))]
+        jobs = [(f"{family}-ref", lambda: make_model(family).save_pretrained(f"{out}/{family}-ref"))]
+        if family != "llamatied":
+            jobs.append((f"{family}-fsdp2", lambda: save_sharded(family, 2, f"{out}/{family}-fsdp2/checkpoint-10")))
         if family == "llama":
             jobs.append(("llama-fsdp1", lambda: save_sharded(family, 1, f"{out}/llama-fsdp1/checkpoint-10")))
-            jobs.append(("llama-bare", lambda: bare(f"{out}/llama-bare")))
+        if family.startswith("llama"):
+            jobs.append((f"{family}-bare", lambda: bare(family, f"{out}/{family}-bare")))
         for name, job in jobs:
             try:
                 job()
@@ -107,8 +112,8 @@ def build(out):
                 print(f"unbuilt {name}: {type(e).__name__}: {e}".splitlines()[0], flush=True)
 
 
-def bare(out):
-    model = make_model("llama")
+def bare(family, out):
+    model = make_model(family)
     dcp.save(model.state_dict(), storage_writer=dcp.FileSystemWriter(out), no_dist=True)
     model.config.save_pretrained(out)
 
@@ -157,6 +162,16 @@ def hostile(src, out):
     shutil.copy(f"{src}/config.json", dst)
 
 
+def safetensors_names(directory):
+    from safetensors import safe_open
+    names = set()
+    for f in os.listdir(directory):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(directory, f), "pt") as st:
+                names.update(st.keys())
+    return names
+
+
 def check(triples):
     ids = torch.tensor([[1, 5, 9, 42, 100, 7, 3, 250]])
     for i in range(0, len(triples), 3):
@@ -170,6 +185,10 @@ def check(triples):
             b = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype="auto")
             if b.dtype != want_dtype:
                 raise AssertionError(f"hf/ loads as {b.dtype}")
+            # a tied head: save_pretrained leaves lm_head.weight out, and so must hf/
+            heads = ["lm_head.weight" in safetensors_names(d) for d in (ref, hf)]
+            if heads[0] != heads[1]:
+                raise AssertionError(f"lm_head.weight in save_pretrained's copy: {heads[0]}, in hf/: {heads[1]}")
             sa, sb = a.state_dict(), b.state_dict()
             differ = [k for k in sa if k not in sb or not torch.equal(sa[k], sb[k])]
             if differ or len(sa) != len(sb):
