@@ -107,11 +107,12 @@ if grep -qx "built llama-fsdp2" "$WORK/built"; then
   ok $? "pytorch_model_fsdp_0/ alone: inspect says config.json is missing and how to give one"
 fi
 
-# Broken copies of the FSDP2 Llama: refused at mount, naming the file and the problem.
-if grep -qx "built llama-fsdp2" "$WORK/built"; then
+# Broken copies of the FSDP2 Llama and Qwen3-MoE: refused at mount, naming the file and the problem.
+if grep -qx "built llama-fsdp2" "$WORK/built" && grep -qx "built qwen3_moe-fsdp2" "$WORK/built"; then
   bad=$WORK/bad
   mkdir -p "$bad"
-  sid_python "$WORK" "$script" hostile "$models/llama-fsdp2/checkpoint-10" "$bad" > /dev/null 2> "$WORK/hostile.err"
+  sid_python "$WORK" "$script" hostile "$models/llama-fsdp2/checkpoint-10" \
+    "$models/qwen3_moe-fsdp2/checkpoint-10" "$bad" > /dev/null 2> "$WORK/hostile.err"
   ok $? "torch writes the broken copies" || tail -n 20 "$WORK/hostile.err" | sed 's/^/# /' >&2
   key="model.model.embed_tokens.weight"
   while IFS='|' read -r what expect; do
@@ -125,6 +126,7 @@ missing-chunk|$bad/missing-chunk/pytorch_model_fsdp_0/.metadata: '$key':
 overlapping-chunks|$bad/overlapping-chunks/pytorch_model_fsdp_0/.metadata: '$key':
 chunk-outside-file|$bad/chunk-outside-file/pytorch_model_fsdp_0/__
 bytes-entry|'model.norm.weight' is stored as bytes (a pickled object), not a tensor
+chunk-cuts-dim-1|$bad/chunk-cuts-dim-1/pytorch_model_fsdp_0/.metadata: 'model.model.layers.0.mlp.experts.gate_up_proj' chunk at [0, 32, 0] of size [2, 32, 64] cuts dim 1 of a 3-dim tensor
 EOF2
 fi
 done_testing

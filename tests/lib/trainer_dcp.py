@@ -13,8 +13,9 @@ root: torch 2.14, transformers 5), and the checks of what ckptfs serves from the
       runs on the CPU, and OUT/llama-bare/, a DCP save of the plain state dict with config.json;
       the same of a Llama with tied embeddings: OUT/llamatied-ref, OUT/llamatied-bare.
       Prints "built NAME" or "unbuilt NAME: why" lines.
-  trainer_dcp.py hostile SRC OUT
-      copies of the FSDP2 checkpoint SRC with one thing broken each (their names say what).
+  trainer_dcp.py hostile SRC MOE_SRC OUT
+      copies of the FSDP2 checkpoints SRC (Llama) and MOE_SRC (Qwen3-MoE) with one thing broken
+      each (their names say what).
   trainer_dcp.py check REF HF_DIR DTYPE [REF HF_DIR DTYPE ...]
       REF (save_pretrained's copy) loaded as DTYPE and HF_DIR, both loaded by transformers, have
       the same weights and give the same logits (torch.equal). Prints "PASS what" or "FAIL what: why" lines.
@@ -126,13 +127,13 @@ def rewrite_metadata(path, change):
         pickle.dump(md, f)
 
 
-def hostile(src, out):
+def hostile(src, moe_src, out):
     """Each copy broken in one way; the name says how."""
     key = "model.model.embed_tokens.weight"
 
-    def copy(name):
+    def copy(name, source=src):
         dst = f"{out}/{name}"
-        shutil.copytree(src, dst)
+        shutil.copytree(source, dst)
         return dst, f"{dst}/pytorch_model_fsdp_0/.metadata"
 
     dst, _ = copy("missing-rank")
@@ -153,6 +154,15 @@ def hostile(src, out):
                 info.offset += 1 << 40
     _, md = copy("chunk-outside-file")
     rewrite_metadata(md, outside)
+
+    # a chunk of the fused experts [E, 2F, H] that cuts the second dim (FSDP cuts the first)
+    def cut(m):
+        fused = "model.model.layers.0.mlp.experts.gate_up_proj"
+        chunk = m.state_dict_metadata[fused].chunks[1]
+        chunk.offsets = torch.Size([0, 32, 0])
+        chunk.sizes = torch.Size([2, 32, chunk.sizes[2]])
+    _, md = copy("chunk-cuts-dim-1", moe_src)
+    rewrite_metadata(md, cut)
 
     # a value DCP stores as pickled bytes where a weight belongs
     dst = f"{out}/bytes-entry"
@@ -207,6 +217,6 @@ if __name__ == "__main__":
     if cmd == "build":
         build(sys.argv[2])
     elif cmd == "hostile":
-        hostile(sys.argv[2], sys.argv[3])
+        hostile(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         check(sys.argv[2:])
