@@ -16,27 +16,16 @@
 #include "ckptfs/mcore.h"
 #include "ckptfs/pickle.h"
 #include "ckptfs/zipreader.h"
+#include "dcp.h"
 #include "source_internal.h"
 
-
-typedef struct {
-    uint32_t src;
-    uint64_t offset, length;
-    const char *fqn;
-} Span;
 
 typedef struct {
     CkptfsSource *source;
     const CkptfsOptions *options;
     GError **error;
-    char *dir;                  /* the checkpoint directory (metadata.json, .metadata, ...) */
-    char *metadata_path;
-    CkptfsPickle *metadata;
+    CkptfsDcp dcp;              /* the checkpoint directory (metadata.json, .metadata, ...) */
     CkptfsPickle *common;
-    const CkptfsPy *state_dict_metadata;
-    GHashTable *storage;        /* "fqn\n(offsets)" -> _StorageInfo state dict */
-    GHashTable *file_srcs;      /* relative path -> src + 1 */
-    GArray *spans;              /* Span: the archives read, to refuse overlaps */
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and saved split */
     CkptfsDtype dtype;
     uint64_t vocab_rows;        /* the padded vocabulary of the first vocabulary key (no args) */
@@ -71,7 +60,7 @@ static bool probe_torch_dist(const char *dir, const CkptfsOptions *options)
 
 static bool check_metadata_json(Td *t)
 {
-    g_autofree char *path = g_build_filename(t->dir, "metadata.json", NULL);
+    g_autofree char *path = g_build_filename(t->dcp.dir, "metadata.json", NULL);
     GError *json_error = NULL;
     g_autoptr(JsonObject) o = ckptfs_json_load_object(path, &json_error);
     if (o == NULL) {
@@ -87,175 +76,6 @@ static bool check_metadata_json(Td *t)
         return fail(t, CKPTFS_ERROR_UNSUPPORTED,
                     "%s: sharded_backend '%.40s' is not supported (torch_dist is)", path, backend);
     return true;
-}
-
-static int add_source_file(Td *t, const char *path)
-{
-    return ckptfs_srcfiles_add(t->source->files, path, t->error);
-}
-
-/* Reads and parses a whole small file (.metadata). */
-static CkptfsPickle *parse_file(Td *t, const char *path, uint64_t max)
-{
-    int src = add_source_file(t, path);
-    if (src < 0)
-        return NULL;
-    const CkptfsSrcFile *f = ckptfs_srcfiles_get(t->source->files, (unsigned)src);
-    if (f->size > max) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " bytes is over the %" G_GUINT64_FORMAT
-             " limit", path, f->size, max);
-        return NULL;
-    }
-    g_autofree uint8_t *data = g_malloc(f->size ? f->size : 1);
-    if (!ckptfs_srcfiles_pread(t->source->files, (unsigned)src, data, (size_t)f->size, 0, t->error))
-        return NULL;
-    return ckptfs_pickle_parse(path, data, (size_t)f->size, t->error);
-}
-
-/* A torch.save archive's pickle (common.pt, or one chunk's archive). */
-static CkptfsPickle *parse_archive(Td *t, CkptfsZip *zip, const char *what)
-{
-    GBytes *pkl = ckptfs_zip_read(zip, t->source->files, "data.pkl", CKPTFS_MAX_ARCHIVE_PICKLE_BYTES, t->error);
-    if (pkl == NULL)
-        return NULL;
-    gsize n;
-    const uint8_t *data = g_bytes_get_data(pkl, &n);
-    g_autofree char *name = g_strdup_printf("%s: data.pkl", what);
-    CkptfsPickle *p = ckptfs_pickle_parse(name, data, n, t->error);
-    g_bytes_unref(pkl);
-    return p;
-}
-
-static char *storage_tag(const char *fqn, const uint64_t *offsets, unsigned n)
-{
-    g_autofree char *dims = ckptfs_dims_text(offsets, n);
-    return g_strdup_printf("%s\n%s", fqn, dims);
-}
-
-/* Indexes storage_data: (fqn, chunk offsets) -> where the chunk's archive is. */
-static bool index_storage(Td *t, const CkptfsPy *storage)
-{
-    if (storage == NULL || storage->kind != CKPTFS_PY_DICT)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: no storage_data dict", t->metadata_path);
-    for (guint i = 0; i + 1 < storage->items->len; i += 2) {
-        const CkptfsPy *index = ckptfs_py_object_state(g_ptr_array_index(storage->items, i));
-        const CkptfsPy *info = ckptfs_py_object_state(g_ptr_array_index(storage->items, i + 1));
-        const char *fqn = ckptfs_py_str(ckptfs_py_dict_get(index, "fqn"));
-        if (fqn == NULL || info == NULL)
-            return fail(t, CKPTFS_ERROR_FORMAT, "%s: storage_data entry %u is not a MetadataIndex -> "
-                        "_StorageInfo pair", t->metadata_path, i / 2);
-        uint64_t offsets[CKPTFS_MAX_DIMS];
-        unsigned n = 0;
-        const CkptfsPy *off = ckptfs_py_dict_get(index, "offset");
-        if (off && off->kind != CKPTFS_PY_NONE && !ckptfs_py_dims(off, offsets, &n))
-            return fail(t, CKPTFS_ERROR_FORMAT, "%s: storage_data entry for '%s' has a bad offset",
-                        t->metadata_path, fqn);
-        g_hash_table_replace(t->storage, storage_tag(fqn, offsets, n), (gpointer)info);
-    }
-    return true;
-}
-
-/* The source file of a chunk archive, by its relative path (a plain name in the directory). */
-static bool chunk_file(Td *t, const char *fqn, const char *rel, uint32_t *src)
-{
-    if (rel == NULL || *rel == '\0' || strchr(rel, '/') || strcmp(rel, ".") == 0 || strcmp(rel, "..") == 0)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s': relative_path '%s' is not a file name in the "
-                    "checkpoint directory", t->metadata_path, fqn, rel ? rel : "(none)");
-    gpointer known = g_hash_table_lookup(t->file_srcs, rel);
-    if (known) {
-        *src = GPOINTER_TO_UINT(known) - 1;
-        return true;
-    }
-    g_autofree char *path = g_build_filename(t->dir, rel, NULL);
-    const char *problem = ckptfs_path_problem(path);
-    if (problem != NULL)
-        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: %s (it holds chunks of '%s')", path, problem, fqn);
-    int s = add_source_file(t, path);
-    if (s < 0)
-        return false;
-    g_hash_table_insert(t->file_srcs, g_strdup(rel), GUINT_TO_POINTER((unsigned)s + 1));
-    *src = (uint32_t)s;
-    return true;
-}
-
-typedef struct {
-    uint32_t src;
-    uint64_t base;       /* of the chunk's first element in the file */
-} Chunk;
-
-/* Finds one chunk's bytes: its archive, the tensor in it (shape SIZES, the key's dtype,
- * contiguous), its record. */
-static bool locate_chunk(Td *t, const char *fqn, const uint64_t *offsets, const uint64_t *sizes,
-                         unsigned n, CkptfsDtype dtype, Chunk *out)
-{
-    g_autofree char *tag = storage_tag(fqn, offsets, n);
-    g_autofree char *where = ckptfs_dims_text(offsets, n);
-    const CkptfsPy *info = g_hash_table_lookup(t->storage, tag);
-    if (info == NULL)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s has no storage_data entry",
-                    t->metadata_path, fqn, where);
-    const CkptfsPy *off = ckptfs_py_dict_get(info, "offset"), *len = ckptfs_py_dict_get(info, "length");
-    if (off == NULL || len == NULL || off->kind != CKPTFS_PY_INT || len->kind != CKPTFS_PY_INT ||
-        off->big || len->big || off->i < 0 || len->i <= 0) {
-        bool off_ok = off && off->kind == CKPTFS_PY_INT && !off->big && off->i >= 0;
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s: its storage_data %s is not %s",
-                    t->metadata_path, fqn, where, off_ok ? "length" : "offset",
-                    off_ok ? "a positive integer" : "an integer of at least 0");
-    }
-    uint32_t src = 0;
-    const char *rel = ckptfs_py_str(ckptfs_py_dict_get(info, "relative_path"));
-    if (!chunk_file(t, fqn, rel, &src))
-        return false;
-    g_autofree char *what = g_strdup_printf("%s/%s: '%s' chunk at %s (archive at %" G_GINT64_FORMAT ")",
-                                            t->dir, rel, fqn, where, off->i);
-    CkptfsZip *zip = ckptfs_zip_open_range(t->source->files, src, (uint64_t)off->i, (uint64_t)len->i,
-                                           what, t->error);
-    if (zip == NULL)
-        return false;
-    Span span = {src, (uint64_t)off->i, (uint64_t)len->i, fqn};
-    g_array_append_val(t->spans, span);
-    CkptfsPickle *p = parse_archive(t, zip, what);
-    bool ok = p != NULL;
-    const CkptfsPy *v = p ? ckptfs_pickle_root(p) : NULL;
-    size_t isz = ckptfs_dtype_size(dtype);
-    uint64_t numel = 0, offset = v && v->kind == CKPTFS_PY_TENSOR ? v->tensor->offset : 0;
-    if (ok && !ckptfs_dims_product(sizes, n, &numel)) {
-        g_autofree char *shape = ckptfs_dims_text(sizes, n);
-        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: shape %s overflows 64 bits", what, shape);
-    }
-    if (ok && (v->kind != CKPTFS_PY_TENSOR || v->tensor->ndim != n ||
-               memcmp(v->tensor->shape, sizes, n * sizeof *sizes) != 0)) {
-        g_autofree char *want = ckptfs_dims_text(sizes, n);
-        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: not a tensor of the chunk's shape %s", what, want);
-    }
-    if (ok && v->tensor->dtype != dtype)
-        ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: holds %s, .metadata says %s", what,
-                  ckptfs_dtype_safetensors_name(v->tensor->dtype), ckptfs_dtype_safetensors_name(dtype));
-    uint64_t expect = 1;
-    for (unsigned d = n; ok && d-- > 0;) {
-        if (sizes[d] > 1 && v->tensor->stride[d] != expect)
-            ok = fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: the tensor is not stored contiguously", what);
-        expect *= sizes[d];
-    }
-    if (ok) {
-        g_autofree char *record = g_strdup_printf("data/%s", v->tensor->storage_key);
-        const CkptfsZipEntry *e = ckptfs_zip_find(zip, record);
-        uint64_t end = 0;
-        if (e == NULL)
-            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: its record %s is missing", what, record);
-        else if (!ckptfs_elements_end(offset, numel, isz, &end))
-            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: storage offset %" G_GUINT64_FORMAT " + %" G_GUINT64_FORMAT
-                      " elements of %zu bytes overflows 64 bits", what, offset, numel, isz);
-        else if (end > e->size)
-            ok = fail(t, CKPTFS_ERROR_FORMAT, "%s: elements [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
-                      ") need %" G_GUINT64_FORMAT " bytes but its record %s has %" G_GUINT64_FORMAT,
-                      what, offset, offset + numel, end, record, e->size);
-        else
-            *out = (Chunk){src, e->data_offset + offset * isz}; /* offset * isz <= end */
-    }
-    ckptfs_pickle_free(p);
-    ckptfs_zip_free(zip);
-    return ok;
 }
 
 /* One entry of the model in .metadata: KEY under the name NAME, with the layer axis when
@@ -297,16 +117,16 @@ static char *moe_sizes_hint(Td *t, const CkptfsMcoreKey *key)
 static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_rows, CkptfsDtype *dtype_out)
 {
     const CkptfsMcoreKey *key = en->key;
-    const CkptfsPy *md = ckptfs_py_dict_get(t->state_dict_metadata, en->name);
+    const CkptfsPy *md = ckptfs_py_dict_get(t->dcp.state_dict_metadata, en->name);
     const CkptfsPy *st = ckptfs_py_object_state(md);
     if (md == NULL) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (the model's args imply it)", t->metadata_path, en->name);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (the model's args imply it)", t->dcp.metadata_path, en->name);
         return NULL;
     }
     uint64_t dims[CKPTFS_MAX_DIMS], want[CKPTFS_MAX_DIMS];
     unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, want);
     if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->metadata_path, en->name);
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->dcp.metadata_path, en->name);
         return NULL;
     }
     /* The vocabulary is padded as the saver's TP required: args.padded_vocab_size rows, or
@@ -318,7 +138,7 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
     if (n != nwant || memcmp(dims, want, n * sizeof *dims) != 0) {
         g_autofree char *got = ckptfs_dims_text(dims, n), *exp = ckptfs_dims_text(want, nwant);
         g_autofree char *hint = moe_sizes_hint(t, key);
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; %s %s%s", t->metadata_path, en->name, got,
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape %s; %s %s%s", t->dcp.metadata_path, en->name, got,
              vocab && !t->saved.padded_vocab && t->vocab_rows && dims[0] >= t->saved.model.vocab
                  ? "the other vocabulary key implies" : "the model's args imply", exp, hint);
         return NULL;
@@ -326,29 +146,23 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
     if (vocab)
         t->vocab_rows = dims[0];
     *padded_rows = dims[0];
-    const CkptfsPy *props = ckptfs_py_object_state(ckptfs_py_dict_get(st, "properties"));
-    const CkptfsPy *dtype = props && props->kind == CKPTFS_PY_TUPLE && props->items->len > 0
-                                ? g_ptr_array_index(props->items, 0)
-                                : NULL;
-    CkptfsDtype d = dtype && dtype->kind == CKPTFS_PY_GLOBAL && strcmp(dtype->module, "torch") == 0
-                        ? ckptfs_dtype_from_torch_name(dtype->name)
-                        : CKPTFS_DTYPE_INVALID;
+    CkptfsDtype d = ckptfs_dcp_tensor_dtype(st);
     if (d == CKPTFS_DTYPE_INVALID) {
-        fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->metadata_path, en->name);
+        fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has no dtype ckptfs knows", t->dcp.metadata_path, en->name);
         return NULL;
     }
     *dtype_out = d;
     if (key->rule->fp32) {
         if (ckptfs_dtype_is_float(d))
             return st;
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", t->metadata_path, en->name,
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, not a floating-point type", t->dcp.metadata_path, en->name,
              ckptfs_dtype_safetensors_name(d));
         return NULL;
     }
     if (t->dtype == CKPTFS_DTYPE_INVALID)
         t->dtype = d;
     if (d != t->dtype) {
-        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other weights are %s", t->metadata_path, en->name,
+        fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is %s, other weights are %s", t->dcp.metadata_path, en->name,
              ckptfs_dtype_safetensors_name(d), ckptfs_dtype_safetensors_name(t->dtype));
         return NULL;
     }
@@ -368,28 +182,17 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
         return false;
     const CkptfsPy *chunks = ckptfs_py_dict_get(st, "chunks");
     if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->metadata_path, en->name);
+        return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->dcp.metadata_path, en->name);
     uint64_t shape[CKPTFS_MAX_DIMS];
     unsigned n = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, shape);
     if (!key->stacked)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
     size_t isz = ckptfs_dtype_size(dtype);
     for (guint c = 0; c < chunks->items->len; c++) {
-        const CkptfsPy *cs = ckptfs_py_object_state(g_ptr_array_index(chunks->items, c));
         uint64_t off[CKPTFS_MAX_DIMS], size[CKPTFS_MAX_DIMS];
-        unsigned no = 0, ns = 0;
-        if (!ckptfs_py_dims(ckptfs_py_dict_get(cs, "offsets"), off, &no) ||
-            !ckptfs_py_dims(ckptfs_py_dict_get(cs, "sizes"), size, &ns) || no != n || ns != n)
-            return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u has no offsets/sizes of rank %u",
-                        t->metadata_path, en->name, c, n);
-        for (unsigned d = 0; d < n; d++)
-            if (size[d] == 0 || off[d] > shape[d] || size[d] > shape[d] - off[d]) {
-                g_autofree char *o = ckptfs_dims_text(off, n), *s = ckptfs_dims_text(size, n), *g = ckptfs_dims_text(shape, n);
-                return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk at %s of size %s lies outside %s",
-                            t->metadata_path, en->name, o, s, g);
-            }
-        Chunk where = {0, 0};
-        if (!locate_chunk(t, en->name, off, size, n, dtype, &where))
+        CkptfsDcpChunk where = {0, 0};
+        if (!ckptfs_dcp_chunk_box(&t->dcp, en->name, chunks, c, shape, n, off, size) ||
+            !ckptfs_dcp_locate_chunk(&t->dcp, en->name, off, size, n, dtype, &where))
             return false;
         t->chunks++;
         /* The chunk as layers x experts x rows x columns of one expert's (layer's) matrix. */
@@ -406,14 +209,14 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
                     if (a >= z)
                         continue;
                     g_autofree char *hf = ckptfs_mcore_hf_name(key, l, e, seg->hf_name);
-                    /* Products below numel (checked by locate_chunk): no overflow. */
+                    /* Products below numel (checked by ckptfs_dcp_locate_chunk): no overflow. */
                     uint64_t at = (((l - l0) * ne + (e - e0)) * nr + (a - r0)) * nc;
                     CkptfsPiece p = {.row0 = seg->hf_row0 + (a - seg->row0), .row1 = seg->hf_row0 + (z - seg->row0),
                                      .col0 = c0, .col1 = c0 + nc, .src = where.src,
                                      .offset = where.base + at * isz, .row_stride = nc * isz};
                     if (!g_hash_table_contains(set->pieces, hf))
                         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u holds '%s', which the model "
-                                    "does not have", t->metadata_path, en->name, c, hf);
+                                    "does not have", t->dcp.metadata_path, en->name, c, hf);
                     CkptfsPiece swapped[2];
                     unsigned nswapped = ckptfs_mcore_key_swaps_col_halves(key)
                                             ? ckptfs_piece_swap_col_halves(&p, key->cols, isz, swapped)
@@ -471,10 +274,10 @@ static bool check_coverage(Td *t, GArray *entries, const CkptfsPieceSet *set)
         g_autofree char *of = en ? g_strdup_printf("'%s'", en->name) : g_strdup("the model's keys");
         if (over)
             return fail(t, CKPTFS_ERROR_FORMAT, "%s: chunks of %s overlap: they hold parts of '%s' more "
-                        "than once", t->metadata_path, of, name);
+                        "than once", t->dcp.metadata_path, of, name);
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: chunks of %s leave a hole: they hold %" G_GUINT64_FORMAT
                     " of the %" G_GUINT64_FORMAT " elements of '%s' (a chunk is missing)",
-                    t->metadata_path, of, held, total, name);
+                    t->dcp.metadata_path, of, held, total, name);
     }
     return true;
 }
@@ -487,11 +290,11 @@ static bool check_unexpected(Td *t, GArray *entries)
         g_hash_table_add(known, g_array_index(entries, Entry, i).name);
     g_autoptr(GString) extra = g_string_new(NULL);
     unsigned n = 0;
-    const CkptfsPy *sdm = t->state_dict_metadata;
+    const CkptfsPy *sdm = t->dcp.state_dict_metadata;
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
         if (key == NULL)
-            return fail(t, CKPTFS_ERROR_FORMAT, "%s: a state_dict_metadata key is not a string", t->metadata_path);
+            return fail(t, CKPTFS_ERROR_FORMAT, "%s: a state_dict_metadata key is not a string", t->dcp.metadata_path);
         if (g_hash_table_contains(known, key))
             continue;
         if (strstr(key, "._extra_state")) {
@@ -508,7 +311,7 @@ static bool check_unexpected(Td *t, GArray *entries)
             g_string_append_printf(extra, "%s'%s'", extra->len ? ", " : "", key);
     }
     if (n > 0)
-        return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s", t->metadata_path, n,
+        return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s", t->dcp.metadata_path, n,
                     extra->str, n > 5 ? ", ..." : "");
     return true;
 }
@@ -517,7 +320,7 @@ static bool check_unexpected(Td *t, GArray *entries)
  * whose layers are not all of one kind (moe_layer_freq a list or > 1, heterogeneous specs). */
 static bool per_layer_names(Td *t)
 {
-    const CkptfsPy *sdm = t->state_dict_metadata;
+    const CkptfsPy *sdm = t->dcp.state_dict_metadata;
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
         if (key && g_str_has_prefix(key, "decoder.layers.") && g_ascii_isdigit(key[strlen("decoder.layers.")]))
@@ -542,10 +345,10 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
                 continue;
             g_autofree char *te = ckptfs_mcore_key_name(key, true, per_layer, l);
             g_autofree char *local = ckptfs_mcore_key_name(key, false, per_layer, l);
-            bool te_there = ckptfs_py_dict_get(t->state_dict_metadata, te) != NULL;
-            if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->state_dict_metadata, local) == NULL)
+            bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
+            if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args imply "
-                            "one of them)", t->metadata_path, te, local);
+                            "one of them)", t->dcp.metadata_path, te, local);
             Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), key->stacked && !per_layer, l};
             g_array_append_val(entries, en);
         }
@@ -561,52 +364,29 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
                 continue;
             g_autofree char *te = ckptfs_mcore_mtp_key_name(key, true, j);
             g_autofree char *local = ckptfs_mcore_mtp_key_name(key, false, j);
-            bool te_there = ckptfs_py_dict_get(t->state_dict_metadata, te) != NULL;
-            if (!te_there && ckptfs_py_dict_get(t->state_dict_metadata, local) == NULL)
+            bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
+            if (!te_there && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (args.mtp_num_layers implies it)",
-                            t->metadata_path, te);
+                            t->dcp.metadata_path, te);
             Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l};
             g_array_append_val(entries, en);
         }
     return true;
 }
 
-static gint cmp_span(gconstpointer a, gconstpointer b)
-{
-    const Span *x = a, *y = b;
-    if (x->src != y->src)
-        return x->src < y->src ? -1 : 1;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
-
-/* Two chunks whose archives share bytes are a corrupt checkpoint, not two views of data. */
-static bool check_overlaps(Td *t)
-{
-    g_array_sort(t->spans, cmp_span);
-    for (guint i = 1; i < t->spans->len; i++) {
-        const Span *a = &g_array_index(t->spans, Span, i - 1), *b = &g_array_index(t->spans, Span, i);
-        if (a->src == b->src && a->offset + a->length > b->offset)
-            return fail(t, CKPTFS_ERROR_FORMAT, "%s: the archives of '%s' (at %" G_GUINT64_FORMAT
-                        ") and '%s' (at %" G_GUINT64_FORMAT ") overlap",
-                        ckptfs_srcfiles_get(t->source->files, a->src)->path, a->fqn, a->offset,
-                        b->fqn, b->offset);
-    }
-    return true;
-}
-
 static bool read_common(Td *t, const CkptfsPy **args)
 {
-    g_autofree char *path = g_build_filename(t->dir, "common.pt", NULL);
+    g_autofree char *path = g_build_filename(t->dcp.dir, "common.pt", NULL);
     *args = NULL;
     if (!g_file_test(path, G_FILE_TEST_IS_REGULAR))
         return true; /* sizes must then come from a given config.json */
-    int src = add_source_file(t, path);
+    int src = ckptfs_srcfiles_add(t->source->files, path, t->error);
     if (src < 0)
         return false;
     CkptfsZip *zip = ckptfs_zip_open(t->source->files, (unsigned)src, t->error);
     if (zip == NULL)
         return false;
-    t->common = parse_archive(t, zip, path);
+    t->common = ckptfs_dcp_parse_archive(&t->dcp, zip, path);
     ckptfs_zip_free(zip);
     if (t->common == NULL)
         return false;
@@ -619,7 +399,7 @@ static uint64_t metadata_rows(Td *t, const char *key)
 {
     uint64_t dims[CKPTFS_MAX_DIMS];
     unsigned n = 0;
-    const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->state_dict_metadata, key));
+    const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->dcp.state_dict_metadata, key));
     return st && ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n) && n == 2 ? dims[0] : 0;
 }
 
@@ -628,29 +408,16 @@ static bool open_torch_dist(Td *t)
     const CkptfsOptions *options = t->options;
     if (!check_metadata_json(t))
         return false;
-    t->metadata_path = g_build_filename(t->dir, ".metadata", NULL);
-    if (!g_file_test(t->metadata_path, G_FILE_TEST_IS_REGULAR))
-        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (metadata.json says torch_dist)", t->metadata_path);
-    t->metadata = parse_file(t, t->metadata_path, CKPTFS_MAX_DCP_METADATA_BYTES);
-    if (t->metadata == NULL)
-        return false;
-    const CkptfsPy *root = ckptfs_pickle_root(t->metadata);
-    const CkptfsPy *state = ckptfs_py_object_state(root);
-    if (root->kind != CKPTFS_PY_OBJECT ||
-        !ckptfs_py_is_global(root->callable, "torch.distributed.checkpoint.metadata", "Metadata") ||
-        state == NULL)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: not a torch.distributed.checkpoint Metadata", t->metadata_path);
-    t->state_dict_metadata = ckptfs_py_dict_get(state, "state_dict_metadata");
-    if (t->state_dict_metadata == NULL || t->state_dict_metadata->kind != CKPTFS_PY_DICT)
-        return fail(t, CKPTFS_ERROR_FORMAT, "%s: no state_dict_metadata dict", t->metadata_path);
-    if (!index_storage(t, ckptfs_py_dict_get(state, "storage_data")))
+    if (!g_file_test(t->dcp.metadata_path, G_FILE_TEST_IS_REGULAR))
+        return fail(t, CKPTFS_ERROR_NOT_FOUND, "%s: missing (metadata.json says torch_dist)", t->dcp.metadata_path);
+    if (!ckptfs_dcp_read_metadata(&t->dcp))
         return false;
 
     const CkptfsPy *args = NULL;
     if (!read_common(t, &args) || !ckptfs_source_use_given_config(t->source, options, t->error))
         return false;
     /* verl saves model/dist_ckpt/ without args beside model/huggingface/ (config, tokenizer). */
-    g_autofree char *parent = g_path_get_dirname(t->dir);
+    g_autofree char *parent = g_path_get_dirname(t->dcp.dir);
     g_autofree char *verl_hf = g_build_filename(parent, "huggingface", NULL);
     bool verl_layout = options->hf_extra == NULL && options->hf_config == NULL && has_file(verl_hf, "config.json");
     if (verl_layout) {
@@ -659,31 +426,31 @@ static bool open_torch_dist(Td *t)
             return false;
     }
     if (args) {
-        g_autofree char *common = g_build_filename(t->dir, "common.pt", NULL);
+        g_autofree char *common = g_build_filename(t->dcp.dir, "common.pt", NULL);
         if (!ckptfs_megatron_model_from_args(args, common, options->hf_arch, t->source->config, &t->saved, t->error))
             return false;
         if (t->source->config == NULL)
             ckptfs_megatron_synthesize_config(t->source, &t->saved.model);
     } else {
-        if (!ckptfs_megatron_model_from_config(t->source->config, t->dir, &t->saved, t->error))
+        if (!ckptfs_megatron_model_from_config(t->source->config, t->dcp.dir, &t->saved, t->error))
             return false;
         t->saved.model.tied_embeddings = metadata_rows(t, "output_layer.weight") == 0;
     }
     const CkptfsModel *model = &t->saved.model;
     /* Sizes a hostile source gives: bounded before anything is built per layer. */
-    g_autofree char *sizes_from = args ? g_build_filename(t->dir, "common.pt", NULL)
-                                       : g_strdup_printf("%s: config.json", t->dir);
+    g_autofree char *sizes_from = args ? g_build_filename(t->dcp.dir, "common.pt", NULL)
+                                       : g_strdup_printf("%s: config.json", t->dcp.dir);
     if (!ckptfs_model_check_limits(model, sizes_from, t->error))
         return false;
     if (model->kv_heads == 0 || model->heads % model->kv_heads != 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
-                    "of %" G_GUINT64_FORMAT " query groups", t->dir, model->heads, model->kv_heads);
+                    "of %" G_GUINT64_FORMAT " query groups", t->dcp.dir, model->heads, model->kv_heads);
     /* Stacked keys, or one key per layer (Megatron's naming when layers differ in kind). */
     bool per_layer = per_layer_names(t);
     if (!per_layer && !ckptfs_model_layers_homogeneous(model))
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: the keys stack every layer, but the model has dense layers "
                     "among its MoE layers (args.moe_layer_freq), which Megatron saves per layer "
-                    "('decoder.layers.N. ...')", t->metadata_path);
+                    "('decoder.layers.N. ...')", t->dcp.metadata_path);
     /* The vocabulary's padding is the saver's: each key's shape is checked against .metadata. */
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(model, 0, false);
     g_autoptr(GArray) entries = g_array_new(FALSE, FALSE, sizeof(Entry));
@@ -693,10 +460,10 @@ static bool open_torch_dist(Td *t)
     bool ok = model_entries(t, keys, per_layer, entries) && check_unexpected(t, entries);
     for (guint i = 0; ok && i < entries->len; i++)
         ok = map_key(t, &g_array_index(entries, Entry, i), set);
-    ok = ok && check_coverage(t, entries, set) && check_overlaps(t);
+    ok = ok && check_coverage(t, entries, set) && ckptfs_dcp_check_overlaps(&t->dcp);
     if (ok && (!ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error) ||
                !ckptfs_megatron_add_mtp_copies(t->source->catalog, &t->saved.model, t->error))) {
-        g_prefix_error(t->error, "%s: ", t->metadata_path);
+        g_prefix_error(t->error, "%s: ", t->dcp.metadata_path);
         ok = false;
     }
     ckptfs_piece_set_free(set);
@@ -705,7 +472,7 @@ static bool open_torch_dist(Td *t)
     t->source->found = g_strdup_printf(
         "%u model keys%s in %u chunks over %u .distcp files; %u _extra_state objects and %u optimizer/RNG "
         "entries left unread", entries->len, per_layer ? " (per layer)" : "", t->chunks,
-        g_hash_table_size(t->file_srcs), t->objects, t->skipped);
+        ckptfs_dcp_file_count(&t->dcp), t->objects, t->skipped);
     /* The split it was saved with (from args) is what a bare vpp2 or pp4 refines. */
     CkptfsLayout saved = t->saved.layout;
     t->source->saved_layout = saved.tp && saved.pp ? saved : (CkptfsLayout){.tp = 1, .pp = 1, .vpp = 1};
@@ -715,20 +482,14 @@ static bool open_torch_dist(Td *t)
 
 static bool open_torch_dist_source(CkptfsSource *source, const CkptfsOptions *options, GError **error)
 {
-    Td t = {.source = source, .options = options, .error = error,
-            .storage = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-            .file_srcs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL),
-            .spans = g_array_new(FALSE, FALSE, sizeof(Span))};
-    t.dir = checkpoint_dir(source->dir, options->iteration);
-    bool ok = t.dir != NULL ? open_torch_dist(&t)
-                            : fail(&t, CKPTFS_ERROR_NOT_FOUND, "%s: no torch_dist checkpoint (metadata.json)", source->dir);
-    ckptfs_pickle_free(t.metadata);
+    Td t = {.source = source, .options = options, .error = error};
+    g_autofree char *dir = checkpoint_dir(source->dir, options->iteration);
+    if (dir == NULL)
+        return fail(&t, CKPTFS_ERROR_NOT_FOUND, "%s: no torch_dist checkpoint (metadata.json)", source->dir);
+    ckptfs_dcp_init(&t.dcp, source->files, dir, error);
+    bool ok = open_torch_dist(&t);
     ckptfs_pickle_free(t.common);
-    g_hash_table_unref(t.storage);
-    g_hash_table_unref(t.file_srcs);
-    g_array_unref(t.spans);
-    g_free(t.metadata_path);
-    g_free(t.dir);
+    ckptfs_dcp_clear(&t.dcp);
     return ok;
 }
 
