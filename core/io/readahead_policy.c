@@ -42,7 +42,7 @@ char *ckptfs_readahead_policy_describe(const CkptfsReadaheadPolicy *p)
     switch (p->mode) {
     case CKPTFS_AHEAD_LONE:
         return g_strdup_printf("auto: on: %u core%s%s, %u needed; a rank or mcore/ file opened as one of at most "
-                               "%u such files open (-o readahead_streams) is read through the page cache with "
+                               "%u such files open at once (-o readahead_streams) is read through the page cache with "
                                "chunks pushed ahead of its reader, paused while more are open; others as "
                                "direct_io says; %s ahead at most",
                                p->cores, p->cores == 1 ? "" : "s", counted, CKPTFS_READAHEAD_AUTO_MIN_CORES, p->streams,
