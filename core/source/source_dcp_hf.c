@@ -4,19 +4,27 @@
  * are "model.<HF name>"; FSDP1's ShardedTensors and FSDP2's DTensors alike), and a bare DCP
  * directory of an HF state dict. Each key's chunks, wherever the ranks wrote them, become
  * pieces of the tensor; nothing is copied. The optimizer's directories (optimizer_0/) and the
- * trainer's state files are never opened. */
+ * trainer's state files are never opened.
+ * torchtitan's DCP checkpoints (checkpoint/step-N/) are read the same way, their own parameter
+ * names made Hugging Face's by titan.c's tables; the optimizer, lr_scheduler, dataloader and
+ * train_state entries saved beside the model are left unread. */
 #include <string.h>
 
 #include "ckptfs/error.h"
 #include "ckptfs/json_strict.h"
 #include "dcp.h"
 #include "source_internal.h"
+#include "titan.h"
 
 /* Accelerate's save_fsdp_model: pytorch_model_fsdp_{model_index}; model 0 is the one trained. */
 #define MODEL_DIR "pytorch_model_fsdp_0"
 #define METADATA ".metadata"
 /* The top-level key save_fsdp_model nests the model's state dict under. */
 #define MODEL_KEY "model"
+/* What torchtitan's model state dict has and no Hugging Face one: how its checkpoints are told. */
+#define TITAN_MARK "tok_embeddings.weight"
+/* The states torchtitan's checkpointer saves beside the model's (flattened) ones. */
+static const char *const titan_other_states[] = {"optimizer", "lr_scheduler", "dataloader", "train_state"};
 
 /* Files of the checkpoint directory hf/ does not pass through: weights (hf/ makes its own, a
  * bare DCP directory holds its chunks) and the trainer's own state. */
@@ -35,6 +43,8 @@ typedef struct {
     GHashTable *ranks;     /* R of the __R_k.distcp files read */
     bool listed[CKPTFS_DTYPE_COUNT];
     GString *dtypes;       /* stored element types, in the order first seen */
+    const CkptfsTitanModel *titan; /* torchtitan's names, or NULL for Hugging Face's */
+    CkptfsTitanHeads heads;
 } DcpHf;
 
 #define fail(h, ...) ckptfs_fail((h)->error, __VA_ARGS__)
@@ -52,6 +62,20 @@ static bool probe_dcp_hf(const char *dir, const CkptfsOptions *options)
     (void)options;
     g_autofree char *model = g_build_filename(dir, MODEL_DIR, NULL);
     return has_file(model, METADATA) || (has_file(dir, METADATA) && !has_file(dir, "metadata.json"));
+}
+
+/* A DCP directory (as a bare one above) whose .metadata names torchtitan's embedding. */
+static bool probe_titan(const char *dir, const CkptfsOptions *options)
+{
+    (void)options;
+    if (!has_file(dir, METADATA) || has_file(dir, "metadata.json"))
+        return false;
+    g_autofree char *path = g_build_filename(dir, METADATA, NULL);
+    g_autoptr(GMappedFile) map = g_mapped_file_new(path, FALSE, NULL);
+    if (map == NULL)
+        return false;
+    return memmem(g_mapped_file_get_contents(map), g_mapped_file_get_length(map), TITAN_MARK,
+                  strlen(TITAN_MARK)) != NULL;
 }
 
 static bool passed_through(const char *name)
@@ -140,6 +164,24 @@ static const char *hf_name(const DcpHf *h, const char *key)
     return g_str_has_prefix(key, MODEL_KEY ".") ? key + strlen(MODEL_KEY ".") : NULL;
 }
 
+/* KEY's name in torchtitan's model state dict, or NULL for an entry of the other states: the
+ * checkpointer flattens the model's entries to the top level (some saves keep them under
+ * "model."), and saves the others nested under their state's name. */
+static const char *titan_model_name(const DcpHf *h, const char *key)
+{
+    const CkptfsPy *path = saved_path(h, key);
+    const char *first = path && path->items->len ? ckptfs_py_str(g_ptr_array_index(path->items, 0)) : NULL;
+    if (path != NULL && path->items->len == 2 && g_strcmp0(first, MODEL_KEY) == 0)
+        return ckptfs_py_str(g_ptr_array_index(path->items, 1));
+    for (size_t i = 0; i < G_N_ELEMENTS(titan_other_states); i++) {
+        size_t len = strlen(titan_other_states[i]);
+        if (g_strcmp0(first, titan_other_states[i]) == 0 ||
+            (strncmp(key, titan_other_states[i], len) == 0 && (key[len] == '.' || key[len] == '\0')))
+            return NULL;
+    }
+    return path == NULL && g_str_has_prefix(key, MODEL_KEY ".") ? key + strlen(MODEL_KEY ".") : key;
+}
+
 /* R of a chunk file "__R_k.distcp" (what each rank of the save wrote). */
 static void note_rank(DcpHf *h, uint32_t src)
 {
@@ -151,7 +193,8 @@ static void note_rank(DcpHf *h, uint32_t src)
 /* One model entry: its chunks as pieces of the tensor's 2-D view (rows: the first dim). FSDP
  * cuts rows; a chunk of a 2-D tensor may cut columns too; one of more dims must keep the
  * trailing dims whole to be a rectangle of the view. */
-static bool add_tensor(DcpHf *h, const char *key, const char *name, const CkptfsPy *md)
+static bool add_tensor(DcpHf *h, const char *key, const char *name, const CkptfsTitanName *titan_row,
+                       const char *layer, const CkptfsPy *md)
 {
     const char *path = h->dcp.metadata_path;
     if (md->kind == CKPTFS_PY_OBJECT &&
@@ -200,8 +243,10 @@ static bool add_tensor(DcpHf *h, const char *key, const char *name, const Ckptfs
         g_array_append_val(pieces, p);
         h->chunks++;
     }
-    if (!ckptfs_catalog_add_pieces(h->source->catalog, name, dtype, n, shape, (const CkptfsPiece *)(void *)pieces->data,
-                                   pieces->len, h->error)) {
+    const CkptfsPiece *tiles = (const CkptfsPiece *)(void *)pieces->data;
+    if (titan_row ? !ckptfs_titan_add(h->source->catalog, titan_row, layer, &h->heads, dtype, n, shape, tiles,
+                                      pieces->len, h->error)
+                  : !ckptfs_catalog_add_pieces(h->source->catalog, name, dtype, n, shape, tiles, pieces->len, h->error)) {
         g_prefix_error(h->error, "%s: '%s': ", path, key);
         return false;
     }
@@ -223,7 +268,7 @@ static bool read_model(DcpHf *h)
 {
     if (!ckptfs_dcp_read_metadata(&h->dcp))
         return false;
-    h->nested = keys_nested(h);
+    h->nested = !h->titan && keys_nested(h);
     const CkptfsPy *sdm = h->dcp.state_dict_metadata;
     /* save_pretrained leaves a tied head out; the state dict has it (FSDP1 a copy, FSDP2 the same). */
     bool tied = config_true(h->source->config, "tie_word_embeddings");
@@ -231,12 +276,19 @@ static bool read_model(DcpHf *h)
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
         if (key == NULL)
             return fail(h, CKPTFS_ERROR_FORMAT, "%s: a state_dict_metadata key is not a string", h->dcp.metadata_path);
-        const char *name = hf_name(h, key);
-        if (name == NULL || (tied && strcmp(name, "lm_head.weight") == 0)) {
+        const char *name = h->titan ? titan_model_name(h, key) : hf_name(h, key);
+        g_autofree char *layer = NULL;
+        const CkptfsTitanName *row = h->titan && name ? ckptfs_titan_lookup(h->titan, name, &layer) : NULL;
+        if (h->titan && name && row == NULL)
+            return fail(h, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' is not a parameter of torchtitan's %s that ckptfs "
+                        "knows (config.json's model_type '%s')", h->dcp.metadata_path, key, h->titan->name,
+                        ckptfs_json_member_string(h->source->config, "model_type"));
+        const char *served = row ? row->hf : name;
+        if (name == NULL || (tied && g_strcmp0(served, "lm_head.weight") == 0)) {
             h->skipped++;
             continue;
         }
-        if (!add_tensor(h, key, name, g_ptr_array_index(sdm->items, i + 1)))
+        if (!add_tensor(h, key, name, row, layer, g_ptr_array_index(sdm->items, i + 1)))
             return false;
     }
     if (h->tensors == 0)
@@ -247,11 +299,14 @@ static bool read_model(DcpHf *h)
 
 static void describe_found(DcpHf *h)
 {
-    g_autofree char *abs = g_canonicalize_filename(h->checkpoint_dir, NULL);
+    g_autofree char *abs = g_canonicalize_filename(h->titan ? h->source->dir : h->checkpoint_dir, NULL);
     g_autofree char *base = g_path_get_basename(abs);
     const char *step = g_str_has_prefix(base, "checkpoint-") ? base + strlen("checkpoint-") : NULL;
     g_autoptr(GString) s = g_string_new(NULL);
-    if (h->trainer)
+    if (h->titan)
+        g_string_append_printf(s, "torchtitan checkpoint%s%s (%s names)", g_str_has_prefix(base, "step-") ? ", step " : "",
+                               g_str_has_prefix(base, "step-") ? base + strlen("step-") : "", h->titan->name);
+    else if (h->trainer)
         g_string_append_printf(s, "Hugging Face Trainer / Accelerate FSDP checkpoint%s%s (" MODEL_DIR "/)",
                                step ? ", step " : "", step ? step : "");
     else
@@ -261,23 +316,49 @@ static void describe_found(DcpHf *h)
                            h->chunks, ckptfs_dcp_file_count(&h->dcp), h->dtypes->str);
     if (h->skipped)
         g_string_append_printf(s, "; %u other entries left unread", h->skipped);
-    if (h->trainer)
+    if (h->trainer || h->titan)
         g_string_append(s, "; optimizer and trainer state not read");
     h->source->found = g_string_free(g_steal_pointer(&s), FALSE);
 }
 
-static bool open_dcp_hf(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+/* torchtitan's model, from config.json's model_type (its names say nothing of the sizes, and
+ * Llama's rotary permutation needs the head counts). */
+static bool titan_model(DcpHf *h)
+{
+    JsonObject *config = h->source->config;
+    if (config == NULL)
+        return fail(h, CKPTFS_ERROR_INVALID, "%s: a torchtitan checkpoint names no model: %s", h->source->dir,
+                    h->source->config_problem);
+    const char *type = ckptfs_json_member_string(config, "model_type");
+    if ((h->titan = ckptfs_titan_model_for(type)) == NULL) {
+        g_autofree char *known = ckptfs_titan_model_types();
+        return fail(h, CKPTFS_ERROR_UNSUPPORTED, "%s: config.json's model_type '%s': ckptfs reads torchtitan "
+                    "checkpoints of %s", h->source->dir, type ? type : "(none)", known);
+    }
+    gint64 heads = 0, kv_heads = 0;
+    if (ckptfs_json_member_int(config, "num_attention_heads", &heads) != CKPTFS_JSON_FOUND || heads < 0)
+        heads = 0;
+    if (ckptfs_json_member_int(config, "num_key_value_heads", &kv_heads) != CKPTFS_JSON_FOUND || kv_heads < 0)
+        kv_heads = heads; /* transformers' default: as many as the query heads */
+    h->heads = (CkptfsTitanHeads){(uint64_t)heads, (uint64_t)kv_heads};
+    return true;
+}
+
+static bool open_dcp(CkptfsSource *source, const CkptfsOptions *options, bool titan, GError **error)
 {
     DcpHf h = {.source = source, .options = options, .error = error,
                .ranks = g_hash_table_new(g_direct_hash, g_direct_equal), .dtypes = g_string_new(NULL)};
     g_autofree char *model = g_build_filename(source->dir, MODEL_DIR, NULL);
-    h.trainer = has_file(model, METADATA);
-    /* A bare pytorch_model_fsdp_N/ given itself: its config is the checkpoint directory's. */
+    h.trainer = !titan && has_file(model, METADATA);
+    /* A bare pytorch_model_fsdp_N/ given itself: its config is the checkpoint directory's; a
+     * torchtitan step-N/ may have its config.json beside it, in the checkpoint folder. */
     g_autofree char *base = g_path_get_basename(source->dir);
     bool model_dir_itself = !h.trainer && g_str_has_prefix(base, "pytorch_model_fsdp_") && !has_file(source->dir, "config.json");
-    h.checkpoint_dir = model_dir_itself ? g_path_get_dirname(source->dir) : g_strdup(source->dir);
+    g_autofree char *parent = g_path_get_dirname(source->dir);
+    bool config_beside = titan && !has_file(source->dir, "config.json") && has_file(parent, "config.json");
+    h.checkpoint_dir = model_dir_itself || config_beside ? g_strdup(parent) : g_strdup(source->dir);
     ckptfs_dcp_init(&h.dcp, source->files, h.trainer ? model : source->dir, error);
-    bool ok = read_checkpoint_dir(&h) && read_model(&h);
+    bool ok = read_checkpoint_dir(&h) && (!titan || titan_model(&h)) && read_model(&h);
     if (ok) {
         describe_found(&h);
         /* What accelerate merge-weights users then cast to: training keeps fp32 masters. */
@@ -290,9 +371,20 @@ static bool open_dcp_hf(CkptfsSource *source, const CkptfsOptions *options, GErr
     return ok;
 }
 
+static bool open_dcp_hf(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    return open_dcp(source, options, false, error);
+}
+
+static bool open_titan(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    return open_dcp(source, options, true, error);
+}
+
 static char *describe_dcp_hf(const CkptfsSource *source)
 {
     return g_strdup_printf("%u tensors from a torch distributed checkpoint", ckptfs_catalog_count(source->catalog));
 }
 
 const CkptfsSourceFormat ckptfs_format_dcp_hf = {"hf-dcp", probe_dcp_hf, open_dcp_hf, describe_dcp_hf};
+const CkptfsSourceFormat ckptfs_format_titan = {"torchtitan", probe_titan, open_titan, describe_dcp_hf};

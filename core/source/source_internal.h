@@ -20,6 +20,7 @@ extern const CkptfsSourceFormat ckptfs_format_torch_dist; /* source_torchdist.c 
 extern const CkptfsSourceFormat ckptfs_format_verl_fsdp;  /* source_fsdp.c */
 extern const CkptfsSourceFormat ckptfs_format_verl_megatron; /* source_verl_megatron.c */
 extern const CkptfsSourceFormat ckptfs_format_dcp_hf;     /* source_dcp_hf.c */
+extern const CkptfsSourceFormat ckptfs_format_titan;      /* source_dcp_hf.c, names from titan.c */
 
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
 
