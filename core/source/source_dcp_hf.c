@@ -314,6 +314,8 @@ static void describe_found(DcpHf *h)
     g_string_append_printf(s, ": saved by %u rank%s, %u tensors in %u chunks over %u .distcp files, stored as%s",
                            g_hash_table_size(h->ranks), g_hash_table_size(h->ranks) == 1 ? "" : "s", h->tensors,
                            h->chunks, ckptfs_dcp_file_count(&h->dcp), h->dtypes->str);
+    if (h->titan)
+        g_string_append_printf(s, ", served as %u Hugging Face tensors", ckptfs_catalog_count(h->source->catalog));
     if (h->skipped)
         g_string_append_printf(s, "; %u other entries left unread", h->skipped);
     if (h->trainer || h->titan)
@@ -344,6 +346,23 @@ static bool titan_model(DcpHf *h)
     return true;
 }
 
+/* The model's every tensor, of its shape, and none beside: a torchtitan save is the whole
+ * model, and what its names give must be that (a missing or misshapen tensor would otherwise
+ * cost only the Megatron views, and hf/ would serve a model transformers cannot load). */
+static bool titan_complete(DcpHf *h)
+{
+    CkptfsModel model;
+    g_autoptr(GPtrArray) unused = NULL;
+    if (!ckptfs_model_from_config(h->source->config, h->source->catalog, &model, &unused, h->error)) {
+        g_prefix_error(h->error, "%s: ", h->dcp.metadata_path);
+        return false;
+    }
+    if (unused != NULL && unused->len > 0)
+        return fail(h, CKPTFS_ERROR_FORMAT, "%s: '%s' (and %u more) is beyond what config.json describes",
+                    h->dcp.metadata_path, (const char *)g_ptr_array_index(unused, 0), unused->len - 1);
+    return true;
+}
+
 static bool open_dcp(CkptfsSource *source, const CkptfsOptions *options, bool titan, GError **error)
 {
     DcpHf h = {.source = source, .options = options, .error = error,
@@ -358,7 +377,8 @@ static bool open_dcp(CkptfsSource *source, const CkptfsOptions *options, bool ti
     bool config_beside = titan && !has_file(source->dir, "config.json") && has_file(parent, "config.json");
     h.checkpoint_dir = model_dir_itself || config_beside ? g_strdup(parent) : g_strdup(source->dir);
     ckptfs_dcp_init(&h.dcp, source->files, h.trainer ? model : source->dir, error);
-    bool ok = read_checkpoint_dir(&h) && (!titan || titan_model(&h)) && read_model(&h);
+    bool ok = read_checkpoint_dir(&h) && (!titan || titan_model(&h)) && read_model(&h) &&
+              (!titan || titan_complete(&h));
     if (ok) {
         describe_found(&h);
         /* What accelerate merge-weights users then cast to: training keeps fp32 masters. */

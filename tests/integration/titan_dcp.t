@@ -28,7 +28,7 @@ for family in llama qwen3 deepseek_v3; do
   [[ $family == qwen3 ]] && given=(-o hf_config="$ref/config.json")
   [[ -f $src/.metadata ]] || { ok 1 "$family: no checkpoint was saved"; continue; }
   "$CKPTFS" inspect "$src" "${given[@]}" > "$WORK/inspect" 2>&1
-  grep -q "^found: *torchtitan checkpoint, step 10 (${names[$family]} names): saved by 2 ranks, [0-9]* tensors in [0-9]* chunks over 2 .distcp files, stored as F32; 7 other entries left unread" "$WORK/inspect"
+  grep -q "^found: *torchtitan checkpoint, step 10 (${names[$family]} names): saved by 2 ranks, [0-9]* tensors in [0-9]* chunks over 2 .distcp files, stored as F32, served as [0-9]* Hugging Face tensors; 7 other entries left unread" "$WORK/inspect"
   ok $? "$family: inspect names torchtitan, the step, the model's names, the ranks and the stored type" ||
     sed 's/^/# /' "$WORK/inspect" >&2
   for dtype in bf16 fp32; do
@@ -72,9 +72,10 @@ while IFS='|' read -r what expect; do
   [[ $status -ne 0 ]] && grep -qF -- "$expect" <<< "$out"
   ok $? "$what: refused: $expect" || echo "# got ($status): ${out:0:400}" >&2
 done <<EOF
-missing-tensor|model.layers.1.post_attention_layernorm.weight
+missing-tensor|$bad/missing-tensor/checkpoint/step-10/.metadata: tensor 'model.layers.1.post_attention_layernorm.weight' is missing
 odd-wq-rows|'model.layers.0.self_attn.q_proj.weight': 63 rows are not 4 heads of an even size
-wrong-norm-shape|model.layers.0.input_layernorm.weight
+wrong-norm-shape|$bad/wrong-norm-shape/checkpoint/step-10/.metadata: tensor 'model.layers.0.input_layernorm.weight' has shape [65]; config.json implies [64]
+extra-layer|$bad/extra-layer/checkpoint/step-10/.metadata: 'model.layers.2.
 unknown-name|$bad/unknown-name/checkpoint/step-10/.metadata: 'layers.0.attention.wz.weight' is not a parameter of torchtitan's Llama 3 that ckptfs knows
 qwen3-expert-bias|'layers.0.moe.expert_bias': torchtitan's load-balancing expert bias changes which experts each token is routed to
 unknown-model-type|config.json's model_type 'mistral': ckptfs reads torchtitan checkpoints of llama, qwen3, qwen3_moe, deepseek_v3

@@ -176,6 +176,10 @@ def hostile(out):
     state["layers.0.attention_norm.weight"] = torch.ones(65)
     save_bare(checkpointer_state(state, same), f"{out}/wrong-norm-shape", "llama")
 
+    state = dict(llama)  # a third layer of a 2-layer model
+    state.update({k.replace("layers.1.", "layers.2."): v for k, v in llama.items() if k.startswith("layers.1.")})
+    save_bare(checkpointer_state(state, same), f"{out}/extra-layer", "llama")
+
     state = dict(llama)
     state["layers.0.attention.wz.weight"] = torch.zeros(4, 4)
     save_bare(checkpointer_state(state, same), f"{out}/unknown-name", "llama")
