@@ -1,7 +1,7 @@
 /* torchtitan's names and layouts (core/source/titan.c) against references written from
  * torchtitan's adapters: names of both spellings looked up; Llama 3's wq/wk rows, stored in
  * chunks cut anywhere (inside a head, at odd rows), located where Hugging Face's permutation
- * (view(heads, D/2, 2, cols).transpose(1, 2)) puts them; grouped experts cut into one tensor
+ * (view(heads, D/2, 2, cols).transpose(1, 2)) puts them, columns cut too; grouped experts cut into one tensor
  * each; refusals by name. Pieces are checked element by element: where each one's bytes are. */
 #include <glib.h>
 #include <string.h>
@@ -40,17 +40,30 @@ static unsigned chunks_of(uint64_t rows, uint64_t cols, const uint64_t *cuts, un
     return ncuts;
 }
 
-/* Where stored row T's element C is, by the chunks above. */
+/* Where stored row T's element C is, by the chunks. */
 static void stored_at(const CkptfsPiece *chunks, unsigned n, uint64_t t, uint64_t c, uint32_t *src, uint64_t *at)
 {
     for (unsigned k = 0; k < n; k++)
-        if (chunks[k].row0 <= t && t < chunks[k].row1) {
+        if (chunks[k].row0 <= t && t < chunks[k].row1 && chunks[k].col0 <= c && c < chunks[k].col1) {
             *src = chunks[k].src;
-            *at = chunks[k].offset + (t - chunks[k].row0) * chunks[k].row_stride + c * ISZ;
+            *at = chunks[k].offset + (t - chunks[k].row0) * chunks[k].row_stride + (c - chunks[k].col0) * ISZ;
         }
 }
 
-static void test_rope(const char *titan_name, uint64_t heads, uint64_t head_dim, const uint64_t *cuts, unsigned ncuts)
+/* The chunks of tensor parallelism's row-wise split on top of FSDP's: rows cut at CUT, the
+ * first rows' columns cut at 2 too (each chunk its own rows of its own width). */
+static unsigned chunks_with_columns(uint64_t rows, uint64_t cols, uint64_t cut, CkptfsPiece *out)
+{
+    out[0] = (CkptfsPiece){.row0 = 0, .row1 = cut, .col0 = 0, .col1 = 2, .src = 0, .offset = 64, .row_stride = 2 * ISZ};
+    out[1] = (CkptfsPiece){.row0 = 0, .row1 = cut, .col0 = 2, .col1 = cols, .src = 1, .offset = 64,
+                           .row_stride = (cols - 2) * ISZ};
+    out[2] = (CkptfsPiece){.row0 = cut, .row1 = rows, .col0 = 0, .col1 = cols, .src = 2, .offset = 128,
+                           .row_stride = cols * ISZ};
+    return 3;
+}
+
+static void test_rope(const char *titan_name, uint64_t heads, uint64_t head_dim, const uint64_t *cuts, unsigned ncuts,
+                      bool column_cut)
 {
     const CkptfsTitanModel *llama = ckptfs_titan_model_for("llama");
     g_autofree char *layer = NULL;
@@ -60,7 +73,7 @@ static void test_rope(const char *titan_name, uint64_t heads, uint64_t head_dim,
         return;
     const uint64_t rows = heads * head_dim, cols = 5;
     CkptfsPiece chunks[8];
-    unsigned n = chunks_of(rows, cols, cuts, ncuts, chunks);
+    unsigned n = column_cut ? chunks_with_columns(rows, cols, cuts[0], chunks) : chunks_of(rows, cols, cuts, ncuts, chunks);
     CkptfsCatalog *catalog = ckptfs_catalog_new();
     uint64_t shape[2] = {rows, cols};
     CkptfsTitanHeads h = {heads, heads};
@@ -197,9 +210,10 @@ int main(void)
 {
     test_names();
     uint64_t whole[] = {64}, odd[] = {7, 9, 33, 64}, kv[] = {5, 32};
-    test_rope("layers.3.attention.wq.weight", 4, 16, whole, 1);
-    test_rope("layers.3.attention.wq.weight", 4, 16, odd, 4);
-    test_rope("layers.3.attention.qkv_linear.wk.weight", 2, 16, kv, 2);
+    test_rope("layers.3.attention.wq.weight", 4, 16, whole, 1, false);
+    test_rope("layers.3.attention.wq.weight", 4, 16, odd, 4, false);
+    test_rope("layers.3.attention.qkv_linear.wk.weight", 2, 16, kv, 2, false);
+    test_rope("layers.3.attention.wq.weight", 4, 16, odd + 2, 1, true); /* rows cut at 33 */
     test_experts();
     test_refusals();
     return tap_done();
