@@ -284,7 +284,8 @@ static bool read_model(DcpHf *h)
                         "knows (config.json's model_type '%s')", h->dcp.metadata_path, key, h->titan->name,
                         ckptfs_json_member_string(h->source->config, "model_type"));
         const char *served = row ? row->hf : name;
-        if (name == NULL || (tied && g_strcmp0(served, "lm_head.weight") == 0)) {
+        bool derived = row && row->layout == CKPTFS_TITAN_DERIVED;
+        if (name == NULL || derived || (tied && g_strcmp0(served, "lm_head.weight") == 0)) {
             h->skipped++;
             continue;
         }

@@ -38,9 +38,11 @@
     SAME("layers.{}.moe.router.gate.weight", "model.layers.{}.mlp.gate.weight")
 
 /* Llama 3: torchtitan rotates interleaved pairs, Hugging Face halves; the adapter permutes the
- * rows of wq and wk per head. */
+ * rows of wq and wk per head. Its 0.1 release saved the rotary table (a persistent buffer,
+ * complex64), which Hugging Face computes from the config as torchtitan does. */
 static const CkptfsTitanName llama3_names[] = {
     COMMON_ROWS,
+    {"freqs_cis", NULL, CKPTFS_TITAN_DERIVED, NULL},
     ROPE("layers.{}.attention.wq.weight", "model.layers.{}.self_attn.q_proj.weight", Q),
     ROPE("layers.{}.attention.wk.weight", "model.layers.{}.self_attn.k_proj.weight", K),
     SAME("layers.{}.attention.wv.weight", "model.layers.{}.self_attn.v_proj.weight"),
@@ -240,6 +242,7 @@ bool ckptfs_titan_add(CkptfsCatalog *catalog, const CkptfsTitanName *row, const 
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "'%s': %u dims, not 2", name, n);
         return add_rope(catalog, name, row->layout == CKPTFS_TITAN_ROPE_Q ? heads->query : heads->key_value, dtype,
                         shape, pieces, npieces, error);
+    case CKPTFS_TITAN_DERIVED: /* never read: the caller leaves it out */
     case CKPTFS_TITAN_AS_IS:
         break;
     }

@@ -15,6 +15,7 @@ typedef enum {
     CKPTFS_TITAN_ROPE_K,      /* the same per key/value head */
     CKPTFS_TITAN_PER_EXPERT,  /* [E, A, B] grouped experts: one [A, B] tensor per expert */
     CKPTFS_TITAN_REFUSED,     /* a tensor Hugging Face's model has no place for: refused, WHY says */
+    CKPTFS_TITAN_DERIVED,     /* a table torchtitan computes from the config (its rotary cache): not read */
 } CkptfsTitanLayout;
 
 typedef struct {

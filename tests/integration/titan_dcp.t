@@ -4,8 +4,9 @@
 # checkpointer saves (checkpoint/step-10/: the model's entries at the top level beside the
 # optimizer, lr_scheduler, dataloader and train_state states), under its parameter names and
 # shapes as its state-dict adapters' from_hf makes them from a Hugging Face model (Llama 3's
-# wq/wk rows permuted per head, DeepSeek-V3's experts stacked in 3-D tensors), each tensor a
-# DTensor sharded on its first dim. hf/ loaded by transformers 5 gives that Hugging Face model's
+# wq/wk rows permuted per head, with the rotary table freqs_cis its 0.1 release saved;
+# DeepSeek-V3's experts stacked in 3-D tensors), each parameter a DTensor sharded on its first
+# dim. hf/ loaded by transformers 5 gives that Hugging Face model's
 # weights and logits exactly (bf16 by default, fp32 with -o dtype=fp32); tp2pp2/ and mcore/ are
 # byte for byte those of the model's save_pretrained copy; broken saves are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
@@ -28,7 +29,7 @@ for family in llama qwen3 deepseek_v3; do
   [[ $family == qwen3 ]] && given=(-o hf_config="$ref/config.json")
   [[ -f $src/.metadata ]] || { ok 1 "$family: no checkpoint was saved"; continue; }
   "$CKPTFS" inspect "$src" "${given[@]}" > "$WORK/inspect" 2>&1
-  grep -q "^found: *torchtitan checkpoint, step 10 (${names[$family]} names): saved by 2 ranks, [0-9]* tensors in [0-9]* chunks over 2 .distcp files, stored as F32, served as [0-9]* Hugging Face tensors; 7 other entries left unread" "$WORK/inspect"
+  grep -q "^found: *torchtitan checkpoint, step 10 (${names[$family]} names): saved by 2 ranks, [0-9]* tensors in [0-9]* chunks over 2 .distcp files, stored as F32, served as [0-9]* Hugging Face tensors; $([[ $family == llama ]] && echo 8 || echo 7) other entries left unread" "$WORK/inspect"
   ok $? "$family: inspect names torchtitan, the step, the model's names, the ranks and the stored type" ||
     sed 's/^/# /' "$WORK/inspect" >&2
   for dtype in bf16 fp32; do

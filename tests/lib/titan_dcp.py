@@ -111,13 +111,19 @@ def to_titan(family, model):
         else:
             for t, h in [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")]:
                 out[f"{tt}feed_forward.{t}.weight"] = sd[f"{hf}mlp.{h}.weight"]
+    if family == "llama":  # torchtitan 0.1's Llama kept its rotary table, complex64, persistent
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        angles = torch.outer(torch.arange(2 * cfg.max_position_embeddings).float(), freqs)
+        out["freqs_cis"] = torch.polar(torch.ones_like(angles), angles)
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def checkpointer_state(model_state, shard):
     """What torchtitan's CheckpointManager hands dcp.save: the model's entries flattened to the
-    top level, the other states nested under their names."""
-    state = {k: shard(v) for k, v in model_state.items()}
+    top level, the other states nested under their names. A buffer (Llama's rotary table of
+    torchtitan 0.1) is not sharded: FSDP shards parameters only."""
+    state = {k: v if k == "freqs_cis" else shard(v) for k, v in model_state.items()}
     first = next(iter(model_state))
     state["optimizer"] = {f"state.{first}.exp_avg": shard(torch.zeros_like(model_state[first])),
                           f"param_groups.{first}.lr": 3e-4}
