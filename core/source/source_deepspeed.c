@@ -115,9 +115,10 @@ static bool probe_deepspeed(const char *dir, const CkptfsOptions *options)
     (void)options;
     if (is_tag_dir(dir))
         return true;
+    /* A `latest` naming a missing directory is still DeepSpeed's: open says what is missing. */
     g_autofree char *tag = read_tag(dir, NULL);
     g_autofree char *tag_dir = tag ? g_build_filename(dir, tag, NULL) : NULL;
-    return tag_dir && is_tag_dir(tag_dir);
+    return tag_dir && (is_tag_dir(tag_dir) || !g_file_test(tag_dir, G_FILE_TEST_EXISTS));
 }
 
 /* --- files and pickled values --- */
@@ -725,7 +726,7 @@ static bool add_shared(Ds *d)
         memcpy(shape, t->shape, sizeof shape);
         if (!add_tensor(d, name, dtype, ndim, shape, pieces, f->path))
             return false;
-        d->shared++;
+        d->shared += ckptfs_catalog_find(d->source->catalog, name) != NULL; /* not a tied head left out */
     }
     return true;
 }

@@ -17,9 +17,9 @@ same module and name, so the pickles name the same globals.
       config.json, `latest` and global_step10/ for each case of CASES. Prints "built CASE".
   deepspeed_zero.py hostile OUT
       broken copies (their names say what), from the same models: OUT/bad/NAME/checkpoint-10.
-  deepspeed_zero.py merge CKPT OUT.safetensors
+  deepspeed_zero.py merge CKPT OUT.safetensors [CKPT OUT.safetensors ...]
       the reference merge: zero_to_fp32's reconstruction (get_fp32_state_dict_from_zero_checkpoint,
-      written again here in plain torch from its code) of checkpoint directory CKPT.
+      written again here in plain torch from its code) of each checkpoint directory CKPT.
   deepspeed_zero.py check REF_ST HF_DIR DTYPE MODEL_REF [...]
       HF_DIR's tensors are REF_ST's (the reference merge) as DTYPE, save_pretrained's tied head
       left out; transformers loads HF_DIR and gives MODEL_REF's logits (loaded as DTYPE). Prints
@@ -207,19 +207,20 @@ def save_case(model, family, stage, world, bf16, frozen, out, tweak=None):
         torch.save(sd, os.path.join(tag_dir, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"))
 
 
-def prepared_model(family, frozen):
+def prepared_model(family, frozen, bf16):
     """The model, its frozen parameters' values rounded to the half type they are kept in."""
     model = make_model(family)
+    half = torch.bfloat16 if bf16 else torch.float16
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n in frozen:
-                p.copy_(p.to(torch.bfloat16).float())
+                p.copy_(p.to(half).float())
     return model
 
 
 def build(out):
     for case, (family, stage, world, bf16, frozen) in CASES.items():
-        model = prepared_model(family, frozen)
+        model = prepared_model(family, frozen, bf16)
         model.save_pretrained(os.path.join(out, f"{case}-ref"))
         save_case(model, family, stage, world, bf16, frozen, os.path.join(out, case))
         print("built", case)
@@ -269,7 +270,7 @@ def hostile(out):
     for name, (case, tweak, after) in bad.items():
         family, stage, world, bf16, frozen = CASES[case]
         dest = os.path.join(out, "bad", name)
-        save_case(prepared_model(family, frozen), family, stage, world, bf16, frozen, dest, tweak)
+        save_case(prepared_model(family, frozen, bf16), family, stage, world, bf16, frozen, dest, tweak)
         if after:
             after(os.path.join(dest, "checkpoint-10"))
         print("built", name)
@@ -358,6 +359,7 @@ if __name__ == "__main__":
     elif cmd == "hostile":
         hostile(sys.argv[2])
     elif cmd == "merge":
-        merge(sys.argv[2], sys.argv[3])
+        for ckpt, out in zip(sys.argv[2::2], sys.argv[3::2]):
+            merge(ckpt, out)
     elif cmd == "check":
         check(sys.argv[2:])
