@@ -115,10 +115,13 @@ static bool probe_deepspeed(const char *dir, const CkptfsOptions *options)
     (void)options;
     if (is_tag_dir(dir))
         return true;
-    /* A `latest` naming a missing directory is still DeepSpeed's: open says what is missing. */
+    /* A `latest` that names no directory, or a missing one, is still DeepSpeed's: open says
+     * what is wrong. One naming a directory of something else is not. */
+    if (!has_file(dir, TAG_FILE))
+        return false;
     g_autofree char *tag = read_tag(dir, NULL);
     g_autofree char *tag_dir = tag ? g_build_filename(dir, tag, NULL) : NULL;
-    return tag_dir && (is_tag_dir(tag_dir) || !g_file_test(tag_dir, G_FILE_TEST_EXISTS));
+    return tag_dir == NULL || is_tag_dir(tag_dir) || !g_file_test(tag_dir, G_FILE_TEST_EXISTS);
 }
 
 /* --- files and pickled values --- */

@@ -93,5 +93,6 @@ z3-shapes-lie|$bad/z3-shapes-lie/$g/zero_pp_rank_0_mp_rank_00_model_states.pt: p
 world-disagrees|$bad/world-disagrees/$g/mp_rank_00_model_states.pt: dp_world_size 4 disagrees with partition_count 2
 z3-missing-model-states|$bad/z3-missing-model-states/$g/zero_pp_rank_2_mp_rank_00_model_states.pt: missing
 latest-names-nothing|$bad/latest-names-nothing/checkpoint-10/global_step99: missing (the tag directory
+latest-not-a-name|$bad/latest-not-a-name/checkpoint-10/latest: '../elsewhere' is not the name of a tag directory beside it
 EOF2
 done_testing

@@ -15,6 +15,9 @@ same module and name, so the pickles name the same globals.
   deepspeed_zero.py build OUT
       OUT/CASE-ref: the model saved by save_pretrained (fp32); OUT/CASE/checkpoint-10/ with
       config.json, `latest` and global_step10/ for each case of CASES. Prints "built CASE".
+  deepspeed_zero.py bench OUT STAGE WORLD
+      OUT/checkpoint-10: a Llama of about 1.1 GB in fp32 (18 layers, hidden 1024, vocab 32000)
+      saved by WORLD ranks with ZeRO STAGE (bf16), for bench/deepspeed_bench.sh.
   deepspeed_zero.py hostile OUT
       broken copies (their names say what), from the same models: OUT/bad/NAME/checkpoint-10.
   deepspeed_zero.py merge CKPT OUT.safetensors [CKPT OUT.safetensors ...]
@@ -226,6 +229,16 @@ def build(out):
         print("built", case)
 
 
+def bench(out, stage, world):
+    global BASE
+    BASE = dict(BASE, hidden_size=1024, intermediate_size=2816, num_hidden_layers=18, num_attention_heads=16,
+                num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    model = make_model("llama")
+    save_case(model, "llama", stage, world, True, (), out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"built a Llama of {n} parameters ({n * 4} bytes in fp32), ZeRO stage {stage} over {world} ranks")
+
+
 def hostile(out):
     def tw(kind_want, rank_want, fn):
         def tweak(kind, rank, d):
@@ -266,6 +279,7 @@ def hostile(out):
         "z3-missing-model-states": ("z3-w3", None,
                                     lambda c: os.remove(f"{c}/{TAG}/zero_pp_rank_2_mp_rank_00_model_states.pt")),
         "latest-names-nothing": ("z1-w3", None, lambda c: open(f"{c}/latest", "w").write("global_step99")),
+        "latest-not-a-name": ("z1-w3", None, lambda c: open(f"{c}/latest", "w").write("../elsewhere")),
     }
     for name, (case, tweak, after) in bad.items():
         family, stage, world, bf16, frozen = CASES[case]
@@ -285,7 +299,9 @@ def merge(ckpt, out):
     model_files = [os.path.join(tag_dir, f) for f in files if f.endswith("_model_states.pt")]
     optim_files = [os.path.join(tag_dir, f) for f in files if f.endswith("_optim_states.pt")]
     states = [torch.load(f, map_location="cpu", weights_only=False) for f in model_files]
-    optims = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"] for f in optim_files]
+    # as zero_to_fp32's parse_optim_states: mapped, the moments never read
+    optims = [torch.load(f, map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
+              for f in optim_files]
     stage = int(optims[0]["zero_stage"])
     world = optims[0]["partition_count"]
     world = max(world) if isinstance(world, list) else world
@@ -356,6 +372,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "build":
         build(sys.argv[2])
+    elif cmd == "bench":
+        bench(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "hostile":
         hostile(sys.argv[2])
     elif cmd == "merge":
