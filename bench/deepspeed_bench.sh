@@ -59,7 +59,7 @@ SRC_BYTES=$(bytes_of "${SRC[@]}")
 keep_hot() { cat "${SRC[@]}" >/dev/null; }
 note "the source: ${#SRC[@]} files, $SRC_BYTES bytes"
 
-cp_round() { # DEST OPTS: sets T (us), D_HWM, C_RSS (KiB)
+cp_round() { # DEST OPTS: sets T (us), D_HWM, D_ANON, C_RSS (KiB)
     local t0 t1
     rm -rf "$1"
     keep_hot
@@ -70,7 +70,9 @@ cp_round() { # DEST OPTS: sets T (us), D_HWM, C_RSS (KiB)
     /usr/bin/time -v -o "$RUN_DIR/cp.time" cp -r "$MNT/hf" "$1" || die "cp -r $MNT/hf failed"
     sync -f "$RUN_DIR"
     t1=$(now_us)
-    T=$((t1 - t0)) D_HWM=$(status_kib "$DAEMON_PID" VmHWM) C_RSS=$(maxrss_kib "$RUN_DIR/cp.time")
+    # VmHWM counts the source pages the daemon maps (page cache); RssAnon is its own memory.
+    T=$((t1 - t0)) D_HWM=$(status_kib "$DAEMON_PID" VmHWM) D_ANON=$(status_kib "$DAEMON_PID" RssAnon)
+    C_RSS=$(maxrss_kib "$RUN_DIR/cp.time")
     unmount
 }
 
@@ -87,15 +89,15 @@ merge_round() { # DEST: sets T (us), M_RSS (KiB)
     T=$((t1 - t0)) M_RSS=$(maxrss_kib "$RUN_DIR/merge.time")
 }
 
-T_CP=() T_MERGE=() T_BF16=() CP_DHWM=() CP_RSS=() MERGE_RSS=() BF16_DHWM=()
+T_CP=() T_MERGE=() T_BF16=() CP_DHWM=() CP_ANON=() CP_RSS=() MERGE_RSS=() BF16_DHWM=() BF16_ANON=()
 for ((r = 0; r < REPEAT; r++)); do
     for side in $( ((r % 2 == 0)) && echo "cp merge bf16" || echo "merge cp bf16"); do
         note "run $((r + 1)) of $REPEAT: $side"
         case $side in
             cp) cp_round "$RUN_DIR/cp-out.$r" dtype=fp32
-                T_CP+=("$T") CP_DHWM+=("$D_HWM") CP_RSS+=("$C_RSS") ;;
+                T_CP+=("$T") CP_DHWM+=("$D_HWM") CP_ANON+=("$D_ANON") CP_RSS+=("$C_RSS") ;;
             bf16) cp_round "$RUN_DIR/bf16-out" ""
-                T_BF16+=("$T") BF16_DHWM+=("$D_HWM")
+                T_BF16+=("$T") BF16_DHWM+=("$D_HWM") BF16_ANON+=("$D_ANON")
                 rm -rf "$RUN_DIR/bf16-out" ;;
             merge) merge_round "$RUN_DIR/merge-out.$r"
                 T_MERGE+=("$T") MERGE_RSS+=("$M_RSS") ;;
@@ -123,8 +125,8 @@ PY
 
 cp_s=$(median "${T_CP[@]}") merge_s=$(median "${T_MERGE[@]}")
 echo "DeepSpeed ZeRO stage $STAGE, $WORLD ranks: ${#SRC[@]} files, $SRC_BYTES bytes; load $(cut -d' ' -f1 /proc/loadavg)"
-echo "(1) mount -o dtype=fp32 + cp -r hf/ + sync: $(secs "$cp_s") s (runs $(list_s "${T_CP[@]}")); daemon VmHWM $(mib "$(max "${CP_DHWM[@]}")") MiB, cp max RSS $(mib "$(max "${CP_RSS[@]}")") MiB"
+echo "(1) mount -o dtype=fp32 + cp -r hf/ + sync: $(secs "$cp_s") s (runs $(list_s "${T_CP[@]}")); daemon VmHWM $(mib "$(max "${CP_DHWM[@]}")") MiB (RssAnon $(mib "$(max "${CP_ANON[@]}")") MiB, the rest mapped source pages), cp max RSS $(mib "$(max "${CP_RSS[@]}")") MiB"
 echo "    zero_to_fp32-like merge + sync: $(secs "$merge_s") s (runs $(list_s "${T_MERGE[@]}")); max RSS $(mib "$(max "${MERGE_RSS[@]}")") MiB"
 echo "    ratio merge / ckptfs: $(awk -v a="$merge_s" -v b="$cp_s" 'BEGIN {printf "%.2f", a / b}')"
-echo "    mount (bf16, the default) + cp -r hf/ + sync: $(secs "$(median "${T_BF16[@]}")") s (runs $(list_s "${T_BF16[@]}")); daemon VmHWM $(mib "$(max "${BF16_DHWM[@]}")") MiB"
+echo "    mount (bf16, the default) + cp -r hf/ + sync: $(secs "$(median "${T_BF16[@]}")") s (runs $(list_s "${T_BF16[@]}")); daemon VmHWM $(mib "$(max "${BF16_DHWM[@]}")") MiB (RssAnon $(mib "$(max "${BF16_ANON[@]}")") MiB)"
 echo "(2) $(cat "$RUN_DIR/check")"

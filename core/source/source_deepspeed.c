@@ -777,9 +777,11 @@ static void describe_found(Ds *d)
         g_string_append_printf(s, ", %u buffers", d->buffers);
     if (d->shared)
         g_string_append_printf(s, ", %u shared", d->shared);
-    g_string_append(s, "; stored types");
-    for (unsigned i = 0; i < G_N_ELEMENTS(d->listed_dtypes) && d->listed_dtypes[i] != CKPTFS_DTYPE_INVALID; i++)
-        g_string_append_printf(s, " %s", ckptfs_dtype_safetensors_name(d->listed_dtypes[i]));
+    if (d->listed_dtypes[1] != CKPTFS_DTYPE_INVALID) { /* frozen parameters or buffers in their own type */
+        g_string_append(s, "; stored types");
+        for (unsigned i = 0; i < G_N_ELEMENTS(d->listed_dtypes) && d->listed_dtypes[i] != CKPTFS_DTYPE_INVALID; i++)
+            g_string_append_printf(s, " %s", ckptfs_dtype_safetensors_name(d->listed_dtypes[i]));
+    }
     g_string_append(s, "; the module copy, optimizer moments and scheduler not read");
     d->source->found = g_string_free(g_steal_pointer(&s), FALSE);
 }
