@@ -72,7 +72,11 @@ typedef struct {
     unsigned trainable, frozen, buffers, shared;
     uint64_t elements;
     bool tied;            /* config.json says tie_word_embeddings: lm_head.weight left out */
+    bool wrapped;         /* names under a wrapper's WRAPPER_PREFIX (OpenRLHF's Actor holds the
+                             Hugging Face model as .model): served without it */
 } Ds;
+
+#define WRAPPER_PREFIX "model."
 
 #define fail(d, ...) ckptfs_fail((d)->error, __VA_ARGS__)
 
@@ -288,9 +292,16 @@ static void note_dtype(Ds *d, CkptfsDtype dtype)
     }
 }
 
+/* NAME as hf/ serves it. */
+static const char *served_name(const Ds *d, const char *name)
+{
+    return d->wrapped && g_str_has_prefix(name, WRAPPER_PREFIX) ? name + strlen(WRAPPER_PREFIX) : name;
+}
+
 static bool add_tensor(Ds *d, const char *name, CkptfsDtype dtype, unsigned ndim, const uint64_t *shape,
                        GArray *pieces, const char *from)
 {
+    name = served_name(d, name);
     if (d->tied && strcmp(name, "lm_head.weight") == 0)
         return true; /* save_pretrained leaves a tied head out */
     if (!ckptfs_catalog_add_pieces(d->source->catalog, name, dtype, ndim, shape,
@@ -563,6 +574,28 @@ static bool open_model_states(Ds *d)
     return true;
 }
 
+/* Whether every parameter name is a causal LM's under WRAPPER_PREFIX ("model.model.layers...",
+ * "model.lm_head.weight"): a Hugging Face model's own names never all start with "model."
+ * while their rest starts with "model." or "lm_head." (its head is "lm_head.weight", or a tied
+ * model's embedding "model.embed_tokens.weight" leaves "embed_tokens..."). */
+static void detect_wrapper(Ds *d)
+{
+    const CkptfsPy *groups = ckptfs_py_dict_get(d->model[0].root, "param_shapes");
+    const CkptfsPy *frozen = ckptfs_py_dict_get(d->model[0].root, "frozen_param_shapes");
+    bool all = true;
+    unsigned seen = 0;
+    for (guint g = 0; g <= length(groups) && all; g++) {
+        const CkptfsPy *shapes = g < length(groups) ? item(groups, g) : frozen;
+        for (guint i = 0; shapes && shapes->kind == CKPTFS_PY_DICT && i + 1 < shapes->items->len && all; i += 2) {
+            const char *name = ckptfs_py_str(g_ptr_array_index(shapes->items, i));
+            const char *rest = name && g_str_has_prefix(name, WRAPPER_PREFIX) ? name + strlen(WRAPPER_PREFIX) : NULL;
+            all = rest && (g_str_has_prefix(rest, "model.") || g_str_has_prefix(rest, "lm_head."));
+            seen++;
+        }
+    }
+    d->wrapped = all && seen > 0;
+}
+
 /* Buffers: the module's entries buffer_names names, whole in the model states. */
 static bool add_buffers(Ds *d)
 {
@@ -718,8 +751,8 @@ static bool add_shared(Ds *d)
         const char *to = name ? entry_name(d, f, "shared_params", g_ptr_array_index(shared->items, i + 1)) : NULL;
         if (to == NULL)
             return false;
-        const CkptfsTensor *t = ckptfs_catalog_find(d->source->catalog, to);
-        if (t == NULL || ckptfs_catalog_find(d->source->catalog, name) != NULL)
+        const CkptfsTensor *t = ckptfs_catalog_find(d->source->catalog, served_name(d, to));
+        if (t == NULL || ckptfs_catalog_find(d->source->catalog, served_name(d, name)) != NULL)
             continue; /* as zero_to_fp32: only a pair whose target it has */
         g_autoptr(GArray) pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
         g_array_append_vals(pieces, t->pieces, t->npieces);
@@ -729,7 +762,7 @@ static bool add_shared(Ds *d)
         memcpy(shape, t->shape, sizeof shape);
         if (!add_tensor(d, name, dtype, ndim, shape, pieces, f->path))
             return false;
-        d->shared += ckptfs_catalog_find(d->source->catalog, name) != NULL; /* not a tied head left out */
+        d->shared += ckptfs_catalog_find(d->source->catalog, served_name(d, name)) != NULL; /* not a tied head left out */
     }
     return true;
 }
@@ -782,6 +815,8 @@ static void describe_found(Ds *d)
         for (unsigned i = 0; i < G_N_ELEMENTS(d->listed_dtypes) && d->listed_dtypes[i] != CKPTFS_DTYPE_INVALID; i++)
             g_string_append_printf(s, " %s", ckptfs_dtype_safetensors_name(d->listed_dtypes[i]));
     }
+    if (d->wrapped)
+        g_string_append(s, "; names under a wrapper's \"" WRAPPER_PREFIX "\" served without it");
     g_string_append(s, "; the module copy, optimizer moments and scheduler not read");
     d->source->found = g_string_free(g_steal_pointer(&s), FALSE);
 }
@@ -794,7 +829,10 @@ static bool open_deepspeed(CkptfsSource *source, const CkptfsOptions *options, G
     bool ok = find_tag_dir(&d) && ckptfs_source_read_checkpoint_dir(source, options, d.checkpoint_dir, error);
     d.tied = ok && config_true(source->config, "tie_word_embeddings");
     /* zero_to_fp32's order: buffers, frozen parameters, trainable ones, shared ones. */
-    ok = ok && open_optim(&d) && read_flats(&d) && open_model_states(&d) && add_buffers(&d) && add_frozen(&d) &&
+    ok = ok && open_optim(&d) && read_flats(&d) && open_model_states(&d);
+    if (ok)
+        detect_wrapper(&d);
+    ok = ok && add_buffers(&d) && add_frozen(&d) &&
          add_trainable(&d) && add_shared(&d);
     if (ok) {
         describe_found(&d);

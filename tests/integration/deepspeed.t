@@ -3,7 +3,8 @@
 # sources. DeepSpeed itself does not run here (its imports need packages the test roots lack):
 # tests/lib/deepspeed_zero.py writes checkpoint-10/ (config.json, latest, global_step10/) the way
 # its save code does, step by step, from tiny Llamas built by transformers 5 in the sid root,
-# with frozen parameters (stages 2, 3) and a head tied to the embedding (shared_params). hf/ is
+# with frozen parameters (stages 2, 3), a head tied to the embedding (shared_params) and one
+# saved inside an OpenRLHF-style Actor (names under "model.", served without it). hf/ is
 # checked against a reference merge (zero_to_fp32's reconstruction, written again in plain
 # torch from its code) and transformers' logits of the original model, bf16 and fp32;
 # tp2pp2/ and mcore/ are byte for byte those of the model saved by save_pretrained; broken

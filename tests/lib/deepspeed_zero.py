@@ -53,7 +53,10 @@ CASES = {
     "z3-w3": ("llama", 3, 3, True, ("model.layers.0.mlp.up_proj.weight", "model.norm.weight")),
     "z3-w2-tied": ("llamatied", 3, 2, True, ()),
     "z2-w3-tied": ("llamatied", 2, 3, True, ()),
+    "z2-w2-actor": ("llama", 2, 2, True, ()),
 }
+# saved as OpenRLHF saves its actor: the engine's module holds the Hugging Face model as .model
+WRAPPED = {"z2-w2-actor"}
 TAG = "global_step10"
 
 
@@ -100,6 +103,12 @@ def make_model(family):
     return model
 
 
+class Actor(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+
 def param_groups(model, frozen):
     """The HF Trainer's two groups: weights with decay, then biases and norms without; the
     frozen parameters in neither (the optimizer never sees them)."""
@@ -112,15 +121,19 @@ def param_groups(model, frozen):
     return [decay, no_decay]
 
 
-def save_case(model, family, stage, world, bf16, frozen, out, tweak=None):
-    """Writes OUT/checkpoint-10 as the engine does for ZeRO STAGE over WORLD ranks. TWEAK(kind,
-    rank, dict) may break a dict before it is saved."""
+def save_case(hf_model, family, stage, world, bf16, frozen, out, tweak=None, wrap=False):
+    """Writes OUT/checkpoint-10 as the engine does for ZeRO STAGE over WORLD ranks (its module
+    HF_MODEL, or an Actor around it with WRAP). TWEAK(kind, rank, dict) may break a dict before
+    it is saved."""
     tweak = tweak or (lambda kind, rank, d: None)
+    model = Actor(hf_model) if wrap else hf_model
+    wrapper = "model." if wrap else ""
+    frozen = tuple(wrapper + n for n in frozen)
     half = torch.bfloat16 if bf16 else torch.float16
     ckpt = os.path.join(out, "checkpoint-10")
     tag_dir = os.path.join(ckpt, TAG)
     os.makedirs(tag_dir, exist_ok=True)
-    model.config.save_pretrained(ckpt)
+    hf_model.config.save_pretrained(ckpt)
     with open(os.path.join(ckpt, "latest"), "w") as f:
         f.write(TAG)
     with open(os.path.join(ckpt, "trainer_state.json"), "w") as f:
@@ -130,8 +143,8 @@ def save_case(model, family, stage, world, bf16, frozen, out, tweak=None):
     param_shapes = [collections.OrderedDict((n, p.shape) for n, p in g) for g in groups]
     # _get_shared_params: a state-dict name whose parameter is another's
     shared = {}
-    if model.config.tie_word_embeddings:
-        shared["lm_head.weight"] = "model.embed_tokens.weight"
+    if hf_model.config.tie_word_embeddings:
+        shared[wrapper + "lm_head.weight"] = wrapper + "model.embed_tokens.weight"
     ds_config = {"zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16},
                  "fp16": {"enabled": not bf16}, "train_micro_batch_size_per_gpu": 1}
     module_sd = {n: t.detach().to(half) for n, t in model.state_dict().items()}
@@ -225,7 +238,7 @@ def build(out):
     for case, (family, stage, world, bf16, frozen) in CASES.items():
         model = prepared_model(family, frozen, bf16)
         model.save_pretrained(os.path.join(out, f"{case}-ref"))
-        save_case(model, family, stage, world, bf16, frozen, os.path.join(out, case))
+        save_case(model, family, stage, world, bf16, frozen, os.path.join(out, case), wrap=case in WRAPPED)
         print("built", case)
 
 
@@ -351,6 +364,8 @@ def check(args):
             for f in sorted(os.listdir(hf_dir)):
                 if f.endswith(".safetensors"):
                     got.update(load_file(os.path.join(hf_dir, f)))
+            if not set(ref) & set(got):  # an Actor's merge: its names carry the attribute
+                ref = {k[len("model."):]: v for k, v in ref.items()}
             cfg = transformers.AutoConfig.from_pretrained(hf_dir)
             if cfg.tie_word_embeddings:
                 ref.pop("lm_head.weight", None)
