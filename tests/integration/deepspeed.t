@@ -36,6 +36,10 @@ while read -r state name; do
   "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1
   grep -q "^found: *DeepSpeed ZeRO stage $stage checkpoint global_step10 (named by latest): saved by $world ranks (\(bf16_\)\?zero_pp_rank_\*), [0-9]* param groups; fp32 master weights of [0-9]* tensors ([0-9]* elements) stored as F32" "$WORK/inspect"
   ok $? "$name: inspect names the trainer, the stage, the world size and the stored type" || sed 's/^/# /' "$WORK/inspect" >&2
+  if [[ $name == *-actor ]]; then
+    grep -q "names under a wrapper's \"model.\" served without it" "$WORK/inspect"
+    ok $? "$name: inspect says the wrapper's \"model.\" is taken off the names" || sed 's/^/# /' "$WORK/inspect" >&2
+  fi
   for dtype in bf16 fp32; do
     mnt=$WORK/mnt-$name-$dtype refmnt=$WORK/ref-$name-$dtype
     opts=()
