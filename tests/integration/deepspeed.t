@@ -99,5 +99,6 @@ world-disagrees|$bad/world-disagrees/$g/mp_rank_00_model_states.pt: dp_world_siz
 z3-missing-model-states|$bad/z3-missing-model-states/$g/zero_pp_rank_2_mp_rank_00_model_states.pt: missing
 latest-names-nothing|$bad/latest-names-nothing/checkpoint-10/global_step99: missing (the tag directory
 latest-not-a-name|$bad/latest-not-a-name/checkpoint-10/latest: '../elsewhere' is not the name of a tag directory beside it
+latest-too-big|$bad/latest-too-big/checkpoint-10/latest: unreadable or over 4096 bytes
 EOF2
 done_testing

@@ -293,6 +293,7 @@ def hostile(out):
                                     lambda c: os.remove(f"{c}/{TAG}/zero_pp_rank_2_mp_rank_00_model_states.pt")),
         "latest-names-nothing": ("z1-w3", None, lambda c: open(f"{c}/latest", "w").write("global_step99")),
         "latest-not-a-name": ("z1-w3", None, lambda c: open(f"{c}/latest", "w").write("../elsewhere")),
+        "latest-too-big": ("z1-w3", None, lambda c: open(f"{c}/latest", "w").write("global_step10" + " " * 8192)),
     }
     for name, (case, tweak, after) in bad.items():
         family, stage, world, bf16, frozen = CASES[case]
