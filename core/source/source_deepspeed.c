@@ -94,6 +94,15 @@ static bool is_tag_dir(const char *dir)
     return has_file(dir, MODEL_STATES_12) || has_file(dir, MODEL_STATES_3);
 }
 
+/* Printable UTF-8 text (names are printed in messages and served in headers). */
+static bool printable_text(const char *text)
+{
+    bool printable = text != NULL && text[0] != '\0' && g_utf8_validate(text, -1, NULL);
+    for (const char *p = text; printable && *p; p++)
+        printable = (unsigned char)*p >= 0x20 && *p != 0x7f;
+    return printable;
+}
+
 /* The tag `latest` names, checked to be one directory name; NULL with an error otherwise. */
 static char *read_tag(const char *dir, GError **error)
 {
@@ -109,10 +118,7 @@ static char *read_tag(const char *dir, GError **error)
         return NULL;
     }
     g_strstrip(text);
-    bool printable = g_utf8_validate(text, -1, NULL);
-    for (const char *p = text; printable && *p; p++)
-        printable = (unsigned char)*p >= 0x20 && *p != 0x7f;
-    if (text[0] == '\0' || !printable || strchr(text, '/') || strcmp(text, ".") == 0 || strcmp(text, "..") == 0) {
+    if (!printable_text(text) || strchr(text, '/') || strcmp(text, ".") == 0 || strcmp(text, "..") == 0) {
         g_autofree char *shown = g_strescape(text, NULL);
         ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: '%s' is not the name of a tag directory beside it", path, shown);
         return NULL;
@@ -332,7 +338,7 @@ static bool read_shape(Ds *d, const PtFile *f, const char *what, const char *nam
 static const char *entry_name(Ds *d, const PtFile *f, const char *what, const CkptfsPy *key)
 {
     const char *name = ckptfs_py_str(key);
-    if (name == NULL || !g_utf8_validate(name, -1, NULL) || name[0] == '\0') {
+    if (!printable_text(name)) {
         fail(d, CKPTFS_ERROR_FORMAT, "%s: a key of %s is not a parameter name", f->path, what);
         return NULL;
     }
