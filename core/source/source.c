@@ -68,8 +68,9 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
  * names tok_embeddings) or Hugging Face's; a directory
  * that is neither Megatron format is read as Hugging Face). */
 static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &ckptfs_format_verl_megatron,
-                                                    &ckptfs_format_torch_dist, &ckptfs_format_titan, &ckptfs_format_dcp_hf,
-                                                    &ckptfs_format_megatron, &ckptfs_format_hf};
+                                                     &ckptfs_format_torch_dist, &ckptfs_format_titan, &ckptfs_format_dcp_hf,
+                                                     &ckptfs_format_deepspeed, &ckptfs_format_megatron,
+                                                     &ckptfs_format_hf};
 
 /* The block size of a block-FP8 checkpoint (quantization_config {"quant_method": "fp8",
  * "weight_block_size": [R, C]}: DeepSeek-V3, Qwen3-*-FP8): false with an error for another

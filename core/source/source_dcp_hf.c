@@ -29,7 +29,9 @@ static const char *const titan_other_states[] = {"optimizer", "lr_scheduler", "d
 /* Files of the checkpoint directory hf/ does not pass through: weights (hf/ makes its own, a
  * bare DCP directory holds its chunks) and the trainer's own state. */
 static const char *const not_passed_suffixes[] = {".safetensors", ".index.json", ".bin", ".pt", ".pth", ".distcp"};
-static const char *const not_passed_names[] = {METADATA, "trainer_state.json"};
+static const char *const not_passed_names[] = {METADATA, "trainer_state.json",
+                                               /* DeepSpeed's tag file and the merge script it copies beside it */
+                                               "latest", "zero_to_fp32.py"};
 
 typedef struct {
     CkptfsSource *source;
@@ -89,26 +91,24 @@ static bool passed_through(const char *name)
     return true;
 }
 
-/* config.json (or -o hf_config) and the tokenizer files of the checkpoint directory. Without a
- * config, hf/ still serves the weights and the model views say what they miss. */
-static bool read_checkpoint_dir(DcpHf *h)
+bool ckptfs_source_read_checkpoint_dir(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
+                                       GError **error)
 {
-    CkptfsSource *source = h->source;
     /* Given files first: the first file of a name is the one served. */
-    if (!ckptfs_source_use_given_config(source, h->options, h->error) ||
-        (h->options->hf_extra && !ckptfs_source_add_extra_files(source, h->options->hf_extra, h->error)))
+    if (!ckptfs_source_use_given_config(source, options, error) ||
+        (options->hf_extra && !ckptfs_source_add_extra_files(source, options->hf_extra, error)))
         return false;
-    g_autoptr(GDir) d = g_dir_open(h->checkpoint_dir, 0, NULL);
+    g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
     const char *name;
     while (d && (name = g_dir_read_name(d)) != NULL) {
-        g_autofree char *path = g_build_filename(h->checkpoint_dir, name, NULL);
+        g_autofree char *path = g_build_filename(dir, name, NULL);
         if (passed_through(name) && g_file_test(path, G_FILE_TEST_IS_REGULAR) &&
-            !ckptfs_source_add_file(source, name, path, h->error))
+            !ckptfs_source_add_file(source, name, path, error))
             return false;
     }
     if (source->config != NULL)
         return true;
-    g_autofree char *path = g_build_filename(h->checkpoint_dir, "config.json", NULL);
+    g_autofree char *path = g_build_filename(dir, "config.json", NULL);
     GError *json_error = NULL;
     if (ckptfs_source_top_file(source, "config.json") == NULL) {
         source->config_problem = g_strdup_printf("%s: missing (give -o hf_config=PATH)", path);
@@ -121,6 +121,11 @@ static bool read_checkpoint_dir(DcpHf *h)
                         g_strdup_printf("%s; hf/ holds the weights only, model-specific views need it",
                                         source->config_problem));
     return true;
+}
+
+static bool read_checkpoint_dir(DcpHf *h)
+{
+    return ckptfs_source_read_checkpoint_dir(h->source, h->options, h->checkpoint_dir, h->error);
 }
 
 /* The saved dict's path of KEY as planner_data records it (a tuple of names), or NULL. */

@@ -21,6 +21,14 @@ extern const CkptfsSourceFormat ckptfs_format_verl_fsdp;  /* source_fsdp.c */
 extern const CkptfsSourceFormat ckptfs_format_verl_megatron; /* source_verl_megatron.c */
 extern const CkptfsSourceFormat ckptfs_format_dcp_hf;     /* source_dcp_hf.c */
 extern const CkptfsSourceFormat ckptfs_format_titan;      /* source_dcp_hf.c, names from titan.c */
+extern const CkptfsSourceFormat ckptfs_format_deepspeed;  /* source_deepspeed.c */
+
+/* config.json (or -o hf_config), the tokenizer and the other top-level files of a trainer's
+ * checkpoint directory DIR that hf/ passes through (weights, trainer state and DeepSpeed's tag
+ * file left out). Without a config, hf/ still serves the weights and the model views say what
+ * they miss. (source_dcp_hf.c) */
+bool ckptfs_source_read_checkpoint_dir(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
+                                       GError **error);
 
 /* --- shared by the Megatron-core sources (megatron_common.c) --- */
 
