@@ -127,6 +127,18 @@ static bool config_int(JsonObject *config, const char *key, gint64 *out)
     return config && ckptfs_json_member_int(config, key, out) == CKPTFS_JSON_FOUND;
 }
 
+/* The language model's fields of CONFIG (a vision-language model's text_config with the top
+ * level's), or CONFIG: what the model line lists. NULL when CONFIG is. */
+static JsonObject *language_config(JsonObject *config)
+{
+    if (config == NULL)
+        return NULL;
+    const char *name = config_architecture(config) ? config_architecture(config) : config_string(config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    JsonObject *text = ckptfs_schema_text_config(config, arch ? arch->text_part : NULL, NULL);
+    return text ? text : json_object_ref(config);
+}
+
 /* Whether inspect lists FIELD of M: with TOKEN_IDS, the tokenizer's ids hf/config.json has; else
  * every field that changes what the model computes, with the value the views use. */
 static bool listed(const CkptfsModelField *field, const CkptfsModel *m, bool token_ids)
@@ -349,9 +361,10 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, model_type);
     else
         json_builder_add_null_value(b);
+    g_autoptr(JsonObject) language = language_config(s->config);
     for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
         gint64 v;
-        if (config_int(s->config, model_fields[i], &v)) {
+        if (config_int(language, model_fields[i], &v)) {
             json_builder_set_member_name(b, model_fields[i]);
             json_builder_add_int_value(b, v);
         }
@@ -720,9 +733,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         printf("architecture: %s (model_type %s)\n", arch ? arch : "not given",
                model_type ? model_type : "not given");
         printf("model:       ");
+        g_autoptr(JsonObject) language = language_config(s->config);
         for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
             gint64 v;
-            if (config_int(s->config, model_fields[i], &v))
+            if (config_int(language, model_fields[i], &v))
                 printf(" %s=%" G_GINT64_FORMAT, model_fields[i], v);
         }
         printf("\n");

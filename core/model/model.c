@@ -64,9 +64,18 @@ static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", fa
 static const CkptfsArchitecture mimo = {"MiMoForCausalLM", "mimo", true, false, &ckptfs_family_mimo, NULL, false, 0, 0,
                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
                                         .max_positions = 32768};
+/* Qwen2.5-VL: Qwen2's language model (Qwen2_5_VLTextConfig's defaults: 8 key/value heads,
+ * rms_norm_eps 1e-5, 32768 positions, rope_theta 1e6) in text_config, or at the top level as the
+ * release wrote it; a window-attention ViT and its patch merger in vision_config */
+static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false,
+                                              &ckptfs_family_llama, NULL, false, 1e6, 1e-5,
+                                              .sliding_window = 4096, .window_opt_in = true, .kv_heads = 8,
+                                              .max_positions = 32768, .text_part = "text_config",
+                                              .vision_part = "vision_config"};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
-                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo, NULL};
+                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
+                                                          &qwen2_5_vl, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -78,6 +87,8 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
 {
     bool moe = f->experts > 0, shared = f->shared_ffn > 0;
     bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
+    if (a->vision_part != NULL) /* a text checkpoint's features never make a VLM */
+        return false;
     if (a->mla != f->mla || (a->moe != NULL) != moe)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
@@ -431,6 +442,21 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
     return true;
 }
 
+/* A vision-language model's vision tower: its part of config.json, and rules to serve it in the
+ * Megatron views (without them the language model alone would be a silently partial model). */
+static bool check_vision_part(JsonObject *config, const CkptfsArchitecture *arch, GError **error)
+{
+    if (arch->vision_part == NULL)
+        return true;
+    if (ckptfs_json_member_object(config, arch->vision_part) == NULL)
+        CONFIG_ERROR("%s has no \"%s\" object: the vision tower's fields are missing", arch->hf_architecture,
+                     arch->vision_part);
+    if (arch->vision_family == NULL)
+        CONFIG_ERROR("%s: its vision tower and merger (\"%s\") have no Megatron rules yet; hf/ serves the "
+                     "whole model", arch->hf_architecture, arch->vision_part);
+    return true;
+}
+
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, CkptfsModel *model,
                               GPtrArray **unused, GError **error)
 {
@@ -443,9 +469,10 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
         return false;
     }
     model->arch = find_architecture(config, error);
-    if (model->arch == NULL)
+    if (model->arch == NULL || !check_vision_part(config, model->arch, error))
         return false;
-    if (!ckptfs_model_read_config(config, model, error))
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(config, model->arch->text_part, error);
+    if (text == NULL || !ckptfs_model_read_config(text, model, error))
         return false;
     if (!ckptfs_model_check_limits(model, "config.json", error))
         return false;

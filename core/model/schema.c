@@ -369,6 +369,38 @@ const char *ckptfs_schema_config_architecture(JsonObject *config)
 
 #define REFUSE(...) return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: " __VA_ARGS__)
 
+JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GError **error)
+{
+    JsonNode *node = part ? json_object_get_member(config, part) : NULL;
+    if (node == NULL || JSON_NODE_HOLDS_NULL(node))
+        return json_object_ref(config);
+    if (!JSON_NODE_HOLDS_OBJECT(node)) {
+        ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: \"%s\" is not an object", part);
+        return NULL;
+    }
+    JsonObject *text = json_node_get_object(node);
+    JsonObject *merged = json_object_new();
+    g_autoptr(GList) top = json_object_get_members(config);
+    for (GList *k = top; k; k = k->next)
+        if (strcmp(k->data, part) != 0)
+            json_object_set_member(merged, k->data, json_node_copy(json_object_get_member(config, k->data)));
+    g_autoptr(GList) inner = json_object_get_members(text);
+    for (GList *k = inner; k; k = k->next) {
+        JsonNode *value = json_object_get_member(text, k->data), *outer = json_object_get_member(merged, k->data);
+        /* the part's own name for the model (model_type "qwen2_5_vl_text") is not the model's */
+        if (strcmp(k->data, "model_type") == 0 || strcmp(k->data, "architectures") == 0)
+            continue;
+        if (outer != NULL && !json_node_equal(outer, value)) {
+            json_object_unref(merged);
+            ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: %s.%s and %s disagree", part,
+                        (const char *)k->data, (const char *)k->data);
+            return NULL;
+        }
+        json_object_set_member(merged, k->data, json_node_copy(value));
+    }
+    return merged;
+}
+
 /* The value under NAME (found: *FOUND), type-checked. */
 static bool config_value(JsonObject *config, const CkptfsModelField *f, const char *name, const CkptfsModel *m,
                          bool *found, FieldValue *v, GError **error)

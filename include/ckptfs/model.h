@@ -63,6 +63,13 @@ typedef struct {
     /* config.json's attention_bias also puts a bias on o_proj (Llama, Qwen3): Megatron has that one
      * only with add_bias_linear, on every linear layer, so such a model has no Megatron equivalent */
     bool attention_bias_on_output;
+    /* A vision-language model: config.json's object of the language model's fields
+     * ("text_config", read with the top level's: ckptfs_schema_text_config) and of the vision
+     * tower's ("vision_config"); NULL: a text model */
+    const char *text_part, *vision_part;
+    /* the Megatron rules of the vision tower and its merger (NULL: none yet, so hf/ only, and
+     * the mount says so by name) */
+    const CkptfsFamily *vision_family;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head

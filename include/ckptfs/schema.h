@@ -132,6 +132,14 @@ char *ckptfs_schema_value_text(const CkptfsModelField *field, const CkptfsModel 
 /* The first name of CONFIG's "architectures" list, or NULL. */
 const char *ckptfs_schema_config_architecture(JsonObject *config);
 
+/* The language model's part of CONFIG, which the walks read as a text model's config.json: for
+ * a vision-language model (PART: "text_config"), the members of that object over those at the
+ * top level (releases wrote the language model's fields at the top, transformers 5 writes them
+ * under text_config, some configs both: a member in both must be the same value); without PART
+ * or that object, CONFIG. A new reference; NULL with an error naming both members when they
+ * disagree or PART is not an object. */
+JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GError **error);
+
 /* Walk 1: MODEL's fields from CONFIG (MODEL's arch and mla set; arch may be NULL for a config
  * without one: dense, its defaults). Every name of a field is read: two that disagree, a value
  * of the wrong type or out of limits, a form with no Megatron equivalent (a rope type, a
