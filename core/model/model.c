@@ -442,18 +442,49 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
     return true;
 }
 
+/* The vision blocks that attend to the whole image (fullatt_block_indexes; Qwen2_5_VLVisionConfig's
+ * default [7, 15, 23, 31]); the others attend within windows. */
+static bool read_full_attention_blocks(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    static const uint64_t transformers_default[] = {7, 15, 23, 31};
+    g_autofree char *name = g_strdup_printf("%s.fullatt_block_indexes", model->arch->vision_part);
+    JsonNode *node = ckptfs_json_member(config, name);
+    JsonArray *list = node && JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
+    if (node != NULL && list == NULL)
+        CONFIG_ERROR("%s is not a list of block numbers", name);
+    guint n = list ? json_array_get_length(list) : G_N_ELEMENTS(transformers_default);
+    for (guint i = 0; i < n; i++) {
+        gint64 block = (gint64)transformers_default[i % G_N_ELEMENTS(transformers_default)];
+        if (list && !ckptfs_json_node_int(json_array_get_element(list, i), &block))
+            block = -1;
+        if (list == NULL && (uint64_t)block >= model->vision_depth)
+            continue; /* transformers' default for a shallower tower: those blocks do not exist */
+        if (block < 0 || (uint64_t)block >= model->vision_depth)
+            CONFIG_ERROR("%s entry %u is not a block number below depth %" G_GUINT64_FORMAT, name, i,
+                         model->vision_depth);
+        model->vision_full_attention[block / 8] |= (uint8_t)(1u << (block % 8));
+    }
+    return true;
+}
+
 /* A vision-language model's vision tower: its part of config.json, and rules to serve it in the
  * Megatron views (without them the language model alone would be a silently partial model). */
-static bool check_vision_part(JsonObject *config, const CkptfsArchitecture *arch, GError **error)
+static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **error)
 {
+    const CkptfsArchitecture *arch = model->arch;
     if (arch->vision_part == NULL)
         return true;
-    if (ckptfs_json_member_object(config, arch->vision_part) == NULL)
-        CONFIG_ERROR("%s has no \"%s\" object: the vision tower's fields are missing", arch->hf_architecture,
-                     arch->vision_part);
+    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error) ||
+        !read_full_attention_blocks(config, model, error))
+        return false;
     if (arch->vision_family == NULL)
-        CONFIG_ERROR("%s: its vision tower and merger (\"%s\") have no Megatron rules yet; hf/ serves the "
-                     "whole model", arch->hf_architecture, arch->vision_part);
+        CONFIG_ERROR("%s: its vision tower and merger (\"%s\": %" G_GUINT64_FORMAT " blocks of width %"
+                     G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " heads, ffn %" G_GUINT64_FORMAT ", merged %"
+                     G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %" G_GUINT64_FORMAT
+                     ") have no Megatron rules yet; hf/ serves the whole model",
+                     arch->hf_architecture, arch->vision_part, model->vision_depth, model->vision_hidden,
+                     model->vision_heads, model->vision_ffn, model->vision_merge, model->vision_merge,
+                     model->vision_out_hidden);
     return true;
 }
 
@@ -469,7 +500,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
         return false;
     }
     model->arch = find_architecture(config, error);
-    if (model->arch == NULL || !check_vision_part(config, model->arch, error))
+    if (model->arch == NULL || !check_vision_part(config, model, error))
         return false;
     g_autoptr(JsonObject) text = ckptfs_schema_text_config(config, model->arch->text_part, error);
     if (text == NULL || !ckptfs_model_read_config(text, model, error))
@@ -524,6 +555,16 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"v head dim", model->v_head_dim, CKPTFS_MAX_MODEL_DIM},
         {"experts", model->experts, CKPTFS_MAX_EXPERTS},
         {"multi-token prediction layers", model->mtp_layers, 64},
+        {"vision blocks", model->vision_depth, CKPTFS_MAX_VISION_DEPTH},
+        {"vision hidden size", model->vision_hidden, CKPTFS_MAX_MODEL_DIM},
+        {"vision attention heads", model->vision_heads, CKPTFS_MAX_MODEL_DIM},
+        {"vision ffn size", model->vision_ffn, CKPTFS_MAX_MODEL_DIM},
+        {"vision output size", model->vision_out_hidden, CKPTFS_MAX_MODEL_DIM},
+        {"vision patch size", model->vision_patch, 4096},
+        {"vision temporal patch size", model->vision_temporal_patch, 64},
+        {"vision merge size", model->vision_merge, 64},
+        {"vision window size", model->vision_window, 65536},
+        {"vision channels", model->vision_channels, 64},
         {"layers", model->layers,
          MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},
     };

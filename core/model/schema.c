@@ -159,7 +159,41 @@ static const CkptfsModelField fields[] = {
      0, 0, 0, 0, 0, 0, {NULL}},
     {"pad_token_id", CKPTFS_FIELD_TOKEN_ID, M(pad_token), CKPTFS_FOR_ALL, {"pad_token_id"}, 0, "hf_token_ids", NULL,
      0, 0, 0, 0, 0, 0, {NULL}},
+    /* The vision tower and merger (Qwen2_5_VLVisionConfig's defaults); mbridge builds Megatron's
+     * vision config from these, Megatron's args have none. The release also writes
+     * spatial_patch_size (14, unread by transformers): the same patch, so it must agree. */
+    {"vision_depth", CKPTFS_FIELD_UINT, M(vision_depth), CKPTFS_FOR_VISION, {"vision_config.depth"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 32, 32, 0, 0, CKPTFS_MAX_VISION_DEPTH, {NULL}},
+    {"vision_hidden", CKPTFS_FIELD_UINT, M(vision_hidden), CKPTFS_FOR_VISION, {"vision_config.hidden_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 3584, 3584, 0, 0, DIM, {NULL}},
+    {"vision_heads", CKPTFS_FIELD_UINT, M(vision_heads), CKPTFS_FOR_VISION, {"vision_config.num_heads"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 16, 16, 0, 0, DIM, {NULL}},
+    {"vision_ffn", CKPTFS_FIELD_UINT, M(vision_ffn), CKPTFS_FOR_VISION, {"vision_config.intermediate_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 3420, 3420, 0, 0, DIM, {NULL}},
+    {"vision_activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_VISION, {"vision_config.hidden_act"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    {"vision_out_hidden", CKPTFS_FIELD_UINT, M(vision_out_hidden), CKPTFS_FOR_VISION,
+     {"vision_config.out_hidden_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3584, 3584, 0, 0, DIM, {NULL}},
+    {"vision_patch", CKPTFS_FIELD_UINT, M(vision_patch), CKPTFS_FOR_VISION,
+     {"vision_config.patch_size", "vision_config.spatial_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 14, 14, 0,
+     0, 4096, {NULL}},
+    {"vision_temporal_patch", CKPTFS_FIELD_UINT, M(vision_temporal_patch), CKPTFS_FOR_VISION,
+     {"vision_config.temporal_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_merge", CKPTFS_FIELD_UINT, M(vision_merge), CKPTFS_FOR_VISION, {"vision_config.spatial_merge_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_window", CKPTFS_FIELD_UINT, M(vision_window), CKPTFS_FOR_VISION, {"vision_config.window_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 112, 112, 0, 0, 65536, {NULL}},
+    {"vision_channels", CKPTFS_FIELD_UINT, M(vision_channels), CKPTFS_FOR_VISION,
+     {"vision_config.in_chans", "vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64,
+     {NULL}},
+    {"vision_tokens_per_second", CKPTFS_FIELD_FLOAT, M(vision_tokens_per_second), CKPTFS_FOR_VISION,
+     {"vision_config.tokens_per_second"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 4, 4, 0, 0, 1e6, {NULL}},
 };
+
+/* Members of a vision part no row reads that leave the weights' math alone (the dtype is the
+ * tensors'); fullatt_block_indexes is read by the architecture's walk (model.c). */
+static const char *const vision_members_unread[] = {"model_type", "initializer_range", "dtype", "torch_dtype",
+                                                    "fullatt_block_indexes"};
 
 /* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
 static const char *const rope_objects[] = {"rope_scaling", "rope_parameters"};
@@ -183,6 +217,9 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
+    case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
+                               vision tower yet, so the other walks never see one */
+        return false;
     default:
         return true;
     }
@@ -653,6 +690,30 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     if (f->type == CKPTFS_FIELD_BOOL && arch_has(f, m))
         chosen.number = 1; /* the architecture's own */
     store(f, m, chosen.number);
+    return true;
+}
+
+bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **error)
+{
+    const char *part = m->arch ? m->arch->vision_part : NULL;
+    JsonObject *vision = part ? ckptfs_json_member_object(config, part) : NULL;
+    if (vision == NULL)
+        REFUSE("no \"%s\" object: the vision tower's fields are missing", part ? part : "vision_config");
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++)
+        if (fields[i].scope == CKPTFS_FOR_VISION && !read_config_field(config, &fields[i], m, error))
+            return false;
+    g_autoptr(GList) members = json_object_get_members(vision);
+    for (GList *k = members; k; k = k->next) {
+        g_autofree char *path = g_strdup_printf("%s.%s", part, (const char *)k->data);
+        bool known = false;
+        for (size_t i = 0; i < G_N_ELEMENTS(vision_members_unread) && !known; i++)
+            known = strcmp(vision_members_unread[i], k->data) == 0;
+        for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
+            for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
+                known = fields[i].scope == CKPTFS_FOR_VISION && strcmp(fields[i].hf[n], path) == 0;
+        if (!known)
+            REFUSE("%s is not understood: the vision tower's rules do not know what it changes", path);
+    }
     return true;
 }
 

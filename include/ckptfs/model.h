@@ -101,6 +101,8 @@ typedef struct {
 
 /* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
 #define CKPTFS_MAX_EXPERTS 4096u
+/* Most blocks a vision tower may have (Qwen2.5-VL's have 32). */
+#define CKPTFS_MAX_VISION_DEPTH 256u
 /* Most layers a model may have (for the dense-layer bitmap; the source-tensor cap allows
  * fewer still). */
 #define CKPTFS_MAX_LAYERS 32768u
@@ -151,6 +153,15 @@ typedef struct {
      * TOKEN_IDS_KNOWN); unknown ones (a Megatron checkpoint's own args) are written null. */
     bool token_ids_known;
     CkptfsTokenIds bos_token, eos_token, pad_token;
+    /* A vision-language model's vision tower (vision_config): its blocks, width, heads, MLP
+     * width; the merger's output width (the language model's hidden size); the patch (pixels a
+     * side, frames), the side of the square of patches the merger joins, the attention window
+     * (pixels a side), the image's channels, video positions per second (mrope) */
+    uint64_t vision_depth, vision_hidden, vision_heads, vision_ffn, vision_out_hidden;
+    uint64_t vision_patch, vision_temporal_patch, vision_merge, vision_window, vision_channels;
+    double vision_tokens_per_second;
+    /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
+    uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */

@@ -36,6 +36,8 @@ typedef enum {
     CKPTFS_FOR_MOE,    /* mixtures of experts */
     CKPTFS_FOR_LLAMA3, /* rope scaled the Llama 3 way */
     CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
+    CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
+                          read by ckptfs_schema_read_vision, not with the language model) */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
@@ -146,6 +148,12 @@ JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GErr
  * sliding window, a member of rope_parameters not understood) are errors naming config.json
  * and the field. */
 bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *model, GError **error);
+
+/* The vision tower's fields of a vision-language model (MODEL's arch has a vision part, which
+ * CONFIG holds): the rows of its scope, then every member of the part must be one a row reads or
+ * one known to leave the weights' math alone (model_type, initializer_range, the dtype, and
+ * fullatt_block_indexes, which the architecture's walk reads); another is refused by name. */
+bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *model, GError **error);
 
 /* Walk 2: CONFIG's fields for MODEL, as transformers 4 writes them (5 reads them too). */
 void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);
