@@ -578,6 +578,8 @@ int main(void)
             {VLM_HEAD "\"text_config\": {" VLM_TEXT ", \"model_type\": \"qwen2_5_vl_text\"}}", "nested (transformers 5)"},
             {VLM_HEAD VLM_TEXT "}", "at the top level (the release)"},
             {VLM_HEAD VLM_TEXT ", \"text_config\": {" VLM_TEXT "}}", "in both, the same"},
+            {VLM_HEAD VLM_TEXT ", \"rope_theta\": 1000000, \"text_config\": {\"rope_theta\": 1e6}}",
+             "in both, a rope base written 1000000 and 1e6"},
         };
         for (size_t i = 0; i < G_N_ELEMENTS(forms); i++) {
             g_autoptr(JsonObject) config = parse(forms[i].json);
