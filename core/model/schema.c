@@ -406,17 +406,6 @@ const char *ckptfs_schema_config_architecture(JsonObject *config)
 
 #define REFUSE(...) return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: " __VA_ARGS__)
 
-/* Whether member NAME of A and of B is the same value, numbers by value (64 and 64.0 are one
- * width). */
-static bool same_member(JsonObject *a, JsonObject *b, const char *name)
-{
-    double x = 0, y = 0;
-    if (ckptfs_json_member_number(a, name, &x) == CKPTFS_JSON_FOUND &&
-        ckptfs_json_member_number(b, name, &y) == CKPTFS_JSON_FOUND)
-        return x == y;
-    return json_node_equal(json_object_get_member(a, name), json_object_get_member(b, name));
-}
-
 JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GError **error)
 {
     JsonNode *node = part ? json_object_get_member(config, part) : NULL;
@@ -438,7 +427,8 @@ JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GErr
         /* the part's own name for the model (model_type "qwen2_5_vl_text") is not the model's */
         if (strcmp(k->data, "model_type") == 0 || strcmp(k->data, "architectures") == 0)
             continue;
-        if (outer != NULL && !same_member(config, text, k->data)) {
+        /* json_node_equal takes 1000000 and 1e6 as one number */
+        if (outer != NULL && !json_node_equal(outer, value)) {
             json_object_unref(merged);
             ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: %s.%s and %s disagree", part,
                         (const char *)k->data, (const char *)k->data);
