@@ -773,6 +773,14 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                    m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
                    m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
                    m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+        if (m->arch->vision)
+            printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                   " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
+                   G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
+                   ": %s* on the first pipeline stage, %s* the language model; no mcore/ yet\n",
+                   m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
+                   m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
+                   m->arch->vision->megatron_prefix, m->arch->megatron_prefix);
         if (m->mtp_layers)
             printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
                    "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",

@@ -376,6 +376,12 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
         *out = CKPTFS_ROPE_YARN;
         return true;
     }
+    /* Qwen2-VL's multimodal rope: default frequencies over sections of the head (the model's walk
+     * reads mrope_section) */
+    if (strcmp(name, "mrope") == 0 && m->arch && m->arch->vision_part) {
+        *out = CKPTFS_ROPE_DEFAULT;
+        return true;
+    }
     return false;
 }
 
@@ -531,9 +537,13 @@ static bool check_window(JsonObject *config, const CkptfsModel *m, GError **erro
     return true;
 }
 
+/* Members of rope_scaling / rope_parameters a vision-language model's walk reads (model.c: the
+ * multimodal rope's sections, and transformers 5's "type": "mrope" beside rope_type). */
+static const char *const mrope_members[] = {"mrope_section", "type"};
+
 /* Every member of rope_scaling / rope_parameters must be one a row reads: another would be a
  * setting whose effect the views silently drop. */
-static bool check_rope_members(JsonObject *config, GError **error)
+static bool check_rope_members(JsonObject *config, const CkptfsModel *m, GError **error)
 {
     for (size_t o = 0; o < G_N_ELEMENTS(rope_objects); o++) {
         JsonNode *node = json_object_get_member(config, rope_objects[o]);
@@ -548,6 +558,8 @@ static bool check_rope_members(JsonObject *config, GError **error)
             for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
                 for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
                     known = strcmp(fields[i].hf[n], path) == 0;
+            for (size_t i = 0; i < G_N_ELEMENTS(mrope_members) && !known && m->arch && m->arch->vision_part; i++)
+                known = strcmp(mrope_members[i], k->data) == 0;
             if (!known)
                 REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
         }
@@ -654,7 +666,9 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
         null_given = null_given || (node != NULL && JSON_NODE_HOLDS_NULL(node));
         if (!found)
             continue;
-        if (first && (v.number != chosen.number || (v.text && strcmp(v.text, chosen.text) != 0))) {
+        /* rope types by meaning: a VLM's "mrope" has the default frequencies */
+        bool same_text = !first || !v.text || f->type == CKPTFS_FIELD_ROPE_TYPE || strcmp(v.text, chosen.text) == 0;
+        if (first && (v.number != chosen.number || !same_text)) {
             if (v.text)
                 REFUSE("%s '%s' and %s '%s' disagree", first, chosen.text, names[i], v.text);
             REFUSE("%s %g and %s %g disagree", first, chosen.number, names[i], v.number);
@@ -742,7 +756,7 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **erro
     }
     if (m->mla) /* what Megatron's kv_channels means for MLA: the width linear_proj reads per head */
         m->head_dim = m->v_head_dim;
-    return check_rope_members(config, error);
+    return check_rope_members(config, m, error);
 }
 
 /* --- walk 2: config.json written --- */

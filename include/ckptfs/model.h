@@ -32,7 +32,7 @@ typedef struct {
     const struct CkptfsFusedExperts *const *fused_forms;
 } CkptfsMoeConfig;
 
-typedef struct {
+typedef struct CkptfsArchitecture {
     const char *hf_architecture; /* "LlamaForCausalLM" */
     const char *model_type;      /* "llama" */
     bool qkv_bias;               /* q/k/v projections always carry a bias (Qwen2) */
@@ -67,9 +67,17 @@ typedef struct {
      * ("text_config", read with the top level's: ckptfs_schema_text_config) and of the vision
      * tower's ("vision_config"); NULL: a text model */
     const char *text_part, *vision_part;
-    /* the Megatron rules of the vision tower and its merger (NULL: none yet, so hf/ only, and
-     * the mount says so by name) */
-    const CkptfsFamily *vision_family;
+    /* the vision tower and its merger as an architecture of their own, whose family holds their
+     * Megatron rules (NULL: none yet, so hf/ only, and the mount says so by name) */
+    const struct CkptfsArchitecture *vision;
+    /* its module's prefix in a Megatron state dict (mbridge's VLMs: "language_model.",
+     * "vision_model."; NULL: none), and where its layers' Hugging Face tensors are (NULL:
+     * "model.layers."; a vision tower's blocks: "visual.blocks.") */
+    const char *megatron_prefix, *hf_layer_prefix;
+    /* Pairs of Hugging Face name prefixes, NULL-terminated: a later transformers' module names
+     * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
+     * "model.visual." and "visual."); NULL: one naming */
+    const char *const *module_names;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
@@ -162,6 +170,9 @@ typedef struct {
     double vision_tokens_per_second;
     /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
     uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
+    /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
+     * temporal, height and width positions; all 0: plain rope) */
+    uint64_t mrope_section[3];
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */
@@ -210,6 +221,10 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
  * so that no product of them the mapping rules form can wrap, and few enough layers for
  * CKPTFS_MAX_SOURCE_TENSORS. Errors start with WHAT. */
 bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error);
+
+/* The vision tower of vision-language model VLM as a model of its own (its architecture the
+ * tower's, its blocks the layers, its width, heads and MLP the model's), into TOWER. */
+void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);

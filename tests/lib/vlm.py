@@ -9,6 +9,12 @@ of ckptfs's views of it.
       the tensors under transformers >= 4.52's module names (model.language_model.*,
       model.visual.*); OUT/v4: v5's tensors with the release's config.json (the language
       model's fields at the top level); OUT/badvision: v5 with a vision field no rule reads.
+  vlm.py megatron ORIG TP PP MEGATRON_DIR OUT [MEGATRON_DIR OUT ...]
+      each rank file of MEGATRON_DIR (tpTPppPP/ of ORIG) loads with weights_only and holds the
+      names, shapes and bytes mbridge's Qwen2_5VLModel has on that rank (written here from
+      mbridge's bridge tables and Megatron-core's TP splits), and args with its mrope; then
+      ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
+      and fc1 split back) into OUT, under the release's names with ORIG's config.json.
   vlm.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
@@ -134,6 +140,210 @@ def logits(orig, hf_dirs):
             print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
 
 
+# --- Megatron layouts, written from mbridge's qwen2_5_vl bridge (ISEEKYAN/mbridge,
+# mbridge/models/qwen2_5_vl/__init__.py: _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING,
+# _weight_to_mcore_format) and Megatron-core's TP splits, not from ckptfs ---
+
+# Megatron name -> (HF names (release), how TP splits it). "{i}": a layer or block.
+# Splits: rows (column-parallel), cols (row-parallel), halves (gated fc1: each half by rows),
+# vocab (rows, padded), whole (replicated).
+VISION_TABLE = {
+    "vision_model.patch_embed.proj.weight": (["visual.patch_embed.proj.weight"], "whole"),
+    "vision_model.decoder.final_layernorm.weight": (["visual.merger.ln_q.weight"], "whole"),
+    "vision_model.projection.encoder.linear_fc1.weight": (["visual.merger.mlp.0.weight"], "rows"),
+    "vision_model.projection.encoder.linear_fc1.bias": (["visual.merger.mlp.0.bias"], "rows"),
+    "vision_model.projection.encoder.linear_fc2.weight": (["visual.merger.mlp.2.weight"], "cols"),
+    "vision_model.projection.encoder.linear_fc2.bias": (["visual.merger.mlp.2.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_proj.weight": (["visual.blocks.{i}.attn.proj.weight"], "cols"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_proj.bias": (["visual.blocks.{i}.attn.proj.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.weight": (["visual.blocks.{i}.attn.qkv.weight"], "rows"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.bias": (["visual.blocks.{i}.attn.qkv.bias"], "rows"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight": (["visual.blocks.{i}.norm1.weight"], "whole"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.weight": (["visual.blocks.{i}.mlp.gate_proj.weight", "visual.blocks.{i}.mlp.up_proj.weight"], "halves"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.bias": (["visual.blocks.{i}.mlp.gate_proj.bias", "visual.blocks.{i}.mlp.up_proj.bias"], "halves"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc2.weight": (["visual.blocks.{i}.mlp.down_proj.weight"], "cols"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc2.bias": (["visual.blocks.{i}.mlp.down_proj.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight": (["visual.blocks.{i}.norm2.weight"], "whole"),
+}
+LANGUAGE_FIRST = {"language_model.embedding.word_embeddings.weight": (["model.embed_tokens.weight"], "vocab")}
+LANGUAGE_LAST = {"language_model.decoder.final_layernorm.weight": (["model.norm.weight"], "whole"),
+                 "language_model.output_layer.weight": (["lm_head.weight"], "vocab")}
+LANGUAGE_LAYER = {
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], "rows"),
+    "self_attention.linear_qkv.bias": (["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"], "rows"),
+    "self_attention.linear_proj.weight": (["self_attn.o_proj.weight"], "cols"),
+    "self_attention.linear_qkv.layer_norm_weight": (["input_layernorm.weight"], "whole"),
+    "mlp.linear_fc1.weight": (["mlp.gate_proj.weight", "mlp.up_proj.weight"], "halves"),
+    "mlp.linear_fc2.weight": (["mlp.down_proj.weight"], "cols"),
+    "mlp.linear_fc1.layer_norm_weight": (["post_attention_layernorm.weight"], "whole"),
+}
+
+
+def to_mcore(name, hf):
+    """mbridge's _weight_to_mcore_format: the full (unsplit) Megatron tensor of NAME."""
+    text, vision = TEXT, VISION
+    if "linear_qkv" in name and "layer_norm" not in name:
+        if len(hf) == 1:  # the vision tower's fused [q; k; v] -> per head [q_h; k_h; v_h]
+            heads, width = vision["num_heads"], vision["hidden_size"]
+            d = width // heads
+            shape = [3, heads, -1, d, width] if name.endswith("weight") else [3, heads, -1]
+            q, k, v = hf[0].view(*shape)
+            out = [-1, width] if name.endswith("weight") else [-1]
+            return torch.cat([x.reshape(heads, d, -1) for x in (q, k, v)], dim=1).reshape(*out)
+        groups, heads = text["num_key_value_heads"], text["num_attention_heads"]
+        d = text["hidden_size"] // heads
+        q, k, v = hf
+        q = q.reshape(groups, heads // groups * d, -1)
+        k = k.reshape(groups, d, -1)
+        v = v.reshape(groups, d, -1)
+        out = [-1, text["hidden_size"]] if name.endswith("weight") else [-1]
+        return torch.cat([q, k, v], dim=1).reshape(*out)
+    if len(hf) == 2:
+        return torch.cat(hf, dim=0)
+    return hf[0]
+
+
+def tp_share(full, split, tp, r, vocab_pad):
+    if split == "whole":
+        return full
+    if split == "vocab":
+        padded = torch.zeros((vocab_pad,) + tuple(full.shape[1:]), dtype=full.dtype)
+        padded[: full.shape[0]] = full
+        return padded.chunk(tp, dim=0)[r]
+    if split == "rows":
+        return full.chunk(tp, dim=0)[r]
+    if split == "cols":
+        return full.chunk(tp, dim=1)[r]
+    gate, up = full.chunk(2, dim=0)  # halves
+    return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]], dim=0)
+
+
+def expected_ranks(orig, tp, pp):
+    """{(pp rank, tp rank): {name: tensor}} of mbridge's Qwen2_5VLModel split by Megatron-core."""
+    from safetensors.torch import load_file
+    hf = load_file(f"{orig}/model.safetensors")
+    layers, vocab = TEXT["num_hidden_layers"], TEXT["vocab_size"]
+    divisible = 128 * tp  # Megatron's make_vocab_size_divisible_by x TP
+    vocab_pad = (vocab + divisible - 1) // divisible * divisible
+    per_stage = layers // pp
+    out = {}
+    for p in range(pp):
+        for r in range(tp):
+            sd = {}
+            entries = []
+            if p == 0:
+                for i in range(VISION["depth"]):
+                    entries += [(k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+                                for k, v in VISION_TABLE.items()]
+                entries += [(k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+            for local in range(per_stage):
+                g = p * per_stage + local
+                entries += [(f"language_model.decoder.layers.{local}.{k}", [f"model.layers.{g}.{n}" for n in v[0]], v[1])
+                            for k, v in LANGUAGE_LAYER.items()]
+            if p == pp - 1:
+                entries += [(k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+            for name, hf_names, split in entries:
+                sd[name] = tp_share(to_mcore(name, [hf[n] for n in hf_names]), split, tp, r, vocab_pad)
+            out[(p, r)] = sd
+    return out
+
+
+def rank_file(meg, p, r, pp):
+    d = f"mp_rank_{r:02d}" + (f"_{p:03d}" if pp > 1 else "")
+    return f"{meg}/release/{d}/model_optim_rng.pt"
+
+
+def load_rank(path):
+    import argparse
+    torch.serialization.add_safe_globals([argparse.Namespace])  # the args, as Megatron's loader
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def megatron(orig, meg, tp, pp):
+    """The rank files of MEG (tpTPppPP of ORIG): the names and tensors mbridge's model has on each
+    rank (extra states aside), bit for bit, and the args' rope."""
+    tp, pp = int(tp), int(pp)
+    want = expected_ranks(orig, tp, pp)
+    for (p, r), sd in want.items():
+        path = rank_file(meg, p, r, pp)
+        try:
+            ckpt = load_rank(path)
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): torch.load(weights_only=True): {e}")
+            continue
+        got = {k: v for k, v in ckpt["model"].items() if not k.endswith("_extra_state")}
+        missing, extra = sorted(set(sd) - set(got)), sorted(set(got) - set(sd))
+        bad = [k for k in sd if k in got and not (got[k].shape == sd[k].shape and torch.equal(got[k], sd[k]))]
+        args = ckpt["args"]
+        rope = (getattr(args, "position_embedding_type", None), getattr(args, "mrope_section", None))
+        want_rope = ("mrope", TEXT["rope_scaling"]["mrope_section"])
+        if missing or extra or bad or rope != want_rope:
+            print(f"FAIL {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
+                  f"differing {bad[:3]}, rope {rope} (want {want_rope})")
+        else:
+            print(f"PASS {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): {len(sd)} tensors with mbridge's names, shapes and bytes; "
+                  f"args rope {rope}")
+
+
+def to_hf(orig, meg, tp, pp, out):
+    """ORIG's checkpoint rebuilt from MEG's rank files the way mbridge exports (gather the TP
+    shares, _weight_to_hf_format), saved with the release's names and ORIG's config.json."""
+    tp, pp = int(tp), int(pp)
+    ranks = {(p, r): load_rank(rank_file(meg, p, r, pp))["model"] for p in range(pp) for r in range(tp)}
+    per_stage = TEXT["num_hidden_layers"] // pp
+    tables = []
+    for i in range(VISION["depth"]):
+        tables += [(0, k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+                   for k, v in VISION_TABLE.items()]
+    tables += [(0, k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+    for g in range(TEXT["num_hidden_layers"]):
+        tables += [(g // per_stage, f"language_model.decoder.layers.{g % per_stage}.{k}",
+                    [f"model.layers.{g}.{n}" for n in v[0]], v[1]) for k, v in LANGUAGE_LAYER.items()]
+    tables += [(pp - 1, k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+    hf = {}
+    for p, name, hf_names, split in tables:
+        shares = [ranks[(p, r)][name] for r in range(tp)]
+        if split == "whole":
+            full = shares[0]
+        elif split in ("rows", "vocab"):
+            full = torch.cat(shares, dim=0)
+        elif split == "cols":
+            full = torch.cat(shares, dim=1)
+        else:
+            halves = [s.chunk(2, dim=0) for s in shares]
+            full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+        if split == "vocab":
+            full = full[: TEXT["vocab_size"]]
+        if "linear_qkv" in name and "layer_norm" not in name:
+            if name.startswith("vision_model"):
+                heads, width = VISION["num_heads"], VISION["hidden_size"]
+                d = width // heads
+                per = full.reshape(heads, 3, d, -1)
+                hf[hf_names[0]] = per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
+            else:
+                groups, heads = TEXT["num_key_value_heads"], TEXT["num_attention_heads"]
+                d = TEXT["hidden_size"] // heads
+                per = full.reshape(groups, (heads // groups + 2) * d, -1)
+                q, k, v = per.split([heads // groups * d, d, d], dim=1)
+                for n, x in zip(hf_names, (q, k, v)):
+                    hf[n] = x.reshape((-1,) + tuple(full.shape[1:]))
+        elif len(hf_names) == 2:
+            hf[hf_names[0]], hf[hf_names[1]] = full.chunk(2, dim=0)
+        else:
+            hf[hf_names[0]] = full
+    os.makedirs(out)
+    save_st(hf, f"{out}/model.safetensors")
+    shutil.copy(f"{orig}/config.json", f"{out}/config.json")
+
+
+def megatron_all(orig, tp, pp, pairs):
+    """megatron() on each MEGATRON_DIR of PAIRS, then to_hf() of it into its OUT."""
+    for meg, out in zip(pairs[0::2], pairs[1::2]):
+        megatron(orig, meg, tp, pp)
+        to_hf(orig, meg, tp, pp, out)
+
+
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
-     "logits": lambda: logits(sys.argv[2], sys.argv[3:])}[sys.argv[1]]()
+     "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
+     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()

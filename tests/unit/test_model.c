@@ -367,15 +367,18 @@ static void test_vision_configs(void)
 {
 #define QWEN2_5_VL "\"architectures\": [\"Qwen2_5_VLForConditionalGeneration\"], \"model_type\": \"qwen2_5_vl\", " \
                    "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_hidden_layers\": 2, " \
-                   "\"intermediate_size\": 96, \"vocab_size\": 250}, "
-#define VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, \"out_hidden_size\": 64, " \
+                   "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_scaling\": {\"type\": \"mrope\", " \
+                   "\"mrope_section\": [1, 1, 2]}}, "
+#define VISION "\"depth\": 3, \"hidden_size\": 32, \"intermediate_size\": 48, \"out_hidden_size\": 64, " \
                "\"model_type\": \"qwen2_5_vl_vision\", \"initializer_range\": 0.02"
     static const struct {
         const char *json, *want, *what;
     } cases[] = {
         {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"fullatt_block_indexes\": [2], \"in_chans\": 3, \"in_channels\": 3}}",
-         "\"vision_config\": 3 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64) have no Megatron rules yet",
-         "a Qwen2.5-VL vision tower is read (in_chans and in_channels agreeing), and said to have no rules"},
+         "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a Qwen2.5-VL config read whole (in_chans and in_channels agreeing), then the tensors looked for"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"num_heads\": 3}}",
+         "vision_config.hidden_size 32 is not a multiple of num_heads 3", "vision heads that do not divide its width"},
         {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"window_attention_kind\": \"shifted\"}}",
          "vision_config.window_attention_kind is not understood", "a vision field no row reads"},
         {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"in_chans\": 3, \"in_channels\": 4}}",
