@@ -666,6 +666,12 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"vision merge size", model->vision_merge, 64},
         {"vision window size", model->vision_window, 65536},
         {"vision channels", model->vision_channels, 64},
+        /* products the tower's rules form (each factor bounded above, so none wraps) */
+        {"vision merged width (hidden_size x spatial_merge_size^2)",
+         model->vision_hidden * model->vision_merge * model->vision_merge, CKPTFS_MAX_MODEL_DIM},
+        {"vision patch (channels x temporal_patch_size x patch_size^2)",
+         model->vision_channels * model->vision_temporal_patch * model->vision_patch * model->vision_patch,
+         CKPTFS_MAX_MODEL_DIM},
         {"layers", model->layers,
          MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},
     };

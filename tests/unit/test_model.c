@@ -392,6 +392,10 @@ static void test_vision_configs(void)
          "vision_config.hidden_act 'gelu' has no Megatron equivalent", "a vision activation other than silu"},
         {"{" QWEN2_5_VL "\"vision_config\": {\"depth\": 100000}}", "100000 vision blocks is over the limit",
          "a vision tower deeper than the limit"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"hidden_size\": 1048576, \"num_heads\": 1, \"spatial_merge_size\": 64}}",
+         "vision merged width (hidden_size x spatial_merge_size^2) is over the limit", "a merger wider than the limit"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"patch_size\": 4096}}",
+         "vision patch (channels x temporal_patch_size x patch_size^2) is over the limit", "a patch larger than the limit"},
         {"{" QWEN2_5_VL "\"vision_config\": 7}", "no \"vision_config\" object", "a vision_config that is not an object"},
         {"{" QWEN2_5_VL "\"image_token_id\": 5}", "no \"vision_config\" object", "no vision_config"},
     };
