@@ -56,19 +56,22 @@ for form in v5 modules v4; do
   check "$form: tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/meg-$form"
   hf_dirs+=("$mnt/hf")
 done
+# Virtual pipeline stages: the tower in the first chunk of the first stage.
+check "v5: tp1pp2vpp2/ copied out" cp -r "$WORK/mnt-v5/tp1pp2vpp2" "$WORK/meg-vpp"
 ls "$WORK/mnt-v5/tp4pp1" > /dev/null 2>&1
 ok $([[ $? -ne 0 ]] && grep -q 'tp 4 does not divide the vision num_heads 2' "$WORK/log-v5"; echo $?) \
   "tp4pp1/ is refused: tp 4 does not divide the tower's heads"
 
 # The rank files against mbridge's names, shapes and bytes; rebuilt as mbridge exports them.
 pairs=()
-for form in v5 modules v4; do pairs+=("$WORK/meg-$form" "$WORK/back-$form"); done
-sid_python "$WORK" "$script" megatron "$models/v5" 2 2 "${pairs[@]}" > "$WORK/megatron" 2> "$WORK/megatron.err"
-ran $? "the tp2pp2 checks ran, and rebuilt each copy into Hugging Face tensors as mbridge exports" "$WORK/megatron.err"
+for form in v5 modules v4; do pairs+=("$WORK/meg-$form:2:2:1" "$WORK/back-$form"); done
+pairs+=("$WORK/meg-vpp:1:2:2" "$WORK/back-vpp")
+sid_python "$WORK" "$script" megatron "$models/v5" "${pairs[@]}" > "$WORK/megatron" 2> "$WORK/megatron.err"
+ran $? "the tp2pp2 and tp1pp2vpp2 checks ran, and rebuilt each copy into Hugging Face tensors as mbridge exports" "$WORK/megatron.err"
 passes "$WORK/megatron"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/megatron")
-ok $((n == 12 ? 0 : 1)) "a check for each of the 4 rank files of each of the 3 copies (got $n)"
-for form in v5 modules v4; do [[ -d $WORK/back-$form ]] && hf_dirs+=("$WORK/back-$form"); done
+ok $((n == 14 ? 0 : 1)) "a check for each rank file: 4 of each tp2pp2 copy, 2 of tp1pp2vpp2 (got $n)"
+for form in v5 modules v4 vpp; do [[ -d $WORK/back-$form ]] && hf_dirs+=("$WORK/back-$form"); done
 
 sid_python "$WORK" "$script" logits "$models/v5" "${hf_dirs[@]}" > "$WORK/logits" 2> "$WORK/logits.err"
 ran $? "transformers loads the original, each hf/ and each rebuilt copy" "$WORK/logits.err"

@@ -9,8 +9,8 @@ of ckptfs's views of it.
       the tensors under transformers >= 4.52's module names (model.language_model.*,
       model.visual.*); OUT/v4: v5's tensors with the release's config.json (the language
       model's fields at the top level); OUT/badvision: v5 with a vision field no rule reads.
-  vlm.py megatron ORIG TP PP MEGATRON_DIR OUT [MEGATRON_DIR OUT ...]
-      each rank file of MEGATRON_DIR (tpTPppPP/ of ORIG) loads with weights_only and holds the
+  vlm.py megatron ORIG MEGATRON_DIR:TP:PP:VPP OUT [MEGATRON_DIR:TP:PP:VPP OUT ...]
+      each rank file of MEGATRON_DIR (tpTPppPP[vppVPP]/ of ORIG) loads with weights_only and holds the
       names, shapes and bytes mbridge's Qwen2_5VLModel has on that rank (written here from
       mbridge's bridge tables and Megatron-core's TP splits), and args with its mrope; then
       ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
@@ -218,34 +218,49 @@ def tp_share(full, split, tp, r, vocab_pad):
     return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]], dim=0)
 
 
-def expected_ranks(orig, tp, pp):
-    """{(pp rank, tp rank): {name: tensor}} of mbridge's Qwen2_5VLModel split by Megatron-core."""
+def chunk_layers(p, c, pp, vpp):
+    """The global layers of virtual chunk C on pipeline stage P (Megatron's interleaving: chunk
+    C of stage P is model chunk C * PP + P of PP * VPP equal ones)."""
+    per_chunk = TEXT["num_hidden_layers"] // (pp * vpp)
+    first = (c * pp + p) * per_chunk
+    return range(first, first + per_chunk)
+
+
+def expected_ranks(orig, tp, pp, vpp):
+    """{(pp rank, tp rank): {"modelC/" + name: tensor}} of mbridge's Qwen2_5VLModel split by
+    Megatron-core: the tower in the first chunk of the first stage, before the language model."""
     from safetensors.torch import load_file
     hf = load_file(f"{orig}/model.safetensors")
-    layers, vocab = TEXT["num_hidden_layers"], TEXT["vocab_size"]
+    vocab = TEXT["vocab_size"]
     divisible = 128 * tp  # Megatron's make_vocab_size_divisible_by x TP
     vocab_pad = (vocab + divisible - 1) // divisible * divisible
-    per_stage = layers // pp
     out = {}
     for p in range(pp):
         for r in range(tp):
             sd = {}
-            entries = []
-            if p == 0:
-                for i in range(VISION["depth"]):
-                    entries += [(k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
-                                for k, v in VISION_TABLE.items()]
-                entries += [(k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
-            for local in range(per_stage):
-                g = p * per_stage + local
-                entries += [(f"language_model.decoder.layers.{local}.{k}", [f"model.layers.{g}.{n}" for n in v[0]], v[1])
-                            for k, v in LANGUAGE_LAYER.items()]
-            if p == pp - 1:
-                entries += [(k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
-            for name, hf_names, split in entries:
-                sd[name] = tp_share(to_mcore(name, [hf[n] for n in hf_names]), split, tp, r, vocab_pad)
+            for c in range(vpp):
+                chunk = f"model{c}/" if vpp > 1 else "model/"
+                entries = []
+                if p == 0 and c == 0:
+                    for i in range(VISION["depth"]):
+                        entries += [(k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+                                    for k, v in VISION_TABLE.items()]
+                    entries += [(k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+                for local, g in enumerate(chunk_layers(p, c, pp, vpp)):
+                    entries += [(f"language_model.decoder.layers.{local}.{k}", [f"model.layers.{g}.{n}" for n in v[0]], v[1])
+                                for k, v in LANGUAGE_LAYER.items()]
+                if p == pp - 1 and c == vpp - 1:
+                    entries += [(k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+                for name, hf_names, split in entries:
+                    sd[chunk + name] = tp_share(to_mcore(name, [hf[n] for n in hf_names]), split, tp, r, vocab_pad)
             out[(p, r)] = sd
     return out
+
+
+def chunks_of(ckpt, vpp):
+    """A rank file's state dicts as one {"modelC/" + name: value}."""
+    names = [f"model{c}" for c in range(vpp)] if vpp > 1 else ["model"]
+    return {f"{n}/{k}": v for n in names for k, v in ckpt[n].items()}
 
 
 def rank_file(meg, p, r, pp):
@@ -259,47 +274,51 @@ def load_rank(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def megatron(orig, meg, tp, pp):
-    """The rank files of MEG (tpTPppPP of ORIG): the names and tensors mbridge's model has on each
-    rank (extra states aside), bit for bit, and the args' rope."""
-    tp, pp = int(tp), int(pp)
-    want = expected_ranks(orig, tp, pp)
+def megatron(orig, meg, tp, pp, vpp):
+    """The rank files of MEG (tpTPppPP[vppVPP] of ORIG): the names and tensors mbridge's model has
+    on each rank (extra states aside), bit for bit, and the args' rope."""
+    want = expected_ranks(orig, tp, pp, vpp)
+    layout = f"tp{tp}pp{pp}" + (f"vpp{vpp}" if vpp > 1 else "")
+    what = f"{os.path.basename(meg)} {layout}"
     for (p, r), sd in want.items():
         path = rank_file(meg, p, r, pp)
         try:
             ckpt = load_rank(path)
         except Exception as e:  # noqa: BLE001
-            print(f"FAIL {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): torch.load(weights_only=True): {e}")
+            print(f"FAIL {what} rank ({p}, {r}): torch.load(weights_only=True): {e}")
             continue
-        got = {k: v for k, v in ckpt["model"].items() if not k.endswith("_extra_state")}
+        got = {k: v for k, v in chunks_of(ckpt, vpp).items() if not k.endswith("_extra_state")}
         missing, extra = sorted(set(sd) - set(got)), sorted(set(got) - set(sd))
         bad = [k for k in sd if k in got and not (got[k].shape == sd[k].shape and torch.equal(got[k], sd[k]))]
         args = ckpt["args"]
         rope = (getattr(args, "position_embedding_type", None), getattr(args, "mrope_section", None))
         want_rope = ("mrope", TEXT["rope_scaling"]["mrope_section"])
         if missing or extra or bad or rope != want_rope:
-            print(f"FAIL {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
+            print(f"FAIL {what} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
                   f"differing {bad[:3]}, rope {rope} (want {want_rope})")
         else:
-            print(f"PASS {os.path.basename(meg)} tp{tp}pp{pp} rank ({p}, {r}): {len(sd)} tensors with mbridge's names, shapes and bytes; "
+            print(f"PASS {what} rank ({p}, {r}): {len(sd)} tensors with mbridge's names, shapes and bytes; "
                   f"args rope {rope}")
 
 
-def to_hf(orig, meg, tp, pp, out):
+def to_hf(orig, meg, tp, pp, vpp, out):
     """ORIG's checkpoint rebuilt from MEG's rank files the way mbridge exports (gather the TP
     shares, _weight_to_hf_format), saved with the release's names and ORIG's config.json."""
-    tp, pp = int(tp), int(pp)
-    ranks = {(p, r): load_rank(rank_file(meg, p, r, pp))["model"] for p in range(pp) for r in range(tp)}
-    per_stage = TEXT["num_hidden_layers"] // pp
+    ranks = {(p, r): chunks_of(load_rank(rank_file(meg, p, r, pp)), vpp) for p in range(pp) for r in range(tp)}
+    first = "model0/" if vpp > 1 else "model/"
     tables = []
     for i in range(VISION["depth"]):
-        tables += [(0, k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+        tables += [(0, first + k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
                    for k, v in VISION_TABLE.items()]
-    tables += [(0, k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
-    for g in range(TEXT["num_hidden_layers"]):
-        tables += [(g // per_stage, f"language_model.decoder.layers.{g % per_stage}.{k}",
-                    [f"model.layers.{g}.{n}" for n in v[0]], v[1]) for k, v in LANGUAGE_LAYER.items()]
-    tables += [(pp - 1, k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+    tables += [(0, first + k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+    for p in range(pp):
+        for c in range(vpp):
+            chunk = f"model{c}/" if vpp > 1 else "model/"
+            for local, g in enumerate(chunk_layers(p, c, pp, vpp)):
+                tables += [(p, f"{chunk}language_model.decoder.layers.{local}.{k}",
+                            [f"model.layers.{g}.{n}" for n in v[0]], v[1]) for k, v in LANGUAGE_LAYER.items()]
+    last = f"model{vpp - 1}/" if vpp > 1 else "model/"
+    tables += [(pp - 1, last + k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
     hf = {}
     for p, name, hf_names, split in tables:
         shares = [ranks[(p, r)][name] for r in range(tp)]
@@ -315,7 +334,7 @@ def to_hf(orig, meg, tp, pp, out):
         if split == "vocab":
             full = full[: TEXT["vocab_size"]]
         if "linear_qkv" in name and "layer_norm" not in name:
-            if name.startswith("vision_model"):
+            if "/vision_model." in name:
                 heads, width = VISION["num_heads"], VISION["hidden_size"]
                 d = width // heads
                 per = full.reshape(heads, 3, d, -1)
@@ -336,14 +355,15 @@ def to_hf(orig, meg, tp, pp, out):
     shutil.copy(f"{orig}/config.json", f"{out}/config.json")
 
 
-def megatron_all(orig, tp, pp, pairs):
-    """megatron() on each MEGATRON_DIR of PAIRS, then to_hf() of it into its OUT."""
-    for meg, out in zip(pairs[0::2], pairs[1::2]):
-        megatron(orig, meg, tp, pp)
-        to_hf(orig, meg, tp, pp, out)
+def megatron_all(orig, specs):
+    """megatron() on each DIR:TP:PP:VPP of SPECS (pairs with an OUT), then to_hf() of it into OUT."""
+    for spec, out in zip(specs[0::2], specs[1::2]):
+        meg, tp, pp, vpp = spec.rsplit(":", 3)
+        megatron(orig, meg, int(tp), int(pp), int(vpp))
+        to_hf(orig, meg, int(tp), int(pp), int(vpp), out)
 
 
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
-     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()
+     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:])}[sys.argv[1]]()
