@@ -127,6 +127,18 @@ static bool config_int(JsonObject *config, const char *key, gint64 *out)
     return config && ckptfs_json_member_int(config, key, out) == CKPTFS_JSON_FOUND;
 }
 
+/* The language model's fields of CONFIG (a vision-language model's text_config with the top
+ * level's), or CONFIG: what the model line lists. NULL when CONFIG is. */
+static JsonObject *language_config(JsonObject *config)
+{
+    if (config == NULL)
+        return NULL;
+    const char *name = config_architecture(config) ? config_architecture(config) : config_string(config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    JsonObject *text = ckptfs_schema_text_config(config, arch ? arch->text_part : NULL, NULL);
+    return text ? text : json_object_ref(config);
+}
+
 /* Whether inspect lists FIELD of M: with TOKEN_IDS, the tokenizer's ids hf/config.json has; else
  * every field that changes what the model computes, with the value the views use. */
 static bool listed(const CkptfsModelField *field, const CkptfsModel *m, bool token_ids)
@@ -349,9 +361,10 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_string_value(b, model_type);
     else
         json_builder_add_null_value(b);
+    g_autoptr(JsonObject) language = language_config(s->config);
     for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
         gint64 v;
-        if (config_int(s->config, model_fields[i], &v)) {
+        if (config_int(language, model_fields[i], &v)) {
             json_builder_set_member_name(b, model_fields[i]);
             json_builder_add_int_value(b, v);
         }
@@ -720,9 +733,10 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         printf("architecture: %s (model_type %s)\n", arch ? arch : "not given",
                model_type ? model_type : "not given");
         printf("model:       ");
+        g_autoptr(JsonObject) language = language_config(s->config);
         for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
             gint64 v;
-            if (config_int(s->config, model_fields[i], &v))
+            if (config_int(language, model_fields[i], &v))
                 printf(" %s=%" G_GINT64_FORMAT, model_fields[i], v);
         }
         printf("\n");
@@ -759,6 +773,14 @@ int ckptfs_cmd_inspect(int argc, char **argv)
                    m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
                    m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
                    m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+        if (m->arch->vision)
+            printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                   " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
+                   G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
+                   ": %s* on the first pipeline stage, %s* the language model; no mcore/ yet\n",
+                   m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
+                   m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
+                   m->arch->vision->megatron_prefix, m->arch->megatron_prefix);
         if (m->mtp_layers)
             printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
                    "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",

@@ -302,6 +302,63 @@ static const CkptfsRule mimo_rules[] = {
                  "input_proj.weight", "final_layernorm.weight"),
 };
 
+/* Qwen2.5-VL's vision tower (mbridge's qwen2_5_vl bridge, Megatron-core 0.17.1's ViT layer with
+ * Transformer Engine, get_vit_layer_with_transformer_engine_spec): a Conv3d patch embedding
+ * without bias, blocks with RMSNorms fused into fc1 and linear_qkv, q/k/v fused in HF
+ * ([q; k; v]) and per head in Megatron, biases on every linear (TE registers a linear's weight,
+ * bias, then _extra_state), the merger's norm as the block's final norm, and its MLP as
+ * MultimodalProjector's encoder (not gated). mbridge builds it with the TE spec only: the local
+ * spec has no orders. */
+#define VISION_WEIGHT(name_, te_at, ndim_, rows_, cols_, split_, recipe_, ...)                   \
+    WEIGHT(name_, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, split_, recipe_, __VA_ARGS__)
+#define VISION_EXTRA(scope_, name_, te_at) EXTRA(scope_, name_, te_at, NONE, CKPTFS_NEED_ALWAYS)
+#define VISION_LAST(name_, te_at, ndim_, rows_, cols_, split_, hf_)                              \
+    {CKPTFS_SCOPE_LAST, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, \
+     rows_, cols_, split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+static const CkptfsRule qwen2_5_vl_vision_rules[] = {
+    {CKPTFS_SCOPE_FIRST, false, false, "patch_embed.proj.weight", NULL, NULL, 0, NONE, CKPTFS_NEED_ALWAYS, 2,
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,
+     {"visual.patch_embed.proj.weight"}, NULL, false, false},
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0),
+    VISION_WEIGHT("self_attention.linear_proj.weight", 1, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "attn.proj.weight"),
+    VISION_WEIGHT("self_attention.linear_proj.bias", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "attn.proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_proj._extra_state", 3),
+    VISION_WEIGHT("self_attention.linear_qkv.layer_norm_weight", 4, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "norm1.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.weight", 5, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV_FUSED, "attn.qkv.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.bias", 6, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV_FUSED, "attn.qkv.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_qkv._extra_state", 7),
+    VISION_WEIGHT("mlp.linear_fc1.layer_norm_weight", 8, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "norm2.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.weight", 9, 2, CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES,
+                  CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.bias", 10, 1, CKPTFS_DIM_FFN2, CKPTFS_DIM_ONE, CKPTFS_TP_ROW_HALVES,
+                  CKPTFS_RECIPE_HALVES, "mlp.gate_proj.bias", "mlp.up_proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 11),
+    VISION_WEIGHT("mlp.linear_fc2.weight", 12, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    VISION_WEIGHT("mlp.linear_fc2.bias", 13, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "mlp.down_proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 14),
+    VISION_LAST("decoder.final_layernorm.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                "visual.merger.ln_q.weight"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1),
+    VISION_LAST("projection.encoder.linear_fc1.weight", 2, 2, CKPTFS_DIM_MERGED, CKPTFS_DIM_MERGED, CKPTFS_TP_ROWS,
+                "visual.merger.mlp.0.weight"),
+    VISION_LAST("projection.encoder.linear_fc1.bias", 3, 1, CKPTFS_DIM_MERGED, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,
+                "visual.merger.mlp.0.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAST, "projection.encoder.linear_fc1._extra_state", 4),
+    VISION_LAST("projection.encoder.linear_fc2.weight", 5, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGED, CKPTFS_TP_COLS,
+                "visual.merger.mlp.2.weight"),
+    VISION_LAST("projection.encoder.linear_fc2.bias", 6, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+                CKPTFS_TP_REPLICATED, "visual.merger.mlp.2.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAST, "projection.encoder.linear_fc2._extra_state", 7),
+};
+
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules), NULL};
 const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules), NULL};
 const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules), NULL};
@@ -309,6 +366,8 @@ const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELE
 const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules), NULL};
 const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules), NULL};
 const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers."};
+const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2_5_vl_vision_rules,
+                                                      G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

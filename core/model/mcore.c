@@ -68,6 +68,12 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->heads * m->v_head_dim;
     case CKPTFS_DIM_HIDDEN2:
         return 2 * m->hidden;
+    case CKPTFS_DIM_PATCH:
+        return m->vision_channels * m->vision_temporal_patch * m->vision_patch * m->vision_patch;
+    case CKPTFS_DIM_MERGED:
+        return m->hidden * m->vision_merge * m->vision_merge;
+    case CKPTFS_DIM_VISION_OUT:
+        return m->vision_out_hidden;
     }
     return 0;
 }
@@ -170,7 +176,7 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
                               r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
-                              family->mtp_hf_prefix};
+                              family->mtp_hf_prefix, m->arch->hf_layer_prefix};
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
         const char *tied[1] = {r->tied_hf};
@@ -288,6 +294,8 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
     if (key->mtp_hf_prefix && layer >= key->decoder_layers)
         return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->mtp_hf_prefix, layer - key->decoder_layers,
                                suffix);
+    if (key->hf_layer_prefix)
+        return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->hf_layer_prefix, layer, suffix);
     return ckptfs_hf_layer_name(layer, suffix);
 }
 
@@ -301,7 +309,8 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
         char *name = ckptfs_mcore_hf_name(k, layer, e, seg->hf_name);
         guint at = GPOINTER_TO_UINT(g_hash_table_lookup(seen, name));
         if (at == 0) {
-            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0, k->rule->fp32};
+            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0, k->rule->fp32,
+                                   k->rule->cols == CKPTFS_DIM_PATCH};
             g_array_append_val(out, fresh);
             at = out->len;
             g_hash_table_insert(seen, name, GUINT_TO_POINTER(at));
@@ -428,6 +437,15 @@ GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, ui
         break;
     }
     return parts;
+}
+
+bool ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *m, uint64_t *shape)
+{
+    if (key->rule->cols != CKPTFS_DIM_PATCH)
+        return false;
+    uint64_t kernel[5] = {key->rows, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
+    memcpy(shape, kernel, sizeof kernel);
+    return true;
 }
 
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape)

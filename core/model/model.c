@@ -64,9 +64,28 @@ static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", fa
 static const CkptfsArchitecture mimo = {"MiMoForCausalLM", "mimo", true, false, &ckptfs_family_mimo, NULL, false, 0, 0,
                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
                                         .max_positions = 32768};
+/* Qwen2.5-VL: Qwen2's language model (Qwen2_5_VLTextConfig's defaults: 8 key/value heads,
+ * rms_norm_eps 1e-5, 32768 positions, rope_theta 1e6) in text_config, or at the top level as the
+ * release wrote it; a window-attention ViT and its patch merger in vision_config */
+static const CkptfsArchitecture qwen2_5_vl_vision = {"Qwen2_5_VisionTransformerPretrainedModel", "qwen2_5_vl_vision",
+                                                     true, false, &ckptfs_family_qwen2_5_vl_vision, NULL, false,
+                                                     .megatron_prefix = "vision_model.",
+                                                     .hf_layer_prefix = "visual.blocks."};
+/* transformers >= 4.52 holds (and Qwen3-VL's releases save) the language model and the tower
+ * under model.language_model. and model.visual.; the Qwen2.5-VL release under model. and visual. */
+static const char *const qwen2_5_vl_module_names[] = {"model.language_model.", "model.", "model.visual.", "visual.",
+                                                      NULL};
+static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false,
+                                              &ckptfs_family_llama, NULL, false, 1e6, 1e-5,
+                                              .sliding_window = 4096, .window_opt_in = true, .kv_heads = 8,
+                                              .max_positions = 32768, .text_part = "text_config",
+                                              .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
+                                              .megatron_prefix = "language_model.",
+                                              .module_names = qwen2_5_vl_module_names};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
-                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo, NULL};
+                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
+                                                          &qwen2_5_vl, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -78,6 +97,8 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
 {
     bool moe = f->experts > 0, shared = f->shared_ffn > 0;
     bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
+    if (a->vision_part != NULL) /* a text checkpoint's features never make a VLM */
+        return false;
     if (a->mla != f->mla || (a->moe != NULL) != moe)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
@@ -186,8 +207,8 @@ static const CkptfsArchitecture *find_architecture(JsonObject *config, GError **
 }
 
 /* A tensor the rules need: present, with this shape and the model's dtype (it, or NULL). */
-static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
-                                         unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
+static const CkptfsTensor *expect_shaped(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
+                                         unsigned ndim, const uint64_t *want, bool own_float, GError **error)
 {
     const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
     if (t == NULL) {
@@ -195,16 +216,17 @@ static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsMod
                     "tensor '%s' is missing from the checkpoint", name);
         return NULL;
     }
-    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
+    bool shape_ok = t->ndim == ndim;
+    for (unsigned i = 0; i < ndim && shape_ok; i++)
+        shape_ok = t->shape[i] == want[i];
     if (!shape_ok) {
-        g_autoptr(GString) got = g_string_new("[");
+        g_autoptr(GString) got = g_string_new("["), implied = g_string_new("[");
         for (unsigned i = 0; i < t->ndim; i++)
             g_string_append_printf(got, "%s%" G_GUINT64_FORMAT, i ? ", " : "", t->shape[i]);
-        g_string_append(got, "]");
-        g_autofree char *want = ndim == 2 ? g_strdup_printf("[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", d0, d1)
-                                          : g_strdup_printf("[%" G_GUINT64_FORMAT "]", d0);
+        for (unsigned i = 0; i < ndim; i++)
+            g_string_append_printf(implied, "%s%" G_GUINT64_FORMAT, i ? ", " : "", want[i]);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
-                    "tensor '%s' has shape %s; config.json implies %s", name, got->str, want);
+                    "tensor '%s' has shape %s]; config.json implies %s]", name, got->str, implied->str);
         return NULL;
     }
     if (own_float) { /* kept in its own floating-point type (an fp32 expert bias) */
@@ -229,6 +251,12 @@ static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsMod
     return t;
 }
 
+static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
+                                         unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
+{
+    return expect_shaped(catalog, model, name, ndim, (const uint64_t[]){d0, d1}, own_float, error);
+}
+
 /* Whether NAME is a tensor of a multi-token prediction layer (DeepSeek's layers after the
  * decoder's): -o mtp decides whether the views serve them, and ckptfs_model_serve_mtp checks
  * them (their copies of the model's embedding and head are never read). */
@@ -244,21 +272,44 @@ static bool in_mtp_layer(const CkptfsModel *m, const char *name)
     return end != NULL && *end == '.' && layer >= first && layer - first < m->mtp_layers;
 }
 
-/* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape.
- * With UNUSED, the names of CATALOG's other tensors are added to it, less those left out on
- * purpose: a tied model's output copy, buffers transformers ignores too, MTP layers. */
-static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArray *unused, GError **error)
+/* The Hugging Face tensors of M's keys, checked in CATALOG (added to USED when given). */
+static bool check_model_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GHashTable *used, GError **error)
 {
     g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(m, m->vocab, false);
     g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
-    g_autoptr(GHashTable) used = unused ? g_hash_table_new(g_direct_hash, g_direct_equal) : NULL;
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
-        const CkptfsTensor *found = expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
+        /* a patch embedding's kernel keeps its 5 dims: [hidden, channels, frames, patch, patch] */
+        const uint64_t kernel[5] = {t->d0, m->vision_channels, m->vision_temporal_patch, m->vision_patch,
+                                    m->vision_patch};
+        const CkptfsTensor *found = t->kernel ? expect_shaped(catalog, m, t->name, 5, kernel, false, error)
+                                              : expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
         if (found == NULL)
             return false;
         if (used)
             g_hash_table_add(used, (gpointer)found);
+    }
+    return true;
+}
+
+/* Every Hugging Face tensor the mapping table fills the Megatron keys from, with its shape (a
+ * vision-language model's vision tower's too, in the same dtype). With UNUSED, the names of
+ * CATALOG's other tensors are added to it, less those left out on purpose: a tied model's output
+ * copy, buffers transformers ignores too, MTP layers. */
+static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArray *unused, GError **error)
+{
+    g_autoptr(GHashTable) used = unused ? g_hash_table_new(g_direct_hash, g_direct_equal) : NULL;
+    if (!check_model_tensors(catalog, m, used, error))
+        return false;
+    if (m->arch->vision) {
+        CkptfsModel tower;
+        ckptfs_model_vision_tower(m, &tower);
+        if (!check_model_tensors(catalog, &tower, used, error))
+            return false;
+        if (tower.dtype != m->dtype)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the vision tower's tensors are %s but the language "
+                               "model's are %s; mixed dtypes are not supported",
+                               ckptfs_dtype_safetensors_name(tower.dtype), ckptfs_dtype_safetensors_name(m->dtype));
     }
     for (unsigned i = 0; unused && g_hash_table_size(used) < ckptfs_catalog_count(catalog) &&
                          i < ckptfs_catalog_count(catalog); i++) {
@@ -268,6 +319,21 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArra
             g_ptr_array_add(unused, g_strdup(t->name));
     }
     return true;
+}
+
+void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
+{
+    *tower = *vlm;
+    tower->arch = vlm->arch->vision;
+    tower->layers = vlm->vision_depth;
+    tower->hidden = vlm->vision_hidden;
+    tower->heads = tower->kv_heads = vlm->vision_heads; /* no grouped-query attention */
+    tower->head_dim = vlm->vision_heads ? vlm->vision_hidden / vlm->vision_heads : 0;
+    tower->ffn = vlm->vision_ffn;
+    tower->qkv_bias = true;
+    tower->qk_norm = tower->tied_embeddings = tower->mla = tower->mtp = false;
+    tower->experts = tower->mtp_layers = 0;
+    tower->dtype = CKPTFS_DTYPE_INVALID; /* the tower's own, checked against the model's */
 }
 
 /* A model without a shared expert whose checkpoint has one anyway (config.json's size or count
@@ -403,6 +469,46 @@ static bool check_mla(const CkptfsModel *model, GError **error)
     return true;
 }
 
+/* A vision-language model's multimodal rope (Qwen2-VL's mrope): the head's rotary frequencies
+ * given in sections to the temporal, height and width positions (mrope_section, which
+ * transformers requires; Megatron's --mrope-section), covering half the head. */
+static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    static const char *const objects[] = {"rope_scaling", "rope_parameters"};
+    const char *from = NULL;
+    for (size_t o = 0; o < G_N_ELEMENTS(objects); o++) {
+        g_autofree char *type_name = g_strdup_printf("%s.type", objects[o]);
+        const char *type = ckptfs_json_member_string(config, type_name);
+        if (type && strcmp(type, "mrope") != 0 && strcmp(type, "default") != 0)
+            CONFIG_ERROR("%s '%s' is not mrope: %s's rotary embedding is multimodal", type_name, type,
+                         model->arch->hf_architecture);
+        g_autofree char *name = g_strdup_printf("%s.mrope_section", objects[o]);
+        JsonNode *node = ckptfs_json_member(config, name);
+        if (node == NULL)
+            continue;
+        JsonArray *list = JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
+        uint64_t section[3] = {0}, sum = 0;
+        for (guint i = 0; list && i < json_array_get_length(list) && i < 3; i++) {
+            gint64 v = 0;
+            if (ckptfs_json_node_int(json_array_get_element(list, i), &v) && v > 0 && v <= (gint64)CKPTFS_MAX_MODEL_DIM)
+                section[i] = (uint64_t)v, sum += (uint64_t)v;
+        }
+        if (list == NULL || json_array_get_length(list) != 3 || !section[0] || !section[1] || !section[2])
+            CONFIG_ERROR("%s is not three positive integers (temporal, height, width)", name);
+        if (sum * 2 != model->head_dim)
+            CONFIG_ERROR("%s sums to %" G_GUINT64_FORMAT ", not half the head dim %" G_GUINT64_FORMAT, name, sum,
+                         model->head_dim);
+        if (from && memcmp(section, model->mrope_section, sizeof section) != 0)
+            CONFIG_ERROR("%s.mrope_section and %s disagree", from, name);
+        memcpy(model->mrope_section, section, sizeof section);
+        from = from ? from : objects[o];
+    }
+    if (from == NULL)
+        CONFIG_ERROR("no mrope_section in rope_scaling or rope_parameters: %s's rotary embedding needs it",
+                     model->arch->hf_architecture);
+    return true;
+}
+
 bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
 {
     model->mla = model->arch && model->arch->mla;
@@ -420,6 +526,8 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
         CONFIG_ERROR("hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_attention_heads %"
                      G_GUINT64_FORMAT " and no head_dim is given",
                      model->hidden, model->heads);
+    if (model->arch && model->arch->vision_part && !read_mrope(config, model, error))
+        return false;
     if (model->heads % model->kv_heads != 0)
         CONFIG_ERROR("num_attention_heads %" G_GUINT64_FORMAT
                      " is not a multiple of num_key_value_heads %" G_GUINT64_FORMAT,
@@ -428,6 +536,56 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
      * with the experts' sizes. */
     if (model->arch && model->arch->moe && !ckptfs_model_read_moe(config, model, error))
         return false;
+    return true;
+}
+
+/* The vision blocks that attend to the whole image (fullatt_block_indexes; Qwen2_5_VLVisionConfig's
+ * default [7, 15, 23, 31]); the others attend within windows. */
+static bool read_full_attention_blocks(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    static const uint64_t transformers_default[] = {7, 15, 23, 31};
+    g_autofree char *name = g_strdup_printf("%s.fullatt_block_indexes", model->arch->vision_part);
+    JsonNode *node = ckptfs_json_member(config, name);
+    JsonArray *list = node && JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
+    if (node != NULL && list == NULL)
+        CONFIG_ERROR("%s is not a list of block numbers", name);
+    guint n = list ? json_array_get_length(list) : G_N_ELEMENTS(transformers_default);
+    for (guint i = 0; i < n; i++) {
+        gint64 block = (gint64)transformers_default[i % G_N_ELEMENTS(transformers_default)];
+        if (list && !ckptfs_json_node_int(json_array_get_element(list, i), &block))
+            block = -1;
+        if (list == NULL && (uint64_t)block >= model->vision_depth)
+            continue; /* transformers' default for a shallower tower: those blocks do not exist */
+        if (block < 0 || (uint64_t)block >= model->vision_depth)
+            CONFIG_ERROR("%s entry %u is not a block number below depth %" G_GUINT64_FORMAT, name, i,
+                         model->vision_depth);
+        model->vision_full_attention[block / 8] |= (uint8_t)(1u << (block % 8));
+    }
+    return true;
+}
+
+/* A vision-language model's vision tower: its part of config.json, and rules to serve it in the
+ * Megatron views (without them the language model alone would be a silently partial model);
+ * its heads must divide its width. */
+static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    const CkptfsArchitecture *arch = model->arch;
+    if (arch->vision_part == NULL)
+        return true;
+    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error) ||
+        !read_full_attention_blocks(config, model, error))
+        return false;
+    if (model->vision_hidden % model->vision_heads != 0)
+        CONFIG_ERROR("%s.hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_heads %" G_GUINT64_FORMAT,
+                     arch->vision_part, model->vision_hidden, model->vision_heads);
+    if (arch->vision == NULL)
+        CONFIG_ERROR("%s: its vision tower and merger (\"%s\": %" G_GUINT64_FORMAT " blocks of width %"
+                     G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " heads, ffn %" G_GUINT64_FORMAT ", merged %"
+                     G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %" G_GUINT64_FORMAT
+                     ") have no Megatron rules yet; hf/ serves the whole model",
+                     arch->hf_architecture, arch->vision_part, model->vision_depth, model->vision_hidden,
+                     model->vision_heads, model->vision_ffn, model->vision_merge, model->vision_merge,
+                     model->vision_out_hidden);
     return true;
 }
 
@@ -443,9 +601,10 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
         return false;
     }
     model->arch = find_architecture(config, error);
-    if (model->arch == NULL)
+    if (model->arch == NULL || !check_vision_part(config, model, error))
         return false;
-    if (!ckptfs_model_read_config(config, model, error))
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(config, model->arch->text_part, error);
+    if (text == NULL || !ckptfs_model_read_config(text, model, error))
         return false;
     if (!ckptfs_model_check_limits(model, "config.json", error))
         return false;
@@ -497,6 +656,22 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
         {"v head dim", model->v_head_dim, CKPTFS_MAX_MODEL_DIM},
         {"experts", model->experts, CKPTFS_MAX_EXPERTS},
         {"multi-token prediction layers", model->mtp_layers, 64},
+        {"vision blocks", model->vision_depth, CKPTFS_MAX_VISION_DEPTH},
+        {"vision hidden size", model->vision_hidden, CKPTFS_MAX_MODEL_DIM},
+        {"vision attention heads", model->vision_heads, CKPTFS_MAX_MODEL_DIM},
+        {"vision ffn size", model->vision_ffn, CKPTFS_MAX_MODEL_DIM},
+        {"vision output size", model->vision_out_hidden, CKPTFS_MAX_MODEL_DIM},
+        {"vision patch size", model->vision_patch, 4096},
+        {"vision temporal patch size", model->vision_temporal_patch, 64},
+        {"vision merge size", model->vision_merge, 64},
+        {"vision window size", model->vision_window, 65536},
+        {"vision channels", model->vision_channels, 64},
+        /* products the tower's rules form (each factor bounded above, so none wraps) */
+        {"vision merged width (hidden_size x spatial_merge_size^2)",
+         model->vision_hidden * model->vision_merge * model->vision_merge, CKPTFS_MAX_MODEL_DIM},
+        {"vision patch (channels x temporal_patch_size x patch_size^2)",
+         model->vision_channels * model->vision_temporal_patch * model->vision_patch * model->vision_patch,
+         CKPTFS_MAX_MODEL_DIM},
         {"layers", model->layers,
          MIN(CKPTFS_MAX_LAYERS, (CKPTFS_MAX_SOURCE_TENSORS - 3) / (CKPTFS_MAX_LAYER_TENSORS + 3 * MIN(model->experts, CKPTFS_MAX_EXPERTS)))},
     };

@@ -159,7 +159,41 @@ static const CkptfsModelField fields[] = {
      0, 0, 0, 0, 0, 0, {NULL}},
     {"pad_token_id", CKPTFS_FIELD_TOKEN_ID, M(pad_token), CKPTFS_FOR_ALL, {"pad_token_id"}, 0, "hf_token_ids", NULL,
      0, 0, 0, 0, 0, 0, {NULL}},
+    /* The vision tower and merger (Qwen2_5_VLVisionConfig's defaults); mbridge builds Megatron's
+     * vision config from these, Megatron's args have none. The release also writes
+     * spatial_patch_size (14, unread by transformers): the same patch, so it must agree. */
+    {"vision_depth", CKPTFS_FIELD_UINT, M(vision_depth), CKPTFS_FOR_VISION, {"vision_config.depth"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 32, 32, 0, 0, CKPTFS_MAX_VISION_DEPTH, {NULL}},
+    {"vision_hidden", CKPTFS_FIELD_UINT, M(vision_hidden), CKPTFS_FOR_VISION, {"vision_config.hidden_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 3584, 3584, 0, 0, DIM, {NULL}},
+    {"vision_heads", CKPTFS_FIELD_UINT, M(vision_heads), CKPTFS_FOR_VISION, {"vision_config.num_heads"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 16, 16, 0, 0, DIM, {NULL}},
+    {"vision_ffn", CKPTFS_FIELD_UINT, M(vision_ffn), CKPTFS_FOR_VISION, {"vision_config.intermediate_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 3420, 3420, 0, 0, DIM, {NULL}},
+    {"vision_activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_VISION, {"vision_config.hidden_act"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    {"vision_out_hidden", CKPTFS_FIELD_UINT, M(vision_out_hidden), CKPTFS_FOR_VISION,
+     {"vision_config.out_hidden_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3584, 3584, 0, 0, DIM, {NULL}},
+    {"vision_patch", CKPTFS_FIELD_UINT, M(vision_patch), CKPTFS_FOR_VISION,
+     {"vision_config.patch_size", "vision_config.spatial_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 14, 14, 0,
+     0, 4096, {NULL}},
+    {"vision_temporal_patch", CKPTFS_FIELD_UINT, M(vision_temporal_patch), CKPTFS_FOR_VISION,
+     {"vision_config.temporal_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_merge", CKPTFS_FIELD_UINT, M(vision_merge), CKPTFS_FOR_VISION, {"vision_config.spatial_merge_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_window", CKPTFS_FIELD_UINT, M(vision_window), CKPTFS_FOR_VISION, {"vision_config.window_size"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 112, 112, 0, 0, 65536, {NULL}},
+    {"vision_channels", CKPTFS_FIELD_UINT, M(vision_channels), CKPTFS_FOR_VISION,
+     {"vision_config.in_chans", "vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64,
+     {NULL}},
+    {"vision_tokens_per_second", CKPTFS_FIELD_FLOAT, M(vision_tokens_per_second), CKPTFS_FOR_VISION,
+     {"vision_config.tokens_per_second"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 4, 4, 0, 0, 1e6, {NULL}},
 };
+
+/* Members of a vision part no row reads that leave the weights' math alone (the dtype is the
+ * tensors'); fullatt_block_indexes is read by the architecture's walk (model.c). */
+static const char *const vision_members_unread[] = {"model_type", "initializer_range", "dtype", "torch_dtype",
+                                                    "fullatt_block_indexes"};
 
 /* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
 static const char *const rope_objects[] = {"rope_scaling", "rope_parameters"};
@@ -183,6 +217,9 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
+    case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
+                               vision tower yet, so the other walks never see one */
+        return false;
     default:
         return true;
     }
@@ -339,6 +376,12 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
         *out = CKPTFS_ROPE_YARN;
         return true;
     }
+    /* Qwen2-VL's multimodal rope: default frequencies over sections of the head (the model's walk
+     * reads mrope_section) */
+    if (strcmp(name, "mrope") == 0 && m->arch && m->arch->vision_part) {
+        *out = CKPTFS_ROPE_DEFAULT;
+        return true;
+    }
     return false;
 }
 
@@ -368,6 +411,39 @@ const char *ckptfs_schema_config_architecture(JsonObject *config)
 }
 
 #define REFUSE(...) return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: " __VA_ARGS__)
+
+JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GError **error)
+{
+    JsonNode *node = part ? json_object_get_member(config, part) : NULL;
+    if (node == NULL || JSON_NODE_HOLDS_NULL(node))
+        return json_object_ref(config);
+    if (!JSON_NODE_HOLDS_OBJECT(node)) {
+        ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: \"%s\" is not an object", part);
+        return NULL;
+    }
+    JsonObject *text = json_node_get_object(node);
+    JsonObject *merged = json_object_new();
+    g_autoptr(GList) top = json_object_get_members(config);
+    for (GList *k = top; k; k = k->next)
+        if (strcmp(k->data, part) != 0)
+            json_object_set_member(merged, k->data, json_node_copy(json_object_get_member(config, k->data)));
+    g_autoptr(GList) inner = json_object_get_members(text);
+    for (GList *k = inner; k; k = k->next) {
+        JsonNode *value = json_object_get_member(text, k->data), *outer = json_object_get_member(merged, k->data);
+        /* the part's own name for the model (model_type "qwen2_5_vl_text") is not the model's */
+        if (strcmp(k->data, "model_type") == 0 || strcmp(k->data, "architectures") == 0)
+            continue;
+        /* json_node_equal takes 1000000 and 1e6 as one number */
+        if (outer != NULL && !json_node_equal(outer, value)) {
+            json_object_unref(merged);
+            ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: %s.%s and %s disagree", part,
+                        (const char *)k->data, (const char *)k->data);
+            return NULL;
+        }
+        json_object_set_member(merged, k->data, json_node_copy(value));
+    }
+    return merged;
+}
 
 /* The value under NAME (found: *FOUND), type-checked. */
 static bool config_value(JsonObject *config, const CkptfsModelField *f, const char *name, const CkptfsModel *m,
@@ -461,9 +537,13 @@ static bool check_window(JsonObject *config, const CkptfsModel *m, GError **erro
     return true;
 }
 
+/* Members of rope_scaling / rope_parameters a vision-language model's walk reads (model.c: the
+ * multimodal rope's sections, and transformers 5's "type": "mrope" beside rope_type). */
+static const char *const mrope_members[] = {"mrope_section", "type"};
+
 /* Every member of rope_scaling / rope_parameters must be one a row reads: another would be a
  * setting whose effect the views silently drop. */
-static bool check_rope_members(JsonObject *config, GError **error)
+static bool check_rope_members(JsonObject *config, const CkptfsModel *m, GError **error)
 {
     for (size_t o = 0; o < G_N_ELEMENTS(rope_objects); o++) {
         JsonNode *node = json_object_get_member(config, rope_objects[o]);
@@ -478,6 +558,8 @@ static bool check_rope_members(JsonObject *config, GError **error)
             for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
                 for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
                     known = strcmp(fields[i].hf[n], path) == 0;
+            for (size_t i = 0; i < G_N_ELEMENTS(mrope_members) && !known && m->arch && m->arch->vision_part; i++)
+                known = strcmp(mrope_members[i], k->data) == 0;
             if (!known)
                 REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
         }
@@ -584,7 +666,9 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
         null_given = null_given || (node != NULL && JSON_NODE_HOLDS_NULL(node));
         if (!found)
             continue;
-        if (first && (v.number != chosen.number || (v.text && strcmp(v.text, chosen.text) != 0))) {
+        /* rope types by meaning: a VLM's "mrope" has the default frequencies */
+        bool same_text = !first || !v.text || f->type == CKPTFS_FIELD_ROPE_TYPE || strcmp(v.text, chosen.text) == 0;
+        if (first && (v.number != chosen.number || !same_text)) {
             if (v.text)
                 REFUSE("%s '%s' and %s '%s' disagree", first, chosen.text, names[i], v.text);
             REFUSE("%s %g and %s %g disagree", first, chosen.number, names[i], v.number);
@@ -624,6 +708,30 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     return true;
 }
 
+bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **error)
+{
+    const char *part = m->arch ? m->arch->vision_part : NULL;
+    JsonObject *vision = part ? ckptfs_json_member_object(config, part) : NULL;
+    if (vision == NULL)
+        REFUSE("no \"%s\" object: the vision tower's fields are missing", part ? part : "vision_config");
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++)
+        if (fields[i].scope == CKPTFS_FOR_VISION && !read_config_field(config, &fields[i], m, error))
+            return false;
+    g_autoptr(GList) members = json_object_get_members(vision);
+    for (GList *k = members; k; k = k->next) {
+        g_autofree char *path = g_strdup_printf("%s.%s", part, (const char *)k->data);
+        bool known = false;
+        for (size_t i = 0; i < G_N_ELEMENTS(vision_members_unread) && !known; i++)
+            known = strcmp(vision_members_unread[i], k->data) == 0;
+        for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
+            for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
+                known = fields[i].scope == CKPTFS_FOR_VISION && strcmp(fields[i].hf[n], path) == 0;
+        if (!known)
+            REFUSE("%s is not understood: the vision tower's rules do not know what it changes", path);
+    }
+    return true;
+}
+
 bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **error)
 {
     m->token_ids_known = true;
@@ -648,7 +756,7 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **erro
     }
     if (m->mla) /* what Megatron's kv_channels means for MLA: the width linear_proj reads per head */
         m->head_dim = m->v_head_dim;
-    return check_rope_members(config, error);
+    return check_rope_members(config, m, error);
 }
 
 /* --- walk 2: config.json written --- */

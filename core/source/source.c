@@ -378,6 +378,38 @@ static void split_fused_experts(CkptfsSource *source)
                                     "per expert", found ? found : "", found ? "; " : "", layers);
 }
 
+/* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
+ * Megatron views read it under the release's names, the rules', from a catalog of their own; hf/
+ * serves the source's own names. A clash costs the Megatron views, not hf/. */
+static void rename_modules(CkptfsSource *source)
+{
+    if (source->config == NULL || source->model_problem != NULL)
+        return;
+    const char *name = ckptfs_schema_config_architecture(source->config);
+    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    const CkptfsCatalog *catalog = ckptfs_source_model_catalog(source);
+    bool renamed = false;
+    for (unsigned i = 0; arch && arch->module_names && i < ckptfs_catalog_count(catalog) && !renamed; i++)
+        for (const char *const *p = arch->module_names; p[0] && !renamed; p += 2)
+            renamed = g_str_has_prefix(ckptfs_catalog_at(catalog, i)->name, p[0]);
+    if (!renamed)
+        return;
+    g_autofree char *clash = NULL;
+    CkptfsCatalog *copy = ckptfs_catalog_copy_renamed(catalog, arch->module_names, &clash);
+    if (copy == NULL) {
+        source->model_problem = g_strdup_printf("%s: tensor '%s' is there under both of %s's namings", source->dir,
+                                                clash, arch->hf_architecture);
+        return;
+    }
+    ckptfs_catalog_free(source->model_catalog);
+    source->model_catalog = copy;
+    g_autofree char *found = source->found;
+    source->found = g_strdup_printf("%s%s%s's module names (%s*): hf/ serves them, the Megatron views read them "
+                                    "as the release's (%s*)", found ? found : "", found ? "; " : "",
+                                    arch->hf_architecture, arch->module_names[0], arch->module_names[1]);
+}
+
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of
  * it: every read would decode its frame again. Refused, naming the file and the size it needs,
  * rather than raised behind the user's back. */
@@ -429,6 +461,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     }
     serve_dtype(source, options, dequantized);
     split_fused_experts(source);
+    rename_modules(source);
     return source;
 }
 

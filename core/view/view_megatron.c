@@ -53,12 +53,18 @@ typedef struct {
     uint64_t padded_vocab;
     GPtrArray *keys; /* CkptfsMcoreKey*: vocabulary padded for this TP; with pp > 1 the last
                         stage's copy of tied embeddings */
+    /* A vision-language model's vision tower (on the first stage, before the language model, as
+     * mbridge's models register it) and its keys; NULL keys: a text model */
+    CkptfsModel tower;
+    GPtrArray *tower_keys;
 } MegatronView;
 
 static void megatron_view_free(gpointer p)
 {
     MegatronView *v = p;
     g_ptr_array_unref(v->keys);
+    if (v->tower_keys)
+        g_ptr_array_unref(v->tower_keys);
     g_free(v);
 }
 
@@ -74,6 +80,11 @@ typedef struct {
     const CkptfsRankFile *ranks;
     GPtrArray *tensors; /* RankTensor*, owned */
     const char *mtp_prefix; /* "mtp.layers.J." while a multi-token prediction layer is added */
+    /* the part whose entries are added: the model (or a VLM's vision tower), its keys, and its
+     * module's prefix in the state dict (a VLM's "language_model."; "" for a text model) */
+    const CkptfsModel *model;
+    const GPtrArray *keys;
+    const char *prefix;
 } RankBuild;
 
 static RankTensor *rank_tensor_new(RankBuild *rb)
@@ -101,12 +112,12 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
 {
     const MegatronView *v = rb->view;
     const CkptfsCatalog *catalog = ckptfs_source_model_catalog(v->source);
-    uint64_t rows, cols;
+    uint64_t rows, cols, kernel[5];
     unsigned degree = key->expert ? ckptfs_layout_etp(&v->layout) : v->layout.tp;
     unsigned rank = key->expert ? rb->ranks->etp : rb->ranks->tp;
     g_autoptr(GArray) parts = ckptfs_mcore_share(key, degree, rank, &rows, &cols);
     RankTensor *t = rank_tensor_new(rb);
-    t->dtype = ckptfs_mcore_key_dtype(key, v->model);
+    t->dtype = ckptfs_mcore_key_dtype(key, rb->model);
     for (guint i = 0; i < parts->len; i++) {
         const CkptfsSharePart *p = &g_array_index(parts, CkptfsSharePart, i);
         if (p->hf != NULL) {
@@ -125,6 +136,8 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
         }
     }
     uint64_t shape[2] = {rows, cols};
+    if (ckptfs_mcore_kernel_shape(key, rb->model, kernel)) /* replicated: the whole kernel */
+        return ckptfs_value_tensor(t->dtype, 5, kernel, rank_tensor_emit, t);
     return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
 }
 
@@ -133,11 +146,12 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
 static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, const char *name,
                       uint64_t global, uint64_t local, uint64_t expert)
 {
-    g_autofree char *key = ckptfs_legacy_key(rule->scope, local, name, rb->mtp_prefix);
+    g_autofree char *local_key = ckptfs_legacy_key(rule->scope, local, name, rb->mtp_prefix);
+    g_autofree char *key = g_strconcat(rb->prefix, local_key, NULL);
     if (rule->extra_state)
         ckptfs_value_set(sd, key, ckptfs_value_none());
     else
-        ckptfs_value_set(sd, key, share_value(rb, ckptfs_mcore_key_of(rb->view->keys, rule), global, expert));
+        ckptfs_value_set(sd, key, share_value(rb, ckptfs_mcore_key_of(rb->keys, rule), global, expert));
 }
 
 /* The run of expert rules RULES[A, Z) for this rank's local experts: SequentialMLP registers
@@ -148,7 +162,7 @@ static void add_experts(RankBuild *rb, CkptfsValue *sd, GPtrArray *rules, guint 
 {
     const MegatronView *v = rb->view;
     bool grouped = v->options->moe_grouped_gemm;
-    uint64_t per_rank = v->model->experts / ckptfs_layout_ep(&v->layout);
+    uint64_t per_rank = rb->model->experts / ckptfs_layout_ep(&v->layout);
     uint64_t first = rb->ranks->ep * per_rank;
     for (uint64_t outer = 0; outer < (grouped ? z - a : per_rank); outer++)
         for (uint64_t inner = 0; inner < (grouped ? per_rank : z - a); inner++) {
@@ -168,7 +182,7 @@ static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint6
 {
     const MegatronView *v = rb->view;
     bool te = v->options->spec == CKPTFS_SPEC_TE;
-    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(v->model, scope, global, te, v->layout.pp > 1);
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(rb->model, scope, global, te, v->layout.pp > 1);
     for (guint i = 0; i < rules->len; i++) {
         const CkptfsRule *rule = g_ptr_array_index(rules, i);
         if (rule->expert) {
@@ -189,7 +203,7 @@ static void add_entries(RankBuild *rb, CkptfsValue *sd, CkptfsScope scope, uint6
 static void add_last_entries(RankBuild *rb, CkptfsValue *sd)
 {
     const MegatronView *v = rb->view;
-    const CkptfsModel *m = v->model;
+    const CkptfsModel *m = rb->model;
     bool te = v->options->spec == CKPTFS_SPEC_TE;
     g_autoptr(GPtrArray) last = ckptfs_legacy_entries(m, CKPTFS_SCOPE_LAST, 0, te, v->layout.pp > 1);
     guint i = 0;
@@ -220,6 +234,16 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     const CkptfsLayout *l = &v->layout;
     CkptfsValue *sd = ckptfs_value_container(CKPTFS_VALUE_ODICT);
     bool last = p == l->pp - 1 && vc == l->vpp - 1;
+    if (v->tower_keys && p == 0 && vc == 0) { /* the vision tower whole, unpipelined */
+        *rb = (RankBuild){rb->view, rb->ranks, rb->tensors, NULL, &v->tower, v->tower_keys,
+                          v->tower.arch->megatron_prefix};
+        add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
+        for (uint64_t b = 0; b < v->tower.layers; b++)
+            add_entries(rb, sd, CKPTFS_SCOPE_LAYER, b, b);
+        add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
+    }
+    rb->model = v->model, rb->keys = v->keys;
+    rb->prefix = v->model->arch->megatron_prefix ? v->model->arch->megatron_prefix : "";
     /* GPTModel builds the embedding on the stage of the MTP layers too (they embed the next
      * tokens): the last stage's copy, registered first. */
     if ((p == 0 && vc == 0) || (last && v->model->mtp))
@@ -295,7 +319,13 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_BOOL("qk_layernorm", m->qk_norm || m->mla);
     SET_INT("encoder_num_layers", m->layers);
     SET_INT("seq_length", m->max_positions);
-    SET_STR("position_embedding_type", "rope");
+    SET_STR("position_embedding_type", m->mrope_section[0] ? "mrope" : "rope");
+    if (m->mrope_section[0]) { /* Megatron's --mrope-section */
+        CkptfsValue *sections = ckptfs_value_container(CKPTFS_VALUE_LIST);
+        for (size_t i = 0; i < G_N_ELEMENTS(m->mrope_section); i++)
+            ckptfs_value_append(sections, ckptfs_value_int((int64_t)m->mrope_section[i]));
+        ckptfs_value_set(a, "mrope_section", sections);
+    }
     /* What Megatron's own Llama examples run with (rope, no --no-position-embedding): its
      * check_checkpoint_args compares it when not fine-tuning; with rope it changes nothing. */
     SET_BOOL("add_position_embedding", true);
@@ -328,7 +358,8 @@ static CkptfsPlan *plan_rank_file(gpointer owner, gconstpointer key, GError **er
     const RankFile *rf = key;
     const MegatronView *v = rf->view;
     RankBuild rb = {.view = v, .ranks = &rf->ranks,
-                    .tensors = g_ptr_array_new_with_free_func(rank_tensor_free)};
+                    .tensors = g_ptr_array_new_with_free_func(rank_tensor_free), .model = v->model,
+                    .keys = v->keys, .prefix = ""};
     CkptfsValue *top = ckptfs_value_container(CKPTFS_VALUE_DICT);
     if (v->options->megatron_args)
         ckptfs_value_set(top, "args", ckptfs_megatron_args(v->model, v->options, &v->layout,
@@ -373,6 +404,22 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
     if (model->mla && local && kv_down % layout->tp != 0)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide kv_lora_rank + qk_rope_head_dim %"
                            G_GUINT64_FORMAT ", which the local spec splits (spec=te does not)", layout->tp, kv_down);
+    /* A VLM's vision tower: mbridge builds it with the TE spec; TP splits its heads, its MLP and
+     * the merger's MLP. */
+    if (model->arch->vision && local)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: %s's vision tower has Megatron names for the "
+                           "TE spec only (mbridge builds it so)", model->arch->hf_architecture);
+    const struct {
+        const char *what;
+        uint64_t value;
+    } vision_split[] = {{"vision num_heads", model->vision_heads},
+                        {"vision intermediate_size", model->vision_ffn},
+                        {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
+                         model->vision_hidden * model->vision_merge * model->vision_merge}};
+    for (size_t i = 0; model->arch->vision && i < G_N_ELEMENTS(vision_split); i++)
+        if (vision_split[i].value % layout->tp != 0)
+            return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT,
+                               layout->tp, vision_split[i].what, vision_split[i].value);
     /* An MTP layer's eh_proj is column-parallel over the hidden size. */
     if (model->mtp && model->hidden % layout->tp != 0)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide hidden_size %" G_GUINT64_FORMAT
@@ -394,6 +441,12 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
     v->padded_vocab = ckptfs_padded_vocab(model->vocab, options->vocab_divisible_by, layout->tp);
     v->keys = ckptfs_mcore_keys(model, v->padded_vocab, layout->pp > 1);
     ckptfs_mcore_keys_for_spec(v->keys, options->spec == CKPTFS_SPEC_TE);
+    if (model->arch->vision) {
+        ckptfs_model_vision_tower(model, &v->tower);
+        v->tower.dtype = model->dtype;
+        v->tower_keys = ckptfs_mcore_keys(&v->tower, 0, false);
+        ckptfs_mcore_keys_for_spec(v->tower_keys, true);
+    }
     ckptfs_tree_own(tree, v, megatron_view_free);
 
     /* Megatron reads the tracker as text; "release" means iteration 0, no optimizer. */

@@ -97,6 +97,10 @@ unsigned ckptfs_catalog_dequantize(CkptfsCatalog *catalog);
 /* A copy of CATALOG to serve differently (block-FP8 dequantised for the Megatron views while
  * hf/ passes the FP8 through). */
 CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog);
+/* A copy of CATALOG whose tensors named PREFIXES[2i] + rest are named PREFIXES[2i + 1] + rest
+ * (PREFIXES NULL-terminated pairs, the first that matches applies); NULL when two tensors would
+ * then have one name, *CLASH getting it. */
+CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash);
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
 const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);

@@ -43,6 +43,12 @@ typedef enum {
     CKPTFS_DIM_MLA_KV_UP,   /* heads * (qk_head_dim + v_head_dim): keys and values per head */
     CKPTFS_DIM_MLA_OUT,     /* heads * v_head_dim: what linear_proj reads */
     CKPTFS_DIM_HIDDEN2,     /* 2 * hidden_size (an MTP layer's eh_proj reads two states) */
+    /* A vision tower (its hidden_size is the model's HIDDEN there) */
+    CKPTFS_DIM_PATCH,       /* channels * temporal patch * patch^2: a patch's pixels (the columns
+                               of a Conv3d kernel [hidden, channels, temporal, patch, patch],
+                               which keeps that shape in every format) */
+    CKPTFS_DIM_MERGED,      /* hidden_size * spatial_merge_size^2: a merged square of patches */
+    CKPTFS_DIM_VISION_OUT,  /* out_hidden_size: what the merger hands the language model */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -100,7 +106,8 @@ typedef struct {
     const char *local_dist_name;
     int te_order, local_order; /* position in a legacy state dict (per scope), or CKPTFS_ABSENT */
     CkptfsNeed need;
-    unsigned ndim;          /* of one layer's tensor: 1 or 2 */
+    unsigned ndim;          /* of one layer's tensor: 1 or 2 (a patch embedding's kernel, stored
+                               5-D, is a matrix of CKPTFS_DIM_PATCH columns) */
     CkptfsDim rows, cols;
     CkptfsTpSplit split;
     CkptfsRecipe recipe;
@@ -134,6 +141,8 @@ extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-
                                                      experts, expert bias */
 extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention, DeepSeek-V3 MoE and MTP */
 extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers of their own names */
+/* Qwen2.5-VL's vision tower and patch merger as mbridge's vision_model (its blocks the layers) */
+extern const CkptfsFamily ckptfs_family_qwen2_5_vl_vision;
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

@@ -34,6 +34,7 @@ typedef struct {
      * under MTP_HF_PREFIX when the family names one (CkptfsFamily.mtp_hf_prefix) */
     uint64_t decoder_layers;
     const char *mtp_hf_prefix;
+    const char *hf_layer_prefix; /* the architecture's (NULL: "model.layers.") */
 } CkptfsMcoreKey;
 
 /* Whether KEY's HF matrix holds its columns' two halves in the other order
@@ -97,6 +98,7 @@ typedef struct {
     unsigned ndim;
     uint64_t d0, d1; /* d1 0 for 1-D */
     bool fp32;       /* a tensor Megatron keeps in float32 (the weights' type not required) */
+    bool kernel;     /* a patch embedding's kernel: stored 5-D (ckptfs_mcore_kernel_shape) */
 } CkptfsHfShape;
 GArray *ckptfs_model_hf_tensors(const CkptfsModel *model, const GPtrArray *keys);
 
@@ -109,6 +111,11 @@ typedef struct {
 } CkptfsSharePart;
 GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows,
                            uint64_t *cols);
+
+/* Whether KEY is a patch embedding's Conv3d kernel (columns CKPTFS_DIM_PATCH), and then its
+ * shape as stored in every format, [hidden, channels, temporal patch, patch, patch], into
+ * SHAPE (5 dims). */
+bool ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *model, uint64_t *shape);
 
 /* The full shape of KEY for LAYERS stacked layers (0: one layer's key, no layer axis) into
  * SHAPE (up to 4 dims, the experts' axis after the layers'); returns ndim. */

@@ -32,7 +32,7 @@ typedef struct {
     const struct CkptfsFusedExperts *const *fused_forms;
 } CkptfsMoeConfig;
 
-typedef struct {
+typedef struct CkptfsArchitecture {
     const char *hf_architecture; /* "LlamaForCausalLM" */
     const char *model_type;      /* "llama" */
     bool qkv_bias;               /* q/k/v projections always carry a bias (Qwen2) */
@@ -63,6 +63,21 @@ typedef struct {
     /* config.json's attention_bias also puts a bias on o_proj (Llama, Qwen3): Megatron has that one
      * only with add_bias_linear, on every linear layer, so such a model has no Megatron equivalent */
     bool attention_bias_on_output;
+    /* A vision-language model: config.json's object of the language model's fields
+     * ("text_config", read with the top level's: ckptfs_schema_text_config) and of the vision
+     * tower's ("vision_config"); NULL: a text model */
+    const char *text_part, *vision_part;
+    /* the vision tower and its merger as an architecture of their own, whose family holds their
+     * Megatron rules (NULL: none yet, so hf/ only, and the mount says so by name) */
+    const struct CkptfsArchitecture *vision;
+    /* its module's prefix in a Megatron state dict (mbridge's VLMs: "language_model.",
+     * "vision_model."; NULL: none), and where its layers' Hugging Face tensors are (NULL:
+     * "model.layers."; a vision tower's blocks: "visual.blocks.") */
+    const char *megatron_prefix, *hf_layer_prefix;
+    /* Pairs of Hugging Face name prefixes, NULL-terminated: a later transformers' module names
+     * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
+     * "model.visual." and "visual."); NULL: one naming */
+    const char *const *module_names;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
@@ -94,6 +109,8 @@ typedef struct {
 
 /* Most routed experts a model may have (DeepSeek-V3 and Kimi K2: 256 and 384). */
 #define CKPTFS_MAX_EXPERTS 4096u
+/* Most blocks a vision tower may have (Qwen2.5-VL's have 32). */
+#define CKPTFS_MAX_VISION_DEPTH 256u
 /* Most layers a model may have (for the dense-layer bitmap; the source-tensor cap allows
  * fewer still). */
 #define CKPTFS_MAX_LAYERS 32768u
@@ -144,6 +161,18 @@ typedef struct {
      * TOKEN_IDS_KNOWN); unknown ones (a Megatron checkpoint's own args) are written null. */
     bool token_ids_known;
     CkptfsTokenIds bos_token, eos_token, pad_token;
+    /* A vision-language model's vision tower (vision_config): its blocks, width, heads, MLP
+     * width; the merger's output width (the language model's hidden size); the patch (pixels a
+     * side, frames), the side of the square of patches the merger joins, the attention window
+     * (pixels a side), the image's channels, video positions per second (mrope) */
+    uint64_t vision_depth, vision_hidden, vision_heads, vision_ffn, vision_out_hidden;
+    uint64_t vision_patch, vision_temporal_patch, vision_merge, vision_window, vision_channels;
+    double vision_tokens_per_second;
+    /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
+    uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
+    /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
+     * temporal, height and width positions; all 0: plain rope) */
+    uint64_t mrope_section[3];
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */
@@ -192,6 +221,10 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
  * so that no product of them the mapping rules form can wrap, and few enough layers for
  * CKPTFS_MAX_SOURCE_TENSORS. Errors start with WHAT. */
 bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GError **error);
+
+/* The vision tower of vision-language model VLM as a model of its own (its architecture the
+ * tower's, its blocks the layers, its width, heads and MLP the model's), into TOWER. */
+void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);

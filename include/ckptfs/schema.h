@@ -36,6 +36,8 @@ typedef enum {
     CKPTFS_FOR_MOE,    /* mixtures of experts */
     CKPTFS_FOR_LLAMA3, /* rope scaled the Llama 3 way */
     CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
+    CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
+                          read by ckptfs_schema_read_vision, not with the language model) */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
@@ -132,12 +134,26 @@ char *ckptfs_schema_value_text(const CkptfsModelField *field, const CkptfsModel 
 /* The first name of CONFIG's "architectures" list, or NULL. */
 const char *ckptfs_schema_config_architecture(JsonObject *config);
 
+/* The language model's part of CONFIG, which the walks read as a text model's config.json: for
+ * a vision-language model (PART: "text_config"), the members of that object over those at the
+ * top level (releases wrote the language model's fields at the top, transformers 5 writes them
+ * under text_config, some configs both: a member in both must be the same value); without PART
+ * or that object, CONFIG. A new reference; NULL with an error naming both members when they
+ * disagree or PART is not an object. */
+JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GError **error);
+
 /* Walk 1: MODEL's fields from CONFIG (MODEL's arch and mla set; arch may be NULL for a config
  * without one: dense, its defaults). Every name of a field is read: two that disagree, a value
  * of the wrong type or out of limits, a form with no Megatron equivalent (a rope type, a
  * sliding window, a member of rope_parameters not understood) are errors naming config.json
  * and the field. */
 bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *model, GError **error);
+
+/* The vision tower's fields of a vision-language model (MODEL's arch has a vision part, which
+ * CONFIG holds): the rows of its scope, then every member of the part must be one a row reads or
+ * one known to leave the weights' math alone (model_type, initializer_range, the dtype, and
+ * fullatt_block_indexes, which the architecture's walk reads); another is refused by name. */
+bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *model, GError **error);
 
 /* Walk 2: CONFIG's fields for MODEL, as transformers 4 writes them (5 reads them too). */
 void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);

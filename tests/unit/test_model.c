@@ -361,6 +361,58 @@ static void test_features(void)
     }
 }
 
+/* A vision-language model's vision part: read by its rows (both spellings of a field must
+ * agree), what no row reads refused by name, the tower without rules said by name. */
+static void test_vision_configs(void)
+{
+#define QWEN2_5_VL "\"architectures\": [\"Qwen2_5_VLForConditionalGeneration\"], \"model_type\": \"qwen2_5_vl\", " \
+                   "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_hidden_layers\": 2, " \
+                   "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_scaling\": {\"type\": \"mrope\", " \
+                   "\"mrope_section\": [1, 1, 2]}}, "
+#define VISION "\"depth\": 3, \"hidden_size\": 32, \"intermediate_size\": 48, \"out_hidden_size\": 64, " \
+               "\"model_type\": \"qwen2_5_vl_vision\", \"initializer_range\": 0.02"
+    static const struct {
+        const char *json, *want, *what;
+    } cases[] = {
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"fullatt_block_indexes\": [2], \"in_chans\": 3, \"in_channels\": 3}}",
+         "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a Qwen2.5-VL config read whole (in_chans and in_channels agreeing), then the tensors looked for"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"num_heads\": 3}}",
+         "vision_config.hidden_size 32 is not a multiple of num_heads 3", "vision heads that do not divide its width"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"window_attention_kind\": \"shifted\"}}",
+         "vision_config.window_attention_kind is not understood", "a vision field no row reads"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"in_chans\": 3, \"in_channels\": 4}}",
+         "vision_config.in_chans 3 and vision_config.in_channels 4 disagree", "two spellings of the channels disagreeing"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"patch_size\": 14, \"spatial_patch_size\": 16}}",
+         "vision_config.patch_size 14 and vision_config.spatial_patch_size 16 disagree",
+         "the release's spatial_patch_size other than patch_size"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"fullatt_block_indexes\": [1, 3]}}",
+         "vision_config.fullatt_block_indexes entry 1 is not a block number below depth 3", "a full-attention block past the tower"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"hidden_act\": \"gelu\"}}",
+         "vision_config.hidden_act 'gelu' has no Megatron equivalent", "a vision activation other than silu"},
+        {"{" QWEN2_5_VL "\"vision_config\": {\"depth\": 100000}}", "100000 vision blocks is over the limit",
+         "a vision tower deeper than the limit"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"hidden_size\": 1048576, \"num_heads\": 1, \"spatial_merge_size\": 64}}",
+         "vision merged width (hidden_size x spatial_merge_size^2) is over the limit", "a merger wider than the limit"},
+        {"{" QWEN2_5_VL "\"vision_config\": {" VISION ", \"patch_size\": 4096}}",
+         "vision patch (channels x temporal_patch_size x patch_size^2) is over the limit", "a patch larger than the limit"},
+        {"{" QWEN2_5_VL "\"vision_config\": 7}", "no \"vision_config\" object", "a vision_config that is not an object"},
+        {"{" QWEN2_5_VL "\"image_token_id\": 5}", "no \"vision_config\" object", "no vision_config"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        JsonObject *config = config_of(cases[i].json);
+        CkptfsCatalog *c = ckptfs_catalog_new();
+        CkptfsModel m;
+        GError *error = NULL;
+        bool ok = ckptfs_model_from_config(config, c, &m, NULL, &error);
+        tap_ok(!ok && error && strstr(error->message, cases[i].want), "%s: refused for the Megatron views, by name (%s)",
+               cases[i].what, error ? error->message : "read");
+        g_clear_error(&error);
+        ckptfs_catalog_free(c);
+        json_object_unref(config);
+    }
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -471,5 +523,6 @@ int main(void)
     test_moe_configs();
     test_deepseek_configs();
     test_features();
+    test_vision_configs();
     return tap_done();
 }

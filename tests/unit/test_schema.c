@@ -564,5 +564,79 @@ int main(void)
                "read again (%s)", error ? error->message : "");
         g_clear_error(&error);
     }
+
+    /* A vision-language model's language model: its text part, nested as transformers 5 writes
+     * it, at the top level as the release did, or both (agreeing). */
+#define VLM_HEAD "{\"model_type\": \"qwen2_5_vl\", \"architectures\": [\"Qwen2_5_VLForConditionalGeneration\"], " \
+                 "\"vision_config\": {\"depth\": 2, \"hidden_size\": 32}, "
+#define VLM_TEXT "\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, \"intermediate_size\": 128, " \
+                 "\"vocab_size\": 256, \"rms_norm_eps\": 1e-06, \"rope_scaling\": {\"type\": \"mrope\", \"mrope_section\": [1, 1, 2]}"
+    {
+        const struct {
+            const char *json, *what;
+        } forms[] = {
+            {VLM_HEAD "\"text_config\": {" VLM_TEXT ", \"model_type\": \"qwen2_5_vl_text\"}}", "nested (transformers 5)"},
+            {VLM_HEAD VLM_TEXT "}", "at the top level (the release)"},
+            {VLM_HEAD VLM_TEXT ", \"text_config\": {" VLM_TEXT "}}", "in both, the same"},
+            {VLM_HEAD VLM_TEXT ", \"rope_theta\": 1000000, \"text_config\": {\"rope_theta\": 1e6}}",
+             "in both, a rope base written 1000000 and 1e6"},
+        };
+        for (size_t i = 0; i < G_N_ELEMENTS(forms); i++) {
+            g_autoptr(JsonObject) config = parse(forms[i].json);
+            GError *error = NULL;
+            CkptfsModel m;
+            g_autoptr(JsonObject) text = config ? ckptfs_schema_text_config(config, "text_config", &error) : NULL;
+            bool ok = text && read_model(text, &m, &error);
+            tap_ok(ok && m.arch && strcmp(m.arch->model_type, "qwen2_5_vl") == 0 && m.layers == 3 &&
+                       m.hidden == 64 && m.heads == 8 && m.kv_heads == 8 && m.ffn == 128 && m.vocab == 256 &&
+                       m.norm_eps == 1e-6 && m.qkv_bias && m.mrope_section[0] == 1 && m.mrope_section[1] == 1 &&
+                       m.mrope_section[2] == 2,
+                   "Qwen2.5-VL's language model %s: 3 layers, hidden 64, Qwen2_5_VLTextConfig's default 8 "
+                   "key/value heads, q/k/v biases, mrope sections 1/1/2 (%s)", forms[i].what, error ? error->message : "");
+            g_clear_error(&error);
+        }
+        const struct {
+            const char *json, *want, *what;
+        } bad[] = {
+            {VLM_HEAD VLM_TEXT ", \"text_config\": {\"hidden_size\": 32}}", "text_config.hidden_size and hidden_size disagree",
+             "a text_config whose hidden_size is not the top level's"},
+            {VLM_HEAD VLM_TEXT ", \"text_config\": [1]}", "\"text_config\" is not an object", "a text_config that is a list"},
+        };
+        /* the multimodal rope, read with the text part (errors from reading the model) */
+        const struct {
+            const char *json, *want, *what;
+        } rope[] = {
+            {VLM_HEAD "\"text_config\": {" VLM_TEXT ", \"rope_parameters\": {\"rope_type\": \"default\", \"type\": \"mrope\", "
+             "\"mrope_section\": [2, 1, 1]}}}", "rope_scaling.mrope_section and rope_parameters.mrope_section disagree",
+             "two mrope_sections that disagree"},
+            {VLM_HEAD "\"text_config\": {\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, "
+             "\"intermediate_size\": 128, \"vocab_size\": 256, \"rope_parameters\": {\"mrope_section\": [1, 1, 1]}}}",
+             "rope_parameters.mrope_section sums to 3, not half the head dim 8", "an mrope_section not covering half the head"},
+            {VLM_HEAD "\"text_config\": {\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, "
+             "\"intermediate_size\": 128, \"vocab_size\": 256}}", "no mrope_section in rope_scaling or rope_parameters",
+             "no mrope_section"},
+            {VLM_HEAD "\"text_config\": {\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, "
+             "\"intermediate_size\": 128, \"vocab_size\": 256, \"rope_parameters\": {\"type\": \"yarn\", "
+             "\"mrope_section\": [1, 1, 2]}}}", "rope_parameters.type 'yarn' is not mrope", "a rope type other than mrope"},
+        };
+        for (size_t i = 0; i < G_N_ELEMENTS(rope); i++) {
+            g_autoptr(JsonObject) config = parse(rope[i].json);
+            GError *error = NULL;
+            CkptfsModel m;
+            g_autoptr(JsonObject) text = config ? ckptfs_schema_text_config(config, "text_config", &error) : NULL;
+            bool read = text && read_model(text, &m, &error);
+            tap_ok(config && !read && error && strstr(error->message, rope[i].want), "%s is refused by name (%s)",
+                   rope[i].what, error ? error->message : "read");
+            g_clear_error(&error);
+        }
+        for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+            g_autoptr(JsonObject) config = parse(bad[i].json);
+            GError *error = NULL;
+            g_autoptr(JsonObject) text = config ? ckptfs_schema_text_config(config, "text_config", &error) : NULL;
+            tap_ok(config && text == NULL && error && strstr(error->message, bad[i].want),
+                   "%s is refused by name (%s)", bad[i].what, error ? error->message : "read");
+            g_clear_error(&error);
+        }
+    }
     return tap_done();
 }

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Vision-language models (docs/vlm.md): a tiny Qwen2.5-VL built and saved by transformers 5 itself
+# (in the sid root), in the three forms checkpoints of it come in: transformers 5's config.json
+# (text_config nested) with the release's tensor names, the same tensors under transformers >=
+# 4.52's module names (model.language_model.*, model.visual.*), and the release's config.json
+# (the language model's fields at the top level). Each is read as one model: the language model
+# from its text part, the vision tower from its vision part. hf/ serves it whole (bytes and
+# transformers' logits on an image + text input); tp2pp2/ holds, rank by rank, the names, shapes
+# and bytes of mbridge's Qwen2_5VLModel (checked against mbridge's bridge tables written in
+# tests/lib/vlm.py), loads in torch 1.13 and with weights_only in 2.6 and 2.14, and rebuilt into
+# Hugging Face tensors the way mbridge exports gives the original's logits. mcore/ is not served
+# yet and says so; a vision_config with a field no rule reads leaves the Megatron views out,
+# named, hf/ still served.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
+script="$TESTS_TOP/tests/lib/vlm.py"
+models=$WORK/models
+
+sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build.err"
+ok $? "transformers 5 builds and saves a tiny Qwen2.5-VL in three forms" ||
+  { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
+
+# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
+ran() {
+  ok "$1" "$2"
+  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
+}
+# passes FILE: one TAP line per PASS/FAIL line of FILE.
+passes() {
+  while read -r state what; do
+    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
+  done < "$1"
+}
+
+hf_dirs=()
+for form in v5 modules v4; do
+  src=$models/$form mnt=$WORK/mnt-$form
+  "$CKPTFS" inspect "$src" > "$WORK/inspect-$form" 2>&1
+  grep -q '^model: .*num_hidden_layers=4 hidden_size=64 num_attention_heads=4 num_key_value_heads=2 intermediate_size=128 vocab_size=256' "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the language model from the config's text part" ||
+    sed 's/^/# /' "$WORK/inspect-$form" >&2
+  # vlm.py's VISION sizes and mrope_section
+  grep -q '^vision: *2 blocks of width 32, 2 heads, ffn 48, merger 2x2 into 64, mrope sections 2/3/3' "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the vision tower from the config's vision part" ||
+    sed 's/^/# /' "$WORK/inspect-$form" >&2
+  fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
+  check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
+  listing=$(ls "$mnt" | tr '\n' ' ')
+  # tp4: the tower's 2 heads do not split 4 ways
+  ok $([[ $listing == "hf tp1pp1 tp1pp2 tp1pp4 tp2pp1 tp2pp2 tp2pp4 " ]]; echo $?) \
+    "$form: the root lists hf/ and the layouts whose tp splits the tower (got: $listing)"
+  ls "$mnt/mcore" > /dev/null 2>&1
+  ok $([[ $? -ne 0 ]] && grep -q 'mcore/ of Qwen2_5_VLForConditionalGeneration is not served yet' "$WORK/log-$form"; echo $?) \
+    "$form: mcore/ is not there, and the log says why"
+  check "$form: tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/meg-$form"
+  hf_dirs+=("$mnt/hf")
+done
+# Virtual pipeline stages: the tower in the first chunk of the first stage.
+check "v5: tp1pp2vpp2/ copied out" cp -r "$WORK/mnt-v5/tp1pp2vpp2" "$WORK/meg-vpp"
+ls "$WORK/mnt-v5/tp4pp1" > /dev/null 2>&1
+ok $([[ $? -ne 0 ]] && grep -q 'tp 4 does not divide the vision num_heads 2' "$WORK/log-v5"; echo $?) \
+  "tp4pp1/ is refused: tp 4 does not divide the tower's heads"
+
+# The rank files against mbridge's names, shapes and bytes; rebuilt as mbridge exports them.
+pairs=()
+for form in v5 modules v4; do pairs+=("$WORK/meg-$form:2:2:1" "$WORK/back-$form"); done
+pairs+=("$WORK/meg-vpp:1:2:2" "$WORK/back-vpp")
+sid_python "$WORK" "$script" megatron "$models/v5" "${pairs[@]}" > "$WORK/megatron" 2> "$WORK/megatron.err"
+ran $? "the tp2pp2 and tp1pp2vpp2 checks ran, and rebuilt each copy into Hugging Face tensors as mbridge exports" "$WORK/megatron.err"
+passes "$WORK/megatron"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/megatron")
+ok $((n == 14 ? 0 : 1)) "a check for each rank file: 4 of each tp2pp2 copy, 2 of tp1pp2vpp2 (got $n)"
+for form in v5 modules v4 vpp; do [[ -d $WORK/back-$form ]] && hf_dirs+=("$WORK/back-$form"); done
+
+sid_python "$WORK" "$script" logits "$models/v5" "${hf_dirs[@]}" > "$WORK/logits" 2> "$WORK/logits.err"
+ran $? "transformers loads the original, each hf/ and each rebuilt copy" "$WORK/logits.err"
+passes "$WORK/logits"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/logits")
+ok $((n == ${#hf_dirs[@]} ? 0 : 1)) "a logits check for each of the ${#hf_dirs[@]} copies (got $n)"
+
+# torch 1.13 here (without weights_only: its restricted unpickler has no float opcode, which
+# checkpoint_version 3.0 needs in every Megatron rank file), torch 2.6 in the Debian 13 root with
+# weights_only=True (allowing the args Namespace, as Megatron does); 2.14 did above.
+cat > "$WORK/load.py" <<'PY'
+import argparse, sys, torch
+restricted = hasattr(torch.serialization, "add_safe_globals")
+if restricted:
+    torch.serialization.add_safe_globals([argparse.Namespace])
+for path in sys.argv[1:]:
+    sd = torch.load(path, map_location="cpu", weights_only=restricted)
+    assert any(k.startswith("vision_model.") for k in sd["model"]) == ("_000/" in path), path
+print("loaded", len(sys.argv) - 1, "weights_only" if restricted else "")
+PY
+out=$($PY "$WORK/load.py" "$WORK"/meg-v4/release/*/model_optim_rng.pt 2>&1)
+ok $([[ $out == "loaded 4 " ]]; echo $?) "torch $($PY -c 'import torch; print(torch.__version__)' 2>/dev/null) loads every rank file of tp2pp2/, the tower on the first stage only ($out)"
+if torch2_available; then
+  out=$(torch2_python "$WORK" "$WORK/load.py" "$WORK"/meg-v5/release/*/model_optim_rng.pt 2>&1)
+  ok $([[ $out == "loaded 4 weights_only" ]]; echo $?) "torch 2.6 loads every rank file of tp2pp2/ with weights_only=True, the tower on the first stage only ($out)"
+else
+  skip "torch 2.6: $TORCH2_WHY"
+fi
+
+# A Megatron copy of a VLM is not read back yet: refused by name, not misread.
+"$CKPTFS" inspect "$WORK/meg-v5" > "$WORK/inspect-meg" 2>&1
+grep -q 'a Megatron checkpoint of Qwen2_5_VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
+ok $? "tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+
+# A vision field no rule reads: named, the Megatron views left out, hf/ served.
+"$CKPTFS" inspect "$models/badvision" > "$WORK/inspect-bad" 2>&1
+grep -q '^megatron: .*vision_config.window_attention_kind is not understood' "$WORK/inspect-bad"
+ok $? "badvision: inspect names the vision field no rule reads" || grep '^megatron' "$WORK/inspect-bad" | sed 's/^/# /' >&2
+fg_mount "$CKPTFS" "$models/badvision" "$WORK/mnt-bad" "$WORK/log-bad"
+check "badvision: hf/ holds the source's files, byte for byte" same_trees "$models/badvision" "$WORK/mnt-bad/hf" .
+listing=$(ls "$WORK/mnt-bad" | tr '\n' ' ')
+ok $([[ $listing == "hf " ]]; echo $?) "badvision: the root lists hf/ only (got: $listing)"
+ls "$WORK/mnt-bad/tp2pp2" > /dev/null 2>&1
+grep -q 'no Megatron views: config.json: vision_config.window_attention_kind is not understood' "$WORK/log-bad"
+ok $? "badvision: the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log-bad" >&2
+fg_unmount "$WORK/mnt-bad"
+
+for form in v5 modules v4; do unmount_ckptfs "$WORK/mnt-$form"; done
+wait
+done_testing

@@ -1,0 +1,369 @@
+#!/usr/bin/python3
+"""A tiny Qwen2.5-VL built and saved by transformers 5 itself (run in the sid root), and the checks
+of ckptfs's views of it.
+
+  vlm.py build OUT
+      OUT/v5: Qwen2_5_VLForConditionalGeneration with tiny text and vision configs, saved by
+      save_pretrained in bf16 (config.json with nested text_config and vision_config; tensors
+      under the release's names, model.* / visual.* / lm_head.*); OUT/modules: the same with
+      the tensors under transformers >= 4.52's module names (model.language_model.*,
+      model.visual.*); OUT/v4: v5's tensors with the release's config.json (the language
+      model's fields at the top level); OUT/badvision: v5 with a vision field no rule reads.
+  vlm.py megatron ORIG MEGATRON_DIR:TP:PP:VPP OUT [MEGATRON_DIR:TP:PP:VPP OUT ...]
+      each rank file of MEGATRON_DIR (tpTPppPP[vppVPP]/ of ORIG) loads with weights_only and holds the
+      names, shapes and bytes mbridge's Qwen2_5VLModel has on that rank (written here from
+      mbridge's bridge tables and Megatron-core's TP splits), and args with its mrope; then
+      ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
+      and fc1 split back) into OUT, under the release's names with ORIG's config.json.
+  vlm.py logits ORIG HF_DIR...
+      ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
+      image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+# Two blocks, the second with full attention (fullatt_block_indexes), windows of 2x2 merged
+# patches (window_size 56 = 2 merge units of 2 patches of 14 pixels).
+VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+              patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+              fullatt_block_indexes=[1], in_chans=3)
+TOKENS = dict(image_token_id=250, video_token_id=251, vision_start_token_id=252,
+              vision_end_token_id=253)
+# The image: 8x8 patches of 14 pixels (a 112x112 picture), one frame pair
+GRID = (1, 8, 8)
+
+
+def save_st(tensors, path):
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def module_name(name):
+    """The release's name (what save_pretrained writes, and transformers < 4.52 loads) -> the
+    module name transformers >= 4.52 holds it under (what Qwen3-VL's releases are saved with)."""
+    if name.startswith("model."):
+        return "model.language_model." + name[len("model."):]
+    if name.startswith("visual."):
+        return "model." + name
+    return name
+
+
+def build(out):
+    from safetensors.torch import load_file
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    cfg = Qwen2_5_VLConfig(text_config=dict(TEXT), vision_config=dict(VISION), **TOKENS)
+    model = Qwen2_5_VLForConditionalGeneration(cfg).to(torch.bfloat16)
+    # Random norms so a norm served from the wrong tensor shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(f"{out}/v5")
+    tensors = load_file(f"{out}/v5/model.safetensors")
+    if not any(k.startswith("visual.") for k in tensors):
+        sys.exit("save_pretrained did not write the release's names (visual.*)")
+    # The module names of transformers >= 4.52.
+    os.makedirs(f"{out}/modules")
+    save_st({module_name(k): v for k, v in tensors.items()}, f"{out}/modules/model.safetensors")
+    shutil.copy(f"{out}/v5/config.json", f"{out}/modules/config.json")
+    # The release's config.json (Qwen's upload of Qwen2.5-VL-3B): the language model's fields
+    # at the top level.
+    os.makedirs(f"{out}/v4")
+    shutil.copy(f"{out}/v5/model.safetensors", f"{out}/v4/model.safetensors")
+    with open(f"{out}/v5/config.json") as f:
+        v5 = json.load(f)
+    text = dict(v5["text_config"])
+    rope = text.pop("rope_parameters")
+    v4 = {k: v for k, v in v5.items() if k not in ("text_config", "dtype", "transformers_version")}
+    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+              "rms_norm_eps", "hidden_act", "sliding_window", "use_sliding_window",
+              "max_window_layers", "attention_dropout", "bos_token_id", "eos_token_id"):
+        if k in text:
+            v4[k] = text[k]
+    v4["rope_theta"] = rope["rope_theta"]
+    v4["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    v4["torch_dtype"] = "bfloat16"
+    v4["transformers_version"] = "4.41.2"
+    v4["vision_config"] = {k: v for k, v in v5["vision_config"].items() if k != "in_channels"}
+    with open(f"{out}/v4/config.json", "w") as f:
+        json.dump(v4, f, indent=2)
+    # A vision tower with a field that changes its math and no rule reads.
+    shutil.copytree(f"{out}/v5", f"{out}/badvision")
+    v5["vision_config"]["window_attention_kind"] = "shifted"
+    with open(f"{out}/badvision/config.json", "w") as f:
+        json.dump(v5, f, indent=2)
+
+
+def inputs():
+    """Text around one image: <|vision_start|><|image_pad|> x 16 <|vision_end|>, then text."""
+    g = torch.Generator().manual_seed(1)
+    t, h, w = GRID
+    merged = t * h * w // (VISION["spatial_merge_size"] ** 2)
+    ids = ([5, 17, 42, TOKENS["vision_start_token_id"]] + [TOKENS["image_token_id"]] * merged +
+           [TOKENS["vision_end_token_id"], 7, 99, 123, 200, 3])
+    patch = 3 * VISION["temporal_patch_size"] * VISION["patch_size"] ** 2
+    pixels = torch.randn(t * h * w, patch, generator=g)
+    return (torch.tensor([ids]), pixels, torch.tensor([list(GRID)]))
+
+
+def logits_of(path, pixel_shift=0.0):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    model.eval()
+    ids, pixels, grid = inputs()
+    with torch.no_grad():
+        return model(input_ids=ids, pixel_values=(pixels + pixel_shift).to(torch.bfloat16),
+                     image_grid_thw=grid).logits.float()
+
+
+def logits(orig, hf_dirs):
+    want = logits_of(orig)
+    # The input's image matters: another picture gives other logits.
+    if torch.equal(want, logits_of(orig, pixel_shift=0.5)):
+        print(f"FAIL {orig}: the image does not change the logits")
+        return
+    for hf_dir in hf_dirs:
+        got = logits_of(hf_dir)
+        if torch.equal(want, got):
+            print(f"PASS {hf_dir}: transformers' logits on an image + text input equal {orig}'s")
+        else:
+            print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
+
+
+# --- Megatron layouts, written from mbridge's qwen2_5_vl bridge (ISEEKYAN/mbridge,
+# mbridge/models/qwen2_5_vl/__init__.py: _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING,
+# _weight_to_mcore_format) and Megatron-core's TP splits, not from ckptfs ---
+
+# Megatron name -> (HF names (release), how TP splits it). "{i}": a layer or block.
+# Splits: rows (column-parallel), cols (row-parallel), halves (gated fc1: each half by rows),
+# vocab (rows, padded), whole (replicated).
+VISION_TABLE = {
+    "vision_model.patch_embed.proj.weight": (["visual.patch_embed.proj.weight"], "whole"),
+    "vision_model.decoder.final_layernorm.weight": (["visual.merger.ln_q.weight"], "whole"),
+    "vision_model.projection.encoder.linear_fc1.weight": (["visual.merger.mlp.0.weight"], "rows"),
+    "vision_model.projection.encoder.linear_fc1.bias": (["visual.merger.mlp.0.bias"], "rows"),
+    "vision_model.projection.encoder.linear_fc2.weight": (["visual.merger.mlp.2.weight"], "cols"),
+    "vision_model.projection.encoder.linear_fc2.bias": (["visual.merger.mlp.2.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_proj.weight": (["visual.blocks.{i}.attn.proj.weight"], "cols"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_proj.bias": (["visual.blocks.{i}.attn.proj.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.weight": (["visual.blocks.{i}.attn.qkv.weight"], "rows"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.bias": (["visual.blocks.{i}.attn.qkv.bias"], "rows"),
+    "vision_model.decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight": (["visual.blocks.{i}.norm1.weight"], "whole"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.weight": (["visual.blocks.{i}.mlp.gate_proj.weight", "visual.blocks.{i}.mlp.up_proj.weight"], "halves"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.bias": (["visual.blocks.{i}.mlp.gate_proj.bias", "visual.blocks.{i}.mlp.up_proj.bias"], "halves"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc2.weight": (["visual.blocks.{i}.mlp.down_proj.weight"], "cols"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc2.bias": (["visual.blocks.{i}.mlp.down_proj.bias"], "whole"),
+    "vision_model.decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight": (["visual.blocks.{i}.norm2.weight"], "whole"),
+}
+LANGUAGE_FIRST = {"language_model.embedding.word_embeddings.weight": (["model.embed_tokens.weight"], "vocab")}
+LANGUAGE_LAST = {"language_model.decoder.final_layernorm.weight": (["model.norm.weight"], "whole"),
+                 "language_model.output_layer.weight": (["lm_head.weight"], "vocab")}
+LANGUAGE_LAYER = {
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], "rows"),
+    "self_attention.linear_qkv.bias": (["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"], "rows"),
+    "self_attention.linear_proj.weight": (["self_attn.o_proj.weight"], "cols"),
+    "self_attention.linear_qkv.layer_norm_weight": (["input_layernorm.weight"], "whole"),
+    "mlp.linear_fc1.weight": (["mlp.gate_proj.weight", "mlp.up_proj.weight"], "halves"),
+    "mlp.linear_fc2.weight": (["mlp.down_proj.weight"], "cols"),
+    "mlp.linear_fc1.layer_norm_weight": (["post_attention_layernorm.weight"], "whole"),
+}
+
+
+def to_mcore(name, hf):
+    """mbridge's _weight_to_mcore_format: the full (unsplit) Megatron tensor of NAME."""
+    text, vision = TEXT, VISION
+    if "linear_qkv" in name and "layer_norm" not in name:
+        if len(hf) == 1:  # the vision tower's fused [q; k; v] -> per head [q_h; k_h; v_h]
+            heads, width = vision["num_heads"], vision["hidden_size"]
+            d = width // heads
+            shape = [3, heads, -1, d, width] if name.endswith("weight") else [3, heads, -1]
+            q, k, v = hf[0].view(*shape)
+            out = [-1, width] if name.endswith("weight") else [-1]
+            return torch.cat([x.reshape(heads, d, -1) for x in (q, k, v)], dim=1).reshape(*out)
+        groups, heads = text["num_key_value_heads"], text["num_attention_heads"]
+        d = text["hidden_size"] // heads
+        q, k, v = hf
+        q = q.reshape(groups, heads // groups * d, -1)
+        k = k.reshape(groups, d, -1)
+        v = v.reshape(groups, d, -1)
+        out = [-1, text["hidden_size"]] if name.endswith("weight") else [-1]
+        return torch.cat([q, k, v], dim=1).reshape(*out)
+    if len(hf) == 2:
+        return torch.cat(hf, dim=0)
+    return hf[0]
+
+
+def tp_share(full, split, tp, r, vocab_pad):
+    if split == "whole":
+        return full
+    if split == "vocab":
+        padded = torch.zeros((vocab_pad,) + tuple(full.shape[1:]), dtype=full.dtype)
+        padded[: full.shape[0]] = full
+        return padded.chunk(tp, dim=0)[r]
+    if split == "rows":
+        return full.chunk(tp, dim=0)[r]
+    if split == "cols":
+        return full.chunk(tp, dim=1)[r]
+    gate, up = full.chunk(2, dim=0)  # halves
+    return torch.cat([gate.chunk(tp, dim=0)[r], up.chunk(tp, dim=0)[r]], dim=0)
+
+
+def chunk_layers(p, c, pp, vpp):
+    """The global layers of virtual chunk C on pipeline stage P (Megatron's interleaving: chunk
+    C of stage P is model chunk C * PP + P of PP * VPP equal ones)."""
+    per_chunk = TEXT["num_hidden_layers"] // (pp * vpp)
+    first = (c * pp + p) * per_chunk
+    return range(first, first + per_chunk)
+
+
+def expected_ranks(orig, tp, pp, vpp):
+    """{(pp rank, tp rank): {"modelC/" + name: tensor}} of mbridge's Qwen2_5VLModel split by
+    Megatron-core: the tower in the first chunk of the first stage, before the language model."""
+    from safetensors.torch import load_file
+    hf = load_file(f"{orig}/model.safetensors")
+    vocab = TEXT["vocab_size"]
+    divisible = 128 * tp  # Megatron's make_vocab_size_divisible_by x TP
+    vocab_pad = (vocab + divisible - 1) // divisible * divisible
+    out = {}
+    for p in range(pp):
+        for r in range(tp):
+            sd = {}
+            for c in range(vpp):
+                chunk = f"model{c}/" if vpp > 1 else "model/"
+                entries = []
+                if p == 0 and c == 0:
+                    for i in range(VISION["depth"]):
+                        entries += [(k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+                                    for k, v in VISION_TABLE.items()]
+                    entries += [(k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+                for local, g in enumerate(chunk_layers(p, c, pp, vpp)):
+                    entries += [(f"language_model.decoder.layers.{local}.{k}", [f"model.layers.{g}.{n}" for n in v[0]], v[1])
+                                for k, v in LANGUAGE_LAYER.items()]
+                if p == pp - 1 and c == vpp - 1:
+                    entries += [(k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+                for name, hf_names, split in entries:
+                    sd[chunk + name] = tp_share(to_mcore(name, [hf[n] for n in hf_names]), split, tp, r, vocab_pad)
+            out[(p, r)] = sd
+    return out
+
+
+def chunks_of(ckpt, vpp):
+    """A rank file's state dicts as one {"modelC/" + name: value}."""
+    names = [f"model{c}" for c in range(vpp)] if vpp > 1 else ["model"]
+    return {f"{n}/{k}": v for n in names for k, v in ckpt[n].items()}
+
+
+def rank_file(meg, p, r, pp):
+    d = f"mp_rank_{r:02d}" + (f"_{p:03d}" if pp > 1 else "")
+    return f"{meg}/release/{d}/model_optim_rng.pt"
+
+
+def load_rank(path):
+    import argparse
+    torch.serialization.add_safe_globals([argparse.Namespace])  # the args, as Megatron's loader
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def megatron(orig, meg, tp, pp, vpp):
+    """The rank files of MEG (tpTPppPP[vppVPP] of ORIG): the names and tensors mbridge's model has
+    on each rank (extra states aside), bit for bit, and the args' rope."""
+    want = expected_ranks(orig, tp, pp, vpp)
+    layout = f"tp{tp}pp{pp}" + (f"vpp{vpp}" if vpp > 1 else "")
+    what = f"{os.path.basename(meg)} {layout}"
+    for (p, r), sd in want.items():
+        path = rank_file(meg, p, r, pp)
+        try:
+            ckpt = load_rank(path)
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL {what} rank ({p}, {r}): torch.load(weights_only=True): {e}")
+            continue
+        got = {k: v for k, v in chunks_of(ckpt, vpp).items() if not k.endswith("_extra_state")}
+        missing, extra = sorted(set(sd) - set(got)), sorted(set(got) - set(sd))
+        bad = [k for k in sd if k in got and not (got[k].shape == sd[k].shape and torch.equal(got[k], sd[k]))]
+        args = ckpt["args"]
+        rope = (getattr(args, "position_embedding_type", None), getattr(args, "mrope_section", None))
+        want_rope = ("mrope", TEXT["rope_scaling"]["mrope_section"])
+        if missing or extra or bad or rope != want_rope:
+            print(f"FAIL {what} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
+                  f"differing {bad[:3]}, rope {rope} (want {want_rope})")
+        else:
+            print(f"PASS {what} rank ({p}, {r}): {len(sd)} tensors with mbridge's names, shapes and bytes; "
+                  f"args rope {rope}")
+
+
+def to_hf(orig, meg, tp, pp, vpp, out):
+    """ORIG's checkpoint rebuilt from MEG's rank files the way mbridge exports (gather the TP
+    shares, _weight_to_hf_format), saved with the release's names and ORIG's config.json."""
+    ranks = {(p, r): chunks_of(load_rank(rank_file(meg, p, r, pp)), vpp) for p in range(pp) for r in range(tp)}
+    first = "model0/" if vpp > 1 else "model/"
+    tables = []
+    for i in range(VISION["depth"]):
+        tables += [(0, first + k.replace("{i}", str(i)), [n.replace("{i}", str(i)) for n in v[0]], v[1])
+                   for k, v in VISION_TABLE.items()]
+    tables += [(0, first + k, v[0], v[1]) for k, v in LANGUAGE_FIRST.items()]
+    for p in range(pp):
+        for c in range(vpp):
+            chunk = f"model{c}/" if vpp > 1 else "model/"
+            for local, g in enumerate(chunk_layers(p, c, pp, vpp)):
+                tables += [(p, f"{chunk}language_model.decoder.layers.{local}.{k}",
+                            [f"model.layers.{g}.{n}" for n in v[0]], v[1]) for k, v in LANGUAGE_LAYER.items()]
+    last = f"model{vpp - 1}/" if vpp > 1 else "model/"
+    tables += [(pp - 1, last + k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
+    hf = {}
+    for p, name, hf_names, split in tables:
+        shares = [ranks[(p, r)][name] for r in range(tp)]
+        if split == "whole":
+            full = shares[0]
+        elif split in ("rows", "vocab"):
+            full = torch.cat(shares, dim=0)
+        elif split == "cols":
+            full = torch.cat(shares, dim=1)
+        else:
+            halves = [s.chunk(2, dim=0) for s in shares]
+            full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+        if split == "vocab":
+            full = full[: TEXT["vocab_size"]]
+        if "linear_qkv" in name and "layer_norm" not in name:
+            if "/vision_model." in name:
+                heads, width = VISION["num_heads"], VISION["hidden_size"]
+                d = width // heads
+                per = full.reshape(heads, 3, d, -1)
+                hf[hf_names[0]] = per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
+            else:
+                groups, heads = TEXT["num_key_value_heads"], TEXT["num_attention_heads"]
+                d = TEXT["hidden_size"] // heads
+                per = full.reshape(groups, (heads // groups + 2) * d, -1)
+                q, k, v = per.split([heads // groups * d, d, d], dim=1)
+                for n, x in zip(hf_names, (q, k, v)):
+                    hf[n] = x.reshape((-1,) + tuple(full.shape[1:]))
+        elif len(hf_names) == 2:
+            hf[hf_names[0]], hf[hf_names[1]] = full.chunk(2, dim=0)
+        else:
+            hf[hf_names[0]] = full
+    os.makedirs(out)
+    save_st(hf, f"{out}/model.safetensors")
+    shutil.copy(f"{orig}/config.json", f"{out}/config.json")
+
+
+def megatron_all(orig, specs):
+    """megatron() on each DIR:TP:PP:VPP of SPECS (pairs with an OUT), then to_hf() of it into OUT."""
+    for spec, out in zip(specs[0::2], specs[1::2]):
+        meg, tp, pp, vpp = spec.rsplit(":", 3)
+        megatron(orig, meg, int(tp), int(pp), int(vpp))
+        to_hf(orig, meg, int(tp), int(pp), int(vpp), out)
+
+
+if __name__ == "__main__":
+    {"build": lambda: build(sys.argv[2]),
+     "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
+     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:])}[sys.argv[1]]()
