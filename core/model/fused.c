@@ -11,23 +11,29 @@ const CkptfsFusedExperts ckptfs_fused_transposed = {
     .transposed = true};
 const CkptfsFusedExperts ckptfs_fused_interleaved = {
     .name = "[E, H, 2F] with gate and up interleaved, and [E, F, H]", .gate_up = "mlp.experts.gate_up_proj",
-    .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true};
+    .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true,
+    .gate_up_bias = "mlp.experts.gate_up_proj_bias", .down_bias = "mlp.experts.down_proj_bias"};
 
 enum { GATE, UP, DOWN, PROJECTIONS };
+/* The experts' biases (families whose experts have them): gate's, up's, down's. */
+enum { GATE_BIAS, UP_BIAS, DOWN_BIAS, BIASES };
 
 /* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
  * family's routed experts: fc1's two halves, fc2. */
-static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], GError **error)
+static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], const char *biases[BIASES],
+                         GError **error)
 {
     names[GATE] = names[UP] = names[DOWN] = NULL;
+    biases[GATE_BIAS] = biases[UP_BIAS] = biases[DOWN_BIAS] = NULL;
     for (unsigned i = 0; i < family->n_rules; i++) {
         const CkptfsRule *r = &family->rules[i];
         if (!r->expert || r->extra_state)
             continue;
+        const char **into = r->ndim == 2 ? names : biases; /* GATE, UP, DOWN = the biases' indices */
         if (r->recipe == CKPTFS_RECIPE_HALVES)
-            names[GATE] = r->hf[0], names[UP] = r->hf[1];
-        else if (r->recipe == CKPTFS_RECIPE_WHOLE && r->ndim == 2 && r->rows == CKPTFS_DIM_HIDDEN)
-            names[DOWN] = r->hf[0];
+            into[GATE] = r->hf[0], into[UP] = r->hf[1];
+        else if (r->recipe == CKPTFS_RECIPE_WHOLE && r->rows == CKPTFS_DIM_HIDDEN)
+            into[DOWN] = r->hf[0];
     }
     if (names[GATE] && names[DOWN])
         return true;
@@ -166,6 +172,64 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
     return true;
 }
 
+/* Adds expert E's bias vectors of layer L (NAMES: gate's, up's, down's) as pieces of the fused
+ * biases GATE_UP [E, 2F] (ordered as FORM's weight) and DOWN [E, H]. */
+static bool add_expert_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
+                              uint64_t l, uint64_t e, const char *const names[BIASES], const CkptfsTensor *gate_up,
+                              const CkptfsTensor *down, GError **error)
+{
+    size_t isz = ckptfs_dtype_size(gate_up->stored);
+    const CkptfsPiece *gp, *dp;
+    uint64_t gbase, dbase;
+    if (!expert_base(gate_up, e, &gp, &gbase, error) || !expert_base(down, e, &dp, &dbase, error))
+        return false;
+    uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : m->moe_ffn;
+    struct {
+        uint64_t offset, stride, rows;
+        const CkptfsPiece *in;
+        const CkptfsTensor *of;
+    } parts[BIASES] = {
+        {gbase, apart * isz, m->moe_ffn, gp, gate_up},
+        {gbase + up_first * isz, apart * isz, m->moe_ffn, gp, gate_up},
+        {dbase, isz, m->hidden, dp, down},
+    };
+    for (int p = 0; p < BIASES; p++) {
+        g_autofree char *name = layer_name(l, names[p], e);
+        uint64_t shape[1] = {parts[p].rows};
+        CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = 1, .src = parts[p].in->src,
+                             .offset = parts[p].offset, .row_stride = parts[p].stride};
+        if (!ckptfs_catalog_add_reshaped(catalog, name, parts[p].of->dtype, parts[p].of->stored, 1, shape, 0, &piece,
+                                         1, error))
+            return false;
+    }
+    return true;
+}
+
+/* Layer L's fused biases of FORM, [E, 2F] and [E, H], into *GATE_UP and *DOWN, for a family
+ * whose experts have biases (BIASES named): present with those shapes, or refused by name. */
+static bool layer_biases(const CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
+                         uint64_t l, const CkptfsTensor **gate_up, const CkptfsTensor **down, GError **error)
+{
+    const char *fused[2] = {form->gate_up_bias, form->down_bias};
+    uint64_t cols[2] = {2 * m->moe_ffn, m->hidden};
+    const CkptfsTensor **out[2] = {gate_up, down};
+    for (int i = 0; i < 2; i++) {
+        if (fused[i] == NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the experts fused as %s have no biases, which the "
+                               "%s rules need", form->name, m->arch->family->name);
+        g_autofree char *name = ckptfs_hf_layer_name(l, fused[i]);
+        const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+        if (t == NULL || t->ndim != 2 || t->shape[0] != m->experts || t->shape[1] != cols[i]) {
+            g_autofree char *shape = t ? shape_text(t) : NULL;
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert bias '%s' is %s; config.json implies [%"
+                               G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", name, t ? shape : "missing", m->experts,
+                               cols[i]);
+        }
+        *out[i] = t;
+    }
+    return true;
+}
+
 bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,
                                   const CkptfsFusedExperts *const *forms)
 {
@@ -184,7 +248,7 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
                                 const CkptfsFusedExperts *const *forms, unsigned *split, GError **error)
 {
     *split = 0;
-    const char *names[PROJECTIONS];
+    const char *names[PROJECTIONS], *biases[BIASES];
     if (forms == NULL || forms[0] == NULL || model->experts == 0)
         return true;
     g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
@@ -201,10 +265,12 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " has fused expert tensor '%s' "
                                "but not '%s'", l, gate_up ? gate_up_name : down_name,
                                gate_up ? down_name : gate_up_name);
-        if (*split == 0 && !expert_names(model->arch->family, names, error))
+        if (*split == 0 && !expert_names(model->arch->family, names, biases, error))
             return false;
         const CkptfsFusedExperts *form = layer_form(model, forms, gate_up, down, error);
-        if (form == NULL)
+        const CkptfsTensor *gate_up_bias = NULL, *down_bias = NULL;
+        if (form == NULL ||
+            (biases[GATE_BIAS] && !layer_biases(catalog, model, form, l, &gate_up_bias, &down_bias, error)))
             return false;
         for (uint64_t e = 0; e < model->experts; e++)
             for (int p = 0; p < PROJECTIONS; p++) {
@@ -214,10 +280,15 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
                                        "both fused ('%s') and one by one ('%s')", l, gate_up_name, name);
             }
         for (uint64_t e = 0; e < model->experts; e++)
-            if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error))
+            if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error) ||
+                (gate_up_bias && !add_expert_biases(catalog, model, form, l, e, biases, gate_up_bias, down_bias, error)))
                 return false;
         g_hash_table_add(fused, g_steal_pointer(&gate_up_name));
         g_hash_table_add(fused, g_steal_pointer(&down_name));
+        if (gate_up_bias) {
+            g_hash_table_add(fused, g_strdup(gate_up_bias->name));
+            g_hash_table_add(fused, g_strdup(down_bias->name));
+        }
         (*split)++;
     }
     ckptfs_catalog_remove(catalog, fused);
@@ -247,8 +318,8 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
     if (form->transposed && form->interleaved)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s cannot be made of per-expert pieces: "
                            "gate and up interleaved along a dimension the pieces are stored across", form->name);
-    const char *names[PROJECTIONS];
-    if (model->experts == 0 || !expert_names(model->arch->family, names, error))
+    const char *names[PROJECTIONS], *biases[BIASES];
+    if (model->experts == 0 || !expert_names(model->arch->family, names, biases, error))
         return model->experts == 0;
     uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
     g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);

@@ -68,6 +68,8 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->heads * m->v_head_dim;
     case CKPTFS_DIM_HIDDEN2:
         return 2 * m->hidden;
+    case CKPTFS_DIM_HEADS:
+        return m->heads;
     }
     return 0;
 }

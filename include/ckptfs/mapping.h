@@ -43,6 +43,7 @@ typedef enum {
     CKPTFS_DIM_MLA_KV_UP,   /* heads * (qk_head_dim + v_head_dim): keys and values per head */
     CKPTFS_DIM_MLA_OUT,     /* heads * v_head_dim: what linear_proj reads */
     CKPTFS_DIM_HIDDEN2,     /* 2 * hidden_size (an MTP layer's eh_proj reads two states) */
+    CKPTFS_DIM_HEADS,       /* attention heads (one attention sink each) */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -134,6 +135,8 @@ extern const CkptfsFamily ckptfs_family_deepseek; /* DeepSeek-V2/V3: MLA, dense-
                                                      experts, expert bias */
 extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention, DeepSeek-V3 MoE and MTP */
 extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers of their own names */
+extern const CkptfsFamily ckptfs_family_gpt_oss;  /* GPT-OSS: attention sinks, biases on every linear,
+                                                     every layer MoE with fused experts */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);
