@@ -17,6 +17,9 @@ const CkptfsFusedExperts ckptfs_fused_interleaved = {
 enum { GATE, UP, DOWN, PROJECTIONS };
 /* The experts' biases (families whose experts have them): gate's, up's, down's. */
 enum { GATE_BIAS, UP_BIAS, DOWN_BIAS, BIASES };
+/* Most pieces the fused tensors of one source are made of where each expert input column is a
+ * piece (transposed and interleaved: GPT-OSS's). */
+#define CKPTFS_MAX_JOINED_PIECES (1u << 21)
 
 /* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
  * family's routed experts: fc1's two halves, fc2. */
@@ -312,16 +315,65 @@ static CkptfsPiece fused_piece(const CkptfsPiece *p, size_t isz, bool transposed
     return q;
 }
 
+/* Layer L's per-expert biases (NAMES) as FORM's fused ones: gate_up's [E, 2F] seen as [E * F, 2]
+ * when interleaved (a row gate's and up's), down's [E, H]; each expert's vector a column of
+ * pieces. Their names are added to JOINED. */
+static bool join_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form, uint64_t l,
+                        const char *const names[BIASES], GHashTable *joined, GError **error)
+{
+    if (form->gate_up_bias == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the experts fused as %s have no biases, which the %s "
+                           "rules have", form->name, m->arch->family->name);
+    uint64_t e_count = m->experts, f = m->moe_ffn;
+    g_autoptr(GArray) gate_up = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+    g_autoptr(GArray) down = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+    const CkptfsTensor *first = NULL;
+    for (uint64_t e = 0; e < e_count; e++)
+        for (int p = 0; p < BIASES; p++) {
+            g_autofree char *name = layer_name(l, names[p], e);
+            const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+            uint64_t rows = p == DOWN_BIAS ? m->hidden : f;
+            if (t == NULL || t->ndim != 1 || t->shape[0] != rows || t->scale != NULL ||
+                (first && (t->dtype != first->dtype || t->stored != first->stored)))
+                return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "bias '%s' is %s; fused expert biases need it [%"
+                                   G_GUINT64_FORMAT "] of the others' type", name,
+                                   t == NULL ? "missing" : "of another shape or type", rows);
+            first = first ? first : t;
+            size_t isz = ckptfs_dtype_size(t->stored);
+            for (unsigned k = 0; k < t->npieces; k++) {
+                CkptfsPiece q;
+                if (p == DOWN_BIAS)
+                    q = fused_piece(&t->pieces[k], isz, true, e, 0);
+                else if (form->interleaved)
+                    q = fused_piece(&t->pieces[k], isz, false, e * f, p == UP_BIAS);
+                else
+                    q = fused_piece(&t->pieces[k], isz, true, e, p == UP_BIAS ? f : 0);
+                g_array_append_val(p == DOWN_BIAS ? down : gate_up, q);
+            }
+            g_hash_table_add(joined, g_steal_pointer(&name));
+        }
+    uint64_t gate_up_shape[2] = {e_count, 2 * f}, down_shape[2] = {e_count, m->hidden};
+    g_autofree char *gate_up_name = ckptfs_hf_layer_name(l, form->gate_up_bias);
+    g_autofree char *down_name = ckptfs_hf_layer_name(l, form->down_bias);
+    return ckptfs_catalog_add_reshaped(catalog, gate_up_name, first->dtype, first->stored, 2, gate_up_shape,
+                                       form->interleaved ? e_count * f : 0, (const CkptfsPiece *)(void *)gate_up->data,
+                                       gate_up->len, error) &&
+           ckptfs_catalog_add_reshaped(catalog, down_name, first->dtype, first->stored, 2, down_shape, 0,
+                                       (const CkptfsPiece *)(void *)down->data, down->len, error);
+}
+
 bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model, const CkptfsFusedExperts *form,
                                GError **error)
 {
-    if (form->transposed && form->interleaved)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s cannot be made of per-expert pieces: "
-                           "gate and up interleaved along a dimension the pieces are stored across", form->name);
     const char *names[PROJECTIONS], *biases[BIASES];
     if (model->experts == 0 || !expert_names(model->arch->family, names, biases, error))
         return model->experts == 0;
     uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
+    /* Transposed and interleaved (GPT-OSS), gate_up is seen as [E * H * F, 2]: a row is one
+     * (expert, input, output) place, its columns gate's and up's; an expert's input column of
+     * a piece is one piece of it, so the count is bounded. */
+    bool column_pieces = form->transposed && form->interleaved;
+    uint64_t joined_pieces = 0;
     g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (uint64_t l = 0; l < model->layers; l++) {
         if (!ckptfs_model_layer_is_moe(model, l))
@@ -358,14 +410,31 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                     row0 = e * 2 * f + (p == UP ? f : 0);
                 size_t isz = ckptfs_dtype_size(t->stored);
                 for (unsigned k = 0; k < t->npieces; k++) {
-                    CkptfsPiece q = fused_piece(&t->pieces[k], isz, form->transposed, row0, col0);
-                    g_array_append_val(pieces[p == DOWN], q);
+                    const CkptfsPiece *pc = &t->pieces[k];
+                    if (!column_pieces || p == DOWN) {
+                        CkptfsPiece q = fused_piece(pc, isz, form->transposed, row0, col0);
+                        g_array_append_val(pieces[p == DOWN], q);
+                        continue;
+                    }
+                    joined_pieces += pc->col1 - pc->col0;
+                    if (joined_pieces > CKPTFS_MAX_JOINED_PIECES)
+                        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s made of per-expert "
+                                           "tensors take a piece per expert input column: over %u pieces by layer "
+                                           "%" G_GUINT64_FORMAT " ('%s'); not served", form->name,
+                                           CKPTFS_MAX_JOINED_PIECES, l, name);
+                    for (uint64_t i = pc->col0; i < pc->col1; i++) {
+                        uint64_t at = ((e * h + i) * f);
+                        CkptfsPiece q = {.row0 = at + pc->row0, .row1 = at + pc->row1, .col0 = p == UP,
+                                         .col1 = (p == UP) + 1u, .src = pc->src, .row_stride = pc->row_stride,
+                                         .offset = pc->offset + (i - pc->col0) * (pc->col_stride ? pc->col_stride : isz)};
+                        g_array_append_val(pieces[0], q);
+                    }
                 }
                 g_hash_table_add(joined, g_steal_pointer(&name));
             }
         uint64_t gate_up_shape[3] = {e_count, form->transposed ? h : 2 * f, form->transposed ? 2 * f : h};
         uint64_t down_shape[3] = {e_count, form->transposed ? f : h, form->transposed ? h : f};
-        uint64_t gate_up_rows = e_count * (form->transposed ? h : form->interleaved ? f : 2 * f);
+        uint64_t gate_up_rows = e_count * (column_pieces ? h * f : form->transposed ? h : form->interleaved ? f : 2 * f);
         uint64_t down_rows = e_count * (form->transposed ? f : h);
         g_autofree char *gate_up = ckptfs_hf_layer_name(l, form->gate_up);
         g_autofree char *down = ckptfs_hf_layer_name(l, form->down);
@@ -373,6 +442,8 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                                          (const CkptfsPiece *)(void *)pieces[0]->data, pieces[0]->len, error) ||
             !ckptfs_catalog_add_reshaped(catalog, down, first->dtype, first->stored, 3, down_shape, down_rows,
                                          (const CkptfsPiece *)(void *)pieces[1]->data, pieces[1]->len, error))
+            return false;
+        if (biases[GATE_BIAS] && !join_biases(catalog, model, form, l, biases, joined, error))
             return false;
     }
     ckptfs_catalog_remove(catalog, joined);

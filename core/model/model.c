@@ -69,7 +69,7 @@ static const CkptfsArchitecture mimo = {"MiMoForCausalLM", "mimo", true, false, 
  * 150000, a window of 128 on every other layer (layer_types) */
 static const CkptfsFusedExperts *const gpt_oss_fused[] = {&ckptfs_fused_interleaved, NULL};
 static const CkptfsMoeConfig gpt_oss_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true,
-                                            .fused_forms = gpt_oss_fused};
+                                            .fused_forms = gpt_oss_fused, .hf_form = &ckptfs_fused_interleaved};
 static const CkptfsArchitecture gpt_oss = {"GptOssForCausalLM", "gpt_oss", true, false, &ckptfs_family_gpt_oss,
                                            &gpt_oss_moe, false, 150000, 1e-5, .sliding_window = 128,
                                            .kv_heads = 8, .head_dim = 64, .max_positions = 131072,

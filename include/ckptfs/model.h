@@ -30,6 +30,9 @@ typedef struct {
     /* The fused forms (fused.h) its Hugging Face checkpoints may hold the experts in, NULL-
      * terminated; NULL: per expert only */
     const struct CkptfsFusedExperts *const *fused_forms;
+    /* The form its Hugging Face class reads its experts in and nothing else (GPT-OSS): hf/ of a
+     * source held per expert (a Megatron one) serves them fused so; NULL: per expert */
+    const struct CkptfsFusedExperts *hf_form;
 } CkptfsMoeConfig;
 
 typedef struct {
