@@ -142,6 +142,16 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
                        const CkptfsTensor *down, GError **error)
 {
     uint64_t h = m->hidden, f = m->moe_ffn;
+    if (gate_up->mxfp4 && down->mxfp4 && form->transposed) {
+        /* MXFP4 (GPT-OSS's releases): stored [E, out, in] and served transposed, so an expert's
+         * projection is a run of stored rows, every other one for gate and up interleaved */
+        uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : f;
+        g_autofree char *gate = layer_name(l, names[GATE], e), *up = layer_name(l, names[UP], e);
+        g_autofree char *down_name = layer_name(l, names[DOWN], e);
+        return ckptfs_catalog_add_mxfp4_rows(catalog, gate, gate_up, e * 2 * f, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, up, gate_up, e * 2 * f + up_first, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, down_name, down, e * h, 1, h, error);
+    }
     size_t isz = ckptfs_dtype_size(gate_up->stored);
     const CkptfsPiece *gp, *dp;
     uint64_t gbase, dbase;

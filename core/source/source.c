@@ -389,6 +389,11 @@ static void join_fused_experts(CkptfsSource *source)
     const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
     if (arch == NULL || arch->moe == NULL || arch->moe->hf_form == NULL)
         return;
+    bool per_expert = false; /* a Hugging Face source keeps its own form (MXFP4 blocks too) */
+    for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog) && !per_expert; i++)
+        per_expert = strstr(ckptfs_catalog_at(source->catalog, i)->name, ".mlp.experts.0.") != NULL;
+    if (!per_expert)
+        return;
     g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
     model->arch = arch;
     GError *error = NULL;

@@ -38,6 +38,20 @@ else
   ok 1 "mount the GPT-OSS with its layouts"
 fi
 
+# The MXFP4 copy (blocks and scales as the release holds them): the Megatron views dequantise
+# the experts per expert; checked against the bridge's conversion of transformers' own
+# dequantisation (mxfp4-ref) and its logits.
+mx=$WORK/mnt-mxfp4
+if mount_ckptfs "$models/mxfp4" "$mx" -o layouts=tp2pp1ep2:tp1pp2vpp2; then
+  for l in tp2pp1ep2 tp1pp2vpp2; do
+    check "mxfp4 $l: every expert = the bridge's of transformers' dequantisation, bit for bit; forward = transformers" \
+      $PY "$ref" check "$models/mxfp4-ref" "$mx/$l" "$l"
+  done
+  check "mxfp4: hf/ still passes the blocks and scales through" cmp "$models/mxfp4/model.safetensors" "$mx/hf/model.safetensors"
+else
+  ok 1 "mount the MXFP4 GPT-OSS with its layouts"
+fi
+
 # HF -> tp2pp1ep2 -> mounted as a source -> hf/: the same tensors bit for bit (the experts fused
 # and interleaved again), and transformers 5 loads it with the same logits.
 m1=$WORK/rt m2=$WORK/rt-back
@@ -60,5 +74,6 @@ refused() {
 }
 refused layer-types "layer_types entry 0 is 'full_attention': Megatron's window_attn_skip_freq 2 has sliding_attention there"
 refused no-bias "attention_bias is false: GptOssForCausalLM's Megatron form (add_bias_linear)"
+src=$models/mxfp4 refused mxfp4-scales "MXFP4 scales 'model.layers.1.mlp.experts.down_proj_scales' are U8 [4, 64, 2]: blocks 'model.layers.1.mlp.experts.down_proj_blocks' [4, 64, 3, 16] need U8 [4, 64, 3]"
 refused experts-dim "fused expert tensor 'model.layers.0.mlp.experts.gate_up_proj' is [4, 64, 192]: it must be 3-dimensional, its first dimension the 2 experts config.json gives"
 done_testing

@@ -9,7 +9,10 @@ ckptfs's code.
 
   gptoss_reference.py build OUT       (in the sid root: transformers 5.12.1)
       OUT/bf16: a tiny GPT-OSS (4 layers, window 8 on layers 0 and 2) saved bf16 by
-      save_pretrained; OUT/bf16.logits.json: transformers' float32 logits on TOKENS.
+      save_pretrained; OUT/mxfp4: the same with random MXFP4 experts written as the release
+      holds them (gpt_oss.py's form); OUT/mxfp4-ref: that model with the experts dequantised by
+      transformers (convert_moe_packed_tensors), in the bf16 form; OUT/NAME.logits.json:
+      transformers' float32 logits on TOKENS of bf16 and mxfp4-ref.
   gptoss_reference.py check SRC VIEW LAYOUT [--torch2]
       every rank file of VIEW (a Megatron view of SRC) loads (torch 1.13; torch 2.6 with
       weights_only and mmap with --torch2); the file set is Megatron's for LAYOUT; the args are
@@ -22,7 +25,8 @@ ckptfs's code.
   gptoss_reference.py logits ORIG HF_DIR   (in the sid root)
       transformers 5 loads HF_DIR (config.json as written there) and gives ORIG's logits.
   gptoss_reference.py bad SRC OUT KIND
-      a copy of SRC that ckptfs must refuse by name (KIND: layer-types, experts-dim, no-bias).
+      a copy of SRC that ckptfs must refuse by name (KIND: layer-types, experts-dim, no-bias,
+      mxfp4-scales).
 """
 import argparse
 import json
@@ -55,13 +59,35 @@ def build(out):
         for p in model.parameters():
             p.normal_(0, 0.3 if p.dim() == 1 else 0.05)
     model.to(torch.bfloat16).save_pretrained(f"{out}/bf16")
-    back = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/bf16", dtype=torch.float32,
-                                                            attn_implementation="eager")
-    back.eval()
-    with torch.no_grad():
-        logits = back(torch.tensor(TOKENS)[None]).logits[0]
-    with open(f"{out}/bf16.logits.json", "w") as f:
-        json.dump({"tokens": TOKENS.tolist(), "logits": logits.tolist()}, f)
+    # The MXFP4 copy as the release holds it (gpt_oss.py's form), and its reference: the same
+    # model with transformers' own dequantisation of the experts, in the bf16 form.
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    import gpt_oss
+    saved = load_file(f"{out}/bf16/model.safetensors")
+    config = json.load(open(f"{out}/bf16/config.json"))
+    gen = torch.Generator().manual_seed(1)
+    mx, ref = {}, {}
+    for k, v in saved.items():
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            e, rows_in, cols_out = v.shape
+            mx[k + "_blocks"] = torch.randint(0, 256, (e, cols_out, rows_in // 32, 16), generator=gen,
+                                              dtype=torch.uint8)
+            mx[k + "_scales"] = torch.randint(118, 126, (e, cols_out, rows_in // 32), generator=gen,
+                                              dtype=torch.uint8)
+            ref[k] = convert_moe_packed_tensors(mx[k + "_blocks"], mx[k + "_scales"]).to(torch.bfloat16)
+        else:
+            mx[k] = ref[k] = v
+    gpt_oss.write(f"{out}/mxfp4", mx, dict(config, quantization_config=gpt_oss.QUANT))
+    gpt_oss.write(f"{out}/mxfp4-ref", ref, config)
+    for name in ("bf16", "mxfp4-ref"):
+        back = transformers.AutoModelForCausalLM.from_pretrained(f"{out}/{name}", dtype=torch.float32,
+                                                                attn_implementation="eager")
+        back.eval()
+        with torch.no_grad():
+            logits = back(torch.tensor(TOKENS)[None]).logits[0]
+        with open(f"{out}/{name}.logits.json", "w") as f:
+            json.dump({"tokens": TOKENS.tolist(), "logits": logits.tolist()}, f)
     print("built", out)
 
 
@@ -380,6 +406,16 @@ def bad(src, out, kind):
         cfg["attention_bias"] = False
     elif kind == "experts-dim":
         cfg["num_local_experts"] = cfg["num_local_experts"] // 2
+    elif kind == "mxfp4-scales":  # layer 1's down_proj scales a group short
+        path = os.path.join(out, "model.safetensors")
+        tensors, _ = models.read_safetensors(path)
+        named = {}
+        for name, (dtype, shape, raw) in tensors.items():
+            a = np.frombuffer(raw, dtype=np.uint16 if dtype == "BF16" else np.uint8).reshape(shape)
+            if name == "model.layers.1.mlp.experts.down_proj_scales":
+                a = a[..., :-1]
+            named[name] = (dtype, a)
+        models.write_safetensors(path, named)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
 
 
