@@ -55,10 +55,17 @@ fi
 # HF -> tp2pp1ep2 -> mounted as a source -> hf/: the same tensors bit for bit (the experts fused
 # and interleaved again), and transformers 5 loads it with the same logits.
 m1=$WORK/rt m2=$WORK/rt-back
-if mount_ckptfs "$src" "$m1" -o layouts=tp2pp1ep2 && mount_ckptfs "$m1/tp2pp1ep2" "$m2"; then
+if mount_ckptfs "$src" "$m1" -o layouts=tp2pp1ep2:tp1pp1 && mount_ckptfs "$m1/tp2pp1ep2" "$m2"; then
   check "tp2pp1ep2 -> hf/: every tensor bit-identical to the source's" $PY "$ref" same "$src" "$m2/hf"
   check "tp2pp1ep2 -> hf/: transformers 5 loads it with the source's logits" \
     sid_python "$WORK" "$ref" logits "$src" "$m2/hf"
+  # A Megatron GPT-OSS read as another architecture, or args without the sinks: refused by name.
+  for k in "as-mixtral:args.add_bias_linear disagrees with MixtralForCausalLM, which has none of GPT-OSS's" \
+           "vanilla-softmax:args.softmax_type disagrees with GptOssForCausalLM, which has all of GPT-OSS's"; do
+    $PY "$ref" bad-megatron "$m1/tp1pp1" "$WORK/meg-${k%%:*}" "${k%%:*}"
+    "$CKPTFS" inspect "$WORK/meg-${k%%:*}" > "$WORK/out" 2>&1 || true
+    check "Megatron ${k%%:*}: refused, saying: ${k#*:}" grep -qF -- "${k#*:}" "$WORK/out"
+  done
 else
   ok 1 "tp2pp1ep2 mounted as a source"
 fi

@@ -24,6 +24,8 @@ ckptfs's code.
       HF_DIR's tensors are ORIG's, bit for bit.
   gptoss_reference.py logits ORIG HF_DIR   (in the sid root)
       transformers 5 loads HF_DIR (config.json as written there) and gives ORIG's logits.
+  gptoss_reference.py bad-megatron VIEW OUT KIND    (torch 1.13)
+      a copy of a tp1pp1 view whose args disagree with GPT-OSS (KIND: as-mixtral, vanilla-softmax).
   gptoss_reference.py bad SRC OUT KIND
       a copy of SRC that ckptfs must refuse by name (KIND: layer-types, experts-dim, no-bias,
       mxfp4-scales).
@@ -397,6 +399,20 @@ def logits(orig, hf_dir):
     sys.exit(0 if diff == 0 else 1)
 
 
+def bad_megatron(view, out, kind):
+    """A copy of Megatron view VIEW (one rank file) whose args disagree with GPT-OSS (KIND:
+    as-mixtral names Mixtral, vanilla-softmax drops the sinks from the args)."""
+    import torch
+    shutil.copytree(view, out)
+    path = os.path.join(out, "release", "mp_rank_00", "model_optim_rng.pt")
+    sd = torch.load(path, map_location="cpu")
+    if kind == "as-mixtral":
+        sd["args"].hf_architecture = "MixtralForCausalLM"
+    elif kind == "vanilla-softmax":
+        sd["args"].softmax_type = "vanilla"
+    torch.save(sd, path)
+
+
 def bad(src, out, kind):
     shutil.copytree(src, out)
     cfg = json.load(open(os.path.join(out, "config.json")))
@@ -431,3 +447,5 @@ if __name__ == "__main__":
         logits(*sys.argv[2:4])
     elif cmd == "bad":
         bad(*sys.argv[2:5])
+    elif cmd == "bad-megatron":
+        bad_megatron(*sys.argv[2:5])
