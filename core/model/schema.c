@@ -239,7 +239,7 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
         return g_strdup("silu");
     case CKPTFS_FIELD_WINDOW:
         if (m->window > 0)
-            return g_strdup_printf("%" G_GUINT64_FORMAT " (window_attn_skip_freq %" G_GUINT64_FORMAT ": full attention there)",
+            return g_strdup_printf("%" G_GUINT64_FORMAT " (one full-attention layer in %" G_GUINT64_FORMAT ")",
                                    m->window, m->window_skip_freq);
         return g_strdup("none");
     case CKPTFS_FIELD_TOKEN_ID:

@@ -33,7 +33,7 @@ if mount_ckptfs "$src" "$mnt" -o "layouts=$(echo $layouts | tr ' ' ':')"; then
   done
   "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1
   check "inspect: gpt_oss rules, sinks, clamped GLU, the window pattern, YaRN untruncated" \
-    grep -q "sinks=learnable glu_clamp=7 .*sliding_window=8 (window_attn_skip_freq 2: full attention there) rope_type=yarn .*yarn_truncate=false" "$WORK/inspect"
+    grep -q "sinks=learnable glu_clamp=7 .*sliding_window=8 (one full-attention layer in 2) rope_type=yarn .*yarn_truncate=false" "$WORK/inspect"
 else
   ok 1 "mount the GPT-OSS with its layouts"
 fi
