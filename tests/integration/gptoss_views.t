@@ -22,15 +22,31 @@ src=$models/bf16
 
 layouts="tp2pp1 tp1pp2vpp2 tp1pp1ep4 tp2pp2ep2"
 mnt=$WORK/mnt
-if mount_ckptfs "$src" "$mnt" -o "layouts=$(echo $layouts | tr ' ' ':')"; then
+if mount_ckptfs "$src" "$mnt" -o "layouts=$(echo $layouts tp1pp1 | tr ' ' ':')"; then
   for l in $layouts; do
     check "$l: torch 1.13 loads every rank file; bridge args, names and bytes; Megatron forward = transformers" \
       $PY "$ref" check "$src" "$mnt/$l" "$l"
-    if ((have2)); then
+    if ((have2)) && [[ $l == *pp2* ]]; then # PP+VPP and TP+PP+EP: torch 2.6's loader on both file sets
       check "$l: torch 2.6 (weights_only) loads every rank file, same checks" \
         torch2_python "$WORK" "$ref" check "$src" "$mnt/$l" "$l" --torch2
     fi
   done
+  # mcore/ (torch_dist: every layer MoE, so keys stacked [L, ...], experts [L, E, ...]) loaded
+  # with torch.distributed.checkpoint equals the tp1pp1 rank file, checked as the others.
+  check "tp1pp1: torch 1.13 loads it; bridge args, names and bytes; Megatron forward = transformers" \
+    $PY "$ref" check "$src" "$mnt/tp1pp1" tp1pp1
+  if ((have2)); then
+    check "mcore/: dcp.load of every key = the tp1pp1 rank file" torch2_python "$WORK" \
+      "$TESTS_TOP/tests/lib/deepseek_dcp.py" check "$mnt/mcore/release" "$mnt/tp1pp1/release/mp_rank_00/model_optim_rng.pt"
+  else
+    skip "mcore/ DCP load: $TORCH2_WHY"
+  fi
+  back=$WORK/mcore-back
+  if mount_ckptfs "$mnt/mcore" "$back"; then
+    check "mcore/ -> hf/: every tensor bit-identical to the source's" $PY "$ref" same "$src" "$back/hf"
+  else
+    ok 1 "mcore/ mounted as a source"
+  fi
   "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1
   check "inspect: gpt_oss rules, sinks, clamped GLU, the window pattern, YaRN untruncated" \
     grep -q "sinks=learnable glu_clamp=7 .*sliding_window=8 (one full-attention layer in 2) rope_type=yarn .*yarn_truncate=false" "$WORK/inspect"
