@@ -258,6 +258,30 @@ const CkptfsTensor *ckptfs_catalog_add_mxfp4(CkptfsCatalog *catalog, const char 
     return tensor_insert(catalog, t);
 }
 
+const CkptfsTensor *ckptfs_catalog_add_mxfp4_rows(CkptfsCatalog *catalog, const char *name, const CkptfsTensor *from,
+                                                  uint64_t row0, uint64_t row_step, uint64_t rows, GError **error)
+{
+    const CkptfsMxfp4 *m = from->mxfp4;
+    uint64_t stored_rows = from->shape[0] * from->shape[2]; /* E x R of the served [E, C, R] */
+    if (m == NULL || !m->transposed || rows == 0 || row_step == 0 || row0 >= stored_rows ||
+        (rows - 1) > (stored_rows - 1 - row0) / row_step) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s': %" G_GUINT64_FORMAT " rows from stored row %"
+                    G_GUINT64_FORMAT " every %" G_GUINT64_FORMAT " are not within MXFP4 tensor '%s'", name, rows, row0,
+                    row_step, from->name);
+        return NULL;
+    }
+    if (g_hash_table_contains(catalog->by_name, name)) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' is given twice", name);
+        return NULL;
+    }
+    uint64_t shape[2] = {rows, m->cols};
+    CkptfsTensor *t = tensor_new(name, CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_U8, 2, shape, rows, m->cols);
+    t->mxfp4 = g_new0(CkptfsMxfp4, 1);
+    *t->mxfp4 = (CkptfsMxfp4){.blocks_src = m->blocks_src, .blocks_base = m->blocks_base, .scales_src = m->scales_src,
+                              .scales_base = m->scales_base, .cols = m->cols, .row0 = row0, .row_step = row_step};
+    return tensor_insert(catalog, t);
+}
+
 void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names)
 {
     guint kept = 0;

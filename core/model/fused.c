@@ -11,23 +11,32 @@ const CkptfsFusedExperts ckptfs_fused_transposed = {
     .transposed = true};
 const CkptfsFusedExperts ckptfs_fused_interleaved = {
     .name = "[E, H, 2F] with gate and up interleaved, and [E, F, H]", .gate_up = "mlp.experts.gate_up_proj",
-    .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true};
+    .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true,
+    .gate_up_bias = "mlp.experts.gate_up_proj_bias", .down_bias = "mlp.experts.down_proj_bias"};
 
 enum { GATE, UP, DOWN, PROJECTIONS };
+/* The experts' biases (families whose experts have them): gate's, up's, down's. */
+enum { GATE_BIAS, UP_BIAS, DOWN_BIAS, BIASES };
+/* Most pieces the fused tensors of one source are made of where each expert input column is a
+ * piece (transposed and interleaved: GPT-OSS's). */
+#define CKPTFS_MAX_JOINED_PIECES (1u << 21)
 
 /* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
  * family's routed experts: fc1's two halves, fc2. */
-static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], GError **error)
+static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], const char *biases[BIASES],
+                         GError **error)
 {
     names[GATE] = names[UP] = names[DOWN] = NULL;
+    biases[GATE_BIAS] = biases[UP_BIAS] = biases[DOWN_BIAS] = NULL;
     for (unsigned i = 0; i < family->n_rules; i++) {
         const CkptfsRule *r = &family->rules[i];
         if (!r->expert || r->extra_state)
             continue;
+        const char **into = r->ndim == 2 ? names : biases; /* GATE, UP, DOWN = the biases' indices */
         if (r->recipe == CKPTFS_RECIPE_HALVES)
-            names[GATE] = r->hf[0], names[UP] = r->hf[1];
-        else if (r->recipe == CKPTFS_RECIPE_WHOLE && r->ndim == 2 && r->rows == CKPTFS_DIM_HIDDEN)
-            names[DOWN] = r->hf[0];
+            into[GATE] = r->hf[0], into[UP] = r->hf[1];
+        else if (r->recipe == CKPTFS_RECIPE_WHOLE && r->rows == CKPTFS_DIM_HIDDEN)
+            into[DOWN] = r->hf[0];
     }
     if (names[GATE] && names[DOWN])
         return true;
@@ -133,6 +142,16 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
                        const CkptfsTensor *down, GError **error)
 {
     uint64_t h = m->hidden, f = m->moe_ffn;
+    if (gate_up->mxfp4 && down->mxfp4 && form->transposed) {
+        /* MXFP4 (GPT-OSS's releases): stored [E, out, in] and served transposed, so an expert's
+         * projection is a run of stored rows, every other one for gate and up interleaved */
+        uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : f;
+        g_autofree char *gate = layer_name(l, names[GATE], e), *up = layer_name(l, names[UP], e);
+        g_autofree char *down_name = layer_name(l, names[DOWN], e);
+        return ckptfs_catalog_add_mxfp4_rows(catalog, gate, gate_up, e * 2 * f, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, up, gate_up, e * 2 * f + up_first, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, down_name, down, e * h, 1, h, error);
+    }
     size_t isz = ckptfs_dtype_size(gate_up->stored);
     const CkptfsPiece *gp, *dp;
     uint64_t gbase, dbase;
@@ -166,6 +185,64 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
     return true;
 }
 
+/* Adds expert E's bias vectors of layer L (NAMES: gate's, up's, down's) as pieces of the fused
+ * biases GATE_UP [E, 2F] (ordered as FORM's weight) and DOWN [E, H]. */
+static bool add_expert_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
+                              uint64_t l, uint64_t e, const char *const names[BIASES], const CkptfsTensor *gate_up,
+                              const CkptfsTensor *down, GError **error)
+{
+    size_t isz = ckptfs_dtype_size(gate_up->stored);
+    const CkptfsPiece *gp, *dp;
+    uint64_t gbase, dbase;
+    if (!expert_base(gate_up, e, &gp, &gbase, error) || !expert_base(down, e, &dp, &dbase, error))
+        return false;
+    uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : m->moe_ffn;
+    struct {
+        uint64_t offset, stride, rows;
+        const CkptfsPiece *in;
+        const CkptfsTensor *of;
+    } parts[BIASES] = {
+        {gbase, apart * isz, m->moe_ffn, gp, gate_up},
+        {gbase + up_first * isz, apart * isz, m->moe_ffn, gp, gate_up},
+        {dbase, isz, m->hidden, dp, down},
+    };
+    for (int p = 0; p < BIASES; p++) {
+        g_autofree char *name = layer_name(l, names[p], e);
+        uint64_t shape[1] = {parts[p].rows};
+        CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = 1, .src = parts[p].in->src,
+                             .offset = parts[p].offset, .row_stride = parts[p].stride};
+        if (!ckptfs_catalog_add_reshaped(catalog, name, parts[p].of->dtype, parts[p].of->stored, 1, shape, 0, &piece,
+                                         1, error))
+            return false;
+    }
+    return true;
+}
+
+/* Layer L's fused biases of FORM, [E, 2F] and [E, H], into *GATE_UP and *DOWN, for a family
+ * whose experts have biases (BIASES named): present with those shapes, or refused by name. */
+static bool layer_biases(const CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
+                         uint64_t l, const CkptfsTensor **gate_up, const CkptfsTensor **down, GError **error)
+{
+    const char *fused[2] = {form->gate_up_bias, form->down_bias};
+    uint64_t cols[2] = {2 * m->moe_ffn, m->hidden};
+    const CkptfsTensor **out[2] = {gate_up, down};
+    for (int i = 0; i < 2; i++) {
+        if (fused[i] == NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the experts fused as %s have no biases, which the "
+                               "%s rules need", form->name, m->arch->family->name);
+        g_autofree char *name = ckptfs_hf_layer_name(l, fused[i]);
+        const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+        if (t == NULL || t->ndim != 2 || t->shape[0] != m->experts || t->shape[1] != cols[i]) {
+            g_autofree char *shape = t ? shape_text(t) : NULL;
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert bias '%s' is %s; config.json implies [%"
+                               G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", name, t ? shape : "missing", m->experts,
+                               cols[i]);
+        }
+        *out[i] = t;
+    }
+    return true;
+}
+
 bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,
                                   const CkptfsFusedExperts *const *forms)
 {
@@ -184,7 +261,7 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
                                 const CkptfsFusedExperts *const *forms, unsigned *split, GError **error)
 {
     *split = 0;
-    const char *names[PROJECTIONS];
+    const char *names[PROJECTIONS], *biases[BIASES];
     if (forms == NULL || forms[0] == NULL || model->experts == 0)
         return true;
     g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
@@ -201,10 +278,12 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " has fused expert tensor '%s' "
                                "but not '%s'", l, gate_up ? gate_up_name : down_name,
                                gate_up ? down_name : gate_up_name);
-        if (*split == 0 && !expert_names(model->arch->family, names, error))
+        if (*split == 0 && !expert_names(model->arch->family, names, biases, error))
             return false;
         const CkptfsFusedExperts *form = layer_form(model, forms, gate_up, down, error);
-        if (form == NULL)
+        const CkptfsTensor *gate_up_bias = NULL, *down_bias = NULL;
+        if (form == NULL ||
+            (biases[GATE_BIAS] && !layer_biases(catalog, model, form, l, &gate_up_bias, &down_bias, error)))
             return false;
         for (uint64_t e = 0; e < model->experts; e++)
             for (int p = 0; p < PROJECTIONS; p++) {
@@ -214,10 +293,15 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
                                        "both fused ('%s') and one by one ('%s')", l, gate_up_name, name);
             }
         for (uint64_t e = 0; e < model->experts; e++)
-            if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error))
+            if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error) ||
+                (gate_up_bias && !add_expert_biases(catalog, model, form, l, e, biases, gate_up_bias, down_bias, error)))
                 return false;
         g_hash_table_add(fused, g_steal_pointer(&gate_up_name));
         g_hash_table_add(fused, g_steal_pointer(&down_name));
+        if (gate_up_bias) {
+            g_hash_table_add(fused, g_strdup(gate_up_bias->name));
+            g_hash_table_add(fused, g_strdup(down_bias->name));
+        }
         (*split)++;
     }
     ckptfs_catalog_remove(catalog, fused);
@@ -241,16 +325,65 @@ static CkptfsPiece fused_piece(const CkptfsPiece *p, size_t isz, bool transposed
     return q;
 }
 
+/* Layer L's per-expert biases (NAMES) as FORM's fused ones: gate_up's [E, 2F] seen as [E * F, 2]
+ * when interleaved (a row gate's and up's), down's [E, H]; each expert's vector a column of
+ * pieces. Their names are added to JOINED. */
+static bool join_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form, uint64_t l,
+                        const char *const names[BIASES], GHashTable *joined, GError **error)
+{
+    if (form->gate_up_bias == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the experts fused as %s have no biases, which the %s "
+                           "rules have", form->name, m->arch->family->name);
+    uint64_t e_count = m->experts, f = m->moe_ffn;
+    g_autoptr(GArray) gate_up = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+    g_autoptr(GArray) down = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
+    const CkptfsTensor *first = NULL;
+    for (uint64_t e = 0; e < e_count; e++)
+        for (int p = 0; p < BIASES; p++) {
+            g_autofree char *name = layer_name(l, names[p], e);
+            const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+            uint64_t rows = p == DOWN_BIAS ? m->hidden : f;
+            if (t == NULL || t->ndim != 1 || t->shape[0] != rows || t->scale != NULL ||
+                (first && (t->dtype != first->dtype || t->stored != first->stored)))
+                return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "bias '%s' is %s; fused expert biases need it [%"
+                                   G_GUINT64_FORMAT "] of the others' type", name,
+                                   t == NULL ? "missing" : "of another shape or type", rows);
+            first = first ? first : t;
+            size_t isz = ckptfs_dtype_size(t->stored);
+            for (unsigned k = 0; k < t->npieces; k++) {
+                CkptfsPiece q;
+                if (p == DOWN_BIAS)
+                    q = fused_piece(&t->pieces[k], isz, true, e, 0);
+                else if (form->interleaved)
+                    q = fused_piece(&t->pieces[k], isz, false, e * f, p == UP_BIAS);
+                else
+                    q = fused_piece(&t->pieces[k], isz, true, e, p == UP_BIAS ? f : 0);
+                g_array_append_val(p == DOWN_BIAS ? down : gate_up, q);
+            }
+            g_hash_table_add(joined, g_steal_pointer(&name));
+        }
+    uint64_t gate_up_shape[2] = {e_count, 2 * f}, down_shape[2] = {e_count, m->hidden};
+    g_autofree char *gate_up_name = ckptfs_hf_layer_name(l, form->gate_up_bias);
+    g_autofree char *down_name = ckptfs_hf_layer_name(l, form->down_bias);
+    return ckptfs_catalog_add_reshaped(catalog, gate_up_name, first->dtype, first->stored, 2, gate_up_shape,
+                                       form->interleaved ? e_count * f : 0, (const CkptfsPiece *)(void *)gate_up->data,
+                                       gate_up->len, error) &&
+           ckptfs_catalog_add_reshaped(catalog, down_name, first->dtype, first->stored, 2, down_shape, 0,
+                                       (const CkptfsPiece *)(void *)down->data, down->len, error);
+}
+
 bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model, const CkptfsFusedExperts *form,
                                GError **error)
 {
-    if (form->transposed && form->interleaved)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s cannot be made of per-expert pieces: "
-                           "gate and up interleaved along a dimension the pieces are stored across", form->name);
-    const char *names[PROJECTIONS];
-    if (model->experts == 0 || !expert_names(model->arch->family, names, error))
+    const char *names[PROJECTIONS], *biases[BIASES];
+    if (model->experts == 0 || !expert_names(model->arch->family, names, biases, error))
         return model->experts == 0;
     uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
+    /* Transposed and interleaved (GPT-OSS), gate_up is seen as [E * H * F, 2]: a row is one
+     * (expert, input, output) place, its columns gate's and up's; an expert's input column of
+     * a piece is one piece of it, so the count is bounded. */
+    bool column_pieces = form->transposed && form->interleaved;
+    uint64_t joined_pieces = 0;
     g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (uint64_t l = 0; l < model->layers; l++) {
         if (!ckptfs_model_layer_is_moe(model, l))
@@ -287,14 +420,31 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                     row0 = e * 2 * f + (p == UP ? f : 0);
                 size_t isz = ckptfs_dtype_size(t->stored);
                 for (unsigned k = 0; k < t->npieces; k++) {
-                    CkptfsPiece q = fused_piece(&t->pieces[k], isz, form->transposed, row0, col0);
-                    g_array_append_val(pieces[p == DOWN], q);
+                    const CkptfsPiece *pc = &t->pieces[k];
+                    if (!column_pieces || p == DOWN) {
+                        CkptfsPiece q = fused_piece(pc, isz, form->transposed, row0, col0);
+                        g_array_append_val(pieces[p == DOWN], q);
+                        continue;
+                    }
+                    joined_pieces += pc->col1 - pc->col0;
+                    if (joined_pieces > CKPTFS_MAX_JOINED_PIECES)
+                        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s made of per-expert "
+                                           "tensors take a piece per expert input column: over %u pieces by layer "
+                                           "%" G_GUINT64_FORMAT " ('%s'); not served", form->name,
+                                           CKPTFS_MAX_JOINED_PIECES, l, name);
+                    for (uint64_t i = pc->col0; i < pc->col1; i++) {
+                        uint64_t at = ((e * h + i) * f);
+                        CkptfsPiece q = {.row0 = at + pc->row0, .row1 = at + pc->row1, .col0 = p == UP,
+                                         .col1 = (p == UP) + 1u, .src = pc->src, .row_stride = pc->row_stride,
+                                         .offset = pc->offset + (i - pc->col0) * (pc->col_stride ? pc->col_stride : isz)};
+                        g_array_append_val(pieces[0], q);
+                    }
                 }
                 g_hash_table_add(joined, g_steal_pointer(&name));
             }
         uint64_t gate_up_shape[3] = {e_count, form->transposed ? h : 2 * f, form->transposed ? 2 * f : h};
         uint64_t down_shape[3] = {e_count, form->transposed ? f : h, form->transposed ? h : f};
-        uint64_t gate_up_rows = e_count * (form->transposed ? h : form->interleaved ? f : 2 * f);
+        uint64_t gate_up_rows = e_count * (column_pieces ? h * f : form->transposed ? h : form->interleaved ? f : 2 * f);
         uint64_t down_rows = e_count * (form->transposed ? f : h);
         g_autofree char *gate_up = ckptfs_hf_layer_name(l, form->gate_up);
         g_autofree char *down = ckptfs_hf_layer_name(l, form->down);
@@ -302,6 +452,8 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                                          (const CkptfsPiece *)(void *)pieces[0]->data, pieces[0]->len, error) ||
             !ckptfs_catalog_add_reshaped(catalog, down, first->dtype, first->stored, 3, down_shape, down_rows,
                                          (const CkptfsPiece *)(void *)pieces[1]->data, pieces[1]->len, error))
+            return false;
+        if (biases[GATE_BIAS] && !join_biases(catalog, model, form, l, biases, joined, error))
             return false;
     }
     ckptfs_catalog_remove(catalog, joined);

@@ -359,6 +359,45 @@ static const CkptfsRule qwen2_5_vl_vision_rules[] = {
     VISION_EXTRA(CKPTFS_SCOPE_LAST, "projection.encoder.linear_fc2._extra_state", 7),
 };
 
+/* GPT-OSS (GptOssForCausalLM; Megatron-Bridge's gpt_oss names): q/k/v with biases, one
+ * attention sink per head (Megatron's learnable softmax offset, split by heads with them), a bias
+ * on every linear layer (add_bias_linear: row-parallel biases whole on every rank), every layer
+ * MoE, the router with a bias. Its experts are fused on disk (fused.h): the rules read them per
+ * expert, fc1 = [gate; up] and its bias likewise, as the bridge de-interleaves them. Megatron
+ * registers a parameter before its module's _extra_state and a weight before its bias. */
+#define GPT_OSS_BIAS(name_, te_at, local_at, need_, rows_, split_, recipe_, ...)                \
+    WEIGHT(name_, NULL, te_at, local_at, need_, 1, rows_, CKPTFS_DIM_ONE, split_, recipe_, __VA_ARGS__)
+#define GPT_OSS_EXPERT_BIAS(name_, te_at, local_at, rows_, split_, recipe_, ...)                \
+    {CKPTFS_SCOPE_LAYER, false, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 1,   \
+     rows_, CKPTFS_DIM_ONE, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
+static const CkptfsRule gpt_oss_rules[] = {
+    EMBEDDING,
+    INPUT_NORM,
+    QKV(CKPTFS_NEED_ALWAYS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight"),
+    QKV_BIAS,
+    GPT_OSS_BIAS("self_attention.core_attention.softmax_offset", 0, 1, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_HEADS,
+                 CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE, "self_attn.sinks"),
+    ATTENTION_OUT_AND_MLP_NORM,
+    GPT_OSS_BIAS("self_attention.linear_proj.bias", 1, 1, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_HIDDEN,
+                 CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.bias"),
+    MOE_NORM_AND_ROUTER("mlp.router.weight"),
+    GPT_OSS_BIAS("mlp.router.bias", 13, 9, CKPTFS_NEED_MOE, CKPTFS_DIM_EXPERTS, CKPTFS_TP_REPLICATED,
+                 CKPTFS_RECIPE_WHOLE, "mlp.router.bias"),
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc1.weight", 14, 10, CKPTFS_DIM_MOE_FFN2, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight"),
+    GPT_OSS_EXPERT_BIAS("mlp.experts.experts.linear_fc1.bias", 14, 10, CKPTFS_DIM_MOE_FFN2, CKPTFS_TP_ROW_HALVES,
+                        CKPTFS_RECIPE_HALVES, "mlp.experts.{e}.gate_proj.bias", "mlp.experts.{e}.up_proj.bias"),
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc1._extra_state", 15, 11),
+    EXPERT_WEIGHT("mlp.experts.experts.linear_fc2.weight", 16, 12, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_MOE_FFN,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.experts.{e}.down_proj.weight"),
+    GPT_OSS_EXPERT_BIAS("mlp.experts.experts.linear_fc2.bias", 16, 12, CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED,
+                        CKPTFS_RECIPE_WHOLE, "mlp.experts.{e}.down_proj.bias"),
+    EXPERT_EXTRA("mlp.experts.experts.linear_fc2._extra_state", 17, 13),
+    LAYER_EXTRAS_AND_LAST,
+};
+
 const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules), NULL};
 const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules), NULL};
 const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules), NULL};
@@ -368,6 +407,7 @@ const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELE
 const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers."};
 const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2_5_vl_vision_rules,
                                                       G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL};
+const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -74,6 +74,8 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->hidden * m->vision_merge * m->vision_merge;
     case CKPTFS_DIM_VISION_OUT:
         return m->vision_out_hidden;
+    case CKPTFS_DIM_HEADS:
+        return m->heads;
     }
     return 0;
 }

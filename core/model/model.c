@@ -82,10 +82,21 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
                                               .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
                                               .megatron_prefix = "language_model.",
                                               .module_names = qwen2_5_vl_module_names};
+/* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
+ * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
+ * 150000, a window of 128 on every other layer (layer_types) */
+static const CkptfsFusedExperts *const gpt_oss_fused[] = {&ckptfs_fused_interleaved, NULL};
+static const CkptfsMoeConfig gpt_oss_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true,
+                                            .fused_forms = gpt_oss_fused, .hf_form = &ckptfs_fused_interleaved};
+static const CkptfsArchitecture gpt_oss = {"GptOssForCausalLM", "gpt_oss", true, false, &ckptfs_family_gpt_oss,
+                                           &gpt_oss_moe, false, 150000, 1e-5, .sliding_window = 128,
+                                           .kv_heads = 8, .head_dim = 64, .max_positions = 131072,
+                                           .linear_biases = true, .attention_sinks = true, .window_skip_freq = 2,
+                                           .glu_clamp = 7, .yarn = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen2_5_vl, NULL};
+                                                          &qwen2_5_vl, &gpt_oss, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -99,7 +110,8 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
     bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
     if (a->vision_part != NULL) /* a text checkpoint's features never make a VLM */
         return false;
-    if (a->mla != f->mla || (a->moe != NULL) != moe)
+    if (a->mla != f->mla || (a->moe != NULL) != moe || a->attention_sinks != f->sinks ||
+        a->linear_biases != f->linear_bias)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
         return a->moe->sigmoid_routing == f->sigmoid_scores;
@@ -520,6 +532,13 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
         CONFIG_ERROR("attention_bias is true: %s puts a bias on o_proj too, which Megatron has only with "
                      "add_bias_linear (on every linear layer): no Megatron equivalent",
                      model->arch->hf_architecture);
+    bool attention_bias = true;
+    if (model->arch && model->arch->linear_biases &&
+        ckptfs_json_member_bool(config, "attention_bias", &attention_bias) == CKPTFS_JSON_FOUND && !attention_bias)
+        CONFIG_ERROR("attention_bias is false: %s's Megatron form (add_bias_linear) has a bias on o_proj and "
+                     "every other linear layer", model->arch->hf_architecture);
+    if (model->mla && model->rope_type == CKPTFS_ROPE_YARN && !model->yarn_truncate)
+        CONFIG_ERROR("rope truncate is false: Megatron's multi-latent attention rounds YaRN's correction range");
     gint64 given = 0;
     if (!model->mla && model->hidden % model->heads != 0 &&
         ckptfs_json_member_int(config, "head_dim", &given) != CKPTFS_JSON_FOUND)

@@ -49,8 +49,15 @@ static const CkptfsModelField fields[] = {
      "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0, {NULL}},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
+    /* GPT-OSS has them on every linear layer (its architecture's); the others none */
     {"linear_bias", CKPTFS_FIELD_BOOL, M(linear_bias), CKPTFS_FOR_ALL, {"mlp_bias"}, 0, "add_bias_linear", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0, {NULL}},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
+    /* GPT-OSS's attention sinks, Megatron's learnable softmax offset (the architecture's) */
+    {"sinks", CKPTFS_FIELD_BOOL, M(sinks), CKPTFS_FOR_ALL, {NULL}, 0, "softmax_type", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT | CKPTFS_FIELD_ARGS_CHOICE, 0, 0, 0, 0, 0, {"vanilla", "learnable"}},
+    /* GPT-OSS's clamped quick-GELU GLU (its class fixes it; 0: SwiGLU), None in args otherwise */
+    {"glu_clamp", CKPTFS_FIELD_FLOAT, M(glu_clamp), CKPTFS_FOR_ALL, {NULL}, 0, "activation_func_clamp_value", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ZERO_AS_DEFAULT, 0, 0, CKPTFS_DERIVED_GLU_CLAMP, -1, 1e6, {NULL}},
     /* Qwen3's per-head norms come with the architecture; MLA's latent norms are Megatron's
      * q/k layernorms too */
     {"qk_norm", CKPTFS_FIELD_BOOL, M(qk_norm), CKPTFS_FOR_ALL, {NULL}, CKPTFS_ARCH_KEY_QK_NORM, "qk_layernorm", NULL,
@@ -103,6 +110,11 @@ static const CkptfsModelField fields[] = {
      {"rope_scaling.original_max_position_embeddings", "rope_parameters.original_max_position_embeddings"}, 0,
      "original_max_position_embeddings", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 4096, 4096, 0, 0,
      (double)UINT32_MAX, {NULL}},
+    /* YaRN's correction range rounded to whole dimensions (GPT-OSS says false); Megatron-core's
+     * GPT model takes it as the bridges' yarn_correction_range_round_to_int */
+    {"yarn_truncate", CKPTFS_FIELD_BOOL, M(yarn_truncate), CKPTFS_FOR_YARN,
+     {"rope_scaling.truncate", "rope_parameters.truncate"}, 0, "yarn_correction_range_round_to_int", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_OMIT_DEFAULT, 1, 1, 0, 0, 0, {NULL}},
     /* experts: transformers 5 writes num_local_experts for every family */
     {"experts", CKPTFS_FIELD_UINT, M(experts), CKPTFS_FOR_MOE, {"num_local_experts"}, CKPTFS_ARCH_KEY_EXPERTS,
      "num_experts", NULL, CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_MATH, 0, 0, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
@@ -263,6 +275,9 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FIELD_ACTIVATION:
         return g_strdup("silu");
     case CKPTFS_FIELD_WINDOW:
+        if (m->window > 0)
+            return g_strdup_printf("%" G_GUINT64_FORMAT " (one full-attention layer in %" G_GUINT64_FORMAT ")",
+                                   m->window, m->window_skip_freq);
         return g_strdup("none");
     case CKPTFS_FIELD_TOKEN_ID:
         return token_ids_text((const CkptfsTokenIds *)(const void *)p, m->token_ids_known);
@@ -356,6 +371,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
         if (!args && m->arch && m->arch->moe)
             return m->arch->moe->sigmoid_routing;
         break;
+    case CKPTFS_DERIVED_GLU_CLAMP:
+        if (!args && m->arch)
+            return m->arch->glu_clamp;
+        break;
     default:
         break;
     }
@@ -372,7 +391,7 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
         *out = CKPTFS_ROPE_LLAMA3;
         return true;
     }
-    if (strcmp(name, "yarn") == 0 && m->mla) {
+    if (strcmp(name, "yarn") == 0 && (m->mla || (m->arch && m->arch->yarn))) {
         *out = CKPTFS_ROPE_YARN;
         return true;
     }
@@ -388,12 +407,16 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
 /* Whether F has only its default for MODEL: a FIXED row, unless the architecture's transformers
  * class honours the field (partial rotary), or while the architecture is not known yet (Megatron
  * args are read before it is picked, which checks it then). */
+static bool arch_has(const CkptfsModelField *f, const CkptfsModel *m);
+
 static bool fixed_for(const CkptfsModelField *f, const CkptfsModel *m)
 {
     if (!(f->flags & CKPTFS_FIELD_FIXED))
         return false;
     if (f->derived == CKPTFS_DERIVED_ROTARY_PERCENT)
         return m->arch != NULL && m->arch->partial_rotary == 0;
+    if (f->flags & CKPTFS_FIELD_ARCH_HAS_IT) /* another value only where the architecture has it */
+        return m->arch != NULL && !arch_has(f, m);
     return true;
 }
 
@@ -504,7 +527,7 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
         CkptfsRopeType t;
         if (!rope_type_from_name(v->text, m, &t))
             REFUSE("%s '%s' has no Megatron equivalent (Megatron has llama3 scaling for attention, yarn for "
-                   "multi-latent attention)", name, v->text);
+                   "multi-latent attention and GPT-OSS)", name, v->text);
         v->number = t;
     }
     if (f->type == CKPTFS_FIELD_ACTIVATION && strcmp(v->text, "silu") != 0 && strcmp(v->text, "swish") != 0)
@@ -515,8 +538,44 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
 /* A sliding attention window narrower than the context: Megatron's views would attend to all
  * of it. null is none; absent is transformers' default for the architecture (Mistral's is a
  * window of 4096); Qwen's use_sliding_window, false unless given, must turn it on. */
-static bool check_window(JsonObject *config, const CkptfsModel *m, GError **error)
+static bool check_window(JsonObject *config, CkptfsModel *m, GError **error);
+
+/* GPT-OSS's window (its architecture's WINDOW_SKIP_FREQ): sliding_window keys on the layers
+ * layer_types calls sliding_attention, which must be all but every WINDOW_SKIP_FREQ-th, as
+ * Megatron's window_attn_skip_freq has them; absent, transformers' defaults (the architecture's
+ * window, that pattern). */
+static bool read_skipped_window(JsonObject *config, CkptfsModel *m, GError **error)
 {
+    uint64_t freq = m->arch->window_skip_freq;
+    gint64 window = (gint64)m->arch->sliding_window;
+    CkptfsJsonMember got = ckptfs_json_member_int(config, "sliding_window", &window);
+    if (got == CKPTFS_JSON_WRONG_TYPE || (got == CKPTFS_JSON_FOUND && window <= 0) ||
+        (ckptfs_json_member(config, "sliding_window") && got != CKPTFS_JSON_FOUND))
+        REFUSE("\"sliding_window\" is not a positive integer (%s's sliding layers need one)", m->arch->hf_architecture);
+    JsonNode *types = ckptfs_json_member(config, "layer_types");
+    if (types != NULL && !JSON_NODE_HOLDS_NULL(types)) {
+        JsonArray *list = JSON_NODE_HOLDS_ARRAY(types) ? json_node_get_array(types) : NULL;
+        if (list == NULL || json_array_get_length(list) != m->layers)
+            REFUSE("\"layer_types\" is not a list of num_hidden_layers (%" G_GUINT64_FORMAT ") names", m->layers);
+        for (guint l = 0; l < m->layers; l++) {
+            JsonNode *n = json_array_get_element(list, l);
+            const char *want = (l + 1) % freq != 0 ? "sliding_attention" : "full_attention";
+            const char *given = JSON_NODE_HOLDS_VALUE(n) && json_node_get_value_type(n) == G_TYPE_STRING
+                                    ? json_node_get_string(n) : "(not a name)";
+            if (strcmp(given, want) != 0)
+                REFUSE("layer_types entry %u is '%s': Megatron's window_attn_skip_freq %" G_GUINT64_FORMAT
+                       " has %s there (a full-attention layer every %" G_GUINT64_FORMAT "th, sliding ones between)",
+                       l, given, freq, want, freq);
+        }
+    }
+    m->window = (uint64_t)window, m->window_skip_freq = freq;
+    return true;
+}
+
+static bool check_window(JsonObject *config, CkptfsModel *m, GError **error)
+{
+    if (m->arch && m->arch->window_skip_freq)
+        return read_skipped_window(config, m, error);
     gint64 window = 0;
     bool use = !(m->arch && m->arch->window_opt_in);
     CkptfsJsonMember got = ckptfs_json_member_int(config, "sliding_window", &window);
@@ -626,6 +685,8 @@ static bool arch_has(const CkptfsModelField *f, const CkptfsModel *m)
            : f->offset == M(qk_norm)     ? a->qk_norm
            : f->offset == M(renormalize) ? a->moe && a->moe->always_renormalize
            : f->offset == M(mla)         ? a->mla
+           : f->offset == M(linear_bias) ? a->linear_biases
+           : f->offset == M(sinks)       ? a->attention_sinks
                                          : false;
 }
 
@@ -785,6 +846,15 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             write_config_token_ids(config, name, token_ids_of(f, m), m->token_ids_known);
             continue;
         }
+        if (f->type == CKPTFS_FIELD_WINDOW && m->window > 0) { /* GPT-OSS's, and its layer pattern */
+            JsonArray *types = json_array_new();
+            for (uint64_t l = 0; l < m->layers; l++)
+                json_array_add_string_element(types, (l + 1) % m->window_skip_freq ? "sliding_attention"
+                                                                                    : "full_attention");
+            json_object_set_int_member(config, name, (gint64)m->window);
+            json_object_set_array_member(config, "layer_types", types);
+            continue;
+        }
         if (f->type == CKPTFS_FIELD_WINDOW) {
             /* none, said where transformers' default for the architecture is a window (Mistral) */
             if (m->arch && m->arch->sliding_window > 0)
@@ -799,6 +869,8 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
         if ((f->flags & CKPTFS_FIELD_DEEPSEEK_ONLY) && !deepseek_routing(m))
             continue;
         if ((f->flags & CKPTFS_FIELD_OMIT_ZERO) && v == 0)
+            continue;
+        if ((f->flags & CKPTFS_FIELD_OMIT_DEFAULT) && v == f->hf_default)
             continue;
         if (f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)
             v = m->moe_ffn ? v / (double)m->moe_ffn : 0;
@@ -903,6 +975,28 @@ static bool read_args_token_ids(const CkptfsPy *args, const char *path, const Ck
     return true;
 }
 
+/* Megatron's window: none (window_size None), or (W - 1, 0) on all layers but every
+ * window_attn_skip_freq-th (GPT-OSS's form; the architecture checks the frequency). */
+static bool read_args_window(const CkptfsPy *args, const char *path, CkptfsModel *m, GError **error)
+{
+    const CkptfsPy *size = ckptfs_py_dict_get(args, "window_size");
+    const CkptfsPy *freq = ckptfs_py_dict_get(args, "window_attn_skip_freq");
+    if (size == NULL || size->kind == CKPTFS_PY_NONE)
+        return true;
+    const CkptfsPy *left = (size->kind == CKPTFS_PY_TUPLE || size->kind == CKPTFS_PY_LIST) && size->items->len == 2
+                               ? g_ptr_array_index(size->items, 0) : NULL;
+    const CkptfsPy *right = left ? g_ptr_array_index(size->items, 1) : NULL;
+    if (left == NULL || left->kind != CKPTFS_PY_INT || left->big || left->i < 0 || right->kind != CKPTFS_PY_INT ||
+        right->i != 0)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.window_size is not (W, 0) with W from 0: "
+                           "no transformers equivalent", path);
+    if (freq == NULL || freq->kind != CKPTFS_PY_INT || freq->big || freq->i < 2)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.window_size without an integer "
+                           "window_attn_skip_freq from 2 (full-attention layers among the sliding ones)", path);
+    m->window = (uint64_t)left->i + 1, m->window_skip_freq = (uint64_t)freq->i;
+    return true;
+}
+
 static bool read_args_field(const CkptfsPy *args, const char *path, const CkptfsModelField *f, CkptfsModel *m,
                             GError **error)
 {
@@ -911,13 +1005,27 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
     const CkptfsPy *v = f->args ? args_value(args, f) : NULL;
     double value = default_of(f, m, true, false);
     if (f->type == CKPTFS_FIELD_ACTIVATION) {
-        if (v == NULL || v->kind != CKPTFS_PY_BOOL || !v->i)
-            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true; only SwiGLU models "
-                               "are supported", path);
+        /* SwiGLU, or GPT-OSS's GLU: quick-GELU clamped (its clamp a row of its own), 1 added to
+         * the linear half */
+        const CkptfsPy *quick = ckptfs_py_dict_get(args, "quick_geglu");
+        const CkptfsPy *offset = ckptfs_py_dict_get(args, "glu_linear_offset");
+        bool swiglu = v != NULL && v->kind == CKPTFS_PY_BOOL && v->i;
+        bool geglu = !swiglu && quick && quick->kind == CKPTFS_PY_BOOL && quick->i && offset &&
+                     offset->kind == CKPTFS_PY_FLOAT && offset->f == 1.0;
+        if (!swiglu && !geglu)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true and args.quick_geglu "
+                               "is not true with glu_linear_offset 1.0; only SwiGLU models and GPT-OSS's GLU are "
+                               "supported", path);
+        if (geglu && !(ckptfs_py_dict_get(args, "activation_func_clamp_value") &&
+                       ckptfs_py_dict_get(args, "activation_func_clamp_value")->kind == CKPTFS_PY_FLOAT))
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.quick_geglu without "
+                               "activation_func_clamp_value: GPT-OSS's GLU is clamped", path);
         return true;
     }
-    if (f->type == CKPTFS_FIELD_ROPE_TYPE || f->type == CKPTFS_FIELD_WINDOW)
-        return true; /* the rope type read first; no window */
+    if (f->type == CKPTFS_FIELD_WINDOW)
+        return read_args_window(args, path, m, error);
+    if (f->type == CKPTFS_FIELD_ROPE_TYPE)
+        return true; /* read first */
     if (f->args == NULL) {
         if (!(f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)) /* the shared experts' width is args' own */
             store(f, m, value); /* what Megatron fixes */
@@ -973,10 +1081,13 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     m->mla = args_flag(args, "multi_latent_attention");
     m->experts = experts && experts->kind != CKPTFS_PY_NONE; /* its count read with the row */
     const char *rope = ckptfs_py_str(ckptfs_py_dict_get(args, "rope_type"));
+    const char *rope_position = ckptfs_py_str(ckptfs_py_dict_get(args, "position_embedding_type"));
     if (m->mla) /* Megatron's MLA takes YaRN unless told rope */
         m->rope_type = rope == NULL || strcmp(rope, "yarn") == 0 ? CKPTFS_ROPE_YARN : CKPTFS_ROPE_DEFAULT;
-    else
+    else if (rope_position == NULL || strcmp(rope_position, "yarn") != 0)
         m->rope_type = args_flag(args, "use_rope_scaling") ? CKPTFS_ROPE_LLAMA3 : CKPTFS_ROPE_DEFAULT;
+    else /* GPT-OSS's YaRN for q/k/v attention */
+        m->rope_type = CKPTFS_ROPE_YARN;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const CkptfsModelField *f = &fields[i];
         if (!ckptfs_schema_applies(f, m))
@@ -1028,8 +1139,10 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
             write_args_token_ids(f, m, a, &token_ids);
             continue;
         }
-        if (f->type == CKPTFS_FIELD_ACTIVATION) {
-            ckptfs_value_set(a, f->args, ckptfs_value_bool(true));
+        if (f->type == CKPTFS_FIELD_ACTIVATION) { /* SwiGLU, or GPT-OSS's clamped quick-GELU GLU */
+            ckptfs_value_set(a, f->args, ckptfs_value_bool(m->glu_clamp == 0));
+            ckptfs_value_set(a, "quick_geglu", ckptfs_value_bool(m->glu_clamp != 0));
+            ckptfs_value_set(a, "glu_linear_offset", ckptfs_value_float(m->glu_clamp != 0 ? 1.0 : 0.0));
             continue;
         }
         /* kv_channels: for MLA, the per-head width linear_proj reads (the value head's) */
@@ -1066,6 +1179,11 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
         default:
             break;
         }
+    }
+    if (m->window > 0) { /* GPT-OSS's: (W - 1, 0), full attention every window_attn_skip_freq-th layer */
+        uint64_t size[2] = {m->window - 1, 0};
+        ckptfs_value_set(a, "window_size", ckptfs_value_int_tuple(size, 2));
+        ckptfs_value_set(a, "window_attn_skip_freq", ckptfs_value_int((int64_t)m->window_skip_freq));
     }
     ckptfs_value_set(a, "group_query_attention", ckptfs_value_bool(m->kv_heads != m->heads));
     ckptfs_value_set(a, "use_rope_scaling", ckptfs_value_bool(m->rope_type == CKPTFS_ROPE_LLAMA3));

@@ -97,7 +97,8 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
         for (const CkptfsArchitecture *const *a = ckptfs_architectures(); *a; a++)
             g_string_append_printf(known, "%s%s", known->len ? ", " : "", (*a)->model_type);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "%s: architecture '%s' has no Megatron rules (known: %s)", what, named, known->str);
+                    "%s: architecture '%s' has no Megatron rules (known: %s)", what,
+                    named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
     if (m->arch->mla != m->mla) {
@@ -115,6 +116,22 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     "%s: %s has no %s, but the checkpoint has them (args.%s is true)", what, m->arch->model_type,
                     m->qk_norm && !m->arch->qk_norm ? "q/k layernorms" : "q/k/v-only biases",
                     m->qk_norm && !m->arch->qk_norm ? "qk_layernorm" : "add_qkv_bias");
+        return false;
+    }
+    /* GPT-OSS's features come with its architecture and only with it: a checkpoint and the
+     * architecture it is read as must agree on each, or the Hugging Face model would compute
+     * otherwise. */
+    const CkptfsArchitecture *a = m->arch;
+    const char *differs = m->linear_bias != a->linear_biases         ? "add_bias_linear"
+                          : m->sinks != a->attention_sinks          ? "softmax_type"
+                          : m->window_skip_freq != a->window_skip_freq ? "window_size / window_attn_skip_freq"
+                          : m->glu_clamp != a->glu_clamp            ? "quick_geglu / activation_func_clamp_value"
+                          : m->rope_type == CKPTFS_ROPE_YARN && !m->mla && !a->yarn ? "position_embedding_type"
+                                                                                   : NULL;
+    if (differs) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s disagrees with %s, which has %s of "
+                    "GPT-OSS's biases on every linear, attention sinks, window on alternate layers, clamped GLU and "
+                    "YaRN", what, differs, a->hf_architecture, a->linear_biases ? "all" : "none");
         return false;
     }
     m->qkv_bias |= m->arch->qkv_bias;

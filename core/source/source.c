@@ -410,6 +410,49 @@ static void rename_modules(CkptfsSource *source)
                                     arch->hf_architecture, arch->module_names[0], arch->module_names[1]);
 }
 
+/* The other way: a source holding the experts one by one (a Megatron one) of an architecture whose
+ * Hugging Face class reads them only fused (GPT-OSS): hf/ serves them fused, made of the
+ * per-expert pieces; the Megatron views keep reading them per expert. A problem is a warning
+ * (hf/ then keeps them per expert). */
+static void join_fused_experts(CkptfsSource *source)
+{
+    if (source->config == NULL || source->model_problem != NULL)
+        return;
+    const char *name = ckptfs_schema_config_architecture(source->config);
+    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    if (arch == NULL || arch->moe == NULL || arch->moe->hf_form == NULL)
+        return;
+    bool per_expert = false; /* a Hugging Face source keeps its own form (MXFP4 blocks too) */
+    for (unsigned i = 0; i < ckptfs_catalog_count(source->catalog) && !per_expert; i++)
+        per_expert = strstr(ckptfs_catalog_at(source->catalog, i)->name, ".mlp.experts.0.") != NULL;
+    if (!per_expert)
+        return;
+    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
+    model->arch = arch;
+    GError *error = NULL;
+    const CkptfsFusedExperts *forms[] = {arch->moe->hf_form, NULL};
+    if (!ckptfs_model_read_config(source->config, model, &error) ||
+        ckptfs_fused_experts_present(source->catalog, model, forms)) {
+        g_clear_error(&error); /* the mount reads the model again and says why */
+        return;
+    }
+    CkptfsCatalog *joined = ckptfs_catalog_copy(source->catalog);
+    if (!ckptfs_fused_experts_join(joined, model, arch->moe->hf_form, &error)) {
+        g_ptr_array_add(source->warnings, g_strdup_printf("%s: hf/ serves the experts one by one, which %s does not "
+                                                          "read: %s", source->dir, arch->hf_architecture,
+                                                          error->message));
+        g_error_free(error);
+        ckptfs_catalog_free(joined);
+        return;
+    }
+    if (source->model_catalog == NULL)
+        source->model_catalog = source->catalog;
+    else
+        ckptfs_catalog_free(source->catalog);
+    source->catalog = joined;
+}
+
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of
  * it: every read would decode its frame again. Refused, naming the file and the size it needs,
  * rather than raised behind the user's back. */
@@ -462,6 +505,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     serve_dtype(source, options, dequantized);
     split_fused_experts(source);
     rename_modules(source);
+    join_fused_experts(source);
     return source;
 }
 

@@ -568,7 +568,8 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
             Located l = {0};
             if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
                 return false;
-            if (reader)
+            /* a replicated expert tensor (GPT-OSS's fc2 bias) whole in every ETP rank: read from the first */
+            if (reader && (key->split != CKPTFS_TP_REPLICATED || r->etp == 0))
                 add_pieces(set, key, parts, &l, global, r->ep * per_rank + j);
         }
     }

@@ -319,12 +319,25 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_BOOL("qk_layernorm", m->qk_norm || m->mla);
     SET_INT("encoder_num_layers", m->layers);
     SET_INT("seq_length", m->max_positions);
-    SET_STR("position_embedding_type", m->mrope_section[0] ? "mrope" : "rope");
-    if (m->mrope_section[0]) { /* Megatron's --mrope-section */
+    /* YaRN for q/k/v attention (GPT-OSS): Megatron-core's GPT model reads it as
+     * position_embedding_type "yarn" with the yarn_* fields Megatron-Bridge's provider sets (the
+     * command line of 0.17.1 has no flag for them); MLA's YaRN is rope_type's. A VLM's
+     * multimodal rope is "mrope" with Megatron's --mrope-section. */
+    bool yarn_attention = m->rope_type == CKPTFS_ROPE_YARN && !m->mla;
+    SET_STR("position_embedding_type", m->mrope_section[0] ? "mrope" : yarn_attention ? "yarn" : "rope");
+    if (m->mrope_section[0]) {
         CkptfsValue *sections = ckptfs_value_container(CKPTFS_VALUE_LIST);
         for (size_t i = 0; i < G_N_ELEMENTS(m->mrope_section); i++)
             ckptfs_value_append(sections, ckptfs_value_int((int64_t)m->mrope_section[i]));
         ckptfs_value_set(a, "mrope_section", sections);
+    }
+    if (yarn_attention) {
+        ckptfs_value_set(a, "yarn_rotary_scaling_factor", ckptfs_value_float(m->yarn_factor));
+        SET_INT("yarn_original_max_position_embeddings", m->yarn_original_positions);
+        ckptfs_value_set(a, "yarn_beta_fast", ckptfs_value_float(m->yarn_beta_fast));
+        ckptfs_value_set(a, "yarn_beta_slow", ckptfs_value_float(m->yarn_beta_slow));
+        ckptfs_value_set(a, "yarn_mscale", ckptfs_value_float(m->yarn_mscale));
+        ckptfs_value_set(a, "yarn_mscale_all_dim", ckptfs_value_float(m->yarn_mscale_all_dim));
     }
     /* What Megatron's own Llama examples run with (rope, no --no-position-embedding): its
      * check_checkpoint_args compares it when not fine-tuning; with rope it changes nothing. */

@@ -82,6 +82,12 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
  * [E, 2F, H / 32, 16]). Errors name the tensors and the shapes they need. */
 const CkptfsTensor *ckptfs_catalog_add_mxfp4(CkptfsCatalog *catalog, const char *name, const char *blocks,
                                              const char *scales, GError **error);
+/* Adds tensor NAME, bf16 [ROWS, C], rows ROW0, ROW0 + ROW_STEP, ... of the stored rows of MXFP4
+ * tensor FROM (ckptfs_catalog_add_mxfp4; its stored [E, R, C] seen as E * R rows): one expert's
+ * projection of fused MXFP4 experts (GPT-OSS's gate rows, every other one). NULL with an error
+ * naming both when the rows are outside FROM's. */
+const CkptfsTensor *ckptfs_catalog_add_mxfp4_rows(CkptfsCatalog *catalog, const char *name, const CkptfsTensor *from,
+                                                  uint64_t row0, uint64_t row_step, uint64_t rows, GError **error);
 /* Removes the tensors named in NAMES (a set of strings), in one pass (before any view uses the
  * catalog). */
 void ckptfs_catalog_remove(CkptfsCatalog *catalog, GHashTable *names);

@@ -22,13 +22,16 @@ typedef struct CkptfsFusedExperts {
     bool transposed;
     /* gate and up alternate along 2F (gate at even places) rather than gate's F then up's */
     bool interleaved;
+    /* the experts' biases, gate_up's [E, 2F] ordered as its weight, down's [E, H] (names after
+     * "model.layers.N."; NULL: the form has none) */
+    const char *gate_up_bias, *down_bias;
 } CkptfsFusedExperts;
 
 /* transformers 5's experts module in memory: [E, 2F, H] gate then up, [E, H, F] */
 extern const CkptfsFusedExperts ckptfs_fused_in_memory;
 /* Qwen3-VL-MoE's releases: [E, H, 2F] gate then up, [E, F, H] */
 extern const CkptfsFusedExperts ckptfs_fused_transposed;
-/* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H] */
+/* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H], with biases */
 extern const CkptfsFusedExperts ckptfs_fused_interleaved;
 
 /* The per-expert tensors MODEL's rules read, in CATALOG, for every MoE layer whose experts are

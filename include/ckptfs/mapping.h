@@ -49,6 +49,7 @@ typedef enum {
                                which keeps that shape in every format) */
     CKPTFS_DIM_MERGED,      /* hidden_size * spatial_merge_size^2: a merged square of patches */
     CKPTFS_DIM_VISION_OUT,  /* out_hidden_size: what the merger hands the language model */
+    CKPTFS_DIM_HEADS,       /* attention heads (one attention sink each) */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -143,6 +144,8 @@ extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention
 extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers of their own names */
 /* Qwen2.5-VL's vision tower and patch merger as mbridge's vision_model (its blocks the layers) */
 extern const CkptfsFamily ckptfs_family_qwen2_5_vl_vision;
+extern const CkptfsFamily ckptfs_family_gpt_oss;  /* GPT-OSS: attention sinks, biases on every linear,
+                                                     every layer MoE with fused experts */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

@@ -30,6 +30,9 @@ typedef struct {
     /* The fused forms (fused.h) its Hugging Face checkpoints may hold the experts in, NULL-
      * terminated; NULL: per expert only */
     const struct CkptfsFusedExperts *const *fused_forms;
+    /* The form its Hugging Face class reads its experts in and nothing else (GPT-OSS): hf/ of a
+     * source held per expert (a Megatron one) serves them fused so; NULL: per expert */
+    const struct CkptfsFusedExperts *hf_form;
 } CkptfsMoeConfig;
 
 typedef struct CkptfsArchitecture {
@@ -78,6 +81,17 @@ typedef struct CkptfsArchitecture {
      * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
      * "model.visual." and "visual."); NULL: one naming */
     const char *const *module_names;
+    /* GPT-OSS's attention and MLP, fixed by its transformers class rather than config.json:
+     * a bias on every linear layer (Megatron's add_bias_linear: o_proj, the router, the
+     * experts; attention_bias false is refused), one learned attention sink per head (Megatron's
+     * softmax_type "learnable"), a sliding window on all layers but every WINDOW_SKIP_FREQ-th
+     * (layer_types; 0: no window), the GLU of clamped quick-GELU with 1 added to the linear half
+     * (Megatron's quick_geglu, activation_func_clamp_value GLU_CLAMP, glu_linear_offset 1; 0:
+     * SwiGLU), YaRN rope for q/k/v attention (Megatron's position_embedding_type "yarn") */
+    bool linear_biases, attention_sinks;
+    uint64_t window_skip_freq;
+    double glu_clamp;
+    bool yarn;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
@@ -153,6 +167,14 @@ typedef struct {
     /* YaRN rope scaling (DeepSeek-V3): factor 0 when absent */
     double yarn_factor, yarn_mscale, yarn_mscale_all_dim, yarn_beta_fast, yarn_beta_slow;
     uint64_t yarn_original_positions;
+    /* YaRN's correction range rounded to whole dimensions (transformers' truncate, Megatron's
+     * yarn_correction_range_round_to_int): true unless config.json says false (GPT-OSS) */
+    bool yarn_truncate;
+    /* GPT-OSS (CkptfsArchitecture): attention sinks; a sliding WINDOW of keys (0: none) on all
+     * layers but every WINDOW_SKIP_FREQ-th; the clamped quick-GELU GLU's clamp (0: SwiGLU) */
+    bool sinks;
+    uint64_t window, window_skip_freq;
+    double glu_clamp;
     /* Multi-token prediction layers after the decoder's (num_nextn_predict_layers), and whether
      * the Megatron views serve them (-o mtp=on) */
     uint64_t mtp_layers;

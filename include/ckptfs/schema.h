@@ -53,6 +53,7 @@ typedef enum {
     CKPTFS_DERIVED_ROTARY_PERCENT,
     CKPTFS_DERIVED_MAX_POSITIONS, /* the architecture's transformers default (Llama: 2048) */
     CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
+    CKPTFS_DERIVED_GLU_CLAMP,  /* the architecture's clamped GLU (GPT-OSS: 7), fixed by its class */
     CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
                                   expert bias (CkptfsMoeConfig.sigmoid_routing) */
 } CkptfsFieldDerived;
@@ -94,6 +95,7 @@ enum {
                                                  kept as 0; 0 written as that default, None in args */
     CKPTFS_FIELD_ZERO_AS_DEFAULT = 1u << 15,  /* 0 written as transformers' default, None in args */
     CKPTFS_FIELD_ARGS_CHOICE = 1u << 16,  /* a CHOICE flag that args take by name too (else a bool) */
+    CKPTFS_FIELD_OMIT_DEFAULT = 1u << 17, /* not written to config.json at transformers' default */
 };
 
 typedef struct {

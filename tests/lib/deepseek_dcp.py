@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""Checks the torch_dist checkpoint (mcore/) of a DeepSeek (or GLM-4.5) model against the legacy rank file of
+"""Checks the torch_dist checkpoint (mcore/) of a DeepSeek (or GLM-4.5, GPT-OSS) model against the legacy rank file of
 the same mount's tp1pp1 (or tp1pp1ep1) view, which deepseek_reference.py checks against an
 independent expectation. Names follow Megatron-core's sharded_state_dict (core_v0.17.1):
 
+- a model whose layers are all of one kind (GPT-OSS) stacks them in a leading layer axis,
+  `decoder.layers.<name>` [L, ...] ([L, E, ...] for experts);
 - DeepSeek's layers are not all of one kind (dense first): every layer key is per layer,
   `decoder.layers.{l}.<name>` with no layer axis; routed experts stacked in an expert axis,
   `decoder.layers.{l}.mlp.experts.experts.linear_fc1.weight` [E, 2F, H], whose expert e is the
@@ -60,22 +62,28 @@ def main(argv):
         sd[k].view(torch.uint8).fill_(0xFF)
     dcp.load(sd, storage_reader=FileSystemReader(ckpt))
     covered = set()
-    for k, got in sd.items():
-        name, stacked = legacy_name(k)
+    def legacy_of(k, name, stacked, experts):
         if stacked:
             parts = []
-            for e in range(got.shape[0]):
+            for e in range(experts):
                 n = name.format(e=e)
                 if n not in legacy_tensors:
                     fail(f"{k}: expert {e}: no legacy '{n}'")
                 parts.append(legacy_tensors[n])
                 covered.add(n)
-            want = torch.stack(parts)
+            return torch.stack(parts)
+        if name not in legacy_tensors:
+            fail(f"{k}: no legacy entry '{name}'")
+        covered.add(name)
+        return legacy_tensors[name]
+
+    for k, got in sd.items():
+        name, stacked = legacy_name(k)
+        if re.match(r"decoder\.layers\.[a-z]", name):  # every layer of one kind: a layer axis first
+            want = torch.stack([legacy_of(k, name.replace("decoder.layers.", f"decoder.layers.{l}.", 1), stacked,
+                                          got.shape[1] if stacked else 0) for l in range(got.shape[0])])
         else:
-            if name not in legacy_tensors:
-                fail(f"{k}: no legacy entry '{name}'")
-            want = legacy_tensors[name]
-            covered.add(name)
+            want = legacy_of(k, name, stacked, got.shape[0])
         if got.dtype != want.dtype:
             fail(f"{k}: dtype {got.dtype}, legacy {want.dtype}")
         if name in ("embedding.word_embeddings.weight", "output_layer.weight") and got.shape[0] >= want.shape[0]:
