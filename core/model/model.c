@@ -64,9 +64,18 @@ static const CkptfsArchitecture glm4_moe = {"Glm4MoeForCausalLM", "glm4_moe", fa
 static const CkptfsArchitecture mimo = {"MiMoForCausalLM", "mimo", true, false, &ckptfs_family_mimo, NULL, false, 0, 0,
                                         .sliding_window = 4096, .window_opt_in = true, .kv_heads = 32,
                                         .max_positions = 32768};
+/* Qwen3-Next: gated delta-net layers among gated attention layers (q/k norms, a quarter of each
+ * head rotated unless partial_rotary_factor says otherwise), zero-centred norms, Qwen2-MoE's
+ * experts with a gated shared expert (transformers' defaults: 2 key/value heads, head_dim 256) */
+static const CkptfsArchitecture qwen3_next = {"Qwen3NextForCausalLM", "qwen3_next", false, true,
+                                              &ckptfs_family_qwen3_next, &qwen2_moe_config, false, 0, 0,
+                                              .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
+                                              .max_positions = 32768, .hybrid_attention = true,
+                                              .attention_gate = true, .zero_centred_norms = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
-                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo, NULL};
+                                                          &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
+                                                          &qwen3_next, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -78,6 +87,8 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
 {
     bool moe = f->experts > 0, shared = f->shared_ffn > 0;
     bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
+    if (a->hybrid_attention) /* a hybrid's checkpoint names its architecture */
+        return false;
     if (a->mla != f->mla || (a->moe != NULL) != moe)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
@@ -130,8 +141,21 @@ uint64_t ckptfs_model_moe_layers(const CkptfsModel *m)
 
 bool ckptfs_model_layers_homogeneous(const CkptfsModel *m)
 {
-    uint64_t moe = ckptfs_model_moe_layers(m);
-    return moe == 0 || moe == m->layers;
+    uint64_t moe = ckptfs_model_moe_layers(m), linear = ckptfs_model_linear_layers(m);
+    return (moe == 0 || moe == m->layers) && (linear == 0 || linear == m->layers);
+}
+
+bool ckptfs_model_layer_is_linear(const CkptfsModel *m, uint64_t layer)
+{
+    return layer < CKPTFS_MAX_LAYERS && (m->linear_layer[layer / 8] & (1u << (layer % 8)));
+}
+
+uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
+{
+    uint64_t n = 0;
+    for (uint64_t l = 0; l < m->layers; l++)
+        n += ckptfs_model_layer_is_linear(m, l);
+    return n;
 }
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
@@ -195,14 +219,17 @@ static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsMod
                     "tensor '%s' is missing from the checkpoint", name);
         return NULL;
     }
-    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim < 2 || t->shape[1] == d1);
+    /* ndim 3: [d0, 1, d1] (a convolution's weight) */
+    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 &&
+                    (ndim < 2 || (ndim == 2 ? t->shape[1] == d1 : t->shape[1] == 1 && t->shape[2] == d1));
     if (!shape_ok) {
         g_autoptr(GString) got = g_string_new("[");
         for (unsigned i = 0; i < t->ndim; i++)
             g_string_append_printf(got, "%s%" G_GUINT64_FORMAT, i ? ", " : "", t->shape[i]);
         g_string_append(got, "]");
-        g_autofree char *want = ndim == 2 ? g_strdup_printf("[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", d0, d1)
-                                          : g_strdup_printf("[%" G_GUINT64_FORMAT "]", d0);
+        g_autofree char *want = ndim == 3   ? g_strdup_printf("[%" G_GUINT64_FORMAT ", 1, %" G_GUINT64_FORMAT "]", d0, d1)
+                                : ndim == 2 ? g_strdup_printf("[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]", d0, d1)
+                                            : g_strdup_printf("[%" G_GUINT64_FORMAT "]", d0);
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                     "tensor '%s' has shape %s; config.json implies %s", name, got->str, want);
         return NULL;
@@ -390,6 +417,43 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
     return true;
 }
 
+bool ckptfs_model_read_layer_kinds(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    static const char *const kinds[] = {"full_attention", "linear_attention"};
+    uint64_t interval = 4; /* transformers' default */
+    bool interval_given = ckptfs_json_member(config, "full_attention_interval") != NULL;
+    if (!get_uint(config, "full_attention_interval", 4, &interval, error))
+        return false;
+    memset(model->linear_layer, 0, sizeof model->linear_layer);
+    JsonNode *types = ckptfs_json_member(config, "layer_types");
+    if (types == NULL || JSON_NODE_HOLDS_NULL(types)) {
+        for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
+            if ((l + 1) % interval != 0)
+                model->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+        return true;
+    }
+    if (!JSON_NODE_HOLDS_ARRAY(types))
+        CONFIG_ERROR("\"layer_types\" is not a list of layer kinds");
+    JsonArray *list = json_node_get_array(types);
+    if (json_array_get_length(list) != model->layers)
+        CONFIG_ERROR("\"layer_types\" lists %u layers but num_hidden_layers is %" G_GUINT64_FORMAT,
+                     json_array_get_length(list), model->layers);
+    for (guint l = 0; l < json_array_get_length(list); l++) {
+        JsonNode *e = json_array_get_element(list, l);
+        const char *kind = JSON_NODE_HOLDS_VALUE(e) && json_node_get_value_type(e) == G_TYPE_STRING
+                               ? json_node_get_string(e) : NULL;
+        if (kind == NULL || (strcmp(kind, kinds[0]) != 0 && strcmp(kind, kinds[1]) != 0))
+            CONFIG_ERROR("\"layer_types\" entry %u is not \"%s\" or \"%s\"", l, kinds[0], kinds[1]);
+        bool linear = strcmp(kind, kinds[1]) == 0;
+        if (interval_given && linear != ((l + 1) % interval != 0))
+            CONFIG_ERROR("\"layer_types\" entry %u (%s) disagrees with full_attention_interval %" G_GUINT64_FORMAT,
+                         l, kind, interval);
+        if (linear && l < CKPTFS_MAX_LAYERS)
+            model->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+    }
+    return true;
+}
+
 /* Multi-head latent attention: what its sizes must satisfy (read with the schema). */
 static bool check_mla(const CkptfsModel *model, GError **error)
 {
@@ -428,6 +492,11 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
      * with the experts' sizes. */
     if (model->arch && model->arch->moe && !ckptfs_model_read_moe(config, model, error))
         return false;
+    if (model->arch && model->arch->hybrid_attention && !ckptfs_model_read_layer_kinds(config, model, error))
+        return false;
+    if (model->arch && model->arch->hybrid_attention && model->linear_value_heads % model->linear_key_heads != 0)
+        CONFIG_ERROR("linear_num_value_heads %" G_GUINT64_FORMAT " is not a multiple of linear_num_key_heads %"
+                     G_GUINT64_FORMAT, model->linear_value_heads, model->linear_key_heads);
     return true;
 }
 

@@ -42,6 +42,17 @@ static const CkptfsModelField fields[] = {
     /* transformers 5 writes head_dim null for "hidden_size / num_attention_heads" */
     {"head_dim", CKPTFS_FIELD_UINT, M(head_dim), CKPTFS_FOR_MHA, {"head_dim"}, 0, "kv_channels", NULL,
      CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM, {NULL}},
+    /* gated delta-net layers (Qwen3-Next): transformers' and Megatron-core 0.17.1's defaults */
+    {"linear_key_heads", CKPTFS_FIELD_UINT, M(linear_key_heads), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_num_key_heads"}, 0, "linear_num_key_heads", NULL, CKPTFS_FIELD_MATH, 16, 16, 0, 0, DIM, {NULL}},
+    {"linear_value_heads", CKPTFS_FIELD_UINT, M(linear_value_heads), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_num_value_heads"}, 0, "linear_num_value_heads", NULL, CKPTFS_FIELD_MATH, 32, 32, 0, 0, DIM, {NULL}},
+    {"linear_key_dim", CKPTFS_FIELD_UINT, M(linear_key_dim), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_key_head_dim"}, 0, "linear_key_head_dim", NULL, CKPTFS_FIELD_MATH, 128, 128, 0, 0, DIM, {NULL}},
+    {"linear_value_dim", CKPTFS_FIELD_UINT, M(linear_value_dim), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_value_head_dim"}, 0, "linear_value_head_dim", NULL, CKPTFS_FIELD_MATH, 128, 128, 0, 0, DIM, {NULL}},
+    {"conv_kernel", CKPTFS_FIELD_UINT, M(conv_kernel), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_conv_kernel_dim"}, 0, "linear_conv_kernel_dim", NULL, CKPTFS_FIELD_MATH, 4, 4, 0, 0, 1024, {NULL}},
     {"activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_ALL, {"hidden_act", "hidden_activation"}, 0, "swiglu",
      NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
@@ -183,6 +194,8 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
+    case CKPTFS_FOR_LINEAR_ATTENTION:
+        return m->arch && m->arch->hybrid_attention;
     default:
         return true;
     }

@@ -107,6 +107,12 @@ uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog);
  * as gather extents over the pieces (never the data itself). */
 void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                              uint64_t r1, uint64_t c0, uint64_t c1);
+/* Whether TENSOR's elements can be served shifted by one (served as stored, bf16 or fp32). */
+bool ckptfs_tensor_can_shift(const CkptfsTensor *tensor);
+/* The same rectangle with DELTA (-1 or +1) added to each element (ckptfs_convert_shift); TENSOR
+ * one that ckptfs_tensor_can_shift accepts. */
+void ckptfs_tensor_emit_rect_shifted(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1,
+                                     uint64_t c0, uint64_t c1, int delta);
 /* The whole tensor. */
 void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b);
 

@@ -36,6 +36,7 @@ typedef enum {
     CKPTFS_FOR_MOE,    /* mixtures of experts */
     CKPTFS_FOR_LLAMA3, /* rope scaled the Llama 3 way */
     CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
+    CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
