@@ -470,6 +470,7 @@ static bool check_mla(const CkptfsModel *model, GError **error)
 bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
 {
     model->mla = model->arch && model->arch->mla;
+    model->linear_attention = model->arch && model->arch->hybrid_attention;
     if (!ckptfs_schema_read_config(config, model, error))
         return false;
     if (model->mla && !check_mla(model, error))

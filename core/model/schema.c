@@ -195,7 +195,7 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
     case CKPTFS_FOR_LINEAR_ATTENTION:
-        return m->arch && m->arch->hybrid_attention;
+        return m->linear_attention;
     default:
         return true;
     }
@@ -877,6 +877,8 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     const CkptfsPy *experts = ckptfs_py_dict_get(args, "num_experts");
     m->mla = args_flag(args, "multi_latent_attention");
     m->experts = experts && experts->kind != CKPTFS_PY_NONE; /* its count read with the row */
+    const char *variant = ckptfs_py_str(ckptfs_py_dict_get(args, "experimental_attention_variant"));
+    m->linear_attention = variant != NULL && strcmp(variant, "gated_delta_net") == 0;
     const char *rope = ckptfs_py_str(ckptfs_py_dict_get(args, "rope_type"));
     if (m->mla) /* Megatron's MLA takes YaRN unless told rope */
         m->rope_type = rope == NULL || strcmp(rope, "yarn") == 0 ? CKPTFS_ROPE_YARN : CKPTFS_ROPE_DEFAULT;

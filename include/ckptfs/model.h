@@ -149,6 +149,7 @@ typedef struct {
     bool mtp;
     /* Gated delta-net layers (hybrid architectures): their key and value heads and widths, the
      * convolution's kernel, and which layers they are (set: linear attention) */
+    bool linear_attention; /* it has some (a hybrid's config, Megatron's gated_delta_net variant) */
     uint64_t linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim, conv_kernel;
     uint8_t linear_layer[CKPTFS_MAX_LAYERS / 8];
     /* The tokenizer's ids as a config.json gave them (or the Megatron views' args carried them:

@@ -19,6 +19,9 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
       the rank files alone (the delta rule as a loop over tokens) equals transformers' logits.
   gdn_reference.py same ORIG HF_DIR
       HF_DIR's tensors are ORIG's, bit for bit.
+  gdn_reference.py logits HF_DIR ORIG [HF_DIR ORIG ...]      (in the sid root)
+      transformers loads each HF_DIR (config.json included) and gives its ORIG's logits, bit for
+      bit.
   gdn_reference.py bad SRC KIND
       edits SRC's config.json: short (layer_types of the wrong length), interval (a
       full_attention_interval that disagrees with layer_types), kind (an unknown layer kind).
@@ -468,6 +471,22 @@ def same(orig, hf_dir):
     return 1 if bad else 0
 
 
+def logits(pairs):
+    import torch
+    from transformers import AutoModelForCausalLM
+    failed = 0
+    for hf_dir, orig in zip(pairs[::2], pairs[1::2]):
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        assert type(model).__name__ == "Qwen3NextForCausalLM", type(model).__name__
+        with torch.no_grad():
+            got = model(torch.tensor([TOKENS])).logits[0].numpy()
+        want = np.array(json.load(open(orig.rstrip("/") + ".logits.json")), np.float32)
+        if not np.array_equal(got, want):
+            print(f"{hf_dir}: logits differ: max {np.abs(got - want).max():.3e}", file=sys.stderr)
+            failed = 1
+    return failed
+
+
 def bad(src, kind):
     path = os.path.join(src, "config.json")
     c = json.load(open(path))
@@ -489,6 +508,8 @@ def main():
         return check(rest)
     if cmd == "same":
         return same(*rest)
+    if cmd == "logits":
+        return logits(rest)
     if cmd == "bad":
         return bad(*rest)
     raise SystemExit(f"unknown command {cmd}")
