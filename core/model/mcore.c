@@ -209,6 +209,15 @@ static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *
         }
         break;
     }
+    case CKPTFS_RECIPE_GDN_IN_SPLIT: { /* [q; k; v] as in_proj_qkv holds them, then z, b, a */
+        uint64_t qkv = key->sections[0] + key->sections[1] + key->sections[2];
+        segment(key, hf[0], 0, 0, qkv);
+        for (unsigned s = 3; s < 6; s++) {
+            segment(key, hf[s - 2], 0, qkv, key->sections[s]);
+            qkv += key->sections[s];
+        }
+        break;
+    }
     case CKPTFS_RECIPE_HALVES:
         segment(key, hf[0], 0, 0, key->rows / 2);
         segment(key, hf[1], 0, key->rows / 2, key->rows / 2);

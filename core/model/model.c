@@ -72,10 +72,16 @@ static const CkptfsArchitecture qwen3_next = {"Qwen3NextForCausalLM", "qwen3_nex
                                               .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
                                               .max_positions = 32768, .hybrid_attention = true,
                                               .attention_gate = true, .zero_centred_norms = true};
+/* Qwen3.5's text model: Qwen3-Next's layers, dense (transformers' defaults: 4 key/value heads) */
+static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_text", false, true,
+                                                &ckptfs_family_qwen3_5, NULL, false, 0, 0,
+                                                .kv_heads = 4, .head_dim = 256, .partial_rotary = 0.25,
+                                                .max_positions = 32768, .hybrid_attention = true,
+                                                .attention_gate = true, .zero_centred_norms = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen3_next, NULL};
+                                                          &qwen3_next, &qwen3_5_text, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {

@@ -78,6 +78,9 @@ typedef enum {
      * Qwen3-Next's hf[0] = in_proj_qkvz and hf[1] = in_proj_ba, which hold them per key-head
      * group ([q_g; k_g; v_g; z_g] and [b_g; a_g]) */
     CKPTFS_RECIPE_GDN_IN_GROUPED,
+    /* the same from Qwen3.5's hf[0] = in_proj_qkv ([q; k; v] over all heads), hf[1] = in_proj_z,
+     * hf[2] = in_proj_b, hf[3] = in_proj_a: stacked as they are */
+    CKPTFS_RECIPE_GDN_IN_SPLIT,
     /* hf[0] less one, element by element: Megatron's zero-centred norm (layernorm_zero_centered_
      * gamma) of a norm Hugging Face stores as the plain weight (the gated delta-net's out_norm).
      * Converted on read; a source reads it back plus one. */
@@ -133,7 +136,7 @@ typedef struct {
     CkptfsDim rows, cols;
     CkptfsTpSplit split;
     CkptfsRecipe recipe;
-    const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
+    const char *hf[4];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
                                stands for the expert */
     const char *tied_hf;    /* NEED_OUTPUT: what tied embeddings copy */
     bool fp32;              /* kept in float32 whatever the weights are (the router's expert
@@ -166,6 +169,9 @@ extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers
 extern const CkptfsFamily ckptfs_family_qwen3_next; /* Qwen3-Next: gated delta-net and gated
                                                        attention layers, MoE with a gated
                                                        shared expert */
+extern const CkptfsFamily ckptfs_family_qwen3_5;  /* Qwen3.5's text model: the same layers, the
+                                                     delta-net's input projections split, a
+                                                     dense MLP */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

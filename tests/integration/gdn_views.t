@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Qwen3-Next (Qwen3NextForCausalLM: gated delta-net layers among gated attention layers, MoE with
-# a gated shared expert): tiny models built and saved by transformers 5.12.1 (the sid root), one
-# with layer_types, one with full_attention_interval alone and a dense first layer. Every rank
+# a gated shared expert) and Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
+# projections split, a dense MLP): tiny models built and saved by transformers 5.12.1 (the sid
+# root), one Qwen3-Next with layer_types, one with full_attention_interval alone and a dense
+# first layer. Every rank
 # file of TP, PP+VPP and EP layouts loads in torch 1.13 (and 2.6), holds the keys Megatron-core
 # 0.17.1's experimental attention variant spec names, in its module order, with the bytes the
 # bridges make of the source (in_proj and conv1d split by TP section, the gated linear_qkv,
@@ -46,6 +48,7 @@ check_layouts() {
 }
 check_layouts q3n-a tp1pp1 tp2pp1 tp1pp2vpp2 tp2pp1ep2 tp2pp2ep2
 check_layouts q3n-b tp2pp1 tp1pp3vpp2ep2 tp2pp2ep4
+check_layouts q35 tp2pp1 tp1pp2vpp2
 
 # inspect names the layer pattern; what cannot be served is refused by name
 out=$("$CKPTFS_BIN" inspect "$models/q3n-b" 2>&1)
@@ -90,7 +93,8 @@ pairs=()
 round_trip q3n-a tp2pp1
 round_trip q3n-a tp1pp2vpp2ep2
 round_trip q3n-b tp2pp2ep4
-check "each hf/ of the three: transformers loads it (its config.json too), the same logits bit for bit" \
+round_trip q35 tp2pp2
+check "each hf/ of the four: transformers loads it (its config.json too), the same logits bit for bit" \
   sid_python "$WORK" "$ref" logits "${pairs[@]}"
 
 done_testing

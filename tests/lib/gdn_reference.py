@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Qwen3-Next (Qwen3NextForCausalLM, gated delta-net hybrid) checks, written from transformers
-5.12.1's modeling_qwen3_next.py (fix_query_key_value_ordering, Qwen3NextRMSNorm's 1 + w,
-Qwen3NextRMSNormGated's plain w), Megatron-core 0.17.1's megatron/core/ssm/gated_delta_net.py
+"""Qwen3-Next (Qwen3NextForCausalLM) and Qwen3.5's text model (Qwen3_5ForCausalLM), gated
+delta-net hybrids: checks written from transformers 5.12.1's modeling_qwen3_next.py
+(fix_query_key_value_ordering, Qwen3NextRMSNorm's 1 + w, Qwen3NextRMSNormGated's plain w) and
+modeling_qwen3_5.py (in_proj_qkv = [q; k; v], in_proj_z, in_proj_b, in_proj_a), Megatron-core 0.17.1's megatron/core/ssm/gated_delta_net.py
 (in_proj = [q; k; v; z; beta; alpha] and conv1d = [q; k; v], each section split over TP on its
 own; dt_bias and A_log split by head; the module's own parameters before its submodules'),
 mbridge's qwen3_5 bridge (the gated linear_qkv per query group [q; gate; k; v], out_norm = w - 1)
@@ -55,20 +56,26 @@ VARIANTS = {
     "q3n-b": dict(num_hidden_layers=6, full_attention_interval=3, linear_num_key_heads=2, linear_num_value_heads=6,
                   linear_key_head_dim=8, linear_value_head_dim=4, decoder_sparse_step=1, mlp_only_layers=[0],
                   only_interval=True),
+    # Qwen3.5's text model: dense, the delta-net's projections split
+    "q35": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True),
 }
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 # ---------------------------------------------------------------------------------------------
 # build (sid root)
 def build(out):
     import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
     for name, v in VARIANTS.items():
         v = dict(v)
         only_interval = v.pop("only_interval", False)
+        dense = v.pop("qwen3_5", False)
         torch.manual_seed(len(name) + sum(map(ord, name)))
-        cfg = Qwen3NextConfig(**BASE, **v)
-        model = Qwen3NextForCausalLM(cfg).eval()
+        base = {k: x for k, x in BASE.items() if not (dense and k in MOE_FIELDS)}
+        cfg = (Qwen3_5TextConfig if dense else Qwen3NextConfig)(**base, **v)
+        model = (Qwen3_5ForCausalLM if dense else Qwen3NextForCausalLM)(cfg).eval()
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight") and "linear_attn" in pname:
@@ -90,7 +97,7 @@ def build(out):
             del c["layer_types"]
             c["full_attention_interval"] = v["full_attention_interval"]
             json.dump(c, open(cpath, "w"), indent=2)
-        back = Qwen3NextForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        back = type(model).from_pretrained(path, dtype=torch.float32).eval()
         with torch.no_grad():
             logits = back(torch.tensor([TOKENS])).logits[0]
         json.dump(logits.tolist(), open(path + ".logits.json", "w"))
@@ -107,7 +114,7 @@ class Source:
         self.nh, self.ng, self.d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         self.nk, self.nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
         self.dk, self.dv, self.K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
-        self.E, self.topk = c["num_experts"], c["num_experts_per_tok"]
+        self.E, self.topk = c.get("num_experts", 0), c.get("num_experts_per_tok", 0)
         self.eps, self.theta = c["rms_norm_eps"], c.get("rope_parameters", {}).get("rope_theta", 10000.0)
         self.rotary_dim = int(self.d * c.get("partial_rotary_factor", 0.25))
         types = c.get("layer_types") or ["full_attention" if (i + 1) % c["full_attention_interval"] == 0
@@ -115,7 +122,7 @@ class Source:
         self.linear = [t == "linear_attention" for t in types]
         only = set(c.get("mlp_only_layers") or [])
         step = c.get("decoder_sparse_step", 1)
-        self.moe = [i not in only and (i + 1) % step == 0 for i in range(self.L)]
+        self.moe = [self.E > 0 and i not in only and (i + 1) % step == 0 for i in range(self.L)]
 
     def bits(self, name):
         dt, shape, raw = self.raw[name]
@@ -141,6 +148,11 @@ def less_one(bits):
 def in_proj_sections(s, i):
     """Megatron's [q, k, v, z, beta, alpha] from Qwen3-Next's per-key-head-group in_proj_qkvz
     ([q_g; k_g; v_g; z_g]) and in_proj_ba ([b_g; a_g]), as fix_query_key_value_ordering reads them."""
+    if f"model.layers.{i}.linear_attn.in_proj_qkv.weight" in s.raw:  # Qwen3.5: [q; k; v], z, b, a
+        qk = s.nk * s.dk
+        qkv = s.layer(i, "linear_attn.in_proj_qkv.weight")
+        return [qkv[:qk], qkv[qk:2 * qk], qkv[2 * qk:]] + [s.layer(i, f"linear_attn.in_proj_{p}.weight")
+                                                         for p in "zba"]
     vg, hg = s.nv // s.nk * s.dv, s.nv // s.nk
     qkvz = s.layer(i, "linear_attn.in_proj_qkvz.weight").reshape(s.nk, 2 * s.dk + 2 * vg, s.H)
     ba = s.layer(i, "linear_attn.in_proj_ba.weight").reshape(s.nk, 2 * hg, s.H)
@@ -429,11 +441,14 @@ def check(argv):
                              linear_attention_freq=[int(lin) for lin in s.linear], attention_output_gate=True,
                              layernorm_zero_centered_gamma=True, linear_num_key_heads=s.nk,
                              linear_num_value_heads=s.nv, linear_key_head_dim=s.dk, linear_value_head_dim=s.dv,
-                             linear_conv_kernel_dim=s.K, moe_shared_expert_gate=True, qk_layernorm=True,
-                             rotary_percent=s.rotary_dim / s.d, num_experts=s.E,
-                             moe_layer_freq=1 if all(s.moe) else [int(m) for m in s.moe],
+                             linear_conv_kernel_dim=s.K, qk_layernorm=True, rotary_percent=s.rotary_dim / s.d,
                              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                              expert_model_parallel_size=ep, transformer_impl="transformer_engine")
+            if s.E:
+                want_args.update(num_experts=s.E, moe_shared_expert_gate=True,
+                                 moe_layer_freq=1 if all(s.moe) else [int(m) for m in s.moe])
+            else:
+                want_args.update(num_experts=None)
             for k, want in want_args.items():
                 if getattr(args, k, "<missing>") != want:
                     errors.append(f"{path}: args.{k} = {getattr(args, k, '<missing>')!r}, expected {want!r}")
@@ -477,7 +492,8 @@ def logits(pairs):
     failed = 0
     for hf_dir, orig in zip(pairs[::2], pairs[1::2]):
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-        assert type(model).__name__ == "Qwen3NextForCausalLM", type(model).__name__
+        cls = type(model).__name__
+        assert cls == json.load(open(os.path.join(orig, "config.json")))["architectures"][0], cls
         with torch.no_grad():
             got = model(torch.tensor([TOKENS])).logits[0].numpy()
         want = np.array(json.load(open(orig.rstrip("/") + ".logits.json")), np.float32)
