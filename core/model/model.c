@@ -156,6 +156,12 @@ bool ckptfs_model_layer_is_linear(const CkptfsModel *m, uint64_t layer)
     return layer < CKPTFS_MAX_LAYERS && (m->linear_layer[layer / 8] & (1u << (layer % 8)));
 }
 
+void ckptfs_model_set_linear_layer(CkptfsModel *m, uint64_t layer)
+{
+    if (layer < CKPTFS_MAX_LAYERS)
+        m->linear_layer[layer / 8] |= (uint8_t)(1u << (layer % 8));
+}
+
 uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
 {
     uint64_t n = 0;
@@ -435,7 +441,7 @@ bool ckptfs_model_read_layer_kinds(JsonObject *config, CkptfsModel *model, GErro
     if (types == NULL || JSON_NODE_HOLDS_NULL(types)) {
         for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
             if ((l + 1) % interval != 0)
-                model->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+                ckptfs_model_set_linear_layer(model, l);
         return true;
     }
     if (!JSON_NODE_HOLDS_ARRAY(types))
@@ -454,8 +460,8 @@ bool ckptfs_model_read_layer_kinds(JsonObject *config, CkptfsModel *model, GErro
         if (interval_given && linear != ((l + 1) % interval != 0))
             CONFIG_ERROR("\"layer_types\" entry %u (%s) disagrees with full_attention_interval %" G_GUINT64_FORMAT,
                          l, kind, interval);
-        if (linear && l < CKPTFS_MAX_LAYERS)
-            model->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+        if (linear)
+            ckptfs_model_set_linear_layer(model, l);
     }
     return true;
 }

@@ -234,7 +234,7 @@ static bool linear_from_args(const CkptfsPy *args, const char *path, CkptfsModel
     if (freq && freq->kind == CKPTFS_PY_INT && !freq->big && freq->i > 0) {
         for (uint64_t l = 0; l < s->layers && l < CKPTFS_MAX_LAYERS; l++)
             if ((l + 1) % (uint64_t)freq->i != 0)
-                s->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+                ckptfs_model_set_linear_layer(s, l);
         return true;
     }
     if (freq == NULL || freq->kind != CKPTFS_PY_LIST)
@@ -249,7 +249,7 @@ static bool linear_from_args(const CkptfsPy *args, const char *path, CkptfsModel
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: args.linear_attention_freq entry %u is not 0 or 1",
                                path, l);
         if (v->i == 1)
-            s->linear_layer[l / 8] |= (uint8_t)(1u << (l % 8));
+            ckptfs_model_set_linear_layer(s, l);
     }
     return true;
 }

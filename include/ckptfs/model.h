@@ -178,6 +178,8 @@ bool ckptfs_model_layers_homogeneous(const CkptfsModel *model);
 uint64_t ckptfs_model_moe_layers(const CkptfsModel *model);
 /* Whether layer L of MODEL is a gated delta-net (linear attention) layer; the number of them. */
 bool ckptfs_model_layer_is_linear(const CkptfsModel *model, uint64_t layer);
+/* Marks layer L a gated delta-net layer. */
+void ckptfs_model_set_linear_layer(CkptfsModel *model, uint64_t layer);
 uint64_t ckptfs_model_linear_layers(const CkptfsModel *model);
 /* Reads a hybrid architecture's layer kinds from CONFIG: layer_types ("linear_attention",
  * "full_attention"), else every full_attention_interval-th layer full (transformers' default
