@@ -306,6 +306,15 @@ static void readahead_json(JsonBuilder *b, const CkptfsOptions *options)
     json_builder_end_object(b);
 }
 
+/* A hybrid's layer kinds, one letter a layer: L linear attention, A attention. */
+static char *layer_pattern(const CkptfsModel *m)
+{
+    GString *out = g_string_new(NULL);
+    for (uint64_t l = 0; l < m->layers; l++)
+        g_string_append_c(out, ckptfs_model_layer_is_linear(m, l) ? 'L' : 'A');
+    return g_string_free(out, FALSE);
+}
+
 static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
                          GPtrArray *views)
 {
@@ -403,6 +412,11 @@ static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
         json_builder_add_int_value(b, (gint64)mount->model->mtp_layers);
         json_builder_set_member_name(b, "mtp_served");
         json_builder_add_boolean_value(b, mount->model->mtp);
+    }
+    if (mount->model && mount->model->arch->hybrid_attention) {
+        g_autofree char *pattern = layer_pattern(mount->model);
+        json_builder_set_member_name(b, "layer_pattern");
+        json_builder_add_string_value(b, pattern);
     }
     if (mount->model && mount->model->experts) {
         const CkptfsModel *m = mount->model;
@@ -766,6 +780,13 @@ int ckptfs_cmd_inspect(int argc, char **argv)
         if (m->experts) {
             g_autofree char *experts = experts_text(m);
             printf("experts:      %s\n", experts);
+        }
+        if (m->arch->hybrid_attention) {
+            g_autofree char *pattern = layer_pattern(m);
+            printf("layers:       %s (L: gated delta-net, %" G_GUINT64_FORMAT " key / %" G_GUINT64_FORMAT
+                   " value heads of %" G_GUINT64_FORMAT " / %" G_GUINT64_FORMAT ", conv %" G_GUINT64_FORMAT
+                   "; A: %sattention)\n", pattern, m->linear_key_heads, m->linear_value_heads, m->linear_key_dim,
+                   m->linear_value_dim, m->conv_kernel, m->arch->attention_gate ? "gated " : "");
         }
         if (m->experts && (m->sigmoid_scores || m->groups || m->topk_scaling > 0))
             printf("routing:      %s scores%s, top-%" G_GUINT64_FORMAT " of the best %" G_GUINT64_FORMAT

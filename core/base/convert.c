@@ -13,6 +13,10 @@ static const struct {
     [CKPTFS_CONVERT_F16_TO_F32] = {CKPTFS_DTYPE_F16, CKPTFS_DTYPE_F32},
     [CKPTFS_CONVERT_E4M3_SCALED_TO_BF16] = {CKPTFS_DTYPE_F8_E4M3, CKPTFS_DTYPE_BF16},
     [CKPTFS_CONVERT_E5M2_SCALED_TO_BF16] = {CKPTFS_DTYPE_F8_E5M2, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_BF16_LESS_ONE] = {CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_BF16_PLUS_ONE] = {CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_BF16},
+    [CKPTFS_CONVERT_F32_LESS_ONE] = {CKPTFS_DTYPE_F32, CKPTFS_DTYPE_F32},
+    [CKPTFS_CONVERT_F32_PLUS_ONE] = {CKPTFS_DTYPE_F32, CKPTFS_DTYPE_F32},
 };
 
 /* Whether CONV needs block scales (not found by ckptfs_convert_find: an FP8 tensor without its
@@ -25,8 +29,17 @@ static bool scaled(CkptfsConvert c)
 CkptfsConvert ckptfs_convert_find(CkptfsDtype from, CkptfsDtype to)
 {
     for (int c = 1; c < CKPTFS_CONVERT_COUNT; c++)
-        if (!scaled((CkptfsConvert)c) && conversions[c].from == from && conversions[c].to == to)
+        if (!scaled((CkptfsConvert)c) && from != to && conversions[c].from == from && conversions[c].to == to)
             return (CkptfsConvert)c;
+    return CKPTFS_CONVERT_NONE;
+}
+
+CkptfsConvert ckptfs_convert_shift(CkptfsDtype dtype, int delta)
+{
+    if (dtype == CKPTFS_DTYPE_BF16)
+        return delta < 0 ? CKPTFS_CONVERT_BF16_LESS_ONE : CKPTFS_CONVERT_BF16_PLUS_ONE;
+    if (dtype == CKPTFS_DTYPE_F32)
+        return delta < 0 ? CKPTFS_CONVERT_F32_LESS_ONE : CKPTFS_CONVERT_F32_PLUS_ONE;
     return CKPTFS_CONVERT_NONE;
 }
 
@@ -117,6 +130,33 @@ void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n)
             memcpy(dst + 4 * i, &u, 4);
         }
         break;
+    case CKPTFS_CONVERT_BF16_LESS_ONE:
+    case CKPTFS_CONVERT_BF16_PLUS_ONE: {
+        float delta = conv == CKPTFS_CONVERT_BF16_LESS_ONE ? -1.0f : 1.0f;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b;
+            memcpy(&b, src + 2 * i, 2);
+            uint32_t u = (uint32_t)b << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            f += delta;
+            memcpy(&u, &f, 4);
+            b = bf16_from_f32_bits(u, 0xFFFFu);
+            memcpy(dst + 2 * i, &b, 2);
+        }
+        break;
+    }
+    case CKPTFS_CONVERT_F32_LESS_ONE:
+    case CKPTFS_CONVERT_F32_PLUS_ONE: {
+        float delta = conv == CKPTFS_CONVERT_F32_LESS_ONE ? -1.0f : 1.0f;
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, src + 4 * i, 4);
+            f += delta;
+            memcpy(dst + 4 * i, &f, 4);
+        }
+        break;
+    }
     case CKPTFS_CONVERT_E4M3_SCALED_TO_BF16: /* need their scales: ckptfs_convert_fp8_scaled */
     case CKPTFS_CONVERT_E5M2_SCALED_TO_BF16:
     case CKPTFS_CONVERT_NONE:

@@ -314,7 +314,7 @@ static unsigned serve_as(CkptfsCatalog *catalog, CkptfsDtype to, bool scaled_onl
             serve = t->dtype;
         else if (t->scale != NULL) /* block-scaled FP8: to bf16 only, or as stored */
             serve = to == CKPTFS_DTYPE_BF16 ? to : t->stored;
-        else if (scaled_only || (keep && keep(t->name)))
+        else if (scaled_only || (keep && keep(t->name)) || t->shift) /* a shifted one: as stored */
             serve = t->dtype;
         /* Fewer or as many bytes per element as stored (bf16 from fp32), or twice as many from
          * sizes already checked against 64 bits with 8-byte elements to spare. */
@@ -422,8 +422,9 @@ static void emit_mxfp4_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, ui
 /* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
  * by the pieces it crosses; within a band the pieces side by side become the items of one
  * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
-void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
-                             uint64_t r1, uint64_t c0, uint64_t c1)
+/* The rectangle as its conversion gives it, or through SHIFT (a same-type conversion) when not NONE. */
+static void emit_rect_as(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1, uint64_t c0,
+                         uint64_t c1, CkptfsConvert shift)
 {
     if (tensor->mxfp4 != NULL) {
         if (r0 < r1 && c0 < c1)
@@ -431,7 +432,7 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
         return;
     }
     size_t isz = ckptfs_dtype_size(tensor->stored); /* pieces address stored bytes */
-    CkptfsConvert conv = ckptfs_convert_find(tensor->stored, tensor->dtype);
+    CkptfsConvert conv = shift != CKPTFS_CONVERT_NONE ? shift : ckptfs_convert_find(tensor->stored, tensor->dtype);
     bool scaled = tensor->scale != NULL && tensor->dtype != tensor->stored;
     if (scaled)
         conv = tensor->stored == CKPTFS_DTYPE_F8_E4M3 ? CKPTFS_CONVERT_E4M3_SCALED_TO_BF16
@@ -501,6 +502,37 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
                                    items->len);
         row = band_end;
     }
+}
+
+void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                             uint64_t r1, uint64_t c0, uint64_t c1)
+{
+    emit_rect_as(tensor, b, r0, r1, c0, c1,
+                 tensor->shift ? ckptfs_convert_shift(tensor->dtype, tensor->shift) : CKPTFS_CONVERT_NONE);
+}
+
+bool ckptfs_catalog_set_shift(CkptfsCatalog *catalog, const char *name, int delta, GError **error)
+{
+    CkptfsTensor *t = (CkptfsTensor *)ckptfs_catalog_find(catalog, name);
+    if (t == NULL || !ckptfs_tensor_can_shift(t))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is %s: its weight %s 1 is served for "
+                           "bf16 or fp32 only", name, t ? ckptfs_dtype_safetensors_name(t->dtype) : "missing",
+                           delta < 0 ? "less" : "plus");
+    t->shift = delta;
+    return true;
+}
+
+bool ckptfs_tensor_can_shift(const CkptfsTensor *tensor)
+{
+    return tensor->mxfp4 == NULL && tensor->scale == NULL && tensor->stored == tensor->dtype && tensor->shift == 0 &&
+           ckptfs_convert_shift(tensor->dtype, -1) != CKPTFS_CONVERT_NONE;
+}
+
+void ckptfs_tensor_emit_rect_shifted(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1,
+                                     uint64_t c0, uint64_t c1, int delta)
+{
+    g_assert(ckptfs_tensor_can_shift(tensor));
+    emit_rect_as(tensor, b, r0, r1, c0, c1, ckptfs_convert_shift(tensor->dtype, delta));
 }
 
 void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b)

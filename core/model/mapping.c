@@ -124,6 +124,10 @@
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.k_layernorm._extra_state", 10, NONE, CKPTFS_NEED_QK_NORM), \
     /* a Transformer Engine norm before the MoE block (TENorm carries FP8 state) */              \
     EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 12, NONE, CKPTFS_NEED_MOE),     \
+    LAST_STAGE
+
+/* The last stage's final norm and output layer. */
+#define LAST_STAGE                                                                            \
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,      \
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,           \
      CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false},                                        \
@@ -292,6 +296,96 @@ static const CkptfsRule glm4_moe_rules[] = {
     MTP_LAYER,
 };
 
+/* Qwen3-Next (Qwen3NextForCausalLM): each layer a gated delta-net (linear attention) or gated
+ * softmax attention, as the model's layer kinds say, then Qwen2-MoE's experts with a gated shared
+ * expert. Megatron-core 0.17.1's experimental attention variant spec (Transformer Engine only):
+ * the attention layers as GPT's with attention_output_gate (linear_qkv per query group: queries,
+ * their gates, key, value, as mbridge's qwen3_5 bridge orders them), the delta-net layers'
+ * GatedDeltaNet (megatron/core/ssm/gated_delta_net.py) with the input norm fused into in_proj;
+ * names as Megatron-Bridge's qwen3_next_bridge.py maps them. A legacy state dict holds a delta-net
+ * layer's own parameters (dt_bias, A_log) before its modules'. */
+#define GDN_LAYER_ENTRY(name_, te_at, ndim_, rows_, cols_, split_, recipe_, ...)                  \
+    WEIGHT("self_attention." name_, NULL, te_at, NONE, CKPTFS_NEED_LINEAR_ATTENTION, ndim_, rows_, \
+           cols_, split_, recipe_, __VA_ARGS__)
+#define GDN_EXTRA(name_, te_at) EXTRA(CKPTFS_SCOPE_LAYER, "self_attention." name_ "._extra_state", te_at, \
+                                      NONE, CKPTFS_NEED_LINEAR_ATTENTION)
+#define FULL_ATTENTION_WEIGHT(name_, te_at, rows_, cols_, split_, recipe_, ...)                  \
+    WEIGHT("self_attention." name_, NULL, te_at, NONE, CKPTFS_NEED_FULL_ATTENTION, rows_ == CKPTFS_DIM_HEAD ? 1 : 2, \
+           rows_, cols_, split_, recipe_, __VA_ARGS__)
+#define FULL_ATTENTION_EXTRA(name_, te_at) EXTRA(CKPTFS_SCOPE_LAYER, "self_attention." name_ "._extra_state", \
+                                                 te_at, NONE, CKPTFS_NEED_FULL_ATTENTION)
+/* A gated delta-net layer, its in_proj from RECIPE and its HF tensors */
+#define GDN_LAYER(in_proj_recipe, ...)                                                          \
+    GDN_LAYER_ENTRY("dt_bias", 0, 1, CKPTFS_DIM_GDN_HEADS, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,        \
+                    CKPTFS_RECIPE_WHOLE, "linear_attn.dt_bias"),                                 \
+    GDN_LAYER_ENTRY("A_log", 1, 1, CKPTFS_DIM_GDN_HEADS, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,          \
+                    CKPTFS_RECIPE_WHOLE, "linear_attn.A_log"),                                   \
+    GDN_LAYER_ENTRY("in_proj.layer_norm_weight", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,         \
+                    CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "input_layernorm.weight"),        \
+    GDN_LAYER_ENTRY("in_proj.weight", 3, 2, CKPTFS_DIM_GDN_IN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_SECTIONS, \
+                    in_proj_recipe, __VA_ARGS__),                                                \
+    GDN_EXTRA("in_proj", 4),                                                                    \
+    GDN_LAYER_ENTRY("conv1d.weight", 5, 3, CKPTFS_DIM_GDN_CONV, CKPTFS_DIM_CONV_KERNEL,           \
+                    CKPTFS_TP_SECTIONS, CKPTFS_RECIPE_WHOLE, "linear_attn.conv1d.weight"),       \
+    /* Megatron's zero-centred norm (layernorm_zero_centered_gamma) of transformers' plain one */ \
+    GDN_LAYER_ENTRY("out_norm.weight", 6, 1, CKPTFS_DIM_GDN_VALUE_HEAD, CKPTFS_DIM_ONE,          \
+                    CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_LESS_ONE, "linear_attn.norm.weight"),    \
+    GDN_EXTRA("out_norm", 7),                                                                   \
+    GDN_LAYER_ENTRY("out_proj.weight", 8, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_GDN_VALUE, CKPTFS_TP_COLS, \
+                    CKPTFS_RECIPE_WHOLE, "linear_attn.out_proj.weight"),                         \
+    GDN_EXTRA("out_proj", 9)
+/* A gated attention layer (q/k norms always) */
+#define GATED_ATTENTION_LAYER                                                                   \
+    FULL_ATTENTION_EXTRA("core_attention", 0),                                                  \
+    FULL_ATTENTION_WEIGHT("linear_proj.weight", 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q, CKPTFS_TP_COLS, \
+                          CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight"),                       \
+    FULL_ATTENTION_EXTRA("linear_proj", 2),                                                     \
+    WEIGHT("self_attention.linear_qkv.layer_norm_weight", NULL, 3, NONE, CKPTFS_NEED_FULL_ATTENTION, 1, \
+           CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,          \
+           "input_layernorm.weight"),                                                          \
+    FULL_ATTENTION_WEIGHT("linear_qkv.weight", 4, CKPTFS_DIM_QKV_GATED, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS, \
+                          CKPTFS_RECIPE_QKV_GATED, "self_attn.q_proj.weight", "self_attn.k_proj.weight", \
+                          "self_attn.v_proj.weight"),                                           \
+    FULL_ATTENTION_EXTRA("linear_qkv", 6),                                                      \
+    FULL_ATTENTION_WEIGHT("q_layernorm.weight", 7, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
+                          CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"),                       \
+    FULL_ATTENTION_EXTRA("q_layernorm", 8),                                                     \
+    FULL_ATTENTION_WEIGHT("k_layernorm.weight", 9, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
+                          CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"),                       \
+    FULL_ATTENTION_EXTRA("k_layernorm", 10)
+/* A dense MLP with its norm fused into fc1 (TE) */
+#define FUSED_NORM_DENSE_MLP                                                                    \
+    LAYER_NORM("mlp.linear_fc1.layer_norm_weight", NULL, 11, NONE, CKPTFS_NEED_DENSE_MLP,        \
+               "post_attention_layernorm.weight"),                                             \
+    DENSE_MLP,                                                                                  \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13, NONE, CKPTFS_NEED_DENSE_MLP),    \
+    EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 15, NONE, CKPTFS_NEED_DENSE_MLP)
+static const CkptfsRule qwen3_next_rules[] = {
+    EMBEDDING,
+    GDN_LAYER(CKPTFS_RECIPE_GDN_IN_GROUPED, "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"),
+    GATED_ATTENTION_LAYER,
+    /* the MLP: dense (mlp_only_layers) or experts */
+    FUSED_NORM_DENSE_MLP,
+    MOE_NORM_AND_ROUTER("mlp.gate.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 12, NONE, CKPTFS_NEED_MOE),
+    EXPERTS("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight"),
+    SHARED_EXPERT,
+    LAST_STAGE,
+};
+
+/* Qwen3.5's text model (Qwen3_5ForCausalLM): Qwen3-Next's layers with the delta-net's input
+ * projections split (mbridge's qwen3_5 bridge stacks [in_proj_qkv; in_proj_z; in_proj_b;
+ * in_proj_a] into in_proj) and a dense MLP. */
+static const CkptfsRule qwen3_5_rules[] = {
+    EMBEDDING,
+    GDN_LAYER(CKPTFS_RECIPE_GDN_IN_SPLIT, "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
+              "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"),
+    GATED_ATTENTION_LAYER,
+    FUSED_NORM_DENSE_MLP,
+    LAST_STAGE,
+};
+
 /* MiMo (MiMoForCausalLM): Qwen2 (q/k/v biases) with multi-token prediction layers under
  * model.mtp_layers.N (mbridge's mimo names): token_layernorm and hidden_layernorm are Megatron's
  * enorm and hnorm; input_proj reads [hidden; embedding], eh_proj [embedding; hidden]. */
@@ -408,6 +502,8 @@ const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_r
 const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2_5_vl_vision_rules,
                                                       G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL};
 const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL};
+const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules), NULL};
+const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -76,8 +76,37 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->vision_out_hidden;
     case CKPTFS_DIM_HEADS:
         return m->heads;
+    case CKPTFS_DIM_QKV_GATED:
+        return (2 * m->heads + 2 * m->kv_heads) * m->head_dim;
+    case CKPTFS_DIM_GDN_IN:
+        return 2 * m->linear_key_heads * m->linear_key_dim + 2 * m->linear_value_heads * m->linear_value_dim +
+               2 * m->linear_value_heads;
+    case CKPTFS_DIM_GDN_CONV:
+        return 2 * m->linear_key_heads * m->linear_key_dim + m->linear_value_heads * m->linear_value_dim;
+    case CKPTFS_DIM_GDN_VALUE:
+        return m->linear_value_heads * m->linear_value_dim;
+    case CKPTFS_DIM_GDN_HEADS:
+        return m->linear_value_heads;
+    case CKPTFS_DIM_GDN_VALUE_HEAD:
+        return m->linear_value_dim;
+    case CKPTFS_DIM_CONV_KERNEL:
+        return m->conv_kernel;
     }
     return 0;
+}
+
+unsigned ckptfs_dim_sections(const CkptfsModel *m, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS])
+{
+    uint64_t key = m->linear_key_heads * m->linear_key_dim, value = m->linear_value_heads * m->linear_value_dim;
+    /* Megatron-core 0.17.1's GatedDeltaNet: in_proj = [q, k, v, z, beta, alpha], conv1d's
+     * channels [q, k, v], each section split over TP on its own */
+    const uint64_t in_proj[] = {key, key, value, value, m->linear_value_heads, m->linear_value_heads};
+    const uint64_t conv[] = {key, key, value};
+    const uint64_t *sections = dim == CKPTFS_DIM_GDN_IN ? in_proj : dim == CKPTFS_DIM_GDN_CONV ? conv : NULL;
+    unsigned n = dim == CKPTFS_DIM_GDN_IN ? G_N_ELEMENTS(in_proj) : dim == CKPTFS_DIM_GDN_CONV ? G_N_ELEMENTS(conv) : 0;
+    for (unsigned i = 0; i < n; i++)
+        out[i] = sections[i];
+    return n;
 }
 
 bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied_output_copy)
@@ -107,6 +136,10 @@ bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied
         return ckptfs_model_moe_layers(m) > 0 && m->expert_bias;
     case CKPTFS_NEED_MTP:
         return m->mtp;
+    case CKPTFS_NEED_FULL_ATTENTION:
+        return ckptfs_model_linear_layers(m) < m->layers;
+    case CKPTFS_NEED_LINEAR_ATTENTION:
+        return ckptfs_model_linear_layers(m) > 0;
     }
     return false;
 }
@@ -123,6 +156,10 @@ bool ckptfs_rule_in_layer(const CkptfsRule *rule, const CkptfsModel *m, uint64_t
     case CKPTFS_NEED_SHARED_GATE:
     case CKPTFS_NEED_EXPERT_BIAS:
         return ckptfs_model_layer_is_moe(m, layer);
+    case CKPTFS_NEED_FULL_ATTENTION:
+        return !ckptfs_model_layer_is_linear(m, layer);
+    case CKPTFS_NEED_LINEAR_ATTENTION:
+        return ckptfs_model_layer_is_linear(m, layer);
     default:
         return true;
     }
@@ -136,6 +173,7 @@ static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *
     switch (key->rule->recipe) {
     case CKPTFS_RECIPE_WHOLE: /* the vocabulary's padding rows are left uncovered */
     case CKPTFS_RECIPE_SWAP_COL_HALVES: /* rows as they are; readers swap the columns */
+    case CKPTFS_RECIPE_LESS_ONE:        /* rows as they are; readers shift the elements */
         segment(key, hf[0], 0, 0, key->split == CKPTFS_TP_VOCAB ? m->vocab : key->rows);
         break;
     case CKPTFS_RECIPE_QKV:
@@ -147,6 +185,44 @@ static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *
             segment(key, hf[0], g * hpg * d, g * block, hpg * d);
             segment(key, k, k0 + g * d, g * block + hpg * d, d);
             segment(key, v, v0 + g * d, g * block + (hpg + 1) * d, d);
+        }
+        break;
+    }
+    case CKPTFS_RECIPE_QKV_GATED: /* per group: queries, gates, key, value (q_proj: [q; gate] per head) */
+        for (uint64_t g = 0; g < m->kv_heads; g++) {
+            uint64_t gated_block = (2 * hpg + 2) * d;
+            for (uint64_t h = 0; h < hpg; h++)
+                segment(key, hf[0], (g * hpg + h) * 2 * d, g * gated_block + h * d, d);
+            for (uint64_t h = 0; h < hpg; h++)
+                segment(key, hf[0], (g * hpg + h) * 2 * d + d, g * gated_block + (hpg + h) * d, d);
+            segment(key, hf[1], g * d, g * gated_block + 2 * hpg * d, d);
+            segment(key, hf[2], g * d, g * gated_block + (2 * hpg + 1) * d, d);
+        }
+        break;
+    case CKPTFS_RECIPE_GDN_IN_GROUPED: {
+        /* Qwen3-Next's in_proj_qkvz holds [q_g; k_g; v_g; z_g] per key-head group g, in_proj_ba
+         * [b_g; a_g]; Megatron's sections hold each over all groups, group by group */
+        uint64_t groups = m->linear_key_heads, dk = m->linear_key_dim;
+        uint64_t heads_per_group = m->linear_value_heads / groups, vg = heads_per_group * m->linear_value_dim;
+        uint64_t qkvz_group = 2 * dk + 2 * vg, ba_group = 2 * heads_per_group;
+        const uint64_t at_in_group[] = {0, dk, 2 * dk, 2 * dk + vg, 0, heads_per_group};
+        const uint64_t per_group[] = {dk, dk, vg, vg, heads_per_group, heads_per_group};
+        uint64_t row0 = 0;
+        for (unsigned s = 0; s < G_N_ELEMENTS(per_group); s++) {
+            bool ba = s >= 4;
+            for (uint64_t g = 0; g < groups; g++)
+                segment(key, hf[ba ? 1 : 0], g * (ba ? ba_group : qkvz_group) + at_in_group[s],
+                        row0 + g * per_group[s], per_group[s]);
+            row0 += groups * per_group[s];
+        }
+        break;
+    }
+    case CKPTFS_RECIPE_GDN_IN_SPLIT: { /* [q; k; v] as in_proj_qkv holds them, then z, b, a */
+        uint64_t qkv = key->sections[0] + key->sections[1] + key->sections[2];
+        segment(key, hf[0], 0, 0, qkv);
+        for (unsigned s = 3; s < 6; s++) {
+            segment(key, hf[s - 2], 0, qkv, key->sections[s]);
+            qkv += key->sections[s];
         }
         break;
     }
@@ -176,9 +252,10 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
                               stacked ? g_strconcat("decoder.layers.", local, NULL) : g_strdup(local),
                               r, stacked, r->expert, r->expert ? m->experts : 0,
                               r->ndim, dim_value(m, r->rows, padded_vocab),
-                              r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split,
+                              r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, 0,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
                               family->mtp_hf_prefix, m->arch->hf_layer_prefix};
+        k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections);
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
         const char *tied[1] = {r->tied_hf};
@@ -311,7 +388,7 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
         char *name = ckptfs_mcore_hf_name(k, layer, e, seg->hf_name);
         guint at = GPOINTER_TO_UINT(g_hash_table_lookup(seen, name));
         if (at == 0) {
-            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim == 2 ? k->cols : 0, k->rule->fp32,
+            CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim >= 2 ? k->cols : 0, k->rule->fp32,
                                    k->rule->cols == CKPTFS_DIM_PATCH};
             g_array_append_val(out, fresh);
             at = out->len;
@@ -437,6 +514,17 @@ GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, ui
         rows_as_parts(key, 0, R, r * C / T, (r + 1) * C / T - r * C / T, parts);
         *cols = (r + 1) * C / T - r * C / T;
         break;
+    case CKPTFS_TP_SECTIONS: {
+        uint64_t at = 0;
+        *rows = 0;
+        for (unsigned s = 0; s < key->n_sections; s++) {
+            uint64_t n = key->sections[s];
+            rows_as_parts(key, at + r * n / T, at + (r + 1) * n / T, 0, C, parts);
+            *rows += (r + 1) * n / T - r * n / T;
+            at += n;
+        }
+        break;
+    }
     }
     return parts;
 }
@@ -458,7 +546,9 @@ unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint
     if (key->expert)
         shape[n++] = key->experts;
     shape[n++] = key->rows;
-    if (key->ndim == 2)
+    if (key->ndim == 3) /* [channels, 1, kernel] */
+        shape[n++] = 1;
+    if (key->ndim >= 2)
         shape[n++] = key->cols;
     return n;
 }
@@ -508,6 +598,9 @@ GArray *ckptfs_mcore_tp_cuts(const CkptfsMcoreKey *key, const unsigned *tps, uns
             case CKPTFS_TP_VOCAB:
                 at[0] = r * (ckptfs_padded_vocab(vocab, (unsigned)divisible_by, (unsigned)T) / T);
                 break;
+            case CKPTFS_TP_SECTIONS: /* each section's own cuts, added below */
+                nat = 0;
+                break;
             default:
                 at[0] = r * extent / T;
             }
@@ -519,6 +612,14 @@ GArray *ckptfs_mcore_tp_cuts(const CkptfsMcoreKey *key, const unsigned *tps, uns
     if (key->split == CKPTFS_TP_ROW_HALVES) {
         uint64_t half = extent / 2;
         g_array_append_val(cuts, half);
+    }
+    for (uint64_t s = 0, at = 0; key->split == CKPTFS_TP_SECTIONS && s < key->n_sections; at += key->sections[s++]) {
+        g_array_append_val(cuts, at);
+        for (unsigned i = 0; i < n; i++)
+            for (uint64_t r = 1; r < tps[i]; r++) {
+                uint64_t cut = at + r * key->sections[s] / tps[i];
+                g_array_append_val(cuts, cut);
+            }
     }
     g_array_sort(cuts, cmp_u64);
     guint out = 0;

@@ -93,10 +93,24 @@ static const CkptfsArchitecture gpt_oss = {"GptOssForCausalLM", "gpt_oss", true,
                                            .kv_heads = 8, .head_dim = 64, .max_positions = 131072,
                                            .linear_biases = true, .attention_sinks = true, .window_skip_freq = 2,
                                            .glu_clamp = 7, .yarn = true};
+/* Qwen3-Next: gated delta-net layers among gated attention layers (q/k norms, a quarter of each
+ * head rotated unless partial_rotary_factor says otherwise), zero-centred norms, Qwen2-MoE's
+ * experts with a gated shared expert (transformers' defaults: 2 key/value heads, head_dim 256) */
+static const CkptfsArchitecture qwen3_next = {"Qwen3NextForCausalLM", "qwen3_next", false, true,
+                                              &ckptfs_family_qwen3_next, &qwen2_moe_config, false, 0, 0,
+                                              .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
+                                              .max_positions = 32768, .hybrid_attention = true,
+                                              .attention_gate = true, .zero_centred_norms = true};
+/* Qwen3.5's text model: Qwen3-Next's layers, dense (transformers' defaults: 4 key/value heads) */
+static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_text", false, true,
+                                                &ckptfs_family_qwen3_5, NULL, false, 0, 0,
+                                                .kv_heads = 4, .head_dim = 256, .partial_rotary = 0.25,
+                                                .max_positions = 32768, .hybrid_attention = true,
+                                                .attention_gate = true, .zero_centred_norms = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen2_5_vl, &gpt_oss, NULL};
+                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -112,6 +126,9 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
         return false;
     if (a->mla != f->mla || (a->moe != NULL) != moe || a->attention_sinks != f->sinks ||
         a->linear_biases != f->linear_bias)
+    if (a->hybrid_attention) /* a hybrid's checkpoint names its architecture */
+        return false;
+    if (a->mla != f->mla || (a->moe != NULL) != moe)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
         return a->moe->sigmoid_routing == f->sigmoid_scores;
@@ -163,8 +180,27 @@ uint64_t ckptfs_model_moe_layers(const CkptfsModel *m)
 
 bool ckptfs_model_layers_homogeneous(const CkptfsModel *m)
 {
-    uint64_t moe = ckptfs_model_moe_layers(m);
-    return moe == 0 || moe == m->layers;
+    uint64_t moe = ckptfs_model_moe_layers(m), linear = ckptfs_model_linear_layers(m);
+    return (moe == 0 || moe == m->layers) && (linear == 0 || linear == m->layers);
+}
+
+bool ckptfs_model_layer_is_linear(const CkptfsModel *m, uint64_t layer)
+{
+    return layer < CKPTFS_MAX_LAYERS && (m->linear_layer[layer / 8] & (1u << (layer % 8)));
+}
+
+void ckptfs_model_set_linear_layer(CkptfsModel *m, uint64_t layer)
+{
+    if (layer < CKPTFS_MAX_LAYERS)
+        m->linear_layer[layer / 8] |= (uint8_t)(1u << (layer % 8));
+}
+
+uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
+{
+    uint64_t n = 0;
+    for (uint64_t l = 0; l < m->layers; l++)
+        n += ckptfs_model_layer_is_linear(m, l);
+    return n;
 }
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
@@ -266,7 +302,9 @@ static const CkptfsTensor *expect_shaped(const CkptfsCatalog *catalog, CkptfsMod
 static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsModel *model, const char *name,
                                          unsigned ndim, uint64_t d0, uint64_t d1, bool own_float, GError **error)
 {
-    return expect_shaped(catalog, model, name, ndim, (const uint64_t[]){d0, d1}, own_float, error);
+    /* ndim 3: [d0, 1, d1] (a convolution's weight) */
+    const uint64_t want[3] = {d0, ndim == 3 ? 1 : d1, d1};
+    return expect_shaped(catalog, model, name, ndim, want, own_float, error);
 }
 
 /* Whether NAME is a tensor of a multi-token prediction layer (DeepSeek's layers after the
@@ -468,6 +506,43 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
     return true;
 }
 
+bool ckptfs_model_read_layer_kinds(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    static const char *const kinds[] = {"full_attention", "linear_attention"};
+    uint64_t interval = 4; /* transformers' default */
+    bool interval_given = ckptfs_json_member(config, "full_attention_interval") != NULL;
+    if (!get_uint(config, "full_attention_interval", 4, &interval, error))
+        return false;
+    memset(model->linear_layer, 0, sizeof model->linear_layer);
+    JsonNode *types = ckptfs_json_member(config, "layer_types");
+    if (types == NULL || JSON_NODE_HOLDS_NULL(types)) {
+        for (uint64_t l = 0; l < model->layers && l < CKPTFS_MAX_LAYERS; l++)
+            if ((l + 1) % interval != 0)
+                ckptfs_model_set_linear_layer(model, l);
+        return true;
+    }
+    if (!JSON_NODE_HOLDS_ARRAY(types))
+        CONFIG_ERROR("\"layer_types\" is not a list of layer kinds");
+    JsonArray *list = json_node_get_array(types);
+    if (json_array_get_length(list) != model->layers)
+        CONFIG_ERROR("\"layer_types\" lists %u layers but num_hidden_layers is %" G_GUINT64_FORMAT,
+                     json_array_get_length(list), model->layers);
+    for (guint l = 0; l < json_array_get_length(list); l++) {
+        JsonNode *e = json_array_get_element(list, l);
+        const char *kind = JSON_NODE_HOLDS_VALUE(e) && json_node_get_value_type(e) == G_TYPE_STRING
+                               ? json_node_get_string(e) : NULL;
+        if (kind == NULL || (strcmp(kind, kinds[0]) != 0 && strcmp(kind, kinds[1]) != 0))
+            CONFIG_ERROR("\"layer_types\" entry %u is not \"%s\" or \"%s\"", l, kinds[0], kinds[1]);
+        bool linear = strcmp(kind, kinds[1]) == 0;
+        if (interval_given && linear != ((l + 1) % interval != 0))
+            CONFIG_ERROR("\"layer_types\" entry %u (%s) disagrees with full_attention_interval %" G_GUINT64_FORMAT,
+                         l, kind, interval);
+        if (linear)
+            ckptfs_model_set_linear_layer(model, l);
+    }
+    return true;
+}
+
 /* Multi-head latent attention: what its sizes must satisfy (read with the schema). */
 static bool check_mla(const CkptfsModel *model, GError **error)
 {
@@ -524,6 +599,7 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
 bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
 {
     model->mla = model->arch && model->arch->mla;
+    model->linear_attention = model->arch && model->arch->hybrid_attention;
     if (!ckptfs_schema_read_config(config, model, error))
         return false;
     if (model->mla && !check_mla(model, error))
@@ -555,6 +631,11 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
      * with the experts' sizes. */
     if (model->arch && model->arch->moe && !ckptfs_model_read_moe(config, model, error))
         return false;
+    if (model->arch && model->arch->hybrid_attention && !ckptfs_model_read_layer_kinds(config, model, error))
+        return false;
+    if (model->arch && model->arch->hybrid_attention && model->linear_value_heads % model->linear_key_heads != 0)
+        CONFIG_ERROR("linear_num_value_heads %" G_GUINT64_FORMAT " is not a multiple of linear_num_key_heads %"
+                     G_GUINT64_FORMAT, model->linear_value_heads, model->linear_key_heads);
     return true;
 }
 

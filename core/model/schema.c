@@ -42,6 +42,17 @@ static const CkptfsModelField fields[] = {
     /* transformers 5 writes head_dim null for "hidden_size / num_attention_heads" */
     {"head_dim", CKPTFS_FIELD_UINT, M(head_dim), CKPTFS_FOR_MHA, {"head_dim"}, 0, "kv_channels", NULL,
      CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEAD_DIM, 0, DIM, {NULL}},
+    /* gated delta-net layers (Qwen3-Next): transformers' and Megatron-core 0.17.1's defaults */
+    {"linear_key_heads", CKPTFS_FIELD_UINT, M(linear_key_heads), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_num_key_heads"}, 0, "linear_num_key_heads", NULL, CKPTFS_FIELD_MATH, 16, 16, 0, 0, DIM, {NULL}},
+    {"linear_value_heads", CKPTFS_FIELD_UINT, M(linear_value_heads), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_num_value_heads"}, 0, "linear_num_value_heads", NULL, CKPTFS_FIELD_MATH, 32, 32, 0, 0, DIM, {NULL}},
+    {"linear_key_dim", CKPTFS_FIELD_UINT, M(linear_key_dim), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_key_head_dim"}, 0, "linear_key_head_dim", NULL, CKPTFS_FIELD_MATH, 128, 128, 0, 0, DIM, {NULL}},
+    {"linear_value_dim", CKPTFS_FIELD_UINT, M(linear_value_dim), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_value_head_dim"}, 0, "linear_value_head_dim", NULL, CKPTFS_FIELD_MATH, 128, 128, 0, 0, DIM, {NULL}},
+    {"conv_kernel", CKPTFS_FIELD_UINT, M(conv_kernel), CKPTFS_FOR_LINEAR_ATTENTION,
+     {"linear_conv_kernel_dim"}, 0, "linear_conv_kernel_dim", NULL, CKPTFS_FIELD_MATH, 4, 4, 0, 0, 1024, {NULL}},
     {"activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_ALL, {"hidden_act", "hidden_activation"}, 0, "swiglu",
      NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
@@ -232,6 +243,8 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
                                vision tower yet, so the other walks never see one */
         return false;
+    case CKPTFS_FOR_LINEAR_ATTENTION:
+        return m->linear_attention;
     default:
         return true;
     }
@@ -1080,6 +1093,8 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     const CkptfsPy *experts = ckptfs_py_dict_get(args, "num_experts");
     m->mla = args_flag(args, "multi_latent_attention");
     m->experts = experts && experts->kind != CKPTFS_PY_NONE; /* its count read with the row */
+    const char *variant = ckptfs_py_str(ckptfs_py_dict_get(args, "experimental_attention_variant"));
+    m->linear_attention = variant != NULL && strcmp(variant, "gated_delta_net") == 0;
     const char *rope = ckptfs_py_str(ckptfs_py_dict_get(args, "rope_type"));
     const char *rope_position = ckptfs_py_str(ckptfs_py_dict_get(args, "position_embedding_type"));
     if (m->mla) /* Megatron's MLA takes YaRN unless told rope */

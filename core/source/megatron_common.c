@@ -101,6 +101,12 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
+    if (m->arch->hybrid_attention != m->linear_attention) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: architecture %s %s gated delta-net layers "
+                    "but the checkpoint %s", what, m->arch->hf_architecture,
+                    m->arch->hybrid_attention ? "has" : "has no", m->linear_attention ? "has them" : "does not");
+        return false;
+    }
     if (m->arch->mla != m->mla) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: architecture %s %s multi-latent attention "
                     "but the checkpoint %s", what, m->arch->hf_architecture, m->arch->mla ? "has" : "has no",
@@ -226,6 +232,45 @@ static bool moe_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s
     return true;
 }
 
+/* A hybrid's layer kinds from args.linear_attention_freq (Megatron-core 0.17.1's
+ * get_linear_attention_pattern: N, every N-th layer softmax attention; or a 0/1 list, 1 linear),
+ * and the gated attention and zero-centred norms its architecture computes with. */
+static bool linear_from_args(const CkptfsPy *args, const char *path, CkptfsModel *s, GError **error)
+{
+    if (!s->arch->hybrid_attention)
+        return true;
+    const char *flags[] = {"attention_output_gate", "layernorm_zero_centered_gamma"};
+    for (size_t i = 0; i < G_N_ELEMENTS(flags); i++) {
+        const CkptfsPy *v = arg(args, flags[i]);
+        if (v == NULL || v->kind != CKPTFS_PY_BOOL || !v->i)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is not true, which %s computes with",
+                               path, flags[i], s->arch->hf_architecture);
+    }
+    const CkptfsPy *freq = arg(args, "linear_attention_freq");
+    memset(s->linear_layer, 0, sizeof s->linear_layer);
+    if (freq && freq->kind == CKPTFS_PY_INT && !freq->big && freq->i > 0) {
+        for (uint64_t l = 0; l < s->layers && l < CKPTFS_MAX_LAYERS; l++)
+            if ((l + 1) % (uint64_t)freq->i != 0)
+                ckptfs_model_set_linear_layer(s, l);
+        return true;
+    }
+    if (freq == NULL || freq->kind != CKPTFS_PY_LIST)
+        return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: args.linear_attention_freq is neither a positive "
+                           "integer nor a list", path);
+    if (freq->items->len != s->layers)
+        return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: args.linear_attention_freq lists %u layers, num_layers "
+                           "is %" G_GUINT64_FORMAT, path, freq->items->len, s->layers);
+    for (guint l = 0; l < freq->items->len; l++) {
+        const CkptfsPy *v = g_ptr_array_index(freq->items, l);
+        if (v->kind != CKPTFS_PY_INT || (v->i != 0 && v->i != 1))
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: args.linear_attention_freq entry %u is not 0 or 1",
+                               path, l);
+        if (v->i == 1)
+            ckptfs_model_set_linear_layer(s, l);
+    }
+    return true;
+}
+
 /* Whether the MoE layers of S are DeepSeek's: none of the first *FIRST_DENSE, then those at
  * multiples of *FREQ. */
 static bool dense_first_pattern(const CkptfsModel *s, uint64_t *first_dense, uint64_t *freq)
@@ -291,7 +336,7 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (named == NULL && given_config != NULL)
         named = ckptfs_json_member_string(given_config, "model_type");
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
-        !deepseek_from_args(args, path, s, error))
+        !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
     if (s->arch->vision) /* language_model.* and vision_model.*: not read back yet */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
@@ -372,6 +417,13 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         g_ptr_array_add(source->warnings, g_strdup("hf/config.json: bos_token_id, eos_token_id and pad_token_id "
                                                    "are null: the Megatron args name no tokenizer ids (give the "
                                                    "model's config.json with -o hf_config or -o hf_extra)"));
+    if (m->arch->hybrid_attention) {
+        JsonArray *kinds = json_array_new();
+        for (uint64_t l = 0; l < m->layers; l++)
+            json_array_add_string_element(kinds, ckptfs_model_layer_is_linear(m, l) ? "linear_attention"
+                                                                                    : "full_attention");
+        json_object_set_array_member(c, "layer_types", kinds);
+    }
     if (m->arch->moe && m->arch->moe->deepseek_config)
         synthesize_deepseek(c, m);
     else if (m->arch->moe) {
@@ -448,8 +500,9 @@ void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim,
         return;
     char *key = g_strdup(name);
     g_hash_table_insert(set->pieces, key, g_array_new(FALSE, FALSE, sizeof(CkptfsPiece)));
-    uint64_t *shape = g_new(uint64_t, 4);
-    shape[0] = ndim, shape[1] = d0, shape[2] = d1, shape[3] = CKPTFS_DTYPE_INVALID;
+    /* ndim, the dims (ndim 3: [d0, 1, d1], a convolution's weight), the dtype */
+    uint64_t *shape = g_new(uint64_t, 5);
+    shape[0] = ndim, shape[1] = d0, shape[2] = ndim == 3 ? 1 : d1, shape[3] = d1, shape[4] = CKPTFS_DTYPE_INVALID;
     g_hash_table_insert(set->shapes, key, shape);
     g_ptr_array_add(set->order, key);
 }
@@ -472,7 +525,7 @@ void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype d
 {
     uint64_t *shape = g_hash_table_lookup(set->shapes, name);
     if (shape)
-        shape[3] = dtype;
+        shape[4] = dtype;
 }
 
 bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m, GError **error)
@@ -502,7 +555,7 @@ bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catal
         const char *name = g_ptr_array_index(set->order, i);
         GArray *pieces = g_hash_table_lookup(set->pieces, name);
         const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
-        CkptfsDtype own = (CkptfsDtype)shape[3];
+        CkptfsDtype own = (CkptfsDtype)shape[4];
         if (!ckptfs_catalog_add_pieces(catalog, name, own != CKPTFS_DTYPE_INVALID ? own : dtype,
                                        (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error))

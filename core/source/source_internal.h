@@ -36,7 +36,8 @@ bool ckptfs_source_read_checkpoint_dir(CkptfsSource *source, const CkptfsOptions
 typedef struct {
     GHashTable *pieces; /* name -> GArray of CkptfsPiece */
     GPtrArray *order;   /* names in the order first wanted */
-    GHashTable *shapes; /* name -> uint64_t[3] (ndim, d0, d1) */
+    GHashTable *shapes; /* name -> uint64_t[5] (ndim, its dims: [d0, 1, d1] for ndim 3 else d0, d1; d1
+                           again; its dtype or CKPTFS_DTYPE_INVALID) */
 } CkptfsPieceSet;
 
 CkptfsPieceSet *ckptfs_piece_set_new(void);

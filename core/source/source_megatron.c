@@ -463,7 +463,9 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     uint64_t got_rows = t->tensor->ndim ? t->tensor->shape[0] : 1, got_cols = 1;
     if (t->tensor->ndim > 1 && !ckptfs_dims_product(t->tensor->shape + 1, t->tensor->ndim - 1, &got_cols))
         got_cols = UINT64_MAX; /* no expected shape has that many columns: refused below */
-    if (t->tensor->ndim > 2 || got_rows != rows || got_cols != cols)
+    /* 3 dims only as [rows, 1, cols] (a convolution's weight) */
+    bool conv = t->tensor->ndim == 3 && t->tensor->shape[1] == 1;
+    if ((t->tensor->ndim > 2 && !conv) || got_rows != rows || got_cols != cols)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     "]; the args imply [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
                     r->path, key, got_rows, got_cols, rows, cols);
@@ -482,6 +484,7 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
      * within a row must be adjacent: pieces are runs of bytes. */
     uint64_t row_step = t->tensor->ndim == 0 || rows <= 1 ? cols : t->tensor->stride[0];
     if ((t->tensor->ndim == 2 && cols > 1 && t->tensor->stride[1] != 1) ||
+        (conv && cols > 1 && t->tensor->stride[2] != 1) ||
         (t->tensor->ndim == 2 && rows > 1 && row_step < cols) || (rows > 1 && row_step == 0))
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' has strides that are not row-major (a "
                     "transposed view); save it contiguous", r->path, key);
@@ -618,7 +621,8 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no '%s' state dict", m->ranks[0]->path,
                     m->V == 1 ? "model" : "model0");
     m->te = ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight") != NULL ||
-            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight") != NULL;
+            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight") != NULL ||
+            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.in_proj.layer_norm_weight") != NULL;
     const CkptfsModel *model = &m->saved.model;
     m->keys = ckptfs_mcore_keys(model, m->saved.padded_vocab, false);
     ckptfs_mcore_keys_for_spec(m->keys, m->te);
@@ -685,6 +689,23 @@ static bool check_unexpected(Mg *m)
     return true;
 }
 
+/* Zero-centred norms of tensors Hugging Face stores plain (CKPTFS_RECIPE_LESS_ONE) are read back
+ * plus one. */
+static bool unshift_norms(Mg *m)
+{
+    const CkptfsModel *model = &m->saved.model;
+    for (guint i = 0; i < m->keys->len; i++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(m->keys, i);
+        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < model->layers; l++) {
+            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
+            if (ckptfs_rule_in_layer(key->rule, model, l) &&
+                !ckptfs_catalog_set_shift(m->source->catalog, name, +1, m->error))
+                return false;
+        }
+    }
+    return true;
+}
+
 bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *options, const char *iter,
                                 const CkptfsRankFiles *files, GError **error)
 {
@@ -699,7 +720,7 @@ bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *optio
     }
     ok = ok && find_ranks(&m) && map_model(&m, c) && check_unexpected(&m);
     ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error) &&
-         ckptfs_megatron_add_mtp_copies(source->catalog, &m.saved.model, error);
+         ckptfs_megatron_add_mtp_copies(source->catalog, &m.saved.model, error) && unshift_norms(&m);
     ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->saved_layout = m.saved.layout;

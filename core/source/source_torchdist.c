@@ -260,7 +260,7 @@ static bool check_coverage(Td *t, GArray *entries, const CkptfsPieceSet *set)
         const char *name = g_ptr_array_index(set->order, i);
         GArray *pieces = g_hash_table_lookup(set->pieces, name);
         const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
-        uint64_t total = shape[1] * (shape[0] == 2 ? shape[2] : 1), held = 0;
+        uint64_t total = shape[1] * (shape[0] >= 2 ? shape[3] : 1), held = 0;
         bool over = false;
         for (guint k = 0; k < pieces->len && !over; k++) {
             const CkptfsPiece *p = &g_array_index(pieces, CkptfsPiece, k);

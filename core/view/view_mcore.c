@@ -582,6 +582,20 @@ static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, 
     return true;
 }
 
+bool ckptfs_mcore_view_serves(const CkptfsModel *model, GError **error)
+{
+    /* Megatron-core saves a gated delta-net's in_proj and conv1d as one torch_dist key per
+     * section (in_proj.weight.query, ...): not written here yet. */
+    if (model->arch->hybrid_attention)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/: %s's gated delta-net layers are saved by "
+                           "Megatron-core as one torch_dist key per in_proj and conv1d section, which this view "
+                           "does not write yet (the tp{T}pp{P} views serve them)", model->arch->hf_architecture);
+    if (model->arch->vision)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/ of %s is not served yet: the vision tower's "
+                           "torch_dist keys are still to come (tp{T}pp{P}/ are served)", model->arch->hf_architecture);
+    return true;
+}
+
 bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                              const CkptfsModel *model, const CkptfsOptions *options,
                              GError **error)

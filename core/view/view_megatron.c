@@ -16,6 +16,7 @@ typedef struct {
     const CkptfsTensor *src; /* NULL: zero rows */
     uint64_t r0, r1, c0, c1; /* rectangle (for zero rows: r1 - r0 rows of c1 - c0 columns) */
     bool swapped;            /* of SRC seen with its column halves exchanged */
+    int shift;               /* added to each element (-1: a zero-centred norm), or 0 */
 } Part;
 
 typedef struct {
@@ -36,7 +37,9 @@ static void rank_tensor_emit(gconstpointer ctx, CkptfsPlanBuilder *b)
     size_t isz = ckptfs_dtype_size(t->dtype);
     for (guint i = 0; i < t->parts->len; i++) {
         const Part *p = &g_array_index(t->parts, Part, i);
-        if (p->src && p->swapped)
+        if (p->src && p->shift)
+            ckptfs_tensor_emit_rect_shifted(p->src, b, p->r0, p->r1, p->c0, p->c1, p->shift);
+        else if (p->src && p->swapped)
             ckptfs_tensor_emit_rect_swapped(p->src, b, p->r0, p->r1, p->c0, p->c1);
         else if (p->src)
             ckptfs_tensor_emit_rect(p->src, b, p->r0, p->r1, p->c0, p->c1);
@@ -101,7 +104,7 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
 {
     if (r1 <= r0 || c1 <= c0)
         return;
-    Part p = {src, r0, r1, c0, c1, false};
+    Part p = {src, r0, r1, c0, c1, false, 0};
     g_array_append_val(t->parts, p);
 }
 
@@ -126,6 +129,8 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
                      p->col0 + p->cols);
             if (t->parts->len > 0 && ckptfs_mcore_key_swaps_col_halves(key))
                 g_array_index(t->parts, Part, t->parts->len - 1).swapped = true;
+            if (t->parts->len > 0 && key->rule->recipe == CKPTFS_RECIPE_LESS_ONE)
+                g_array_index(t->parts, Part, t->parts->len - 1).shift = -1;
         } else if (key->split == CKPTFS_TP_VOCAB && v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST) {
             const CkptfsMcoreSegment *vocab = &g_array_index(key->segments, CkptfsMcoreSegment, 0);
             const CkptfsTensor *src = ckptfs_catalog_find(catalog, vocab->hf_name);
@@ -135,9 +140,11 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
             add_part(t, NULL, 0, p->rows, 0, p->cols);
         }
     }
-    uint64_t shape[2] = {rows, cols};
+    uint64_t shape[3] = {rows, cols};
     if (ckptfs_mcore_kernel_shape(key, rb->model, kernel)) /* replicated: the whole kernel */
         return ckptfs_value_tensor(t->dtype, 5, kernel, rank_tensor_emit, t);
+    if (key->ndim == 3) /* [channels, 1, kernel] */
+        shape[1] = 1, shape[2] = cols;
     return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
 }
 
@@ -284,6 +291,21 @@ static void add_moe_args(CkptfsValue *a, const CkptfsModel *m, const CkptfsOptio
     ckptfs_value_set(a, "sequence_parallel", ckptfs_value_bool(l->tp > 1));
 }
 
+/* A hybrid's layer kinds and gated attention as Megatron-core 0.17.1's TransformerConfig fields
+ * (Megatron-Bridge's qwen3_next provider sets the same); the delta-net sizes are the schema's. */
+static void add_hybrid_args(CkptfsValue *a, const CkptfsModel *m)
+{
+    if (!m->arch->hybrid_attention)
+        return;
+    ckptfs_value_set(a, "experimental_attention_variant", ckptfs_value_str("gated_delta_net"));
+    CkptfsValue *pattern = ckptfs_value_container(CKPTFS_VALUE_LIST); /* 1: linear attention */
+    for (uint64_t i = 0; i < m->layers; i++)
+        ckptfs_value_append(pattern, ckptfs_value_int(ckptfs_model_layer_is_linear(m, i)));
+    ckptfs_value_set(a, "linear_attention_freq", pattern);
+    ckptfs_value_set(a, "attention_output_gate", ckptfs_value_bool(m->arch->attention_gate));
+    ckptfs_value_set(a, "layernorm_zero_centered_gamma", ckptfs_value_bool(m->arch->zero_centred_norms));
+}
+
 CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
                                   const CkptfsLayout *l, uint64_t padded_vocab,
                                   const char *ckpt_format)
@@ -357,6 +379,7 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_INT("iteration", 0);
     SET_BOOL("use_legacy_models", false);
     add_moe_args(a, m, options, l);
+    add_hybrid_args(a, m);
     ckptfs_value_set(a, "mtp_num_layers", m->mtp ? ckptfs_value_int((int64_t)m->mtp_layers) : ckptfs_value_none());
     SET_STR("hf_architecture", m->arch->hf_architecture);
 #undef SET_INT
@@ -433,10 +456,40 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
         if (vision_split[i].value % layout->tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT,
                                layout->tp, vision_split[i].what, vision_split[i].value);
+    /* Megatron-core 0.17.1 builds gated delta-net layers with Transformer Engine only. */
+    if (model->arch->hybrid_attention && local)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: Megatron-core builds %s's gated delta-net "
+                           "layers with Transformer Engine only (spec=te)", model->arch->hf_architecture);
+    uint64_t value_heads = model->linear_value_heads, key_heads = model->linear_key_heads;
+    if (model->arch->hybrid_attention && (key_heads % layout->tp != 0 || value_heads % layout->tp != 0))
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide linear_num_key_heads %" G_GUINT64_FORMAT
+                           " and linear_num_value_heads %" G_GUINT64_FORMAT ", which the gated delta-net splits",
+                           layout->tp, key_heads, value_heads);
     /* An MTP layer's eh_proj is column-parallel over the hidden size. */
     if (model->mtp && model->hidden % layout->tp != 0)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide hidden_size %" G_GUINT64_FORMAT
                            ", which the MTP layer's eh_proj is split by", layout->tp, model->hidden);
+    return true;
+}
+
+/* Every tensor a key serves shifted (a zero-centred norm) is one that can be: served as stored,
+ * bf16 or fp32. */
+static bool check_shifted(const MegatronView *v, GError **error)
+{
+    const CkptfsCatalog *catalog = ckptfs_source_model_catalog(v->source);
+    for (guint i = 0; i < v->keys->len; i++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, i);
+        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < v->model->layers; l++) {
+            if (!ckptfs_rule_in_layer(key->rule, v->model, l))
+                continue;
+            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
+            const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+            if (t != NULL && !ckptfs_tensor_can_shift(t))
+                return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is served as %s: Megatron's "
+                                   "zero-centred form of it (weight - 1) is served for bf16 or fp32 weights only",
+                                   name, ckptfs_dtype_safetensors_name(t->dtype));
+        }
+    }
     return true;
 }
 
@@ -459,6 +512,10 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
         v->tower.dtype = model->dtype;
         v->tower_keys = ckptfs_mcore_keys(&v->tower, 0, false);
         ckptfs_mcore_keys_for_spec(v->tower_keys, true);
+    }
+    if (!check_shifted(v, error)) {
+        megatron_view_free(v);
+        return false;
     }
     ckptfs_tree_own(tree, v, megatron_view_free);
 

@@ -41,6 +41,9 @@ typedef struct {
      * COL0 those of the view's element (0, 0); TRANSPOSED, its view's rows are E experts' stored
      * columns, shape [E, C, R] of stored [E, R, C]. NULL */
     CkptfsMxfp4 *mxfp4;
+    /* added to every element on read (+1: a Megatron zero-centred norm served as the plain
+     * weight Hugging Face stores), or 0 */
+    int shift;
 } CkptfsTensor;
 
 typedef struct CkptfsCatalog CkptfsCatalog;
@@ -117,6 +120,15 @@ uint64_t ckptfs_catalog_total_bytes(const CkptfsCatalog *catalog);
  * as gather extents over the pieces (never the data itself). */
 void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                              uint64_t r1, uint64_t c0, uint64_t c1);
+/* Serves tensor NAME with DELTA (-1 or +1) added to each element (its type bf16 or fp32, served as
+ * stored). Errors name it. */
+bool ckptfs_catalog_set_shift(CkptfsCatalog *catalog, const char *name, int delta, GError **error);
+/* Whether TENSOR's elements can be served shifted by one (served as stored, bf16 or fp32). */
+bool ckptfs_tensor_can_shift(const CkptfsTensor *tensor);
+/* The same rectangle with DELTA (-1 or +1) added to each element (ckptfs_convert_shift); TENSOR
+ * one that ckptfs_tensor_can_shift accepts. */
+void ckptfs_tensor_emit_rect_shifted(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1,
+                                     uint64_t c0, uint64_t c1, int delta);
 /* The whole tensor. */
 void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b);
 

@@ -16,12 +16,22 @@ typedef enum {
     CKPTFS_CONVERT_F16_TO_F32,  /* exact; a NaN made quiet */
     CKPTFS_CONVERT_E4M3_SCALED_TO_BF16, /* block-scaled FP8 (needs its scales: plan.h) */
     CKPTFS_CONVERT_E5M2_SCALED_TO_BF16,
+    /* the same type, each element less or plus one, in fp32 and rounded as torch's `w - 1` on
+     * CPU: Megatron's zero-centred form of a norm stored plain, and back (never found by
+     * ckptfs_convert_find: asked for by name) */
+    CKPTFS_CONVERT_BF16_LESS_ONE,
+    CKPTFS_CONVERT_BF16_PLUS_ONE,
+    CKPTFS_CONVERT_F32_LESS_ONE,
+    CKPTFS_CONVERT_F32_PLUS_ONE,
     CKPTFS_CONVERT_COUNT
 } CkptfsConvert;
 
 /* The conversion from FROM to TO, or NONE when there is none (or they are equal). */
 CkptfsConvert ckptfs_convert_find(CkptfsDtype from, CkptfsDtype to);
 CkptfsDtype ckptfs_convert_from(CkptfsConvert conv);
+/* The conversion of DTYPE that adds DELTA (-1 or +1) to each element, or NONE for a type without
+ * one (only bf16 and fp32 have one). */
+CkptfsConvert ckptfs_convert_shift(CkptfsDtype dtype, int delta);
 CkptfsDtype ckptfs_convert_to(CkptfsConvert conv);
 /* Converts N elements of IN (the source type) into OUT (the target type). */
 void ckptfs_convert_run(CkptfsConvert conv, const void *in, void *out, size_t n);

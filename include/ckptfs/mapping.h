@@ -18,6 +18,10 @@ typedef enum {
     CKPTFS_TP_ROW_HALVES, /* fc1: the same rows of each half ([gate; up]) */
     CKPTFS_TP_COLS,       /* row-parallel: columns [r*C/T, (r+1)*C/T) (linear_proj, fc2) */
     CKPTFS_TP_VOCAB,      /* vocab-parallel: rows of the vocabulary as padded for T */
+    /* column-parallel over each of the row sections of the key's rows dim in turn (a gated
+     * delta-net's in_proj: q, k, v, z, beta, alpha; its conv1d: q, k, v): rank r holds the
+     * r-th slice of every section, in order (ckptfs_dim_sections) */
+    CKPTFS_TP_SECTIONS,
 } CkptfsTpSplit;
 
 /* Sizes in model dimensions. */
@@ -50,6 +54,16 @@ typedef enum {
     CKPTFS_DIM_MERGED,      /* hidden_size * spatial_merge_size^2: a merged square of patches */
     CKPTFS_DIM_VISION_OUT,  /* out_hidden_size: what the merger hands the language model */
     CKPTFS_DIM_HEADS,       /* attention heads (one attention sink each) */
+    /* Gated attention (Qwen3-Next): q_proj holds a query and an output gate per head */
+    CKPTFS_DIM_QKV_GATED,   /* (2 * heads + 2 * kv_heads) * head_dim */
+    /* Gated delta-net (linear attention) layers */
+    CKPTFS_DIM_GDN_IN,      /* in_proj: 2 * key dim + 2 * value dim + 2 * value heads (q, k, v,
+                               z, beta, alpha) */
+    CKPTFS_DIM_GDN_CONV,    /* conv1d's channels: 2 * key dim + value dim (q, k, v) */
+    CKPTFS_DIM_GDN_VALUE,   /* value heads * value head dim (out_proj's input) */
+    CKPTFS_DIM_GDN_HEADS,   /* value heads (A_log, dt_bias) */
+    CKPTFS_DIM_GDN_VALUE_HEAD, /* one value head's width (the per-head out_norm) */
+    CKPTFS_DIM_CONV_KERNEL, /* conv1d's kernel width */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -63,6 +77,21 @@ typedef enum {
      * MTP input_proj reads [hidden; embedding], Megatron's eh_proj [embedding; hidden]). A
      * gather of rectangles, its own inverse: sources read it back the same way. */
     CKPTFS_RECIPE_SWAP_COL_HALVES,
+    /* Megatron's gated attention linear_qkv (attention_output_gate): per query group its
+     * queries, their gates, its key and value, from hf[0] = q_proj holding [query; gate] per
+     * head, hf[1] = k_proj, hf[2] = v_proj (Qwen3-Next) */
+    CKPTFS_RECIPE_QKV_GATED,
+    /* A gated delta-net's in_proj = [q; k; v; z; beta; alpha], each over all heads, from
+     * Qwen3-Next's hf[0] = in_proj_qkvz and hf[1] = in_proj_ba, which hold them per key-head
+     * group ([q_g; k_g; v_g; z_g] and [b_g; a_g]) */
+    CKPTFS_RECIPE_GDN_IN_GROUPED,
+    /* the same from Qwen3.5's hf[0] = in_proj_qkv ([q; k; v] over all heads), hf[1] = in_proj_z,
+     * hf[2] = in_proj_b, hf[3] = in_proj_a: stacked as they are */
+    CKPTFS_RECIPE_GDN_IN_SPLIT,
+    /* hf[0] less one, element by element: Megatron's zero-centred norm (layernorm_zero_centered_
+     * gamma) of a norm Hugging Face stores as the plain weight (the gated delta-net's out_norm).
+     * Converted on read; a source reads it back plus one. */
+    CKPTFS_RECIPE_LESS_ONE,
 } CkptfsRecipe;
 
 /* When an entry exists. */
@@ -80,6 +109,9 @@ typedef enum {
     CKPTFS_NEED_Q_DIRECT,      /* MLA without one (DeepSeek-V2-Lite: q_proj) */
     CKPTFS_NEED_EXPERT_BIAS,   /* an MoE layer routed with a per-expert bias (DeepSeek-V3) */
     CKPTFS_NEED_MTP,           /* multi-token prediction layers served (-o mtp=on) */
+    /* Hybrid models (layer kinds per layer: CkptfsModel.linear_layer) */
+    CKPTFS_NEED_FULL_ATTENTION,   /* a layer of softmax attention */
+    CKPTFS_NEED_LINEAR_ATTENTION, /* a gated delta-net layer */
 } CkptfsNeed;
 
 /* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last;
@@ -108,11 +140,12 @@ typedef struct {
     int te_order, local_order; /* position in a legacy state dict (per scope), or CKPTFS_ABSENT */
     CkptfsNeed need;
     unsigned ndim;          /* of one layer's tensor: 1 or 2 (a patch embedding's kernel, stored
-                               5-D, is a matrix of CKPTFS_DIM_PATCH columns) */
+                               5-D, is a matrix of CKPTFS_DIM_PATCH columns); 3 for [rows, 1, cols]
+                               (conv1d) */
     CkptfsDim rows, cols;
     CkptfsTpSplit split;
     CkptfsRecipe recipe;
-    const char *hf[3];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
+    const char *hf[4];      /* Hugging Face names; for layers after "model.layers.N."; "{e}"
                                stands for the expert */
     const char *tied_hf;    /* NEED_OUTPUT: what tied embeddings copy */
     bool fp32;              /* kept in float32 whatever the weights are (the router's expert
@@ -146,6 +179,12 @@ extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers
 extern const CkptfsFamily ckptfs_family_qwen2_5_vl_vision;
 extern const CkptfsFamily ckptfs_family_gpt_oss;  /* GPT-OSS: attention sinks, biases on every linear,
                                                      every layer MoE with fused experts */
+extern const CkptfsFamily ckptfs_family_qwen3_next; /* Qwen3-Next: gated delta-net and gated
+                                                       attention layers, MoE with a gated
+                                                       shared expert */
+extern const CkptfsFamily ckptfs_family_qwen3_5;  /* Qwen3.5's text model: the same layers, the
+                                                     delta-net's input projections split, a
+                                                     dense MLP */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

@@ -13,6 +13,8 @@
 #include "ckptfs/mapping.h"
 #include "ckptfs/model.h"
 
+#define CKPTFS_MAX_SECTIONS 6u
+
 typedef struct {
     char *hf_name;        /* for stacked keys a layer suffix ("self_attn.q_proj.weight") */
     uint64_t hf_row0;     /* first row taken from the HF tensor */
@@ -26,9 +28,13 @@ typedef struct {
     bool stacked;         /* leading layer dimension */
     bool expert;          /* one matrix per routed expert, stacked after the layer axis */
     uint64_t experts;     /* their number (experts of the model) */
-    unsigned ndim;        /* of one layer's (expert's) tensor: 1 or 2 */
+    unsigned ndim;        /* of one layer's (expert's) tensor: 1 or 2; 3 for [rows, 1, cols]
+                             (a gated delta-net's conv1d) */
     uint64_t rows, cols;  /* that tensor as a matrix (cols 1 for 1-D) */
     CkptfsTpSplit split;
+    /* CKPTFS_TP_SECTIONS: the row sections each TP rank takes a slice of (ckptfs_dim_sections) */
+    uint64_t sections[CKPTFS_MAX_SECTIONS];
+    unsigned n_sections;
     GArray *segments;     /* CkptfsMcoreSegment, by row; rows not covered are zero (padding) */
     /* Layers from DECODER_LAYERS on are multi-token prediction layers, whose HF tensors are
      * under MTP_HF_PREFIX when the family names one (CkptfsFamily.mtp_hf_prefix) */
@@ -36,6 +42,10 @@ typedef struct {
     const char *mtp_hf_prefix;
     const char *hf_layer_prefix; /* the architecture's (NULL: "model.layers.") */
 } CkptfsMcoreKey;
+
+/* The row sections of DIM in MODEL that CKPTFS_TP_SECTIONS splits one by one, into OUT; how
+ * many (0 for a dim without sections). */
+unsigned ckptfs_dim_sections(const CkptfsModel *model, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS]);
 
 /* Whether KEY's HF matrix holds its columns' two halves in the other order
  * (CKPTFS_RECIPE_SWAP_COL_HALVES): each rectangle of the key is then read through
@@ -96,7 +106,7 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
 typedef struct {
     char *name;
     unsigned ndim;
-    uint64_t d0, d1; /* d1 0 for 1-D */
+    uint64_t d0, d1; /* d1 0 for 1-D; ndim 3: [d0, 1, d1] */
     bool fp32;       /* a tensor Megatron keeps in float32 (the weights' type not required) */
     bool kernel;     /* a patch embedding's kernel: stored 5-D (ckptfs_mcore_kernel_shape) */
 } CkptfsHfShape;

@@ -92,6 +92,13 @@ typedef struct CkptfsArchitecture {
     uint64_t window_skip_freq;
     double glu_clamp;
     bool yarn;
+    /* Hybrid layers (Qwen3-Next): gated delta-net layers among attention layers, as config.json's
+     * layer_types or full_attention_interval says; their sizes are the schema's linear_* rows */
+    bool hybrid_attention;
+    /* q_proj holds an output gate per head after its query (Megatron's attention_output_gate) */
+    bool attention_gate;
+    /* RMSNorms scale by 1 + weight (Megatron's apply_layernorm_1p) */
+    bool zero_centred_norms;
 } CkptfsArchitecture;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
@@ -179,6 +186,11 @@ typedef struct {
      * the Megatron views serve them (-o mtp=on) */
     uint64_t mtp_layers;
     bool mtp;
+    /* Gated delta-net layers (hybrid architectures): their key and value heads and widths, the
+     * convolution's kernel, and which layers they are (set: linear attention) */
+    bool linear_attention; /* it has some (a hybrid's config, Megatron's gated_delta_net variant) */
+    uint64_t linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim, conv_kernel;
+    uint8_t linear_layer[CKPTFS_MAX_LAYERS / 8];
     /* The tokenizer's ids as a config.json gave them (or the Megatron views' args carried them:
      * TOKEN_IDS_KNOWN); unknown ones (a Megatron checkpoint's own args) are written null. */
     bool token_ids_known;
@@ -215,6 +227,16 @@ void ckptfs_model_set_dense_layer(CkptfsModel *model, uint64_t layer);
 bool ckptfs_model_layers_homogeneous(const CkptfsModel *model);
 /* Number of MoE layers. */
 uint64_t ckptfs_model_moe_layers(const CkptfsModel *model);
+/* Whether layer L of MODEL is a gated delta-net (linear attention) layer; the number of them. */
+bool ckptfs_model_layer_is_linear(const CkptfsModel *model, uint64_t layer);
+/* Marks layer L a gated delta-net layer. */
+void ckptfs_model_set_linear_layer(CkptfsModel *model, uint64_t layer);
+uint64_t ckptfs_model_linear_layers(const CkptfsModel *model);
+/* Reads a hybrid architecture's layer kinds from CONFIG: layer_types ("linear_attention",
+ * "full_attention"), else every full_attention_interval-th layer full (transformers' default
+ * 4); a list whose length is not num_hidden_layers, an unknown kind, or an interval that does
+ * not agree with layer_types is refused by name. */
+bool ckptfs_model_read_layer_kinds(JsonObject *config, CkptfsModel *model, GError **error);
 
 /* Reads CONFIG (config.json) and checks every tensor the rules need exists in CATALOG with the
  * expected shape and one common dtype. Errors name config.json or the tensor and the problem.

@@ -38,6 +38,7 @@ typedef enum {
     CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
     CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
                           read by ckptfs_schema_read_vision, not with the language model) */
+    CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */

@@ -261,6 +261,34 @@ static void test_conversions(GRand *rng)
                ckptfs_convert_find(CKPTFS_DTYPE_BF16, CKPTFS_DTYPE_BF16) == CKPTFS_CONVERT_NONE &&
                ckptfs_convert_find(CKPTFS_DTYPE_I64, CKPTFS_DTYPE_BF16) == CKPTFS_CONVERT_NONE,
            "conversions exist between float types only");
+    /* w - 1 and w + 1 in the weights' type (a zero-centred norm and back): in fp32, rounded to
+     * nearest even, as torch computes them on bf16 */
+    int shifted = 0, both_ways = 0, near_one = 0;
+    for (uint32_t b = 0; b < 65536; b++) {
+        uint16_t bits = (uint16_t)b, less, plus, back;
+        uint32_t u = b << 16, want_less, want_plus;
+        float f;
+        memcpy(&f, &u, 4);
+        float fl = f - 1.0f, fp = f + 1.0f;
+        memcpy(&want_less, &fl, 4);
+        memcpy(&want_plus, &fp, 4);
+        ckptfs_convert_run(CKPTFS_CONVERT_BF16_LESS_ONE, &bits, &less, 1);
+        ckptfs_convert_run(CKPTFS_CONVERT_BF16_PLUS_ONE, &bits, &plus, 1);
+        ckptfs_convert_run(CKPTFS_CONVERT_BF16_PLUS_ONE, &less, &back, 1);
+        shifted += less == reference_bf16(want_less) && plus == reference_bf16(want_plus);
+        bool near = f >= 0.5f && f < 256.0f; /* where w - 1 is exact in bf16 */
+        near_one += near;
+        both_ways += near && back == bits;
+    }
+    tap_ok(shifted == 65536, "bf16 less one and plus one, in fp32 rounded to nearest even, for every value (%d/65536)",
+           shifted);
+    tap_ok(both_ways == near_one, "bf16 weights in [0.5, 256) come back bit for bit from less one then plus one "
+           "(%d/%d)", both_ways, near_one);
+    tap_ok(ckptfs_convert_shift(CKPTFS_DTYPE_BF16, -1) == CKPTFS_CONVERT_BF16_LESS_ONE &&
+               ckptfs_convert_shift(CKPTFS_DTYPE_F32, 1) == CKPTFS_CONVERT_F32_PLUS_ONE &&
+               ckptfs_convert_shift(CKPTFS_DTYPE_F16, -1) == CKPTFS_CONVERT_NONE &&
+               ckptfs_convert_find(CKPTFS_DTYPE_F32, CKPTFS_DTYPE_F32) == CKPTFS_CONVERT_NONE,
+           "shifts exist for bf16 and fp32 only, and are never found as a conversion between types");
 }
 
 /* An FP8 code's value from its definition: sign, exponent, mantissa, bias (E4M3fn: bias 7, no

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Qwen3-Next (Qwen3NextForCausalLM: gated delta-net layers among gated attention layers, MoE with
+# a gated shared expert) and Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
+# projections split, a dense MLP): tiny models built and saved by transformers 5.12.1 (the sid
+# root), one Qwen3-Next with layer_types, one with full_attention_interval alone and a dense
+# first layer. Every rank
+# file of TP, PP+VPP and EP layouts loads in torch 1.13 (and 2.6), holds the keys Megatron-core
+# 0.17.1's experimental attention variant spec names, in its module order, with the bytes the
+# bridges make of the source (in_proj and conv1d split by TP section, the gated linear_qkv,
+# out_norm as weight - 1), the args Megatron-Bridge's provider sets; a Megatron-semantics
+# forward over the rank files alone (gdn_reference.py: the delta rule as a loop over tokens)
+# equals transformers' logits. Layer patterns that disagree with the layer count are refused by
+# name, as are spec=local and mcore/ (not written for these layers yet). A view mounted as a
+# source gives back the same tensors, and transformers the same logits.
+# Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
+# a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
+# taken from its source (gated_delta_net.py) and the bridges.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
+torch2_available && have2=1 || have2=0
+ref="$TESTS_TOP/tests/lib/gdn_reference.py"
+models=$WORK/models
+mkdir -p "$models"
+
+sid_python "$WORK" "$ref" build "$models" > "$WORK/built" 2> "$WORK/build.err"
+ok $? "transformers 5 builds and saves the Qwen3-Next models" || tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2
+
+# check_layouts NAME LAYOUT...: torch 1.13 checks every layout; torch 2.6 the first
+check_layouts() {
+  local name=$1 mnt=$WORK/mnt-$1 first=1
+  shift
+  if ! mount_ckptfs "$models/$name" "$mnt" -o "layouts=$(echo "$@" | tr ' ' ':')" 2> "$WORK/err"; then
+    ok 1 "$name: mount ($(head -c 300 "$WORK/err"))"
+    return
+  fi
+  for l in "$@"; do
+    check "$name $l: torch 1.13 loads every rank file; Megatron-core's names, order and bytes; bridge args; Megatron forward = transformers" \
+      $PY "$ref" check "$models/$name" "$mnt/$l" "$l"
+    if ((first && have2)); then
+      check "$name $l: torch 2.6 (weights_only, mmap) loads every rank file, same checks" \
+        torch2_python "$WORK" "$ref" check "$models/$name" "$mnt/$l" "$l" --torch2
+    fi
+    first=0
+  done
+  [[ $(ls "$mnt") != *mcore* ]]
+  ok $? "$name: no mcore/ listed (torch_dist's per-section in_proj keys are not written yet)"
+}
+check_layouts q3n-a tp1pp1 tp2pp1 tp1pp2vpp2 tp2pp1ep2 tp2pp2ep2
+check_layouts q3n-b tp2pp1 tp1pp3vpp2ep2 tp2pp2ep4
+check_layouts q35 tp2pp1 tp1pp2vpp2
+
+# inspect names the layer pattern; what cannot be served is refused by name
+out=$("$CKPTFS_BIN" inspect "$models/q3n-b" 2>&1)
+grep -q '^layers: *LLALLA (L: gated delta-net, 2 key / 6 value heads of 8 / 4, conv 4; A: gated attention)' <<< "$out"
+ok $? "inspect: the layer pattern from full_attention_interval 3 and the delta-net's sizes" || fail_diag "$out"
+expect_refused() { # DESCRIPTION PATTERN COMMAND...
+  local what=$1 pattern=$2 out
+  shift 2
+  out=$("$@" 2>&1)
+  grep -q -- "$pattern" <<< "$out"
+  ok $? "$what" || fail_diag "$out"
+}
+expect_refused "spec=local refused by name (Megatron-core builds the delta-net with TE only)" \
+  "spec=local: Megatron-core builds Qwen3NextForCausalLM's gated delta-net layers with Transformer Engine only" \
+  "$CKPTFS_BIN" inspect "$models/q3n-a" -o spec=local --layout tp1pp1
+expect_refused "a TP degree that does not divide the delta-net's heads refused by name" \
+  "tp 4 does not divide linear_num_key_heads 2" "$CKPTFS_BIN" inspect "$models/q3n-a" --layout tp4pp1
+expect_refused "mcore/ asked for: why not, by name" "one torch_dist key per in_proj and conv1d section" \
+  "$CKPTFS_BIN" inspect "$models/q3n-a" --layout mcore
+for kind in short:'"layer_types" lists 3 layers but num_hidden_layers is 4' \
+  interval:'"layer_types" entry 1 (full_attention) disagrees with full_attention_interval 3' \
+  kind:'"layer_types" entry 0 is not "full_attention" or "linear_attention"'; do
+  name=${kind%%:*} want=${kind#*:}
+  cp -r "$models/q3n-a" "$WORK/bad-$name"
+  $PY "$ref" bad "$WORK/bad-$name" "$name"
+  expect_refused "layer pattern '$name': Megatron views refused by name" "no Megatron views: config.json: $want" \
+    "$CKPTFS_BIN" inspect "$WORK/bad-$name"
+done
+
+# HF -> Megatron view -> mounted as a source -> hf/: the same tensors bit for bit (out_norm read
+# back plus one), and transformers 5 loads it (its config.json too) with the same logits
+round_trip() { # NAME VIEW
+  local name=$1 view=$2 m1=$WORK/rt-$1-$2
+  if ! mount_ckptfs "$models/$name" "$m1" -o "layouts=$view" || ! mount_ckptfs "$m1/$view" "$m1-back"; then
+    ok 1 "$name -> $view -> hf/: mounts"
+    return
+  fi
+  check "$name -> $view -> hf/: the same tensors, bit for bit" $PY "$ref" same "$models/$name" "$m1-back/hf"
+  pairs+=("$m1-back/hf" "$models/$name")
+}
+pairs=()
+round_trip q3n-a tp2pp1
+round_trip q3n-a tp1pp2vpp2ep2
+round_trip q3n-b tp2pp2ep4
+round_trip q35 tp2pp2
+check "each hf/ of the four: transformers loads it (its config.json too), the same logits bit for bit" \
+  sid_python "$WORK" "$ref" logits "${pairs[@]}"
+
+done_testing
