@@ -179,7 +179,6 @@ static void count_stored(const CkptfsCatalog *catalog, uint64_t *counts)
 /* A packed source (ckptfs pack): per packed file and per byte-plane class (raw bytes, 2-, 4- and
  * 8-byte elements), original and stored bytes. */
 static const char *const plane_class_names[4] = {"bytes", "2-byte", "4-byte", "8-byte"};
-static const char *const codec_names[3] = {"stored", "zstd", "lz4"};
 
 static unsigned packed_totals(const CkptfsSource *s, CkptfsContainerStats *total)
 {
@@ -213,8 +212,9 @@ static void print_packed(const CkptfsSource *s)
     unsigned packed = packed_totals(s, &total);
     if (packed == 0)
         return;
-    printf("packed:       %u files, %s, %" G_GUINT64_FORMAT " frames: %.3f of the original size;",
-           packed, codec_names[MIN(total.codec, 2)], total.frames, stats_ratio(&total, -1));
+    char unknown[32];
+    printf("packed:       %u files, %s, %" G_GUINT64_FORMAT " frames: %.3f of the original size;", packed,
+           ckptfs_codec_name(total.codec, unknown, sizeof unknown), total.frames, stats_ratio(&total, -1));
     for (int k = 0; k < 4; k++)
         if (total.original[k])
             printf(" %s %.3f", plane_class_names[k], stats_ratio(&total, k));
@@ -236,8 +236,9 @@ static void packed_json(JsonBuilder *b, const CkptfsSource *s)
         return;
     }
     json_builder_begin_object(b);
+    char unknown[32];
     json_builder_set_member_name(b, "codec");
-    json_builder_add_string_value(b, codec_names[MIN(total.codec, 2)]);
+    json_builder_add_string_value(b, ckptfs_codec_name(total.codec, unknown, sizeof unknown));
     json_builder_set_member_name(b, "ratio");
     json_builder_add_double_value(b, stats_ratio(&total, -1));
     json_builder_set_member_name(b, "classes");
@@ -1224,7 +1225,7 @@ int ckptfs_cmd_pack(int argc, char **argv)
                            st.files_packed, st.files_copied, skipped,
                            in, st.bytes_in, out, st.bytes_out, ratio_of(st.bytes_out, st.bytes_in),
                            secs > 0 ? (double)st.bytes_in / secs / 1e9 : 0.0,
-                           po.codec == CKPTFS_CODEC_LZ4 ? "lz4" : "zstd", po.level, po.frame_size, po.threads, secs);
+                           ckptfs_codec(po.codec)->name, po.level, po.frame_size, po.threads, secs);
     for (unsigned c = 0; c < CKPTFS_PACK_CLASSES; c++) {
         if (st.class_in[c] == 0)
             continue;
