@@ -9,14 +9,12 @@
  * stage and for the whole; the best of N rounds (default 3). bench/pack_bench.sh runs it. */
 #include <errno.h>
 #include <fcntl.h>
-#include <lz4.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #include "ckptfs/container.h"
 #include "ckptfs/readfile.h"
@@ -35,14 +33,14 @@ typedef struct {
 
 /* A pass over every frame of C (in FD) timing the whole decode with its read (as a decoder
  * thread does it), apart from the staged pass so neither warms the caches for the other. */
-static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCtx *dctx, uint8_t *work,
+static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, void *const *decoders, uint8_t *work,
                           uint8_t *scratch, uint8_t *out, Totals *t)
 {
     for (uint64_t i = 0; i < ckptfs_container_frames(c); i++) {
         const CkptfsFrameEntry *e = ckptfs_container_frame(c, i);
         double t0 = bench_now();
         bool ok = ckptfs_pread_full(fd, work, e->clength, e->coffset) == 0 &&
-                  ckptfs_frame_decode_with(e, work, out, scratch, dctx, NULL);
+                  ckptfs_frame_decode_with(e, work, out, scratch, decoders[e->codec], NULL);
         double t1 = bench_now();
         if (!ok) {
             fprintf(stderr, "frame_bench: %s: frame %llu does not decode\n", path, (unsigned long long)i);
@@ -54,7 +52,7 @@ static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, ZS
 }
 
 /* A pass over every frame of C (in FD) stage by stage: times into T (per codec: index CODEC). */
-static int run_file(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCtx *dctx, uint8_t *work,
+static int run_file(int fd, const char *path, const CkptfsContainer *c, void *const *decoders, uint8_t *work,
                     uint8_t *scratch, uint8_t *out, Totals *t)
 {
     for (uint64_t i = 0; i < ckptfs_container_frames(c); i++) {
@@ -67,13 +65,9 @@ static int run_file(int fd, const char *path, const CkptfsContainer *c, ZSTD_DCt
         }
         double t1 = bench_now();
         uint8_t *dst = e->planes > 1 ? scratch : out;
-        size_t got = e->ulength;
-        if (e->codec == CKPTFS_CODEC_ZSTD)
-            got = ZSTD_decompressDCtx(dctx, dst, e->ulength, work, e->clength);
-        else if (e->codec == CKPTFS_CODEC_LZ4)
-            got = (size_t)LZ4_decompress_safe((const char *)work, (char *)dst, (int)e->clength, (int)e->ulength);
-        else
-            memcpy(dst, work, e->ulength);
+        size_t got = 0;
+        if (!ckptfs_codec(e->codec)->decode(decoders[e->codec], work, e->clength, dst, e->ulength, &got, NULL))
+            got = 0;
         double t2 = bench_now();
         if (e->planes > 1)
             ckptfs_planes_unshuffle(out, scratch, e->ulength, e->planes);
@@ -143,28 +137,33 @@ int main(int argc, char **argv)
         }
     }
     uint8_t *work = malloc(max_frame + 1), *scratch = malloc(max_frame + 1), *out = malloc(max_frame + 1);
-    ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    Totals best[3];
+    void *decoders[CKPTFS_CODEC_COUNT];
+    for (unsigned id = 0; id < CKPTFS_CODEC_COUNT; id++)
+        decoders[id] = ckptfs_codec(id)->decoder_new ? ckptfs_codec(id)->decoder_new() : NULL;
+    Totals best[CKPTFS_CODEC_COUNT];
     memset(best, 0, sizeof best);
     double best_whole = 0;
     for (int r = 0; r < rounds; r++) {
-        Totals t[3];
+        Totals t[CKPTFS_CODEC_COUNT];
         memset(t, 0, sizeof t);
         for (int f = 0; f < n; f++)
-            if (run_file(fds[f], argv[first + f], cs[f], dctx, work, scratch, out, t) != 0 ||
-                run_file_whole(fds[f], argv[first + f], cs[f], dctx, work, scratch, out, t) != 0)
+            if (run_file(fds[f], argv[first + f], cs[f], decoders, work, scratch, out, t) != 0 ||
+                run_file_whole(fds[f], argv[first + f], cs[f], decoders, work, scratch, out, t) != 0)
                 return 1;
-        double whole = t[0].seconds[ST_WHOLE] + t[1].seconds[ST_WHOLE] + t[2].seconds[ST_WHOLE];
+        double whole = 0;
+        for (unsigned id = 0; id < CKPTFS_CODEC_COUNT; id++)
+            whole += t[id].seconds[ST_WHOLE];
         if (r == 0 || whole < best_whole) {
             best_whole = whole;
             memcpy(best, t, sizeof best);
         }
     }
     printf("frame_bench: GB/s of original bytes per second of one thread (best of %d rounds)\n", rounds);
-    print_totals("stored", &best[CKPTFS_CODEC_STORED]);
-    print_totals("zstd", &best[CKPTFS_CODEC_ZSTD]);
-    print_totals("lz4", &best[CKPTFS_CODEC_LZ4]);
-    ZSTD_freeDCtx(dctx);
+    for (unsigned id = 0; id < CKPTFS_CODEC_COUNT; id++) {
+        print_totals(ckptfs_codec(id)->name, &best[id]);
+        if (decoders[id])
+            ckptfs_codec(id)->decoder_free(decoders[id]);
+    }
     free(work);
     free(scratch);
     free(out);

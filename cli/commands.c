@@ -139,6 +139,15 @@ static JsonObject *language_config(JsonObject *config)
     return text ? text : json_object_ref(config);
 }
 
+/* A hybrid's layer kinds, one letter a layer: L linear attention, A attention. */
+static char *layer_pattern(const CkptfsModel *m)
+{
+    GString *out = g_string_new(NULL);
+    for (uint64_t l = 0; l < m->layers; l++)
+        g_string_append_c(out, ckptfs_model_layer_is_linear(m, l) ? 'L' : 'A');
+    return g_string_free(out, FALSE);
+}
+
 /* Whether inspect lists FIELD of M: with TOKEN_IDS, the tokenizer's ids hf/config.json has; else
  * every field that changes what the model computes, with the value the views use. */
 static bool listed(const CkptfsModelField *field, const CkptfsModel *m, bool token_ids)
@@ -148,67 +157,13 @@ static bool listed(const CkptfsModelField *field, const CkptfsModel *m, bool tok
     return (field->flags & CKPTFS_FIELD_MATH) && ckptfs_schema_applies(field, m);
 }
 
-static char *fields_text(const CkptfsModel *m, bool token_ids)
-{
-    size_t n = 0;
-    const CkptfsModelField *fields = ckptfs_schema_fields(&n);
-    GString *text = g_string_new(NULL);
-    for (size_t i = 0; i < n; i++)
-        if (listed(&fields[i], m, token_ids)) {
-            g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
-            g_string_append_printf(text, "%s%s=%s", text->len ? " " : "", fields[i].field, v);
-        }
-    return g_string_free(text, FALSE);
-}
-
-static void fields_json(JsonBuilder *b, const CkptfsModel *m, bool token_ids)
-{
-    size_t n = 0;
-    const CkptfsModelField *fields = ckptfs_schema_fields(&n);
-    json_builder_set_member_name(b, token_ids ? "token_ids" : "math");
-    json_builder_begin_object(b);
-    for (size_t i = 0; i < n; i++)
-        if (listed(&fields[i], m, token_ids)) {
-            g_autofree char *v = ckptfs_schema_value_text(&fields[i], m);
-            json_builder_set_member_name(b, fields[i].field);
-            json_builder_add_string_value(b, v);
-        }
-    json_builder_end_object(b);
-}
-
 static const char *const model_fields[] = {"num_hidden_layers", "hidden_size",
                                            "num_attention_heads", "num_key_value_heads",
                                            "intermediate_size", "vocab_size"};
 
-/* Tensors per element type as stored (views may serve another: -o dtype). */
-static void count_stored(const CkptfsCatalog *catalog, uint64_t *counts)
-{
-    memset(counts, 0, CKPTFS_DTYPE_COUNT * sizeof *counts);
-    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++)
-        counts[ckptfs_catalog_at(catalog, i)->stored]++;
-}
-
-/* A packed source (ckptfs pack): per packed file and per byte-plane class (raw bytes, 2-, 4- and
- * 8-byte elements), original and stored bytes. */
+/* A packed source (ckptfs pack): per byte-plane class (raw bytes, 2-, 4- and 8-byte elements),
+ * original and stored bytes. */
 static const char *const plane_class_names[4] = {"bytes", "2-byte", "4-byte", "8-byte"};
-static const char *const codec_names[3] = {"stored", "zstd", "lz4"};
-
-static unsigned packed_totals(const CkptfsSource *s, CkptfsContainerStats *total)
-{
-    memset(total, 0, sizeof *total);
-    unsigned packed = 0;
-    for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
-        CkptfsContainerStats st;
-        if (!ckptfs_srcfiles_container_stats(s->files, i, &st))
-            continue;
-        packed++;
-        total->codec = st.codec;
-        total->frames += st.frames;
-        for (int k = 0; k < 4; k++)
-            total->original[k] += st.original[k], total->stored[k] += st.stored[k];
-    }
-    return packed;
-}
 
 static double stats_ratio(const CkptfsContainerStats *st, int k /* -1: all */)
 {
@@ -219,267 +174,136 @@ static double stats_ratio(const CkptfsContainerStats *st, int k /* -1: all */)
     return o ? (double)c / (double)o : 1.0;
 }
 
-static void print_packed(const CkptfsSource *s)
+typedef struct {
+    const char *name;
+    gint64 value;
+} NamedInt;
+
+typedef struct {
+    const char *name;
+    char *value;
+} NamedText;
+
+typedef struct {
+    const char *path;
+    double ratio; /* stored bytes / original bytes */
+} PackedFile;
+
+static void named_text_clear(gpointer p)
 {
-    CkptfsContainerStats total;
-    unsigned packed = packed_totals(s, &total);
-    if (packed == 0)
-        return;
-    printf("packed:       %u files, %s, %" G_GUINT64_FORMAT " frames: %.3f of the original size;",
-           packed, codec_names[MIN(total.codec, 2)], total.frames, stats_ratio(&total, -1));
-    for (int k = 0; k < 4; k++)
-        if (total.original[k])
-            printf(" %s %.3f", plane_class_names[k], stats_ratio(&total, k));
-    printf(" (-o frame_cache=SIZE)\n");
-    for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
-        CkptfsContainerStats st;
-        if (ckptfs_srcfiles_container_stats(s->files, i, &st))
-            printf("              %s: %.3f\n", ckptfs_srcfiles_get(s->files, i)->path, stats_ratio(&st, -1));
-    }
+    g_free(((NamedText *)p)->value);
 }
 
-static void packed_json(JsonBuilder *b, const CkptfsSource *s)
+/* What inspect says of a source, gathered once for the text and the JSON printer. */
+typedef struct {
+    const CkptfsMount *mount;
+    const CkptfsSource *source;
+    const CkptfsModel *model; /* NULL: no Megatron views (mount->model_problem says why) */
+    char *about;              /* the format's own description */
+    unsigned tensors;
+    uint64_t bytes;
+    uint64_t dtypes[CKPTFS_DTYPE_COUNT]; /* tensors per element type as served */
+    uint64_t stored[CKPTFS_DTYPE_COUNT]; /* and as stored (views may serve another: -o dtype) */
+    const char *architecture, *model_type; /* config.json's, NULL when not given */
+    GArray *config_fields;                 /* NamedInt: the model_fields config.json has */
+    GArray *math, *token_ids;              /* NamedText: the schema's fields (with a model) */
+    GPtrArray *views;                      /* the root's directories, "hf/" ... */
+    CkptfsReadaheadPolicy ahead;
+    char *ahead_text;
+    unsigned packed;                      /* files that are containers */
+    CkptfsContainerStats packed_total;    /* over them; .codec: the last one's */
+    const char *codec;                    /* its name */
+    char codec_buf[32];
+    GArray *packed_files;                 /* PackedFile */
+} InspectFacts;
+
+static bool collect_name(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next)
 {
-    CkptfsContainerStats total;
-    unsigned packed = packed_totals(s, &total);
-    json_builder_set_member_name(b, "packed");
-    if (packed == 0) {
-        json_builder_add_null_value(b);
-        return;
-    }
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "codec");
-    json_builder_add_string_value(b, codec_names[MIN(total.codec, 2)]);
-    json_builder_set_member_name(b, "ratio");
-    json_builder_add_double_value(b, stats_ratio(&total, -1));
-    json_builder_set_member_name(b, "classes");
-    json_builder_begin_object(b);
-    for (int k = 0; k < 4; k++) {
-        if (!total.original[k])
-            continue;
-        json_builder_set_member_name(b, plane_class_names[k]);
-        json_builder_begin_object(b);
-        json_builder_set_member_name(b, "original");
-        json_builder_add_int_value(b, (gint64)total.original[k]);
-        json_builder_set_member_name(b, "stored");
-        json_builder_add_int_value(b, (gint64)total.stored[k]);
-        json_builder_end_object(b);
-    }
-    json_builder_end_object(b);
-    json_builder_set_member_name(b, "files");
-    json_builder_begin_object(b);
+    (void)next;
+    if (attr->type == CKPTFS_NODE_DIR)
+        g_ptr_array_add(ctx, g_strdup_printf("%s/", name));
+    return true;
+}
+
+static GArray *schema_facts(const CkptfsModel *m, bool token_ids)
+{
+    size_t n = 0;
+    const CkptfsModelField *fields = ckptfs_schema_fields(&n);
+    GArray *out = g_array_new(FALSE, FALSE, sizeof(NamedText));
+    g_array_set_clear_func(out, named_text_clear);
+    for (size_t i = 0; i < n; i++)
+        if (listed(&fields[i], m, token_ids)) {
+            NamedText f = {fields[i].field, ckptfs_schema_value_text(&fields[i], m)};
+            g_array_append_val(out, f);
+        }
+    return out;
+}
+
+static void gather_packed(InspectFacts *f)
+{
+    const CkptfsSource *s = f->source;
+    f->packed_files = g_array_new(FALSE, FALSE, sizeof(PackedFile));
     for (unsigned i = 0; i < ckptfs_srcfiles_count(s->files); i++) {
         CkptfsContainerStats st;
         if (!ckptfs_srcfiles_container_stats(s->files, i, &st))
             continue;
-        json_builder_set_member_name(b, ckptfs_srcfiles_get(s->files, i)->path);
-        json_builder_add_double_value(b, stats_ratio(&st, -1));
+        f->packed++;
+        f->packed_total.codec = st.codec;
+        f->packed_total.frames += st.frames;
+        for (int k = 0; k < 4; k++)
+            f->packed_total.original[k] += st.original[k], f->packed_total.stored[k] += st.stored[k];
+        PackedFile file = {ckptfs_srcfiles_get(s->files, i)->path, stats_ratio(&st, -1)};
+        g_array_append_val(f->packed_files, file);
     }
-    json_builder_end_object(b);
-    json_builder_end_object(b);
+    f->codec = ckptfs_codec_name(f->packed_total.codec, f->codec_buf, sizeof f->codec_buf);
 }
 
-/* What -o readahead does on this machine, as a mount of these options would. */
-static void readahead_json(JsonBuilder *b, const CkptfsOptions *options)
+static void gather_facts(InspectFacts *f, const CkptfsMount *mount)
 {
-    CkptfsReadaheadPolicy p;
-    ckptfs_readahead_policy(options, ckptfs_readahead_machine_cores(), &p);
-    static const char *const modes[] = {[CKPTFS_AHEAD_OFF] = "off", [CKPTFS_AHEAD_CACHED] = "cached",
-                                        [CKPTFS_AHEAD_LONE] = "lone"};
-    json_builder_set_member_name(b, "readahead");
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "auto");
-    json_builder_add_boolean_value(b, p.automatic);
-    json_builder_set_member_name(b, "mode");
-    json_builder_add_string_value(b, modes[p.mode]);
-    json_builder_set_member_name(b, "cores");
-    json_builder_add_int_value(b, p.cores);
-    json_builder_set_member_name(b, "cores_needed");
-    json_builder_add_int_value(b, CKPTFS_READAHEAD_AUTO_MIN_CORES);
-    json_builder_set_member_name(b, "streams");
-    json_builder_add_int_value(b, p.streams);
-    json_builder_set_member_name(b, "cap");
-    json_builder_add_int_value(b, (gint64)p.cap);
-    json_builder_set_member_name(b, "text");
-    g_autofree char *text = ckptfs_readahead_policy_describe(&p);
-    json_builder_add_string_value(b, text);
-    json_builder_end_object(b);
-}
-
-/* A hybrid's layer kinds, one letter a layer: L linear attention, A attention. */
-static char *layer_pattern(const CkptfsModel *m)
-{
-    GString *out = g_string_new(NULL);
-    for (uint64_t l = 0; l < m->layers; l++)
-        g_string_append_c(out, ckptfs_model_layer_is_linear(m, l) ? 'L' : 'A');
-    return g_string_free(out, FALSE);
-}
-
-static void inspect_json(const CkptfsMount *mount, const uint64_t *dtype_counts,
-                         GPtrArray *views)
-{
+    memset(f, 0, sizeof *f);
     const CkptfsSource *s = mount->source;
-    g_autoptr(JsonBuilder) b = json_builder_new();
-    json_builder_begin_object(b);
-    json_builder_set_member_name(b, "source");
-    json_builder_add_string_value(b, s->dir);
-    json_builder_set_member_name(b, "format");
-    json_builder_add_string_value(b, s->format->name);
-    json_builder_set_member_name(b, "weight_files");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < s->weight_files->len; i++)
-        json_builder_add_string_value(b, g_ptr_array_index(s->weight_files, i));
-    json_builder_end_array(b);
-    json_builder_set_member_name(b, "tensors");
-    json_builder_add_int_value(b, ckptfs_catalog_count(s->catalog));
-    json_builder_set_member_name(b, "bytes");
-    json_builder_add_int_value(b, (gint64)ckptfs_catalog_total_bytes(s->catalog));
-    json_builder_set_member_name(b, "dtypes");
-    json_builder_begin_object(b);
-    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
-        if (dtype_counts[d] == 0)
-            continue;
-        json_builder_set_member_name(b, ckptfs_dtype_safetensors_name((CkptfsDtype)d));
-        json_builder_add_int_value(b, (gint64)dtype_counts[d]);
+    f->mount = mount;
+    f->source = s;
+    f->model = mount->model;
+    f->about = s->format->describe(s);
+    f->tensors = ckptfs_catalog_count(s->catalog);
+    f->bytes = ckptfs_catalog_total_bytes(s->catalog);
+    for (unsigned i = 0; i < f->tensors; i++) {
+        const CkptfsTensor *t = ckptfs_catalog_at(s->catalog, i);
+        f->dtypes[t->dtype]++;
+        f->stored[t->stored]++;
     }
-    json_builder_end_object(b);
-    /* The element types on disk, when views serve others (-o dtype, verl's fp32 shards). */
-    json_builder_set_member_name(b, "stored_dtypes");
-    json_builder_begin_object(b);
-    uint64_t stored[CKPTFS_DTYPE_COUNT];
-    count_stored(s->catalog, stored);
-    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
-        if (stored[d] == 0)
-            continue;
-        json_builder_set_member_name(b, ckptfs_dtype_safetensors_name((CkptfsDtype)d));
-        json_builder_add_int_value(b, (gint64)stored[d]);
-    }
-    json_builder_end_object(b);
-    json_builder_set_member_name(b, "converted");
-    json_builder_add_int_value(b, s->converted);
-    packed_json(b, s);
-    json_builder_set_member_name(b, "architecture");
-    const char *arch = config_architecture(s->config);
-    if (arch)
-        json_builder_add_string_value(b, arch);
-    else
-        json_builder_add_null_value(b);
-    json_builder_set_member_name(b, "model_type");
-    const char *model_type = config_string(s->config, "model_type");
-    if (model_type)
-        json_builder_add_string_value(b, model_type);
-    else
-        json_builder_add_null_value(b);
+    f->architecture = config_architecture(s->config);
+    f->model_type = config_string(s->config, "model_type");
+    f->config_fields = g_array_new(FALSE, FALSE, sizeof(NamedInt));
     g_autoptr(JsonObject) language = language_config(s->config);
     for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
-        gint64 v;
-        if (config_int(language, model_fields[i], &v)) {
-            json_builder_set_member_name(b, model_fields[i]);
-            json_builder_add_int_value(b, v);
-        }
+        NamedInt field = {model_fields[i], 0};
+        if (config_int(language, model_fields[i], &field.value))
+            g_array_append_val(f->config_fields, field);
     }
-    json_builder_set_member_name(b, "config_problem");
-    if (s->config_problem)
-        json_builder_add_string_value(b, s->config_problem);
-    else
-        json_builder_add_null_value(b);
-    json_builder_set_member_name(b, "megatron");
-    if (mount->model)
-        json_builder_add_string_value(b, mount->model->arch->model_type);
-    else
-        json_builder_add_null_value(b);
-    if (mount->model) {
-        fields_json(b, mount->model, false);
-        fields_json(b, mount->model, true);
+    if (f->model) {
+        f->math = schema_facts(f->model, false);
+        f->token_ids = schema_facts(f->model, true);
     }
-    if (mount->model && mount->model->mla) {
-        const CkptfsModel *m = mount->model;
-        json_builder_set_member_name(b, "mla");
-        json_builder_begin_object(b);
-        const struct {
-            const char *name;
-            uint64_t value;
-        } fields[] = {{"q_lora_rank", m->q_lora}, {"kv_lora_rank", m->kv_lora}, {"qk_head_dim", m->qk_head_dim},
-                      {"qk_pos_emb_head_dim", m->qk_rope_dim}, {"v_head_dim", m->v_head_dim}};
-        for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
-            json_builder_set_member_name(b, fields[i].name);
-            json_builder_add_int_value(b, (gint64)fields[i].value);
-        }
-        json_builder_end_object(b);
-    }
-    if (mount->model) {
-        json_builder_set_member_name(b, "mtp_layers");
-        json_builder_add_int_value(b, (gint64)mount->model->mtp_layers);
-        json_builder_set_member_name(b, "mtp_served");
-        json_builder_add_boolean_value(b, mount->model->mtp);
-    }
-    if (mount->model && mount->model->arch->hybrid_attention) {
-        g_autofree char *pattern = layer_pattern(mount->model);
-        json_builder_set_member_name(b, "layer_pattern");
-        json_builder_add_string_value(b, pattern);
-    }
-    if (mount->model && mount->model->experts) {
-        const CkptfsModel *m = mount->model;
-        json_builder_set_member_name(b, "experts");
-        json_builder_begin_object(b);
-        const struct {
-            const char *name;
-            uint64_t value;
-        } fields[] = {{"routed", m->experts}, {"top_k", m->topk}, {"ffn", m->moe_ffn},
-                      {"shared_ffn", m->shared_ffn}, {"moe_layers", ckptfs_model_moe_layers(m)}};
-        for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
-            json_builder_set_member_name(b, fields[i].name);
-            json_builder_add_int_value(b, (gint64)fields[i].value);
-        }
-        json_builder_set_member_name(b, "score");
-        json_builder_add_string_value(b, m->sigmoid_scores ? "sigmoid" : "softmax");
-        json_builder_set_member_name(b, "expert_bias");
-        json_builder_add_boolean_value(b, m->expert_bias);
-        json_builder_set_member_name(b, "groups");
-        json_builder_add_int_value(b, (gint64)m->groups);
-        json_builder_set_member_name(b, "group_topk");
-        json_builder_add_int_value(b, (gint64)m->group_topk);
-        json_builder_set_member_name(b, "scaling");
-        json_builder_add_double_value(b, m->topk_scaling > 0 ? m->topk_scaling : 1.0);
-        json_builder_set_member_name(b, "shared_gate");
-        json_builder_add_boolean_value(b, m->shared_gate);
-        json_builder_set_member_name(b, "renormalize");
-        json_builder_add_boolean_value(b, m->renormalize);
-        json_builder_set_member_name(b, "dense_layers");
-        json_builder_begin_array(b);
-        for (uint64_t l = 0; l < m->layers; l++)
-            if (!ckptfs_model_layer_is_moe(m, l))
-                json_builder_add_int_value(b, (gint64)l);
-        json_builder_end_array(b);
-        json_builder_end_object(b);
-    }
-    json_builder_set_member_name(b, "megatron_problem");
-    if (mount->model_problem)
-        json_builder_add_string_value(b, mount->model_problem);
-    else
-        json_builder_add_null_value(b);
-    json_builder_set_member_name(b, "views");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < views->len; i++)
-        json_builder_add_string_value(b, g_ptr_array_index(views, i));
-    json_builder_end_array(b);
-    readahead_json(b, &mount->options);
-    if (s->found) {
-        json_builder_set_member_name(b, "found");
-        json_builder_add_string_value(b, s->found);
-    }
-    json_builder_set_member_name(b, "warnings");
-    json_builder_begin_array(b);
-    for (guint i = 0; i < s->warnings->len; i++)
-        json_builder_add_string_value(b, g_ptr_array_index(s->warnings, i));
-    json_builder_end_array(b);
-    json_builder_end_object(b);
-    g_autoptr(JsonNode) root = json_builder_get_root(b);
-    g_autoptr(JsonGenerator) gen = json_generator_new();
-    json_generator_set_pretty(gen, TRUE);
-    json_generator_set_root(gen, root);
-    g_autofree char *text = json_generator_to_data(gen, NULL);
-    printf("%s\n", text);
+    f->views = g_ptr_array_new_with_free_func(g_free);
+    ckptfs_tree_readdir(mount->tree, CKPTFS_ROOT_INO, 0, collect_name, f->views, NULL);
+    ckptfs_readahead_policy(&mount->options, ckptfs_readahead_machine_cores(), &f->ahead);
+    f->ahead_text = ckptfs_readahead_policy_describe(&f->ahead);
+    gather_packed(f);
+}
+
+static void facts_clear(InspectFacts *f)
+{
+    g_free(f->about);
+    g_array_unref(f->config_fields);
+    if (f->math)
+        g_array_unref(f->math);
+    if (f->token_ids)
+        g_array_unref(f->token_ids);
+    g_ptr_array_unref(f->views);
+    g_free(f->ahead_text);
+    g_array_unref(f->packed_files);
 }
 
 /* The dense layers of an MoE model as "0, 3-5" (empty when none). */
@@ -564,14 +388,6 @@ static int inspect_layout(CkptfsMount *mount, const char *name, bool json)
     }
     g_clear_error(&error);
     return ok ? 0 : 1;
-}
-
-static bool collect_name(gpointer ctx, const char *name, const CkptfsAttr *attr, uint64_t next)
-{
-    (void)next;
-    if (attr->type == CKPTFS_NODE_DIR)
-        g_ptr_array_add(ctx, g_strdup_printf("%s/", name));
-    return true;
 }
 
 static void add_string_or_null(JsonBuilder *b, const char *value)
@@ -688,6 +504,350 @@ static int inspect_run(const CkptfsMount *run, bool json)
     return status;
 }
 
+static void add_named_texts(JsonBuilder *b, const char *member, const GArray *texts)
+{
+    json_builder_set_member_name(b, member);
+    json_builder_begin_object(b);
+    for (guint i = 0; i < texts->len; i++) {
+        const NamedText *t = &g_array_index(texts, NamedText, i);
+        json_builder_set_member_name(b, t->name);
+        json_builder_add_string_value(b, t->value);
+    }
+    json_builder_end_object(b);
+}
+
+static void add_dtype_counts(JsonBuilder *b, const char *member, const uint64_t *counts)
+{
+    json_builder_set_member_name(b, member);
+    json_builder_begin_object(b);
+    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++) {
+        if (counts[d] == 0)
+            continue;
+        json_builder_set_member_name(b, ckptfs_dtype_safetensors_name((CkptfsDtype)d));
+        json_builder_add_int_value(b, (gint64)counts[d]);
+    }
+    json_builder_end_object(b);
+}
+
+static void add_string_list(JsonBuilder *b, const char *member, const GPtrArray *strings)
+{
+    json_builder_set_member_name(b, member);
+    json_builder_begin_array(b);
+    for (guint i = 0; i < strings->len; i++)
+        json_builder_add_string_value(b, g_ptr_array_index(strings, i));
+    json_builder_end_array(b);
+}
+
+static void packed_json(JsonBuilder *b, const InspectFacts *f)
+{
+    json_builder_set_member_name(b, "packed");
+    if (f->packed == 0) {
+        json_builder_add_null_value(b);
+        return;
+    }
+    const CkptfsContainerStats *total = &f->packed_total;
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "codec");
+    json_builder_add_string_value(b, f->codec);
+    json_builder_set_member_name(b, "ratio");
+    json_builder_add_double_value(b, stats_ratio(total, -1));
+    json_builder_set_member_name(b, "classes");
+    json_builder_begin_object(b);
+    for (int k = 0; k < 4; k++) {
+        if (!total->original[k])
+            continue;
+        json_builder_set_member_name(b, plane_class_names[k]);
+        json_builder_begin_object(b);
+        json_builder_set_member_name(b, "original");
+        json_builder_add_int_value(b, (gint64)total->original[k]);
+        json_builder_set_member_name(b, "stored");
+        json_builder_add_int_value(b, (gint64)total->stored[k]);
+        json_builder_end_object(b);
+    }
+    json_builder_end_object(b);
+    json_builder_set_member_name(b, "files");
+    json_builder_begin_object(b);
+    for (guint i = 0; i < f->packed_files->len; i++) {
+        const PackedFile *file = &g_array_index(f->packed_files, PackedFile, i);
+        json_builder_set_member_name(b, file->path);
+        json_builder_add_double_value(b, file->ratio);
+    }
+    json_builder_end_object(b);
+    json_builder_end_object(b);
+}
+
+/* What -o readahead does on this machine, as a mount of these options would. */
+static void readahead_json(JsonBuilder *b, const InspectFacts *f)
+{
+    const CkptfsReadaheadPolicy *p = &f->ahead;
+    static const char *const modes[] = {[CKPTFS_AHEAD_OFF] = "off", [CKPTFS_AHEAD_CACHED] = "cached",
+                                        [CKPTFS_AHEAD_LONE] = "lone"};
+    json_builder_set_member_name(b, "readahead");
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "auto");
+    json_builder_add_boolean_value(b, p->automatic);
+    json_builder_set_member_name(b, "mode");
+    json_builder_add_string_value(b, modes[p->mode]);
+    json_builder_set_member_name(b, "cores");
+    json_builder_add_int_value(b, p->cores);
+    json_builder_set_member_name(b, "cores_needed");
+    json_builder_add_int_value(b, CKPTFS_READAHEAD_AUTO_MIN_CORES);
+    json_builder_set_member_name(b, "streams");
+    json_builder_add_int_value(b, p->streams);
+    json_builder_set_member_name(b, "cap");
+    json_builder_add_int_value(b, (gint64)p->cap);
+    json_builder_set_member_name(b, "text");
+    json_builder_add_string_value(b, f->ahead_text);
+    json_builder_end_object(b);
+}
+
+static void add_uint_fields(JsonBuilder *b, const NamedInt *fields, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        json_builder_set_member_name(b, fields[i].name);
+        json_builder_add_int_value(b, fields[i].value);
+    }
+}
+
+static void model_json(JsonBuilder *b, const CkptfsModel *m)
+{
+    if (m->mla) {
+        json_builder_set_member_name(b, "mla");
+        json_builder_begin_object(b);
+        const NamedInt fields[] = {{"q_lora_rank", (gint64)m->q_lora}, {"kv_lora_rank", (gint64)m->kv_lora},
+                                   {"qk_head_dim", (gint64)m->qk_head_dim},
+                                   {"qk_pos_emb_head_dim", (gint64)m->qk_rope_dim},
+                                   {"v_head_dim", (gint64)m->v_head_dim}};
+        add_uint_fields(b, fields, G_N_ELEMENTS(fields));
+        json_builder_end_object(b);
+    }
+    json_builder_set_member_name(b, "mtp_layers");
+    json_builder_add_int_value(b, (gint64)m->mtp_layers);
+    json_builder_set_member_name(b, "mtp_served");
+    json_builder_add_boolean_value(b, m->mtp);
+    if (m->arch->hybrid_attention) {
+        g_autofree char *pattern = layer_pattern(m);
+        json_builder_set_member_name(b, "layer_pattern");
+        json_builder_add_string_value(b, pattern);
+    }
+    if (!m->experts)
+        return;
+    json_builder_set_member_name(b, "experts");
+    json_builder_begin_object(b);
+    const NamedInt fields[] = {{"routed", (gint64)m->experts}, {"top_k", (gint64)m->topk},
+                               {"ffn", (gint64)m->moe_ffn}, {"shared_ffn", (gint64)m->shared_ffn},
+                               {"moe_layers", (gint64)ckptfs_model_moe_layers(m)}};
+    add_uint_fields(b, fields, G_N_ELEMENTS(fields));
+    json_builder_set_member_name(b, "score");
+    json_builder_add_string_value(b, m->sigmoid_scores ? "sigmoid" : "softmax");
+    json_builder_set_member_name(b, "expert_bias");
+    json_builder_add_boolean_value(b, m->expert_bias);
+    json_builder_set_member_name(b, "groups");
+    json_builder_add_int_value(b, (gint64)m->groups);
+    json_builder_set_member_name(b, "group_topk");
+    json_builder_add_int_value(b, (gint64)m->group_topk);
+    json_builder_set_member_name(b, "scaling");
+    json_builder_add_double_value(b, m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+    json_builder_set_member_name(b, "shared_gate");
+    json_builder_add_boolean_value(b, m->shared_gate);
+    json_builder_set_member_name(b, "renormalize");
+    json_builder_add_boolean_value(b, m->renormalize);
+    json_builder_set_member_name(b, "dense_layers");
+    json_builder_begin_array(b);
+    for (uint64_t l = 0; l < m->layers; l++)
+        if (!ckptfs_model_layer_is_moe(m, l))
+            json_builder_add_int_value(b, (gint64)l);
+    json_builder_end_array(b);
+    json_builder_end_object(b);
+}
+
+static void inspect_json(const InspectFacts *f)
+{
+    const CkptfsSource *s = f->source;
+    g_autoptr(JsonBuilder) b = json_builder_new();
+    json_builder_begin_object(b);
+    json_builder_set_member_name(b, "source");
+    json_builder_add_string_value(b, s->dir);
+    json_builder_set_member_name(b, "format");
+    json_builder_add_string_value(b, s->format->name);
+    add_string_list(b, "weight_files", s->weight_files);
+    json_builder_set_member_name(b, "tensors");
+    json_builder_add_int_value(b, f->tensors);
+    json_builder_set_member_name(b, "bytes");
+    json_builder_add_int_value(b, (gint64)f->bytes);
+    add_dtype_counts(b, "dtypes", f->dtypes);
+    /* The element types on disk, when views serve others (-o dtype, verl's fp32 shards). */
+    add_dtype_counts(b, "stored_dtypes", f->stored);
+    json_builder_set_member_name(b, "converted");
+    json_builder_add_int_value(b, s->converted);
+    packed_json(b, f);
+    json_builder_set_member_name(b, "architecture");
+    add_string_or_null(b, f->architecture);
+    json_builder_set_member_name(b, "model_type");
+    add_string_or_null(b, f->model_type);
+    add_uint_fields(b, (const NamedInt *)(void *)f->config_fields->data, f->config_fields->len);
+    json_builder_set_member_name(b, "config_problem");
+    add_string_or_null(b, s->config_problem);
+    json_builder_set_member_name(b, "megatron");
+    add_string_or_null(b, f->model ? f->model->arch->model_type : NULL);
+    if (f->model) {
+        add_named_texts(b, "math", f->math);
+        add_named_texts(b, "token_ids", f->token_ids);
+        model_json(b, f->model);
+    }
+    json_builder_set_member_name(b, "megatron_problem");
+    add_string_or_null(b, f->mount->model_problem);
+    add_string_list(b, "views", f->views);
+    readahead_json(b, f);
+    if (s->found) {
+        json_builder_set_member_name(b, "found");
+        json_builder_add_string_value(b, s->found);
+    }
+    add_string_list(b, "warnings", s->warnings);
+    json_builder_end_object(b);
+    g_autoptr(JsonNode) root = json_builder_get_root(b);
+    g_autoptr(JsonGenerator) gen = json_generator_new();
+    json_generator_set_pretty(gen, TRUE);
+    json_generator_set_root(gen, root);
+    g_autofree char *text = json_generator_to_data(gen, NULL);
+    printf("%s\n", text);
+}
+
+static void print_dtype_counts(const uint64_t *counts)
+{
+    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
+        if (counts[d])
+            printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d), counts[d]);
+}
+
+static char *named_texts_line(const GArray *texts)
+{
+    GString *line = g_string_new(NULL);
+    for (guint i = 0; i < texts->len; i++) {
+        const NamedText *t = &g_array_index(texts, NamedText, i);
+        g_string_append_printf(line, "%s%s=%s", line->len ? " " : "", t->name, t->value);
+    }
+    return g_string_free(line, FALSE);
+}
+
+static void print_packed(const InspectFacts *f)
+{
+    if (f->packed == 0)
+        return;
+    const CkptfsContainerStats *total = &f->packed_total;
+    printf("packed:       %u files, %s, %" G_GUINT64_FORMAT " frames: %.3f of the original size;", f->packed, f->codec,
+           total->frames, stats_ratio(total, -1));
+    for (int k = 0; k < 4; k++)
+        if (total->original[k])
+            printf(" %s %.3f", plane_class_names[k], stats_ratio(total, k));
+    printf(" (-o frame_cache=SIZE)\n");
+    for (guint i = 0; i < f->packed_files->len; i++) {
+        const PackedFile *file = &g_array_index(f->packed_files, PackedFile, i);
+        printf("              %s: %.3f\n", file->path, file->ratio);
+    }
+}
+
+static void print_model(const InspectFacts *f)
+{
+    const CkptfsModel *m = f->model;
+    printf("megatron:     %s rules: %" G_GUINT64_FORMAT " layers, hidden %" G_GUINT64_FORMAT
+           ", %" G_GUINT64_FORMAT " heads / %" G_GUINT64_FORMAT " query groups, head dim %"
+           G_GUINT64_FORMAT ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "%s%s%s\n",
+           m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
+           m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
+           m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
+    g_autofree char *math = named_texts_line(f->math);
+    printf("math:         %s\n", math);
+    g_autofree char *token_ids = named_texts_line(f->token_ids);
+    printf("token ids:    %s (hf/config.json)\n", token_ids);
+    if (m->mla) {
+        g_autofree char *q = m->q_lora ? g_strdup_printf("%" G_GUINT64_FORMAT, m->q_lora) : g_strdup("none (q_proj)");
+        printf("attention:    multi-head latent: q_lora_rank %s, kv_lora_rank %" G_GUINT64_FORMAT
+               ", per head qk %" G_GUINT64_FORMAT " + rope %" G_GUINT64_FORMAT ", v %" G_GUINT64_FORMAT "%s\n",
+               q, m->kv_lora, m->qk_head_dim, m->qk_rope_dim, m->v_head_dim,
+               m->yarn_factor > 0 ? "; YaRN rope" : "");
+    }
+    if (m->experts) {
+        g_autofree char *experts = experts_text(m);
+        printf("experts:      %s\n", experts);
+    }
+    if (m->arch->hybrid_attention) {
+        g_autofree char *pattern = layer_pattern(m);
+        printf("layers:       %s (L: gated delta-net, %" G_GUINT64_FORMAT " key / %" G_GUINT64_FORMAT
+               " value heads of %" G_GUINT64_FORMAT " / %" G_GUINT64_FORMAT ", conv %" G_GUINT64_FORMAT
+               "; A: %sattention)\n", pattern, m->linear_key_heads, m->linear_value_heads, m->linear_key_dim,
+               m->linear_value_dim, m->conv_kernel, m->arch->attention_gate ? "gated " : "");
+    }
+    if (m->experts && (m->sigmoid_scores || m->groups || m->topk_scaling > 0))
+        printf("routing:      %s scores%s, top-%" G_GUINT64_FORMAT " of the best %" G_GUINT64_FORMAT
+               " of %" G_GUINT64_FORMAT " groups, weights x %g\n",
+               m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
+               m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
+               m->topk_scaling > 0 ? m->topk_scaling : 1.0);
+    if (m->arch->vision)
+        printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+               " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
+               G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
+               ": %s* on the first pipeline stage, %s* the language model; no mcore/ yet\n",
+               m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
+               m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
+               m->arch->vision->megatron_prefix, m->arch->megatron_prefix);
+    if (m->mtp_layers)
+        printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
+               "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",
+               m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.",
+               m->arch->family->mtp_hf_prefix ? 0 : m->layers, m->mtp_layers > 1 ? "..." : "",
+               m->mtp ? "in the Megatron views as mtp.layers.N"
+               : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
+                   ? "left out of the Megatron views; -o mtp=on adds them"
+                   : "left out of the Megatron views (no rules for them)");
+    printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
+           "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
+}
+
+static void inspect_text(const InspectFacts *f)
+{
+    const CkptfsSource *s = f->source;
+    g_autofree char *human = g_format_size(f->bytes);
+    printf("source:       %s\n", s->dir);
+    printf("format:       %s (%s)\n", s->format->name, f->about);
+    printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", f->tensors, human, f->bytes);
+    printf("dtypes:      ");
+    print_dtype_counts(f->dtypes);
+    printf("\n");
+    if (s->converted) {
+        printf("converted:    %u tensors converted on read; stored as", s->converted);
+        print_dtype_counts(f->stored);
+        printf(" (-o dtype=auto|bf16|fp32)\n");
+    }
+    if (s->config != NULL) {
+        printf("architecture: %s (model_type %s)\n", f->architecture ? f->architecture : "not given",
+               f->model_type ? f->model_type : "not given");
+        printf("model:       ");
+        for (guint i = 0; i < f->config_fields->len; i++) {
+            const NamedInt *field = &g_array_index(f->config_fields, NamedInt, i);
+            printf(" %s=%" G_GINT64_FORMAT, field->name, field->value);
+        }
+        printf("\n");
+    } else {
+        printf("architecture: unknown: %s\n", s->config_problem);
+    }
+    if (f->model != NULL)
+        print_model(f);
+    else
+        printf("megatron:     no Megatron views: %s\n", f->mount->model_problem);
+    printf("views:       ");
+    for (guint i = 0; i < f->views->len; i++)
+        printf(" %s", (char *)g_ptr_array_index(f->views, i));
+    printf("\n");
+    printf("read-ahead:   %s\n", f->ahead_text);
+    print_packed(f);
+    if (s->found)
+        printf("found:        %s\n", s->found);
+    for (guint i = 0; i < s->warnings->len; i++)
+        printf("warning:      %s\n", (char *)g_ptr_array_index(s->warnings, i));
+}
+
 int ckptfs_cmd_inspect(int argc, char **argv)
 {
     CmdArgs a;
@@ -696,141 +856,22 @@ int ckptfs_cmd_inspect(int argc, char **argv)
     CkptfsMount *mount = open_or_complain("inspect", &a);
     if (mount == NULL)
         return 1;
+    int status = 0;
     if (a.layout != NULL) {
-        int status = inspect_layout(mount, a.layout, a.json);
-        ckptfs_mount_free(mount);
-        return status;
-    }
-    if (mount->source == NULL) {
-        int status = inspect_run(mount, a.json);
-        ckptfs_mount_free(mount);
-        return status;
-    }
-    const CkptfsSource *s = mount->source;
-    uint64_t dtype_counts[CKPTFS_DTYPE_COUNT] = {0};
-    for (unsigned i = 0; i < ckptfs_catalog_count(s->catalog); i++)
-        dtype_counts[ckptfs_catalog_at(s->catalog, i)->dtype]++;
-    g_autoptr(GPtrArray) views = g_ptr_array_new_with_free_func(g_free);
-    ckptfs_tree_readdir(mount->tree, CKPTFS_ROOT_INO, 0, collect_name, views, NULL);
-
-    if (a.json) {
-        inspect_json(mount, dtype_counts, views);
-        ckptfs_mount_free(mount);
-        return 0;
-    }
-    uint64_t bytes = ckptfs_catalog_total_bytes(s->catalog);
-    g_autofree char *human = g_format_size(bytes);
-    printf("source:       %s\n", s->dir);
-    g_autofree char *about = s->format->describe(s);
-    printf("format:       %s (%s)\n", s->format->name, about);
-    printf("tensors:      %u, %s (%" G_GUINT64_FORMAT " bytes)\n", ckptfs_catalog_count(s->catalog),
-           human, bytes);
-    printf("dtypes:      ");
-    for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
-        if (dtype_counts[d])
-            printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d),
-                   dtype_counts[d]);
-    printf("\n");
-    if (s->converted) {
-        uint64_t stored[CKPTFS_DTYPE_COUNT];
-        count_stored(s->catalog, stored);
-        printf("converted:    %u tensors converted on read; stored as", s->converted);
-        for (int d = 1; d < CKPTFS_DTYPE_COUNT; d++)
-            if (stored[d])
-                printf(" %s x %" G_GUINT64_FORMAT, ckptfs_dtype_safetensors_name((CkptfsDtype)d),
-                       stored[d]);
-        printf(" (-o dtype=auto|bf16|fp32)\n");
-    }
-    if (s->config != NULL) {
-        const char *arch = config_architecture(s->config);
-        const char *model_type = config_string(s->config, "model_type");
-        printf("architecture: %s (model_type %s)\n", arch ? arch : "not given",
-               model_type ? model_type : "not given");
-        printf("model:       ");
-        g_autoptr(JsonObject) language = language_config(s->config);
-        for (size_t i = 0; i < G_N_ELEMENTS(model_fields); i++) {
-            gint64 v;
-            if (config_int(language, model_fields[i], &v))
-                printf(" %s=%" G_GINT64_FORMAT, model_fields[i], v);
-        }
-        printf("\n");
+        status = inspect_layout(mount, a.layout, a.json);
+    } else if (mount->source == NULL) {
+        status = inspect_run(mount, a.json);
     } else {
-        printf("architecture: unknown: %s\n", s->config_problem);
+        InspectFacts facts;
+        gather_facts(&facts, mount);
+        if (a.json)
+            inspect_json(&facts);
+        else
+            inspect_text(&facts);
+        facts_clear(&facts);
     }
-    if (mount->model != NULL) {
-        const CkptfsModel *m = mount->model;
-        printf("megatron:     %s rules: %" G_GUINT64_FORMAT " layers, hidden %" G_GUINT64_FORMAT
-               ", %" G_GUINT64_FORMAT " heads / %" G_GUINT64_FORMAT " query groups, head dim %"
-               G_GUINT64_FORMAT ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "%s%s%s\n",
-               m->arch->model_type, m->layers, m->hidden, m->heads, m->kv_heads, m->head_dim,
-               m->ffn, m->vocab, m->tied_embeddings ? ", tied embeddings" : "",
-               m->qkv_bias ? ", qkv bias" : "", m->qk_norm ? ", q/k norm" : "");
-        g_autofree char *math = fields_text(m, false);
-        printf("math:         %s\n", math);
-        g_autofree char *token_ids = fields_text(m, true);
-        printf("token ids:    %s (hf/config.json)\n", token_ids);
-        if (m->mla)
-        {
-            g_autofree char *q = m->q_lora ? g_strdup_printf("%" G_GUINT64_FORMAT, m->q_lora) : g_strdup("none (q_proj)");
-            printf("attention:    multi-head latent: q_lora_rank %s, kv_lora_rank %" G_GUINT64_FORMAT
-                   ", per head qk %" G_GUINT64_FORMAT " + rope %" G_GUINT64_FORMAT ", v %" G_GUINT64_FORMAT "%s\n",
-                   q, m->kv_lora, m->qk_head_dim, m->qk_rope_dim, m->v_head_dim,
-                   m->yarn_factor > 0 ? "; YaRN rope" : "");
-        }
-        if (m->experts) {
-            g_autofree char *experts = experts_text(m);
-            printf("experts:      %s\n", experts);
-        }
-        if (m->arch->hybrid_attention) {
-            g_autofree char *pattern = layer_pattern(m);
-            printf("layers:       %s (L: gated delta-net, %" G_GUINT64_FORMAT " key / %" G_GUINT64_FORMAT
-                   " value heads of %" G_GUINT64_FORMAT " / %" G_GUINT64_FORMAT ", conv %" G_GUINT64_FORMAT
-                   "; A: %sattention)\n", pattern, m->linear_key_heads, m->linear_value_heads, m->linear_key_dim,
-                   m->linear_value_dim, m->conv_kernel, m->arch->attention_gate ? "gated " : "");
-        }
-        if (m->experts && (m->sigmoid_scores || m->groups || m->topk_scaling > 0))
-            printf("routing:      %s scores%s, top-%" G_GUINT64_FORMAT " of the best %" G_GUINT64_FORMAT
-                   " of %" G_GUINT64_FORMAT " groups, weights x %g\n",
-                   m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
-                   m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
-                   m->topk_scaling > 0 ? m->topk_scaling : 1.0);
-        if (m->arch->vision)
-            printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
-                   " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
-                   G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
-                   ": %s* on the first pipeline stage, %s* the language model; no mcore/ yet\n",
-                   m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
-                   m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
-                   m->arch->vision->megatron_prefix, m->arch->megatron_prefix);
-        if (m->mtp_layers)
-            printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
-                   "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",
-                   m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.",
-                   m->arch->family->mtp_hf_prefix ? 0 : m->layers, m->mtp_layers > 1 ? "..." : "",
-                   m->mtp ? "in the Megatron views as mtp.layers.N"
-                   : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
-                       ? "left out of the Megatron views; -o mtp=on adds them"
-                       : "left out of the Megatron views (no rules for them)");
-        printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
-               "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
-    } else {
-        printf("megatron:     no Megatron views: %s\n", mount->model_problem);
-    }
-    printf("views:       ");
-    for (guint i = 0; i < views->len; i++)
-        printf(" %s", (char *)g_ptr_array_index(views, i));
-    printf("\n");
-    CkptfsReadaheadPolicy ahead;
-    ckptfs_readahead_policy(&mount->options, ckptfs_readahead_machine_cores(), &ahead);
-    g_autofree char *ahead_text = ckptfs_readahead_policy_describe(&ahead);
-    printf("read-ahead:   %s\n", ahead_text);
-    print_packed(s);
-    if (s->found)
-        printf("found:        %s\n", s->found);
-    for (guint i = 0; i < s->warnings->len; i++)
-        printf("warning:      %s\n", (char *)g_ptr_array_index(s->warnings, i));
     ckptfs_mount_free(mount);
-    return 0;
+    return status;
 }
 
 /* --- walking a view (ls, export) --- */
@@ -1267,7 +1308,7 @@ int ckptfs_cmd_pack(int argc, char **argv)
                            st.files_packed, st.files_copied, skipped,
                            in, st.bytes_in, out, st.bytes_out, ratio_of(st.bytes_out, st.bytes_in),
                            secs > 0 ? (double)st.bytes_in / secs / 1e9 : 0.0,
-                           po.codec == CKPTFS_CODEC_LZ4 ? "lz4" : "zstd", po.level, po.frame_size, po.threads, secs);
+                           ckptfs_codec(po.codec)->name, po.level, po.frame_size, po.threads, secs);
     for (unsigned c = 0; c < CKPTFS_PACK_CLASSES; c++) {
         if (st.class_in[c] == 0)
             continue;

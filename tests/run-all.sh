@@ -3,7 +3,8 @@
 # then again with the rest under prove), integration tests through real FUSE mounts (loaded
 # with torch 1.13 on the host, torch 2.6 + safetensors in a Debian 13 root, transformers 5 in
 # a Debian sid root), the fuzz smoke run, then the unit and integration tests again with the
-# AddressSanitizer/UBSan build.
+# AddressSanitizer/UBSan build, and the unit tests and the concurrency-heavy integration tests
+# with the ThreadSanitizer build.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -11,6 +12,7 @@ cd "$top"
 scripts/install-deps.sh --tests
 scripts/build.sh build
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTFS_SANITIZE=ON
+scripts/build.sh build-tsan -DCKPTFS_TSAN=ON
 
 # The Debian 13 root with torch 2.6 and safetensors (built once, then reused).
 bash -c 'source tests/lib/common.sh; torch2_root_ensure' ||
@@ -40,3 +42,25 @@ CKPTFS_BIN="$top/build/ckptfs" prove --timer build/tests/test_* "${integration[@
 
 echo "== ASan + UBSan build"
 CKPTFS_BIN="$top/build-asan/ckptfs" prove --timer build-asan/tests/test_* "${integration[@]}"
+
+# Every report (from a test program or a mount's daemon, wherever its stderr goes) is a file
+# under tsan_logs: any file there fails the run, after the tests say what else failed.
+echo "== ThreadSanitizer build: the tests that run threads"
+tsan_logs=$(mktemp -d)
+# The unit tests that start threads (one thread alone cannot race), and the integration tests
+# that read from many threads.
+threaded=(build-tsan/tests/test_{mxfp4,pack,plan,readahead,srcfiles,srcmap,tree})
+concurrent=(tests/integration/source_change.t tests/integration/mapped_reads.t tests/integration/pack.t
+            tests/integration/shared_nodes.t)
+tsan_options="halt_on_error=1 exitcode=66 second_deadlock_stack=1 log_path=$tsan_logs/report"
+tsan_options+=" suppressions=$top/tests/tsan/suppressions.txt"
+# GLib's slice allocator hands memory between threads under locks the sanitizer cannot see:
+# plain malloc instead.
+G_SLICE=always-malloc TSAN_OPTIONS=$tsan_options CKPTFS_BIN="$top/build-tsan/ckptfs" \
+  prove --timer "${threaded[@]}" "${concurrent[@]}" || tsan_failed=1
+if compgen -G "$tsan_logs/report*" > /dev/null; then
+  cat "$tsan_logs"/report*
+  tsan_failed=1
+fi
+rm -rf "$tsan_logs"
+[[ -z ${tsan_failed:-} ]]

@@ -84,8 +84,9 @@ static uint32_t f32_bits_from_f16(uint16_t h)
 }
 
 /* The casts run on every byte a converted view serves: on x86-64, an AVX2 build of them is picked
- * at load time where the CPU has it (twice the elements per instruction of the baseline). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * at load time where the CPU has it (twice the elements per instruction of the baseline). Not
+ * under ThreadSanitizer: the instrumented resolvers would run before its runtime is up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define CONVERT_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CONVERT_CLONES

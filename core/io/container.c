@@ -3,11 +3,9 @@
 #include "ckptfs/container.h"
 
 #include <errno.h>
-#include <lz4.h>
 #include <unistd.h>
 #include <string.h>
 #include <xxhash.h>
-#include <zstd.h>
 
 #include "ckptfs/error.h"
 #include "ckptfs/readfile.h"
@@ -162,43 +160,17 @@ bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t 
 }
 
 bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                              void *zstd_dctx, GError **error)
+                              void *decoder, GError **error)
 {
     uint8_t *out = e->planes > 1 ? scratch : dst;
     size_t got = 0;
-    switch (e->codec) {
-    case CKPTFS_CODEC_STORED:
-        if (e->clength != e->ulength) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "stored frame of %u bytes holds %u",
-                        e->ulength, e->clength);
-            return false;
-        }
-        memcpy(out, src, e->ulength);
-        got = e->ulength;
-        break;
-    case CKPTFS_CODEC_ZSTD: {
-        size_t r = zstd_dctx ? ZSTD_decompressDCtx(zstd_dctx, out, e->ulength, src, e->clength)
-                             : ZSTD_decompress(out, e->ulength, src, e->clength);
-        if (ZSTD_isError(r)) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "zstd: %s", ZSTD_getErrorName(r));
-            return false;
-        }
-        got = r;
-        break;
-    }
-    case CKPTFS_CODEC_LZ4: {
-        int r = LZ4_decompress_safe((const char *)src, (char *)out, (int)e->clength, (int)e->ulength);
-        if (r < 0) {
-            g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "lz4: corrupt data");
-            return false;
-        }
-        got = (size_t)r;
-        break;
-    }
-    default:
+    const CkptfsCodecInfo *codec = ckptfs_codec(e->codec);
+    if (codec == NULL) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "unknown codec %u", e->codec);
         return false;
     }
+    if (!codec->decode(decoder, src, e->clength, out, e->ulength, &got, error))
+        return false;
     if (got != e->ulength) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "decompresses to %zu bytes, not %u", got, e->ulength);
         return false;
@@ -230,13 +202,6 @@ static bool read_exact(int fd, void *buf, size_t len, uint64_t offset)
     int rc = ckptfs_pread_full(fd, buf, len, offset);
     errno = rc > 0 ? rc : rc < 0 ? EIO : 0;
     return rc == 0;
-}
-
-/* The most stored bytes a frame of ULENGTH original bytes may have (the larger of the codecs'
- * worst cases). */
-static uint64_t stored_bound(uint32_t ulength)
-{
-    return MAX((uint64_t)ZSTD_compressBound(ulength), (uint64_t)LZ4_compressBound((int)MIN(ulength, (uint32_t)LZ4_MAX_INPUT_SIZE)));
 }
 
 #define BAD(...)                                                                                  \
@@ -289,12 +254,12 @@ CkptfsContainer *ckptfs_container_open(int fd, uint64_t disk_size, const char *p
             BAD("frame %" G_GUINT64_FORMAT " (%u bytes at %" G_GUINT64_FORMAT ") is not 1 byte to 64 MiB "
                 "starting at %" G_GUINT64_FORMAT ", where the frames before it end, within the %" G_GUINT64_FORMAT
                 "-byte file", i, e->ulength, e->uoffset, next_u, t->size);
-        if (e->codec > CKPTFS_CODEC_LZ4)
+        if (ckptfs_codec(e->codec) == NULL)
             BAD("frame %" G_GUINT64_FORMAT ": unknown codec %u", i, e->codec);
         if ((e->planes != 1 && e->planes != 2 && e->planes != 4 && e->planes != 8) || e->ulength % e->planes != 0)
             BAD("frame %" G_GUINT64_FORMAT ": %u byte planes of %u bytes", i, e->planes, e->ulength);
         if ((e->codec == CKPTFS_CODEC_STORED && e->clength != e->ulength) || e->clength == 0 ||
-            e->clength > stored_bound(e->ulength))
+            e->clength > ckptfs_codec_bound_any(e->ulength))
             BAD("frame %" G_GUINT64_FORMAT ": %u stored bytes for %u", i, e->clength, e->ulength);
         if (e->coffset < next_c || e->coffset > t->index_offset || e->clength > t->index_offset - e->coffset)
             BAD("frame %" G_GUINT64_FORMAT ": stored bytes [%" G_GUINT64_FORMAT ", +%u) overlap another frame or "
@@ -396,18 +361,14 @@ struct CkptfsFrameCache {
     uint64_t bytes, budget;
     Spare spare[SPARE_BUFFERS];
     unsigned nspare;
-    GPtrArray *dctx; /* idle ZSTD_DCtx, one per thread decoding at once at most */
+    /* Idle decoder contexts per codec id, one per thread decoding at once at most. */
+    GPtrArray *decoders[CKPTFS_CODEC_COUNT];
     GHashTable *pending; /* key -> PendingFrame*: frames claimed for decoding */
     uint64_t pending_bytes;
     uint64_t ahead_bytes; /* frames decoded ahead, not read yet */
     GCond decoded;       /* a pending frame was put or abandoned */
     uint64_t puts;       /* frames decoded and handed over, in all */
 };
-
-static void free_dctx(gpointer ctx)
-{
-    ZSTD_freeDCtx(ctx);
-}
 
 CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
 {
@@ -416,7 +377,8 @@ CkptfsFrameCache *ckptfs_frame_cache_new(uint64_t budget)
     cache->frames = g_hash_table_new(g_int64_hash, g_int64_equal);
     g_queue_init(&cache->lru);
     cache->budget = budget;
-    cache->dctx = g_ptr_array_new_with_free_func(free_dctx);
+    for (unsigned id = 0; id < G_N_ELEMENTS(cache->decoders); id++)
+        cache->decoders[id] = g_ptr_array_new();
     cache->pending = g_hash_table_new_full(g_int64_hash, g_int64_equal, NULL, g_free);
     g_cond_init(&cache->decoded);
     return cache;
@@ -462,20 +424,23 @@ void ckptfs_frame_cache_recycle(CkptfsFrameCache *cache, uint8_t *data, size_t c
     g_mutex_unlock(&cache->lock);
 }
 
-void *ckptfs_frame_cache_zstd(CkptfsFrameCache *cache)
+void *ckptfs_frame_cache_decoder(CkptfsFrameCache *cache, const CkptfsCodecInfo *codec)
 {
+    if (codec->decoder_new == NULL)
+        return NULL;
+    GPtrArray *idle = cache->decoders[codec->id];
     g_mutex_lock(&cache->lock);
-    void *ctx = cache->dctx->len ? g_ptr_array_steal_index_fast(cache->dctx, cache->dctx->len - 1) : NULL;
+    void *ctx = idle->len ? g_ptr_array_steal_index_fast(idle, idle->len - 1) : NULL;
     g_mutex_unlock(&cache->lock);
-    return ctx ? ctx : ZSTD_createDCtx();
+    return ctx ? ctx : codec->decoder_new();
 }
 
-void ckptfs_frame_cache_zstd_done(CkptfsFrameCache *cache, void *ctx)
+void ckptfs_frame_cache_decoder_done(CkptfsFrameCache *cache, const CkptfsCodecInfo *codec, void *ctx)
 {
     if (ctx == NULL)
         return;
     g_mutex_lock(&cache->lock);
-    g_ptr_array_add(cache->dctx, ctx);
+    g_ptr_array_add(cache->decoders[codec->id], ctx);
     g_mutex_unlock(&cache->lock);
 }
 
@@ -491,7 +456,12 @@ void ckptfs_frame_cache_free(CkptfsFrameCache *cache)
     g_hash_table_unref(cache->frames);
     for (unsigned i = 0; i < cache->nspare; i++)
         g_free(cache->spare[i].data);
-    g_ptr_array_unref(cache->dctx);
+    for (unsigned id = 0; id < G_N_ELEMENTS(cache->decoders); id++) {
+        const CkptfsCodecInfo *codec = ckptfs_codec(id);
+        for (unsigned i = 0; i < cache->decoders[id]->len; i++)
+            codec->decoder_free(g_ptr_array_index(cache->decoders[id], i));
+        g_ptr_array_unref(cache->decoders[id]);
+    }
     g_hash_table_unref(cache->pending);
     g_cond_clear(&cache->decoded);
     g_mutex_clear(&cache->lock);

@@ -114,6 +114,7 @@ static gpointer worker(gpointer data)
             continue;
         }
         s->building++;
+        ra->stats.building++;
         g_mutex_unlock(&ra->lock);
         if (buf == NULL)
             buf = buffer_new();
@@ -125,6 +126,7 @@ static gpointer worker(gpointer data)
             ra->stats.failed++;
         }
         s->building--;
+        ra->stats.building--;
         g_cond_broadcast(&ra->idle);
     }
     g_mutex_unlock(&ra->lock);
@@ -309,5 +311,6 @@ void ckptfs_readahead_stats(CkptfsReadahead *ra, CkptfsReadaheadStats *out)
 {
     g_mutex_lock(&ra->lock);
     *out = ra->stats;
+    out->queued = ra->queue.length;
     g_mutex_unlock(&ra->lock);
 }

@@ -406,9 +406,10 @@ static bool decode_frame(const CkptfsSrcFiles *files, SrcFile *f, int fd, uint64
         g_set_error(&why, CKPTFS_ERROR, CKPTFS_ERROR_IO, "%s", rc > 0 ? g_strerror(rc) : "the file ends early");
         ok = false;
     }
-    void *dctx = ok && e->codec == CKPTFS_CODEC_ZSTD ? ckptfs_frame_cache_zstd(files->frames) : NULL;
-    ok = ok && ckptfs_frame_decode_with(e, work, *out, work + e->clength, dctx, &why);
-    ckptfs_frame_cache_zstd_done(files->frames, dctx);
+    const CkptfsCodecInfo *codec = ckptfs_codec(e->codec); /* known: the container's index is checked */
+    void *decoder = ok ? ckptfs_frame_cache_decoder(files->frames, codec) : NULL;
+    ok = ok && ckptfs_frame_decode_with(e, work, *out, work + e->clength, decoder, &why);
+    ckptfs_frame_cache_decoder_done(files->frames, codec, decoder);
     ckptfs_frame_cache_recycle(files->frames, work, work_cap);
     if (!ok) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_IO,

@@ -13,13 +13,10 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <lz4.h>
-#include <lz4hc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #include "ckptfs/catalog.h"
 #include "ckptfs/error.h"
@@ -28,9 +25,6 @@
 #include "ckptfs/units.h"
 #include "ckptfs/verl_run.h"
 
-#define ZSTD_LEVEL_DEFAULT 1 /* on byte planes of trained weights: smaller and twice as fast as 3 */
-#define ZSTD_LEVEL_MAX 19
-#define LZ4_LEVEL_MAX LZ4HC_CLEVEL_MAX
 #define THREADS_DEFAULT_MAX 16u
 #define VERIFY_CHUNK (4u << 20)
 /* Decoded frames the verifying reader may keep: it reads each file once, in order. */
@@ -75,16 +69,15 @@ CkptfsOptionResult ckptfs_pack_options_apply(CkptfsPackOptions *options, const c
     }
     uint64_t v;
     if (strcmp(key, "codec") == 0) {
-        if (strcmp(value, "zstd") == 0)
-            options->codec = CKPTFS_CODEC_ZSTD;
-        else if (strcmp(value, "lz4") == 0)
-            options->codec = CKPTFS_CODEC_LZ4;
-        else {
-            ckptfs_fail(error, CKPTFS_ERROR_INVALID, "codec: '%s' is not zstd or lz4", value);
+        const CkptfsCodecInfo *codec = ckptfs_codec_by_name(value);
+        if (codec == NULL) {
+            g_autofree char *names = ckptfs_codec_written_names();
+            ckptfs_fail(error, CKPTFS_ERROR_INVALID, "codec: '%s' is not %s", value, names);
             return CKPTFS_OPTION_BAD;
         }
+        options->codec = codec->id;
     } else if (strcmp(key, "level") == 0) {
-        if (!parse_uint(key, value, 1, ZSTD_LEVEL_MAX, &v, error))
+        if (!parse_uint(key, value, 1, (uint64_t)ckptfs_codec_level_max(), &v, error))
             return CKPTFS_OPTION_BAD;
         options->level = (int)v;
     } else if (strcmp(key, "threads") == 0) {
@@ -111,22 +104,17 @@ CkptfsOptionResult ckptfs_pack_options_apply(CkptfsPackOptions *options, const c
 
 bool ckptfs_pack_options_check(CkptfsPackOptions *options, GError **error)
 {
-    if (options->codec == CKPTFS_CODEC_LZ4) {
-        if (options->level == 0)
-            options->level = 1;
-        if (options->level > LZ4_LEVEL_MAX)
-            return ckptfs_fail(error, CKPTFS_ERROR_INVALID,
-                               "level: lz4 levels go from 1 (fast) to %d (lz4hc), not %d", LZ4_LEVEL_MAX,
-                               options->level);
-    } else if (options->codec == CKPTFS_CODEC_ZSTD) {
-        if (options->level == 0)
-            options->level = ZSTD_LEVEL_DEFAULT;
-        if (options->level < 1 || options->level > ZSTD_LEVEL_MAX)
-            return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "level: zstd levels go from 1 to %d, not %d",
-                               ZSTD_LEVEL_MAX, options->level);
-    } else {
-        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "codec %d is not zstd or lz4", (int)options->codec);
+    const CkptfsCodecInfo *codec = ckptfs_codec(options->codec);
+    if (codec == NULL || codec->encode == NULL) {
+        g_autofree char *names = ckptfs_codec_written_names();
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "codec %d is not %s", (int)options->codec, names);
     }
+    if (options->level == 0)
+        options->level = codec->level_default;
+    if (options->level < codec->level_min || options->level > codec->level_max)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "level: %s levels go from %d%s to %d%s, not %d", codec->name,
+                           codec->level_min, codec->level_min_note, codec->level_max, codec->level_max_note,
+                           options->level);
     if (options->frame_size < CKPTFS_PACK_FRAME_MIN || options->frame_size > CKPTFS_PACK_FRAME_MAX ||
         options->frame_size % 4096 != 0)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "frame: %u bytes is not a multiple of 4096 from 64K to 64M",
@@ -311,13 +299,13 @@ typedef struct {
 typedef struct {
     CkptfsPacker *packer;
     GThread *thread;
-    ZSTD_CCtx *zstd;
-    void *lz4;        /* LZ4_compress_fast_extState's or LZ4_compress_HC_extStateHC's state */
+    void *encoder;    /* the codec's encoder context */
     uint8_t *scratch; /* the byte planes (frame size) */
 } Worker;
 
 struct CkptfsPacker {
     CkptfsPackOptions o;
+    const CkptfsCodecInfo *codec; /* o.codec's row */
     Slot *slots;
     unsigned nslots;
     Worker *workers;
@@ -342,18 +330,7 @@ static void compress_slot(Worker *w, Slot *s)
     size_t clen = 0;
     if (s->ulength > 1) {
         size_t cap = s->ulength - 1; /* only a frame that shrinks is kept compressed */
-        if (o->codec == CKPTFS_CODEC_ZSTD) {
-            size_t r = ZSTD_compressCCtx(w->zstd, s->out, cap, src, s->ulength, o->level);
-            clen = ZSTD_isError(r) ? 0 : r;
-        } else if (o->level <= 1) {
-            int r = LZ4_compress_fast_extState(w->lz4, (const char *)src, (char *)s->out, (int)s->ulength,
-                                               (int)cap, 1);
-            clen = r > 0 ? (size_t)r : 0;
-        } else {
-            int r = LZ4_compress_HC_extStateHC(w->lz4, (const char *)src, (char *)s->out, (int)s->ulength,
-                                               (int)cap, o->level);
-            clen = r > 0 ? (size_t)r : 0;
-        }
+        clen = w->packer->codec->encode(w->encoder, src, s->ulength, s->out, cap, o->level);
     }
     if (clen > 0 && clen < s->ulength) {
         s->codec = (uint8_t)o->codec;
@@ -387,6 +364,7 @@ CkptfsPacker *ckptfs_packer_new(const CkptfsPackOptions *options,
 {
     CkptfsPacker *p = g_new0(CkptfsPacker, 1);
     p->o = *options;
+    p->codec = ckptfs_codec(p->o.codec);
     p->progress = progress;
     p->ctx = ctx;
     unsigned threads = MAX(p->o.threads, 1u);
@@ -407,12 +385,9 @@ CkptfsPacker *ckptfs_packer_new(const CkptfsPackOptions *options,
         Worker *w = &p->workers[i];
         w->packer = p;
         w->scratch = g_malloc(p->o.frame_size);
-        if (p->o.codec == CKPTFS_CODEC_ZSTD) {
-            w->zstd = ZSTD_createCCtx();
-            if (w->zstd == NULL) /* as g_malloc does */
-                g_error("ckptfs pack: out of memory (ZSTD_createCCtx)");
-        } else
-            w->lz4 = g_malloc((gsize)(p->o.level <= 1 ? LZ4_sizeofState() : LZ4_sizeofStateHC()));
+        w->encoder = p->codec->encoder_new(p->o.level);
+        if (w->encoder == NULL) /* as g_malloc does */
+            g_error("ckptfs pack: out of memory (a %s encoder)", p->codec->name);
         w->thread = g_thread_new("ckptfs-pack", worker_main, w);
     }
     return p;
@@ -427,8 +402,7 @@ void ckptfs_packer_free(CkptfsPacker *p)
     for (unsigned i = 0; i < p->o.threads; i++) {
         Worker *w = &p->workers[i];
         g_thread_join(w->thread);
-        ZSTD_freeCCtx(w->zstd);
-        g_free(w->lz4);
+        p->codec->encoder_free(w->encoder);
         g_free(w->scratch);
     }
     g_free(p->workers);

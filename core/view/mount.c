@@ -296,7 +296,9 @@ static bool populate_role(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GEr
     ckptfs_options_clear(&options);
     if (role == NULL)
         return false;
+    g_mutex_lock(&d->run->roles_lock);
     g_ptr_array_add(d->run->roles, role);
+    g_mutex_unlock(&d->run->roles_lock);
     for (guint i = 0; d->run->log != NULL && i < role->source->warnings->len; i++)
         d->run->log(d->run->log_ctx, d->path, g_ptr_array_index(role->source->warnings, i));
     return populate_root(tree, dir, role, error);
@@ -374,6 +376,7 @@ static bool populate_run(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GEr
         add_step(run, root, g_array_index(steps, uint64_t, i));
     /* Roles of steps deleted since (verl's max_ckpt_to_keep) let their files go, so that their
      * space is freed; they stay listed, their files failing. */
+    g_mutex_lock(&run->roles_lock);
     for (guint i = 0; i < run->roles->len; i++) {
         CkptfsMount *role = g_ptr_array_index(run->roles, i);
         if (!role->let_go && !g_file_test(role->source->dir, G_FILE_TEST_IS_DIR)) {
@@ -381,6 +384,7 @@ static bool populate_run(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GEr
             role->let_go = true;
         }
     }
+    g_mutex_unlock(&run->roles_lock);
     uint64_t latest;
     if (ckptfs_verl_latest(run->run_dir, &latest, NULL)) {
         g_autofree char *target = g_strdup_printf("global_step_%" G_GUINT64_FORMAT, latest);
@@ -418,6 +422,7 @@ static CkptfsMount *open_run(const char *path, const CkptfsOptions *options, boo
     run->run_dir = g_strdup(path);
     run->run_is_step = is_step;
     run->roles = g_ptr_array_new();
+    g_mutex_init(&run->roles_lock);
     run->model_problem = g_strdup_printf("%s is a verl %s: the views are in its role directories "
                                          "(or mount with -o step=N,role=ROLE)",
                                          path, is_step ? "step" : "run");
@@ -470,6 +475,7 @@ void ckptfs_mount_free(CkptfsMount *mount)
         for (guint i = 0; i < mount->roles->len; i++)
             ckptfs_mount_free(g_ptr_array_index(mount->roles, i));
         g_ptr_array_unref(mount->roles);
+        g_mutex_clear(&mount->roles_lock);
     }
     g_free(mount->run_dir);
     g_free(mount->model);

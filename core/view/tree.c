@@ -1,3 +1,13 @@
+/* The namespace (include/ckptfs/tree.h).
+ *
+ * Locking: the tree's one mutex guards its node array and every node's fields; it is a leaf
+ * (nothing else is locked while it is held). Hooks (populate, resolve) and plan builds run
+ * WITHOUT it, so a slow one (a verl role opening its whole source, a large plan) stalls only
+ * its own node: that node is marked busy meanwhile, and whoever needs it waits on hook_done
+ * until the hook ends; the rest of the tree stays served. A hook may change only its own
+ * directory and the nodes it creates, which nobody else reaches before it ends (their parent is
+ * busy); it creates them with ckptfs_tree_add_*, which take the mutex. A plan is built once and
+ * published under the mutex; readers then use it without the mutex. */
 #include "ckptfs/tree.h"
 
 #include <errno.h>
@@ -16,6 +26,7 @@ struct CkptfsNode {
     unsigned subdirs;
     bool populated;
     bool refreshed; /* populate runs again at each listing from the start */
+    bool busy;      /* a hook or plan build runs on this node, without the tree's lock */
     CkptfsPopulateFn populate;
     CkptfsResolveFn resolve;
     gpointer hook_owner;
@@ -38,6 +49,7 @@ typedef struct {
 
 struct CkptfsTree {
     GMutex lock;
+    GCond hook_done; /* a node stopped being busy */
     CkptfsAccessFn file_access;
     gpointer access_owner;
     CkptfsAccess dir_access;
@@ -90,6 +102,7 @@ CkptfsTree *ckptfs_tree_new(void)
 {
     CkptfsTree *tree = g_new0(CkptfsTree, 1);
     g_mutex_init(&tree->lock);
+    g_cond_init(&tree->hook_done);
     tree->nodes = g_ptr_array_new_with_free_func(node_free);
     tree->owned = g_array_new(FALSE, FALSE, sizeof(Owned));
     tree->dir_access = (CkptfsAccess){.mode = 0555};
@@ -107,6 +120,7 @@ void ckptfs_tree_free(CkptfsTree *tree)
         o->destroy(o->data);
     }
     g_array_unref(tree->owned);
+    g_cond_clear(&tree->hook_done);
     g_mutex_clear(&tree->lock);
     g_free(tree);
 }
@@ -122,22 +136,28 @@ void ckptfs_tree_set_access(CkptfsTree *tree, CkptfsAccessFn file_access, gpoint
 void ckptfs_tree_own(CkptfsTree *tree, gpointer data, GDestroyNotify destroy)
 {
     Owned o = {data, destroy};
+    g_mutex_lock(&tree->lock);
     g_array_append_val(tree->owned, o);
+    g_mutex_unlock(&tree->lock);
 }
 
 CkptfsNode *ckptfs_tree_root(CkptfsTree *tree)
 {
-    return g_ptr_array_index(tree->nodes, 0);
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *root = g_ptr_array_index(tree->nodes, 0);
+    g_mutex_unlock(&tree->lock);
+    return root;
 }
 
 void ckptfs_tree_set_dir_hooks(CkptfsTree *tree, CkptfsNode *dir, CkptfsPopulateFn populate,
                                CkptfsResolveFn resolve, gpointer owner)
 {
-    (void)tree;
+    g_mutex_lock(&tree->lock);
     dir->populate = populate;
     dir->resolve = resolve;
     dir->hook_owner = owner;
     dir->populated = populate == NULL;
+    g_mutex_unlock(&tree->lock);
 }
 
 void ckptfs_tree_mark_refreshed(CkptfsNode *dir)
@@ -152,18 +172,23 @@ void ckptfs_tree_set_scope(CkptfsNode *dir, gpointer scope)
 
 CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name)
 {
-    return node_new(tree, parent, name, CKPTFS_NODE_DIR);
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *n = node_new(tree, parent, name, CKPTFS_NODE_DIR);
+    g_mutex_unlock(&tree->lock);
+    return n;
 }
 
 CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                  CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key)
 {
+    g_mutex_lock(&tree->lock);
     CkptfsNode *n = node_new(tree, parent, name, CKPTFS_NODE_FILE);
     if (n != NULL) {
         n->plan_fn = plan_fn;
         n->plan_owner = owner;
         n->plan_key = key;
     }
+    g_mutex_unlock(&tree->lock);
     return n;
 }
 
@@ -177,13 +202,15 @@ CkptfsNode *ckptfs_tree_hint(CkptfsNode *file, unsigned hints)
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target)
 {
+    g_mutex_lock(&tree->lock);
     CkptfsNode *n = node_new(tree, parent, name, CKPTFS_NODE_SYMLINK);
     if (n != NULL)
         n->target = g_strdup(target);
+    g_mutex_unlock(&tree->lock);
     return n;
 }
 
-/* --- operations (all under the lock except plan reads) --- */
+/* --- operations (under the lock, except hooks, plan builds and plan reads) --- */
 
 static CkptfsNode *node_get(CkptfsTree *tree, uint64_t ino)
 {
@@ -192,28 +219,86 @@ static CkptfsNode *node_get(CkptfsTree *tree, uint64_t ino)
     return g_ptr_array_index(tree->nodes, ino - 1);
 }
 
-static int ensure_populated(CkptfsTree *tree, CkptfsNode *dir, GError **error)
+/* Under the lock: waits until no hook or plan build runs on NODE. */
+static void wait_idle(CkptfsTree *tree, CkptfsNode *node)
 {
-    if (dir->populated)
-        return 0;
-    if (!dir->populate(tree, dir, dir->hook_owner, error))
-        return -EIO;
-    dir->populated = true;
-    return 0;
+    while (node->busy)
+        g_cond_wait(&tree->hook_done, &tree->lock);
 }
 
+/* Under the lock, NODE idle: marks it busy and lets the lock go for a hook. */
+static void hook_begin(CkptfsTree *tree, CkptfsNode *node)
+{
+    node->busy = true;
+    g_mutex_unlock(&tree->lock);
+}
+
+static void hook_end(CkptfsTree *tree, CkptfsNode *node)
+{
+    g_mutex_lock(&tree->lock);
+    node->busy = false;
+    g_cond_broadcast(&tree->hook_done);
+}
+
+/* Under the lock, DIR idle: runs its populate hook (again, for a refreshed one). */
+static bool run_populate(CkptfsTree *tree, CkptfsNode *dir, GError **error)
+{
+    CkptfsPopulateFn populate = dir->populate;
+    gpointer owner = dir->hook_owner;
+    hook_begin(tree, dir);
+    bool ok = populate(tree, dir, owner, error);
+    g_mutex_lock(&tree->lock);
+    dir->populated |= ok; /* before others see it idle */
+    dir->busy = false;
+    g_cond_broadcast(&tree->hook_done);
+    return ok;
+}
+
+/* Under the lock: DIR populated, and idle on return. */
+static int ensure_populated(CkptfsTree *tree, CkptfsNode *dir, GError **error)
+{
+    wait_idle(tree, dir);
+    if (dir->populated)
+        return 0;
+    return run_populate(tree, dir, error) ? 0 : -EIO;
+}
+
+/* Under the lock, DIR idle: asks its resolve hook for NAME. */
+static CkptfsNode *run_resolve(CkptfsTree *tree, CkptfsNode *dir, const char *name, GError **error)
+{
+    CkptfsResolveFn resolve = dir->resolve;
+    gpointer owner = dir->hook_owner;
+    hook_begin(tree, dir);
+    CkptfsNode *child = resolve(tree, dir, name, owner, error);
+    hook_end(tree, dir);
+    return child;
+}
+
+/* Under the lock: NODE's plan, built once. */
 static int ensure_plan(CkptfsTree *tree, CkptfsNode *node, GError **error)
 {
-    if (node->type != CKPTFS_NODE_FILE || node->plan != NULL)
+    if (node->type != CKPTFS_NODE_FILE)
         return 0;
-    CkptfsPlan *plan = node->plan_fn(node->plan_owner, node->plan_key, error);
-    if (plan == NULL)
-        return -EIO;
-    node->access = tree->file_access ? tree->file_access(tree->access_owner, node->scope, plan)
-                                     : (CkptfsAccess){.mode = 0444};
-    /* Readers take the pointer without the lock: publish it fully built. */
-    g_atomic_pointer_set(&node->plan, plan);
-    return 0;
+    wait_idle(tree, node);
+    if (node->plan != NULL)
+        return 0;
+    CkptfsPlanFn plan_fn = node->plan_fn;
+    gpointer owner = node->plan_owner, scope = node->scope;
+    gconstpointer key = node->plan_key;
+    hook_begin(tree, node);
+    CkptfsPlan *plan = plan_fn(owner, key, error);
+    CkptfsAccess access = {.mode = 0444};
+    if (plan != NULL && tree->file_access)
+        access = tree->file_access(tree->access_owner, scope, plan);
+    g_mutex_lock(&tree->lock);
+    if (plan != NULL) {
+        node->access = access;
+        /* Readers take the pointer without the lock: publish it fully built. */
+        g_atomic_pointer_set(&node->plan, plan);
+    }
+    node->busy = false;
+    g_cond_broadcast(&tree->hook_done);
+    return plan != NULL ? 0 : -EIO;
 }
 
 static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GError **error)
@@ -257,7 +342,7 @@ int ckptfs_tree_lookup(CkptfsTree *tree, uint64_t parent, const char *name, Ckpt
     } else if ((rc = ensure_populated(tree, dir, error)) == 0) {
         CkptfsNode *child = g_hash_table_lookup(dir->by_name, name);
         if (child == NULL && dir->resolve != NULL)
-            child = dir->resolve(tree, dir, name, dir->hook_owner, error);
+            child = run_resolve(tree, dir, name, error);
         rc = child ? fill_attr(tree, child, attr, error) : -ENOENT;
     }
     g_mutex_unlock(&tree->lock);
@@ -283,11 +368,12 @@ int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsD
         rc = -ENOENT;
     else if (dir->type != CKPTFS_NODE_DIR)
         rc = -ENOTDIR;
-    else if (offset == 0 && dir->refreshed && dir->populated && dir->populate != NULL &&
-             !dir->populate(tree, dir, dir->hook_owner, error))
-        rc = -EIO; /* a listing from the start shows what appeared since (new entries last) */
-    else
-        rc = ensure_populated(tree, dir, error);
+    else {
+        wait_idle(tree, dir);
+        /* A listing from the start shows what appeared since (new entries last). */
+        bool again = offset == 0 && dir->refreshed && dir->populated && dir->populate != NULL;
+        rc = again ? (run_populate(tree, dir, error) ? 0 : -EIO) : ensure_populated(tree, dir, error);
+    }
     /* Children are never removed, so the listing can be handed out without the lock: FN may
      * call back into the tree. */
     g_autoptr(GPtrArray) children = g_ptr_array_new();

@@ -11,18 +11,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckptfs/codec.h"
+
 #define CKPTFS_CONTAINER_MAGIC "CKPTFSZ\x01" /* 8 bytes, at the start and the very end */
 #define CKPTFS_CONTAINER_MAGIC_LEN 8
 #define CKPTFS_CONTAINER_HEADER_SIZE 16
 #define CKPTFS_CONTAINER_ENTRY_SIZE 32
 #define CKPTFS_CONTAINER_TRAILER_SIZE 48
 #define CKPTFS_CONTAINER_MAX_FRAME (64u << 20)
-
-typedef enum {
-    CKPTFS_CODEC_STORED = 0,
-    CKPTFS_CODEC_ZSTD = 1,
-    CKPTFS_CODEC_LZ4 = 2,
-} CkptfsCodec;
 
 /* One index entry, decoded. */
 typedef struct {
@@ -65,9 +61,9 @@ void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsig
  * wrong with the frame (the caller names file and frame). */
 bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
                          GError **error);
-/* The same with a zstd decompression context to reuse (a ZSTD_DCtx*, or NULL). */
+/* The same with a decoder context of the frame's codec to reuse (its decoder_new's, or NULL). */
 bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                              void *zstd_dctx, GError **error);
+                              void *decoder, GError **error);
 
 /* --- reading --- */
 
@@ -127,9 +123,10 @@ const uint8_t *ckptfs_frame_cache_put(CkptfsFrameCache *cache, uint64_t key, uin
  * ckptfs_frame_cache_recycle or to the cache with put. */
 uint8_t *ckptfs_frame_cache_buffer(CkptfsFrameCache *cache, size_t len, size_t *cap);
 void ckptfs_frame_cache_recycle(CkptfsFrameCache *cache, uint8_t *data, size_t cap);
-/* A zstd decompression context (ZSTD_DCtx*) to decode with, reused; hand it back when done. */
-void *ckptfs_frame_cache_zstd(CkptfsFrameCache *cache);
-void ckptfs_frame_cache_zstd_done(CkptfsFrameCache *cache, void *ctx);
+/* A decoder context of CODEC to decode with (NULL: the codec needs none), reused; hand it back
+ * when done. */
+void *ckptfs_frame_cache_decoder(CkptfsFrameCache *cache, const CkptfsCodecInfo *codec);
+void ckptfs_frame_cache_decoder_done(CkptfsFrameCache *cache, const CkptfsCodecInfo *codec, void *ctx);
 void ckptfs_frame_cache_release(CkptfsFrameCache *cache, gpointer hold);
 /* Frames handed over with put so far (decoded by readers or ahead of them). */
 uint64_t ckptfs_frame_cache_decoded(CkptfsFrameCache *cache);

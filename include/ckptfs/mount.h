@@ -25,6 +25,7 @@ struct CkptfsMount {
     char *run_dir;
     bool run_is_step;     /* RUN_DIR is one global_step_N: the root lists its roles */
     GPtrArray *roles;     /* CkptfsMount*: the roles opened so far (a run's only) */
+    GMutex roles_lock;    /* a run's: guards roles, as role directories open at once */
     bool tree_borrowed;   /* a role's: the run frees the tree */
     bool let_go;          /* a role's: its directory was deleted, its files let go */
     CkptfsMountLog log;   /* a run's: warnings of roles opened while mounted (may be NULL) */

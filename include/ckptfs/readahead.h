@@ -72,6 +72,7 @@ typedef struct {
     uint64_t cap;
     uint64_t lone_pushed, lone_unpushed; /* lone streams opened pushed, and among others */
     uint64_t crowded_reads;              /* reads of pushed streams while too many were open */
+    uint64_t queued, building;           /* now: chunks waiting for a worker, and being built */
 } CkptfsReadaheadStats;
 void ckptfs_readahead_stats(CkptfsReadahead *ra, CkptfsReadaheadStats *out);
 

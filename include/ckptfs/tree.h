@@ -74,8 +74,9 @@ void ckptfs_tree_mark_refreshed(CkptfsNode *dir);
  * its files belong to needs to read them (the source of a verl run's role). */
 void ckptfs_tree_set_scope(CkptfsNode *dir, gpointer scope);
 
-/* Node creation (callable from populate/resolve hooks, which run under the tree's lock).
- * A name already present returns NULL. */
+/* Node creation. Populate/resolve hooks and plan builds run without the tree's lock, so a slow
+ * one stalls only its own node; a hook changes only its own directory and the nodes it creates
+ * (nobody else reaches them before it ends). A name already present returns NULL. */
 CkptfsNode *ckptfs_tree_add_dir(CkptfsTree *tree, CkptfsNode *parent, const char *name);
 CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                  CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key);

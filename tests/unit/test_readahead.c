@@ -150,6 +150,8 @@ static unsigned reader_read(Cache *c, CkptfsReadaheadStream *s, uint64_t off, ui
 }
 
 /* Waits until every chunk queued for the reader so far has been stored (or skipped). */
+/* Waits until the workers are done: nothing queued or being built, and the counts still 20 ms
+ * later. */
 static void settle(CkptfsReadahead *ra)
 {
     CkptfsReadaheadStats a, b;
@@ -157,7 +159,7 @@ static void settle(CkptfsReadahead *ra)
         ckptfs_readahead_stats(ra, &a);
         g_usleep(20000);
         ckptfs_readahead_stats(ra, &b);
-    } while (memcmp(&a, &b, sizeof a) != 0);
+    } while (memcmp(&a, &b, sizeof a) != 0 || b.queued > 0 || b.building > 0);
 }
 
 static void test_sequential(const Fixture *fx)
@@ -350,8 +352,18 @@ static void test_source_changed(const Fixture *fx)
     CkptfsReadahead *ra = ckptfs_readahead_new(16u << 20, 64u << 20, 2, 0, push, &c);
     CkptfsReadaheadStream *s = ckptfs_readahead_open(ra, fx->plan, fx->files, NULL, 1);
     reader_read(&c, s, 0, MIB);
+    /* The first push can take a while on a slow (sanitized, loaded) machine: settle only after it. */
+    unsigned before = 0;
+    for (int tries = 0; tries < 1000 && before == 0; tries++) {
+        g_usleep(tries ? 10000 : 0);
+        g_mutex_lock(&c.lock);
+        before = c.pushes;
+        g_mutex_unlock(&c.lock);
+    }
     settle(ra);
-    unsigned before = c.pushes;
+    g_mutex_lock(&c.lock);
+    before = c.pushes;
+    g_mutex_unlock(&c.lock);
     FILE *w = fopen(fx->path, "r+");
     g_assert(w != NULL);
     static uint8_t junk[1 << 16];

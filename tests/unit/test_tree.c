@@ -1,7 +1,8 @@
 /* The namespace (core/view/tree.c) on its own, without a source or FUSE: lookups and attributes,
  * stable inode numbers, readdir offsets and a full buffer, directories filled on first use,
  * names created on lookup by a resolve hook, symlinks, plans built once (also under concurrent
- * lookups), errors (ENOENT, ENOTDIR, EISDIR, EINVAL, EIO with the reason), and access: files
+ * lookups), a stalled populate hook or plan build stalling only its own node, errors (ENOENT,
+ * ENOTDIR, EISDIR, EINVAL, EIO with the reason), and access: files
  * get what the access hook computes from their plan, directories and symlinks the directory
  * access. */
 #include <errno.h>
@@ -598,6 +599,150 @@ static void test_threads(void)
     ckptfs_tree_free(tree);
 }
 
+/* --- a slow hook stalls only its own node --- */
+
+/* A gate the stalled hooks wait at until the test opens it; entered counts who got there. */
+typedef struct {
+    GMutex lock;
+    GCond cond;
+    int entered;
+    bool open;
+    int populate_calls;
+    Counters *counters;
+} Gate;
+
+static void gate_wait(Gate *g)
+{
+    g_mutex_lock(&g->lock);
+    g->entered++;
+    g_cond_broadcast(&g->cond);
+    while (!g->open)
+        g_cond_wait(&g->cond, &g->lock);
+    g_mutex_unlock(&g->lock);
+}
+
+/* Waits (at most SECONDS) until *FLAG, a field guarded by G's lock, is at least WANT. */
+static bool gate_until(Gate *g, const int *flag, int want, int seconds)
+{
+    gint64 end = g_get_monotonic_time() + seconds * G_TIME_SPAN_SECOND;
+    g_mutex_lock(&g->lock);
+    while (*flag < want && g_cond_wait_until(&g->cond, &g->lock, end))
+        ;
+    bool reached = *flag >= want;
+    g_mutex_unlock(&g->lock);
+    return reached;
+}
+
+/* As a verl role opening its whole source: stalls at the gate, then adds "x". */
+static bool populate_stalled(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GError **error)
+{
+    Gate *g = owner;
+    g->populate_calls++;
+    gate_wait(g);
+    ckptfs_tree_add_file(tree, dir, "x", plan_of, g->counters, &key_hello);
+    return true;
+}
+
+/* As a large plan being built: stalls at the gate. */
+static CkptfsPlan *plan_stalled(gpointer owner, gconstpointer key, GError **error)
+{
+    Gate *g = owner;
+    gate_wait(g);
+    return plan_of(g->counters, key, error);
+}
+
+typedef struct {
+    CkptfsTree *tree;
+    const char *path;
+    Gate *gate;
+    int rc;
+    int done; /* under the gate's lock */
+    CkptfsAttr attr;
+} Walker;
+
+static gpointer resolve_thread(gpointer data)
+{
+    Walker *w = data;
+    w->rc = ckptfs_tree_resolve(w->tree, w->path, &w->attr, NULL);
+    g_mutex_lock(&w->gate->lock);
+    w->done = 1;
+    g_cond_broadcast(&w->gate->cond);
+    g_mutex_unlock(&w->gate->lock);
+    return NULL;
+}
+
+/* The rest of the tree while the stalled hooks wait: a directory filled on first use, a plan
+ * built, a listing and the attributes of the root. */
+static gpointer elsewhere_thread(gpointer data)
+{
+    Walker *w = data;
+    CkptfsAttr a;
+    Listing l;
+    listing_init(&l, 100);
+    w->rc = ckptfs_tree_resolve(w->tree, "lazy/a", &a, NULL);
+    if (w->rc == 0)
+        w->rc = ckptfs_tree_resolve(w->tree, "ready", &w->attr, NULL);
+    if (w->rc == 0)
+        w->rc = ckptfs_tree_readdir(w->tree, CKPTFS_ROOT_INO, 0, collect, &l, NULL);
+    if (w->rc == 0)
+        w->rc = ckptfs_tree_getattr(w->tree, CKPTFS_ROOT_INO, &a, NULL);
+    listing_clear(&l);
+    g_mutex_lock(&w->gate->lock);
+    w->done = 1;
+    g_cond_broadcast(&w->gate->cond);
+    g_mutex_unlock(&w->gate->lock);
+    return NULL;
+}
+
+static void test_stalled_hooks(void)
+{
+    Counters c = {0};
+    Hooks h = {.counters = &c, .hello = &key_hello};
+    Gate gate = {.counters = &c};
+    g_mutex_init(&gate.lock);
+    g_cond_init(&gate.cond);
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    CkptfsNode *slow = ckptfs_tree_add_dir(tree, root, "slow");
+    ckptfs_tree_set_dir_hooks(tree, slow, populate_stalled, NULL, &gate);
+    ckptfs_tree_add_file(tree, root, "slow-file", plan_stalled, &gate, &key_world);
+    CkptfsNode *lazy = ckptfs_tree_add_dir(tree, root, "lazy");
+    ckptfs_tree_set_dir_hooks(tree, lazy, populate_lazy, resolve_made, &h);
+    ckptfs_tree_add_file(tree, root, "ready", plan_of, &c, &key_hello);
+
+    Walker in_slow = {.tree = tree, .path = "slow", .gate = &gate};
+    Walker slow_file = {.tree = tree, .path = "slow-file", .gate = &gate};
+    Walker inside_slow = {.tree = tree, .path = "slow/x", .gate = &gate};
+    Walker elsewhere = {.tree = tree, .gate = &gate};
+    GThread *a = g_thread_new("slow", resolve_thread, &in_slow);
+    GThread *p = g_thread_new("slow-file", resolve_thread, &slow_file);
+    bool stalled = gate_until(&gate, &gate.entered, 2, 10);
+    tap_ok(stalled, "a directory's populate hook and a file's plan build are stalled at once");
+    GThread *x = g_thread_new("slow/x", resolve_thread, &inside_slow);
+    GThread *b = g_thread_new("elsewhere", elsewhere_thread, &elsewhere);
+    bool free_elsewhere = gate_until(&gate, &elsewhere.done, 1, 3);
+    tap_ok(free_elsewhere && elsewhere.rc == 0 && elsewhere.attr.size == strlen(key_hello.text),
+           "meanwhile lookups, a directory's first fill, a plan build, a listing and getattr elsewhere "
+           "in the tree finish (%s)", free_elsewhere ? "done" : "still blocked after 3 s");
+    g_mutex_lock(&gate.lock);
+    bool waited = !inside_slow.done && !in_slow.done && !slow_file.done;
+    gate.open = true;
+    g_cond_broadcast(&gate.cond);
+    g_mutex_unlock(&gate.lock);
+    tap_ok(waited, "a lookup inside the stalled directory waits for its hook, not failing meanwhile");
+    g_thread_join(a);
+    g_thread_join(p);
+    g_thread_join(x);
+    g_thread_join(b);
+    tap_ok(in_slow.rc == 0 && inside_slow.rc == 0 && inside_slow.attr.size == strlen(key_hello.text) &&
+               slow_file.rc == 0 && slow_file.attr.size == strlen(key_world.text) && gate.populate_calls == 1,
+           "once the hooks end: the directory was filled once and holds its file, the stalled plan is served "
+           "(rc %d %d %d, %d fills)", in_slow.rc, inside_slow.rc, slow_file.rc, gate.populate_calls);
+    ckptfs_tree_free(tree);
+    g_cond_clear(&gate.cond);
+    g_mutex_clear(&gate.lock);
+}
+
 static void free_counter(gpointer data)
 {
     (*(int *)data)++;
@@ -629,6 +774,7 @@ int main(void)
     test_plan_errors();
     test_access();
     test_threads();
+    test_stalled_hooks();
     test_own();
     return tap_done();
 }
