@@ -63,10 +63,6 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "no Megatron views: %s", mount->model_problem);
         return false;
     }
-    if (mount->model != NULL && mount->model->arch->vision && strcmp(name, "mcore") == 0)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/ of %s is not served yet: the vision tower's "
-                           "torch_dist keys are still to come (tp{T}pp{P}/ are served)",
-                           mount->model->arch->hf_architecture);
     CkptfsLayout base = base_layout(mount);
     if (!ckptfs_layout_parse(name, &base, layout)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_NOT_FOUND,
@@ -118,7 +114,7 @@ static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GE
         return false;
     if (mount->model == NULL)
         return true;
-    CkptfsNode *mcore = mount->model->arch->vision ? NULL : ckptfs_tree_add_dir(tree, root, "mcore");
+    CkptfsNode *mcore = ckptfs_tree_add_dir(tree, root, "mcore");
     if (mcore != NULL && !ckptfs_mcore_view_build(tree, mcore, mount->source, mount->model, &mount->options, error))
         return false;
     static const unsigned tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4};
