@@ -115,6 +115,15 @@ fi
 grep -q 'a Megatron checkpoint of Qwen2_5_VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
 ok $? "tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
 
+# spec=local: the tower has no local names, so mcore/ is left out like the rank files, and says why.
+MOUNT_OPTS=spec=local fg_mount "$CKPTFS" "$models/v5" "$WORK/mnt-local" "$WORK/log-local"
+listing=$(ls "$WORK/mnt-local" | tr '\n' ' ')
+ls "$WORK/mnt-local/mcore" > /dev/null 2>&1
+ok $([[ $? -ne 0 && $listing == "hf " ]] &&
+     grep -q "spec=local: Qwen2_5_VLForConditionalGeneration's vision tower has Megatron names for the TE spec only" "$WORK/log-local"; echo $?) \
+  "spec=local: the root lists hf/ only (got: $listing), and mcore/'s lookup logs why" || sed 's/^/# /' "$WORK/log-local" >&2
+fg_unmount "$WORK/mnt-local"
+
 # A vision field no rule reads: named, the Megatron views left out, hf/ served.
 "$CKPTFS" inspect "$models/badvision" > "$WORK/inspect-bad" 2>&1
 grep -q '^megatron: .*vision_config.window_attention_kind is not understood' "$WORK/inspect-bad"
