@@ -788,7 +788,7 @@ static void print_model(const InspectFacts *f)
         printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
                G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
-               ": %s* on the first pipeline stage, %s* the language model; no mcore/ yet\n",
+               ": %s* on the first pipeline stage, %s* the language model\n",
                m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
                m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
                m->arch->vision->megatron_prefix, m->arch->megatron_prefix);

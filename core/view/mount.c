@@ -51,6 +51,17 @@ static void warn_unused_tensors(CkptfsSource *source, const GPtrArray *unused)
                                     names->str));
 }
 
+/* Whether the model has an mcore/ (the view says which models it writes); a VLM's names its
+ * vision tower with the TE spec only (mbridge builds it so): the checks of a single-rank layout
+ * say why not otherwise. */
+static bool mcore_servable(const CkptfsMount *mount, GError **error)
+{
+    CkptfsLayout single = {.tp = 1, .pp = 1, .vpp = 1};
+    return ckptfs_mcore_view_serves(mount->model, error) &&
+           (!mount->model->arch->vision ||
+            ckptfs_megatron_layout_check(mount->model, &mount->options, &single, error));
+}
+
 bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayout *layout,
                          GError **error)
 {
@@ -63,7 +74,7 @@ bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayou
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "no Megatron views: %s", mount->model_problem);
         return false;
     }
-    if (mount->model != NULL && strcmp(name, "mcore") == 0 && !ckptfs_mcore_view_serves(mount->model, error))
+    if (mount->model != NULL && strcmp(name, "mcore") == 0 && !mcore_servable(mount, error))
         return false;
     CkptfsLayout base = base_layout(mount);
     if (!ckptfs_layout_parse(name, &base, layout)) {
@@ -116,7 +127,7 @@ static bool populate_root(CkptfsTree *tree, CkptfsNode *root, gpointer owner, GE
         return false;
     if (mount->model == NULL)
         return true;
-    CkptfsNode *mcore = ckptfs_mcore_view_serves(mount->model, NULL) ? ckptfs_tree_add_dir(tree, root, "mcore") : NULL;
+    CkptfsNode *mcore = mcore_servable(mount, NULL) ? ckptfs_tree_add_dir(tree, root, "mcore") : NULL;
     if (mcore != NULL && !ckptfs_mcore_view_build(tree, mcore, mount->source, mount->model, &mount->options, error))
         return false;
     static const unsigned tps[] = {1, 2, 4, 8}, pps[] = {1, 2, 4};

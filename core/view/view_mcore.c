@@ -24,10 +24,20 @@
 /* A new .distcp file starts once the current one reaches this size. */
 #define DISTCP_TARGET_SIZE (1ull << 30)
 
+/* A module of the state dict: the model (a VLM's language model), or a VLM's vision tower,
+ * with its keys and its prefix ("vision_model.", "language_model."; "" for a text model). */
+typedef struct {
+    const CkptfsModel *model;
+    GPtrArray *keys;  /* CkptfsMcoreKey* */
+    const char *prefix;
+    bool per_layer;   /* MoE and dense layers: per-layer keys, no layer axis */
+} McorePart;
+
 /* One entry of .metadata's state_dict_metadata: a tensor key (for a model whose layers are not
  * all of one kind, one layer's), or an _extra_state object. */
 typedef struct {
     char *fqn;
+    const McorePart *part;
     const CkptfsMcoreKey *key; /* NULL: an _extra_state object */
     bool single;               /* a layer key of one layer only (an MTP layer's): no layer axis */
 } Entry;
@@ -46,10 +56,13 @@ typedef struct {
     const CkptfsOptions *options;
     uint64_t padded_vocab;
     bool te_spec;
-    bool per_layer;        /* MoE and dense layers: per-layer keys, no layer axis */
     unsigned tps[4], ntps; /* tensor-parallel degrees the model allows, of 1, 2, 4, 8 */
     unsigned etps[4], netps; /* expert tensor-parallel degrees the experts allow */
-    GPtrArray *keys;       /* CkptfsMcoreKey* */
+    /* the modules in file order: a VLM's vision tower (mbridge registers it first), then the
+     * model */
+    McorePart parts[2];
+    unsigned nparts;
+    CkptfsModel tower;
     GArray *entries;       /* Entry */
     GArray *items;         /* Item */
     unsigned nfiles;
@@ -83,7 +96,8 @@ static void mcore_view_free(gpointer p)
 {
     McoreView *v = p;
     clear_items(v);
-    g_ptr_array_unref(v->keys);
+    for (unsigned i = 0; i < v->nparts; i++)
+        g_ptr_array_unref(v->parts[i].keys);
     g_free(v);
 }
 
@@ -92,13 +106,18 @@ static const CkptfsMcoreKey *item_key(const McoreView *v, const Item *it)
     return g_array_index(v->entries, Entry, it->entry).key;
 }
 
+static const CkptfsModel *item_model(const McoreView *v, const Item *it)
+{
+    return g_array_index(v->entries, Entry, it->entry).part->model;
+}
+
 /* The rows [r0, r1) x columns [c0, c1) of a key's matrix (of one layer and expert), row-major. */
 static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
 {
     const ItemRef *ref = ctx;
     const Item *it = ref->item;
     const CkptfsMcoreKey *k = item_key(ref->view, it);
-    size_t isz = ckptfs_dtype_size(ckptfs_mcore_key_dtype(k, ref->view->model));
+    size_t isz = ckptfs_dtype_size(ckptfs_mcore_key_dtype(k, item_model(ref->view, it)));
     uint64_t row = it->r0, width = it->c1 - it->c0;
     for (guint s = 0; s < k->segments->len && row < it->r1; s++) {
         const CkptfsMcoreSegment *seg = &g_array_index(k->segments, CkptfsMcoreSegment, s);
@@ -123,8 +142,13 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
 static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, uint64_t *sizes)
 {
     const CkptfsMcoreKey *k = item_key(v, it);
+    const Entry *e = &g_array_index(v->entries, Entry, it->entry);
     unsigned n = 0;
-    if (k->stacked && !v->per_layer && !g_array_index(v->entries, Entry, it->entry).single)
+    if (ckptfs_mcore_kernel_shape(k, e->part->model, sizes)) { /* replicated: one whole chunk */
+        memset(offsets, 0, 5 * sizeof *offsets);
+        return 5;
+    }
+    if (k->stacked && !e->part->per_layer && !e->single)
         offsets[n] = it->layer, sizes[n++] = 1;
     if (k->expert)
         offsets[n] = it->expert, sizes[n++] = 1;
@@ -144,15 +168,17 @@ static CkptfsValue *item_value(const ItemRef *ref)
         ckptfs_value_append(list, ckptfs_value_none());
         return list;
     }
-    uint64_t offsets[4], shape[4];
+    uint64_t offsets[5], shape[5];
     unsigned n = item_box(ref->view, it, offsets, shape);
-    return ckptfs_value_tensor(ckptfs_mcore_key_dtype(item_key(ref->view, it), ref->view->model), n, shape,
-                               emit_item, ref);
+    return ckptfs_value_tensor(ckptfs_mcore_key_dtype(item_key(ref->view, it), item_model(ref->view, it)), n,
+                               shape, emit_item, ref);
 }
 
-static guint add_entry(McoreView *v, char *fqn, const CkptfsMcoreKey *key)
+/* Takes FQN, which gets the part's prefix. */
+static guint add_entry(McoreView *v, const McorePart *part, char *fqn, const CkptfsMcoreKey *key)
 {
-    Entry e = {fqn, key, false};
+    Entry e = {g_strconcat(part->prefix, fqn, NULL), part, key, false};
+    g_free(fqn);
     g_array_append_val(v->entries, e);
     return v->entries->len - 1;
 }
@@ -181,25 +207,27 @@ static void add_key_items(McoreView *v, guint entry, const CkptfsMcoreKey *key, 
 
 /* The entry of layer key K for layer L: the stacked key's (made once, in key order), or with
  * per-layer keys a new one; in MTP layer *MTP its own. */
-static guint layer_entry(McoreView *v, const guint *stacked_entry, guint k, uint64_t l, const uint64_t *mtp)
+static guint layer_entry(McoreView *v, const McorePart *part, const guint *stacked_entry, guint k, uint64_t l,
+                         const uint64_t *mtp)
 {
-    const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+    const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
     if (mtp) {
-        guint e = add_entry(v, ckptfs_mcore_mtp_key_name(key, v->te_spec, *mtp), key);
+        guint e = add_entry(v, part, ckptfs_mcore_mtp_key_name(key, v->te_spec, *mtp), key);
         g_array_index(v->entries, Entry, e).single = true;
         return e;
     }
-    if (!v->per_layer)
+    if (!part->per_layer)
         return stacked_entry[k];
-    return add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, true, l), key);
+    return add_entry(v, part, ckptfs_mcore_key_name(key, v->te_spec, true, l), key);
 }
 
 /* The _extra_state objects of layer L: Megatron's ShardedObjects, one per layer (and expert)
  * of the stacked axes ("shard_{l}_{L}", "shard_{l}.{e}_{L}.{E}"), or with per-layer keys of
  * the expert axis alone ("shard_0_1", "shard_{e}_{E}"). */
-static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l, const uint64_t *mtp)
+static void add_layer_objects(McoreView *v, const McorePart *part, const GPtrArray *extras, uint64_t l,
+                              const uint64_t *mtp)
 {
-    const CkptfsModel *m = v->model;
+    const CkptfsModel *m = part->model;
     for (guint i = 0; i < extras->len; i++) {
         const CkptfsRule *r = g_ptr_array_index(extras, i);
         if (!ckptfs_rule_in_layer(r, m, l))
@@ -212,11 +240,11 @@ static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l,
                                       "_%" G_GUINT64_FORMAT, *mtp, r->name, e, m->experts);
             else if (mtp)
                 fqn = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".transformer_layer.%s/shard_0_1", *mtp, r->name);
-            else if (!v->per_layer && r->expert)
+            else if (!part->per_layer && r->expert)
                 fqn = g_strdup_printf("decoder.layers.%s/shard_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT
                                       "_%" G_GUINT64_FORMAT ".%" G_GUINT64_FORMAT,
                                       r->name, l, e, m->layers, m->experts);
-            else if (!v->per_layer)
+            else if (!part->per_layer)
                 fqn = g_strdup_printf("decoder.layers.%s/shard_%" G_GUINT64_FORMAT "_%" G_GUINT64_FORMAT,
                                       r->name, l, m->layers);
             else if (r->expert)
@@ -225,59 +253,56 @@ static void add_layer_objects(McoreView *v, const GPtrArray *extras, uint64_t l,
                                       l, r->name, e, m->experts);
             else
                 fqn = g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s/shard_0_1", l, r->name);
-            add_item(v, (Item){.entry = add_entry(v, fqn, NULL), .layer = l, .expert = e});
+            add_item(v, (Item){.entry = add_entry(v, part, fqn, NULL), .layer = l, .expert = e});
         }
     }
 }
 
 /* The chunks of layer L (its experts one after the other) and its objects. With MTP (the
  * index of a multi-token prediction layer) the layer's keys are that layer's own. */
-static void add_layer_items(McoreView *v, const guint *entry_of, GPtrArray *cuts, const GPtrArray *extras,
-                            uint64_t l, const uint64_t *mtp)
+static void add_layer_items(McoreView *v, const McorePart *part, const guint *entry_of, GPtrArray *cuts,
+                            const GPtrArray *extras, uint64_t l, const uint64_t *mtp)
 {
-    const CkptfsModel *m = v->model;
-    guint nkeys = v->keys->len;
+    const CkptfsModel *m = part->model;
+    guint nkeys = part->keys->len;
     g_autofree guint *layer_entry_of = g_new0(guint, nkeys);
     bool experts_done = false;
     for (guint k = 0; k < nkeys; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
         if (!key->stacked || !ckptfs_rule_in_layer(key->rule, m, l) || (key->expert && experts_done))
             continue;
         if (!key->expert) {
-            add_key_items(v, layer_entry(v, entry_of, k, l, mtp), key, g_ptr_array_index(cuts, k), l, 0);
+            add_key_items(v, layer_entry(v, part, entry_of, k, l, mtp), key, g_ptr_array_index(cuts, k), l, 0);
             continue;
         }
         /* The expert keys, expert by expert: an expert-parallel rank's experts lie together. */
         for (guint j = k; j < nkeys; j++) {
-            const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+            const CkptfsMcoreKey *ek = g_ptr_array_index(part->keys, j);
             if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
-                layer_entry_of[j] = layer_entry(v, entry_of, j, l, mtp);
+                layer_entry_of[j] = layer_entry(v, part, entry_of, j, l, mtp);
         }
         for (uint64_t e = 0; e < m->experts; e++)
             for (guint j = k; j < nkeys; j++) {
-                const CkptfsMcoreKey *ek = g_ptr_array_index(v->keys, j);
+                const CkptfsMcoreKey *ek = g_ptr_array_index(part->keys, j);
                 if (ek->stacked && ek->expert && ckptfs_rule_in_layer(ek->rule, m, l))
                     add_key_items(v, layer_entry_of[j], ek, g_ptr_array_index(cuts, j), l, e);
             }
         experts_done = true;
     }
-    add_layer_objects(v, extras, l, mtp);
+    add_layer_objects(v, part, extras, l, mtp);
 }
 
-/* Every chunk in file order: the embedding, each layer's tensors (its experts one after the
- * other) and objects (so a pipeline stage reads one region), the final norm and output layer.
- * Then archive sizes and files. */
-static bool lay_out_items(McoreView *v, GError **error)
+/* Every chunk of PART in file order: the embedding, each layer's tensors (its experts one after
+ * the other) and objects (so a pipeline stage reads one region), the final norm and output
+ * layer. */
+static void add_part_items(McoreView *v, const McorePart *part)
 {
-    const CkptfsModel *m = v->model;
-    clear_items(v); /* a failed attempt is retried on the next lookup */
-    v->entries = g_array_new(FALSE, FALSE, sizeof(Entry));
-    v->items = g_array_new(FALSE, FALSE, sizeof(Item));
-    guint nkeys = v->keys->len;
+    const CkptfsModel *m = part->model;
+    guint nkeys = part->keys->len;
     g_autofree guint *entry_of = g_new0(guint, nkeys);
     g_autoptr(GPtrArray) cuts = g_ptr_array_new_with_free_func((GDestroyNotify)g_array_unref);
     for (guint k = 0; k < nkeys; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
         bool ex = key->expert;
         g_ptr_array_add(cuts, ckptfs_mcore_tp_cuts(key, ex ? v->etps : v->tps, ex ? v->netps : v->ntps,
                                                    m->vocab, v->options->vocab_divisible_by));
@@ -285,42 +310,52 @@ static bool lay_out_items(McoreView *v, GError **error)
     /* Entries in key order: the first stage's, the stacked keys' (per-layer keys come layer by
      * layer), the last stage's. */
     for (guint k = 0; k < nkeys; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
         if (key->rule->scope != CKPTFS_SCOPE_FIRST)
             continue;
-        entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+        entry_of[k] = add_entry(v, part, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
         add_key_items(v, entry_of[k], key, g_ptr_array_index(cuts, k), 0, 0);
     }
-    for (guint k = 0; k < nkeys && !v->per_layer; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+    for (guint k = 0; k < nkeys && !part->per_layer; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
         if (key->stacked)
-            entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+            entry_of[k] = add_entry(v, part, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
     }
     g_autoptr(GPtrArray) extras = ckptfs_mcore_extra_state_rules(m);
     for (uint64_t l = 0; l < m->layers; l++)
-        add_layer_items(v, entry_of, cuts, extras, l, NULL);
+        add_layer_items(v, part, entry_of, cuts, extras, l, NULL);
     /* Multi-token prediction layers (-o mtp=on): their norms and projection, a layer of their
      * own (HF layer LAYERS + J), their final norm. */
     for (uint64_t j = 0; m->mtp && j < m->mtp_layers; j++) {
         for (int pass = 0; pass < 2; pass++) {
             for (guint k = 0; k < nkeys; k++) {
-                const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+                const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
                 if (key->rule->scope != (pass ? CKPTFS_SCOPE_MTP_OUT : CKPTFS_SCOPE_MTP_IN))
                     continue;
-                guint e = add_entry(v, ckptfs_mcore_mtp_key_name(key, v->te_spec, j), key);
+                guint e = add_entry(v, part, ckptfs_mcore_mtp_key_name(key, v->te_spec, j), key);
                 add_key_items(v, e, key, g_ptr_array_index(cuts, k), m->layers + j, 0);
             }
             if (pass == 0)
-                add_layer_items(v, entry_of, cuts, extras, m->layers + j, &j);
+                add_layer_items(v, part, entry_of, cuts, extras, m->layers + j, &j);
         }
     }
     for (guint k = 0; k < nkeys; k++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, k);
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
         if (key->rule->scope != CKPTFS_SCOPE_LAST)
             continue;
-        entry_of[k] = add_entry(v, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+        entry_of[k] = add_entry(v, part, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
         add_key_items(v, entry_of[k], key, g_ptr_array_index(cuts, k), 0, 0);
     }
+}
+
+/* Every chunk of every part, then archive sizes and files. */
+static bool lay_out_items(McoreView *v, GError **error)
+{
+    clear_items(v); /* a failed attempt is retried on the next lookup */
+    v->entries = g_array_new(FALSE, FALSE, sizeof(Entry));
+    v->items = g_array_new(FALSE, FALSE, sizeof(Item));
+    for (unsigned i = 0; i < v->nparts; i++)
+        add_part_items(v, &v->parts[i]);
 
     v->file_first = g_array_new(FALSE, FALSE, sizeof(guint));
     uint64_t at = 0;
@@ -401,7 +436,7 @@ static void stream_chunks(CkptfsPickleStream *ps, const McoreView *v, const guin
     ckptfs_pickle_stream_list_begin(ps);
     for (guint k = first_of[entry]; k < first_of[entry + 1]; k++) {
         const Item *it = &g_array_index(v->items, Item, items_of[k]);
-        uint64_t offsets[4], sizes[4];
+        uint64_t offsets[5], sizes[5];
         unsigned n = item_box(v, it, offsets, sizes);
         CkptfsValue *chunk = ckptfs_value_container(CKPTFS_VALUE_DICT);
         ckptfs_value_set(chunk, "offsets", torch_size(offsets, n));
@@ -418,7 +453,7 @@ static void stream_storage_entry(CkptfsPickleStream *ps, const McoreView *v, con
     CkptfsValue *index = ckptfs_value_container(CKPTFS_VALUE_DICT);
     ckptfs_value_set(index, "fqn", ckptfs_value_str(e->fqn));
     if (e->key) {
-        uint64_t offsets[4], sizes[4];
+        uint64_t offsets[5], sizes[5];
         unsigned n = item_box(v, it, offsets, sizes);
         ckptfs_value_set(index, "offset", torch_size(offsets, n));
     }
@@ -436,7 +471,6 @@ static void stream_storage_entry(CkptfsPickleStream *ps, const McoreView *v, con
  * object; planner_data None; storage_data: where each chunk's archive is; storage_meta None). */
 static GBytes *build_metadata(const McoreView *v, GError **error)
 {
-    const CkptfsModel *m = v->model;
     /* The items of each entry, by entry (a counting sort of item indexes). */
     g_autofree guint *first_of = g_new0(guint, v->entries->len + 1);
     g_autofree guint *items_of = g_new(guint, MAX(v->items->len, 1));
@@ -457,8 +491,10 @@ static GBytes *build_metadata(const McoreView *v, GError **error)
         const Entry *e = &g_array_index(v->entries, Entry, i);
         if (e->key == NULL)
             continue;
-        uint64_t shape[4];
-        unsigned n = ckptfs_mcore_key_shape(e->key, v->per_layer || e->single ? 0 : m->layers, shape);
+        const CkptfsModel *m = e->part->model;
+        uint64_t shape[5];
+        unsigned n = ckptfs_mcore_kernel_shape(e->key, m, shape) ? 5 :
+                     ckptfs_mcore_key_shape(e->key, e->part->per_layer || e->single ? 0 : m->layers, shape);
         ckptfs_pickle_stream_str(ps, e->fqn);
         ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "TensorStorageMetadata");
         ckptfs_pickle_stream_dict_begin(ps);
@@ -590,9 +626,6 @@ bool ckptfs_mcore_view_serves(const CkptfsModel *model, GError **error)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/: %s's gated delta-net layers are saved by "
                            "Megatron-core as one torch_dist key per in_proj and conv1d section, which this view "
                            "does not write yet (the tp{T}pp{P} views serve them)", model->arch->hf_architecture);
-    if (model->arch->vision)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/ of %s is not served yet: the vision tower's "
-                           "torch_dist keys are still to come (tp{T}pp{P}/ are served)", model->arch->hf_architecture);
     return true;
 }
 
@@ -605,15 +638,14 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
     v->model = model;
     v->options = options;
     v->te_spec = options->spec == CKPTFS_SPEC_TE;
-    /* Megatron stacks layers unless moe_layer_freq is a list (or > 1), which the args say for an
-     * MoE model with any dense layer. */
-    v->per_layer = model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers;
     /* Degrees of dense TP (checked for an MoE model with its experts unsplit, so that the
      * experts' ffn does not limit them) and of expert TP (those dividing the experts' ffn). */
     static const unsigned degrees[] = {1, 2, 4, 8};
     for (size_t i = 0; i < G_N_ELEMENTS(degrees); i++) {
         CkptfsLayout l = {.tp = degrees[i], .pp = 1, .vpp = 1, .etp = model->experts ? 1 : 0};
-        if (ckptfs_layout_validate(&l, model, NULL))
+        /* a VLM's: those that split its vision tower too */
+        if (ckptfs_layout_validate(&l, model, NULL) &&
+            (!model->arch->vision || ckptfs_megatron_layout_check(model, options, &l, NULL)))
             v->tps[v->ntps++] = degrees[i];
         if (model->experts && model->moe_ffn % degrees[i] == 0)
             v->etps[v->netps++] = degrees[i];
@@ -622,7 +654,17 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
      * (Megatron allows that mismatch for the vocabulary, and only for it). */
     v->padded_vocab = ckptfs_padded_vocab(model->vocab, options->vocab_divisible_by,
                                           v->ntps ? v->tps[v->ntps - 1] : 1);
-    v->keys = ckptfs_mcore_keys(model, v->padded_vocab, false);
+    if (model->arch->vision) { /* the whole tower, replicated over PP, on the first stage */
+        ckptfs_model_vision_tower(model, &v->tower);
+        v->tower.dtype = model->dtype;
+        v->parts[v->nparts++] = (McorePart){&v->tower, ckptfs_mcore_keys(&v->tower, 0, false),
+                                            v->tower.arch->megatron_prefix, false};
+    }
+    /* Megatron stacks layers unless moe_layer_freq is a list (or > 1), which the args say for an
+     * MoE model with any dense layer. */
+    v->parts[v->nparts++] = (McorePart){model, ckptfs_mcore_keys(model, v->padded_vocab, false),
+                                        model->arch->megatron_prefix ? model->arch->megatron_prefix : "",
+                                        model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers};
     ckptfs_tree_own(tree, v, mcore_view_free);
 
     /* Megatron reads the tracker as text; "release" loads weights only. */

@@ -8,9 +8,10 @@
 # transformers' logits on an image + text input); tp2pp2/ holds, rank by rank, the names, shapes
 # and bytes of mbridge's Qwen2_5VLModel (checked against mbridge's bridge tables written in
 # tests/lib/vlm.py), loads in torch 1.13 and with weights_only in 2.6 and 2.14, and rebuilt into
-# Hugging Face tensors the way mbridge exports gives the original's logits. mcore/ is not served
-# yet and says so; a vision_config with a field no rule reads leaves the Megatron views out,
-# named, hf/ still served.
+# Hugging Face tensors the way mbridge exports gives the original's logits. mcore/ read by
+# torch.distributed.checkpoint holds the keys, global shapes and bytes of Megatron-core's
+# sharded_state_dict of mbridge's model (the tower's blocks stacked); a vision_config with a
+# field no rule reads leaves the Megatron views out, named, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -48,11 +49,9 @@ for form in v5 modules v4; do
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
   listing=$(ls "$mnt" | tr '\n' ' ')
   # tp4: the tower's 2 heads do not split 4 ways
-  ok $([[ $listing == "hf tp1pp1 tp1pp2 tp1pp4 tp2pp1 tp2pp2 tp2pp4 " ]]; echo $?) \
-    "$form: the root lists hf/ and the layouts whose tp splits the tower (got: $listing)"
-  ls "$mnt/mcore" > /dev/null 2>&1
-  ok $([[ $? -ne 0 ]] && grep -q 'mcore/ of Qwen2_5_VLForConditionalGeneration is not served yet' "$WORK/log-$form"; echo $?) \
-    "$form: mcore/ is not there, and the log says why"
+  ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp1pp4 tp2pp1 tp2pp2 tp2pp4 " ]]; echo $?) \
+    "$form: the root lists hf/, mcore/ and the layouts whose tp splits the tower (got: $listing)"
+  check "$form: mcore/ copied out" cp -r "$mnt/mcore" "$WORK/mcore-$form"
   check "$form: tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/meg-$form"
   hf_dirs+=("$mnt/hf")
 done
@@ -78,6 +77,16 @@ ran $? "transformers loads the original, each hf/ and each rebuilt copy" "$WORK/
 passes "$WORK/logits"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/logits")
 ok $((n == ${#hf_dirs[@]} ? 0 : 1)) "a logits check for each of the ${#hf_dirs[@]} copies (got $n)"
+
+# mcore/ of each form read by torch.distributed.checkpoint (torch 2.14) against mbridge's
+# tensors stacked as Megatron-core's sharded_state_dict keys them.
+mcores=()
+for form in v5 modules v4; do mcores+=("$form=$WORK/mcore-$form/release"); done
+sid_python "$WORK" "$script" mcore "$models/v5" "${mcores[@]}" > "$WORK/mcore" 2> "$WORK/mcore.err"
+ran $? "the mcore/ checks ran" "$WORK/mcore.err"
+passes "$WORK/mcore"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/mcore")
+ok $((n == 6 ? 0 : 1)) "two mcore/ checks for each form (got $n)"
 
 # torch 1.13 here (without weights_only: its restricted unpickler has no float opcode, which
 # checkpoint_version 3.0 needs in every Megatron rank file), torch 2.6 in the Debian 13 root with
@@ -105,6 +114,15 @@ fi
 "$CKPTFS" inspect "$WORK/meg-v5" > "$WORK/inspect-meg" 2>&1
 grep -q 'a Megatron checkpoint of Qwen2_5_VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
 ok $? "tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+
+# spec=local: the tower has no local names, so mcore/ is left out like the rank files, and says why.
+MOUNT_OPTS=spec=local fg_mount "$CKPTFS" "$models/v5" "$WORK/mnt-local" "$WORK/log-local"
+listing=$(ls "$WORK/mnt-local" | tr '\n' ' ')
+ls "$WORK/mnt-local/mcore" > /dev/null 2>&1
+ok $([[ $? -ne 0 && $listing == "hf " ]] &&
+     grep -q "spec=local: Qwen2_5_VLForConditionalGeneration's vision tower has Megatron names for the TE spec only" "$WORK/log-local"; echo $?) \
+  "spec=local: the root lists hf/ only (got: $listing), and mcore/'s lookup logs why" || sed 's/^/# /' "$WORK/log-local" >&2
+fg_unmount "$WORK/mnt-local"
 
 # A vision field no rule reads: named, the Megatron views left out, hf/ served.
 "$CKPTFS" inspect "$models/badvision" > "$WORK/inspect-bad" 2>&1

@@ -355,6 +355,50 @@ def to_hf(orig, meg, tp, pp, vpp, out):
     shutil.copy(f"{orig}/config.json", f"{out}/config.json")
 
 
+def expected_mcore(orig):
+    """{key: global tensor} of Megatron-core's sharded_state_dict of mbridge's Qwen2_5VLModel (the
+    keys torch_dist saves): each module's layers stacked on a leading axis under
+    "decoder.layers.", the patch kernel whole, the vocabulary unpadded (256 rows divide by 128 x
+    the TP degrees the tower allows)."""
+    from safetensors.torch import load_file
+    hf = load_file(f"{orig}/model.safetensors")
+    out = {}
+    for k, (names, _) in VISION_TABLE.items():
+        if "{i}" in k:
+            out[k.replace(".{i}.", ".")] = torch.stack(
+                [to_mcore(k, [hf[n.replace("{i}", str(i))] for n in names]) for i in range(VISION["depth"])])
+        else:
+            out[k] = to_mcore(k, [hf[n] for n in names])
+    for k, (names, _) in {**LANGUAGE_FIRST, **LANGUAGE_LAST}.items():
+        out[k] = to_mcore(k, [hf[n] for n in names])
+    for k, (names, _) in LANGUAGE_LAYER.items():
+        out[f"language_model.decoder.layers.{k}"] = torch.stack(
+            [to_mcore(k, [hf[f"model.layers.{g}.{n}"] for n in names]) for g in range(TEXT["num_hidden_layers"])])
+    return out
+
+
+def mcore(orig, ckpt):
+    """CKPT (an mcore/ release directory, "FORM=DIR") read by torch.distributed.checkpoint: every tensor key of
+    mbridge's model with its global shape and bytes, nothing else but _extra_state objects."""
+    import torch.distributed.checkpoint as dcp
+    form, ckpt = ckpt.split("=", 1)
+    want = expected_mcore(orig)
+    meta = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != tuple(want[k].shape)]
+    if missing or extra or others or shapes:
+        print(f"FAIL {form}: mcore keys: missing {missing[:3]}, unexpected {extra[:3]} {others[:3]}, shapes differ {shapes[:3]}")
+        return
+    print(f"PASS {form}: mcore keys: the {len(want)} tensor keys of mbridge's model with its global shapes")
+    got = {k: torch.empty_like(v) for k, v in want.items()}
+    dcp.load(got, checkpoint_id=ckpt)
+    bad = [k for k in want if not torch.equal(got[k], want[k])]
+    print(f"{'FAIL' if bad else 'PASS'} {form}: mcore tensors: dcp.load gives mbridge's tensors bit for bit"
+          + (f" (differing {bad[:3]})" if bad else ""))
+
+
 def megatron_all(orig, specs):
     """megatron() on each DIR:TP:PP:VPP of SPECS (pairs with an OUT), then to_hf() of it into OUT."""
     for spec, out in zip(specs[0::2], specs[1::2]):
@@ -366,4 +410,5 @@ def megatron_all(orig, specs):
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
-     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:])}[sys.argv[1]]()
+     "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
+     "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]]}[sys.argv[1]]()
