@@ -12,6 +12,8 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/json_strict.h"
+#include "ckptfs/limits.h"
+#include "ckptfs/readfile.h"
 #include "dcp.h"
 #include "source_internal.h"
 #include "titan.h"
@@ -73,11 +75,12 @@ static bool probe_titan(const char *dir, const CkptfsOptions *options)
     if (!has_file(dir, METADATA) || has_file(dir, "metadata.json"))
         return false;
     g_autofree char *path = g_build_filename(dir, METADATA, NULL);
-    g_autoptr(GMappedFile) map = g_mapped_file_new(path, FALSE, NULL);
-    if (map == NULL)
+    g_autofree char *contents = NULL;
+    size_t len = 0;
+    /* capped as the DCP reader caps it; a file it would refuse is not torchtitan's either */
+    if (!ckptfs_read_small_file(path, CKPTFS_MAX_DCP_METADATA_BYTES, &contents, &len, NULL))
         return false;
-    return memmem(g_mapped_file_get_contents(map), g_mapped_file_get_length(map), TITAN_MARK,
-                  strlen(TITAN_MARK)) != NULL;
+    return memmem(contents, len, TITAN_MARK, strlen(TITAN_MARK)) != NULL;
 }
 
 static bool passed_through(const char *name)

@@ -14,15 +14,14 @@
  * Stage 3: every parameter is cut into ceil(numel / world) elements per rank (the last padded);
  * rank R's fp32_flat_groups hold its part of each parameter one after another. */
 #include <string.h>
-#include <sys/stat.h>
 
-#include <glib/gstdio.h>
 
 #include "ckptfs/checked.h"
 #include "ckptfs/error.h"
 #include "ckptfs/json_strict.h"
 #include "ckptfs/limits.h"
 #include "ckptfs/pickle.h"
+#include "ckptfs/readfile.h"
 #include "ckptfs/zipreader.h"
 #include "source_internal.h"
 
@@ -108,11 +107,9 @@ static char *read_tag(const char *dir, GError **error)
 {
     g_autofree char *path = g_build_filename(dir, TAG_FILE, NULL);
     g_autofree char *text = NULL;
-    gsize len = 0;
-    GStatBuf st;
-    /* Sized before it is read: a `latest` that is a device or huge is never read whole. */
-    if (g_stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > TAG_MAX_BYTES ||
-        !g_file_get_contents(path, &text, &len, NULL) || len > TAG_MAX_BYTES) {
+    size_t len = 0;
+    /* A `latest` that is a device, a FIFO or huge is never read whole. */
+    if (!ckptfs_read_small_file(path, TAG_MAX_BYTES, &text, &len, NULL)) {
         ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s: unreadable or over %d bytes (it names the tag directory)",
                     path, TAG_MAX_BYTES);
         return NULL;
