@@ -39,6 +39,11 @@ median() {
 
 now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
 
+# Bytes of the files under PATHs (printf: mawk's print turns sums past 2^31 into 1.2e+11).
+bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
+# Reads every file under PATHs once (into the page cache, or through a mount).
+read_all() { find "$@" -type f -print0 | xargs -0 cat >/dev/null; }
+
 # The daemon of binary BIN (default $BIN) serving $MNT: its last argument is the mount point.
 find_daemon() {
     local bin=${1:-$BIN} pid last

@@ -170,7 +170,6 @@ ge() { awk -v x="$1" -v t="$2" 'BEGIN {print (x >= t) ? 1 : 0}'; }
 list_ms() { local out="" x; for x in "$@"; do out+="${out:+ }$(ms "$x")"; done; echo "$out"; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(secs "$x")"; done; echo "$out"; }
 list_mib() { local out="" x; for x in "$@"; do out+="${out:+ }$(mib "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output
 safetensors_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 

@@ -174,7 +174,6 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; 
 mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 list_gbps() { local b=$1 out="" x; shift; for x in "$@"; do out+="${out:+ }$(gbps "$b" "$x")"; done; echo "$out"; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(secs "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 shards_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 warm() { find "$1" -type f -exec cat {} + >/dev/null; } # DIR: every file into the page cache
 CLK_TCK=$(getconf CLK_TCK)
