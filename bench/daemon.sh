@@ -1,8 +1,48 @@
-# Sourced by the benchmarks that mount: whether a path is mounted, whether a process still runs,
-# and stopping the daemon a benchmark started (only that one, by PID). The caller defines note()
-# and sets MNT, BIN and DAEMON_PID (and STRACE_PID when a strace wraps the daemon).
+# The benchmarks' shell library: messages, medians and timing, whether a path is mounted, whether
+# a process still runs, and stopping the daemon a benchmark started (only that one, by PID).
+# The caller sets BENCH_NAME (the prefix of its messages) before using die/note, and MNT, BIN and
+# DAEMON_PID (and STRACE_PID when a strace wraps the daemon) for the mount helpers.
+# BENCH_NOTE_TIME=1 puts the time of day in notes; BENCH_LOG, when set, also gets every message.
+
+bench_say() {
+    if [[ -n ${BENCH_LOG:-} ]]; then
+        echo "$BENCH_NAME: $*" | tee -a "$BENCH_LOG" >&2
+    else
+        echo "$BENCH_NAME: $*" >&2
+    fi
+}
+die() { bench_say "$@"; exit 1; }
+note() {
+    if [[ -n ${BENCH_NOTE_TIME:-} ]]; then bench_say "$(date +%T) $*"; else bench_say "$@"; fi
+}
+
+# median [--low] [--even-format FMT] VALUES... (or - : one value a line on stdin): the middle
+# value; of an even count the mean of the two middle ones (printed with FMT when given), or with
+# --low the lower of them.
+median() {
+    local low=0 fmt=""
+    while [[ ${1:-} == --* ]]; do
+        case $1 in
+        --low) low=1; shift ;;
+        --even-format) fmt=$2; shift 2 ;;
+        *) break ;;
+        esac
+    done
+    { if [[ ${1:-} == - ]]; then cat; else printf '%s\n' "$@"; fi; } | sort -g |
+        awk -v low="$low" -v f="$fmt" '{v[NR] = $1}
+            END {
+                if (NR % 2 || low) print v[int((NR + 1) / 2)]
+                else if (f != "") printf f "\n", (v[NR / 2] + v[NR / 2 + 1]) / 2
+                else print (v[NR / 2] + v[NR / 2 + 1]) / 2
+            }'
+}
 
 now_us() { local t=${EPOCHREALTIME/./}; echo "$((10#$t))"; }
+
+# Bytes of the files under PATHs (printf: mawk's print turns sums past 2^31 into 1.2e+11).
+bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
+# Reads every file under PATHs once (into the page cache, or through a mount).
+read_all() { find "$@" -type f -print0 | xargs -0 cat >/dev/null; }
 
 # The daemon of binary BIN (default $BIN) serving $MNT: its last argument is the mount point.
 find_daemon() {

@@ -96,8 +96,9 @@ TARGET_RSS_KIB=$((256 * 1024))
 TARGET_RATIO=5
 TARGET_THREAD_GBPS=1.5
 
-die() { echo "deepseek_bench: $*" >&2; exit 1; }
-note() { echo "deepseek_bench: $(date +%T) $*" >&2; }
+BENCH_NAME=deepseek_bench BENCH_NOTE_TIME=1
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -128,9 +129,6 @@ DAEMON_PID=""
 OUT_RUN=""
 ROOT_DIRS=() # directories the torch2 bind mounts create inside the root (removed at exit)
 
-# is_mounted, alive, wait_gone, stop_pid, unmount, now_us, find_daemon, status_kib
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 
 cleanup() {
     local rc=$? d
@@ -161,7 +159,6 @@ do_mount() {
 }
 
 cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) * 1e6 / hz}' "/proc/$1/stat"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 ms() { awk -v us="$1" 'BEGIN {printf "%.0f", us / 1000}'; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.2f", us / 1e6}'; }
@@ -173,7 +170,6 @@ ge() { awk -v x="$1" -v t="$2" 'BEGIN {print (x >= t) ? 1 : 0}'; }
 list_ms() { local out="" x; for x in "$@"; do out+="${out:+ }$(ms "$x")"; done; echo "$out"; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(secs "$x")"; done; echo "$out"; }
 list_mib() { local out="" x; for x in "$@"; do out+="${out:+ }$(mib "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output
 safetensors_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 

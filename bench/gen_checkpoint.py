@@ -39,11 +39,13 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+import st_write  # noqa: E402  (the project's one safetensors writer)
 
 BF16 = 2  # bytes per element
 
@@ -244,17 +246,9 @@ def shard(tensors, max_shard_size):
 
 def header_bytes(tensors):
     """safetensors header (8-byte length + JSON padded to 8) and the data size, for TENSORS."""
-    meta = {"__metadata__": {"format": "pt"}}
-    off = 0
-    layout = []
-    for name, shape in sorted(tensors):
-        size = nbytes(shape)
-        meta[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + size]}
-        layout.append((name, size))
-        off += size
-    js = json.dumps(meta, separators=(",", ":")).encode()
-    js += b" " * (-len(js) % 8)
-    return struct.pack("<Q", len(js)) + js, layout, off
+    entries = [(name, "BF16", shape, nbytes(shape)) for name, shape in sorted(tensors)]
+    head, off = st_write.header_bytes(entries)
+    return head, [(name, size) for name, _, _, size in entries], off
 
 
 def config_json(cfg):

@@ -43,9 +43,11 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+import st_write  # noqa: E402  (the project's one safetensors writer)
 
 DTYPE_SIZE = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
 # safetensors' Dtype enum order (the Rust serializer sorts by dtype descending, then by name).
@@ -351,16 +353,7 @@ def header_bytes(tensors):
     """safetensors header (8-byte length + JSON padded with spaces to 8) and the data size, laid
     out as safetensors' serializer does: dtype alignment descending, then name."""
     order = sorted(tensors, key=lambda t: (-DTYPE_RANK[t[1]], t[0]))
-    parts = ['"__metadata__":{"format":"pt"}']
-    off = 0
-    for name, dt, shape in order:
-        size = nbytes(dt, shape)
-        parts.append(json.dumps(name) + ":" + json.dumps(
-            {"dtype": dt, "shape": shape, "data_offsets": [off, off + size]}, separators=(",", ":")))
-        off += size
-    js = ("{" + ",".join(parts) + "}").encode()
-    js += b" " * (-len(js) % 8)
-    return struct.pack("<Q", len(js)) + js, off
+    return st_write.header_bytes((name, dt, shape, nbytes(dt, shape)) for name, dt, shape in order)
 
 
 def shard_name(k, n):

@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_checkpoint as g  # noqa: E402  (tensor list, sharding, config of the 1 GiB model)
+import st_write  # noqa: E402  (on sys.path through gen_checkpoint)
 
 CHUNK = 8 << 20  # elements per draw (16 MiB of bf16), as /tmp/bench/gen_normal.py
 STD = np.float32(0.02)
@@ -47,21 +48,12 @@ def bf16_round(x):
 
 
 def header(tensors, dtype, esize):
-    """safetensors header (length + JSON padded to 8 with spaces) for TENSORS sorted by name."""
-    meta = {"__metadata__": {"format": "pt"}}
-    off = 0
-    layout = []
-    for name, shape in sorted(tensors):
-        n = 1
-        for d in shape:
-            n *= d
-        meta[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n * esize]}
-        layout.append((name, n))
-        off += n * esize
-    js = json.dumps(meta, separators=(",", ":")).encode()
-    js += b" " * (-len(js) % 8)
-    return struct.pack("<Q", len(js)) + js, layout, off
-
+    """safetensors header (length + JSON padded to 8 with spaces) for TENSORS sorted by name, the
+    (name, elements) layout and the data size."""
+    layout = [(name, int(np.prod(shape, dtype=np.int64))) for name, shape in sorted(tensors)]
+    head, off = st_write.header_bytes((name, dtype, shape, n * esize)
+                                      for (name, shape), (_, n) in zip(sorted(tensors), layout))
+    return head, layout, off
 
 def generate(outs, seed):
     """OUTS: {"bf16"|"fp32"|"fp32-true": DIR}. Returns (shards, tensors, elements)."""

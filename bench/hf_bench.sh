@@ -30,8 +30,9 @@ TARGET_B_RATIO=0.5
 TARGET_MOUNT_MS=300
 TARGET_RSS_KIB=$((64 * 1024))
 
-die() { echo "hf_bench: $*" >&2; exit 1; }
-note() { echo "hf_bench: $*" >&2; }
+BENCH_NAME=hf_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -41,9 +42,6 @@ command -v fusermount3 >/dev/null || die "fusermount3 not found"
 # --- cleanup -------------------------------------------------------------------------------------
 
 mkdir -p "$BENCH_DIR"
-# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_start "$BENCH_DIR/run.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -80,7 +78,6 @@ read_all() {
     echo $((t1 - t0))
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 gbps() { awk -v b="$1" -v us="$2" 'BEGIN {printf "%.2f", b / (us / 1e6) / 1e9}'; }
 fmt_list() { local out="" x; for x in "$@"; do out+="${out:+ }$x"; done; echo "$out"; }

@@ -36,8 +36,9 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 TORCH2_ROOT=${TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
 DCP_PYTHON=${DCP_PYTHON:-}
 
-die() { echo "load_bench: $*" >&2; exit 1; }
-note() { echo "load_bench: $*" >&2; }
+BENCH_NAME=load_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 [[ $# -eq 1 && -d $1 ]] || { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0" >&2; exit 2; }
 SRC=$(readlink -f "$1")
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
@@ -59,9 +60,6 @@ elif [[ ! -x $TORCH2_ROOT/usr/bin/python3 ]]; then
     note "no torch 2.6 root at $TORCH2_ROOT: dcp loads skipped"
 fi
 
-# find_daemon, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_stop() {
     stop_ranks
     # the directories torch2.sh's bind mounts made inside the root
@@ -163,7 +161,6 @@ load_dcp() { # SETTING ROUND
     finish "$prefix" dcp
 }
 
-median() { sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 cat "$SRC"/*.safetensors >/dev/null # the source in the page cache
 LOADS=(torch)
@@ -194,7 +191,7 @@ printf '%-6s %-28s %8s %7s   %s\n' load setting median ratio runs
 for l in "${LOADS[@]}"; do
     base=""
     for s in "${SETS[@]}"; do
-        m=$(tr ' ' '\n' <<<"${TIMES[$l/$s]}" | grep . | median)
+        m=$(tr ' ' '\n' <<<"${TIMES[$l/$s]}" | grep . | median -)
         [[ -z $base ]] && base=$m
         printf '%-6s %-28s %8.3f %7.2f   %s\n' "$l" "$s" "$m" "$(awk -v b="$base" -v m="$m" 'BEGIN {print b / m}')" "${TIMES[$l/$s]}"
     done

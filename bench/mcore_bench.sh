@@ -40,9 +40,9 @@ trap cleanup EXIT
 trap 'exit 130' INT; trap 'exit 143' TERM HUP
 
 now() { date +%s.%N; }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=bench/daemon.sh
+source "$top/bench/daemon.sh"
 fresh_mount() { fusermount3 -u "$mnt" 2>/dev/null || true; "$ckptfs" mount "$src" "$mnt"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {print s}'; }
 # The daemon serving $mnt (checked against the binary and its last argument) and the bytes it
 # has written to /dev/fuse so far (wchar: the replies, i.e. the file bytes it served).
 daemon_pid() {
@@ -122,11 +122,11 @@ for i in $(seq "$repeat"); do
 done > "$run/t.share.conv"
 rm -rf "$run/conv-out"
 
-t_cp=$(median < "$run/t.cp"); t_conv=$(median < "$run/t.conv")
-t_sv=$(cut -d' ' -f1 "$run/t.share.view" | median); t_sc=$(cut -d' ' -f1 "$run/t.share.conv" | median)
-l_sv=$(col load_s "$run/t.share.view" | median); l_sc=$(col load_s "$run/t.share.conv" | median)
-rc_sv=$(col rchar "$run/t.share.view" | median); rc_sc=$(col rchar "$run/t.share.conv" | median)
-sv_sv=$(col served "$run/t.share.view" | median)
+t_cp=$(median --low - < "$run/t.cp"); t_conv=$(median --low - < "$run/t.conv")
+t_sv=$(cut -d' ' -f1 "$run/t.share.view" | median --low -); t_sc=$(cut -d' ' -f1 "$run/t.share.conv" | median --low -)
+l_sv=$(col load_s "$run/t.share.view" | median --low -); l_sc=$(col load_s "$run/t.share.conv" | median --low -)
+rc_sv=$(col rchar "$run/t.share.view" | median --low -); rc_sc=$(col rchar "$run/t.share.conv" | median --low -)
+sv_sv=$(col served "$run/t.share.view" | median --low -)
 sb=$(col share_bytes "$run/t.share.view" | head -1)
 t_off=$(echo "$t_conv + $t_sc" | bc)
 runs() { cut -d' ' -f1 "$1" | awk '{printf "%s%.2f", (NR > 1 ? " " : ""), $1}'; }

@@ -18,10 +18,9 @@ cleanup() { fusermount3 -u "$mnt" 2>/dev/null || true; rm -rf "$work/mbench-out"
 trap cleanup EXIT
 
 now() { date +%s.%N; }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=bench/daemon.sh
+source "$top/bench/daemon.sh"
 fresh_mount() { fusermount3 -u "$mnt" 2>/dev/null || true; "$ckptfs" mount "$src" "$mnt"; }
-read_all() { find "$@" -type f -print0 | xargs -0 cat > /dev/null; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {print s}'; }
 
 cat "$src"/*.safetensors > /dev/null
 
@@ -32,7 +31,7 @@ for view in tp4pp1 tp2pp2 hf; do
     s=$(now); read_all "$mnt/$view"; e=$(now)
     echo "$e - $s" | bc
   done > "$work/times.$view"
-  t[$view]=$(median < "$work/times.$view")
+  t[$view]=$(median --low - < "$work/times.$view")
 done
 fresh_mount
 b_hf=$(bytes_of "$mnt/hf"); b_tp4=$(bytes_of "$mnt/tp4pp1"); b_tp2=$(bytes_of "$mnt/tp2pp2")
@@ -42,14 +41,14 @@ for _ in $(seq "$repeat"); do
   s=$(now); cp -r "$mnt/tp2pp2" "$work/mbench-out"; sync -f "$work"; e=$(now)
   echo "$e - $s" | bc
 done > "$work/times.cp"
-t_cp=$(median < "$work/times.cp")
+t_cp=$(median --low - < "$work/times.cp")
 for _ in $(seq "$repeat"); do
   rm -rf "$work/mbench-out"
   s=$(now); /usr/bin/python3 "$top/bench/offline_convert.py" "$src" "$work/mbench-out" --tp 2 --pp 2
   sync -f "$work"; e=$(now)
   echo "$e - $s" | bc
 done > "$work/times.convert"
-t_conv=$(median < "$work/times.convert")
+t_conv=$(median --low - < "$work/times.convert")
 
 for _ in $(seq "$repeat"); do
   fusermount3 -u "$mnt" 2>/dev/null || true
@@ -65,7 +64,7 @@ float(t[0, 0])
 print(time.time() - s)
 PY
 done > "$work/times.first"
-t_first=$(median < "$work/times.first")
+t_first=$(median --low - < "$work/times.first")
 
 gbs() { echo "scale=2; $1 / $2 / 1000000000" | bc; }
 printf '\nckptfs Megatron views benchmark (median of %s runs; source in page cache)\n' "$repeat"

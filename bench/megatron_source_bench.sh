@@ -18,9 +18,8 @@ mkdir -p "$work" "$mnt"
 cleanup() { fusermount3 -u "$mnt" 2>/dev/null || true; rm -rf "$work/msrc-out"; }
 trap cleanup EXIT
 now() { date +%s.%N; }
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {print s}'; }
-read_all() { find "$@" -type f -print0 | xargs -0 cat > /dev/null; }
+# shellcheck source=bench/daemon.sh
+source "$top/bench/daemon.sh"
 ratio() { echo "scale=2; ($1 / $2) / ($3 / $4)" | bc; }
 
 read_all "$src"
@@ -47,9 +46,9 @@ for _ in $(seq "$repeat"); do
   s=$(now); /usr/bin/python3 "$top/bench/offline_merge.py" "$src/release" "$work/msrc-out"; sync -f "$work"; e=$(now)
   echo "$e - $s" | bc
 done > "$work/t.merge"
-t_mount=$(median < "$work/t.mount"); t_src=$(median < "$work/t.direct")
-t_hf=$(median < "$work/t.hf"); t_vpp=$(median < "$work/t.vpp2")
-t_cp=$(median < "$work/t.cp"); t_merge=$(median < "$work/t.merge")
+t_mount=$(median --low - < "$work/t.mount"); t_src=$(median --low - < "$work/t.direct")
+t_hf=$(median --low - < "$work/t.hf"); t_vpp=$(median --low - < "$work/t.vpp2")
+t_cp=$(median --low - < "$work/t.cp"); t_merge=$(median --low - < "$work/t.merge")
 printf '\nckptfs Megatron-source benchmark: tp2pp2 legacy checkpoint of %s bytes (median of %s)\n' "$b_src" "$repeat"
 printf '%-46s %9s %8s\n' measurement seconds ratio
 printf '%-46s %9.3f\n' "mount (ms)" "$t_mount"

@@ -52,8 +52,9 @@ TARGET_RSS_KIB=$((128 * 1024))
 TARGET_CP_RATIO=3
 TARGET_AMP=1.25
 
-die() { echo "moe_bench: $*" >&2; exit 1; }
-note() { echo "moe_bench: $(date +%T) $*" >&2; }
+BENCH_NAME=moe_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -70,9 +71,6 @@ BIG=$BENCH_DIR/qwen3-235b-sparse
 
 # --- cleanup -------------------------------------------------------------------------------------
 
-# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_stop() { rmdir "$ROOT$BENCH_DIR" 2>/dev/null || true; } # made by the torch2 bind mount
 bench_start "$BENCH_DIR/moe-run.XXXXXX"
 
@@ -95,7 +93,6 @@ do_mount() {
 
 # CPU time (user + system) of PID so far, in microseconds.
 cpu_us() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) * 1e6 / hz}' "/proc/$1/stat"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 ms() { awk -v us="$1" 'BEGIN {printf "%.0f", us / 1000}'; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }
@@ -105,7 +102,6 @@ lt() { awk -v x="$1" -v t="$2" 'BEGIN {print (x < t) ? 1 : 0}'; }
 list_ms() { local out="" x; for x in "$@"; do out+="${out:+ }$(ms "$x")"; done; echo "$out"; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(awk -v us="$x" 'BEGIN {printf "%.2f", us / 1e6}')"; done; echo "$out"; }
 list_mib() { local out="" x; for x in "$@"; do out+="${out:+ }$(mib "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 count_of() { find "$1" -type f -name "$2" | wc -l; } # DIR NAME-PATTERN
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output
 

@@ -71,8 +71,9 @@ GPU_TP=${GPU_TP:-4 8}
 GPU_DEVICE=${GPU_DEVICE:-cuda}
 GPU_MODES=${GPU_MODES:-torch slice}
 
-die() { echo "node_bench: $*" >&2; exit 1; }
-note() { echo "node_bench: $*" >&2; }
+BENCH_NAME=node_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -107,9 +108,6 @@ for m in $GPU_MODES; do [[ $m == torch || $m == slice ]] || die "GPU_MODES: '$m'
 
 mkdir -p "$BENCH_DIR"
 JOB_PID=""
-# now_us, find_daemon, is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 
 # A measurement still running (readers, rank processes): TERM to `timeout`, which passes it on
 # to its process group.
@@ -278,7 +276,6 @@ measure() {
     note "$(printf 'round %s/%s: %-8s %-6s %2s readers: %6s GB/s' "$ROUND" "$REPEAT" "$what" "$cond" "$n" "$g")"
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 ((CAN_DROP)) || note "cold runs skipped: dropping the page cache needs root"
 # Every round measures every cell once; odd rounds go through the views in reverse order, so that
@@ -304,7 +301,7 @@ for k in "${!RUNS[@]}"; do
     if [[ $STAT == best && $k == gbps.* ]]; then
         VAL[$k]=$(printf '%s\n' "${runs[@]}" | sort -g | tail -n 1)
     else
-        VAL[$k]=$(median "${runs[@]}")
+        VAL[$k]=$(median --even-format %.2f "${runs[@]}")
     fi
 done
 

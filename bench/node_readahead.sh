@@ -54,8 +54,9 @@ GPU_TP=${GPU_TP:-4 8}
 BENCH_DIR=${BENCH_DIR:-/tmp/ckptfs-bench}
 AUTO_OPTS=${AUTO_OPTS:-}
 
-die() { echo "node_readahead: $*" | tee -a "$OUT/progress.log" >&2; exit 1; }
-note() { echo "node_readahead: $*" | tee -a "$OUT/progress.log" >&2; }
+BENCH_NAME=node_readahead BENCH_LOG=$OUT/progress.log
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 # shellcheck source=bench/node_env.sh
 source "$HERE/node_env.sh"
 node_python

@@ -25,7 +25,9 @@ OUT=$(cd "$OUT" && pwd)
 KNOB=/sys/module/fuse/parameters/enable_uring
 T0=$SECONDS
 
-die() { echo "node_uring: $*" | tee -a "$OUT/progress.log" >&2; exit 1; }
+BENCH_NAME=node_uring BENCH_LOG=$OUT/progress.log
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 [[ $(id -u) -eq 0 ]] || die "needs root"
 # shellcheck source=bench/node_env.sh
 source "$HERE/node_env.sh"

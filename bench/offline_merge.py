@@ -6,27 +6,17 @@ writes safetensors shards (with numpy; Debian 12 has no safetensors package).
 
 Usage: offline_merge.py MEGATRON_ITER_DIR OUT_DIR
 """
-import json
 import os
-import struct
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+import st_write  # noqa: E402  (the project's one safetensors writer)
+
 
 def save(path, tensors):
-    header, off, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, t in tensors.items():
-        raw = t.contiguous().view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for b in blobs:
-            f.write(b)
+    st_write.write(path, {name: ("BF16", t.contiguous().view(torch.int16).numpy()) for name, t in tensors.items()})
 
 
 def main():

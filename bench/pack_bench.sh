@@ -96,8 +96,9 @@ TARGET_BF16_ZSTD=0.72
 TARGET_ZSTD_GBPS=1
 TARGET_LZ4_GBPS=2
 
-die() { echo "pack_bench: $*" >&2; exit 1; }
-note() { echo "pack_bench: $(date +%T) $*" >&2; }
+BENCH_NAME=pack_bench BENCH_NOTE_TIME=1
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -136,9 +137,6 @@ CG_ROOT=/sys/fs/cgroup/blkio
 CG_LIM=$CG_ROOT/ckptfs-pack-bench.$$.limited # .1, .2, ...: one per limit
 CG_FREE=$CG_ROOT/ckptfs-pack-bench.$$.unlimited
 
-# is_mounted, alive, wait_gone, stop_pid, unmount, now_us, find_daemon
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 
 cg_remove() { # DIR: moves what is left in it to the root cgroup, then removes it
     local pid
@@ -169,7 +167,6 @@ trap 'exit 143' TERM HUP
 
 # --- helpers -------------------------------------------------------------------------------------
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.2f", us / 1e6}'; }
 gbps() { awk -v b="$1" -v us="$2" 'BEGIN {printf "%.2f", (us > 0) ? b / us / 1e3 : 0}'; } # BYTES US
@@ -177,7 +174,6 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", (b > 0) ? a / b : 0}'; 
 mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 list_gbps() { local b=$1 out="" x; shift; for x in "$@"; do out+="${out:+ }$(gbps "$b" "$x")"; done; echo "$out"; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(secs "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 shards_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 warm() { find "$1" -type f -exec cat {} + >/dev/null; } # DIR: every file into the page cache
 CLK_TCK=$(getconf CLK_TCK)

@@ -40,8 +40,9 @@ SRC=$BENCH_DIR/llama-1g
 RANKS=(release/mp_rank_00/model_optim_rng.pt release/mp_rank_01/model_optim_rng.pt
        release/mp_rank_02/model_optim_rng.pt release/mp_rank_03/model_optim_rng.pt)
 
-die() { echo "read_check_bench: $*" >&2; exit 1; }
-note() { echo "read_check_bench: $*" >&2; }
+BENCH_NAME=read_check_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -n $BASE ]] || die "set CKPTFS_BASE to the baseline binary (and CKPTFS_BIN to the new one)"
 [[ -x $BASE ]] || die "no ckptfs binary at CKPTFS_BASE=$BASE"
@@ -63,9 +64,6 @@ declare -A BINS=([base]=$BASE [new]=$NEW)
 
 mkdir -p "$BENCH_DIR"
 STRACE_PID=""
-# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_start "$BENCH_DIR/rcheck.XXXXXX"
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -120,7 +118,6 @@ cpu_s() {
 
 warm_source() { cat "$SRC"/*.safetensors >/dev/null; }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 two() { awk -v x="$1" 'BEGIN {printf "%.2f", x}'; }
 gbps() { awk -v b="$1" -v us="$2" 'BEGIN {printf "%.2f", b / (us / 1e6) / 1e9}'; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }

@@ -94,8 +94,9 @@ fi
 PP=8 TP=8
 BUCKET=ckpt
 
-die() { echo "s3_bench: $*" >&2; exit 1; }
-note() { echo "s3_bench: $*" >&2; }
+BENCH_NAME=s3_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")

@@ -40,8 +40,9 @@ CELLS=${CELLS:-direct hf@dev hf@off:passthrough=off hf@on:passthrough=off hf@off
 tp4pp1@dev tp4pp1@off tp4pp1@on tp4pp1@dev:mapped_reads=off tp4pp1@on:mapped_reads=off mcore@dev mcore@off mcore@on}
 KNOB=/sys/module/fuse/parameters/enable_uring
 
-die() { echo "transport_bench: $*" >&2; exit 1; }
-note() { echo "transport_bench: $*" >&2; }
+BENCH_NAME=transport_bench
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 [[ $(id -u) -eq 0 ]] || die "needs root (enable_uring, passthrough)"
 [[ -w $KNOB ]] || die "this kernel has no FUSE over io_uring ($KNOB)"
 [[ -x $BIN ]] || die "no ckptfs at $BIN"
@@ -53,9 +54,7 @@ UBIN=$(readlink -f "$UBIN")
 "$UBIN" --version | grep -q "io_uring: yes" || die "$UBIN has no FUSE over io_uring: $("$UBIN" --version)"
 case $READ_SIZE in *M) CHUNK=$((${READ_SIZE%M} << 20)) ;; *K) CHUNK=$((${READ_SIZE%K} << 10)) ;; *) CHUNK=$READ_SIZE ;; esac
 
-# now_us, find_daemon, unmount, bench_start (mount point MNT, cleanup on exit)
 mkdir -p "$BENCH_DIR"
-source "$HERE/daemon.sh"
 # One user of the kernel's switch at a time (tests/integration/io_uring.t takes the same lock).
 exec {knob_lock}> /tmp/ckptfs-enable_uring.lock
 flock -w 900 "$knob_lock" || die "another test or benchmark held $KNOB for 15 minutes"
@@ -135,7 +134,6 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
   done
 done
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 label() {
   case $1 in
   direct) echo "direct (source files)" ;;

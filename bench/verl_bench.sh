@@ -42,8 +42,9 @@ CP_TIMEOUT=${CP_TIMEOUT:-600}
 READ_TIMEOUT=${READ_TIMEOUT:-300}
 MERGE_TIMEOUT=${MERGE_TIMEOUT:-1800}
 
-die() { echo "verl_bench: $*" >&2; exit 1; }
-note() { echo "verl_bench: $(date +%T) $*" >&2; }
+BENCH_NAME=verl_bench BENCH_NOTE_TIME=1
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -63,9 +64,6 @@ ROLE=$CKPT/global_step_1/actor
 
 # --- cleanup -------------------------------------------------------------------------------------
 
-# is_mounted, alive, wait_gone, stop_pid, unmount, bench_start
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_stop() { rmdir "$ROOT$BENCH_DIR" "$ROOT$HERE" 2>/dev/null || true; } # made by the torch2 bind mounts
 bench_start "$BENCH_DIR/verl-run.XXXXXX"
 
@@ -81,7 +79,6 @@ mount_role() {
     DAEMON_PID=$(find_daemon) || die "cannot find the ckptfs daemon for $MNT"
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }
 mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
@@ -89,7 +86,6 @@ gbps() { awk -v b="$1" -v us="$2" 'BEGIN {printf "%.2f", b / us / 1e3}'; } # BYT
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(awk -v us="$x" 'BEGIN {printf "%.2f", us / 1e6}')"; done; echo "$out"; }
 list_mib() { local out="" x; for x in "$@"; do out+="${out:+ }$(mib "$x")"; done; echo "$out"; }
 list_gbps() { local b=$1 out="" x; shift; for x in "$@"; do out+="${out:+ }$(gbps "$b" "$x")"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output
 safetensors_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 

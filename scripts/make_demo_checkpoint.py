@@ -4,10 +4,12 @@ demo: two safetensors shards with an index, config.json and tokenizer files.
 Usage: make_demo_checkpoint.py DIR"""
 import json
 import os
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
+import st_write  # noqa: E402  (the project's one safetensors writer)
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -45,17 +47,7 @@ def tensors(cfg, rng):
 
 
 def write_safetensors(path, named):
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, a in named.items():
-        header[name] = {"dtype": "BF16", "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for a in named.values():
-            f.write(a.tobytes())
+    st_write.write(path, {name: ("BF16", a) for name, a in named.items()})
 
 
 def main():

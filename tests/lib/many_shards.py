@@ -10,6 +10,8 @@ import os
 import struct
 import sys
 
+import st_write  # noqa: E402  (beside this file)
+
 
 def main():
     out, n = sys.argv[1], int(sys.argv[2])
@@ -19,10 +21,9 @@ def main():
         name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         tensor = f"t.{i}"
         values = struct.pack("<4f", i, i + 0.25, i + 0.5, -i)
-        header = json.dumps({tensor: {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
-        header += b" " * (-len(header) % 8)
+        header, _ = st_write.header_bytes([(tensor, "F32", [4], 16)], metadata=None, compact=False)
         with open(os.path.join(out, name), "wb") as f:
-            f.write(struct.pack("<Q", len(header)) + header + values)
+            f.write(header + values)
         weight_map[tensor] = name
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": 16 * n}, "weight_map": weight_map}, f)

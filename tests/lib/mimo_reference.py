@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import st_write  # noqa: E402
 from reference import (Model, attention_keys, dense_mlp_keys, f32, hf_attention, hf_swiglu,  # noqa: E402
                        load_rank_file, megatron_attention, megatron_dense_mlp, rms)
 
@@ -236,7 +237,6 @@ def same(orig, hf_dir):
 
 
 def bad(src, kind):
-    import struct
     path = os.path.join(src, "model.safetensors")
     tensors = models.read_checkpoint(src)
     H = json.load(open(os.path.join(src, "config.json")))["hidden_size"]
@@ -260,15 +260,10 @@ def bad(src, kind):
         tensors["model.mtp_layers.0.input_proj.weight"] = (dt, (H, H), raw[:len(raw) // 2])
     else:
         sys.exit(f"bad: unknown kind {kind}")
-    header, off, body = {}, 0, []
-    for k, (dt, shape, raw) in tensors.items():
-        header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-        body.append(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-(8 + len(h)) % 8)
+    h, _ = st_write.header_bytes([(k, dt, shape, len(raw)) for k, (dt, shape, raw) in tensors.items()],
+                                 metadata=None, compact=False)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(body))
+        f.write(h + b"".join(raw for _, _, raw in tensors.values()))
 
 
 if __name__ == "__main__":

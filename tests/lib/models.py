@@ -19,6 +19,8 @@ import sys
 
 import numpy as np
 
+import st_write  # noqa: E402  (the safetensors writer, beside this file)
+
 ST_DTYPES = {"BF16": (np.uint16, 2), "F16": (np.float16, 2), "F32": (np.float32, 4),
              "I64": (np.int64, 8), "I32": (np.int32, 4), "U8": (np.uint8, 1)}
 
@@ -187,17 +189,7 @@ def mixed_tensors(seed=0):
 
 
 def write_safetensors(path, named, metadata=None):
-    header = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    for name, (dt, a) in named.items():
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for _, a in named.values():
-            f.write(np.ascontiguousarray(a).tobytes())
+    st_write.write(path, named, metadata or st_write.PT_METADATA)
 
 
 def write_checkpoint(out, named, cfg, shards=1, tokenizer=False):
@@ -321,18 +313,13 @@ def write_huge_vocab(out, vocab=1100000, hidden=2048):
                (p + "mlp.gate_proj.weight", [512, hidden]), (p + "mlp.up_proj.weight", [512, hidden]),
                (p + "mlp.down_proj.weight", [hidden, 512]), ("model.norm.weight", [hidden]),
                ("lm_head.weight", [vocab, hidden])]
-    header, offset = {}, 0
-    for name, shape in shapes:
-        n = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
+    blob, offset = st_write.header_bytes([(name, "BF16", shape, 2 * int(np.prod(shape))) for name, shape in shapes],
+                                         metadata=None, compact=False)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f)
     with open(os.path.join(out, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.write(blob)
         base = f.tell()
         f.write(b"\x80\x3f" * hidden)                      # row 0: 1.0
         f.seek(base + (vocab - 1) * hidden * 2)
