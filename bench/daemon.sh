@@ -121,11 +121,9 @@ bench_cleanup() {
     exit "$rc"
 }
 
-# Figures (the older benchmarks define their own copies of these).
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+# More figures: the largest value, and microseconds, KiB and lists of microseconds as text.
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }
 mib() { awk -v k="$1" 'BEGIN {printf "%.1f", k / 1024}'; }
 list_s() { local out="" x; for x in "$@"; do out+="${out:+ }$(awk -v us="$x" 'BEGIN {printf "%.2f", us / 1e6}')"; done; echo "$out"; }
-bytes_of() { find "$@" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f\n", s}'; }
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output

@@ -29,8 +29,10 @@ WORLD=${WORLD:-8}
 ROOT=${CKPTFS_SID_ROOT:-/var/cache/ckptfs-tests/sid-root}
 SCRIPT=$REPO/tests/lib/deepspeed_zero.py
 
-die() { echo "deepspeed_bench: $*" >&2; exit 1; }
-note() { echo "deepspeed_bench: $(date +%T) $*" >&2; }
+BENCH_NAME=deepspeed_bench
+BENCH_NOTE_TIME=1
+# shellcheck source=bench/daemon.sh
+source "$HERE/daemon.sh"
 
 [[ -x $BIN ]] || die "no ckptfs binary at $BIN (build it or set CKPTFS_BIN)"
 BIN=$(readlink -f "$BIN")
@@ -42,8 +44,6 @@ mkdir -p "$BENCH_DIR"
 BENCH_DIR=$(cd "$BENCH_DIR" && pwd -P)
 CKPT=$BENCH_DIR/deepspeed-z$STAGE-w$WORLD/checkpoint-10
 
-# shellcheck source=bench/daemon.sh
-source "$HERE/daemon.sh"
 bench_stop() { rmdir "$ROOT$BENCH_DIR" "$ROOT$REPO/tests/lib" 2>/dev/null || true; }
 bench_start "$BENCH_DIR/deepspeed-run.XXXXXX"
 
