@@ -10,6 +10,7 @@
 # tp2pp2/ and mcore/ are byte for byte those of the model saved by save_pretrained; broken
 # copies are refused naming the file and the problem.
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/trainer_checks.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
 script="$TESTS_TOP/tests/lib/deepspeed_zero.py"
@@ -44,30 +45,13 @@ while read -r state name; do
     mnt=$WORK/mnt-$name-$dtype refmnt=$WORK/ref-$name-$dtype
     opts=()
     [[ $dtype == fp32 ]] && opts=(-o dtype=fp32)
-    if ! mount_ckptfs "$src" "$mnt" "${opts[@]}" 2> "$WORK/err" ||
-       ! mount_ckptfs "$ref" "$refmnt" -o dtype=$dtype 2>> "$WORK/err"; then
-      ok 1 "$name ($dtype): mount: $(head -c 300 "$WORK/err")"
-      continue
-    fi
-    [[ $(ls "$mnt/hf" | tr '\n' ' ') == "config.json model.safetensors " ]]
-    ok $? "$name ($dtype): hf/ holds config.json and the weights, no trainer state ($(ls "$mnt/hf" | tr '\n' ' '))"
-    for view in tp2pp2 mcore; do
-      diff -r "$refmnt/$view" "$mnt/$view" > "$WORK/diff" 2>&1
-      ok $? "$name ($dtype): $view/ is byte for byte that of the model saved by save_pretrained" ||
-        head -n 5 "$WORK/diff" | sed 's/^/# /' >&2
-    done
+    views_match "$name" "$src" "$ref" "$mnt" "$refmnt" "$dtype" "tp2pp2 mcore" -- "${opts[@]}" || continue
     checks+=("$models/$name-merged.safetensors" "$mnt/hf" "$dtype" "$ref")
   done
 done < "$WORK/built"
 
 if ((${#checks[@]})); then
-  sid_python "$WORK" "$script" check "${checks[@]}" > "$WORK/checked" 2> "$WORK/check.err"
-  ok $? "the weights and logits checks ran" || tail -n 20 "$WORK/check.err" | sed 's/^/# /' >&2
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$WORK/checked"
-  n=$(grep -c '^PASS\|^FAIL' "$WORK/checked")
-  ok $((n == ${#checks[@]} / 4 ? 0 : 1)) "one check for each of the $((${#checks[@]} / 4)) mounts (got $n)"
+  report_checks "$script" 4 "weights and logits" "${checks[@]}"
 fi
 
 # global_step10/ given itself: the same weights (config.json from the directory above).

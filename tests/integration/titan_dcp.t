@@ -10,6 +10,7 @@
 # weights and logits exactly (bf16 by default, fp32 with -o dtype=fp32); tp2pp2/ and mcore/ are
 # byte for byte those of the model's save_pretrained copy; broken saves are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/trainer_checks.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
 script="$TESTS_TOP/tests/lib/titan_dcp.py"
@@ -36,30 +37,13 @@ for family in llama qwen3 deepseek_v3; do
     mnt=$WORK/mnt-$family-$dtype refmnt=$WORK/ref-$family-$dtype
     opts=("${given[@]}")
     [[ $dtype == fp32 ]] && opts+=(-o dtype=fp32)
-    if ! mount_ckptfs "$src" "$mnt" "${opts[@]}" 2> "$WORK/err" ||
-       ! mount_ckptfs "$ref" "$refmnt" -o dtype=$dtype 2>> "$WORK/err"; then
-      ok 1 "$family ($dtype): mount: $(head -c 300 "$WORK/err")"
-      continue
-    fi
-    [[ $(ls "$mnt/hf" | tr '\n' ' ') == "config.json model.safetensors " ]]
-    ok $? "$family ($dtype): hf/ holds config.json and the weights ($(ls "$mnt/hf" | tr '\n' ' '))"
-    for view in tp2pp2 mcore; do
-      diff -r "$refmnt/$view" "$mnt/$view" > "$WORK/diff" 2>&1
-      ok $? "$family ($dtype): $view/ is byte for byte that of the Hugging Face model's save_pretrained copy" ||
-        head -n 5 "$WORK/diff" | sed 's/^/# /' >&2
-    done
+    views_match "$family" "$src" "$ref" "$mnt" "$refmnt" "$dtype" "tp2pp2 mcore" -- "${opts[@]}" || continue
     checks+=("$ref" "$mnt/hf" "$dtype")
   done
 done
 
 if ((${#checks[@]})); then
-  sid_python "$WORK" "$script" check "${checks[@]}" > "$WORK/checked" 2> "$WORK/check.err"
-  ok $? "the logits checks ran" || tail -n 20 "$WORK/check.err" | sed 's/^/# /' >&2
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$WORK/checked"
-  n=$(grep -c '^PASS\|^FAIL' "$WORK/checked")
-  ok $((n == ${#checks[@]} / 3 ? 0 : 1)) "one logits check for each of the $((${#checks[@]} / 3)) mounts (got $n)"
+  report_checks "$script" 3 "logits" "${checks[@]}"
 fi
 
 # Broken saves: refused at mount, naming the file or tensor and the problem.

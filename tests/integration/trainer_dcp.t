@@ -9,6 +9,7 @@
 # save_pretrained, and torch 1.13 loads the rank files; broken copies are refused naming the
 # file and the problem.
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/trainer_checks.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
 script="$TESTS_TOP/tests/lib/trainer_dcp.py"
@@ -47,18 +48,7 @@ for name in llama-fsdp2 llama-fsdp1 llama-bare llamatied-bare qwen3_moe-fsdp2; d
     mnt=$WORK/mnt-$name-$dtype refmnt=$WORK/ref-$name-$dtype
     opts=()
     [[ $dtype == fp32 ]] && opts=(-o dtype=fp32)
-    if ! mount_ckptfs "$src" "$mnt" "${opts[@]}" 2> "$WORK/err" ||
-       ! mount_ckptfs "$ref" "$refmnt" -o dtype=$dtype 2>> "$WORK/err"; then
-      ok 1 "$name ($dtype): mount: $(head -c 300 "$WORK/err")"
-      continue
-    fi
-    [[ $(ls "$mnt/hf" | tr '\n' ' ') == "config.json model.safetensors " ]]
-    ok $? "$name ($dtype): hf/ holds config.json and the weights, no trainer state ($(ls "$mnt/hf" | tr '\n' ' '))"
-    for view in tp2pp1 mcore; do
-      diff -r "$refmnt/$view" "$mnt/$view" > "$WORK/diff" 2>&1
-      ok $? "$name ($dtype): $view/ is byte for byte that of the model saved by save_pretrained" ||
-        head -n 5 "$WORK/diff" | sed 's/^/# /' >&2
-    done
+    views_match "$name" "$src" "$ref" "$mnt" "$refmnt" "$dtype" "tp2pp1 mcore" -- "${opts[@]}" || continue
     "$PY" - "$mnt/tp2pp1" > "$WORK/host" 2>&1 <<'PY'
 import glob, sys, torch
 files = sorted(glob.glob(sys.argv[1] + "/release/mp_rank_*/model_optim_rng.pt"))
@@ -76,13 +66,7 @@ PY
 done
 
 if ((${#checks[@]})); then
-  sid_python "$WORK" "$script" check "${checks[@]}" > "$WORK/checked" 2> "$WORK/check.err"
-  ok $? "the logits checks ran" || tail -n 20 "$WORK/check.err" | sed 's/^/# /' >&2
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$WORK/checked"
-  n=$(grep -c '^PASS\|^FAIL' "$WORK/checked")
-  ok $((n == ${#checks[@]} / 3 ? 0 : 1)) "one logits check for each of the $((${#checks[@]} / 3)) mounts (got $n)"
+  report_checks "$script" 3 "logits" "${checks[@]}"
 fi
 
 # -o hf_config: the given config.json is the one served, over the checkpoint's (fp32 and saying
