@@ -159,23 +159,40 @@ const CkptfsArchitecture *ckptfs_architecture_find(const char *name, const Ckptf
     return NULL;
 }
 
+/* A set of layers, one bit a layer (layers past CKPTFS_MAX_LAYERS are never in it). */
+static bool layer_in(const uint8_t *set, uint64_t layer)
+{
+    return layer < CKPTFS_MAX_LAYERS && (set[layer / 8] & (1u << (layer % 8)));
+}
+
+static void layer_add(uint8_t *set, uint64_t layer)
+{
+    if (layer < CKPTFS_MAX_LAYERS)
+        set[layer / 8] |= (uint8_t)(1u << (layer % 8));
+}
+
+/* How many of M's layers satisfy IS. */
+static uint64_t count_layers(const CkptfsModel *m, bool (*is)(const CkptfsModel *, uint64_t))
+{
+    uint64_t n = 0;
+    for (uint64_t l = 0; l < m->layers; l++)
+        n += is(m, l);
+    return n;
+}
+
 bool ckptfs_model_layer_is_moe(const CkptfsModel *m, uint64_t layer)
 {
-    return m->experts > 0 && (layer >= CKPTFS_MAX_LAYERS || !(m->dense_layer[layer / 8] & (1u << (layer % 8))));
+    return m->experts > 0 && !layer_in(m->dense_layer, layer);
 }
 
 void ckptfs_model_set_dense_layer(CkptfsModel *m, uint64_t layer)
 {
-    if (layer < CKPTFS_MAX_LAYERS)
-        m->dense_layer[layer / 8] |= (uint8_t)(1u << (layer % 8));
+    layer_add(m->dense_layer, layer);
 }
 
 uint64_t ckptfs_model_moe_layers(const CkptfsModel *m)
 {
-    uint64_t n = 0;
-    for (uint64_t l = 0; l < m->layers; l++)
-        n += ckptfs_model_layer_is_moe(m, l);
-    return n;
+    return count_layers(m, ckptfs_model_layer_is_moe);
 }
 
 bool ckptfs_model_layers_homogeneous(const CkptfsModel *m)
@@ -186,21 +203,17 @@ bool ckptfs_model_layers_homogeneous(const CkptfsModel *m)
 
 bool ckptfs_model_layer_is_linear(const CkptfsModel *m, uint64_t layer)
 {
-    return layer < CKPTFS_MAX_LAYERS && (m->linear_layer[layer / 8] & (1u << (layer % 8)));
+    return layer_in(m->linear_layer, layer);
 }
 
 void ckptfs_model_set_linear_layer(CkptfsModel *m, uint64_t layer)
 {
-    if (layer < CKPTFS_MAX_LAYERS)
-        m->linear_layer[layer / 8] |= (uint8_t)(1u << (layer % 8));
+    layer_add(m->linear_layer, layer);
 }
 
 uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
 {
-    uint64_t n = 0;
-    for (uint64_t l = 0; l < m->layers; l++)
-        n += ckptfs_model_layer_is_linear(m, l);
-    return n;
+    return count_layers(m, ckptfs_model_layer_is_linear);
 }
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
