@@ -17,7 +17,7 @@ same module and name, so the pickles name the same globals.
       config.json, `latest` and global_step10/ for each case of CASES. Prints "built CASE".
   deepspeed_zero.py bench OUT STAGE WORLD
       OUT/checkpoint-10: a Llama of about 1.1 GB in fp32 (18 layers, hidden 1024, vocab 32000)
-      saved by WORLD ranks with ZeRO STAGE (bf16), for bench/deepspeed_bench.sh.
+      saved by WORLD ranks with ZeRO STAGE (bf16), for bench/trainer_bench.sh.
   deepspeed_zero.py hostile OUT
       broken copies (their names say what), from the same models: OUT/bad/NAME/checkpoint-10.
   deepspeed_zero.py merge CKPT OUT.safetensors [CKPT OUT.safetensors ...]

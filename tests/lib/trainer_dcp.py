@@ -16,6 +16,16 @@ root: torch 2.14, transformers 5), and the checks of what ckptfs serves from the
   trainer_dcp.py hostile SRC MOE_SRC OUT
       copies of the FSDP2 checkpoints SRC (Llama) and MOE_SRC (Qwen3-MoE) with one thing broken
       each (their names say what).
+  trainer_dcp.py bench OUT WORLD
+      OUT/checkpoint-10/: a Llama of 1.11 GB in fp32 (hidden 1024, 18 layers, vocab 32000) in
+      FSDP2 across WORLD gloo ranks, saved as Accelerate's save_fsdp_model does (the model
+      only: no optimizer_0/), for bench/trainer_bench.sh. Built on the meta device and filled
+      shard by shard, so no rank holds the whole model.
+  trainer_dcp.py merge CKPT_DIR OUT_FILE
+      the reference merge: what `accelerate merge-weights CKPT_DIR/pytorch_model_fsdp_0 OUT`
+      does (Accelerate 1.x's _distributed_checkpoint_to_merged_weights: the whole state dict
+      loaded through torch DCP without a process group, the one top-level key unwrapped, one
+      safetensors file written).
   trainer_dcp.py check REF HF_DIR DTYPE [REF HF_DIR DTYPE ...]
       REF (save_pretrained's copy) loaded as DTYPE and HF_DIR, both loaded by transformers, have
       the same weights and give the same logits (torch.equal). Prints "PASS what" or "FAIL what: why" lines.
@@ -119,6 +129,58 @@ def bare(family, out):
     model.config.save_pretrained(out)
 
 
+BENCH_SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=18, num_attention_heads=16,
+                   num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+
+
+def bench_rank(rank, world, ckpt, init_file):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    cfg = transformers.LlamaConfig(**{**BASE, **BENCH_SHAPE})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    torch.manual_seed(rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().normal_(0, 0.3 if p.dim() == 1 else 0.05)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(f"{ckpt}/pytorch_model_fsdp_0"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def bench(out, world):
+    ckpt = f"{out}/checkpoint-10"
+    os.makedirs(ckpt)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(bench_rank, args=(world, ckpt, f"{tmp}/init"), nprocs=world, join=True)
+    cfg = transformers.LlamaConfig(**{**BASE, **BENCH_SHAPE})
+    cfg.save_pretrained(ckpt)
+    with open(f"{ckpt}/trainer_state.json", "w") as f:
+        f.write('{"global_step": 10}\n')
+    with torch.device("meta"):
+        n = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    print(f"built a Llama of {n} parameters ({n * 4} bytes in fp32), FSDP2 over {world} ranks")
+
+
+def merge(ckpt, out):
+    import torch.distributed.checkpoint.format_utils as fmt
+    from safetensors.torch import save_file
+    state = {}
+    fmt._load_state_dict(state, storage_reader=dcp.FileSystemReader(f"{ckpt}/pytorch_model_fsdp_0"),
+                         planner=fmt._EmptyStateDictLoadPlanner(), no_dist=True)
+    if len(state) == 1:
+        state = state[next(iter(state))]
+    save_file(state, out, metadata={"format": "pt"})
+
+
 def rewrite_metadata(path, change):
     with open(path, "rb") as f:
         md = pickle.load(f)
@@ -218,5 +280,9 @@ if __name__ == "__main__":
         build(sys.argv[2])
     elif cmd == "hostile":
         hostile(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "bench":
+        bench(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "merge":
+        merge(sys.argv[2], sys.argv[3])
     else:
         check(sys.argv[2:])

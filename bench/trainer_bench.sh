@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# ckptfs DeepSpeed ZeRO benchmark: a ZeRO checkpoint of a ~1.1 GB (fp32) Llama-shaped model saved
-# by 8 ranks (tests/lib/deepspeed_zero.py bench: written as DeepSpeed's save code writes it, with
-# the Adam moments) as a ckptfs source, against a zero_to_fp32-like merge in torch.
-#  (1) a fresh `ckptfs mount -o dtype=fp32 CKPT MNT` + `cp -r MNT/hf` + sync vs the reference
-#      merge of tests/lib/deepspeed_zero.py (zero_to_fp32's reconstruction: torch.load of every
-#      rank file, mapped, torch.cat, narrow, safetensors save_file in fp32, as zero_to_fp32.py
-#      --safe_serialization writes) + sync; runs interleaved, medians of REPEAT; ratio merge /
-#      ckptfs; peak RSS of each (daemon VmHWM, cp's and the merge's max RSS). Also the default
-#      bf16 hf/ (mount + cp -r), once per run.
+# ckptfs benchmark of trainers' checkpoints as sources: a ~1.1 GB (fp32) Llama-shaped model saved
+# by 8 ranks, against the offline merge each trainer's users run, in torch.
+#   TRAINER=deepspeed: ZeRO stage STAGE (tests/lib/deepspeed_zero.py bench: written as
+#     DeepSpeed's save code writes it, with the Adam moments); the merge is zero_to_fp32's
+#     reconstruction (torch.load of every rank file, mapped, torch.cat, narrow, safetensors
+#     save_file in fp32, as zero_to_fp32.py --safe_serialization writes).
+#   TRAINER=accelerate: an HF Trainer / Accelerate FSDP2 checkpoint (tests/lib/trainer_dcp.py
+#     bench: torch's own dcp.save from WORLD gloo ranks); the merge is what `accelerate
+#     merge-weights` does (the state dict loaded whole through torch DCP, safetensors save_file).
+#  (1) a fresh `ckptfs mount -o dtype=fp32 CKPT MNT` + `cp -r MNT/hf` + sync vs the merge + sync;
+#      runs interleaved, medians of REPEAT; ratio merge / ckptfs; peak RSS of each (daemon
+#      VmHWM, cp's and the merge's max RSS). Also the default bf16 hf/ (mount + cp -r), once per run.
 #  (2) check (untimed, run 1's outputs): the fp32 copy and the merge hold the same tensors.
 # The source is in the page cache for every measurement (read once right before each step).
 #
 # Needs root, /dev/fuse, fusermount3, unshare, chroot, /usr/bin/time (GNU), and the tests' Debian
 # sid root (torch 2.14, transformers 5, safetensors).
 #
-# Environment: CKPTFS_BIN (default <repo>/build/ckptfs), BENCH_DIR (default /tmp/ckptfs-bench;
-# keeps the generated checkpoint), REPEAT (default 3), STAGE (default 3), WORLD (default 8),
+# Environment: TRAINER (deepspeed or accelerate; default deepspeed), CKPTFS_BIN (default
+# <repo>/build/ckptfs), BENCH_DIR (default /tmp/ckptfs-bench; keeps the generated checkpoint),
+# REPEAT (default 3), STAGE (default 3; DeepSpeed), WORLD (default 8),
 # CKPTFS_SID_ROOT (default /var/cache/ckptfs-tests/sid-root).
 set -euo pipefail
 
@@ -24,12 +28,12 @@ REPO=$(dirname "$HERE")
 BIN=${CKPTFS_BIN:-${CKPTFS:-$REPO/build/ckptfs}}
 BENCH_DIR=${BENCH_DIR:-/tmp/ckptfs-bench}
 REPEAT=${REPEAT:-3}
+TRAINER=${TRAINER:-deepspeed}
 STAGE=${STAGE:-3}
 WORLD=${WORLD:-8}
 ROOT=${CKPTFS_SID_ROOT:-/var/cache/ckptfs-tests/sid-root}
-SCRIPT=$REPO/tests/lib/deepspeed_zero.py
 
-BENCH_NAME=deepspeed_bench
+BENCH_NAME=trainer_bench
 BENCH_NOTE_TIME=1
 # shellcheck source=bench/daemon.sh
 source "$HERE/daemon.sh"
@@ -42,19 +46,27 @@ BIN=$(readlink -f "$BIN")
 
 mkdir -p "$BENCH_DIR"
 BENCH_DIR=$(cd "$BENCH_DIR" && pwd -P)
-CKPT=$BENCH_DIR/deepspeed-z$STAGE-w$WORLD/checkpoint-10
+case $TRAINER in
+    deepspeed) SCRIPT=$REPO/tests/lib/deepspeed_zero.py GEN_ARGS=("$STAGE" "$WORLD")
+        CKPT=$BENCH_DIR/deepspeed-z$STAGE-w$WORLD/checkpoint-10 WEIGHTS=global_step10 ENDS=.pt
+        WHAT="DeepSpeed ZeRO stage $STAGE, $WORLD ranks" MERGE_NAME="zero_to_fp32-like merge" ;;
+    accelerate) SCRIPT=$REPO/tests/lib/trainer_dcp.py GEN_ARGS=("$WORLD")
+        CKPT=$BENCH_DIR/accelerate-fsdp2-w$WORLD/checkpoint-10 WEIGHTS=pytorch_model_fsdp_0 ENDS=''
+        WHAT="Accelerate FSDP2, $WORLD ranks" MERGE_NAME="accelerate merge-weights-like merge" ;;
+    *) die "TRAINER is deepspeed or accelerate, not '$TRAINER'" ;;
+esac
 
 bench_stop() { rmdir "$ROOT$BENCH_DIR" "$ROOT$REPO/tests/lib" 2>/dev/null || true; }
-bench_start "$BENCH_DIR/deepspeed-run.XXXXXX"
+bench_start "$BENCH_DIR/$TRAINER-run.XXXXXX"
 
 PY=("$HERE/torch2.sh" "$ROOT" "$BENCH_DIR:$REPO/tests/lib")
 
-if [[ ! -f $CKPT/latest ]]; then
-    note "generating $CKPT (ZeRO stage $STAGE, $WORLD ranks)"
+if [[ ! -f $CKPT/config.json ]]; then
+    note "generating $CKPT ($WHAT)"
     rm -rf "$(dirname "$CKPT")"
-    "${PY[@]}" "$SCRIPT" bench "$(dirname "$CKPT")" "$STAGE" "$WORLD" >&2 || die "the generator failed"
+    "${PY[@]}" "$SCRIPT" bench "$(dirname "$CKPT")" "${GEN_ARGS[@]}" >&2 || die "the generator failed"
 fi
-mapfile -t SRC < <(find "$CKPT/global_step10" -name '*.pt' | sort -V)
+mapfile -t SRC < <(find "$CKPT/$WEIGHTS" -type f -name "*$ENDS" | sort -V)
 SRC_BYTES=$(bytes_of "${SRC[@]}")
 keep_hot() { cat "${SRC[@]}" >/dev/null; }
 note "the source: ${#SRC[@]} files, $SRC_BYTES bytes"
@@ -124,9 +136,9 @@ print(f"same {len(a)} tensors, {sum(t.numel() * t.element_size() for t in a.valu
 PY
 
 cp_s=$(median "${T_CP[@]}") merge_s=$(median "${T_MERGE[@]}")
-echo "DeepSpeed ZeRO stage $STAGE, $WORLD ranks: ${#SRC[@]} files, $SRC_BYTES bytes; load $(cut -d' ' -f1 /proc/loadavg)"
+echo "$WHAT: ${#SRC[@]} files, $SRC_BYTES bytes; load $(cut -d' ' -f1 /proc/loadavg)"
 echo "(1) mount -o dtype=fp32 + cp -r hf/ + sync: $(secs "$cp_s") s (runs $(list_s "${T_CP[@]}")); daemon VmHWM $(mib "$(max "${CP_DHWM[@]}")") MiB (RssAnon $(mib "$(max "${CP_ANON[@]}")") MiB, the rest mapped source pages), cp max RSS $(mib "$(max "${CP_RSS[@]}")") MiB"
-echo "    zero_to_fp32-like merge + sync: $(secs "$merge_s") s (runs $(list_s "${T_MERGE[@]}")); max RSS $(mib "$(max "${MERGE_RSS[@]}")") MiB"
+echo "    $MERGE_NAME + sync: $(secs "$merge_s") s (runs $(list_s "${T_MERGE[@]}")); max RSS $(mib "$(max "${MERGE_RSS[@]}")") MiB"
 echo "    ratio merge / ckptfs: $(awk -v a="$merge_s" -v b="$cp_s" 'BEGIN {printf "%.2f", a / b}')"
 echo "    mount (bf16, the default) + cp -r hf/ + sync: $(secs "$(median "${T_BF16[@]}")") s (runs $(list_s "${T_BF16[@]}")); daemon VmHWM $(mib "$(max "${BF16_DHWM[@]}")") MiB (RssAnon $(mib "$(max "${BF16_ANON[@]}")") MiB)"
 echo "(2) $(cat "$RUN_DIR/check")"
