@@ -124,11 +124,10 @@ static bool features_match(const CkptfsArchitecture *a, const CkptfsModel *f, bo
     bool norms = a->qk_norm == f->qk_norm || a->qk_norm_key != NULL; /* GLM-4.5's are optional */
     if (a->vision_part != NULL) /* a text checkpoint's features never make a VLM */
         return false;
-    if (a->mla != f->mla || (a->moe != NULL) != moe || a->attention_sinks != f->sinks ||
-        a->linear_biases != f->linear_bias)
     if (a->hybrid_attention) /* a hybrid's checkpoint names its architecture */
         return false;
-    if (a->mla != f->mla || (a->moe != NULL) != moe)
+    if (a->mla != f->mla || (a->moe != NULL) != moe || a->attention_sinks != f->sinks ||
+        a->linear_biases != f->linear_bias)
         return false;
     if (a->mla) /* DeepSeek-V3's routing or V2's */
         return a->moe->sigmoid_routing == f->sigmoid_scores;

@@ -334,16 +334,19 @@ static void test_deepseek_configs(void)
 
 /* A Megatron checkpoint without an architecture name is matched by its features: sigmoid routing
  * with shared experts and no MLA is GLM-4.5 (with or without q/k norms, biases), softmax routing
- * with a shared expert Qwen2-MoE, never the other way round. */
+ * with a shared expert Qwen2-MoE, never the other way round; attention sinks with biases on every
+ * linear are GPT-OSS, and without them attention biases alone make a Mixtral with biases. */
 static void test_features(void)
 {
     static const struct {
-        bool sigmoid, shared, qk_norm, bias;
+        bool sigmoid, shared, qk_norm, bias, sinks_and_biases;
         const char *want;
     } cases[] = {
-        {true, true, true, true, "glm4_moe"},     {true, true, false, false, "glm4_moe"},
-        {false, true, false, true, "qwen2_moe"},  {false, false, true, false, "qwen3_moe"},
-        {true, false, false, false, NULL},        {false, false, false, false, "mixtral"},
+        {true, true, true, true, false, "glm4_moe"},     {true, true, false, false, false, "glm4_moe"},
+        {false, true, false, true, false, "qwen2_moe"},  {false, false, true, false, false, "qwen3_moe"},
+        {true, false, false, false, false, NULL},        {false, false, false, false, false, "mixtral"},
+        {false, false, false, true, true, "gpt_oss"},    {false, false, false, true, false, "mixtral"},
+        {false, true, false, true, true, NULL},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         CkptfsModel f;
@@ -353,10 +356,12 @@ static void test_features(void)
         f.shared_ffn = cases[i].shared ? 32 : 0;
         f.qk_norm = cases[i].qk_norm;
         f.qkv_bias = cases[i].bias;
+        f.sinks = f.linear_bias = cases[i].sinks_and_biases;
         const CkptfsArchitecture *a = ckptfs_architecture_find(NULL, &f);
         const char *got = a ? a->model_type : NULL;
-        tap_ok(g_strcmp0(got, cases[i].want) == 0, "features sigmoid=%d shared=%d qk_norm=%d bias=%d: %s (want %s)",
-               cases[i].sigmoid, cases[i].shared, cases[i].qk_norm, cases[i].bias, got ? got : "none",
+        tap_ok(g_strcmp0(got, cases[i].want) == 0,
+               "features sigmoid=%d shared=%d qk_norm=%d bias=%d sinks and biases=%d: %s (want %s)", cases[i].sigmoid,
+               cases[i].shared, cases[i].qk_norm, cases[i].bias, cases[i].sinks_and_biases, got ? got : "none",
                cases[i].want ? cases[i].want : "none");
     }
 }
