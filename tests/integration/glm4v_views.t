@@ -47,4 +47,9 @@ ok $? "badvision: inspect names the vision field no rule reads" || grep '^megatr
 fg_mount "$CKPTFS" "$models/glm4v-badvision" "$WORK/mnt-bad" "$WORK/log-bad"
 check "badvision: hf/ holds the source's files, byte for byte" same_trees "$models/glm4v-badvision" "$WORK/mnt-bad/hf" .
 fg_unmount "$WORK/mnt-bad"
+
+# A Megatron checkpoint said to be GLM-4.1V is a VLM's, not read back yet: refused by name.
+"$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=glm4v > "$WORK/inspect-meg" 2>&1
+grep -q 'a Megatron checkpoint of Glm4vForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
+ok $? "hf_arch=glm4v on a Megatron checkpoint is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
 done_testing
