@@ -94,6 +94,15 @@ static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v
                                          0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5, .max_positions = 32768,
                                          .text_part = "text_config", .vision_part = "vision_config",
                                          .vision_fields = CKPTFS_FOR_GLM4V_VISION};
+/* GLM-4.5V (Glm4vMoeForConditionalGeneration): GLM-4.5's language model (Glm4vMoeTextConfig's
+ * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
+ * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
+ * hf/ only until the tower has rules. */
+static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", true, false, NULL,
+                                             &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
+                                             .max_positions = 65536, .text_part = "text_config",
+                                             .vision_part = "vision_config",
+                                             .vision_fields = CKPTFS_FOR_GLM4V_VISION};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
  * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
  * 150000, a window of 128 on every other layer (layer_types) */
@@ -122,7 +131,7 @@ static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_t
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, &glm4v, NULL};
+                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, &glm4v, &glm4v_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GLM-4.1V (Glm4vForConditionalGeneration, docs/vlm.md): a tiny model built and saved by
+# GLM-4.1V (Glm4vForConditionalGeneration, docs/vlm.md) and GLM-4.5V: tiny models built and saved by
 # transformers 5 itself (in the sid root), its tensors under the module names
 # (model.language_model.*, model.visual.*). It is read as one model: the language model from
 # text_config, the vision tower from vision_config by GLM-4.1V's own rows. Its tower has no
@@ -13,7 +13,7 @@ script="$TESTS_TOP/tests/lib/vlm.py"
 models=$WORK/models
 
 sid_python "$WORK" "$script" glm4v-build "$models" > "$WORK/build.out" 2> "$WORK/build.err"
-ok $? "transformers 5 builds and saves a tiny GLM-4.1V" ||
+ok $? "transformers 5 builds and saves a tiny GLM-4.1V and GLM-4.5V" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
 src=$models/glm4v mnt=$WORK/mnt
@@ -34,7 +34,7 @@ ls "$mnt/tp2pp2" > /dev/null 2>&1
 grep -q 'no Megatron views: config.json: Glm4vForConditionalGeneration: its vision tower and merger .* have no Megatron rules yet' "$WORK/log"
 ok $? "the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log" >&2
 
-sid_python "$WORK" "$script" glm4v-logits "$src" "$mnt/hf" > "$WORK/logits" 2> "$WORK/logits.err"
+sid_python "$WORK" "$script" glm4v-logits Glm4vForConditionalGeneration "$src" "$mnt/hf" > "$WORK/logits" 2> "$WORK/logits.err"
 ok $? "transformers loads the original and hf/" || tail -n 20 "$WORK/logits.err" | sed 's/^/# /' >&2
 grep -q "^PASS $mnt/hf: transformers' logits on an image + text input equal" "$WORK/logits"
 ok $? "hf/ gives the original's logits on an image + text input" || sed 's/^/# /' "$WORK/logits" >&2
@@ -47,6 +47,22 @@ ok $? "badvision: inspect names the vision field no rule reads" || grep '^megatr
 fg_mount "$CKPTFS" "$models/glm4v-badvision" "$WORK/mnt-bad" "$WORK/log-bad"
 check "badvision: hf/ holds the source's files, byte for byte" same_trees "$models/glm4v-badvision" "$WORK/mnt-bad/hf" .
 fg_unmount "$WORK/mnt-bad"
+
+# GLM-4.5V: the same tower's rows (Glm4vMoeVisionConfig is Glm4vVisionConfig's), hf/ only.
+src=$models/glm4v_moe mnt=$WORK/mnt-moe
+"$CKPTFS" inspect "$src" > "$WORK/inspect-moe" 2>&1
+grep -q '^megatron: .*Glm4vMoeForConditionalGeneration: its vision tower and merger ("vision_config": 2 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64) have no Megatron rules yet' "$WORK/inspect-moe"
+ok $? "glm4v_moe: inspect reads the tower by GLM-4.1V's rows and says why the Megatron views are missing" ||
+  sed 's/^/# /' "$WORK/inspect-moe" >&2
+fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-moe"
+check "glm4v_moe: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
+listing=$(ls "$mnt" | tr '\n' ' ')
+ok $([[ $listing == "hf " ]]; echo $?) "glm4v_moe: the root lists hf/ only (got: $listing)"
+sid_python "$WORK" "$script" glm4v-logits Glm4vMoeForConditionalGeneration "$src" "$mnt/hf" > "$WORK/logits-moe" 2> "$WORK/logits-moe.err"
+grep -q "^PASS $mnt/hf: transformers' logits on an image + text input equal" "$WORK/logits-moe"
+ok $? "glm4v_moe: hf/ gives the original's logits on an image + text input" ||
+  { cat "$WORK/logits-moe"; tail -n 20 "$WORK/logits-moe.err"; } | sed 's/^/# /' >&2
+fg_unmount "$mnt"
 
 # A Megatron checkpoint said to be GLM-4.1V is a VLM's, not read back yet: refused by name.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=glm4v > "$WORK/inspect-meg" 2>&1

@@ -15,6 +15,12 @@ of ckptfs's views of it.
       mbridge's bridge tables and Megatron-core's TP splits), and args with its mrope; then
       ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
       and fc1 split back) into OUT, under the release's names with ORIG's config.json.
+  vlm.py glm4v-build OUT
+      OUT/glm4v, OUT/glm4v_moe: a tiny GLM-4.1V and GLM-4.5V saved by transformers 5
+      (glm4v_build); OUT/glm4v-badvision: GLM-4.1V with a vision field no rule reads.
+  vlm.py glm4v-logits CLASS ORIG HF_DIR...
+      as logits, for CLASS (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration)
+      on an image + text input with its mm_token_type_ids.
   vlm.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
@@ -418,18 +424,31 @@ GLM4V_TOKENS = dict(image_token_id=250, video_token_id=251, image_start_token_id
                     image_end_token_id=253, video_start_token_id=254, video_end_token_id=255)
 
 
-def glm4v_build(out):
-    """OUT/glm4v: a tiny Glm4vForConditionalGeneration saved by save_pretrained in bf16;
-    OUT/glm4v-badvision: the same with a vision field no rule reads."""
-    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+# GLM-4.5V's language model: GLM-4.5's MoE (one dense layer first, then 4 routed experts and a
+# shared one), the same heads and rope.
+GLM4V_MOE_TEXT = dict(GLM4V_TEXT, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, first_k_dense_replace=1)
+
+
+def glm4v_save(out, config_class, model_class, text):
+    import transformers
     torch.manual_seed(0)
-    cfg = Glm4vConfig(text_config=dict(GLM4V_TEXT), vision_config=dict(GLM4V_VISION), **GLM4V_TOKENS)
-    model = Glm4vForConditionalGeneration(cfg).to(torch.bfloat16)
+    cfg = getattr(transformers, config_class)(text_config=dict(text), vision_config=dict(GLM4V_VISION),
+                                              **GLM4V_TOKENS)
+    model = getattr(transformers, model_class)(cfg).to(torch.bfloat16)
     with torch.no_grad():  # random norms, so a norm served from the wrong tensor shows
         for name, p in model.named_parameters():
             if p.dim() == 1 and "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(f"{out}/glm4v")
+    model.save_pretrained(out)
+
+
+def glm4v_build(out):
+    """OUT/glm4v: a tiny Glm4vForConditionalGeneration saved by save_pretrained in bf16;
+    OUT/glm4v-badvision: the same with a vision field no rule reads; OUT/glm4v_moe: a tiny
+    Glm4vMoeForConditionalGeneration."""
+    glm4v_save(f"{out}/glm4v", "Glm4vConfig", "Glm4vForConditionalGeneration", GLM4V_TEXT)
+    glm4v_save(f"{out}/glm4v_moe", "Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", GLM4V_MOE_TEXT)
     shutil.copytree(f"{out}/glm4v", f"{out}/glm4v-badvision")
     with open(f"{out}/glm4v/config.json") as f:
         config = json.load(f)
@@ -467,5 +486,4 @@ if __name__ == "__main__":
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
      "glm4v-build": lambda: glm4v_build(sys.argv[2]),
-     "glm4v-logits": lambda: logits(sys.argv[2], sys.argv[3:], "Glm4vForConditionalGeneration",
-                                    glm4v_inputs)}[sys.argv[1]]()
+     "glm4v-logits": lambda: logits(sys.argv[3], sys.argv[4:], sys.argv[2], glm4v_inputs)}[sys.argv[1]]()
