@@ -421,6 +421,11 @@ static void test_vision_configs(void)
          "vision_config.in_chans is not understood", "Qwen2.5-VL's spelling of the channels in GLM-4.1V's"},
         {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"attention_bias\": \"yes\"}}",
          "vision_config.attention_bias", "a qkv bias that is not a boolean"},
+        {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"patch_size\": [14, 16]}}",
+         "\"vision_config.patch_size\" is not a positive integer",
+         "a patch of two sides (Glm4vVisionConfig allows a list; its modules take one number)"},
+        {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"image_size\": [56, 56]}}",
+         "\"vision_config.image_size\" is not a positive integer", "an image size of two sides"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);
