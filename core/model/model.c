@@ -82,6 +82,27 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
                                               .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
                                               .megatron_prefix = "language_model.",
                                               .module_names = qwen2_5_vl_module_names};
+/* GLM-4.1V (Glm4vForConditionalGeneration): GLM-4's language model in text_config (q/k/v biases,
+ * half of each head rotated, post-attention and post-MLP norms, gate_up_proj fused;
+ * Glm4vTextConfig's defaults: 2 key/value heads, rms_norm_eps 1e-5, 32768 positions) with mrope,
+ * and a ViT with a learned position embedding, a downsampling Conv2d and a gated merger in
+ * vision_config (Glm4vVisionConfig's rows). mbridge keeps that tower as transformers' own module,
+ * whole on every rank; no family holds it (nor the language model) yet, so hf/ only, said by name.
+ * The release and transformers 5 name the tensors as the modules: model.language_model.,
+ * model.visual., lm_head. */
+static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v", true, false, NULL, NULL, false,
+                                         0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5, .max_positions = 32768,
+                                         .text_part = "text_config", .vision_part = "vision_config",
+                                         .vision_fields = CKPTFS_FOR_GLM4V_VISION};
+/* GLM-4.5V (Glm4vMoeForConditionalGeneration): GLM-4.5's language model (Glm4vMoeTextConfig's
+ * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
+ * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
+ * hf/ only until the tower has rules. */
+static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", true, false, NULL,
+                                             &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
+                                             .max_positions = 65536, .text_part = "text_config",
+                                             .vision_part = "vision_config",
+                                             .vision_fields = CKPTFS_FOR_GLM4V_VISION};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
  * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
  * 150000, a window of 128 on every other layer (layer_types) */
@@ -110,7 +131,7 @@ static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_t
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, NULL};
+                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, &glm4v, &glm4v_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -684,8 +705,9 @@ static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **e
     const CkptfsArchitecture *arch = model->arch;
     if (arch->vision_part == NULL)
         return true;
-    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error) ||
-        !read_full_attention_blocks(config, model, error))
+    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error))
+        return false;
+    if (model->vision_window > 0 && !read_full_attention_blocks(config, model, error)) /* a tower with windows */
         return false;
     if (model->vision_hidden % model->vision_heads != 0)
         CONFIG_ERROR("%s.hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_heads %" G_GUINT64_FORMAT,

@@ -211,12 +211,42 @@ static const CkptfsModelField fields[] = {
      {NULL}},
     {"vision_tokens_per_second", CKPTFS_FIELD_FLOAT, M(vision_tokens_per_second), CKPTFS_FOR_VISION,
      {"vision_config.tokens_per_second"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 4, 4, 0, 0, 1e6, {NULL}},
+    /* GLM-4.1V's vision tower (Glm4vVisionConfig's defaults): no windows; a learned position
+     * embedding over image_size; the blocks' MLP is out_hidden_size wide, intermediate_size is the
+     * merger's */
+    {"vision_depth", CKPTFS_FIELD_UINT, M(vision_depth), CKPTFS_FOR_GLM4V_VISION, {"vision_config.depth"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 24, 24, 0, 0, CKPTFS_MAX_VISION_DEPTH, {NULL}},
+    {"vision_hidden", CKPTFS_FIELD_UINT, M(vision_hidden), CKPTFS_FOR_GLM4V_VISION, {"vision_config.hidden_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 1536, 1536, 0, 0, DIM, {NULL}},
+    {"vision_heads", CKPTFS_FIELD_UINT, M(vision_heads), CKPTFS_FOR_GLM4V_VISION, {"vision_config.num_heads"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 12, 12, 0, 0, DIM, {NULL}},
+    {"vision_ffn", CKPTFS_FIELD_UINT, M(vision_ffn), CKPTFS_FOR_GLM4V_VISION, {"vision_config.intermediate_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 13696, 13696, 0, 0, DIM, {NULL}},
+    {"vision_activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_GLM4V_VISION, {"vision_config.hidden_act"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    {"vision_out_hidden", CKPTFS_FIELD_UINT, M(vision_out_hidden), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.out_hidden_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 4096, 4096, 0, 0, DIM, {NULL}},
+    {"vision_patch", CKPTFS_FIELD_UINT, M(vision_patch), CKPTFS_FOR_GLM4V_VISION, {"vision_config.patch_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 14, 14, 0, 0, 4096, {NULL}},
+    {"vision_temporal_patch", CKPTFS_FIELD_UINT, M(vision_temporal_patch), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.temporal_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_merge", CKPTFS_FIELD_UINT, M(vision_merge), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.spatial_merge_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_channels", CKPTFS_FIELD_UINT, M(vision_channels), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64, {NULL}},
+    {"vision_image_size", CKPTFS_FIELD_UINT, M(vision_image_size), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.image_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 336, 336, 0, 0, 65536, {NULL}},
+    {"vision_norm_eps", CKPTFS_FIELD_FLOAT, M(vision_norm_eps), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.rms_norm_eps"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 1e-5, 1e-5, 0, 0, 1, {NULL}},
+    {"vision_qkv_bias", CKPTFS_FIELD_BOOL, M(vision_qkv_bias), CKPTFS_FOR_GLM4V_VISION,
+     {"vision_config.attention_bias"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
 };
 
 /* Members of a vision part no row reads that leave the weights' math alone (the dtype is the
- * tensors'); fullatt_block_indexes is read by the architecture's walk (model.c). */
+ * tensors'; attention_dropout acts in training only); fullatt_block_indexes is read by the
+ * architecture's walk (model.c), for a tower with windows (its rows read a window size). */
 static const char *const vision_members_unread[] = {"model_type", "initializer_range", "dtype", "torch_dtype",
-                                                    "fullatt_block_indexes"};
+                                                    "attention_dropout"};
 
 /* Members of rope_scaling / rope_parameters ckptfs knows besides the table's. */
 static const char *const rope_objects[] = {"rope_scaling", "rope_parameters"};
@@ -242,6 +272,7 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_YARN;
     case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
                                vision tower yet, so the other walks never see one */
+    case CKPTFS_FOR_GLM4V_VISION:
         return false;
     case CKPTFS_FOR_LINEAR_ATTENTION:
         return m->linear_attention;
@@ -788,18 +819,19 @@ bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **erro
     JsonObject *vision = part ? ckptfs_json_member_object(config, part) : NULL;
     if (vision == NULL)
         REFUSE("no \"%s\" object: the vision tower's fields are missing", part ? part : "vision_config");
+    CkptfsFieldScope rows = m->arch->vision_fields ? (CkptfsFieldScope)m->arch->vision_fields : CKPTFS_FOR_VISION;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++)
-        if (fields[i].scope == CKPTFS_FOR_VISION && !read_config_field(config, &fields[i], m, error))
+        if (fields[i].scope == rows && !read_config_field(config, &fields[i], m, error))
             return false;
     g_autoptr(GList) members = json_object_get_members(vision);
     for (GList *k = members; k; k = k->next) {
         g_autofree char *path = g_strdup_printf("%s.%s", part, (const char *)k->data);
-        bool known = false;
+        bool known = m->vision_window > 0 && strcmp(k->data, "fullatt_block_indexes") == 0;
         for (size_t i = 0; i < G_N_ELEMENTS(vision_members_unread) && !known; i++)
             known = strcmp(vision_members_unread[i], k->data) == 0;
         for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
             for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
-                known = fields[i].scope == CKPTFS_FOR_VISION && strcmp(fields[i].hf[n], path) == 0;
+                known = fields[i].scope == rows && strcmp(fields[i].hf[n], path) == 0;
         if (!known)
             REFUSE("%s is not understood: the vision tower's rules do not know what it changes", path);
     }

@@ -73,6 +73,9 @@ typedef struct CkptfsArchitecture {
     /* the vision tower and its merger as an architecture of their own, whose family holds their
      * Megatron rules (NULL: none yet, so hf/ only, and the mount says so by name) */
     const struct CkptfsArchitecture *vision;
+    /* the schema rows of its vision part: a CkptfsFieldScope (0: CKPTFS_FOR_VISION, Qwen2.5-VL's
+     * fields and defaults; towers whose configs differ name rows of their own) */
+    int vision_fields;
     /* its module's prefix in a Megatron state dict (mbridge's VLMs: "language_model.",
      * "vision_model."; NULL: none), and where its layers' Hugging Face tensors are (NULL:
      * "model.layers."; a vision tower's blocks: "visual.blocks.") */
@@ -202,6 +205,11 @@ typedef struct {
     uint64_t vision_depth, vision_hidden, vision_heads, vision_ffn, vision_out_hidden;
     uint64_t vision_patch, vision_temporal_patch, vision_merge, vision_window, vision_channels;
     double vision_tokens_per_second;
+    /* GLM-4.1V's tower: the image side its learned position embedding covers (image_size: its
+     * rows are (image_size / patch_size)^2), its norms' epsilon, a bias on the fused qkv */
+    uint64_t vision_image_size;
+    double vision_norm_eps;
+    bool vision_qkv_bias;
     /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
     uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
     /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the

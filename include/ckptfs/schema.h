@@ -39,6 +39,8 @@ typedef enum {
     CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
                           read by ckptfs_schema_read_vision, not with the language model) */
     CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
+    CKPTFS_FOR_GLM4V_VISION, /* GLM-4.1V's vision tower (Glm4vVisionConfig's fields and defaults;
+                                read like CKPTFS_FOR_VISION's, for architectures that name it) */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */

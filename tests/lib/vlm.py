@@ -15,6 +15,12 @@ of ckptfs's views of it.
       mbridge's bridge tables and Megatron-core's TP splits), and args with its mrope; then
       ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
       and fc1 split back) into OUT, under the release's names with ORIG's config.json.
+  vlm.py glm4v-build OUT
+      OUT/glm4v, OUT/glm4v_moe: a tiny GLM-4.1V and GLM-4.5V saved by transformers 5
+      (glm4v_build); OUT/glm4v-badvision: GLM-4.1V with a vision field no rule reads.
+  vlm.py glm4v-logits CLASS ORIG HF_DIR...
+      as logits, for CLASS (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration)
+      on an image + text input with its mm_token_type_ids.
   vlm.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
@@ -116,24 +122,24 @@ def inputs():
     return (torch.tensor([ids]), pixels, torch.tensor([list(GRID)]))
 
 
-def logits_of(path, pixel_shift=0.0):
-    from transformers import Qwen2_5_VLForConditionalGeneration
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+def logits_of(path, pixel_shift=0.0, model_class="Qwen2_5_VLForConditionalGeneration", make_inputs=inputs):
+    import transformers
+    model = getattr(transformers, model_class).from_pretrained(path, dtype=torch.bfloat16)
     model.eval()
-    ids, pixels, grid = inputs()
+    ids, pixels, grid, *extra = make_inputs()
     with torch.no_grad():
         return model(input_ids=ids, pixel_values=(pixels + pixel_shift).to(torch.bfloat16),
-                     image_grid_thw=grid).logits.float()
+                     image_grid_thw=grid, **(extra[0] if extra else {})).logits.float()
 
 
-def logits(orig, hf_dirs):
-    want = logits_of(orig)
+def logits(orig, hf_dirs, model_class="Qwen2_5_VLForConditionalGeneration", make_inputs=inputs):
+    want = logits_of(orig, 0.0, model_class, make_inputs)
     # The input's image matters: another picture gives other logits.
-    if torch.equal(want, logits_of(orig, pixel_shift=0.5)):
+    if torch.equal(want, logits_of(orig, 0.5, model_class, make_inputs)):
         print(f"FAIL {orig}: the image does not change the logits")
         return
     for hf_dir in hf_dirs:
-        got = logits_of(hf_dir)
+        got = logits_of(hf_dir, 0.0, model_class, make_inputs)
         if torch.equal(want, got):
             print(f"PASS {hf_dir}: transformers' logits on an image + text input equal {orig}'s")
         else:
@@ -399,6 +405,73 @@ def mcore(orig, ckpt):
           + (f" (differing {bad[:3]})" if bad else ""))
 
 
+# --- GLM-4.1V (Glm4vForConditionalGeneration) ---
+
+# GLM-4's language model: head_dim 16, half of it rotated (partial_rotary_factor 0.5), so the
+# mrope sections cover 4 frequencies.
+GLM4V_TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]})
+# Two blocks of width 32; the learned position embedding covers 56x56 pixels (4x4 patches),
+# interpolated to the image's 8x8 patches; the blocks' MLP is out_hidden_size wide, the merger's
+# intermediate_size.
+GLM4V_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64,
+                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=56,
+                    in_channels=3)
+GLM4V_TOKENS = dict(image_token_id=250, video_token_id=251, image_start_token_id=252,
+                    image_end_token_id=253, video_start_token_id=254, video_end_token_id=255)
+
+
+# GLM-4.5V's language model: GLM-4.5's MoE (one dense layer first, then 4 routed experts and a
+# shared one), the same heads and rope.
+GLM4V_MOE_TEXT = dict(GLM4V_TEXT, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                      n_shared_experts=1, first_k_dense_replace=1)
+
+
+def glm4v_save(out, config_class, model_class, text):
+    import transformers
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(text_config=dict(text), vision_config=dict(GLM4V_VISION),
+                                              **GLM4V_TOKENS)
+    model = getattr(transformers, model_class)(cfg).to(torch.bfloat16)
+    with torch.no_grad():  # random norms, so a norm served from the wrong tensor shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+
+
+def glm4v_build(out):
+    """OUT/glm4v: a tiny Glm4vForConditionalGeneration saved by save_pretrained in bf16;
+    OUT/glm4v-badvision: the same with a vision field no rule reads; OUT/glm4v_moe: a tiny
+    Glm4vMoeForConditionalGeneration."""
+    glm4v_save(f"{out}/glm4v", "Glm4vConfig", "Glm4vForConditionalGeneration", GLM4V_TEXT)
+    glm4v_save(f"{out}/glm4v_moe", "Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", GLM4V_MOE_TEXT)
+    shutil.copytree(f"{out}/glm4v", f"{out}/glm4v-badvision")
+    with open(f"{out}/glm4v/config.json") as f:
+        config = json.load(f)
+    config["vision_config"]["use_rope_2d"] = False
+    with open(f"{out}/glm4v-badvision/config.json", "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def glm4v_inputs():
+    """Text around one image: <|begin_of_image|><|image|> x 16 <|end_of_image|>, then text, with
+    the image tokens' type (1) the processor gives for mrope's positions."""
+    g = torch.Generator().manual_seed(1)
+    t, h, w = GRID
+    merged = t * h * w // (GLM4V_VISION["spatial_merge_size"] ** 2)
+    ids = ([5, 17, 42, GLM4V_TOKENS["image_start_token_id"]] + [GLM4V_TOKENS["image_token_id"]] * merged +
+           [GLM4V_TOKENS["image_end_token_id"], 7, 99, 123, 200, 3])
+    patch = 3 * GLM4V_VISION["temporal_patch_size"] * GLM4V_VISION["patch_size"] ** 2
+    pixels = torch.randn(t * h * w, patch, generator=g)
+    types = [1 if i == GLM4V_TOKENS["image_token_id"] else 0 for i in ids]
+    return (torch.tensor([ids]), pixels, torch.tensor([list(GRID)]),
+            {"mm_token_type_ids": torch.tensor([types])})
+
+
 def megatron_all(orig, specs):
     """megatron() on each DIR:TP:PP:VPP of SPECS (pairs with an OUT), then to_hf() of it into OUT."""
     for spec, out in zip(specs[0::2], specs[1::2]):
@@ -411,4 +484,6 @@ if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
-     "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]]}[sys.argv[1]]()
+     "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
+     "glm4v-build": lambda: glm4v_build(sys.argv[2]),
+     "glm4v-logits": lambda: logits(sys.argv[3], sys.argv[4:], sys.argv[2], glm4v_inputs)}[sys.argv[1]]()

@@ -374,6 +374,14 @@ static void test_vision_configs(void)
                    "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_hidden_layers\": 2, " \
                    "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_scaling\": {\"type\": \"mrope\", " \
                    "\"mrope_section\": [1, 1, 2]}}, "
+#define GLM4V "\"architectures\": [\"Glm4vForConditionalGeneration\"], \"model_type\": \"glm4v\", " \
+              "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, " \
+              "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_parameters\": {\"rope_type\": \"default\", " \
+              "\"partial_rotary_factor\": 0.5, \"mrope_section\": [1, 1, 2]}}, "
+#define GLM4V_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
+                     "\"out_hidden_size\": 64, \"image_size\": 56, \"patch_size\": 14, \"in_channels\": 3, " \
+                     "\"rms_norm_eps\": 1e-5, \"attention_bias\": false, \"attention_dropout\": 0.0, " \
+                     "\"model_type\": \"glm4v_vision\", \"initializer_range\": 0.02"
 #define VISION "\"depth\": 3, \"hidden_size\": 32, \"intermediate_size\": 48, \"out_hidden_size\": 64, " \
                "\"model_type\": \"qwen2_5_vl_vision\", \"initializer_range\": 0.02"
     static const struct {
@@ -403,6 +411,26 @@ static void test_vision_configs(void)
          "vision patch (channels x temporal_patch_size x patch_size^2) is over the limit", "a patch larger than the limit"},
         {"{" QWEN2_5_VL "\"vision_config\": 7}", "no \"vision_config\" object", "a vision_config that is not an object"},
         {"{" QWEN2_5_VL "\"image_token_id\": 5}", "no \"vision_config\" object", "no vision_config"},
+        /* GLM-4.1V's tower: its own rows (Glm4vVisionConfig's fields and defaults), no Megatron
+         * rules yet */
+        {"{" GLM4V "\"vision_config\": {" GLM4V_VISION "}}",
+         "Glm4vForConditionalGeneration: its vision tower and merger (\"vision_config\": 3 blocks of width 32, 2 heads, "
+         "ffn 48, merged 2x2 into 64) have no Megatron rules yet; hf/ serves the whole model",
+         "a GLM-4.1V config read whole (image_size, rms_norm_eps, attention_bias, attention_dropout)"},
+        {"{" GLM4V "\"vision_config\": {}}",
+         "(\"vision_config\": 24 blocks of width 1536, 12 heads, ffn 13696, merged 2x2 into 4096) have no Megatron rules",
+         "a GLM-4.1V vision_config left empty: Glm4vVisionConfig's defaults"},
+        {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"fullatt_block_indexes\": [1]}}",
+         "vision_config.fullatt_block_indexes is not understood", "GLM-4.1V's tower has no windows"},
+        {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"in_chans\": 3}}",
+         "vision_config.in_chans is not understood", "Qwen2.5-VL's spelling of the channels in GLM-4.1V's"},
+        {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"attention_bias\": \"yes\"}}",
+         "vision_config.attention_bias", "a qkv bias that is not a boolean"},
+        {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"patch_size\": [14, 16]}}",
+         "\"vision_config.patch_size\" is not a positive integer",
+         "a patch of two sides (Glm4vVisionConfig allows a list; its modules take one number)"},
+        {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"image_size\": [56, 56]}}",
+         "\"vision_config.image_size\" is not a positive integer", "an image size of two sides"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);
