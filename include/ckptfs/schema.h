@@ -22,7 +22,8 @@ typedef enum {
     CKPTFS_FIELD_FLOAT,      /* a number (double) */
     CKPTFS_FIELD_BOOL,       /* bool */
     CKPTFS_FIELD_ROPE_TYPE,  /* the rope scaling's kind, a name (CkptfsRopeType) */
-    CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only (no member) */
+    CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only, or the row's
+                                choice[0] (no member) */
     CKPTFS_FIELD_WINDOW,     /* a sliding attention window: Megatron's views have none (no member) */
     CKPTFS_FIELD_TOKEN_ID,   /* a tokenizer id as given: absent, null, one or a list (CkptfsTokenIds);
                                 its argument a dict of them under config.json's names */
@@ -39,6 +40,8 @@ typedef enum {
     CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
                           read by ckptfs_schema_read_vision, not with the language model) */
     CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
+    CKPTFS_FOR_VISION_DEEPSTACK, /* Qwen3-VL's vision tower (CkptfsArchitecture.deepstack_vision),
+                                    read like CKPTFS_FOR_VISION */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
