@@ -103,9 +103,13 @@ static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "
                                             .module_names = qwen2_5_vl_module_names, .deepstack_vision = true,
                                             .vision_blocks = &deepstack_blocks};
 /* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
- * key/value heads, rope_theta 5e5, 128000 positions), its experts fused on disk */
+ * key/value heads, rope_theta 5e5, 128000 positions), its experts fused on disk transposed
+ * ([E, H, 2F], [E, F, H]: transformers 5 transposes them on load and back on save) */
+static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, NULL};
+static const CkptfsMoeConfig qwen3_vl_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
+                                                    .fused_forms = qwen3_vl_moe_fused};
 static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", false, true,
-                                                &ckptfs_family_qwen_moe, &qwen3_moe_config, false, 5e5, 1e-6,
+                                                &ckptfs_family_qwen_moe, &qwen3_vl_moe_config, false, 5e5, 1e-6,
                                                 .kv_heads = 16, .head_dim = 128, .max_positions = 128000,
                                                 .attention_bias_on_output = true, .text_part = "text_config",
                                                 .vision_part = "vision_config",
