@@ -496,6 +496,10 @@ JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GErr
         /* the part's own name for the model (model_type "qwen2_5_vl_text") is not the model's */
         if (strcmp(k->data, "model_type") == 0 || strcmp(k->data, "architectures") == 0)
             continue;
+        /* the whole model ties its head by the top level's (transformers 5 saves Qwen3-VL-MoE's
+         * text part with its class's default, true, beside a top-level false it keeps lm_head by) */
+        if (outer != NULL && strcmp(k->data, "tie_word_embeddings") == 0)
+            continue;
         /* json_node_equal takes 1000000 and 1e6 as one number */
         if (outer != NULL && !json_node_equal(outer, value)) {
             json_object_unref(merged);
