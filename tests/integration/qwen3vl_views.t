@@ -67,6 +67,12 @@ for bad in badvision badorder; do
   fg_unmount "$WORK/mnt-$bad"
 done
 
+# A Megatron source named a Qwen3-VL (whose tower has no rules) is refused like any VLM's, not
+# read as its language model alone.
+"$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_vl > "$WORK/inspect-meg" 2>&1
+grep -q 'a Megatron checkpoint of Qwen3VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
+ok $? "a Megatron source with -o hf_arch=qwen3_vl is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+
 for form in dense moe; do unmount_ckptfs "$WORK/mnt-$form"; done
 wait
 done_testing
