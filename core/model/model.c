@@ -75,13 +75,18 @@ static const CkptfsArchitecture qwen2_5_vl_vision = {"Qwen2_5_VisionTransformerP
  * under model.language_model. and model.visual.; the Qwen2.5-VL release under model. and visual. */
 static const char *const qwen2_5_vl_module_names[] = {"model.language_model.", "model.", "model.visual.", "visual.",
                                                       NULL};
+/* Qwen2_5_VLVisionConfig's fullatt_block_indexes */
+static const CkptfsVisionBlocks full_attention_blocks = {"fullatt_block_indexes",
+                                                          offsetof(CkptfsModel, vision_full_attention),
+                                                          {7, 15, 23, 31}, 4, false};
 static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false,
                                               &ckptfs_family_llama, NULL, false, 1e6, 1e-5,
                                               .sliding_window = 4096, .window_opt_in = true, .kv_heads = 8,
                                               .max_positions = 32768, .text_part = "text_config",
                                               .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
                                               .megatron_prefix = "language_model.",
-                                              .module_names = qwen2_5_vl_module_names};
+                                              .module_names = qwen2_5_vl_module_names,
+                                              .vision_blocks = &full_attention_blocks};
 /* GLM-4.1V (Glm4vForConditionalGeneration): GLM-4's language model in text_config (q/k/v biases,
  * half of each head rotated, post-attention and post-MLP norms, gate_up_proj fused;
  * Glm4vTextConfig's defaults: 2 key/value heads, rms_norm_eps 1e-5, 32768 positions) with mrope,
@@ -103,6 +108,37 @@ static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration",
                                              .max_positions = 65536, .text_part = "text_config",
                                              .vision_part = "vision_config",
                                              .vision_fields = CKPTFS_FOR_GLM4V_VISION};
+/* Qwen3-VL: Qwen3's language model (q/k norms, no q/k/v bias; Qwen3VLTextConfig's defaults: 32
+ * key/value heads of 128, rope_theta 5e5, 128000 positions) in text_config, saved under the
+ * module names; a ViT with a learned position embedding and deepstack mergers (Qwen3VLVisionConfig)
+ * in vision_config. mbridge's qwen3_vl bridge names the tower's Megatron tensors (docs/vlm.md);
+ * ckptfs has no rules for its deepstack mergers yet (vision NULL): hf/ only, said by name. */
+static const CkptfsVisionBlocks deepstack_blocks = {"deepstack_visual_indexes",
+                                                     offsetof(CkptfsModel, vision_deepstack), {8, 16, 24}, 3,
+                                                     true};
+static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "qwen3_vl", false, true,
+                                            &ckptfs_family_llama, NULL, false, 5e5, 1e-6,
+                                            .kv_heads = 32, .head_dim = 128, .max_positions = 128000,
+                                            .attention_bias_on_output = true, .text_part = "text_config",
+                                            .vision_part = "vision_config", .megatron_prefix = "language_model.",
+                                            .module_names = qwen2_5_vl_module_names,
+                                            .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
+                                            .vision_blocks = &deepstack_blocks};
+/* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
+ * key/value heads, rope_theta 5e5, 128000 positions), its experts fused on disk transposed
+ * ([E, H, 2F], [E, F, H]: transformers 5 transposes them on load and back on save) */
+static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, NULL};
+static const CkptfsMoeConfig qwen3_vl_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
+                                                    .fused_forms = qwen3_vl_moe_fused};
+static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", false, true,
+                                                &ckptfs_family_qwen_moe, &qwen3_vl_moe_config, false, 5e5, 1e-6,
+                                                .kv_heads = 16, .head_dim = 128, .max_positions = 128000,
+                                                .attention_bias_on_output = true, .text_part = "text_config",
+                                                .vision_part = "vision_config",
+                                                .megatron_prefix = "language_model.",
+                                                .module_names = qwen2_5_vl_module_names,
+                                            .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
+                                                .vision_blocks = &deepstack_blocks};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
  * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
  * 150000, a window of 128 on every other layer (layer_types) */
@@ -131,7 +167,8 @@ static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_t
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
-                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text, &glm4v, &glm4v_moe, NULL};
+                                                          &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text,
+                                                          &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -672,27 +709,38 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
     return true;
 }
 
-/* The vision blocks that attend to the whole image (fullatt_block_indexes; Qwen2_5_VLVisionConfig's
- * default [7, 15, 23, 31]); the others attend within windows. */
-static bool read_full_attention_blocks(JsonObject *config, CkptfsModel *model, GError **error)
+/* The vision part's list of block numbers (the architecture's CkptfsVisionBlocks): each below
+ * depth, rising where their order numbers modules; absent, transformers' default list (a list of
+ * full-attention blocks less those a shallower tower lacks). */
+static bool read_vision_blocks(JsonObject *config, CkptfsModel *model, GError **error)
 {
-    static const uint64_t transformers_default[] = {7, 15, 23, 31};
-    g_autofree char *name = g_strdup_printf("%s.fullatt_block_indexes", model->arch->vision_part);
+    const CkptfsVisionBlocks *blocks = model->arch->vision_blocks;
+    if (blocks == NULL)
+        return true;
+    uint8_t *set = (uint8_t *)model + blocks->offset;
+    g_autofree char *name = g_strdup_printf("%s.%s", model->arch->vision_part, blocks->member);
     JsonNode *node = ckptfs_json_member(config, name);
     JsonArray *list = node && JSON_NODE_HOLDS_ARRAY(node) ? json_node_get_array(node) : NULL;
     if (node != NULL && list == NULL)
         CONFIG_ERROR("%s is not a list of block numbers", name);
-    guint n = list ? json_array_get_length(list) : G_N_ELEMENTS(transformers_default);
+    guint n = list ? json_array_get_length(list) : blocks->n_defaults;
+    gint64 previous = -1;
     for (guint i = 0; i < n; i++) {
-        gint64 block = (gint64)transformers_default[i % G_N_ELEMENTS(transformers_default)];
+        gint64 block = list ? -1 : (gint64)blocks->defaults[i];
         if (list && !ckptfs_json_node_int(json_array_get_element(list, i), &block))
             block = -1;
-        if (list == NULL && (uint64_t)block >= model->vision_depth)
-            continue; /* transformers' default for a shallower tower: those blocks do not exist */
+        /* transformers' default for a shallower tower: those blocks do not exist (a deepstack
+         * list still has a merger each, which no block feeds: refused below) */
+        if (list == NULL && !blocks->ascending && (uint64_t)block >= model->vision_depth)
+            continue;
         if (block < 0 || (uint64_t)block >= model->vision_depth)
             CONFIG_ERROR("%s entry %u is not a block number below depth %" G_GUINT64_FORMAT, name, i,
                          model->vision_depth);
-        model->vision_full_attention[block / 8] |= (uint8_t)(1u << (block % 8));
+        if (blocks->ascending && block <= previous)
+            CONFIG_ERROR("%s entry %u (%" G_GINT64_FORMAT ") does not follow %" G_GINT64_FORMAT
+                         ": the rules take the blocks in rising order", name, i, block, previous);
+        previous = block;
+        set[block / 8] |= (uint8_t)(1u << (block % 8));
     }
     return true;
 }
@@ -705,21 +753,26 @@ static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **e
     const CkptfsArchitecture *arch = model->arch;
     if (arch->vision_part == NULL)
         return true;
-    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error))
+    if (!ckptfs_schema_read_vision(config, model, error) || !ckptfs_model_check_limits(model, "config.json", error) ||
+        !read_vision_blocks(config, model, error))
         return false;
-    if (model->vision_window > 0 && !read_full_attention_blocks(config, model, error)) /* a tower with windows */
-        return false;
+    for (uint64_t b = 0; b < model->vision_depth; b++)
+        model->vision_deepstack_count += layer_in(model->vision_deepstack, b);
     if (model->vision_hidden % model->vision_heads != 0)
         CONFIG_ERROR("%s.hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_heads %" G_GUINT64_FORMAT,
                      arch->vision_part, model->vision_hidden, model->vision_heads);
-    if (arch->vision == NULL)
+    if (arch->vision == NULL) {
+        g_autofree char *deepstack = arch->vision_fields == CKPTFS_FOR_VISION_DEEPSTACK
+            ? g_strdup_printf(", %" G_GUINT64_FORMAT " deepstack mergers", model->vision_deepstack_count)
+            : g_strdup("");
         CONFIG_ERROR("%s: its vision tower and merger (\"%s\": %" G_GUINT64_FORMAT " blocks of width %"
                      G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " heads, ffn %" G_GUINT64_FORMAT ", merged %"
                      G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %" G_GUINT64_FORMAT
-                     ") have no Megatron rules yet; hf/ serves the whole model",
+                     "%s) have no Megatron rules yet; hf/ serves the whole model",
                      arch->hf_architecture, arch->vision_part, model->vision_depth, model->vision_hidden,
                      model->vision_heads, model->vision_ffn, model->vision_merge, model->vision_merge,
-                     model->vision_out_hidden);
+                     model->vision_out_hidden, deepstack);
+    }
     return true;
 }
 

@@ -240,11 +240,37 @@ static const CkptfsModelField fields[] = {
      {"vision_config.rms_norm_eps"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 1e-5, 1e-5, 0, 0, 1, {NULL}},
     {"vision_qkv_bias", CKPTFS_FIELD_BOOL, M(vision_qkv_bias), CKPTFS_FOR_GLM4V_VISION,
      {"vision_config.attention_bias"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    /* Qwen3-VL's vision tower (Qwen3VLVisionConfig's defaults): LayerNorm blocks with a plain
+     * gelu (tanh) MLP, a learned position embedding of num_position_embeddings rows; mbridge's
+     * get_vision_model_config reads these. deepstack_visual_indexes is read by the
+     * architecture's walk (model.c). */
+    {"vision_depth", CKPTFS_FIELD_UINT, M(vision_depth), CKPTFS_FOR_VISION_DEEPSTACK, {"vision_config.depth"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 27, 27, 0, 0, CKPTFS_MAX_VISION_DEPTH, {NULL}},
+    {"vision_hidden", CKPTFS_FIELD_UINT, M(vision_hidden), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.hidden_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 1152, 1152, 0, 0, DIM, {NULL}},
+    {"vision_heads", CKPTFS_FIELD_UINT, M(vision_heads), CKPTFS_FOR_VISION_DEEPSTACK, {"vision_config.num_heads"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 16, 16, 0, 0, DIM, {NULL}},
+    {"vision_ffn", CKPTFS_FIELD_UINT, M(vision_ffn), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.intermediate_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 4304, 4304, 0, 0, DIM, {NULL}},
+    {"vision_activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_VISION_DEEPSTACK, {"vision_config.hidden_act"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {"gelu_pytorch_tanh"}},
+    {"vision_out_hidden", CKPTFS_FIELD_UINT, M(vision_out_hidden), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.out_hidden_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3584, 3584, 0, 0, DIM, {NULL}},
+    {"vision_patch", CKPTFS_FIELD_UINT, M(vision_patch), CKPTFS_FOR_VISION_DEEPSTACK, {"vision_config.patch_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 16, 16, 0, 0, 4096, {NULL}},
+    {"vision_temporal_patch", CKPTFS_FIELD_UINT, M(vision_temporal_patch), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.temporal_patch_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_merge", CKPTFS_FIELD_UINT, M(vision_merge), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.spatial_merge_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2, 2, 0, 0, 64, {NULL}},
+    {"vision_channels", CKPTFS_FIELD_UINT, M(vision_channels), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64, {NULL}},
+    {"vision_positions", CKPTFS_FIELD_UINT, M(vision_positions), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_config.num_position_embeddings"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2304, 2304, 0, 0, DIM, {NULL}},
 };
 
 /* Members of a vision part no row reads that leave the weights' math alone (the dtype is the
- * tensors'; attention_dropout acts in training only); fullatt_block_indexes is read by the
- * architecture's walk (model.c), for a tower with windows (its rows read a window size). */
+ * tensors'; attention_dropout acts in training only); the architecture's list of blocks
+ * (fullatt_block_indexes, deepstack_visual_indexes) is read by its walk (model.c). */
 static const char *const vision_members_unread[] = {"model_type", "initializer_range", "dtype", "torch_dtype",
                                                     "attention_dropout"};
 
@@ -273,6 +299,7 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
                                vision tower yet, so the other walks never see one */
     case CKPTFS_FOR_GLM4V_VISION:
+    case CKPTFS_FOR_VISION_DEEPSTACK:
         return false;
     case CKPTFS_FOR_LINEAR_ATTENTION:
         return m->linear_attention;
@@ -317,7 +344,7 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FIELD_ROPE_TYPE:
         return g_strdup(rope_type_names[*(const CkptfsRopeType *)(const void *)p]);
     case CKPTFS_FIELD_ACTIVATION:
-        return g_strdup("silu");
+        return g_strdup(f->choice[0] ? f->choice[0] : "silu");
     case CKPTFS_FIELD_WINDOW:
         if (m->window > 0)
             return g_strdup_printf("%" G_GUINT64_FORMAT " (one full-attention layer in %" G_GUINT64_FORMAT ")",
@@ -500,6 +527,10 @@ JsonObject *ckptfs_schema_text_config(JsonObject *config, const char *part, GErr
         /* the part's own name for the model (model_type "qwen2_5_vl_text") is not the model's */
         if (strcmp(k->data, "model_type") == 0 || strcmp(k->data, "architectures") == 0)
             continue;
+        /* the whole model ties its head by the top level's (transformers 5 saves Qwen3-VL-MoE's
+         * text part with its class's default, true, beside a top-level false it keeps lm_head by) */
+        if (outer != NULL && strcmp(k->data, "tie_word_embeddings") == 0)
+            continue;
         /* json_node_equal takes 1000000 and 1e6 as one number */
         if (outer != NULL && !json_node_equal(outer, value)) {
             json_object_unref(merged);
@@ -574,7 +605,11 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
                    "multi-latent attention and GPT-OSS)", name, v->text);
         v->number = t;
     }
-    if (f->type == CKPTFS_FIELD_ACTIVATION && strcmp(v->text, "silu") != 0 && strcmp(v->text, "swish") != 0)
+    /* a vision tower's plain MLP: the one activation its Megatron config fixes */
+    if (f->type == CKPTFS_FIELD_ACTIVATION && f->choice[0] && strcmp(v->text, f->choice[0]) != 0)
+        REFUSE("%s '%s' is not understood: the vision tower's rules know %s only", name, v->text, f->choice[0]);
+    if (f->type == CKPTFS_FIELD_ACTIVATION && !f->choice[0] && strcmp(v->text, "silu") != 0 &&
+        strcmp(v->text, "swish") != 0)
         REFUSE("%s '%s' has no Megatron equivalent (SwiGLU models use silu)", name, v->text);
     return true;
 }
@@ -826,7 +861,7 @@ bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **erro
     g_autoptr(GList) members = json_object_get_members(vision);
     for (GList *k = members; k; k = k->next) {
         g_autofree char *path = g_strdup_printf("%s.%s", part, (const char *)k->data);
-        bool known = m->vision_window > 0 && strcmp(k->data, "fullatt_block_indexes") == 0;
+        bool known = m->arch->vision_blocks && strcmp(m->arch->vision_blocks->member, k->data) == 0;
         for (size_t i = 0; i < G_N_ELEMENTS(vision_members_unread) && !known; i++)
             known = strcmp(vision_members_unread[i], k->data) == 0;
         for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)

@@ -338,7 +338,8 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
         !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
-    if (s->arch->vision_part) /* language_model.* and vision_model.*: not read back yet */
+    if (s->arch->vision_part) /* language_model.* and vision_model.*: not read back yet (any VLM's, with
+                                 its tower's rules or without) */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", path, s->arch->hf_architecture);
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,

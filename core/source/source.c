@@ -379,7 +379,7 @@ static void split_fused_experts(CkptfsSource *source)
 }
 
 /* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
- * Megatron views read it under the release's names, the rules', from a catalog of their own; hf/
+ * Megatron views read it under the rules' names (Qwen2.5-VL's release's), from a catalog of their own; hf/
  * serves the source's own names. A clash costs the Megatron views, not hf/. */
 static void rename_modules(CkptfsSource *source)
 {
@@ -406,7 +406,7 @@ static void rename_modules(CkptfsSource *source)
     source->model_catalog = copy;
     g_autofree char *found = source->found;
     source->found = g_strdup_printf("%s%s%s's module names (%s*): hf/ serves them, the Megatron views read them "
-                                    "as the release's (%s*)", found ? found : "", found ? "; " : "",
+                                    "under the rules' names (%s*)", found ? found : "", found ? "; " : "",
                                     arch->hf_architecture, arch->module_names[0], arch->module_names[1]);
 }
 

@@ -102,7 +102,21 @@ typedef struct CkptfsArchitecture {
     bool attention_gate;
     /* RMSNorms scale by 1 + weight (Megatron's apply_layernorm_1p) */
     bool zero_centred_norms;
+    /* the vision part's list of block numbers the architecture's walk reads (NULL: none) */
+    const struct CkptfsVisionBlocks *vision_blocks;
 } CkptfsArchitecture;
+
+/* A list of vision blocks in a VLM's vision part: Qwen2.5-VL's fullatt_block_indexes (the blocks
+ * with full attention), Qwen3-VL's deepstack_visual_indexes (the blocks whose output a deepstack
+ * merger hands to the language model). */
+typedef struct CkptfsVisionBlocks {
+    const char *member;            /* "fullatt_block_indexes" */
+    size_t offset;                 /* of its bit set of blocks in CkptfsModel */
+    uint64_t defaults[8];          /* transformers' default list */
+    unsigned n_defaults;
+    bool ascending;                /* entries must rise and exist, also by default (their order
+                                      numbers the deepstack mergers, one per entry) */
+} CkptfsVisionBlocks;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
  * attention, YaRN for multi-head latent attention). */
@@ -212,6 +226,12 @@ typedef struct {
     bool vision_qkv_bias;
     /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
     uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
+    /* Qwen3-VL's tower: its learned position embedding's rows (num_position_embeddings), and the
+     * blocks whose outputs deepstack mergers hand to the language model's first layers
+     * (deepstack_visual_indexes), and how many */
+    uint64_t vision_positions;
+    uint8_t vision_deepstack[CKPTFS_MAX_VISION_DEPTH / 8];
+    uint64_t vision_deepstack_count;
     /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
      * temporal, height and width positions; all 0: plain rope) */
     uint64_t mrope_section[3];

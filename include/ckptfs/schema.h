@@ -22,7 +22,8 @@ typedef enum {
     CKPTFS_FIELD_FLOAT,      /* a number (double) */
     CKPTFS_FIELD_BOOL,       /* bool */
     CKPTFS_FIELD_ROPE_TYPE,  /* the rope scaling's kind, a name (CkptfsRopeType) */
-    CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only (no member) */
+    CKPTFS_FIELD_ACTIVATION, /* the MLP's activation, a name: SwiGLU's silu only, or the row's
+                                choice[0] (no member) */
     CKPTFS_FIELD_WINDOW,     /* a sliding attention window: Megatron's views have none (no member) */
     CKPTFS_FIELD_TOKEN_ID,   /* a tokenizer id as given: absent, null, one or a list (CkptfsTokenIds);
                                 its argument a dict of them under config.json's names */
@@ -41,6 +42,8 @@ typedef enum {
     CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
     CKPTFS_FOR_GLM4V_VISION, /* GLM-4.1V's vision tower (Glm4vVisionConfig's fields and defaults;
                                 read like CKPTFS_FOR_VISION's, for architectures that name it) */
+    CKPTFS_FOR_VISION_DEEPSTACK, /* Qwen3-VL's vision tower (Qwen3VLVisionConfig's fields and defaults),
+                                    read like CKPTFS_FOR_VISION */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */

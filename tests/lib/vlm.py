@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A tiny Qwen2.5-VL built and saved by transformers 5 itself (run in the sid root), and the checks
+"""A tiny Qwen2.5-VL (and Qwen3-VL) built and saved by transformers 5 itself (run in the sid root), and the checks
 of ckptfs's views of it.
 
   vlm.py build OUT
@@ -21,6 +21,14 @@ of ckptfs's views of it.
   vlm.py glm4v-logits CLASS ORIG HF_DIR...
       as logits, for CLASS (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration)
       on an image + text input with its mm_token_type_ids.
+  vlm.py build_qwen3 OUT
+      OUT/dense: Qwen3VLForConditionalGeneration (QWEN3_TEXT, QWEN3_VISION: a learned position
+      embedding, two deepstack mergers) saved by save_pretrained in bf16; OUT/moe: the same
+      tower with Qwen3VLMoeForConditionalGeneration's text model (QWEN3_MOE), its experts fused
+      on disk; OUT/badvision: dense with a vision field no rule reads; OUT/badorder: dense with
+      deepstack_visual_indexes out of order.
+  vlm.py logits_pairs ORIG HF_DIR [ORIG HF_DIR ...]
+      the same for each pair, in one process.
   vlm.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
@@ -110,6 +118,51 @@ def build(out):
         json.dump(v5, f, indent=2)
 
 
+# Qwen3-VL: Qwen3's language model (q/k norms, head_dim 16, interleaved mrope over 2/3/3 of its 8
+# frequencies); a tower of 3 LayerNorm blocks with a learned position embedding (a 4x4 grid,
+# interpolated to the image's) whose blocks 0 and 1 feed deepstack mergers.
+QWEN3_TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=512, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 5e5,
+                                   "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+QWEN3_MOE = dict(QWEN3_TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 decoder_sparse_step=1)
+QWEN3_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                    num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+
+
+def build_qwen3(out):
+    from safetensors.torch import load_file
+    from transformers import (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig,
+                              Qwen3VLMoeForConditionalGeneration)
+    for form, config_class, model_class, text in (
+            ("dense", Qwen3VLConfig, Qwen3VLForConditionalGeneration, QWEN3_TEXT),
+            ("moe", Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration, QWEN3_MOE)):
+        torch.manual_seed(0)
+        cfg = config_class(text_config=dict(text), vision_config=dict(QWEN3_VISION),
+                           tie_word_embeddings=False, **TOKENS)
+        model = model_class(cfg).to(torch.bfloat16)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.copy_(1 + 0.1 * torch.randn_like(p))
+        model.save_pretrained(f"{out}/{form}")
+        names = load_file(f"{out}/{form}/model.safetensors").keys()
+        if not any(k.startswith("model.visual.deepstack_merger_list.1.") for k in names):
+            sys.exit(f"{form}: save_pretrained wrote no second deepstack merger")
+    with open(f"{out}/dense/config.json") as f:
+        dense = json.load(f)
+    for bad, change in (("badvision", ("window_size", 112)),
+                        ("badorder", ("deepstack_visual_indexes", [1, 0]))):
+        shutil.copytree(f"{out}/dense", f"{out}/{bad}")
+        config = json.loads(json.dumps(dense))
+        config["vision_config"][change[0]] = change[1]
+        with open(f"{out}/{bad}/config.json", "w") as f:
+            json.dump(config, f, indent=2)
+
+
 def inputs():
     """Text around one image: <|vision_start|><|image_pad|> x 16 <|vision_end|>, then text."""
     g = torch.Generator().manual_seed(1)
@@ -122,17 +175,23 @@ def inputs():
     return (torch.tensor([ids]), pixels, torch.tensor([list(GRID)]))
 
 
-def logits_of(path, pixel_shift=0.0, model_class="Qwen2_5_VLForConditionalGeneration", make_inputs=inputs):
+def logits_of(path, pixel_shift=0.0, model_class=None, make_inputs=inputs):
     import transformers
+    if model_class is None:  # the class the checkpoint's config names
+        with open(f"{path}/config.json") as f:
+            model_class = json.load(f)["architectures"][0]
     model = getattr(transformers, model_class).from_pretrained(path, dtype=torch.bfloat16)
     model.eval()
     ids, pixels, grid, *extra = make_inputs()
+    extra = dict(extra[0]) if extra else {}
+    if model_class.startswith("Qwen3VL"):  # its mrope needs the image tokens marked
+        extra["mm_token_type_ids"] = (ids == TOKENS["image_token_id"]).long()
     with torch.no_grad():
         return model(input_ids=ids, pixel_values=(pixels + pixel_shift).to(torch.bfloat16),
-                     image_grid_thw=grid, **(extra[0] if extra else {})).logits.float()
+                     image_grid_thw=grid, **extra).logits.float()
 
 
-def logits(orig, hf_dirs, model_class="Qwen2_5_VLForConditionalGeneration", make_inputs=inputs):
+def logits(orig, hf_dirs, model_class=None, make_inputs=inputs):
     want = logits_of(orig, 0.0, model_class, make_inputs)
     # The input's image matters: another picture gives other logits.
     if torch.equal(want, logits_of(orig, 0.5, model_class, make_inputs)):
@@ -482,7 +541,9 @@ def megatron_all(orig, specs):
 
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
+     "build_qwen3": lambda: build_qwen3(sys.argv[2]),
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
+     "logits_pairs": lambda: [logits(o, [h]) for o, h in zip(sys.argv[2::2], sys.argv[3::2])],
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
      "glm4v-build": lambda: glm4v_build(sys.argv[2]),

@@ -384,6 +384,13 @@ static void test_vision_configs(void)
                      "\"model_type\": \"glm4v_vision\", \"initializer_range\": 0.02"
 #define VISION "\"depth\": 3, \"hidden_size\": 32, \"intermediate_size\": 48, \"out_hidden_size\": 64, " \
                "\"model_type\": \"qwen2_5_vl_vision\", \"initializer_range\": 0.02"
+#define QWEN3_VL "\"architectures\": [\"Qwen3VLForConditionalGeneration\"], \"model_type\": \"qwen3_vl\", " \
+                 "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_hidden_layers\": 2, " \
+                 "\"intermediate_size\": 96, \"vocab_size\": 250, \"head_dim\": 8, \"rope_parameters\": " \
+                 "{\"rope_type\": \"default\", \"mrope_section\": [1, 1, 2], \"mrope_interleaved\": true}}, "
+#define QWEN3_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
+                     "\"out_hidden_size\": 64, \"model_type\": \"qwen3_vl_vision\", \"hidden_act\": \"gelu_pytorch_tanh\", " \
+                     "\"patch_size\": 16, \"in_channels\": 3, \"num_position_embeddings\": 16"
     static const struct {
         const char *json, *want, *what;
     } cases[] = {
@@ -431,6 +438,30 @@ static void test_vision_configs(void)
          "a patch of two sides (Glm4vVisionConfig allows a list; its modules take one number)"},
         {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"image_size\": [56, 56]}}",
          "\"vision_config.image_size\" is not a positive integer", "an image size of two sides"},
+        /* Qwen3-VL's tower: its own rows and defaults (27 blocks; deepstack blocks 8, 16, 24 where
+         * they exist); no Megatron rules for its deepstack mergers yet */
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [0, 2]}}",
+         "(\"vision_config\": 3 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64, 2 deepstack mergers) have no "
+         "Megatron rules yet", "a Qwen3-VL config read whole, its tower without rules said by name"},
+        {"{" QWEN3_VL "\"vision_config\": {\"hidden_size\": 32, \"num_heads\": 2}}",
+         "(\"vision_config\": 27 blocks of width 32, 2 heads, ffn 4304, merged 2x2 into 3584, 3 deepstack mergers)",
+         "Qwen3VLVisionConfig's defaults"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION "}}",
+         "vision_config.deepstack_visual_indexes entry 0 is not a block number below depth 3",
+         "the default deepstack blocks (8, 16, 24) past a 3-block tower: mergers no block feeds"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [2, 1]}}",
+         "vision_config.deepstack_visual_indexes entry 1 (1) does not follow 2", "deepstack blocks out of order"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [3]}}",
+         "vision_config.deepstack_visual_indexes entry 0 is not a block number below depth 3", "a deepstack block past the tower"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"fullatt_block_indexes\": [1]}}",
+         "vision_config.fullatt_block_indexes is not understood", "Qwen2.5-VL's full-attention blocks in a Qwen3-VL tower"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"window_size\": 112}}",
+         "vision_config.window_size is not understood", "Qwen2.5-VL's window in a Qwen3-VL tower"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"hidden_act\": \"silu\"}}",
+         "vision_config.hidden_act 'silu' is not understood: the vision tower's rules know gelu_pytorch_tanh only",
+         "a Qwen3-VL vision activation other than gelu_pytorch_tanh"},
+        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"num_position_embeddings\": 0}}",
+         "vision_config.num_position_embeddings", "no learned positions"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);

@@ -595,6 +595,17 @@ int main(void)
                    "key/value heads, q/k/v biases, mrope sections 1/1/2 (%s)", forms[i].what, error ? error->message : "");
             g_clear_error(&error);
         }
+        {
+            g_autoptr(JsonObject) config = parse(VLM_HEAD VLM_TEXT ", \"tie_word_embeddings\": false, \"text_config\": {"
+                                                 VLM_TEXT ", \"tie_word_embeddings\": true}}");
+            GError *error = NULL;
+            CkptfsModel m;
+            g_autoptr(JsonObject) text = config ? ckptfs_schema_text_config(config, "text_config", &error) : NULL;
+            bool ok = text && read_model(text, &m, &error);
+            tap_ok(ok && !m.tied_embeddings, "a text part's tie_word_embeddings under the top level's: the top "
+                   "level's, which the whole model ties by (%s)", error ? error->message : "");
+            g_clear_error(&error);
+        }
         const struct {
             const char *json, *want, *what;
         } bad[] = {

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Qwen3-VL (docs/vlm.md): a tiny Qwen3VLForConditionalGeneration and a tiny
+# Qwen3VLMoeForConditionalGeneration (its experts fused on disk) built and saved by transformers 5
+# itself (in the sid root), under the module names its releases use. Each is read as one model:
+# the language model from text_config, the tower (learned positions, deepstack mergers) from
+# vision_config by its own rows. Its deepstack mergers have no Megatron rules yet: hf/ serves the
+# whole model (bytes, and transformers' logits on an image + text input), and inspect and the
+# mount log say why the Megatron views are missing. A vision field no rule reads and deepstack
+# blocks out of order are refused by name, hf/ still served.
+source "$(dirname "$0")/../lib/common.sh"
+require_fuse
+sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
+script="$TESTS_TOP/tests/lib/vlm.py"
+models=$WORK/models
+
+sid_python "$WORK" "$script" build_qwen3 "$models" > "$WORK/build.out" 2> "$WORK/build.err"
+ok $? "transformers 5 builds and saves a tiny Qwen3-VL and Qwen3-VL-MoE" ||
+  { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
+
+# vlm.py's QWEN3_TEXT and QWEN3_VISION sizes
+tower='"vision_config": 3 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64, 2 deepstack mergers'
+declare -A class=([dense]=Qwen3VLForConditionalGeneration [moe]=Qwen3VLMoeForConditionalGeneration)
+for form in dense moe; do
+  src=$models/$form mnt=$WORK/mnt-$form
+  "$CKPTFS" inspect "$src" > "$WORK/inspect-$form" 2>&1
+  grep -q "^architecture: ${class[$form]} (model_type qwen3_vl" "$WORK/inspect-$form" &&
+    grep -qF "megatron:     no Megatron views: config.json: ${class[$form]}: its vision tower and merger ($tower) have no Megatron rules yet; hf/ serves the whole model" "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the tower from the config's vision part and says its Megatron rules are missing" ||
+    sed 's/^/# /' "$WORK/inspect-$form" >&2
+  fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
+  check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
+  listing=$(ls "$mnt" | tr '\n' ' ')
+  ls "$mnt/tp2pp2" > /dev/null 2>&1
+  ok $([[ $listing == "hf " ]] && grep -qF "have no Megatron rules yet" "$WORK/log-$form"; echo $?) \
+    "$form: the root lists hf/ only (got: $listing), and the mount log says why" || sed 's/^/# /' "$WORK/log-$form" >&2
+done
+# The text model read from text_config: vlm.py's sizes, not the defaults. The MoE's text part has
+# tie_word_embeddings true under a top-level false (transformers 5 saves it so): the top level's.
+for form in dense moe; do
+  grep -q '^model: .*num_hidden_layers=4 hidden_size=64 num_attention_heads=4 num_key_value_heads=2 intermediate_size=128 vocab_size=256' "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the language model from the config's text part" || grep '^model' "$WORK/inspect-$form" | sed 's/^/# /' >&2
+done
+
+# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
+ran() {
+  ok "$1" "$2"
+  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
+}
+sid_python "$WORK" "$script" logits_pairs "$models/dense" "$WORK/mnt-dense/hf" "$models/moe" "$WORK/mnt-moe/hf" \
+  > "$WORK/logits" 2> "$WORK/logits.err"
+ran $? "transformers loads each original and its hf/" "$WORK/logits.err"
+for form in dense moe; do
+  grep -q "^PASS $WORK/mnt-$form/hf: " "$WORK/logits" && ! grep -q '^FAIL' "$WORK/logits"
+  ok $? "$form: hf/ gives the original's logits on an image + text input, which another image changes" ||
+    sed 's/^/# /' "$WORK/logits" >&2
+done
+
+# Refused by name, hf/ still served: a field of Qwen2.5-VL's tower, deepstack blocks out of order.
+declare -A why=([badvision]='vision_config.window_size is not understood'
+                [badorder]='vision_config.deepstack_visual_indexes entry 1 (0) does not follow 1')
+for bad in badvision badorder; do
+  "$CKPTFS" inspect "$models/$bad" > "$WORK/inspect-$bad" 2>&1
+  grep -qF "megatron:     no Megatron views: config.json: ${why[$bad]}" "$WORK/inspect-$bad"
+  ok $? "$bad: inspect says ${why[$bad]}" || grep '^megatron' "$WORK/inspect-$bad" | sed 's/^/# /' >&2
+  fg_mount "$CKPTFS" "$models/$bad" "$WORK/mnt-$bad" "$WORK/log-$bad"
+  check "$bad: hf/ holds the source's files, byte for byte" same_trees "$models/$bad" "$WORK/mnt-$bad/hf" .
+  fg_unmount "$WORK/mnt-$bad"
+done
+
+# A Megatron source named a Qwen3-VL (whose tower has no rules) is refused like any VLM's, not
+# read as its language model alone.
+"$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_vl > "$WORK/inspect-meg" 2>&1
+grep -q 'a Megatron checkpoint of Qwen3VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
+ok $? "a Megatron source with -o hf_arch=qwen3_vl is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+
+for form in dense moe; do unmount_ckptfs "$WORK/mnt-$form"; done
+wait
+done_testing
