@@ -39,6 +39,7 @@ typedef enum {
     CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
                           read by ckptfs_schema_read_vision, not with the language model) */
     CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
+    CKPTFS_FOR_GEMMA_ATTENTION,  /* Gemma's attention (CkptfsArchitecture.gemma_attention) */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
@@ -106,7 +107,7 @@ typedef struct {
     CkptfsFieldScope scope;
     /* Names in config.json, the one written first (transformers 4's top-level field, which 5
      * reads too); "a.b" is member b of object a. NULL-terminated. */
-    const char *hf[4];
+    const char *hf[6];
     CkptfsFieldArchKey arch_key; /* read and written under the architecture's name too */
     const char *args;        /* Megatron's argument (NULL: none) */
     const char *args_old;    /* an older name of it, read when the first is absent */
