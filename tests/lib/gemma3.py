@@ -103,6 +103,35 @@ LAYER = {
 }
 
 
+# A legacy TE rank file's order within a layer: torch's state_dict walks a module's own parameters,
+# then its _extra_state (TE modules), then its children in registration order. Megatron-core's
+# TransformerLayer registers self_attention (Attention: core_attention, linear_proj; SelfAttention:
+# linear_qkv, q_layernorm, k_layernorm), then mlp (linear_fc1, linear_fc2); the bridge's
+# TERowParallelLinearLayerNorm registers post_layernorm as a child of the linear.
+LAYER_ORDER = [
+    "self_attention.core_attention._extra_state",
+    "self_attention.linear_proj.weight", "self_attention.linear_proj._extra_state",
+    "self_attention.linear_proj.post_layernorm.weight", "self_attention.linear_proj.post_layernorm._extra_state",
+    "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv._extra_state",
+    "self_attention.q_layernorm.weight", "self_attention.q_layernorm._extra_state",
+    "self_attention.k_layernorm.weight", "self_attention.k_layernorm._extra_state",
+    "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc1._extra_state",
+    "mlp.linear_fc2.weight", "mlp.linear_fc2._extra_state",
+    "mlp.linear_fc2.post_layernorm.weight", "mlp.linear_fc2.post_layernorm._extra_state",
+]
+
+
+def expected_order(p, pp):
+    """The keys of stage P's rank file in order (GPTModel: embedding, decoder, output_layer)."""
+    out = ["embedding.word_embeddings.weight"] if p == 0 else []
+    out += [f"decoder.layers.{local}.{k}" for local in range(len(stage_layers(p, pp))) for k in LAYER_ORDER]
+    if p == pp - 1:
+        out += ["decoder.final_layernorm.weight", "decoder.final_layernorm._extra_state"]
+        out += ["output_layer.weight", "output_layer._extra_state"] if pp > 1 else ["output_layer._extra_state"]
+    return out
+
+
 def to_mcore(name, hf):
     """QKVMapping / GatedMLPMapping: the full Megatron tensor of NAME (q/k/v per query group)."""
     if name.endswith("linear_qkv.weight"):
@@ -169,18 +198,19 @@ def megatron(orig, meg, tp, pp):
                 print(f"FAIL {what} rank ({p}, {r}): torch.load(weights_only=True): {e}")
                 continue
             got = {k: v for k, v in chunks_of(ckpt, 1).items() if not k.endswith("_extra_state")}
+            order = list(ckpt["model"]) == expected_order(p, pp)
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
             bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
             args = vars(ckpt["args"])
             wrong = {k: args.get(k) for k, v in expected_args().items()
                      if not (args.get(k) == v or (isinstance(v, float) and isinstance(args.get(k), float)
                                                   and math.isclose(args[k], v, rel_tol=1e-12)))}
-            if missing or extra or bad or wrong:
+            if missing or extra or bad or wrong or not order:
                 print(f"FAIL {what} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
-                      f"differing {bad[:3]}, args {wrong}")
+                      f"differing {bad[:3]}, args {wrong}, in Megatron's order {order} {list(ckpt['model'])[:12]}")
             else:
                 print(f"PASS {what} rank ({p}, {r}): {len(want)} tensors with Megatron-Bridge's names, shapes "
-                      f"and bytes; args {sorted(expected_args())}")
+                      f"and bytes, in Megatron's order; args {sorted(expected_args())}")
 
 
 def to_hf(orig, meg, tp, pp, out):
