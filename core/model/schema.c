@@ -77,8 +77,8 @@ static const CkptfsModelField fields[] = {
     {"norm_eps", CKPTFS_FIELD_FLOAT, M(norm_eps), CKPTFS_FOR_ALL, {"rms_norm_eps"}, 0, "layernorm_epsilon",
      "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1, {NULL}},
     {"rope_theta", CKPTFS_FIELD_FLOAT, M(rope_theta), CKPTFS_FOR_ALL,
-     {"rope_theta", "rope_parameters.rope_theta", "rope_parameters.full_attention.rope_theta"}, 0, "rotary_base", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000,
-     CKPTFS_DERIVED_ROPE_THETA, 0, 1e12, {NULL}},
+     {"rope_theta", "rope_parameters.rope_theta", "rope_parameters.full_attention.rope_theta"}, 0, "rotary_base", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000, CKPTFS_DERIVED_ROPE_THETA, 0, 1e12, {NULL}},
     {"rotary_percent", CKPTFS_FIELD_FLOAT, M(rotary_percent), CKPTFS_FOR_ALL,
      {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"}, 0, "rotary_percent", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1, {NULL}},
@@ -824,6 +824,9 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     if (fixed_for(f, m) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
         REFUSE("%s %s has no Megatron equivalent: the views serve only %s", first, chosen.number ? "true" : "false",
                f->hf_default ? "true" : "false");
+    if (fixed_for(f, m) && chosen.number != f->hf_default && f->hf_default == 0) /* Gemma's soft-caps */
+        REFUSE("%s %g has no Megatron equivalent: the Megatron model the views follow has none (only null or 0 "
+               "is served)", first, chosen.number);
     if (fixed_for(f, m) && chosen.number != f->hf_default)
         REFUSE("%s %g has no Megatron equivalent: Megatron-core fixes it at %g", first, chosen.number,
                f->hf_default);
