@@ -108,7 +108,8 @@ static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_t
                                                 .max_positions = 32768, .hybrid_attention = true,
                                                 .attention_gate = true, .zero_centred_norms = true};
 /* Gemma 3's text model: q/k norms, four zero-centred norms a layer, the embedding scaled by
- * sqrt(hidden_size), tied embeddings, the tanh-GELU gated MLP, a window on all layers but every
+ * sqrt(hidden_size), tied embeddings (also when config.json leaves tie_word_embeddings out, as the
+ * 1B release does), the tanh-GELU gated MLP, a window on all layers but every
  * sixth (layer_types) whose rope has a base of its own; transformers' defaults: 4 key/value
  * heads of 256, rope_theta 1e6, a window of 4096, 131072 positions */
 static const CkptfsArchitecture gemma3_text = {"Gemma3ForCausalLM", "gemma3_text", false, true, &ckptfs_family_gemma3,
@@ -117,7 +118,7 @@ static const CkptfsArchitecture gemma3_text = {"Gemma3ForCausalLM", "gemma3_text
                                                .attention_bias_on_output = true, .window_skip_freq = 6,
                                                .zero_centred_norms = true, .activation = "gelu_pytorch_tanh",
                                                .scaled_embedding = true, .gemma_attention = true,
-                                               .te_spec_only = true};
+                                               .te_spec_only = true, .tied_by_default = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,

@@ -58,7 +58,8 @@ static const CkptfsModelField fields[] = {
      NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
     {"tied_embeddings", CKPTFS_FIELD_BOOL, M(tied_embeddings), CKPTFS_FOR_ALL, {"tie_word_embeddings"}, 0,
-     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0, {NULL}},
+     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1,
+     CKPTFS_DERIVED_TIED, 0, 0, {NULL}},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     /* GPT-OSS has them on every linear layer (its architecture's); the others none */
@@ -411,6 +412,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
     case CKPTFS_DERIVED_GLU_CLAMP:
         if (!args && m->arch)
             return m->arch->glu_clamp;
+        break;
+    case CKPTFS_DERIVED_TIED:
+        if (!args && m->arch && m->arch->tied_by_default)
+            return 1;
         break;
     default:
         break;

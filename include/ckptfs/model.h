@@ -110,6 +110,9 @@ typedef struct CkptfsArchitecture {
      * scores or logits and bidirectional attention have no Megatron equivalent (the schema's
      * CKPTFS_FOR_GEMMA_ATTENTION rows) */
     bool gemma_attention;
+    /* transformers ties the embeddings when config.json leaves tie_word_embeddings out (Gemma 3's
+     * 1B release does) */
+    bool tied_by_default;
     /* Megatron builds it with Transformer Engine only (Megatron-Bridge's Gemma 3 spec puts the
      * post-norms inside TE's linear layers): spec=local is refused */
     bool te_spec_only;

@@ -45,13 +45,20 @@ check "tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/meg-tp2pp2"
 check "tp2pp1/ copied out" cp -r "$mnt/tp2pp1" "$WORK/meg-tp2pp1"
 check "mcore/ copied out" cp -r "$mnt/mcore" "$WORK/mcore"
 
-sid_python "$WORK" "$script" check "$src" "$WORK/mcore/release" "$mnt/hf" "$WORK/meg-tp2pp2:2:2" \
+# The 1B release's spelling of config.json (no tie_word_embeddings: transformers ties by default)
+# is the same model: the same rank files, and transformers' logits below.
+fg_mount "$CKPTFS" "$models/release" "$WORK/mnt-release" "$WORK/log-release"
+check "release spelling: tp2pp1/ is byte for byte the v5 spelling's" cmp "$WORK/mnt-release/tp2pp1/release/mp_rank_00/model_optim_rng.pt" "$WORK/meg-tp2pp1/release/mp_rank_00/model_optim_rng.pt"
+fg_unmount "$WORK/mnt-release"
+
+sid_python "$WORK" "$script" check "$src" "$WORK/mcore/release" "$mnt/hf,$models/release" "$WORK/meg-tp2pp2:2:2" \
   "$WORK/back-tp2pp2" "$WORK/meg-tp2pp1:2:1" "$WORK/back-tp2pp1" > "$WORK/check" 2> "$WORK/check.err"
 ran $? "the checks ran: rank files, each rebuilt as the bridge exports, logits, mcore/" "$WORK/check.err"
 passes "$WORK/check"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/check")
-# 4 rank files of tp2pp2, 2 of tp2pp1; logits of hf/ and the 2 rebuilt copies; 2 of mcore/
-ok $((n == 11 ? 0 : 1)) "11 checks: each rank file, 3 logits, 2 of mcore/ (got $n)"
+# 4 rank files of tp2pp2, 2 of tp2pp1; logits of hf/, the release spelling and the 2 rebuilt
+# copies; 2 of mcore/
+ok $((n == 12 ? 0 : 1)) "12 checks: each rank file, 4 logits, 2 of mcore/ (got $n)"
 fg_unmount "$mnt"
 
 # A Megatron copy of Gemma 3 is not read back yet: refused by name, not misread.

@@ -5,16 +5,18 @@ the sid root), and the checks of ckptfs's views of it.
   gemma3.py build OUT
       OUT/text: Gemma3ForCausalLM with a tiny config (six layers: five sliding, one full, as
       transformers' layer_types has them; its own head_dim, query_pre_attn_scalar and two rope
-      bases), saved by save_pretrained in bf16, norms random; OUT/softcap, OUT/pattern,
+      bases), saved by save_pretrained in bf16, norms random; OUT/release: its tensors with the
+      1B release's spelling of config.json (top-level rope_local_base_freq and
+      sliding_window_pattern, tie_word_embeddings left out); OUT/softcap, OUT/pattern,
       OUT/bidirectional: the same with final_logit_softcapping set, a layer_types Megatron's
       window_attn_skip_freq cannot say, use_bidirectional_attention true.
-  gemma3.py check ORIG MCORE_DIR HF_DIR MEGATRON_DIR:TP:PP OUT [...]
+  gemma3.py check ORIG MCORE_DIR HF_DIR[,HF_DIR...] MEGATRON_DIR:TP:PP OUT [...]
       three checks in one run (torch and transformers load once). Each rank file of
       MEGATRON_DIR (tpTPppPP/ of ORIG) loads with weights_only and holds the names, shapes and
       bytes of Megatron-Bridge's Gemma 3 GPTModel on that rank (written here from
       Megatron-Bridge's gemma3 bridge table and Megatron-core's TP splits) and the args Gemma 3
       needs; ORIG is rebuilt from those rank files the way the bridge exports, into OUT. ORIG,
-      HF_DIR and each OUT loaded by transformers 5 give the same logits (torch.equal) on a text
+      each HF_DIR and each OUT loaded by transformers 5 give the same logits (torch.equal) on a text
       longer than the window. MCORE_DIR (mcore/release) read by torch.distributed.checkpoint
       holds the keys, global shapes and bytes of Megatron-core's sharded_state_dict of that
       GPTModel. Prints "PASS what" or "FAIL what: why".
@@ -51,6 +53,18 @@ def build(out):
         config = json.load(f)
     if config.get("layer_types") != ["sliding_attention"] * 5 + ["full_attention"]:
         sys.exit(f"transformers wrote layer_types {config.get('layer_types')}")
+    # The 1B release's spelling (transformers 4.50): the two rope bases and the pattern at the top
+    # level, no layer_types, tie_word_embeddings left out (transformers ties by default).
+    release = {k: v for k, v in config.items() if k not in ("rope_parameters", "layer_types", "tie_word_embeddings",
+                                                            "_sliding_window_pattern", "dtype")}
+    release.update(rope_theta=TEXT["rope_parameters"]["full_attention"]["rope_theta"],
+                   rope_local_base_freq=TEXT["rope_parameters"]["sliding_attention"]["rope_theta"],
+                   rope_scaling=None, sliding_window_pattern=6, torch_dtype="bfloat16",
+                   transformers_version="4.50.0.dev0")
+    os.makedirs(f"{out}/release")
+    shutil.copy(f"{out}/text/model.safetensors", f"{out}/release/model.safetensors")
+    with open(f"{out}/release/config.json", "w") as f:
+        json.dump(release, f, indent=2)
     for form, change in (("softcap", {"final_logit_softcapping": 30.0}),
                          ("pattern", {"layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 2}),
                          ("bidirectional", {"use_bidirectional_attention": True})):
@@ -275,16 +289,17 @@ def mcore(orig, ckpt):
           + (f" (differing {bad[:3]})" if bad else ""))
 
 
-def check(orig, mcore_dir, hf_dir, specs):
+def check(orig, mcore_dir, hf_dirs, specs):
     """All of the above in one run (transformers and torch load once): megatron() and to_hf() of
-    each DIR:TP:PP of SPECS (pairs with an OUT), logits() of HF_DIR and each OUT, mcore()."""
+    each DIR:TP:PP of SPECS (pairs with an OUT), logits() of HF_DIRS (comma-separated) and each
+    OUT, mcore()."""
     outs = []
     for spec, out in zip(specs[0::2], specs[1::2]):
         meg, tp, pp = spec.rsplit(":", 2)
         megatron(orig, meg, int(tp), int(pp))
         to_hf(orig, meg, int(tp), int(pp), out)
         outs.append(out)
-    logits(orig, [hf_dir] + outs)
+    logits(orig, hf_dirs.split(",") + outs)
     mcore(orig, mcore_dir)
 
 
