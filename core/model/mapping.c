@@ -453,6 +453,51 @@ static const CkptfsRule qwen2_5_vl_vision_rules[] = {
     VISION_EXTRA(CKPTFS_SCOPE_LAST, "projection.encoder.linear_fc2._extra_state", 7),
 };
 
+/* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
+ * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
+ * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
+ * child of linear_proj and linear_fc2 (after the linear's weight and _extra_state in a legacy
+ * state dict); the pre-MLP norm is fused into fc1. Gemma's norms scale by 1 + w, as Megatron's
+ * layernorm_zero_centered_gamma: the bytes are the same. Transformer Engine spec only. */
+#define GEMMA3_WEIGHT(name_, te_at, need_, ndim_, rows_, cols_, split_, recipe_, ...)            \
+    WEIGHT(name_, NULL, te_at, NONE, need_, ndim_, rows_, cols_, split_, recipe_, __VA_ARGS__)
+#define GEMMA3_NORM(name_, te_at, need_, hf_)                                                   \
+    GEMMA3_WEIGHT(name_, te_at, need_, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
+                  CKPTFS_RECIPE_WHOLE, hf_)
+#define GEMMA3_EXTRA(name_, te_at, need_) EXTRA(CKPTFS_SCOPE_LAYER, name_, te_at, NONE, need_)
+static const CkptfsRule gemma3_rules[] = {
+    EMBEDDING,
+    GEMMA3_NORM("self_attention.linear_qkv.layer_norm_weight", 5, CKPTFS_NEED_ALWAYS, "input_layernorm.weight"),
+    GEMMA3_WEIGHT("self_attention.linear_qkv.weight", 6, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                  "self_attn.v_proj.weight"),
+    GEMMA3_WEIGHT("self_attention.q_layernorm.weight", 8, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"),
+    GEMMA3_WEIGHT("self_attention.k_layernorm.weight", 10, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"),
+    GEMMA3_WEIGHT("self_attention.linear_proj.weight", 1, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight"),
+    GEMMA3_NORM("self_attention.linear_proj.post_layernorm.weight", 3, CKPTFS_NEED_ALWAYS,
+                "post_attention_layernorm.weight"),
+    GEMMA3_NORM("mlp.linear_fc1.layer_norm_weight", 12, CKPTFS_NEED_DENSE_MLP, "pre_feedforward_layernorm.weight"),
+    GEMMA3_WEIGHT("mlp.linear_fc1.weight", 13, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    GEMMA3_WEIGHT("mlp.linear_fc2.weight", 15, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    GEMMA3_NORM("mlp.linear_fc2.post_layernorm.weight", 17, CKPTFS_NEED_DENSE_MLP,
+                "post_feedforward_layernorm.weight"),
+    GEMMA3_EXTRA("self_attention.linear_qkv._extra_state", 7, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.linear_proj._extra_state", 2, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.linear_proj.post_layernorm._extra_state", 4, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("mlp.linear_fc1._extra_state", 14, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_EXTRA("mlp.linear_fc2._extra_state", 16, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_EXTRA("mlp.linear_fc2.post_layernorm._extra_state", 18, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_EXTRA("self_attention.core_attention._extra_state", 0, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.q_layernorm._extra_state", 9, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.k_layernorm._extra_state", 11, CKPTFS_NEED_ALWAYS),
+    LAST_STAGE,
+};
+
 /* GPT-OSS (GptOssForCausalLM; Megatron-Bridge's gpt_oss names): q/k/v with biases, one
  * attention sink per head (Megatron's learnable softmax offset, split by heads with them), a bias
  * on every linear layer (add_bias_linear: row-parallel biases whole on every rank), every layer
@@ -504,6 +549,7 @@ const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2
 const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};
+const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

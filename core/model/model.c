@@ -164,11 +164,24 @@ static const CkptfsArchitecture qwen3_5_text = {"Qwen3_5ForCausalLM", "qwen3_5_t
                                                 .kv_heads = 4, .head_dim = 256, .partial_rotary = 0.25,
                                                 .max_positions = 32768, .hybrid_attention = true,
                                                 .attention_gate = true, .zero_centred_norms = true};
+/* Gemma 3's text model: q/k norms, four zero-centred norms a layer, the embedding scaled by
+ * sqrt(hidden_size), tied embeddings (also when config.json leaves tie_word_embeddings out, as the
+ * 1B release does), the tanh-GELU gated MLP, a window on all layers but every
+ * sixth (layer_types) whose rope has a base of its own; transformers' defaults: 4 key/value
+ * heads of 256, rope_theta 1e6, a window of 4096, 131072 positions */
+static const CkptfsArchitecture gemma3_text = {"Gemma3ForCausalLM", "gemma3_text", false, true, &ckptfs_family_gemma3,
+                                               NULL, false, 1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4,
+                                               .head_dim = 256, .max_positions = 131072,
+                                               .attention_bias_on_output = true, .window_skip_freq = 6,
+                                               .zero_centred_norms = true, .activation = "gelu_pytorch_tanh",
+                                               .scaled_embedding = true, .gemma_attention = true,
+                                               .te_spec_only = true, .tied_by_default = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
                                                           &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text,
-                                                          &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, NULL};
+                                                          &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, &gemma3_text,
+                                                          NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {

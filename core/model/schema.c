@@ -1,5 +1,6 @@
 #include "ckptfs/schema.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "ckptfs/error.h"
@@ -57,7 +58,8 @@ static const CkptfsModelField fields[] = {
      NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     /* Megatron's untie_embeddings_and_output_weights is False unless given (older runs lack it) */
     {"tied_embeddings", CKPTFS_FIELD_BOOL, M(tied_embeddings), CKPTFS_FOR_ALL, {"tie_word_embeddings"}, 0,
-     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1, 0, 0, 0, {NULL}},
+     "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1,
+     CKPTFS_DERIVED_TIED, 0, 0, {NULL}},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     /* GPT-OSS has them on every linear layer (its architecture's); the others none */
@@ -75,17 +77,32 @@ static const CkptfsModelField fields[] = {
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
     {"norm_eps", CKPTFS_FIELD_FLOAT, M(norm_eps), CKPTFS_FOR_ALL, {"rms_norm_eps"}, 0, "layernorm_epsilon",
      "norm_epsilon", CKPTFS_FIELD_MATH, 1e-6, 1e-5, CKPTFS_DERIVED_NORM_EPS, 0, 1, {NULL}},
-    {"rope_theta", CKPTFS_FIELD_FLOAT, M(rope_theta), CKPTFS_FOR_ALL, {"rope_theta", "rope_parameters.rope_theta"},
-     0, "rotary_base", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000,
-     CKPTFS_DERIVED_ROPE_THETA, 0, 1e12, {NULL}},
+    {"rope_theta", CKPTFS_FIELD_FLOAT, M(rope_theta), CKPTFS_FOR_ALL,
+     {"rope_theta", "rope_parameters.rope_theta", "rope_parameters.full_attention.rope_theta"}, 0, "rotary_base", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_INTEGER, 10000, 10000, CKPTFS_DERIVED_ROPE_THETA, 0, 1e12, {NULL}},
     {"rotary_percent", CKPTFS_FIELD_FLOAT, M(rotary_percent), CKPTFS_FOR_ALL,
      {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"}, 0, "rotary_percent", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1, {NULL}},
     {"sliding_window", CKPTFS_FIELD_WINDOW, 0, CKPTFS_FOR_ALL, {"sliding_window"}, 0, NULL, NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
     {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_ALL,
-     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type"}, 0, NULL, NULL,
+     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type",
+      "rope_parameters.full_attention.rope_type", "rope_parameters.sliding_attention.rope_type"}, 0, NULL, NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    /* Gemma's attention (transformers 5 nests the two rope bases under rope_parameters'
+     * full_attention and sliding_attention): mbridge's Gemma3TransformerConfig field names;
+     * soft-capping and bidirectional attention are not in Megatron-core 0.17.1 */
+    {"rope_local_theta", CKPTFS_FIELD_FLOAT, M(rope_local_theta), CKPTFS_FOR_GEMMA_ATTENTION,
+     {"rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta"}, 0, "rope_local_base_freq", NULL,
+     CKPTFS_FIELD_MATH, 10000, 10000, 0, 0, 1e12, {NULL}},
+    {"query_pre_attn_scalar", CKPTFS_FIELD_FLOAT, M(query_pre_attn_scalar), CKPTFS_FOR_GEMMA_ATTENTION,
+     {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL, CKPTFS_FIELD_MATH, 256, 256, 0, 0, 1e12, {NULL}},
+    {"attn_softcap", CKPTFS_FIELD_FLOAT, M(attn_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"attn_logit_softcapping"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+    {"final_softcap", CKPTFS_FIELD_FLOAT, M(final_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"final_logit_softcapping"},
+     0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+    {"bidirectional_attention", CKPTFS_FIELD_BOOL, M(bidirectional_attention), CKPTFS_FOR_GEMMA_ATTENTION,
+     {"use_bidirectional_attention"}, 0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0, {NULL}},
     /* Llama 3's scaling: Megatron-core 0.17.1 (apply_rope_scaling) takes the factor and fixes
      * the rest */
     {"rope_scaling_factor", CKPTFS_FIELD_FLOAT, M(rope_scaling_factor), CKPTFS_FOR_LLAMA3,
@@ -303,12 +320,23 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return false;
     case CKPTFS_FOR_LINEAR_ATTENTION:
         return m->linear_attention;
+    case CKPTFS_FOR_GEMMA_ATTENTION:
+        return m->arch && m->arch->gemma_attention;
     default:
         return true;
     }
 }
 
 static const char *const rope_type_names[] = {"default", "llama3", "yarn"};
+
+/* The activation as config.json names it: the row's own (a vision tower's plain MLP), else the
+ * architecture's gated MLP's, else SwiGLU's silu. */
+static const char *activation_of(const CkptfsModel *m, const CkptfsModelField *f)
+{
+    if (f->choice[0])
+        return f->choice[0];
+    return m->arch && m->arch->activation ? m->arch->activation : "silu";
+}
 
 static char *token_ids_text(const CkptfsTokenIds *t, bool known)
 {
@@ -344,7 +372,7 @@ char *ckptfs_schema_value_text(const CkptfsModelField *f, const CkptfsModel *m)
     case CKPTFS_FIELD_ROPE_TYPE:
         return g_strdup(rope_type_names[*(const CkptfsRopeType *)(const void *)p]);
     case CKPTFS_FIELD_ACTIVATION:
-        return g_strdup(f->choice[0] ? f->choice[0] : "silu");
+        return g_strdup(activation_of(m, f));
     case CKPTFS_FIELD_WINDOW:
         if (m->window > 0)
             return g_strdup_printf("%" G_GUINT64_FORMAT " (one full-attention layer in %" G_GUINT64_FORMAT ")",
@@ -445,6 +473,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
     case CKPTFS_DERIVED_GLU_CLAMP:
         if (!args && m->arch)
             return m->arch->glu_clamp;
+        break;
+    case CKPTFS_DERIVED_TIED:
+        if (!args && m->arch && m->arch->tied_by_default)
+            return 1;
         break;
     default:
         break;
@@ -605,12 +637,14 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
                    "multi-latent attention and GPT-OSS)", name, v->text);
         v->number = t;
     }
+    const char *activation = activation_of(m, f);
     /* a vision tower's plain MLP: the one activation its Megatron config fixes */
-    if (f->type == CKPTFS_FIELD_ACTIVATION && f->choice[0] && strcmp(v->text, f->choice[0]) != 0)
-        REFUSE("%s '%s' is not understood: the vision tower's rules know %s only", name, v->text, f->choice[0]);
-    if (f->type == CKPTFS_FIELD_ACTIVATION && !f->choice[0] && strcmp(v->text, "silu") != 0 &&
-        strcmp(v->text, "swish") != 0)
-        REFUSE("%s '%s' has no Megatron equivalent (SwiGLU models use silu)", name, v->text);
+    if (f->type == CKPTFS_FIELD_ACTIVATION && f->choice[0] && strcmp(v->text, activation) != 0)
+        REFUSE("%s '%s' is not understood: the vision tower's rules know %s only", name, v->text, activation);
+    bool swish = f->type == CKPTFS_FIELD_ACTIVATION && strcmp(activation, "silu") == 0 && strcmp(v->text, "swish") == 0;
+    if (f->type == CKPTFS_FIELD_ACTIVATION && strcmp(v->text, activation) != 0 && !swish)
+        REFUSE("%s '%s' has no Megatron equivalent (%s's gated MLP uses %s)", name, v->text,
+               m->arch ? m->arch->hf_architecture : "a SwiGLU model", activation);
     return true;
 }
 
@@ -631,6 +665,15 @@ static bool read_skipped_window(JsonObject *config, CkptfsModel *m, GError **err
     if (got == CKPTFS_JSON_WRONG_TYPE || (got == CKPTFS_JSON_FOUND && window <= 0) ||
         (ckptfs_json_member(config, "sliding_window") && got != CKPTFS_JSON_FOUND))
         REFUSE("\"sliding_window\" is not a positive integer (%s's sliding layers need one)", m->arch->hf_architecture);
+    /* the older spelling of layer_types (Gemma 3's releases; transformers 5 writes it with "_") */
+    static const char *const patterns[] = {"sliding_window_pattern", "_sliding_window_pattern"};
+    for (size_t i = 0; i < G_N_ELEMENTS(patterns); i++) {
+        gint64 pattern = (gint64)freq;
+        got = ckptfs_json_member_int(config, patterns[i], &pattern);
+        if (got == CKPTFS_JSON_WRONG_TYPE || pattern != (gint64)freq)
+            REFUSE("%s is not %" G_GUINT64_FORMAT ": Megatron's window_attn_skip_freq for %s has a full-attention "
+                   "layer every %" G_GUINT64_FORMAT "th", patterns[i], freq, m->arch->hf_architecture, freq);
+    }
     JsonNode *types = ckptfs_json_member(config, "layer_types");
     if (types != NULL && !JSON_NODE_HOLDS_NULL(types)) {
         JsonArray *list = JSON_NODE_HOLDS_ARRAY(types) ? json_node_get_array(types) : NULL;
@@ -679,6 +722,31 @@ static bool check_window(JsonObject *config, CkptfsModel *m, GError **error)
  * multimodal rope's sections, and transformers 5's "type": "mrope" beside rope_type). */
 static const char *const mrope_members[] = {"mrope_section", "type"};
 
+/* OBJECT's members (PREFIX.name) each one a row reads; a nested object's in turn (Gemma 3's
+ * rope_parameters.full_attention and .sliding_attention). */
+static bool check_rope_object(JsonObject *object, const char *prefix, const CkptfsModel *m, GError **error)
+{
+    g_autoptr(GList) members = json_object_get_members(object);
+    for (GList *k = members; k; k = k->next) {
+        g_autofree char *path = g_strdup_printf("%s.%s", prefix, (const char *)k->data);
+        JsonNode *member = json_object_get_member(object, k->data);
+        if (JSON_NODE_HOLDS_OBJECT(member)) {
+            if (!check_rope_object(json_node_get_object(member), path, m, error))
+                return false;
+            continue;
+        }
+        bool known = false;
+        for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
+            for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
+                known = strcmp(fields[i].hf[n], path) == 0;
+        for (size_t i = 0; i < G_N_ELEMENTS(mrope_members) && !known && m->arch && m->arch->vision_part; i++)
+            known = strcmp(mrope_members[i], k->data) == 0;
+        if (!known)
+            REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
+    }
+    return true;
+}
+
 /* Every member of rope_scaling / rope_parameters must be one a row reads: another would be a
  * setting whose effect the views silently drop. */
 static bool check_rope_members(JsonObject *config, const CkptfsModel *m, GError **error)
@@ -689,18 +757,8 @@ static bool check_rope_members(JsonObject *config, const CkptfsModel *m, GError 
             continue;
         if (!JSON_NODE_HOLDS_OBJECT(node))
             REFUSE("\"%s\" is not an object", rope_objects[o]);
-        g_autoptr(GList) members = json_object_get_members(json_node_get_object(node));
-        for (GList *k = members; k; k = k->next) {
-            g_autofree char *path = g_strdup_printf("%s.%s", rope_objects[o], (const char *)k->data);
-            bool known = false;
-            for (size_t i = 0; i < G_N_ELEMENTS(fields) && !known; i++)
-                for (size_t n = 0; n < G_N_ELEMENTS(fields[i].hf) && fields[i].hf[n] && !known; n++)
-                    known = strcmp(fields[i].hf[n], path) == 0;
-            for (size_t i = 0; i < G_N_ELEMENTS(mrope_members) && !known && m->arch && m->arch->vision_part; i++)
-                known = strcmp(mrope_members[i], k->data) == 0;
-            if (!known)
-                REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
-        }
+        if (!check_rope_object(json_node_get_object(node), rope_objects[o], m, error))
+            return false;
     }
     return true;
 }
@@ -839,6 +897,9 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     if (fixed_for(f, m) && chosen.number != f->hf_default && f->type == CKPTFS_FIELD_BOOL)
         REFUSE("%s %s has no Megatron equivalent: the views serve only %s", first, chosen.number ? "true" : "false",
                f->hf_default ? "true" : "false");
+    if (fixed_for(f, m) && chosen.number != f->hf_default && f->hf_default == 0) /* Gemma's soft-caps */
+        REFUSE("%s %g has no Megatron equivalent: the Megatron model the views follow has none (only null or 0 "
+               "is served)", first, chosen.number);
     if (fixed_for(f, m) && chosen.number != f->hf_default)
         REFUSE("%s %g has no Megatron equivalent: Megatron-core fixes it at %g", first, chosen.number,
                f->hf_default);
@@ -997,7 +1058,7 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_string_member(into, "type", rope_type_names[(int)v]);
             break;
         case CKPTFS_FIELD_ACTIVATION:
-            json_object_set_string_member(into, name, "silu");
+            json_object_set_string_member(into, name, activation_of(m, f));
             break;
         case CKPTFS_FIELD_WINDOW:
         case CKPTFS_FIELD_TOKEN_ID:
@@ -1092,6 +1153,13 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         bool swiglu = v != NULL && v->kind == CKPTFS_PY_BOOL && v->i;
         bool geglu = !swiglu && quick && quick->kind == CKPTFS_PY_BOOL && quick->i && offset &&
                      offset->kind == CKPTFS_PY_FLOAT && offset->f == 1.0;
+        /* Gemma 3's: the gated tanh GELU (gated_linear_unit with openai_gelu) */
+        const CkptfsPy *gated = ckptfs_py_dict_get(args, "gated_linear_unit");
+        const CkptfsPy *tanh_gelu = ckptfs_py_dict_get(args, "openai_gelu");
+        bool gelu_glu = !swiglu && m->arch && m->arch->activation && gated && gated->kind == CKPTFS_PY_BOOL &&
+                        gated->i && tanh_gelu && tanh_gelu->kind == CKPTFS_PY_BOOL && tanh_gelu->i;
+        if (gelu_glu)
+            return true;
         if (!swiglu && !geglu)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true and args.quick_geglu "
                                "is not true with glu_linear_offset 1.0; only SwiGLU models and GPT-OSS's GLU are "
@@ -1221,8 +1289,12 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
             write_args_token_ids(f, m, a, &token_ids);
             continue;
         }
-        if (f->type == CKPTFS_FIELD_ACTIVATION) { /* SwiGLU, or GPT-OSS's clamped quick-GELU GLU */
-            ckptfs_value_set(a, f->args, ckptfs_value_bool(m->glu_clamp == 0));
+        if (f->type == CKPTFS_FIELD_ACTIVATION) { /* SwiGLU, GPT-OSS's clamped quick-GELU GLU, Gemma's GeGLU */
+            bool gelu = m->arch && m->arch->activation;
+            ckptfs_value_set(a, f->args, ckptfs_value_bool(m->glu_clamp == 0 && !gelu));
+            if (gelu) /* Megatron-Bridge's fast_gelu: openai_gelu's tanh GELU, gated */
+                ckptfs_value_set(a, "gated_linear_unit", ckptfs_value_bool(true)),
+                    ckptfs_value_set(a, "openai_gelu", ckptfs_value_bool(true));
             ckptfs_value_set(a, "quick_geglu", ckptfs_value_bool(m->glu_clamp != 0));
             ckptfs_value_set(a, "glu_linear_offset", ckptfs_value_float(m->glu_clamp != 0 ? 1.0 : 0.0));
             continue;
@@ -1267,6 +1339,10 @@ void ckptfs_schema_write_args(const CkptfsModel *m, CkptfsValue *a)
         ckptfs_value_set(a, "window_size", ckptfs_value_int_tuple(size, 2));
         ckptfs_value_set(a, "window_attn_skip_freq", ckptfs_value_int((int64_t)m->window_skip_freq));
     }
+    if (m->arch && m->arch->gemma_attention) /* Megatron-core's TransformerConfig.softmax_scale */
+        ckptfs_value_set(a, "softmax_scale", ckptfs_value_float(1.0 / sqrt(m->query_pre_attn_scalar)));
+    if (m->arch && m->arch->scaled_embedding) /* mbridge's Gemma3TransformerConfig.embed_scale */
+        ckptfs_value_set(a, "embed_scale", ckptfs_value_float(sqrt((double)m->hidden)));
     ckptfs_value_set(a, "group_query_attention", ckptfs_value_bool(m->kv_heads != m->heads));
     ckptfs_value_set(a, "use_rope_scaling", ckptfs_value_bool(m->rope_type == CKPTFS_ROPE_LLAMA3));
     if (m->mla)

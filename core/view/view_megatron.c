@@ -306,6 +306,13 @@ static void add_hybrid_args(CkptfsValue *a, const CkptfsModel *m)
     ckptfs_value_set(a, "layernorm_zero_centered_gamma", ckptfs_value_bool(m->arch->zero_centred_norms));
 }
 
+/* Gemma 3's norms scale by 1 + w (Megatron's layernorm_zero_centered_gamma), as a hybrid's. */
+static void add_norm_args(CkptfsValue *a, const CkptfsModel *m)
+{
+    if (m->arch->zero_centred_norms && !m->arch->hybrid_attention)
+        ckptfs_value_set(a, "layernorm_zero_centered_gamma", ckptfs_value_bool(true));
+}
+
 CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *options,
                                   const CkptfsLayout *l, uint64_t padded_vocab,
                                   const char *ckpt_format)
@@ -380,6 +387,7 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     SET_BOOL("use_legacy_models", false);
     add_moe_args(a, m, options, l);
     add_hybrid_args(a, m);
+    add_norm_args(a, m);
     ckptfs_value_set(a, "mtp_num_layers", m->mtp ? ckptfs_value_int((int64_t)m->mtp_layers) : ckptfs_value_none());
     SET_STR("hf_architecture", m->arch->hf_architecture);
 #undef SET_INT
@@ -456,6 +464,9 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
         if (vision_split[i].value % layout->tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT,
                                layout->tp, vision_split[i].what, vision_split[i].value);
+    if (model->arch->te_spec_only && local)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: %s's Megatron layers exist with Transformer "
+                           "Engine only (spec=te)", model->arch->hf_architecture);
     /* Megatron-core 0.17.1 builds gated delta-net layers with Transformer Engine only. */
     if (model->arch->hybrid_attention && local)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: Megatron-core builds %s's gated delta-net "

@@ -185,6 +185,9 @@ extern const CkptfsFamily ckptfs_family_qwen3_next; /* Qwen3-Next: gated delta-n
 extern const CkptfsFamily ckptfs_family_qwen3_5;  /* Qwen3.5's text model: the same layers, the
                                                      delta-net's input projections split, a
                                                      dense MLP */
+extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k norms, a norm after
+                                                    attention and after the MLP (Megatron-Bridge's
+                                                    post_layernorm of linear_proj and linear_fc2) */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

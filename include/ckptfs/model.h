@@ -104,6 +104,23 @@ typedef struct CkptfsArchitecture {
     bool zero_centred_norms;
     /* the vision part's list of block numbers the architecture's walk reads (NULL: none) */
     const struct CkptfsVisionBlocks *vision_blocks;
+    /* The gated MLP's activation as config.json names it (NULL: silu, SwiGLU; Gemma 3:
+     * "gelu_pytorch_tanh", Megatron's GLU with the tanh GELU, openai_gelu) */
+    const char *activation;
+    /* Gemma's embedding output times sqrt(hidden_size) (mbridge's and Megatron-Bridge's Gemma
+     * embedding scales it; the weights are the same) */
+    bool scaled_embedding;
+    /* Gemma's attention: the sliding layers rotate with a base of their own
+     * (rope_local_base_freq), scores scaled by query_pre_attn_scalar^-0.5; soft-capping of the
+     * scores or logits and bidirectional attention have no Megatron equivalent (the schema's
+     * CKPTFS_FOR_GEMMA_ATTENTION rows) */
+    bool gemma_attention;
+    /* transformers ties the embeddings when config.json leaves tie_word_embeddings out (Gemma 3's
+     * 1B release does) */
+    bool tied_by_default;
+    /* Megatron builds it with Transformer Engine only (Megatron-Bridge's Gemma 3 spec puts the
+     * post-norms inside TE's linear layers): spec=local is refused */
+    bool te_spec_only;
 } CkptfsArchitecture;
 
 /* A list of vision blocks in a VLM's vision part: Qwen2.5-VL's fullatt_block_indexes (the blocks
@@ -235,6 +252,11 @@ typedef struct {
     /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
      * temporal, height and width positions; all 0: plain rope) */
     uint64_t mrope_section[3];
+    /* Gemma's attention (CkptfsArchitecture.gemma_attention): the sliding layers' rope base, the
+     * query scalar (scores times its inverse square root); soft-caps and bidirectional attention
+     * read only to be refused (0, false: none) */
+    double rope_local_theta, query_pre_attn_scalar, attn_softcap, final_softcap;
+    bool bidirectional_attention;
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */

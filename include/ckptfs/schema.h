@@ -44,6 +44,7 @@ typedef enum {
                                 read like CKPTFS_FOR_VISION's, for architectures that name it) */
     CKPTFS_FOR_VISION_DEEPSTACK, /* Qwen3-VL's vision tower (Qwen3VLVisionConfig's fields and defaults),
                                     read like CKPTFS_FOR_VISION */
+    CKPTFS_FOR_GEMMA_ATTENTION,  /* Gemma's attention (CkptfsArchitecture.gemma_attention) */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */
@@ -60,6 +61,7 @@ typedef enum {
     CKPTFS_DERIVED_MAX_POSITIONS, /* the architecture's transformers default (Llama: 2048) */
     CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
     CKPTFS_DERIVED_GLU_CLAMP,  /* the architecture's clamped GLU (GPT-OSS: 7), fixed by its class */
+    CKPTFS_DERIVED_TIED,       /* the architecture's transformers default (Gemma 3 ties the embeddings) */
     CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
                                   expert bias (CkptfsMoeConfig.sigmoid_routing) */
 } CkptfsFieldDerived;
@@ -111,7 +113,7 @@ typedef struct {
     CkptfsFieldScope scope;
     /* Names in config.json, the one written first (transformers 4's top-level field, which 5
      * reads too); "a.b" is member b of object a. NULL-terminated. */
-    const char *hf[4];
+    const char *hf[6];
     CkptfsFieldArchKey arch_key; /* read and written under the architecture's name too */
     const char *args;        /* Megatron's argument (NULL: none) */
     const char *args_old;    /* an older name of it, read when the first is absent */

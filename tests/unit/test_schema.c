@@ -60,6 +60,18 @@ static const char *const bases[] = {
     "\"n_routed_experts\": 8, \"num_experts_per_tok\": 4, \"moe_intermediate_size\": 32, \"n_shared_experts\": 1, "
     "\"first_k_dense_replace\": 1, \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, \"n_group\": 4, "
     "\"topk_group\": 2, \"num_nextn_predict_layers\": 1}",
+    /* Gemma 3's text model, v5 spellings: two rope bases nested by layer kind, a window on all
+     * layers but every sixth, its query scalar, soft-caps null */
+    "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": \"gemma3_text\", \"num_hidden_layers\": 6, "
+    "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 24, "
+    "\"intermediate_size\": 96, \"vocab_size\": 256, \"max_position_embeddings\": 512, "
+    "\"hidden_activation\": \"gelu_pytorch_tanh\", \"tie_word_embeddings\": true, \"rms_norm_eps\": 1e-06, "
+    "\"attention_bias\": false, \"query_pre_attn_scalar\": 20, \"sliding_window\": 4, "
+    "\"attn_logit_softcapping\": null, \"final_logit_softcapping\": null, \"use_bidirectional_attention\": false, "
+    "\"_sliding_window_pattern\": 6, \"layer_types\": [\"sliding_attention\", \"sliding_attention\", "
+    "\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"], "
+    "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, "
+    "\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 5000.0}}}",
 };
 
 static JsonObject *parse(const char *json)
@@ -98,6 +110,8 @@ static unsigned names_of(const CkptfsModelField *f, const CkptfsModel *m, const 
     return n;
 }
 
+/* The object holding PATH's last member (nested: Gemma 3's rope_parameters.full_attention.*),
+ * made with CREATE where missing. */
 static JsonObject *parent_of(JsonObject *config, const char *path, const char **leaf, bool create)
 {
     const char *dot = strchr(path, '.');
@@ -110,7 +124,7 @@ static JsonObject *parent_of(JsonObject *config, const char *path, const char **
         o = json_object_new();
         json_object_set_object_member(config, parent, o);
     }
-    return o;
+    return o && strchr(*leaf, '.') ? parent_of(o, *leaf, leaf, create) : o;
 }
 
 /* The JSON value at PATH as the schema prints it ("%g" numbers, true/false, names). */

@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""A tiny Gemma 3 text model (Gemma3ForCausalLM) built and saved by transformers 5 itself (run in
+the sid root), and the checks of ckptfs's views of it.
+
+  gemma3.py build OUT
+      OUT/text: Gemma3ForCausalLM with a tiny config (six layers: five sliding, one full, as
+      transformers' layer_types has them; its own head_dim, query_pre_attn_scalar and two rope
+      bases), saved by save_pretrained in bf16, norms random; OUT/release: its tensors with the
+      1B release's spelling of config.json (top-level rope_local_base_freq and
+      sliding_window_pattern, tie_word_embeddings left out); OUT/softcap, OUT/pattern,
+      OUT/bidirectional: the same with final_logit_softcapping set, a layer_types Megatron's
+      window_attn_skip_freq cannot say, use_bidirectional_attention true.
+  gemma3.py check ORIG MCORE_DIR HF_DIR[,HF_DIR...] MEGATRON_DIR:TP:PP OUT [...]
+      three checks in one run (torch and transformers load once). Each rank file of
+      MEGATRON_DIR (tpTPppPP/ of ORIG) loads with weights_only and holds the names, shapes and
+      bytes of Megatron-Bridge's Gemma 3 GPTModel on that rank (written here from
+      Megatron-Bridge's gemma3 bridge table and Megatron-core's TP splits) and the args Gemma 3
+      needs; ORIG is rebuilt from those rank files the way the bridge exports, into OUT. ORIG,
+      each HF_DIR and each OUT loaded by transformers 5 give the same logits (torch.equal) on a text
+      longer than the window. MCORE_DIR (mcore/release) read by torch.distributed.checkpoint
+      holds the keys, global shapes and bytes of Megatron-core's sharded_state_dict of that
+      GPTModel. Prints "PASS what" or "FAIL what: why".
+"""
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+
+from vlm import chunks_of, load_rank, rank_file, save_st, tp_share
+
+TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=512,
+            rms_norm_eps=1e-6, query_pre_attn_scalar=20, sliding_window=4,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}},
+            tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+
+
+def build(out):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**TEXT)).to(torch.bfloat16)
+    # Random norms so a norm served from the wrong tensor shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(f"{out}/text")
+    with open(f"{out}/text/config.json") as f:
+        config = json.load(f)
+    if config.get("layer_types") != ["sliding_attention"] * 5 + ["full_attention"]:
+        sys.exit(f"transformers wrote layer_types {config.get('layer_types')}")
+    # The 1B release's spelling (transformers 4.50): the two rope bases and the pattern at the top
+    # level, no layer_types, tie_word_embeddings left out (transformers ties by default).
+    release = {k: v for k, v in config.items() if k not in ("rope_parameters", "layer_types", "tie_word_embeddings",
+                                                            "_sliding_window_pattern", "dtype")}
+    release.update(rope_theta=TEXT["rope_parameters"]["full_attention"]["rope_theta"],
+                   rope_local_base_freq=TEXT["rope_parameters"]["sliding_attention"]["rope_theta"],
+                   rope_scaling=None, sliding_window_pattern=6, torch_dtype="bfloat16",
+                   transformers_version="4.50.0.dev0")
+    os.makedirs(f"{out}/release")
+    shutil.copy(f"{out}/text/model.safetensors", f"{out}/release/model.safetensors")
+    with open(f"{out}/release/config.json", "w") as f:
+        json.dump(release, f, indent=2)
+    for form, change in (("softcap", {"final_logit_softcapping": 30.0}),
+                         ("pattern", {"layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 2}),
+                         ("bidirectional", {"use_bidirectional_attention": True})):
+        shutil.copytree(f"{out}/text", f"{out}/{form}")
+        with open(f"{out}/{form}/config.json", "w") as f:
+            json.dump({**config, **change}, f, indent=2)
+
+
+def logits_of(path):
+    from transformers import Gemma3ForCausalLM
+    model = Gemma3ForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model.eval()
+    ids = torch.tensor([[2, 5, 17, 42, 7, 99, 123, 200, 3, 64, 31, 250]])  # 12 tokens, window 4
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def logits(orig, hf_dirs):
+    want = logits_of(orig)
+    for hf_dir in hf_dirs:
+        got = logits_of(hf_dir)
+        if torch.equal(want, got):
+            print(f"PASS {hf_dir}: transformers' logits equal {orig}'s")
+        else:
+            print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
+
+
+# --- Megatron layouts, written from Megatron-Bridge's gemma3 bridge (NVIDIA-NeMo/Megatron-Bridge,
+# src/megatron/bridge/models/gemma/gemma3_bridge.py: mapping_registry, QKVMapping,
+# GatedMLPMapping; gemma3_provider.py: TERowParallelLinearLayerNorm's post_layernorm) and
+# Megatron-core's TP splits, not from ckptfs ---
+
+# Megatron name -> (HF names, how TP splits it), as vlm.py's tables.
+FIRST = {"embedding.word_embeddings.weight": (["model.embed_tokens.weight"], "vocab")}
+LAST = {"decoder.final_layernorm.weight": (["model.norm.weight"], "whole")}
+# tied embeddings: a later stage's copy of the embedding (Megatron's shared output layer)
+LAST_COPY = {"output_layer.weight": (["model.embed_tokens.weight"], "vocab")}
+LAYER = {
+    "self_attention.linear_qkv.layer_norm_weight": (["input_layernorm.weight"], "whole"),
+    "self_attention.q_layernorm.weight": (["self_attn.q_norm.weight"], "whole"),
+    "self_attention.k_layernorm.weight": (["self_attn.k_norm.weight"], "whole"),
+    "self_attention.linear_proj.weight": (["self_attn.o_proj.weight"], "cols"),
+    "self_attention.linear_proj.post_layernorm.weight": (["post_attention_layernorm.weight"], "whole"),
+    "mlp.linear_fc1.layer_norm_weight": (["pre_feedforward_layernorm.weight"], "whole"),
+    "mlp.linear_fc2.weight": (["mlp.down_proj.weight"], "cols"),
+    "mlp.linear_fc2.post_layernorm.weight": (["post_feedforward_layernorm.weight"], "whole"),
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                          "self_attn.v_proj.weight"], "rows"),
+    "mlp.linear_fc1.weight": (["mlp.gate_proj.weight", "mlp.up_proj.weight"], "halves"),
+}
+
+
+# A legacy TE rank file's order within a layer: torch's state_dict walks a module's own parameters,
+# then its _extra_state (TE modules), then its children in registration order. Megatron-core's
+# TransformerLayer registers self_attention (Attention: core_attention, linear_proj; SelfAttention:
+# linear_qkv, q_layernorm, k_layernorm), then mlp (linear_fc1, linear_fc2); the bridge's
+# TERowParallelLinearLayerNorm registers post_layernorm as a child of the linear.
+LAYER_ORDER = [
+    "self_attention.core_attention._extra_state",
+    "self_attention.linear_proj.weight", "self_attention.linear_proj._extra_state",
+    "self_attention.linear_proj.post_layernorm.weight", "self_attention.linear_proj.post_layernorm._extra_state",
+    "self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv._extra_state",
+    "self_attention.q_layernorm.weight", "self_attention.q_layernorm._extra_state",
+    "self_attention.k_layernorm.weight", "self_attention.k_layernorm._extra_state",
+    "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc1._extra_state",
+    "mlp.linear_fc2.weight", "mlp.linear_fc2._extra_state",
+    "mlp.linear_fc2.post_layernorm.weight", "mlp.linear_fc2.post_layernorm._extra_state",
+]
+
+
+def expected_order(p, pp):
+    """The keys of stage P's rank file in order (GPTModel: embedding, decoder, output_layer)."""
+    out = ["embedding.word_embeddings.weight"] if p == 0 else []
+    out += [f"decoder.layers.{local}.{k}" for local in range(len(stage_layers(p, pp))) for k in LAYER_ORDER]
+    if p == pp - 1:
+        out += ["decoder.final_layernorm.weight", "decoder.final_layernorm._extra_state"]
+        out += ["output_layer.weight", "output_layer._extra_state"] if pp > 1 else ["output_layer._extra_state"]
+    return out
+
+
+def to_mcore(name, hf):
+    """QKVMapping / GatedMLPMapping: the full Megatron tensor of NAME (q/k/v per query group)."""
+    if name.endswith("linear_qkv.weight"):
+        groups, heads, d = TEXT["num_key_value_heads"], TEXT["num_attention_heads"], TEXT["head_dim"]
+        q, k, v = hf
+        parts = [q.reshape(groups, heads // groups * d, -1), k.reshape(groups, d, -1), v.reshape(groups, d, -1)]
+        return torch.cat(parts, dim=1).reshape(-1, TEXT["hidden_size"])
+    return torch.cat(hf, dim=0) if len(hf) == 2 else hf[0]
+
+
+def stage_layers(p, pp):
+    per = TEXT["num_hidden_layers"] // pp
+    return range(p * per, (p + 1) * per)
+
+
+def entries_of(p, pp):
+    """(Megatron name, HF names, split) on pipeline stage P."""
+    out = []
+    if p == 0:
+        out += [(k, v[0], v[1]) for k, v in FIRST.items()]
+    for local, g in enumerate(stage_layers(p, pp)):
+        out += [(f"decoder.layers.{local}.{k}", [f"model.layers.{g}.{n}" for n in v[0]], v[1]) for k, v in LAYER.items()]
+    if p == pp - 1:
+        out += [(k, v[0], v[1]) for k, v in LAST.items()]
+        if pp > 1:
+            out += [(k, v[0], v[1]) for k, v in LAST_COPY.items()]
+    return out
+
+
+def hf_tensors(orig):
+    from safetensors.torch import load_file
+    return load_file(f"{orig}/model.safetensors")
+
+
+def vocab_padded(tp):
+    divisible = 128 * tp  # Megatron's make_vocab_size_divisible_by x TP
+    return (TEXT["vocab_size"] + divisible - 1) // divisible * divisible
+
+
+# Megatron-core's TransformerConfig fields and Megatron-Bridge's / mbridge's Gemma 3 ones the rank
+# files' args must hold (window_size as Megatron-core takes it: (W - 1, 0))
+def expected_args():
+    rope = TEXT["rope_parameters"]
+    return {"window_size": (TEXT["sliding_window"] - 1, 0), "window_attn_skip_freq": 6,
+            "rotary_base": int(rope["full_attention"]["rope_theta"]),
+            "rope_local_base_freq": rope["sliding_attention"]["rope_theta"],
+            "softmax_scale": 1.0 / math.sqrt(TEXT["query_pre_attn_scalar"]),
+            "layernorm_zero_centered_gamma": True, "qk_layernorm": True, "swiglu": False,
+            "gated_linear_unit": True, "openai_gelu": True, "kv_channels": TEXT["head_dim"],
+            "untie_embeddings_and_output_weights": False, "add_bias_linear": False,
+            "embed_scale": math.sqrt(TEXT["hidden_size"])}
+
+
+def megatron(orig, meg, tp, pp):
+    hf = hf_tensors(orig)
+    what = f"{os.path.basename(meg)} tp{tp}pp{pp}"
+    for p in range(pp):
+        for r in range(tp):
+            want = {f"model/{name}": tp_share(to_mcore(name, [hf[n] for n in names]), split, tp, r, vocab_padded(tp))
+                    for name, names, split in entries_of(p, pp)}
+            try:
+                ckpt = load_rank(rank_file(meg, p, r, pp))
+            except Exception as e:  # noqa: BLE001
+                print(f"FAIL {what} rank ({p}, {r}): torch.load(weights_only=True): {e}")
+                continue
+            got = {k: v for k, v in chunks_of(ckpt, 1).items() if not k.endswith("_extra_state")}
+            order = list(ckpt["model"]) == expected_order(p, pp)
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
+            args = vars(ckpt["args"])
+            wrong = {k: args.get(k) for k, v in expected_args().items()
+                     if not (args.get(k) == v or (isinstance(v, float) and isinstance(args.get(k), float)
+                                                  and math.isclose(args[k], v, rel_tol=1e-12)))}
+            if missing or extra or bad or wrong or not order:
+                print(f"FAIL {what} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, "
+                      f"differing {bad[:3]}, args {wrong}, in Megatron's order {order} {list(ckpt['model'])[:12]}")
+            else:
+                print(f"PASS {what} rank ({p}, {r}): {len(want)} tensors with Megatron-Bridge's names, shapes "
+                      f"and bytes, in Megatron's order; args {sorted(expected_args())}")
+
+
+def to_hf(orig, meg, tp, pp, out):
+    """ORIG rebuilt from MEG's rank files as the bridge exports (TP shares gathered, q/k/v and fc1
+    split back), saved with ORIG's config.json."""
+    ranks = {(p, r): chunks_of(load_rank(rank_file(meg, p, r, pp)), 1) for p in range(pp) for r in range(tp)}
+    hf = {}
+    for p in range(pp):
+        for name, names, split in entries_of(p, pp):
+            if name in LAST_COPY:
+                continue
+            shares = [ranks[(p, r)][f"model/{name}"] for r in range(tp)]
+            if split == "whole":
+                full = shares[0]
+            elif split in ("rows", "vocab"):
+                full = torch.cat(shares, dim=0)[: TEXT["vocab_size"]] if split == "vocab" else torch.cat(shares, dim=0)
+            elif split == "cols":
+                full = torch.cat(shares, dim=1)
+            else:
+                halves = [s.chunk(2, dim=0) for s in shares]
+                full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+            if name.endswith("linear_qkv.weight"):
+                groups, heads, d = TEXT["num_key_value_heads"], TEXT["num_attention_heads"], TEXT["head_dim"]
+                q, k, v = full.reshape(groups, (heads // groups + 2) * d, -1).split([heads // groups * d, d, d], dim=1)
+                for n, x in zip(names, (q, k, v)):
+                    hf[n] = x.reshape(-1, TEXT["hidden_size"])
+            elif len(names) == 2:
+                hf[names[0]], hf[names[1]] = full.chunk(2, dim=0)
+            else:
+                hf[names[0]] = full
+    os.makedirs(out)
+    save_st(hf, f"{out}/model.safetensors")
+    shutil.copy(f"{orig}/config.json", f"{out}/config.json")
+
+
+def mcore(orig, ckpt):
+    """mcore/ read by torch.distributed.checkpoint: each layer weight stacked on a leading axis
+    under "decoder.layers.", the vocabulary unpadded; no output layer (tied)."""
+    import torch.distributed.checkpoint as dcp
+    hf = hf_tensors(orig)
+    want = {k: to_mcore(k, [hf[n] for n in v[0]]) for k, v in {**FIRST, **LAST}.items()}
+    # padded for the largest TP the model allows (its 4 heads), as docs/torch-dist.md says
+    embedding = torch.zeros(vocab_padded(4), TEXT["hidden_size"], dtype=hf["model.embed_tokens.weight"].dtype)
+    embedding[: TEXT["vocab_size"]] = want["embedding.word_embeddings.weight"]
+    want["embedding.word_embeddings.weight"] = embedding
+    for k, (names, _) in LAYER.items():
+        want[f"decoder.layers.{k}"] = torch.stack(
+            [to_mcore(k, [hf[f"model.layers.{g}.{n}"] for n in names]) for g in range(TEXT["num_hidden_layers"])])
+    meta = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != tuple(want[k].shape)]
+    if missing or extra or others or shapes:
+        print(f"FAIL mcore keys: missing {missing[:3]}, unexpected {extra[:3]} {others[:3]}, shapes differ {shapes[:3]}")
+        return
+    print(f"PASS mcore keys: the {len(want)} tensor keys of Megatron-Bridge's model with its global shapes")
+    got = {k: torch.empty_like(v) for k, v in want.items()}
+    dcp.load(got, checkpoint_id=ckpt)
+    bad = [k for k in want if not torch.equal(got[k], want[k])]
+    print(f"{'FAIL' if bad else 'PASS'} mcore tensors: dcp.load gives the bridge's tensors bit for bit"
+          + (f" (differing {bad[:3]})" if bad else ""))
+
+
+def check(orig, mcore_dir, hf_dirs, specs):
+    """All of the above in one run (transformers and torch load once): megatron() and to_hf() of
+    each DIR:TP:PP of SPECS (pairs with an OUT), logits() of HF_DIRS (comma-separated) and each
+    OUT, mcore()."""
+    outs = []
+    for spec, out in zip(specs[0::2], specs[1::2]):
+        meg, tp, pp = spec.rsplit(":", 2)
+        megatron(orig, meg, int(tp), int(pp))
+        to_hf(orig, meg, int(tp), int(pp), out)
+        outs.append(out)
+    logits(orig, hf_dirs.split(",") + outs)
+    mcore(orig, mcore_dir)
+
+
+if __name__ == "__main__":
+    {"build": lambda: build(sys.argv[2]),
+     "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()
