@@ -251,8 +251,8 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
-    case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
-                               vision tower yet, so the other walks never see one */
+    case CKPTFS_FOR_VISION: /* their own walks (ckptfs_schema_read_vision, ckptfs_schema_write_vision):
+                               Megatron's args have no vision tower */
         return false;
     case CKPTFS_FOR_LINEAR_ATTENTION:
         return m->linear_attention;
