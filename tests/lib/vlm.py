@@ -181,7 +181,7 @@ def broken(meg, out):
                                weights_only=False)
             sd["model"][name] = torch.cat([sd["model"][name], other["model"][name]])
         else:
-            delattr(sd["args"], "hf_vision_config")
+            vars(sd["args"]).pop("hf_vision_config", None)
         torch.save(sd, f"{out}/{kind}/{first}")
 
 
