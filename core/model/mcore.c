@@ -533,8 +533,7 @@ bool ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *m, 
 {
     if (key->rule->cols != CKPTFS_DIM_PATCH)
         return false;
-    uint64_t kernel[5] = {key->rows, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
-    memcpy(shape, kernel, sizeof kernel);
+    ckptfs_model_kernel_shape(m, key->rows, shape);
     return true;
 }
 

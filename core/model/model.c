@@ -412,9 +412,8 @@ static bool check_model_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GH
     g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
-        /* a patch embedding's kernel keeps its 5 dims: [hidden, channels, frames, patch, patch] */
-        const uint64_t kernel[5] = {t->d0, m->vision_channels, m->vision_temporal_patch, m->vision_patch,
-                                    m->vision_patch};
+        uint64_t kernel[5];
+        ckptfs_model_kernel_shape(m, t->d0, kernel);
         const CkptfsTensor *found = t->kernel ? expect_shaped(catalog, m, t->name, 5, kernel, false, error)
                                               : expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
         if (found == NULL)
@@ -452,6 +451,12 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArra
             g_ptr_array_add(unused, g_strdup(t->name));
     }
     return true;
+}
+
+void ckptfs_model_kernel_shape(const CkptfsModel *m, uint64_t hidden, uint64_t *shape)
+{
+    const uint64_t kernel[5] = {hidden, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
+    memcpy(shape, kernel, sizeof kernel);
 }
 
 void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
@@ -761,7 +766,7 @@ static bool read_vision_blocks(JsonObject *config, CkptfsModel *model, GError **
 /* A vision-language model's vision tower: its part of config.json, and rules to serve it in the
  * Megatron views (without them the language model alone would be a silently partial model);
  * its heads must divide its width. */
-static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **error)
+bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **error)
 {
     const CkptfsArchitecture *arch = model->arch;
     if (arch->vision_part == NULL)
@@ -789,6 +794,34 @@ static bool check_vision_part(JsonObject *config, CkptfsModel *model, GError **e
     return true;
 }
 
+void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config)
+{
+    ckptfs_schema_write_vision(model, config);
+    JsonObject *vision = ckptfs_json_member_object(config, model->arch->vision_part);
+    JsonArray *full = json_array_new();
+    for (uint64_t b = 0; b < model->vision_depth; b++)
+        if (model->vision_full_attention[b / 8] & (1u << (b % 8)))
+            json_array_add_int_element(full, (gint64)b);
+    json_object_set_array_member(vision, "fullatt_block_indexes", full);
+}
+
+bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error)
+{
+    /* mbridge's tower is split by TP: its heads, its MLP and the merger's MLP */
+    const struct {
+        const char *what;
+        uint64_t value;
+    } vision_split[] = {{"vision num_heads", model->vision_heads},
+                        {"vision intermediate_size", model->vision_ffn},
+                        {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
+                         model->vision_hidden * model->vision_merge * model->vision_merge}};
+    for (size_t i = 0; model->arch->vision && i < G_N_ELEMENTS(vision_split); i++)
+        if (vision_split[i].value % tp != 0)
+            return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT, tp,
+                               vision_split[i].what, vision_split[i].value);
+    return true;
+}
+
 bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, CkptfsModel *model,
                               GPtrArray **unused, GError **error)
 {
@@ -801,7 +834,7 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
         return false;
     }
     model->arch = find_architecture(config, error);
-    if (model->arch == NULL || !check_vision_part(config, model, error))
+    if (model->arch == NULL || !ckptfs_model_read_vision(config, model, error))
         return false;
     g_autoptr(JsonObject) text = ckptfs_schema_text_config(config, model->arch->text_part, error);
     if (text == NULL || !ckptfs_model_read_config(text, model, error))

@@ -283,6 +283,17 @@ static const CkptfsModelField fields[] = {
      {"vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64, {NULL}},
     {"vision_positions", CKPTFS_FIELD_UINT, M(vision_positions), CKPTFS_FOR_VISION_DEEPSTACK,
      {"vision_config.num_position_embeddings"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2304, 2304, 0, 0, DIM, {NULL}},
+    /* The tokens that place an image or video in the text (Qwen2_5_VLConfig's defaults): no
+     * weight's math, but a Megatron source's hf/config.json needs them for transformers to put
+     * the tower's output where the checkpoint's tokenizer does. */
+    {"image_token_id", CKPTFS_FIELD_UINT, M(image_token), CKPTFS_FOR_VISION, {"image_token_id"}, 0, NULL, NULL, 0,
+     151655, 151655, 0, 0, G_MAXINT32, {NULL}},
+    {"video_token_id", CKPTFS_FIELD_UINT, M(video_token), CKPTFS_FOR_VISION, {"video_token_id"}, 0, NULL, NULL, 0,
+     151656, 151656, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_start_token_id", CKPTFS_FIELD_UINT, M(vision_start_token), CKPTFS_FOR_VISION, {"vision_start_token_id"},
+     0, NULL, NULL, 0, 151652, 151652, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_end_token_id", CKPTFS_FIELD_UINT, M(vision_end_token), CKPTFS_FOR_VISION, {"vision_end_token_id"}, 0,
+     NULL, NULL, 0, 151653, 151653, 0, 0, G_MAXINT32, {NULL}},
 };
 
 /* Members of a vision part no row reads that leave the weights' math alone (the dtype is the
@@ -313,8 +324,8 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
-    case CKPTFS_FOR_VISION: /* its own walk (ckptfs_schema_read_vision); the Megatron views have no
-                               vision tower yet, so the other walks never see one */
+    case CKPTFS_FOR_VISION: /* their own walks (ckptfs_schema_read_vision, ckptfs_schema_write_vision):
+                               Megatron's args have no vision tower */
     case CKPTFS_FOR_GLM4V_VISION:
     case CKPTFS_FOR_VISION_DEEPSTACK:
         return false;
@@ -909,13 +920,36 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
     return true;
 }
 
+/* The object that holds *NAME in CONFIG ("a.b": member b of object a, made on first use), *NAME
+ * then the member's own name. */
+static JsonObject *parent_object(JsonObject *config, const char **name)
+{
+    const char *dot = strchr(*name, '.');
+    if (dot == NULL)
+        return config;
+    g_autofree char *parent = g_strndup(*name, (gsize)(dot - *name));
+    JsonObject *into = ckptfs_json_member_object(config, parent);
+    if (into == NULL) {
+        into = json_object_new();
+        json_object_set_object_member(config, parent, into);
+    }
+    *name = dot + 1;
+    return into;
+}
+
+/* The rows a VLM's vision part is read and written by: its architecture's, else Qwen2.5-VL's. */
+static CkptfsFieldScope vision_rows(const CkptfsModel *m)
+{
+    return m->arch && m->arch->vision_fields ? (CkptfsFieldScope)m->arch->vision_fields : CKPTFS_FOR_VISION;
+}
+
 bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **error)
 {
     const char *part = m->arch ? m->arch->vision_part : NULL;
     JsonObject *vision = part ? ckptfs_json_member_object(config, part) : NULL;
     if (vision == NULL)
         REFUSE("no \"%s\" object: the vision tower's fields are missing", part ? part : "vision_config");
-    CkptfsFieldScope rows = m->arch->vision_fields ? (CkptfsFieldScope)m->arch->vision_fields : CKPTFS_FOR_VISION;
+    CkptfsFieldScope rows = vision_rows(m);
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++)
         if (fields[i].scope == rows && !read_config_field(config, &fields[i], m, error))
             return false;
@@ -932,6 +966,24 @@ bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *m, GError **erro
             REFUSE("%s is not understood: the vision tower's rules do not know what it changes", path);
     }
     return true;
+}
+
+void ckptfs_schema_write_vision(const CkptfsModel *m, JsonObject *config)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        if (f->scope != vision_rows(m))
+            continue;
+        const char *name = f->hf[0];
+        JsonObject *into = parent_object(config, &name);
+        /* a whole number as an integer: transformers 5 takes tokens_per_second as an int only */
+        if (f->type == CKPTFS_FIELD_ACTIVATION)
+            json_object_set_string_member(into, name, activation_of(m, f));
+        else if (f->type == CKPTFS_FIELD_FLOAT && load(f, m) != (double)(gint64)load(f, m))
+            json_object_set_double_member(into, name, load(f, m));
+        else
+            json_object_set_int_member(into, name, (gint64)load(f, m));
+    }
 }
 
 bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *m, GError **error)
@@ -1022,17 +1074,7 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
         if (f->type == CKPTFS_FIELD_ROPE_TYPE && v == CKPTFS_ROPE_DEFAULT)
             continue; /* no rope_scaling at all */
         /* a member of rope_scaling: the object made on first use */
-        const char *dot = strchr(name, '.');
-        JsonObject *into = config;
-        if (dot) {
-            g_autofree char *parent = g_strndup(name, (gsize)(dot - name));
-            into = ckptfs_json_member_object(config, parent);
-            if (into == NULL) {
-                into = json_object_new();
-                json_object_set_object_member(config, parent, into);
-            }
-            name = dot + 1;
-        }
+        JsonObject *into = parent_object(config, &name);
         switch (f->type) {
         case CKPTFS_FIELD_UINT:
             json_object_set_int_member(into, name, (gint64)v);

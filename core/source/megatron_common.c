@@ -314,6 +314,42 @@ static bool deepseek_from_args(const CkptfsPy *args, const char *path, CkptfsMod
     return true;
 }
 
+/* A vision-language model's multimodal rope (args.mrope_section) and vision tower. Megatron's
+ * args have no tower (mbridge builds its config apart): its fields come from the config.json given
+ * with the checkpoint, else from the part of config.json the views' args carry as JSON text. */
+static bool vision_from_args(const CkptfsPy *args, const char *path, JsonObject *given, CkptfsModel *s,
+                             GError **error)
+{
+    const char *position = ckptfs_py_str(arg(args, "position_embedding_type"));
+    const CkptfsPy *sections = arg(args, "mrope_section");
+    uint64_t sum = 0;
+    bool listed = sections && sections->kind == CKPTFS_PY_LIST && sections->items->len == 3;
+    for (guint i = 0; listed && i < 3; i++) {
+        const CkptfsPy *v = g_ptr_array_index(sections->items, i);
+        listed = v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 && (uint64_t)v->i <= CKPTFS_MAX_MODEL_DIM;
+        s->mrope_section[i] = listed ? (uint64_t)v->i : 0;
+        sum += s->mrope_section[i];
+    }
+    if (position == NULL || strcmp(position, "mrope") != 0 || !listed)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.position_embedding_type is not mrope with a "
+                           "mrope_section of three positive sections: %s's rotary embedding is multimodal",
+                           s->arch->hf_architecture);
+    if (sum * 2 != s->head_dim)
+        return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "args.mrope_section sums to %" G_GUINT64_FORMAT ", not half "
+                           "the head dim %" G_GUINT64_FORMAT, sum, s->head_dim);
+    if (given != NULL)
+        return ckptfs_model_read_vision(given, s, error);
+    const char *text = ckptfs_py_str(arg(args, "hf_vision_config"));
+    if (text == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.hf_vision_config is missing: Megatron's args "
+                           "hold no vision tower of %s; give the model's config.json with -o hf_config or "
+                           "-o hf_extra", s->arch->hf_architecture);
+    g_autoptr(JsonObject) carried = ckptfs_json_parse_object("args.hf_vision_config", text, strlen(text), error);
+    if (carried == NULL || !ckptfs_model_read_vision(carried, s, error))
+        return false;
+    return true;
+}
+
 bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
                                      JsonObject *given_config, CkptfsMegatronModel *out,
                                      GError **error)
@@ -338,10 +374,14 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
         !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
-    if (s->arch->vision_part) /* language_model.* and vision_model.*: not read back yet (any VLM's, with
-                                 its tower's rules or without) */
+    if (s->arch->vision_part && s->arch->vision == NULL) /* no tower rules to read vision_model.* by */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", path, s->arch->hf_architecture);
+    if (s->arch->vision && (!vision_from_args(args, path, given_config, s, error) ||
+                            !ckptfs_model_check_vision_split(s, (unsigned)tp, error))) {
+        g_prefix_error(error, "%s: ", path);
+        return false;
+    }
     out->layout = (CkptfsLayout){.tp = (unsigned)tp, .pp = (unsigned)pp,
                                  .vpp = (unsigned)arg_uint_or(args, "virtual_pipeline_model_parallel_size", 1),
                                  .pp_first = (unsigned)arg_uint_or(args, "decoder_first_pipeline_num_layers", 0),
@@ -371,6 +411,10 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
                     "and routing are there); this one has none", what, named->hf_architecture);
         return false;
     }
+    if (named && named->vision)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
+                           "vision tower's and mrope's sizes) is not read as a source yet", what,
+                           named->hf_architecture);
     s->arch = named;
     if (!ckptfs_model_read_config(c, s, error)) {
         g_prefix_error(error, "%s without args: ", what);
@@ -418,6 +462,16 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         g_ptr_array_add(source->warnings, g_strdup("hf/config.json: bos_token_id, eos_token_id and pad_token_id "
                                                    "are null: the Megatron args name no tokenizer ids (give the "
                                                    "model's config.json with -o hf_config or -o hf_extra)"));
+    if (m->arch->vision) { /* the release's: mrope's sections in rope_scaling, the tower's part */
+        JsonObject *rope = json_object_new();
+        JsonArray *sections = json_array_new();
+        for (size_t i = 0; i < G_N_ELEMENTS(m->mrope_section); i++)
+            json_array_add_int_element(sections, (gint64)m->mrope_section[i]);
+        json_object_set_string_member(rope, "type", "mrope");
+        json_object_set_array_member(rope, "mrope_section", sections);
+        json_object_set_object_member(c, "rope_scaling", rope);
+        ckptfs_model_write_vision(m, c);
+    }
     if (m->arch->hybrid_attention) {
         JsonArray *kinds = json_array_new();
         for (uint64_t l = 0; l < m->layers; l++)
@@ -494,18 +548,35 @@ void ckptfs_piece_set_free(CkptfsPieceSet *set)
     g_free(set);
 }
 
-void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim, uint64_t d0,
-                           uint64_t d1)
+void ckptfs_piece_set_want_shape(CkptfsPieceSet *set, const char *name, unsigned ndim, const uint64_t *dims)
 {
     if (g_hash_table_contains(set->pieces, name))
         return;
     char *key = g_strdup(name);
     g_hash_table_insert(set->pieces, key, g_array_new(FALSE, FALSE, sizeof(CkptfsPiece)));
-    /* ndim, the dims (ndim 3: [d0, 1, d1], a convolution's weight), the dtype */
-    uint64_t *shape = g_new(uint64_t, 5);
-    shape[0] = ndim, shape[1] = d0, shape[2] = ndim == 3 ? 1 : d1, shape[3] = d1, shape[4] = CKPTFS_DTYPE_INVALID;
+    /* ndim, the dims, the dtype */
+    uint64_t *shape = g_new0(uint64_t, CKPTFS_PIECE_SHAPE_LEN);
+    shape[0] = ndim, shape[CKPTFS_PIECE_SHAPE_LEN - 1] = CKPTFS_DTYPE_INVALID;
+    memcpy(shape + 1, dims, MIN(ndim, 5u) * sizeof *dims);
     g_hash_table_insert(set->shapes, key, shape);
     g_ptr_array_add(set->order, key);
+}
+
+void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim, uint64_t d0,
+                           uint64_t d1)
+{
+    /* ndim 3: [d0, 1, d1], a convolution's weight */
+    const uint64_t dims[3] = {d0, ndim == 3 ? 1 : d1, d1};
+    ckptfs_piece_set_want_shape(set, name, ndim, dims);
+}
+
+uint64_t ckptfs_piece_set_numel(const CkptfsPieceSet *set, const char *name)
+{
+    const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
+    uint64_t n = 1;
+    for (uint64_t i = 0; i < shape[0]; i++)
+        n *= shape[1 + i]; /* sizes the model's limits bound */
+    return n;
 }
 
 void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece)
@@ -518,7 +589,12 @@ void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, cons
     g_autoptr(GArray) tensors = ckptfs_model_hf_tensors(m, keys);
     for (guint i = 0; i < tensors->len; i++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, i);
-        ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
+        uint64_t kernel[5];
+        ckptfs_model_kernel_shape(m, t->d0, kernel);
+        if (t->kernel)
+            ckptfs_piece_set_want_shape(set, t->name, 5, kernel);
+        else
+            ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
     }
 }
 
@@ -526,7 +602,7 @@ void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype d
 {
     uint64_t *shape = g_hash_table_lookup(set->shapes, name);
     if (shape)
-        shape[4] = dtype;
+        shape[CKPTFS_PIECE_SHAPE_LEN - 1] = dtype;
 }
 
 bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m, GError **error)
@@ -556,7 +632,7 @@ bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catal
         const char *name = g_ptr_array_index(set->order, i);
         GArray *pieces = g_hash_table_lookup(set->pieces, name);
         const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
-        CkptfsDtype own = (CkptfsDtype)shape[4];
+        CkptfsDtype own = (CkptfsDtype)shape[CKPTFS_PIECE_SHAPE_LEN - 1];
         if (!ckptfs_catalog_add_pieces(catalog, name, own != CKPTFS_DTYPE_INVALID ? own : dtype,
                                        (unsigned)shape[0], shape + 1,
                                        (const CkptfsPiece *)(void *)pieces->data, pieces->len, error))

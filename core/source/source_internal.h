@@ -36,15 +36,20 @@ bool ckptfs_source_read_checkpoint_dir(CkptfsSource *source, const CkptfsOptions
 typedef struct {
     GHashTable *pieces; /* name -> GArray of CkptfsPiece */
     GPtrArray *order;   /* names in the order first wanted */
-    GHashTable *shapes; /* name -> uint64_t[5] (ndim, its dims: [d0, 1, d1] for ndim 3 else d0, d1; d1
-                           again; its dtype or CKPTFS_DTYPE_INVALID) */
+    GHashTable *shapes; /* name -> uint64_t[CKPTFS_PIECE_SHAPE_LEN] (ndim, its dims, zeros after them;
+                           its dtype or CKPTFS_DTYPE_INVALID last) */
 } CkptfsPieceSet;
+#define CKPTFS_PIECE_SHAPE_LEN 7
 
 CkptfsPieceSet *ckptfs_piece_set_new(void);
 void ckptfs_piece_set_free(CkptfsPieceSet *set);
 /* Declares HF tensor NAME (once; later calls are no-ops) with its shape. */
 void ckptfs_piece_set_want(CkptfsPieceSet *set, const char *name, unsigned ndim, uint64_t d0,
                            uint64_t d1);
+/* Declares HF tensor NAME (once) with NDIM (at most 5) dims DIMS: a patch kernel's 5. */
+void ckptfs_piece_set_want_shape(CkptfsPieceSet *set, const char *name, unsigned ndim, const uint64_t *dims);
+/* The elements of wanted tensor NAME. */
+uint64_t ckptfs_piece_set_numel(const CkptfsPieceSet *set, const char *name);
 /* Adds a piece to a wanted tensor. */
 void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPiece *piece);
 /* A DeepSeek MTP layer's copies of the embedding and output layer, which the Hugging Face

@@ -53,6 +53,13 @@ typedef struct {
     GPtrArray *keys;           /* CkptfsMcoreKey* of the model, vocabulary padded as saved */
     bool te;                   /* Transformer Engine names (else the local spec's) */
     const char *mtp_prefix;    /* "mtp.layers.J." while an MTP layer is mapped */
+    /* the part being mapped: the model (a VLM's language model) or a VLM's vision tower, its
+     * keys, and its module's prefix in the state dict ("" for a text model) */
+    const CkptfsModel *part;
+    const GPtrArray *part_keys;
+    const char *prefix;
+    CkptfsModel tower;         /* a VLM's vision tower (its blocks the layers) */
+    GPtrArray *tower_keys;     /* its keys; NULL for a text model */
     CkptfsDtype dtype;
     GError **error;
 } Mg;
@@ -454,7 +461,7 @@ typedef struct {
 /* A rank tensor by key, checked to be contiguous with the expected 2-D shape (cols 1 for 1-D)
  * and of the weights' type (OWN_FLOAT: any floating-point type, an fp32 expert bias). */
 static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, uint64_t cols,
-                   bool own_float, Located *out)
+                   bool own_float, const uint64_t *kernel, Located *out)
 {
     const CkptfsPy *t = ckptfs_py_dict_get(chunk_dict(m, r, v, m->V), key);
     g_hash_table_add(r->used, g_strdup_printf("%u/%s", v, key));
@@ -463,9 +470,12 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     uint64_t got_rows = t->tensor->ndim ? t->tensor->shape[0] : 1, got_cols = 1;
     if (t->tensor->ndim > 1 && !ckptfs_dims_product(t->tensor->shape + 1, t->tensor->ndim - 1, &got_cols))
         got_cols = UINT64_MAX; /* no expected shape has that many columns: refused below */
-    /* 3 dims only as [rows, 1, cols] (a convolution's weight) */
+    /* 3 dims only as [rows, 1, cols] (a convolution's weight); 5 as the patch KERNEL, whole */
     bool conv = t->tensor->ndim == 3 && t->tensor->shape[1] == 1;
-    if ((t->tensor->ndim > 2 && !conv) || got_rows != rows || got_cols != cols)
+    bool patch = kernel && t->tensor->ndim == 5 && memcmp(t->tensor->shape, kernel, 5 * sizeof *kernel) == 0;
+    for (unsigned d = 1; patch && d < 5; d++) /* its trailing dims row-major */
+        patch = t->tensor->stride[d] == (d == 4 ? 1 : t->tensor->stride[d + 1] * t->tensor->shape[d + 1]);
+    if ((kernel && !patch) || (!kernel && t->tensor->ndim > 2 && !conv) || got_rows != rows || got_cols != cols)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     "]; the args imply [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
                     r->path, key, got_rows, got_cols, rows, cols);
@@ -557,7 +567,7 @@ static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t loc
 static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, const CkptfsRule *rule,
                         uint64_t local, uint64_t global)
 {
-    const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
+    const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->part_keys, rule);
     uint64_t per_rank = m->saved.model.experts / m->E;
     for (unsigned i = 0; i < m->F; i++) {
         Rank *r = m->ranks[p * m->F + i];
@@ -567,9 +577,10 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
         bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;
         for (uint64_t j = 0; j < per_rank; j++) {
             g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
-            g_autofree char *entry = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, name, m->mtp_prefix);
+            g_autofree char *local_entry = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, name, m->mtp_prefix);
+            g_autofree char *entry = g_strconcat(m->prefix, local_entry, NULL);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, NULL, &l))
                 return false;
             /* a replicated expert tensor (GPT-OSS's fc2 bias) whole in every ETP rank: read from the first */
             if (reader && (key->split != CKPTFS_TP_REPLICATED || r->etp == 0))
@@ -586,7 +597,7 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
 static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, CkptfsScope scope,
                         uint64_t local, uint64_t global)
 {
-    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(&m->saved.model, scope, global, m->te, false);
+    g_autoptr(GPtrArray) rules = ckptfs_legacy_entries(m->part, scope, global, m->te, false);
     for (guint i = 0; i < rules->len; i++) {
         const CkptfsRule *rule = g_ptr_array_index(rules, i);
         if (rule->extra_state)
@@ -596,15 +607,18 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
                 return false;
             continue;
         }
-        const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->keys, rule);
+        const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->part_keys, rule);
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
-        g_autofree char *entry = ckptfs_legacy_key(scope, local, name, m->mtp_prefix);
+        g_autofree char *local_entry = ckptfs_legacy_key(scope, local, name, m->mtp_prefix);
+        g_autofree char *entry = g_strconcat(m->prefix, local_entry, NULL);
+        uint64_t kernel[5];
+        bool whole_kernel = ckptfs_mcore_kernel_shape(key, m->part, kernel);
         for (unsigned f = 0; f < m->F; f++) {
             Rank *r = m->ranks[p * m->F + f];
             uint64_t rows, cols;
             g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->T, r->tp, &rows, &cols);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, rule->fp32, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, whole_kernel ? kernel : NULL, &l))
                 return false;
             if (m->dense_reader[r->tp] != f || (key->split == CKPTFS_TP_REPLICATED && r->tp != 0))
                 continue;
@@ -620,12 +634,36 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
     if (first == NULL)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: no '%s' state dict", m->ranks[0]->path,
                     m->V == 1 ? "model" : "model0");
-    m->te = ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight") != NULL ||
-            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight") != NULL ||
-            ckptfs_py_dict_get(first, "decoder.layers.0.self_attention.in_proj.layer_norm_weight") != NULL;
     const CkptfsModel *model = &m->saved.model;
+    const char *prefix = model->arch->megatron_prefix ? model->arch->megatron_prefix : "";
+    static const char *const te_norms[] = {"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+                                           "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight",
+                                           "decoder.layers.0.self_attention.in_proj.layer_norm_weight"};
+    for (size_t i = 0; i < G_N_ELEMENTS(te_norms) && !m->te; i++) {
+        g_autofree char *name = g_strconcat(prefix, te_norms[i], NULL);
+        m->te = ckptfs_py_dict_get(first, name) != NULL;
+    }
     m->keys = ckptfs_mcore_keys(model, m->saved.padded_vocab, false);
     ckptfs_mcore_keys_for_spec(m->keys, m->te);
+    if (model->arch->vision) { /* mbridge's tower: TE names, first in the first chunk of the first stage */
+        ckptfs_model_vision_tower(model, &m->tower);
+        m->tower_keys = ckptfs_mcore_keys(&m->tower, 0, false);
+        ckptfs_mcore_keys_for_spec(m->tower_keys, true);
+        ckptfs_piece_set_want_model(set, &m->tower, m->tower_keys);
+        if (!m->te)
+            return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: no '%s%s': %s's Megatron form has the TE spec's names "
+                        "only (mbridge builds it so)", m->ranks[0]->path, prefix, te_norms[0],
+                        model->arch->hf_architecture);
+        m->part = &m->tower, m->part_keys = m->tower_keys, m->prefix = m->tower.arch->megatron_prefix;
+        if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_FIRST, 0, 0))
+            return false;
+        for (uint64_t b = 0; b < m->tower.layers; b++)
+            if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_LAYER, b, b))
+                return false;
+        if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_LAST, 0, 0))
+            return false;
+    }
+    m->part = model, m->part_keys = m->keys, m->prefix = prefix;
     ckptfs_piece_set_want_model(set, model, m->keys);
     if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_FIRST, 0, 0))
         return false;
@@ -643,8 +681,8 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
     /* Multi-token prediction layers (HF layers after the decoder's) on the last stage, with its
      * copy of the embedding (not a separate HF tensor). */
     for (uint64_t j = 0; j < model->mtp_layers; j++) {
-        g_autofree char *prefix = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".", j);
-        m->mtp_prefix = prefix;
+        g_autofree char *mtp = g_strdup_printf("mtp.layers.%" G_GUINT64_FORMAT ".", j);
+        m->mtp_prefix = mtp;
         bool ok = map_entries(m, set, lp, lv, CKPTFS_SCOPE_MTP_IN, 0, model->layers + j) &&
                   map_entries(m, set, lp, lv, CKPTFS_SCOPE_LAYER, 0, model->layers + j) &&
                   map_entries(m, set, lp, lv, CKPTFS_SCOPE_MTP_OUT, 0, model->layers + j);
@@ -653,10 +691,10 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
             return false;
     }
     for (unsigned f = 0; model->mtp_layers && (lp > 0 || lv > 0) && f < m->F; f++)
-        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/embedding.word_embeddings.weight", lv));
+        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/%sembedding.word_embeddings.weight", lv, prefix));
     /* Tied: the last stage's copy of the embedding is not a separate HF tensor. */
     for (unsigned f = 0; model->tied_embeddings && f < m->F; f++)
-        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/output_layer.weight", lv));
+        g_hash_table_add(m->ranks[lp * m->F + f]->used, g_strdup_printf("%u/%soutput_layer.weight", lv, prefix));
     return true;
 }
 
@@ -726,6 +764,8 @@ bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *optio
         source->saved_layout = m.saved.layout;
     if (m.keys)
         g_ptr_array_unref(m.keys);
+    if (m.tower_keys)
+        g_ptr_array_unref(m.tower_keys);
     g_free(m.ranks);
     g_free(m.dense_reader);
     g_free(m.expert_reader);

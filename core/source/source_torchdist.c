@@ -30,6 +30,7 @@ typedef struct {
     CkptfsDtype dtype;
     uint64_t vocab_rows;        /* the padded vocabulary of the first vocabulary key (no args) */
     unsigned chunks, objects, skipped; /* model chunks read, _extra_state objects, others */
+    const char *prefix;         /* the language model's module in the keys ("" for a text model) */
 } Td;
 
 #define fail(ctx, ...) ckptfs_fail((ctx)->error, __VA_ARGS__)
@@ -86,6 +87,7 @@ typedef struct {
     char *name;
     bool layer_axis;
     uint64_t layer;
+    const CkptfsModel *part; /* the model (a VLM's language model) or a VLM's vision tower */
 } Entry;
 
 static void entry_clear(gpointer p)
@@ -124,7 +126,9 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
         return NULL;
     }
     uint64_t dims[CKPTFS_MAX_DIMS], want[CKPTFS_MAX_DIMS];
-    unsigned n = 0, nwant = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, want);
+    /* a patch kernel: one replicated chunk of its 5 dims */
+    unsigned n = 0, nwant = ckptfs_mcore_kernel_shape(key, en->part, want)
+                                ? 5 : ckptfs_mcore_key_shape(key, en->layer_axis ? en->part->layers : 0, want);
     if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->dcp.metadata_path, en->name);
         return NULL;
@@ -184,8 +188,9 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
     if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->dcp.metadata_path, en->name);
     uint64_t shape[CKPTFS_MAX_DIMS];
-    unsigned n = ckptfs_mcore_key_shape(key, en->layer_axis ? t->saved.model.layers : 0, shape);
-    if (!key->stacked)
+    bool kernel = ckptfs_mcore_kernel_shape(key, en->part, shape);
+    unsigned n = kernel ? 5 : ckptfs_mcore_key_shape(key, en->layer_axis ? en->part->layers : 0, shape);
+    if (!key->stacked && !kernel)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
     size_t isz = ckptfs_dtype_size(dtype);
     for (guint c = 0; c < chunks->items->len; c++) {
@@ -195,12 +200,16 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
             !ckptfs_dcp_locate_chunk(&t->dcp, en->name, off, size, n, dtype, &where))
             return false;
         t->chunks++;
+        for (unsigned k = 1; kernel && k < 5; k++)
+            if (off[k] != 0 || size[k] != shape[k])
+                return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' chunk %u cuts the patch kernel's dim %u; it "
+                            "is saved whole (replicated)", t->dcp.metadata_path, en->name, c, k);
         /* The chunk as layers x experts x rows x columns of one expert's (layer's) matrix. */
         unsigned d = 0;
         uint64_t l0 = en->layer_axis ? off[d] : en->layer, nl = en->layer_axis ? size[d++] : 1;
         uint64_t e0 = key->expert ? off[d] : 0, ne = key->expert ? size[d++] : 1;
         uint64_t r0 = off[d], nr = size[d++];
-        uint64_t c0 = key->ndim == 2 ? off[d] : 0, nc = key->ndim == 2 ? size[d] : 1;
+        uint64_t c0 = key->ndim == 2 && !kernel ? off[d] : 0, nc = kernel ? key->cols : key->ndim == 2 ? size[d] : 1;
         for (uint64_t l = l0; l < l0 + nl; l++)
             for (uint64_t e = e0; e < e0 + ne; e++)
                 for (guint s = 0; s < key->segments->len; s++) {
@@ -238,7 +247,7 @@ static const Entry *entry_of_hf(Td *t, GArray *entries, const char *name)
     for (guint i = 0; i < entries->len; i++) {
         const Entry *en = &g_array_index(entries, Entry, i);
         const CkptfsMcoreKey *key = en->key;
-        uint64_t l0 = en->layer_axis ? 0 : en->layer, l1 = en->layer_axis ? t->saved.model.layers : l0 + 1;
+        uint64_t l0 = en->layer_axis ? 0 : en->layer, l1 = en->layer_axis ? en->part->layers : l0 + 1;
         for (uint64_t l = l0; l < l1; l++)
             for (uint64_t e = 0; e < (key->expert ? key->experts : 1); e++)
                 for (guint s = 0; s < key->segments->len; s++) {
@@ -259,8 +268,7 @@ static bool check_coverage(Td *t, GArray *entries, const CkptfsPieceSet *set)
     for (guint i = 0; i < set->order->len; i++) {
         const char *name = g_ptr_array_index(set->order, i);
         GArray *pieces = g_hash_table_lookup(set->pieces, name);
-        const uint64_t *shape = g_hash_table_lookup(set->shapes, name);
-        uint64_t total = shape[1] * (shape[0] >= 2 ? shape[3] : 1), held = 0;
+        uint64_t total = ckptfs_piece_set_numel(set, name), held = 0;
         bool over = false;
         for (guint k = 0; k < pieces->len && !over; k++) {
             const CkptfsPiece *p = &g_array_index(pieces, CkptfsPiece, k);
@@ -289,6 +297,7 @@ static bool check_unexpected(Td *t, GArray *entries)
     for (guint i = 0; i < entries->len; i++)
         g_hash_table_add(known, g_array_index(entries, Entry, i).name);
     g_autoptr(GString) extra = g_string_new(NULL);
+    g_autofree char *tied_output = g_strconcat(t->prefix, "output_layer.weight", NULL);
     unsigned n = 0;
     const CkptfsPy *sdm = t->dcp.state_dict_metadata;
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
@@ -303,7 +312,7 @@ static bool check_unexpected(Td *t, GArray *entries)
         }
         if (g_str_has_prefix(key, "optimizer.") || g_str_has_prefix(key, "rng_state") ||
             g_str_has_prefix(key, "rerun_state_machine") ||
-            (t->saved.model.tied_embeddings && strcmp(key, "output_layer.weight") == 0)) {
+            (t->saved.model.tied_embeddings && strcmp(key, tied_output) == 0)) {
             t->skipped++;
             continue;
         }
@@ -321,9 +330,10 @@ static bool check_unexpected(Td *t, GArray *entries)
 static bool per_layer_names(Td *t)
 {
     const CkptfsPy *sdm = t->dcp.state_dict_metadata;
+    g_autofree char *layers = g_strconcat(t->prefix, "decoder.layers.", NULL);
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
-        if (key && g_str_has_prefix(key, "decoder.layers.") && g_ascii_isdigit(key[strlen("decoder.layers.")]))
+        if (key && g_str_has_prefix(key, layers) && g_ascii_isdigit(key[strlen(layers)]))
             return true;
     }
     return false;
@@ -332,9 +342,9 @@ static bool per_layer_names(Td *t)
 /* The entries .metadata must hold for KEYS: stacked keys once, or with PER_LAYER once per
  * layer that has them; each under the name a TE-spec model saves or, failing that, the one a
  * local-spec model saves (they differ for an MoE layer's pre-MLP norm). */
-static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *entries)
+static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const GPtrArray *keys, bool per_layer,
+                          GArray *entries)
 {
-    const CkptfsModel *m = &t->saved.model;
     for (guint k = 0; k < keys->len; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(keys, k);
         bool each_layer = key->stacked && per_layer;
@@ -343,13 +353,14 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
         for (uint64_t l = 0; l < (each_layer ? m->layers : 1); l++) {
             if (each_layer && !ckptfs_rule_in_layer(key->rule, m, l))
                 continue;
-            g_autofree char *te = ckptfs_mcore_key_name(key, true, per_layer, l);
-            g_autofree char *local = ckptfs_mcore_key_name(key, false, per_layer, l);
+            g_autofree char *te_name = ckptfs_mcore_key_name(key, true, per_layer, l);
+            g_autofree char *local_name = ckptfs_mcore_key_name(key, false, per_layer, l);
+            g_autofree char *te = g_strconcat(prefix, te_name, NULL), *local = g_strconcat(prefix, local_name, NULL);
             bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
             if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args imply "
                             "one of them)", t->dcp.metadata_path, te, local);
-            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), key->stacked && !per_layer, l};
+            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), key->stacked && !per_layer, l, m};
             g_array_append_val(entries, en);
         }
     }
@@ -362,13 +373,14 @@ static bool model_entries(Td *t, const GPtrArray *keys, bool per_layer, GArray *
             if (scope == CKPTFS_SCOPE_FIRST || scope == CKPTFS_SCOPE_LAST ||
                 (scope == CKPTFS_SCOPE_LAYER && !ckptfs_rule_in_layer(key->rule, m, l)))
                 continue;
-            g_autofree char *te = ckptfs_mcore_mtp_key_name(key, true, j);
-            g_autofree char *local = ckptfs_mcore_mtp_key_name(key, false, j);
+            g_autofree char *te_name = ckptfs_mcore_mtp_key_name(key, true, j);
+            g_autofree char *local_name = ckptfs_mcore_mtp_key_name(key, false, j);
+            g_autofree char *te = g_strconcat(prefix, te_name, NULL), *local = g_strconcat(prefix, local_name, NULL);
             bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
             if (!te_there && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (args.mtp_num_layers implies it)",
                             t->dcp.metadata_path, te);
-            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l};
+            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l, m};
             g_array_append_val(entries, en);
         }
     return true;
@@ -446,6 +458,7 @@ static bool open_torch_dist(Td *t)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: %" G_GUINT64_FORMAT " attention heads are not a multiple "
                     "of %" G_GUINT64_FORMAT " query groups", t->dcp.dir, model->heads, model->kv_heads);
     /* Stacked keys, or one key per layer (Megatron's naming when layers differ in kind). */
+    t->prefix = model->arch->megatron_prefix ? model->arch->megatron_prefix : "";
     bool per_layer = per_layer_names(t);
     if (!per_layer && !ckptfs_model_layers_homogeneous(model))
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: the keys stack every layer, but the model has dense layers "
@@ -456,8 +469,19 @@ static bool open_torch_dist(Td *t)
     g_autoptr(GArray) entries = g_array_new(FALSE, FALSE, sizeof(Entry));
     g_array_set_clear_func(entries, entry_clear);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
+    /* A VLM's vision tower first (mbridge's module order), its blocks stacked (its own config
+     * has no pipeline) */
+    CkptfsModel tower;
+    g_autoptr(GPtrArray) tower_keys = NULL;
+    bool ok = true;
+    if (model->arch->vision) {
+        ckptfs_model_vision_tower(model, &tower);
+        tower_keys = ckptfs_mcore_keys(&tower, 0, false);
+        ckptfs_piece_set_want_model(set, &tower, tower_keys);
+        ok = model_entries(t, &tower, tower.arch->megatron_prefix, tower_keys, false, entries);
+    }
     ckptfs_piece_set_want_model(set, model, keys);
-    bool ok = model_entries(t, keys, per_layer, entries) && check_unexpected(t, entries);
+    ok = ok && model_entries(t, model, t->prefix, keys, per_layer, entries) && check_unexpected(t, entries);
     for (guint i = 0; ok && i < entries->len; i++)
         ok = map_key(t, &g_array_index(entries, Entry, i), set);
     ok = ok && check_coverage(t, entries, set) && ckptfs_dcp_check_overlaps(&t->dcp);

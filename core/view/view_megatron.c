@@ -390,6 +390,15 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *m, const CkptfsOptions *opt
     add_norm_args(a, m);
     ckptfs_value_set(a, "mtp_num_layers", m->mtp ? ckptfs_value_int((int64_t)m->mtp_layers) : ckptfs_value_none());
     SET_STR("hf_architecture", m->arch->hf_architecture);
+    if (m->arch->vision) {
+        /* Megatron's args have no vision tower (mbridge builds its config apart): its part of
+         * config.json as JSON text, for hf/ of a copy of this view */
+        g_autoptr(JsonObject) vision = json_object_new();
+        ckptfs_model_write_vision(m, vision);
+        g_autoptr(JsonNode) node = json_node_init_object(json_node_alloc(), vision);
+        g_autofree char *text = json_to_string(node, FALSE);
+        SET_STR("hf_vision_config", text);
+    }
 #undef SET_INT
 #undef SET_BOOL
 #undef SET_STR
@@ -448,22 +457,12 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
     if (model->mla && local && kv_down % layout->tp != 0)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide kv_lora_rank + qk_rope_head_dim %"
                            G_GUINT64_FORMAT ", which the local spec splits (spec=te does not)", layout->tp, kv_down);
-    /* A VLM's vision tower: mbridge builds it with the TE spec; TP splits its heads, its MLP and
-     * the merger's MLP. */
+    /* A VLM's vision tower: mbridge builds it with the TE spec. */
     if (model->arch->vision && local)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: %s's vision tower has Megatron names for the "
                            "TE spec only (mbridge builds it so)", model->arch->hf_architecture);
-    const struct {
-        const char *what;
-        uint64_t value;
-    } vision_split[] = {{"vision num_heads", model->vision_heads},
-                        {"vision intermediate_size", model->vision_ffn},
-                        {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
-                         model->vision_hidden * model->vision_merge * model->vision_merge}};
-    for (size_t i = 0; model->arch->vision && i < G_N_ELEMENTS(vision_split); i++)
-        if (vision_split[i].value % layout->tp != 0)
-            return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT,
-                               layout->tp, vision_split[i].what, vision_split[i].value);
+    if (!ckptfs_model_check_vision_split(model, layout->tp, error))
+        return false;
     if (model->arch->te_spec_only && local)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: %s's Megatron layers exist with Transformer "
                            "Engine only (spec=te)", model->arch->hf_architecture);

@@ -241,6 +241,8 @@ typedef struct {
     uint64_t vision_image_size;
     double vision_norm_eps;
     bool vision_qkv_bias;
+    /* the tokens that place an image or video in the text (top-level image_token_id, ...) */
+    uint64_t image_token, video_token, vision_start_token, vision_end_token;
     /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
     uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
     /* Qwen3-VL's tower: its learned position embedding's rows (num_position_embeddings), and the
@@ -319,6 +321,18 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
 /* The vision tower of vision-language model VLM as a model of its own (its architecture the
  * tower's, its blocks the layers, its width, heads and MLP the model's), into TOWER. */
 void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower);
+/* A patch embedding's kernel, which keeps its 5 dims: [HIDDEN, channels, frames, patch, patch]. */
+void ckptfs_model_kernel_shape(const CkptfsModel *model, uint64_t hidden, uint64_t *shape);
+
+/* A vision-language model's vision part of CONFIG (config.json, or what a Megatron source's args
+ * carry) into MODEL, whose arch is set: the schema's vision rows, the full-attention blocks, and
+ * the tower's rules; refused by name when a field is unknown or there are no rules. */
+bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **error);
+/* MODEL's vision part into CONFIG as the release writes it: what ckptfs_model_read_vision reads. */
+void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config);
+/* Whether TP splits MODEL's vision tower as mbridge splits it (its heads, MLP and merger); true
+ * for a text model. */
+bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);

@@ -164,6 +164,9 @@ bool ckptfs_schema_read_config(JsonObject *config, CkptfsModel *model, GError **
  * one known to leave the weights' math alone (model_type, initializer_range, the dtype, and
  * fullatt_block_indexes, which the architecture's walk reads); another is refused by name. */
 bool ckptfs_schema_read_vision(JsonObject *config, CkptfsModel *model, GError **error);
+/* MODEL's vision fields into CONFIG (its vision part and the top-level image/video token ids),
+ * under the release's names: what ckptfs_schema_read_vision reads back. */
+void ckptfs_schema_write_vision(const CkptfsModel *model, JsonObject *config);
 
 /* Walk 2: CONFIG's fields for MODEL, as transformers 4 writes them (5 reads them too). */
 void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);

@@ -61,6 +61,33 @@ ls "$WORK/mnt-v5/tp4pp1" > /dev/null 2>&1
 ok $([[ $? -ne 0 ]] && grep -q 'tp 4 does not divide the vision num_heads 2' "$WORK/log-v5"; echo $?) \
   "tp4pp1/ is refused: tp 4 does not divide the tower's heads"
 
+# Megatron sources: the copies of tp2pp2/ and tp1pp2vpp2/ (legacy rank files) and of mcore/
+# (torch_dist) mounted back. Their hf/ holds the original's tensors under the release's names
+# (byte for byte, below) and a config.json from their args that transformers loads to the
+# original's logits (in the logits check); their Megatron views equal the HF source's.
+for src in meg-v5 meg-vpp mcore-v5; do
+  fg_mount "$CKPTFS" "$WORK/$src" "$WORK/mnt-$src" "$WORK/log-$src"
+  ok $? "$src: the Megatron copy mounts as a source" || sed 's/^/# /' "$WORK/log-$src" >&2
+  hf_dirs+=("$WORK/mnt-$src/hf")
+done
+sid_python "$WORK" "$script" samehf "$models/v5" "$WORK"/mnt-{meg-v5,meg-vpp,mcore-v5}/hf > "$WORK/samehf" 2> "$WORK/samehf.err"
+ran $? "the hf/ checks of the Megatron sources ran" "$WORK/samehf.err"
+passes "$WORK/samehf"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/samehf")
+ok $((n == 3 ? 0 : 1)) "an hf/ check for each Megatron source (got $n)"
+# same_view A B VIEW: B's VIEW holds A's files (some), each byte for byte.
+same_view() {
+  local want got
+  want=$(cd "$1/$3" && find . -type f | sort) got=$(cd "$2/$3" 2> /dev/null && find . -type f | sort)
+  [[ -n $want && $want == "$got" ]] || { echo "files differ: $want / $got"; return 1; }
+  same_trees "$1" "$2" "$3"
+}
+for src in meg-v5 mcore-v5; do
+  for view in tp2pp2 tp1pp2vpp2 mcore; do
+    check "$src: $view/ equals the HF source's, file for file" same_view "$WORK/mnt-v5" "$WORK/mnt-$src" "$view"
+  done
+done
+
 # The rank files against mbridge's names, shapes and bytes; rebuilt as mbridge exports them.
 pairs=()
 for form in v5 modules v4; do pairs+=("$WORK/meg-$form:2:2:1" "$WORK/back-$form"); done
@@ -110,10 +137,23 @@ else
   skip "torch 2.6: $TORCH2_WHY"
 fi
 
-# A Megatron copy of a VLM is not read back yet: refused by name, not misread.
-"$CKPTFS" inspect "$WORK/meg-v5" > "$WORK/inspect-meg" 2>&1
-grep -q 'a Megatron checkpoint of Qwen2_5_VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
-ok $? "tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+# Broken Megatron copies: refused by name, not misread.
+sid_python "$WORK" "$script" broken "$WORK/meg-v5" "$WORK/broken" > /dev/null 2> "$WORK/broken.err"
+ran $? "vlm.py writes the broken copies" "$WORK/broken.err"
+refused() { # NAME PATTERN WHAT
+  "$CKPTFS" inspect "$WORK/broken/$1" > "$WORK/inspect-$1" 2>&1
+  ok $([[ $? -ne 0 ]] && grep -q "$2" "$WORK/inspect-$1"; echo $?) "$1: $3" || sed 's/^/# /' "$WORK/inspect-$1" >&2
+}
+refused notower "mp_rank_00_000/model_optim_rng.pt: 'vision_model.decoder.layers.1.mlp.linear_fc2.weight' is missing" \
+  "a rank file without a tower tensor is refused, the tensor named"
+refused whole "'vision_model.decoder.layers.0.self_attention.linear_qkv.weight' has shape \[96, 32\]; the args imply \[48, 32\]" \
+  "a tower tensor not split as the args say is refused, with both shapes"
+refused noargs "args.hf_vision_config is missing: Megatron's args hold no vision tower" \
+  "args without the vision tower's fields are refused by name"
+MOUNT_OPTS=hf_config=$models/v5/config.json fg_mount "$CKPTFS" "$WORK/broken/noargs" "$WORK/mnt-noargs" "$WORK/log-noargs"
+check "noargs: with -o hf_config, hf/ holds the same tensors as with the vision fields in args" \
+  cmp "$WORK/mnt-meg-v5/hf/model.safetensors" "$WORK/mnt-noargs/hf/model.safetensors"
+fg_unmount "$WORK/mnt-noargs"
 
 # spec=local: the tower has no local names, so mcore/ is left out like the rank files, and says why.
 MOUNT_OPTS=spec=local fg_mount "$CKPTFS" "$models/v5" "$WORK/mnt-local" "$WORK/log-local"
@@ -137,6 +177,6 @@ grep -q 'no Megatron views: config.json: vision_config.window_attention_kind is 
 ok $? "badvision: the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log-bad" >&2
 fg_unmount "$WORK/mnt-bad"
 
-for form in v5 modules v4; do unmount_ckptfs "$WORK/mnt-$form"; done
+for form in v5 modules v4 meg-v5 meg-vpp mcore-v5; do unmount_ckptfs "$WORK/mnt-$form"; done
 wait
 done_testing

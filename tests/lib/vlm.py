@@ -29,6 +29,13 @@ of ckptfs's views of it.
       deepstack_visual_indexes out of order.
   vlm.py logits_pairs ORIG HF_DIR [ORIG HF_DIR ...]
       the same for each pair, in one process.
+  vlm.py samehf ORIG HF_DIR...
+      each HF_DIR's safetensors files hold exactly ORIG's tensors: the release's names, dtypes,
+      shapes and bytes. Prints "PASS what" or "FAIL what: why".
+  vlm.py broken MEGATRON_DIR OUT
+      three copies of a tp2pp2 copy (MEGATRON_DIR), each broken in its first rank file: OUT/notower
+      without a tower block's fc2 weight, OUT/whole with the tower's first qkv weight unsplit
+      (tp 1's, where the args say tp 2), OUT/noargs with args that carry no hf_vision_config.
   vlm.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
@@ -203,6 +210,44 @@ def logits(orig, hf_dirs, model_class=None, make_inputs=inputs):
             print(f"PASS {hf_dir}: transformers' logits on an image + text input equal {orig}'s")
         else:
             print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
+
+
+def st_tensors(path):
+    """Every tensor of the safetensors files of PATH, by name."""
+    from safetensors.torch import load_file
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, name)))
+    return out
+
+
+def samehf(orig, hf_dirs):
+    want = st_tensors(orig)
+    for hf_dir in hf_dirs:
+        got = st_tensors(hf_dir)
+        bad = sorted(set(want) ^ set(got))
+        bad += [k for k in want if k in got and (got[k].dtype != want[k].dtype or got[k].shape != want[k].shape
+                                                or not torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)))]
+        print(f"{'FAIL' if bad else 'PASS'} {hf_dir}: the {len(want)} tensors of {orig} under the release's names, "
+              f"byte for byte" + (f" (differing {bad[:3]})" if bad else ""))
+
+
+def broken(meg, out):
+    first = "release/mp_rank_00_000/model_optim_rng.pt"
+    for kind in ("notower", "whole", "noargs"):
+        shutil.copytree(meg, f"{out}/{kind}")
+        sd = torch.load(f"{meg}/{first}", map_location="cpu", weights_only=False)
+        if kind == "notower":
+            del sd["model"]["vision_model.decoder.layers.1.mlp.linear_fc2.weight"]
+        elif kind == "whole":
+            name = "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
+            other = torch.load(f"{meg}/release/mp_rank_01_000/model_optim_rng.pt", map_location="cpu",
+                               weights_only=False)
+            sd["model"][name] = torch.cat([sd["model"][name], other["model"][name]])
+        else:
+            vars(sd["args"]).pop("hf_vision_config", None)
+        torch.save(sd, f"{out}/{kind}/{first}")
 
 
 # --- Megatron layouts, written from mbridge's qwen2_5_vl bridge (ISEEKYAN/mbridge,
@@ -544,6 +589,8 @@ if __name__ == "__main__":
      "build_qwen3": lambda: build_qwen3(sys.argv[2]),
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
      "logits_pairs": lambda: [logits(o, [h]) for o, h in zip(sys.argv[2::2], sys.argv[3::2])],
+     "samehf": lambda: samehf(sys.argv[2], sys.argv[3:]),
+     "broken": lambda: broken(sys.argv[2], sys.argv[3]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
      "glm4v-build": lambda: glm4v_build(sys.argv[2]),

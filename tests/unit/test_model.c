@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ckptfs/error.h"
+#include "ckptfs/json_strict.h"
 #include "ckptfs/model.h"
 #include "tap.h"
 
@@ -477,6 +478,41 @@ static void test_vision_configs(void)
     }
 }
 
+/* A vision part written as a Megatron source's hf/config.json (and the views' args) carry it
+ * reads back to the same tower and token ids; the tower's TP split is checked by name. */
+static void test_vision_round_trip(void)
+{
+    JsonObject *config = config_of("{" QWEN2_5_VL "\"image_token_id\": 9, \"vision_start_token_id\": 7, "
+                                   "\"vision_config\": {" VISION ", \"num_heads\": 4, \"fullatt_block_indexes\": [0, 2], "
+                                   "\"tokens_per_second\": 2, \"window_size\": 56}}");
+    CkptfsModel read, back;
+    memset(&read, 0, sizeof read);
+    memset(&back, 0, sizeof back);
+    read.arch = back.arch = ckptfs_architecture_find("qwen2_5_vl", &read);
+    GError *error = NULL;
+    bool ok = read.arch && ckptfs_model_read_vision(config, &read, &error);
+    JsonObject *written = json_object_new();
+    if (ok)
+        ckptfs_model_write_vision(&read, written);
+    ok = ok && ckptfs_model_read_vision(written, &back, &error);
+    gint64 tokens_per_second = 0;
+    tap_ok(ok && read.vision_depth == 3 && read.vision_heads == 4 && read.image_token == 9 &&
+               read.vision_start_token == 7 && read.video_token == 151656 && read.vision_window == 56 &&
+               memcmp(&read.vision_depth, &back.vision_depth,
+                      (size_t)((const char *)&read.mrope_section - (const char *)&read.vision_depth)) == 0 &&
+               ckptfs_json_member_int(written, "vision_config.tokens_per_second", &tokens_per_second) ==
+                   CKPTFS_JSON_FOUND && tokens_per_second == 2,
+           "a vision part written and read back: the same tower, blocks with full attention and token ids, "
+           "tokens_per_second an integer (%s)", error ? error->message : "ok");
+    g_clear_error(&error);
+    ok = ckptfs_model_check_vision_split(&read, 2, NULL) && !ckptfs_model_check_vision_split(&read, 8, &error);
+    tap_ok(ok && error && strstr(error->message, "tp 8 does not divide the vision num_heads 4"),
+           "the tower's TP split: tp 2 divides it, tp 8 is refused by name (%s)", error ? error->message : "none");
+    g_clear_error(&error);
+    json_object_unref(written);
+    json_object_unref(config);
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -588,5 +624,6 @@ int main(void)
     test_deepseek_configs();
     test_features();
     test_vision_configs();
+    test_vision_round_trip();
     return tap_done();
 }
