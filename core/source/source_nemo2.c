@@ -133,7 +133,6 @@ static const NemoField fields[] = {
 #define NEMO_MAX_REF_HOPS 64
 
 typedef struct {
-    CkptfsSource *source;
     GError **error;
     const char *io_json;  /* its path, for messages */
     JsonObject *top;      /* io.json */
@@ -181,9 +180,14 @@ static JsonObject *deref(Nemo *n, JsonNode *node, const char *what)
         if (type == NULL || strcmp(type, "ref") != 0)
             return o;
         const char *key = ckptfs_json_member_string(o, "key");
-        if (hops == NEMO_MAX_REF_HOPS || key == NULL || !json_object_has_member(n->objects, key)) {
-            fail(n, CKPTFS_ERROR_FORMAT, "%s: %s: a reference to '%.60s', which \"objects\" does not hold%s",
-                 n->io_json, what, key ? key : "", hops == NEMO_MAX_REF_HOPS ? " (or a cycle)" : "");
+        if (hops == NEMO_MAX_REF_HOPS) {
+            fail(n, CKPTFS_ERROR_FORMAT, "%s: %s: references chained more than %d deep (a cycle?)", n->io_json, what,
+                 NEMO_MAX_REF_HOPS);
+            return NULL;
+        }
+        if (key == NULL || !json_object_has_member(n->objects, key)) {
+            fail(n, CKPTFS_ERROR_FORMAT, "%s: %s: a reference to '%.60s', which \"objects\" does not hold", n->io_json,
+                 what, key ? key : "");
             return NULL;
         }
         node = json_object_get_member(n->objects, key);
@@ -527,7 +531,7 @@ static bool open_nemo2(CkptfsSource *source, const CkptfsOptions *options, GErro
     g_autoptr(JsonObject) top = ckptfs_json_load_object(io_json, error);
     if (top == NULL)
         return false;
-    Nemo n = {.source = source, .error = error, .io_json = io_json, .top = top};
+    Nemo n = {.error = error, .io_json = io_json, .top = top};
     g_autofree char *model_class = NULL, *cls = NULL;
     g_autoptr(CkptfsValue) args = context_args(&n, &model_class, &cls);
     CkptfsPickle *pickle = args ? args_pickle(io_json, args, error) : NULL;
