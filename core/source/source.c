@@ -63,11 +63,13 @@ bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *
 }
 
 /* The registry: formats tried in order (a verl role directory, FSDP or Megatron, is recognised
- * by its own file names and holds the others' formats below it; a torch_dist directory may also
+ * by its own file names and holds the others' formats below it; a NeMo 2 checkpoint holds a
+ * torch_dist one in weights/ beside context/; a torch_dist directory may also
  * have a tracker; a DCP without Megatron's metadata.json holds torchtitan's names (its .metadata
  * names tok_embeddings) or Hugging Face's; a directory
  * that is neither Megatron format is read as Hugging Face). */
 static const CkptfsSourceFormat *const formats[] = {&ckptfs_format_verl_fsdp, &ckptfs_format_verl_megatron,
+                                                     &ckptfs_format_nemo2,
                                                      &ckptfs_format_torch_dist, &ckptfs_format_titan, &ckptfs_format_dcp_hf,
                                                      &ckptfs_format_deepspeed, &ckptfs_format_megatron,
                                                      &ckptfs_format_hf};

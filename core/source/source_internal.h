@@ -22,6 +22,7 @@ extern const CkptfsSourceFormat ckptfs_format_verl_megatron; /* source_verl_mega
 extern const CkptfsSourceFormat ckptfs_format_dcp_hf;     /* source_dcp_hf.c */
 extern const CkptfsSourceFormat ckptfs_format_titan;      /* source_dcp_hf.c, names from titan.c */
 extern const CkptfsSourceFormat ckptfs_format_deepspeed;  /* source_deepspeed.c */
+extern const CkptfsSourceFormat ckptfs_format_nemo2;      /* source_nemo2.c */
 
 /* config.json (or -o hf_config), the tokenizer and the other top-level files of a trainer's
  * checkpoint directory DIR that hf/ passes through (weights, trainer state and DeepSpeed's tag
@@ -97,6 +98,18 @@ typedef struct {
 /* Opens the rank directories of DIR (an iteration directory; verl's model/) into SOURCE. */
 bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
                                 const CkptfsRankFiles *files, GError **error);
+/* A torch_dist checkpoint saved inside another trainer's checkpoint (NeMo 2's weights/): the
+ * model's keys under KEY_PREFIX in .metadata, its args (a dict under Megatron's argument names)
+ * given when common.pt holds none; ARGS_FROM names them in errors. */
+typedef struct {
+    const char *key_prefix;
+    const CkptfsPy *args;
+    const char *args_from;
+} CkptfsTorchDistWrap;
+/* Opens the torch_dist checkpoint in DIR (metadata.json, .metadata, ...) into SOURCE; WRAP may
+ * be NULL (Megatron's own save). (source_torchdist.c) */
+bool ckptfs_torch_dist_open_dir(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
+                                const CkptfsTorchDistWrap *wrap, GError **error);
 /* inspect's line for both Megatron formats: files opened and the split saved. */
 char *ckptfs_megatron_describe(const CkptfsSource *source);
 /* Sets SOURCE's config.json to what Hugging Face would write for MODEL. */

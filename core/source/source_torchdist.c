@@ -25,6 +25,8 @@ typedef struct {
     const CkptfsOptions *options;
     GError **error;
     CkptfsDcp dcp;              /* the checkpoint directory (metadata.json, .metadata, ...) */
+    const CkptfsTorchDistWrap *wrap; /* another trainer's save around it, or NULL */
+    const char *wrap_prefix;    /* the wrapping trainer's prefix of every key ("" for Megatron's own) */
     CkptfsPickle *common;
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and saved split */
     CkptfsDtype dtype;
@@ -39,6 +41,16 @@ static bool has_file(const char *dir, const char *name)
 {
     g_autofree char *path = g_build_filename(dir, name, NULL);
     return g_file_test(path, G_FILE_TEST_IS_REGULAR);
+}
+
+/* NAME (allocated) as .metadata holds it: under the wrapping trainer's prefix. */
+static char *stored_name(const Td *t, char *name)
+{
+    if (*t->wrap_prefix == '\0')
+        return name;
+    char *prefixed = g_strconcat(t->wrap_prefix, name, NULL);
+    g_free(name);
+    return prefixed;
 }
 
 /* The checkpoint directory of PATH: PATH itself (an iter_*, release or verl dist_ckpt
@@ -297,7 +309,7 @@ static bool check_unexpected(Td *t, GArray *entries)
     for (guint i = 0; i < entries->len; i++)
         g_hash_table_add(known, g_array_index(entries, Entry, i).name);
     g_autoptr(GString) extra = g_string_new(NULL);
-    g_autofree char *tied_output = g_strconcat(t->prefix, "output_layer.weight", NULL);
+    g_autofree char *tied_output = g_strconcat(t->wrap_prefix, t->prefix, "output_layer.weight", NULL);
     unsigned n = 0;
     const CkptfsPy *sdm = t->dcp.state_dict_metadata;
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
@@ -320,8 +332,9 @@ static bool check_unexpected(Td *t, GArray *entries)
             g_string_append_printf(extra, "%s'%s'", extra->len ? ", " : "", key);
     }
     if (n > 0)
-        return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s", t->dcp.metadata_path, n,
-                    extra->str, n > 5 ? ", ..." : "");
+        return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: %u unexpected entries: %s%s%s%s%s", t->dcp.metadata_path, n,
+                    extra->str, n > 5 ? ", ..." : "", *t->wrap_prefix ? " (the model's keys are expected under '" : "",
+                    t->wrap_prefix, *t->wrap_prefix ? "')" : "");
     return true;
 }
 
@@ -330,7 +343,7 @@ static bool check_unexpected(Td *t, GArray *entries)
 static bool per_layer_names(Td *t)
 {
     const CkptfsPy *sdm = t->dcp.state_dict_metadata;
-    g_autofree char *layers = g_strconcat(t->prefix, "decoder.layers.", NULL);
+    g_autofree char *layers = g_strconcat(t->wrap_prefix, t->prefix, "decoder.layers.", NULL);
     for (guint i = 0; i + 1 < sdm->items->len; i += 2) {
         const char *key = ckptfs_py_str(g_ptr_array_index(sdm->items, i));
         if (key && g_str_has_prefix(key, layers) && g_ascii_isdigit(key[strlen(layers)]))
@@ -355,7 +368,8 @@ static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const
                 continue;
             g_autofree char *te_name = ckptfs_mcore_key_name(key, true, per_layer, l);
             g_autofree char *local_name = ckptfs_mcore_key_name(key, false, per_layer, l);
-            g_autofree char *te = g_strconcat(prefix, te_name, NULL), *local = g_strconcat(prefix, local_name, NULL);
+            g_autofree char *te = stored_name(t, g_strconcat(prefix, te_name, NULL));
+            g_autofree char *local = stored_name(t, g_strconcat(prefix, local_name, NULL));
             bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
             if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args imply "
@@ -375,7 +389,8 @@ static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const
                 continue;
             g_autofree char *te_name = ckptfs_mcore_mtp_key_name(key, true, j);
             g_autofree char *local_name = ckptfs_mcore_mtp_key_name(key, false, j);
-            g_autofree char *te = g_strconcat(prefix, te_name, NULL), *local = g_strconcat(prefix, local_name, NULL);
+            g_autofree char *te = stored_name(t, g_strconcat(prefix, te_name, NULL));
+            g_autofree char *local = stored_name(t, g_strconcat(prefix, local_name, NULL));
             bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
             if (!te_there && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (args.mtp_num_layers implies it)",
@@ -411,7 +426,8 @@ static uint64_t metadata_rows(Td *t, const char *key)
 {
     uint64_t dims[CKPTFS_MAX_DIMS];
     unsigned n = 0;
-    const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->dcp.state_dict_metadata, key));
+    g_autofree char *stored = stored_name(t, g_strdup(key));
+    const CkptfsPy *st = ckptfs_py_object_state(ckptfs_py_dict_get(t->dcp.state_dict_metadata, stored));
     return st && ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n) && n == 2 ? dims[0] : 0;
 }
 
@@ -428,6 +444,10 @@ static bool open_torch_dist(Td *t)
     const CkptfsPy *args = NULL;
     if (!read_common(t, &args) || !ckptfs_source_use_given_config(t->source, options, t->error))
         return false;
+    if (args == NULL && t->wrap != NULL)
+        args = t->wrap->args;
+    g_autofree char *common = t->wrap && args == t->wrap->args ? g_strdup(t->wrap->args_from)
+                                                               : g_build_filename(t->dcp.dir, "common.pt", NULL);
     /* verl saves model/dist_ckpt/ without args beside model/huggingface/ (config, tokenizer). */
     g_autofree char *parent = g_path_get_dirname(t->dcp.dir);
     g_autofree char *verl_hf = g_build_filename(parent, "huggingface", NULL);
@@ -438,7 +458,6 @@ static bool open_torch_dist(Td *t)
             return false;
     }
     if (args) {
-        g_autofree char *common = g_build_filename(t->dcp.dir, "common.pt", NULL);
         if (!ckptfs_megatron_model_from_args(args, common, options->hf_arch, t->source->config, &t->saved, t->error))
             return false;
         if (t->source->config == NULL)
@@ -450,8 +469,7 @@ static bool open_torch_dist(Td *t)
     }
     const CkptfsModel *model = &t->saved.model;
     /* Sizes a hostile source gives: bounded before anything is built per layer. */
-    g_autofree char *sizes_from = args ? g_build_filename(t->dcp.dir, "common.pt", NULL)
-                                       : g_strdup_printf("%s: config.json", t->dcp.dir);
+    g_autofree char *sizes_from = args ? g_strdup(common) : g_strdup_printf("%s: config.json", t->dcp.dir);
     if (!ckptfs_model_check_limits(model, sizes_from, t->error))
         return false;
     if (model->kv_heads == 0 || model->heads % model->kv_heads != 0)
@@ -504,17 +522,24 @@ static bool open_torch_dist(Td *t)
     return extra == NULL || ckptfs_source_add_extra_files(t->source, extra, t->error);
 }
 
-static bool open_torch_dist_source(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+bool ckptfs_torch_dist_open_dir(CkptfsSource *source, const CkptfsOptions *options, const char *dir,
+                                const CkptfsTorchDistWrap *wrap, GError **error)
 {
-    Td t = {.source = source, .options = options, .error = error};
-    g_autofree char *dir = checkpoint_dir(source->dir, options->iteration);
-    if (dir == NULL)
-        return fail(&t, CKPTFS_ERROR_NOT_FOUND, "%s: no torch_dist checkpoint (metadata.json)", source->dir);
+    Td t = {.source = source, .options = options, .error = error, .wrap = wrap,
+            .wrap_prefix = wrap && wrap->key_prefix ? wrap->key_prefix : ""};
     ckptfs_dcp_init(&t.dcp, source->files, dir, error);
     bool ok = open_torch_dist(&t);
     ckptfs_pickle_free(t.common);
     ckptfs_dcp_clear(&t.dcp);
     return ok;
+}
+
+static bool open_torch_dist_source(CkptfsSource *source, const CkptfsOptions *options, GError **error)
+{
+    g_autofree char *dir = checkpoint_dir(source->dir, options->iteration);
+    if (dir == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_NOT_FOUND, "%s: no torch_dist checkpoint (metadata.json)", source->dir);
+    return ckptfs_torch_dist_open_dir(source, options, dir, NULL, error);
 }
 
 const CkptfsSourceFormat ckptfs_format_torch_dist = {"megatron-torch_dist", probe_torch_dist,
