@@ -88,11 +88,14 @@ fg_unmount() { # MNT: unmounts and waits for the daemon
   wait "$FG_PID" 2> /dev/null
   return $rc
 }
-# same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ).
+# same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ);
+# B's DIRs must exist and hold files, so that a missing mount or view never passes.
 same_trees() {
-  local a=$1 b=$2 f bad=0
+  local a=$1 b=$2 f bad=0 files
   shift 2
-  for f in $(cd "$b" && find "$@" -type f); do
+  files=$(cd "$b" && find "$@" -type f) || { echo "cannot list $*/ under $b"; return 1; }
+  [[ -n $files ]] || { echo "no files under $b/$*"; return 1; }
+  for f in $files; do
     cmp -s "$a/$f" "$b/$f" || { echo "differs: $f"; bad=1; }
   done
   return $bad

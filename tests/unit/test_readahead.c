@@ -291,10 +291,11 @@ static void test_cap(const Fixture *fx)
        total.chunks_pushed);
 }
 
-static gint closed;
+static gint closing, closed;
 
 static gpointer close_stream(gpointer s)
 {
+    g_atomic_int_set(&closing, 1);
     ckptfs_readahead_close(s);
     g_atomic_int_set(&closed, 1);
     return NULL;
@@ -315,6 +316,9 @@ static void test_close_while_building(const Fixture *fx)
         g_cond_wait(&c.changed, &c.lock);
     g_mutex_unlock(&c.lock);
     GThread *closer = g_thread_new("close", close_stream, s);
+    /* on a loaded machine the thread may start late: the grace period counts from its start */
+    while (!g_atomic_int_get(&closing))
+        g_usleep(1000);
     g_usleep(100000);
     g_mutex_lock(&c.lock);
     bool waited = c.pushes == 0 && c.held && !g_atomic_int_get(&closed);
