@@ -10,8 +10,10 @@
 # out_norm as weight - 1), the args Megatron-Bridge's provider sets; a Megatron-semantics
 # forward over the rank files alone (gdn_reference.py: the delta rule as a loop over tokens)
 # equals transformers' logits. Layer patterns that disagree with the layer count are refused by
-# name, as are spec=local and mcore/ (not written for these layers yet). A view mounted as a
-# source gives back the same tensors, and transformers the same logits.
+# name, as is spec=local (for mcore/ too). mcore/ read by torch.distributed.checkpoint (torch 2.14)
+# holds Megatron-core's sharded_state_dict keys (one layer's each; in_proj and conv1d a key per
+# section) with the bridges' tensors. A view mounted as a source gives back the same tensors, and
+# transformers the same logits.
 # Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
 # a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
 # taken from its source (gated_delta_net.py) and the bridges.
@@ -43,12 +45,16 @@ check_layouts() {
     fi
     first=0
   done
-  [[ $(ls "$mnt") != *mcore* ]]
-  ok $? "$name: no mcore/ listed (torch_dist's per-section in_proj keys are not written yet)"
+  [[ $(ls "$mnt") == *mcore* ]] && cp -r "$mnt/mcore" "$WORK/mcore-$name"
+  ok $? "$name: mcore/ listed and copied out"
+  mcores+=("$models/$name" "$WORK/mcore-$name/release")
 }
+mcores=()
 check_layouts q3n-a tp1pp1 tp2pp1 tp1pp2vpp2 tp2pp1ep2 tp2pp2ep2
 check_layouts q3n-b tp2pp1 tp1pp3vpp2ep2 tp2pp2ep4
 check_layouts q35 tp2pp1 tp1pp2vpp2
+check "mcore/ of each: torch.distributed.checkpoint loads Megatron-core's keys (a key per in_proj and conv1d section, one layer's each), the bridges' tensors bit for bit" \
+  sid_python "$WORK" "$ref" mcore "${mcores[@]}"
 
 # inspect names the layer pattern; what cannot be served is refused by name
 out=$("$CKPTFS_BIN" inspect "$models/q3n-b" 2>&1)
@@ -66,8 +72,9 @@ expect_refused "spec=local refused by name (Megatron-core builds the delta-net w
   "$CKPTFS_BIN" inspect "$models/q3n-a" -o spec=local --layout tp1pp1
 expect_refused "a TP degree that does not divide the delta-net's heads refused by name" \
   "tp 4 does not divide linear_num_key_heads 2" "$CKPTFS_BIN" inspect "$models/q3n-a" --layout tp4pp1
-expect_refused "mcore/ asked for: why not, by name" "one torch_dist key per in_proj and conv1d section" \
-  "$CKPTFS_BIN" inspect "$models/q3n-a" --layout mcore
+expect_refused "mcore/ with spec=local refused by name" \
+  "spec=local: Megatron-core builds Qwen3NextForCausalLM's gated delta-net layers with Transformer Engine only" \
+  "$CKPTFS_BIN" inspect "$models/q3n-a" -o spec=local --layout mcore
 for kind in short:'"layer_types" lists 3 layers but num_hidden_layers is 4' \
   interval:'"layer_types" entry 1 (full_attention) disagrees with full_attention_interval 3' \
   kind:'"layer_types" entry 0 is not "full_attention" or "linear_attention"'; do

@@ -18,6 +18,12 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
       are what the bridges make of SRC's tensors; the args say the layer pattern, the delta-net
       sizes, the gated attention and the zero-centred norms; a Megatron-semantics forward over
       the rank files alone (the delta rule as a loop over tokens) equals transformers' logits.
+  gdn_reference.py mcore SRC RELEASE_DIR [SRC RELEASE_DIR ...]     (in the sid root: torch 2.14)
+      each RELEASE_DIR (an mcore/ release directory) read by torch.distributed.checkpoint: its tensor
+      keys are Megatron-core's sharded_state_dict of the model (one layer's keys each, the layers
+      not of one kind; in_proj and conv1d a key per section, "in_proj.weight.query", ...), with
+      their global shapes and, bit for bit, the bridges' tensors; every other entry is an
+      _extra_state object; a TP-2 loader's share of every section is whole chunks.
   gdn_reference.py same ORIG HF_DIR
       HF_DIR's tensors are ORIG's, bit for bit.
   gdn_reference.py logits HF_DIR ORIG [HF_DIR ORIG ...]      (in the sid root)
@@ -478,6 +484,71 @@ def check(argv):
     return 1 if errors else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# mcore/ (torch_dist), as Megatron-core's sharded_state_dict names it
+
+def expected_mcore(s):
+    """{key: bits} of the model's sharded_state_dict at TP 1: the legacy names of chunk_entries
+    with TransformerBlock's per-layer keys (linear_attention_freq is a list), GatedDeltaNet's
+    _split_tensor_factory sections and TEGroupedMLP's experts stacked on a leading axis."""
+    qk, v = s.nk * s.dk, s.nv * s.dv
+    splits = {"self_attention.in_proj.weight": ([qk, qk, v, v, s.nv, s.nv],
+                                                ["query", "key", "value", "z", "beta", "alpha"]),
+              "self_attention.conv1d.weight": ([qk, qk, v], ["query", "key", "value"])}
+    out, experts = {}, {}
+    for name, bits in chunk_entries(s, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1):
+        if bits is None:
+            continue
+        layer_key = name.split(".", 3)[3] if name.startswith("decoder.layers.") else None
+        if layer_key in splits:
+            at = 0
+            for n, section in zip(*splits[layer_key]):
+                out[f"{name}.{section}"] = bits[at:at + n]
+                at += n
+        elif layer_key and layer_key.startswith("mlp.experts.local_experts."):
+            j, rest = layer_key[len("mlp.experts.local_experts."):].split(".", 1)
+            experts.setdefault(name.rsplit(".local_experts.", 1)[0] + ".experts." + rest, []).append(bits)
+        else:
+            out[name] = bits
+    out.update({k: np.stack(v) for k, v in experts.items()})
+    return out
+
+
+def mcore(src, release):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    s = Source(src)
+    want = expected_mcore(s)
+    meta = dcp.FileSystemReader(release).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
+    padded = {k: tuple(meta[k].size)[0] for k in ("embedding.word_embeddings.weight", "output_layer.weight")
+              if k in meta}
+    for k, rows in padded.items():  # the vocabulary padded for the largest TP degree
+        if rows % 128 or rows < s.vocab:
+            print(f"{k}: {rows} rows is not a padding of {s.vocab}", file=sys.stderr)
+            return 1
+        want[k] = np.concatenate([want[k], np.zeros((rows - s.vocab, s.H), np.uint16)])
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != want[k].shape]
+    if missing or extra or others or shapes:
+        print(f"keys: missing {missing[:4]}, unexpected {extra[:4]} {others[:4]}, shapes differ "
+              f"{[(k, tuple(meta[k].size), want[k].shape) for k in shapes[:3]]}", file=sys.stderr)
+        return 1
+    split = [k for k in tensors if k.rsplit(".", 1)[1] in ("query", "key", "value", "z", "beta", "alpha")]
+    uncut = [k for k in split if meta[k].size[0] // 2 not in {c.offsets[0] for c in meta[k].chunks}]
+    if len(split) != 9 * sum(s.linear) or uncut:
+        print(f"{len(split)} section keys for {sum(s.linear)} delta-net layers; not cut for TP 2: {uncut[:3]}",
+              file=sys.stderr)
+        return 1
+    got = {k: torch.empty(meta[k].size, dtype=torch.bfloat16) for k in want}
+    dcp.load(got, checkpoint_id=release)
+    bad = [k for k in want if not np.array_equal(got[k].view(torch.int16).numpy().view(np.uint16), want[k])]
+    for k in bad[:5]:
+        print(f"{k}: differs", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def same(orig, hf_dir):
     a, b = read_checkpoint(orig), read_checkpoint(hf_dir)
     bad = [n for n in a if n not in b or a[n] != b[n]] + [n for n in b if n not in a]
@@ -524,6 +595,8 @@ def main():
         return check(rest)
     if cmd == "same":
         return same(*rest)
+    if cmd == "mcore":  # SRC RELEASE_DIR pairs
+        return max(mcore(src, release) for src, release in zip(rest[::2], rest[1::2]))
     if cmd == "logits":
         return logits(rest)
     if cmd == "bad":
