@@ -185,6 +185,8 @@ extern const CkptfsFamily ckptfs_family_qwen3_next; /* Qwen3-Next: gated delta-n
 extern const CkptfsFamily ckptfs_family_qwen3_5;  /* Qwen3.5's text model: the same layers, the
                                                      delta-net's input projections split, a
                                                      dense MLP */
+extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
+                                                        Qwen3-Next's experts */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

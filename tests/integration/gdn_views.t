@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-Next (Qwen3NextForCausalLM: gated delta-net layers among gated attention layers, MoE with
-# a gated shared expert) and Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
-# projections split, a dense MLP): tiny models built and saved by transformers 5.12.1 (the sid
+# a gated shared expert), Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
+# projections split, a dense MLP) and its MoE form (Qwen3_5MoeForCausalLM: the split projections,
+# Qwen3-Next's experts, saved per expert by transformers): tiny models built and saved by transformers 5.12.1 (the sid
 # root), one Qwen3-Next with layer_types, one with full_attention_interval alone and a dense
 # first layer. Every rank
 # file of TP, PP+VPP and EP layouts loads in torch 1.13 (and 2.6), holds the keys Megatron-core
@@ -53,6 +54,7 @@ mcores=()
 check_layouts q3n-a tp1pp1 tp2pp1 tp1pp2vpp2 tp2pp1ep2 tp2pp2ep2
 check_layouts q3n-b tp2pp1 tp1pp3vpp2ep2 tp2pp2ep4
 check_layouts q35 tp2pp1 tp1pp2vpp2
+check_layouts q35moe tp2pp1ep2 tp1pp2vpp2ep4
 check "mcore/ of each: torch.distributed.checkpoint loads Megatron-core's keys (a key per in_proj and conv1d section, one layer's each), the bridges' tensors bit for bit" \
   sid_python "$WORK" "$ref" mcore "${mcores[@]}"
 
@@ -101,7 +103,8 @@ round_trip q3n-a tp2pp1
 round_trip q3n-a tp1pp2vpp2ep2
 round_trip q3n-b tp2pp2ep4
 round_trip q35 tp2pp2
-check "each hf/ of the four: transformers loads it (its config.json too), the same logits bit for bit" \
+round_trip q35moe tp2pp1ep2
+check "each hf/ of the five: transformers loads it (its config.json too), the same logits bit for bit" \
   sid_python "$WORK" "$ref" logits "${pairs[@]}"
 
 done_testing

@@ -65,6 +65,9 @@ VARIANTS = {
     # Qwen3.5's text model: dense, the delta-net's projections split
     "q35": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
                 linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True),
+    # Qwen3.5's MoE text model: the split projections, every layer MoE with a gated shared expert
+    "q35moe": dict(num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True),
 }
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
@@ -73,15 +76,19 @@ MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "sh
 # build (sid root)
 def build(out):
     import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
+                              Qwen3NextConfig, Qwen3NextForCausalLM)
     for name, v in VARIANTS.items():
         v = dict(v)
         only_interval = v.pop("only_interval", False)
         dense = v.pop("qwen3_5", False)
+        kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
+            (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
+            (Qwen3NextConfig, Qwen3NextForCausalLM)
         torch.manual_seed(len(name) + sum(map(ord, name)))
         base = {k: x for k, x in BASE.items() if not (dense and k in MOE_FIELDS)}
-        cfg = (Qwen3_5TextConfig if dense else Qwen3NextConfig)(**base, **v)
-        model = (Qwen3_5ForCausalLM if dense else Qwen3NextForCausalLM)(cfg).eval()
+        cfg = kind[0](**base, **v)
+        model = kind[1](cfg).eval()
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight") and "linear_attn" in pname:
