@@ -188,7 +188,8 @@ static guint add_entry(McoreView *v, const McorePart *part, char *fqn, const Ckp
 {
     guint first = v->entries->len;
     unsigned n = key && key->n_sections ? key->n_sections : 1;
-    for (unsigned s = 0, row0 = 0; s < n; row0 += key && key->n_sections ? key->sections[s] : 0, s++) {
+    uint64_t row0 = 0;
+    for (unsigned s = 0; s < n; row0 += key && key->n_sections ? key->sections[s] : 0, s++) {
         Entry e = {key && key->n_sections ? g_strconcat(part->prefix, fqn, ".", key->section_names[s], NULL)
                                           : g_strconcat(part->prefix, fqn, NULL),
                    part, key, false, row0, key && key->n_sections ? key->sections[s] : 0};

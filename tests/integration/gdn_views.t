@@ -87,11 +87,13 @@ for kind in short:'"layer_types" lists 3 layers but num_hidden_layers is 4' \
     "$CKPTFS_BIN" inspect "$WORK/bad-$name"
 done
 
-# HF -> Megatron view -> mounted as a source -> hf/: the same tensors bit for bit (out_norm read
-# back plus one), and transformers 5 loads it (its config.json too) with the same logits
+# HF -> Megatron view (legacy or mcore/) -> mounted as a source -> hf/: the same tensors bit for
+# bit (out_norm read back plus one), and transformers 5 loads it (its config.json too) with the
+# same logits
 round_trip() { # NAME VIEW
-  local name=$1 view=$2 m1=$WORK/rt-$1-$2
-  if ! mount_ckptfs "$models/$name" "$m1" -o "layouts=$view" || ! mount_ckptfs "$m1/$view" "$m1-back"; then
+  local name=$1 view=$2 m1=$WORK/rt-$1-$2 opts=(-o "layouts=$2")
+  [[ $view == mcore ]] && opts=() # listed always
+  if ! mount_ckptfs "$models/$name" "$m1" "${opts[@]}" || ! mount_ckptfs "$m1/$view" "$m1-back"; then
     ok 1 "$name -> $view -> hf/: mounts"
     return
   fi
@@ -104,7 +106,16 @@ round_trip q3n-a tp1pp2vpp2ep2
 round_trip q3n-b tp2pp2ep4
 round_trip q35 tp2pp2
 round_trip q35moe tp2pp1ep2
-check "each hf/ of the five: transformers loads it (its config.json too), the same logits bit for bit" \
+round_trip q3n-b mcore
+round_trip q35moe mcore
+# Qwen3.5-MoE with its experts fused on disk (as transformers holds them): the same views, byte for byte
+if mount_ckptfs "$models/q35moe-fused" "$WORK/fused" -o layouts=tp2pp1ep2 && mount_ckptfs "$models/q35moe" "$WORK/per-expert" -o layouts=tp2pp1ep2; then
+  check "q35moe with fused experts: tp2pp1ep2/ and mcore/ the same bytes as per expert" \
+    bash -c 'diff -r "$1/tp2pp1ep2" "$2/tp2pp1ep2" && diff -r "$1/mcore" "$2/mcore"' _ "$WORK/fused" "$WORK/per-expert"
+else
+  ok 1 "q35moe with fused experts: mounts"
+fi
+check "each hf/ of the seven: transformers loads it (its config.json too), the same logits bit for bit" \
   sid_python "$WORK" "$ref" logits "${pairs[@]}"
 
 done_testing

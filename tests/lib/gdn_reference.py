@@ -11,7 +11,8 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
 
   gdn_reference.py build OUT          (in the sid root: transformers 5.12.1)
       OUT/NAME for each variant, built and saved by transformers in bf16, its norms drawn
-      around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS.
+      around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS;
+      OUT/q35moe-fused: the same model with its experts fused as transformers holds them.
   gdn_reference.py check SRC VIEW LAYOUT [--torch2]
       every rank file of VIEW loads (torch 2.6 with weights_only and mmap with --torch2); the
       file set is Megatron's for LAYOUT; every chunk's keys, in order, and tensors, bit for bit,
@@ -37,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -67,7 +69,7 @@ VARIANTS = {
                 linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True),
     # Qwen3.5's MoE text model: the split projections, every layer MoE with a gated shared expert
     "q35moe": dict(num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
-                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True),
+                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True, fused_copy=True),
 }
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
@@ -81,6 +83,7 @@ def build(out):
     for name, v in VARIANTS.items():
         v = dict(v)
         only_interval = v.pop("only_interval", False)
+        fused_copy = v.pop("fused_copy", False)
         dense = v.pop("qwen3_5", False)
         kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
             (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
@@ -104,6 +107,13 @@ def build(out):
         model = model.to(torch.bfloat16)
         path = os.path.join(out, name)
         model.save_pretrained(path)
+        if fused_copy:  # NAME-fused: the experts as transformers holds them ([E, 2F, H], [E, H, F])
+            from safetensors.torch import save_file
+            os.makedirs(path + "-fused")
+            shutil.copy(os.path.join(path, "config.json"), path + "-fused")
+            sd = {k: t.contiguous() for k, t in model.state_dict().items()}
+            assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), sorted(sd)[:5]
+            save_file(sd, os.path.join(path + "-fused", "model.safetensors"), metadata={"format": "pt"})
         if only_interval:
             cpath = os.path.join(path, "config.json")
             c = json.load(open(cpath))
