@@ -386,6 +386,21 @@ static const CkptfsRule qwen3_5_rules[] = {
     LAST_STAGE,
 };
 
+/* Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): Qwen3.5's layers with Qwen3-Next's MoE
+ * (every layer's: routed experts and the gated shared expert; mbridge's qwen3_5 MoE bridge). */
+static const CkptfsRule qwen3_5_moe_rules[] = {
+    EMBEDDING,
+    GDN_LAYER(CKPTFS_RECIPE_GDN_IN_SPLIT, "linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
+              "linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"),
+    GATED_ATTENTION_LAYER,
+    MOE_NORM_AND_ROUTER("mlp.gate.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "pre_mlp_layernorm._extra_state", 12, NONE, CKPTFS_NEED_MOE),
+    EXPERTS("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight"),
+    SHARED_EXPERT,
+    LAST_STAGE,
+};
+
 /* MiMo (MiMoForCausalLM): Qwen2 (q/k/v biases) with multi-token prediction layers under
  * model.mtp_layers.N (mbridge's mimo names): token_layernorm and hidden_layernorm are Megatron's
  * enorm and hnorm; input_proj reads [hidden; embedding], eh_proj [embedding; hidden]. */
@@ -550,6 +565,7 @@ const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMEN
 const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};
 const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL};
+const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "ckptfs/error.h"
 #include "ckptfs/layout.h"
 
 static void segment(CkptfsMcoreKey *k, const char *hf_name, uint64_t hf_row0, uint64_t row0,
@@ -95,17 +96,23 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
     return 0;
 }
 
-unsigned ckptfs_dim_sections(const CkptfsModel *m, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS])
+unsigned ckptfs_dim_sections(const CkptfsModel *m, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS],
+                             const char *names[CKPTFS_MAX_SECTIONS])
 {
     uint64_t key = m->linear_key_heads * m->linear_key_dim, value = m->linear_value_heads * m->linear_value_dim;
     /* Megatron-core 0.17.1's GatedDeltaNet: in_proj = [q, k, v, z, beta, alpha], conv1d's
-     * channels [q, k, v], each section split over TP on its own */
+     * channels [q, k, v], each section split over TP on its own and, in sharded_state_dict, a
+     * torch_dist key of its own (_split_tensor_factory) */
     const uint64_t in_proj[] = {key, key, value, value, m->linear_value_heads, m->linear_value_heads};
     const uint64_t conv[] = {key, key, value};
+    static const char *const section_names[] = {"query", "key", "value", "z", "beta", "alpha"};
     const uint64_t *sections = dim == CKPTFS_DIM_GDN_IN ? in_proj : dim == CKPTFS_DIM_GDN_CONV ? conv : NULL;
     unsigned n = dim == CKPTFS_DIM_GDN_IN ? G_N_ELEMENTS(in_proj) : dim == CKPTFS_DIM_GDN_CONV ? G_N_ELEMENTS(conv) : 0;
-    for (unsigned i = 0; i < n; i++)
+    for (unsigned i = 0; i < n; i++) {
         out[i] = sections[i];
+        if (names)
+            names[i] = section_names[i];
+    }
     return n;
 }
 
@@ -252,10 +259,10 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
                               stacked ? g_strconcat("decoder.layers.", local, NULL) : g_strdup(local),
                               r, stacked, r->expert, r->expert ? m->experts : 0,
                               r->ndim, dim_value(m, r->rows, padded_vocab),
-                              r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, 0,
+                              r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, {NULL}, 0,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
                               family->mtp_hf_prefix, m->arch->hf_layer_prefix};
-        k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections);
+        k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections, k->section_names);
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
         const char *tied[1] = {r->tied_hf};
@@ -627,4 +634,23 @@ GArray *ckptfs_mcore_tp_cuts(const CkptfsMcoreKey *key, const unsigned *tps, uns
             g_array_index(cuts, uint64_t, out++) = g_array_index(cuts, uint64_t, i);
     g_array_set_size(cuts, out);
     return cuts;
+}
+
+bool ckptfs_mcore_keys_check_shifted(const GPtrArray *keys, const CkptfsModel *m, const CkptfsCatalog *catalog,
+                                     GError **error)
+{
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(keys, i);
+        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < m->layers; l++) {
+            if (!ckptfs_rule_in_layer(key->rule, m, l))
+                continue;
+            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
+            const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+            if (t != NULL && !ckptfs_tensor_can_shift(t))
+                return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is served as %s: Megatron's "
+                                   "zero-centred form of it (weight - 1) is served for bf16 or fp32 weights only",
+                                   name, ckptfs_dtype_safetensors_name(t->dtype));
+        }
+    }
+    return true;
 }

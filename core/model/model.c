@@ -17,6 +17,12 @@ static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediat
 static const CkptfsFusedExperts *const transformers5_fused[] = {&ckptfs_fused_in_memory, NULL};
 static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
                                                  .fused_forms = transformers5_fused};
+/* Qwen3.5-MoE: every layer MoE (no mlp_only_layers, decoder_sparse_step), the top-k always
+ * renormalised (no norm_topk_prob), a gated shared expert; transformers 5 saves the experts per
+ * expert and holds them fused */
+static const CkptfsMoeConfig qwen3_5_moe_config = {"num_experts", "moe_intermediate_size",
+                                                   "shared_expert_intermediate_size", .shared_gate = true,
+                                                   .always_renormalize = true, .fused_forms = transformers5_fused};
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true};
@@ -176,12 +182,19 @@ static const CkptfsArchitecture gemma3_text = {"Gemma3ForCausalLM", "gemma3_text
                                                .zero_centred_norms = true, .activation = "gelu_pytorch_tanh",
                                                .scaled_embedding = true, .gemma_attention = true,
                                                .te_spec_only = true, .tied_by_default = true};
+/* Qwen3.5's MoE text model: Qwen3.5's layers, Qwen3-Next's experts (transformers' defaults: 2
+ * key/value heads) */
+static const CkptfsArchitecture qwen3_5_moe_text = {"Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", false, true,
+                                                    &ckptfs_family_qwen3_5_moe, &qwen3_5_moe_config, false, 0, 0,
+                                                    .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
+                                                    .max_positions = 32768, .hybrid_attention = true,
+                                                    .attention_gate = true, .zero_centred_norms = true};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
                                                           &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text,
                                                           &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, &gemma3_text,
-                                                          NULL};
+                                                          &qwen3_5_moe_text, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {

@@ -640,3 +640,17 @@ bool ckptfs_piece_set_to_catalog(const CkptfsPieceSet *set, CkptfsCatalog *catal
     }
     return true;
 }
+
+bool ckptfs_megatron_unshift_norms(CkptfsCatalog *catalog, const CkptfsModel *m, const GPtrArray *keys,
+                                   GError **error)
+{
+    for (guint i = 0; i < keys->len; i++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(keys, i);
+        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < m->layers; l++) {
+            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
+            if (ckptfs_rule_in_layer(key->rule, m, l) && !ckptfs_catalog_set_shift(catalog, name, +1, error))
+                return false;
+        }
+    }
+    return true;
+}

@@ -57,6 +57,10 @@ void ckptfs_piece_set_add(CkptfsPieceSet *set, const char *name, const CkptfsPie
  * checkpoint holds as model.layers.{L+j}.embed_tokens / shared_head.head and Megatron shares
  * with the model: the same bytes under those names. */
 bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m, GError **error);
+/* Zero-centred norms of tensors Hugging Face stores plain (CKPTFS_RECIPE_LESS_ONE, of KEYS) are
+ * read back plus one. */
+bool ckptfs_megatron_unshift_norms(CkptfsCatalog *catalog, const CkptfsModel *m, const GPtrArray *keys,
+                                   GError **error);
 
 /* Gives wanted tensor NAME its own element type (an fp32 expert bias among bf16 weights). */
 void ckptfs_piece_set_dtype(CkptfsPieceSet *set, const char *name, CkptfsDtype dtype);

@@ -727,23 +727,6 @@ static bool check_unexpected(Mg *m)
     return true;
 }
 
-/* Zero-centred norms of tensors Hugging Face stores plain (CKPTFS_RECIPE_LESS_ONE) are read back
- * plus one. */
-static bool unshift_norms(Mg *m)
-{
-    const CkptfsModel *model = &m->saved.model;
-    for (guint i = 0; i < m->keys->len; i++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(m->keys, i);
-        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < model->layers; l++) {
-            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
-            if (ckptfs_rule_in_layer(key->rule, model, l) &&
-                !ckptfs_catalog_set_shift(m->source->catalog, name, +1, m->error))
-                return false;
-        }
-    }
-    return true;
-}
-
 bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *options, const char *iter,
                                 const CkptfsRankFiles *files, GError **error)
 {
@@ -758,7 +741,8 @@ bool ckptfs_megatron_open_ranks(CkptfsSource *source, const CkptfsOptions *optio
     }
     ok = ok && find_ranks(&m) && map_model(&m, c) && check_unexpected(&m);
     ok = ok && ckptfs_piece_set_to_catalog(c, source->catalog, m.dtype, error) &&
-         ckptfs_megatron_add_mtp_copies(source->catalog, &m.saved.model, error) && unshift_norms(&m);
+         ckptfs_megatron_add_mtp_copies(source->catalog, &m.saved.model, error) &&
+         ckptfs_megatron_unshift_norms(source->catalog, &m.saved.model, m.keys, error);
     ok = ok && (options->hf_extra == NULL || ckptfs_source_add_extra_files(source, options->hf_extra, error));
     if (ok)
         source->saved_layout = m.saved.layout;

@@ -93,13 +93,15 @@ static bool check_metadata_json(Td *t)
 
 /* One entry of the model in .metadata: KEY under the name NAME, with the layer axis when
  * LAYER_AXIS (stacked layers), else for layer LAYER alone (per-layer keys; ignored for keys
- * outside the layers). */
+ * outside the layers); of a key of row sections, the section of ROWS rows from ROW0 (a gated
+ * delta-net's "in_proj.weight.query"; rows 0: the whole key). */
 typedef struct {
     const CkptfsMcoreKey *key;
     char *name;
     bool layer_axis;
     uint64_t layer;
     const CkptfsModel *part; /* the model (a VLM's language model) or a VLM's vision tower */
+    uint64_t row0, rows;     /* a section of the key's rows (GatedDeltaNet's): where and how many */
 } Entry;
 
 static void entry_clear(gpointer p)
@@ -128,6 +130,20 @@ static char *moe_sizes_hint(Td *t, const CkptfsMcoreKey *key)
 
 /* The entry's TensorStorageMetadata in .metadata, of the expected shape and dtype (*DTYPE: the
  * weights', or for an entry Megatron keeps in fp32 its own floating-point type). */
+/* EN's global shape as the model implies it (a section's rows for a section); returns ndim. */
+static unsigned entry_shape(const Entry *en, uint64_t *shape, bool *kernel)
+{
+    if (ckptfs_mcore_kernel_shape(en->key, en->part, shape)) { /* a patch kernel: 5 dims, replicated */
+        if (kernel)
+            *kernel = true;
+        return 5;
+    }
+    unsigned n = ckptfs_mcore_key_shape(en->key, en->layer_axis ? en->part->layers : 0, shape);
+    if (en->rows)
+        shape[n - en->key->ndim] = en->rows;
+    return n;
+}
+
 static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_rows, CkptfsDtype *dtype_out)
 {
     const CkptfsMcoreKey *key = en->key;
@@ -138,9 +154,7 @@ static const CkptfsPy *tensor_metadata(Td *t, const Entry *en, uint64_t *padded_
         return NULL;
     }
     uint64_t dims[CKPTFS_MAX_DIMS], want[CKPTFS_MAX_DIMS];
-    /* a patch kernel: one replicated chunk of its 5 dims */
-    unsigned n = 0, nwant = ckptfs_mcore_kernel_shape(key, en->part, want)
-                                ? 5 : ckptfs_mcore_key_shape(key, en->layer_axis ? en->part->layers : 0, want);
+    unsigned n = 0, nwant = entry_shape(en, want, NULL);
     if (st == NULL || !ckptfs_py_dims(ckptfs_py_dict_get(st, "size"), dims, &n)) {
         fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' is not a tensor entry with a size", t->dcp.metadata_path, en->name);
         return NULL;
@@ -200,8 +214,8 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
     if (chunks == NULL || chunks->kind != CKPTFS_PY_LIST || chunks->items->len == 0)
         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' has no chunks", t->dcp.metadata_path, en->name);
     uint64_t shape[CKPTFS_MAX_DIMS];
-    bool kernel = ckptfs_mcore_kernel_shape(key, en->part, shape);
-    unsigned n = kernel ? 5 : ckptfs_mcore_key_shape(key, en->layer_axis ? en->part->layers : 0, shape);
+    bool kernel = false;
+    unsigned n = entry_shape(en, shape, &kernel);
     if (!key->stacked && !kernel)
         shape[0] = padded_rows; /* the saver's padded vocabulary */
     size_t isz = ckptfs_dtype_size(dtype);
@@ -220,8 +234,10 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
         unsigned d = 0;
         uint64_t l0 = en->layer_axis ? off[d] : en->layer, nl = en->layer_axis ? size[d++] : 1;
         uint64_t e0 = key->expert ? off[d] : 0, ne = key->expert ? size[d++] : 1;
-        uint64_t r0 = off[d], nr = size[d++];
-        uint64_t c0 = key->ndim == 2 && !kernel ? off[d] : 0, nc = kernel ? key->cols : key->ndim == 2 ? size[d] : 1;
+        uint64_t r0 = en->row0 + off[d], nr = size[d++];
+        d += key->ndim == 3 && !kernel; /* conv1d's [rows, 1, kernel] */
+        uint64_t c0 = key->ndim >= 2 && !kernel ? off[d] : 0;
+        uint64_t nc = kernel ? key->cols : key->ndim >= 2 ? size[d] : 1;
         for (uint64_t l = l0; l < l0 + nl; l++)
             for (uint64_t e = e0; e < e0 + ne; e++)
                 for (guint s = 0; s < key->segments->len; s++) {
@@ -370,12 +386,22 @@ static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const
             g_autofree char *local_name = ckptfs_mcore_key_name(key, false, per_layer, l);
             g_autofree char *te = stored_name(t, g_strconcat(prefix, te_name, NULL));
             g_autofree char *local = stored_name(t, g_strconcat(prefix, local_name, NULL));
-            bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te) != NULL;
-            if (!te_there && strcmp(te, local) != 0 && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
-                return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args imply "
-                            "one of them)", t->dcp.metadata_path, te, local);
-            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), key->stacked && !per_layer, l, m};
-            g_array_append_val(entries, en);
+            /* a key of row sections: an entry per section, "<key>.<section>" (GatedDeltaNet's) */
+            uint64_t row0 = 0;
+            for (unsigned s = 0; s < MAX(key->n_sections, 1u); row0 += key->sections[s++]) {
+                g_autofree char *te_s = key->n_sections ? g_strdup_printf("%s.%s", te, key->section_names[s])
+                                                        : g_strdup(te);
+                g_autofree char *local_s = key->n_sections ? g_strdup_printf("%s.%s", local, key->section_names[s])
+                                                           : g_strdup(local);
+                bool te_there = ckptfs_py_dict_get(t->dcp.state_dict_metadata, te_s) != NULL;
+                if (!te_there && strcmp(te_s, local_s) != 0 &&
+                    ckptfs_py_dict_get(t->dcp.state_dict_metadata, local_s) == NULL)
+                    return fail(t, CKPTFS_ERROR_FORMAT, "%s: neither '%s' nor '%s' is there (the model's args "
+                                "imply one of them)", t->dcp.metadata_path, te_s, local_s);
+                Entry en = {key, te_there ? g_steal_pointer(&te_s) : g_steal_pointer(&local_s),
+                            key->stacked && !per_layer, l, m, row0, key->n_sections ? key->sections[s] : 0};
+                g_array_append_val(entries, en);
+            }
         }
     }
     /* Multi-token prediction layers: their own keys, and a layer's keys for HF layer LAYERS + J. */
@@ -395,7 +421,7 @@ static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const
             if (!te_there && ckptfs_py_dict_get(t->dcp.state_dict_metadata, local) == NULL)
                 return fail(t, CKPTFS_ERROR_FORMAT, "%s: no '%s' (args.mtp_num_layers implies it)",
                             t->dcp.metadata_path, te);
-            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l, m};
+            Entry en = {key, te_there ? g_steal_pointer(&te) : g_steal_pointer(&local), false, l, m, 0, 0};
             g_array_append_val(entries, en);
         }
     return true;
@@ -504,7 +530,8 @@ static bool open_torch_dist(Td *t)
         ok = map_key(t, &g_array_index(entries, Entry, i), set);
     ok = ok && check_coverage(t, entries, set) && ckptfs_dcp_check_overlaps(&t->dcp);
     if (ok && (!ckptfs_piece_set_to_catalog(set, t->source->catalog, t->dtype, t->error) ||
-               !ckptfs_megatron_add_mtp_copies(t->source->catalog, &t->saved.model, t->error))) {
+               !ckptfs_megatron_add_mtp_copies(t->source->catalog, &t->saved.model, t->error) ||
+               !ckptfs_megatron_unshift_norms(t->source->catalog, &t->saved.model, keys, t->error))) {
         g_prefix_error(t->error, "%s: ", t->dcp.metadata_path);
         ok = false;
     }

@@ -51,15 +51,16 @@ static void warn_unused_tensors(CkptfsSource *source, const GPtrArray *unused)
                                     names->str));
 }
 
-/* Whether the model has an mcore/ (the view says which models it writes); a VLM's names its
- * vision tower with the TE spec only (mbridge builds it so), a TE-only architecture's layers
- * exist in that spec only (Gemma 3): the checks of a single-rank layout say why not otherwise. */
+/* Whether the model has an mcore/: a VLM's names its vision tower, a hybrid its gated delta-net
+ * layers, with the TE spec only (mbridge and Megatron-core build them so), and a TE-only
+ * architecture's layers exist in that spec only (Gemma 3): the checks of a single-rank layout say
+ * why not otherwise. */
 static bool mcore_servable(const CkptfsMount *mount, GError **error)
 {
     CkptfsLayout single = {.tp = 1, .pp = 1, .vpp = 1};
-    return ckptfs_mcore_view_serves(mount->model, error) &&
-           ((!mount->model->arch->vision && !mount->model->arch->te_spec_only) ||
-            ckptfs_megatron_layout_check(mount->model, &mount->options, &single, error));
+    const CkptfsArchitecture *arch = mount->model->arch;
+    return (!arch->vision && !arch->hybrid_attention && !arch->te_spec_only) ||
+           ckptfs_megatron_layout_check(mount->model, &mount->options, &single, error);
 }
 
 bool ckptfs_mount_layout(const CkptfsMount *mount, const char *name, CkptfsLayout *layout,

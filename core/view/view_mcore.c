@@ -34,12 +34,14 @@ typedef struct {
 } McorePart;
 
 /* One entry of .metadata's state_dict_metadata: a tensor key (for a model whose layers are not
- * all of one kind, one layer's), or an _extra_state object. */
+ * all of one kind, one layer's), one row section of one (a gated delta-net's in_proj.weight.query),
+ * or an _extra_state object. */
 typedef struct {
     char *fqn;
     const McorePart *part;
     const CkptfsMcoreKey *key; /* NULL: an _extra_state object */
     bool single;               /* a layer key of one layer only (an MTP layer's): no layer axis */
+    uint64_t row0, rows;       /* a section's rows of the key's matrix (rows 0: the whole key) */
 } Entry;
 
 typedef struct {
@@ -129,16 +131,20 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
         g_autofree char *name = ckptfs_mcore_hf_name(k, it->layer, it->expert, seg->hf_name);
         const CkptfsTensor *t = ckptfs_catalog_find(ckptfs_source_model_catalog(ref->view->source), name);
         g_assert(t != NULL); /* the model rules checked every tensor */
-        (ckptfs_mcore_key_swaps_col_halves(k) ? ckptfs_tensor_emit_rect_swapped : ckptfs_tensor_emit_rect)(
-            t, b, seg->hf_row0 + (a - seg->row0), seg->hf_row0 + (z - seg->row0), it->c0, it->c1);
+        uint64_t r0 = seg->hf_row0 + (a - seg->row0), r1 = seg->hf_row0 + (z - seg->row0);
+        if (k->rule->recipe == CKPTFS_RECIPE_LESS_ONE) /* checked shiftable when the view was built */
+            ckptfs_tensor_emit_rect_shifted(t, b, r0, r1, it->c0, it->c1, -1);
+        else
+            (ckptfs_mcore_key_swaps_col_halves(k) ? ckptfs_tensor_emit_rect_swapped : ckptfs_tensor_emit_rect)(
+                t, b, r0, r1, it->c0, it->c1);
         row = z;
     }
     if (row < it->r1)
         ckptfs_plan_add_zero(b, (it->r1 - row) * width * isz);
 }
 
-/* The chunk of a tensor item in its key's global tensor: offsets and sizes of each dimension
- * (layer when stacked, expert, rows, columns). */
+/* The chunk of a tensor item in its entry's global tensor: offsets and sizes of each dimension
+ * (layer when stacked, expert, rows (of its section), columns; conv1d's [rows, 1, kernel]). */
 static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, uint64_t *sizes)
 {
     const CkptfsMcoreKey *k = item_key(v, it);
@@ -152,8 +158,10 @@ static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, 
         offsets[n] = it->layer, sizes[n++] = 1;
     if (k->expert)
         offsets[n] = it->expert, sizes[n++] = 1;
-    offsets[n] = it->r0, sizes[n++] = it->r1 - it->r0;
-    if (k->ndim == 2)
+    offsets[n] = it->r0 - e->row0, sizes[n++] = it->r1 - it->r0;
+    if (k->ndim == 3)
+        offsets[n] = 0, sizes[n++] = 1;
+    if (k->ndim >= 2)
         offsets[n] = it->c0, sizes[n++] = it->c1 - it->c0;
     return n;
 }
@@ -174,13 +182,31 @@ static CkptfsValue *item_value(const ItemRef *ref)
                                shape, emit_item, ref);
 }
 
-/* Takes FQN, which gets the part's prefix. */
+/* Takes FQN, which gets the part's prefix. A key of row sections is an entry per section, named
+ * FQN.<section> (Megatron-core's GatedDeltaNet splits in_proj and conv1d so); returns the first. */
 static guint add_entry(McoreView *v, const McorePart *part, char *fqn, const CkptfsMcoreKey *key)
 {
-    Entry e = {g_strconcat(part->prefix, fqn, NULL), part, key, false};
+    guint first = v->entries->len;
+    unsigned n = key && key->n_sections ? key->n_sections : 1;
+    uint64_t row0 = 0;
+    for (unsigned s = 0; s < n; row0 += key && key->n_sections ? key->sections[s] : 0, s++) {
+        Entry e = {key && key->n_sections ? g_strconcat(part->prefix, fqn, ".", key->section_names[s], NULL)
+                                          : g_strconcat(part->prefix, fqn, NULL),
+                   part, key, false, row0, key && key->n_sections ? key->sections[s] : 0};
+        g_array_append_val(v->entries, e);
+    }
     g_free(fqn);
-    g_array_append_val(v->entries, e);
-    return v->entries->len - 1;
+    return first;
+}
+
+/* Which of KEY's entries (from its first) holds row ROW: its section's. */
+static guint section_of(const CkptfsMcoreKey *key, uint64_t row)
+{
+    guint s = 0;
+    for (uint64_t end = key->n_sections ? key->sections[0] : 0; s + 1 < key->n_sections && row >= end;
+         end += key->sections[++s])
+        ;
+    return s;
 }
 
 static void add_item(McoreView *v, Item it)
@@ -200,7 +226,7 @@ static void add_key_items(McoreView *v, guint entry, const CkptfsMcoreKey *key, 
         if (key->split == CKPTFS_TP_COLS)
             it.c0 = a, it.c1 = z;
         else
-            it.r0 = a, it.r1 = z;
+            it.r0 = a, it.r1 = z, it.entry += section_of(key, a); /* the cuts hold the section bounds */
         add_item(v, it);
     }
 }
@@ -213,7 +239,8 @@ static guint layer_entry(McoreView *v, const McorePart *part, const guint *stack
     const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
     if (mtp) {
         guint e = add_entry(v, part, ckptfs_mcore_mtp_key_name(key, v->te_spec, *mtp), key);
-        g_array_index(v->entries, Entry, e).single = true;
+        for (unsigned s = 0; s < MAX(key->n_sections, 1u); s++)
+            g_array_index(v->entries, Entry, e + s).single = true;
         return e;
     }
     if (!part->per_layer)
@@ -495,6 +522,8 @@ static GBytes *build_metadata(const McoreView *v, GError **error)
         uint64_t shape[5];
         unsigned n = ckptfs_mcore_kernel_shape(e->key, m, shape) ? 5 :
                      ckptfs_mcore_key_shape(e->key, e->part->per_layer || e->single ? 0 : m->layers, shape);
+        if (e->rows) /* a section: its rows */
+            shape[n - e->key->ndim] = e->rows;
         ckptfs_pickle_stream_str(ps, e->fqn);
         ckptfs_pickle_stream_object_begin(ps, DCP_MODULE, "TensorStorageMetadata");
         ckptfs_pickle_stream_dict_begin(ps);
@@ -603,6 +632,10 @@ static const char metadata_json[] =
 static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, GError **error)
 {
     McoreView *v = owner;
+    for (unsigned i = 0; i < v->nparts; i++)
+        if (!ckptfs_mcore_keys_check_shifted(v->parts[i].keys, v->parts[i].model,
+                                             ckptfs_source_model_catalog(v->source), error))
+            return false;
     if (!lay_out_items(v, error))
         return false;
     ckptfs_tree_add_file(tree, dir, "metadata.json", plan_text, v, metadata_json);
@@ -615,17 +648,6 @@ static bool populate_release(CkptfsTree *tree, CkptfsNode *dir, gpointer owner, 
         ckptfs_tree_hint(ckptfs_tree_add_file(tree, dir, name, plan_distcp, v, &g_array_index(v->file_first, guint, f)),
                          CKPTFS_HINT_SCATTERED | CKPTFS_HINT_STREAMED);
     }
-    return true;
-}
-
-bool ckptfs_mcore_view_serves(const CkptfsModel *model, GError **error)
-{
-    /* Megatron-core saves a gated delta-net's in_proj and conv1d as one torch_dist key per
-     * section (in_proj.weight.query, ...): not written here yet. */
-    if (model->arch->hybrid_attention)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "mcore/: %s's gated delta-net layers are saved by "
-                           "Megatron-core as one torch_dist key per in_proj and conv1d section, which this view "
-                           "does not write yet (the tp{T}pp{P} views serve them)", model->arch->hf_architecture);
     return true;
 }
 
@@ -661,10 +683,12 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
                                             v->tower.arch->megatron_prefix, false};
     }
     /* Megatron stacks layers unless moe_layer_freq is a list (or > 1), which the args say for an
-     * MoE model with any dense layer. */
+     * MoE model with any dense layer, or linear_attention_freq is a list, which they say for a
+     * gated delta-net hybrid (TransformerBlock's non_homogeneous_layers). */
     v->parts[v->nparts++] = (McorePart){model, ckptfs_mcore_keys(model, v->padded_vocab, false),
                                         model->arch->megatron_prefix ? model->arch->megatron_prefix : "",
-                                        model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers};
+                                        (model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers) ||
+                                            model->arch->hybrid_attention};
     ckptfs_tree_own(tree, v, mcore_view_free);
 
     /* Megatron reads the tracker as text; "release" loads weights only. */

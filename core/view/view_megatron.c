@@ -482,27 +482,6 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
     return true;
 }
 
-/* Every tensor a key serves shifted (a zero-centred norm) is one that can be: served as stored,
- * bf16 or fp32. */
-static bool check_shifted(const MegatronView *v, GError **error)
-{
-    const CkptfsCatalog *catalog = ckptfs_source_model_catalog(v->source);
-    for (guint i = 0; i < v->keys->len; i++) {
-        const CkptfsMcoreKey *key = g_ptr_array_index(v->keys, i);
-        for (uint64_t l = 0; key->rule->recipe == CKPTFS_RECIPE_LESS_ONE && l < v->model->layers; l++) {
-            if (!ckptfs_rule_in_layer(key->rule, v->model, l))
-                continue;
-            g_autofree char *name = ckptfs_mcore_hf_name(key, l, 0, key->rule->hf[0]);
-            const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
-            if (t != NULL && !ckptfs_tensor_can_shift(t))
-                return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is served as %s: Megatron's "
-                                   "zero-centred form of it (weight - 1) is served for bf16 or fp32 weights only",
-                                   name, ckptfs_dtype_safetensors_name(t->dtype));
-        }
-    }
-    return true;
-}
-
 bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,
                                 const CkptfsModel *model, const CkptfsOptions *options,
                                 const CkptfsLayout *layout, GError **error)
@@ -523,7 +502,7 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
         v->tower_keys = ckptfs_mcore_keys(&v->tower, 0, false);
         ckptfs_mcore_keys_for_spec(v->tower_keys, true);
     }
-    if (!check_shifted(v, error)) {
+    if (!ckptfs_mcore_keys_check_shifted(v->keys, model, ckptfs_source_model_catalog(source), error)) {
         megatron_view_free(v);
         return false;
     }

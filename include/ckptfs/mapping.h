@@ -188,6 +188,8 @@ extern const CkptfsFamily ckptfs_family_qwen3_5;  /* Qwen3.5's text model: the s
 extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k norms, a norm after
                                                     attention and after the MLP (Megatron-Bridge's
                                                     post_layernorm of linear_proj and linear_fc2) */
+extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
+                                                        Qwen3-Next's experts */
 
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ckptfs/catalog.h"
 #include "ckptfs/mapping.h"
 #include "ckptfs/model.h"
 
@@ -34,6 +35,9 @@ typedef struct {
     CkptfsTpSplit split;
     /* CKPTFS_TP_SECTIONS: the row sections each TP rank takes a slice of (ckptfs_dim_sections) */
     uint64_t sections[CKPTFS_MAX_SECTIONS];
+    /* their names: torch_dist holds each section as a key of its own, the key's name + "." + the
+     * section's ("...in_proj.weight.query"), as Megatron-core's GatedDeltaNet saves them */
+    const char *section_names[CKPTFS_MAX_SECTIONS];
     unsigned n_sections;
     GArray *segments;     /* CkptfsMcoreSegment, by row; rows not covered are zero (padding) */
     /* Layers from DECODER_LAYERS on are multi-token prediction layers, whose HF tensors are
@@ -43,9 +47,10 @@ typedef struct {
     const char *hf_layer_prefix; /* the architecture's (NULL: "model.layers.") */
 } CkptfsMcoreKey;
 
-/* The row sections of DIM in MODEL that CKPTFS_TP_SECTIONS splits one by one, into OUT; how
- * many (0 for a dim without sections). */
-unsigned ckptfs_dim_sections(const CkptfsModel *model, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS]);
+/* The row sections of DIM in MODEL that CKPTFS_TP_SECTIONS splits one by one, into OUT, their
+ * torch_dist names into NAMES (may be NULL); how many (0 for a dim without sections). */
+unsigned ckptfs_dim_sections(const CkptfsModel *model, CkptfsDim dim, uint64_t out[CKPTFS_MAX_SECTIONS],
+                             const char *names[CKPTFS_MAX_SECTIONS]);
 
 /* Whether KEY's HF matrix holds its columns' two halves in the other order
  * (CKPTFS_RECIPE_SWAP_COL_HALVES): each rectangle of the key is then read through
@@ -144,5 +149,10 @@ char *ckptfs_mcore_mtp_key_name(const CkptfsMcoreKey *key, bool te_spec, uint64_
  * each degree T pads the vocabulary to a multiple of DIVISIBLE_BY * T (VOCAB rows). */
 GArray *ckptfs_mcore_tp_cuts(const CkptfsMcoreKey *key, const unsigned *tps, unsigned n,
                              uint64_t vocab, uint64_t divisible_by);
+
+/* Whether every tensor of CATALOG that KEYS serve shifted (a zero-centred norm,
+ * CKPTFS_RECIPE_LESS_ONE) can be: served as stored, bf16 or fp32; otherwise an error naming it. */
+bool ckptfs_mcore_keys_check_shifted(const GPtrArray *keys, const CkptfsModel *model, const CkptfsCatalog *catalog,
+                                     GError **error);
 
 #endif

@@ -39,9 +39,6 @@ CkptfsValue *ckptfs_megatron_args(const CkptfsModel *model, const CkptfsOptions 
                                   const CkptfsLayout *layout, uint64_t padded_vocab,
                                   const char *ckpt_format);
 
-/* Whether mcore/ serves MODEL (not a hybrid with gated delta-net layers yet); an error saying why
- * not. */
-bool ckptfs_mcore_view_serves(const CkptfsModel *model, GError **error);
 /* mcore/: a torch_dist checkpoint (Megatron-core's sharded format) of MODEL, chunked so that a
  * loader at any tensor-parallel degree the model allows reads little more than its share. */
 bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSource *source,

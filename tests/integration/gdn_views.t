@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3-Next (Qwen3NextForCausalLM: gated delta-net layers among gated attention layers, MoE with
-# a gated shared expert) and Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
-# projections split, a dense MLP): tiny models built and saved by transformers 5.12.1 (the sid
+# a gated shared expert), Qwen3.5's text model (Qwen3_5ForCausalLM: the delta-net's input
+# projections split, a dense MLP) and its MoE form (Qwen3_5MoeForCausalLM: the split projections,
+# Qwen3-Next's experts, saved per expert by transformers): tiny models built and saved by transformers 5.12.1 (the sid
 # root), one Qwen3-Next with layer_types, one with full_attention_interval alone and a dense
 # first layer. Every rank
 # file of TP, PP+VPP and EP layouts loads in torch 1.13 (and 2.6), holds the keys Megatron-core
@@ -10,8 +11,10 @@
 # out_norm as weight - 1), the args Megatron-Bridge's provider sets; a Megatron-semantics
 # forward over the rank files alone (gdn_reference.py: the delta rule as a loop over tokens)
 # equals transformers' logits. Layer patterns that disagree with the layer count are refused by
-# name, as are spec=local and mcore/ (not written for these layers yet). A view mounted as a
-# source gives back the same tensors, and transformers the same logits.
+# name, as is spec=local (for mcore/ too). mcore/ read by torch.distributed.checkpoint (torch 2.14)
+# holds Megatron-core's sharded_state_dict keys (one layer's each; in_proj and conv1d a key per
+# section) with the bridges' tensors. A view mounted as a source gives back the same tensors, and
+# transformers the same logits.
 # Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
 # a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
 # taken from its source (gated_delta_net.py) and the bridges.
@@ -43,12 +46,17 @@ check_layouts() {
     fi
     first=0
   done
-  [[ $(ls "$mnt") != *mcore* ]]
-  ok $? "$name: no mcore/ listed (torch_dist's per-section in_proj keys are not written yet)"
+  [[ $(ls "$mnt") == *mcore* ]] && cp -r "$mnt/mcore" "$WORK/mcore-$name"
+  ok $? "$name: mcore/ listed and copied out"
+  mcores+=("$models/$name" "$WORK/mcore-$name/release")
 }
+mcores=()
 check_layouts q3n-a tp1pp1 tp2pp1 tp1pp2vpp2 tp2pp1ep2 tp2pp2ep2
 check_layouts q3n-b tp2pp1 tp1pp3vpp2ep2 tp2pp2ep4
 check_layouts q35 tp2pp1 tp1pp2vpp2
+check_layouts q35moe tp2pp1ep2 tp1pp2vpp2ep4
+check "mcore/ of each: torch.distributed.checkpoint loads Megatron-core's keys (a key per in_proj and conv1d section, one layer's each), the bridges' tensors bit for bit" \
+  sid_python "$WORK" "$ref" mcore "${mcores[@]}"
 
 # inspect names the layer pattern; what cannot be served is refused by name
 out=$("$CKPTFS_BIN" inspect "$models/q3n-b" 2>&1)
@@ -66,8 +74,9 @@ expect_refused "spec=local refused by name (Megatron-core builds the delta-net w
   "$CKPTFS_BIN" inspect "$models/q3n-a" -o spec=local --layout tp1pp1
 expect_refused "a TP degree that does not divide the delta-net's heads refused by name" \
   "tp 4 does not divide linear_num_key_heads 2" "$CKPTFS_BIN" inspect "$models/q3n-a" --layout tp4pp1
-expect_refused "mcore/ asked for: why not, by name" "one torch_dist key per in_proj and conv1d section" \
-  "$CKPTFS_BIN" inspect "$models/q3n-a" --layout mcore
+expect_refused "mcore/ with spec=local refused by name" \
+  "spec=local: Megatron-core builds Qwen3NextForCausalLM's gated delta-net layers with Transformer Engine only" \
+  "$CKPTFS_BIN" inspect "$models/q3n-a" -o spec=local --layout mcore
 for kind in short:'"layer_types" lists 3 layers but num_hidden_layers is 4' \
   interval:'"layer_types" entry 1 (full_attention) disagrees with full_attention_interval 3' \
   kind:'"layer_types" entry 0 is not "full_attention" or "linear_attention"'; do
@@ -78,11 +87,13 @@ for kind in short:'"layer_types" lists 3 layers but num_hidden_layers is 4' \
     "$CKPTFS_BIN" inspect "$WORK/bad-$name"
 done
 
-# HF -> Megatron view -> mounted as a source -> hf/: the same tensors bit for bit (out_norm read
-# back plus one), and transformers 5 loads it (its config.json too) with the same logits
+# HF -> Megatron view (legacy or mcore/) -> mounted as a source -> hf/: the same tensors bit for
+# bit (out_norm read back plus one), and transformers 5 loads it (its config.json too) with the
+# same logits
 round_trip() { # NAME VIEW
-  local name=$1 view=$2 m1=$WORK/rt-$1-$2
-  if ! mount_ckptfs "$models/$name" "$m1" -o "layouts=$view" || ! mount_ckptfs "$m1/$view" "$m1-back"; then
+  local name=$1 view=$2 m1=$WORK/rt-$1-$2 opts=(-o "layouts=$2")
+  [[ $view == mcore ]] && opts=() # listed always
+  if ! mount_ckptfs "$models/$name" "$m1" "${opts[@]}" || ! mount_ckptfs "$m1/$view" "$m1-back"; then
     ok 1 "$name -> $view -> hf/: mounts"
     return
   fi
@@ -94,7 +105,17 @@ round_trip q3n-a tp2pp1
 round_trip q3n-a tp1pp2vpp2ep2
 round_trip q3n-b tp2pp2ep4
 round_trip q35 tp2pp2
-check "each hf/ of the four: transformers loads it (its config.json too), the same logits bit for bit" \
+round_trip q35moe tp2pp1ep2
+round_trip q3n-b mcore
+round_trip q35moe mcore
+# Qwen3.5-MoE with its experts fused on disk (as transformers holds them): the same views, byte for byte
+if mount_ckptfs "$models/q35moe-fused" "$WORK/fused" -o layouts=tp2pp1ep2 && mount_ckptfs "$models/q35moe" "$WORK/per-expert" -o layouts=tp2pp1ep2; then
+  check "q35moe with fused experts: tp2pp1ep2/ and mcore/ the same bytes as per expert" \
+    bash -c 'diff -r "$1/tp2pp1ep2" "$2/tp2pp1ep2" && diff -r "$1/mcore" "$2/mcore"' _ "$WORK/fused" "$WORK/per-expert"
+else
+  ok 1 "q35moe with fused experts: mounts"
+fi
+check "each hf/ of the seven: transformers loads it (its config.json too), the same logits bit for bit" \
   sid_python "$WORK" "$ref" logits "${pairs[@]}"
 
 done_testing

@@ -11,13 +11,20 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
 
   gdn_reference.py build OUT          (in the sid root: transformers 5.12.1)
       OUT/NAME for each variant, built and saved by transformers in bf16, its norms drawn
-      around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS.
+      around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS;
+      OUT/q35moe-fused: the same model with its experts fused as transformers holds them.
   gdn_reference.py check SRC VIEW LAYOUT [--torch2]
       every rank file of VIEW loads (torch 2.6 with weights_only and mmap with --torch2); the
       file set is Megatron's for LAYOUT; every chunk's keys, in order, and tensors, bit for bit,
       are what the bridges make of SRC's tensors; the args say the layer pattern, the delta-net
       sizes, the gated attention and the zero-centred norms; a Megatron-semantics forward over
       the rank files alone (the delta rule as a loop over tokens) equals transformers' logits.
+  gdn_reference.py mcore SRC RELEASE_DIR [SRC RELEASE_DIR ...]     (in the sid root: torch 2.14)
+      each RELEASE_DIR (an mcore/ release directory) read by torch.distributed.checkpoint: its tensor
+      keys are Megatron-core's sharded_state_dict of the model (one layer's keys each, the layers
+      not of one kind; in_proj and conv1d a key per section, "in_proj.weight.query", ...), with
+      their global shapes and, bit for bit, the bridges' tensors; every other entry is an
+      _extra_state object; a TP-2 loader's share of every section is whole chunks.
   gdn_reference.py same ORIG HF_DIR
       HF_DIR's tensors are ORIG's, bit for bit.
   gdn_reference.py logits HF_DIR ORIG [HF_DIR ORIG ...]      (in the sid root)
@@ -31,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -59,6 +67,9 @@ VARIANTS = {
     # Qwen3.5's text model: dense, the delta-net's projections split
     "q35": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
                 linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True),
+    # Qwen3.5's MoE text model: the split projections, every layer MoE with a gated shared expert
+    "q35moe": dict(num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True, fused_copy=True),
 }
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
@@ -67,15 +78,20 @@ MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "sh
 # build (sid root)
 def build(out):
     import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
+                              Qwen3NextConfig, Qwen3NextForCausalLM)
     for name, v in VARIANTS.items():
         v = dict(v)
         only_interval = v.pop("only_interval", False)
+        fused_copy = v.pop("fused_copy", False)
         dense = v.pop("qwen3_5", False)
+        kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
+            (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
+            (Qwen3NextConfig, Qwen3NextForCausalLM)
         torch.manual_seed(len(name) + sum(map(ord, name)))
         base = {k: x for k, x in BASE.items() if not (dense and k in MOE_FIELDS)}
-        cfg = (Qwen3_5TextConfig if dense else Qwen3NextConfig)(**base, **v)
-        model = (Qwen3_5ForCausalLM if dense else Qwen3NextForCausalLM)(cfg).eval()
+        cfg = kind[0](**base, **v)
+        model = kind[1](cfg).eval()
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight") and "linear_attn" in pname:
@@ -91,6 +107,13 @@ def build(out):
         model = model.to(torch.bfloat16)
         path = os.path.join(out, name)
         model.save_pretrained(path)
+        if fused_copy:  # NAME-fused: the experts as transformers holds them ([E, 2F, H], [E, H, F])
+            from safetensors.torch import save_file
+            os.makedirs(path + "-fused")
+            shutil.copy(os.path.join(path, "config.json"), path + "-fused")
+            sd = {k: t.contiguous() for k, t in model.state_dict().items()}
+            assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), sorted(sd)[:5]
+            save_file(sd, os.path.join(path + "-fused", "model.safetensors"), metadata={"format": "pt"})
         if only_interval:
             cpath = os.path.join(path, "config.json")
             c = json.load(open(cpath))
@@ -478,6 +501,71 @@ def check(argv):
     return 1 if errors else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# mcore/ (torch_dist), as Megatron-core's sharded_state_dict names it
+
+def expected_mcore(s):
+    """{key: bits} of the model's sharded_state_dict at TP 1: the legacy names of chunk_entries
+    with TransformerBlock's per-layer keys (linear_attention_freq is a list), GatedDeltaNet's
+    _split_tensor_factory sections and TEGroupedMLP's experts stacked on a leading axis."""
+    qk, v = s.nk * s.dk, s.nv * s.dv
+    splits = {"self_attention.in_proj.weight": ([qk, qk, v, v, s.nv, s.nv],
+                                                ["query", "key", "value", "z", "beta", "alpha"]),
+              "self_attention.conv1d.weight": ([qk, qk, v], ["query", "key", "value"])}
+    out, experts = {}, {}
+    for name, bits in chunk_entries(s, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1):
+        if bits is None:
+            continue
+        layer_key = name.split(".", 3)[3] if name.startswith("decoder.layers.") else None
+        if layer_key in splits:
+            at = 0
+            for n, section in zip(*splits[layer_key]):
+                out[f"{name}.{section}"] = bits[at:at + n]
+                at += n
+        elif layer_key and layer_key.startswith("mlp.experts.local_experts."):
+            j, rest = layer_key[len("mlp.experts.local_experts."):].split(".", 1)
+            experts.setdefault(name.rsplit(".local_experts.", 1)[0] + ".experts." + rest, []).append(bits)
+        else:
+            out[name] = bits
+    out.update({k: np.stack(v) for k, v in experts.items()})
+    return out
+
+
+def mcore(src, release):
+    import torch
+    import torch.distributed.checkpoint as dcp
+    s = Source(src)
+    want = expected_mcore(s)
+    meta = dcp.FileSystemReader(release).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
+    padded = {k: tuple(meta[k].size)[0] for k in ("embedding.word_embeddings.weight", "output_layer.weight")
+              if k in meta}
+    for k, rows in padded.items():  # the vocabulary padded for the largest TP degree
+        if rows % 128 or rows < s.vocab:
+            print(f"{k}: {rows} rows is not a padding of {s.vocab}", file=sys.stderr)
+            return 1
+        want[k] = np.concatenate([want[k], np.zeros((rows - s.vocab, s.H), np.uint16)])
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != want[k].shape]
+    if missing or extra or others or shapes:
+        print(f"keys: missing {missing[:4]}, unexpected {extra[:4]} {others[:4]}, shapes differ "
+              f"{[(k, tuple(meta[k].size), want[k].shape) for k in shapes[:3]]}", file=sys.stderr)
+        return 1
+    split = [k for k in tensors if k.rsplit(".", 1)[1] in ("query", "key", "value", "z", "beta", "alpha")]
+    uncut = [k for k in split if meta[k].size[0] // 2 not in {c.offsets[0] for c in meta[k].chunks}]
+    if len(split) != 9 * sum(s.linear) or uncut:
+        print(f"{len(split)} section keys for {sum(s.linear)} delta-net layers; not cut for TP 2: {uncut[:3]}",
+              file=sys.stderr)
+        return 1
+    got = {k: torch.empty(meta[k].size, dtype=torch.bfloat16) for k in want}
+    dcp.load(got, checkpoint_id=release)
+    bad = [k for k in want if not np.array_equal(got[k].view(torch.int16).numpy().view(np.uint16), want[k])]
+    for k in bad[:5]:
+        print(f"{k}: differs", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def same(orig, hf_dir):
     a, b = read_checkpoint(orig), read_checkpoint(hf_dir)
     bad = [n for n in a if n not in b or a[n] != b[n]] + [n for n in b if n not in a]
@@ -524,6 +612,8 @@ def main():
         return check(rest)
     if cmd == "same":
         return same(*rest)
+    if cmd == "mcore":  # SRC RELEASE_DIR pairs
+        return max(mcore(src, release) for src, release in zip(rest[::2], rest[1::2]))
     if cmd == "logits":
         return logits(rest)
     if cmd == "bad":
