@@ -189,6 +189,10 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
                                                     attention and after the MLP (Megatron-Bridge's
                                                     post_layernorm of linear_proj and linear_fc2) */
 
+extern const CkptfsFamily ckptfs_family_glm4;     /* GLM-4's language model (GLM-4.1V's): Qwen2's
+                                                    attention, gate_up_proj fused, a norm after the
+                                                    attention and after the MLP */
+
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);
 
