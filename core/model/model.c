@@ -646,6 +646,12 @@ static bool check_mla(const CkptfsModel *model, GError **error)
     return true;
 }
 
+uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model)
+{
+    /* Megatron-core's int(kv_channels * rotary_percent); transformers' GLM-4.1V rotates half */
+    return (uint64_t)((double)model->head_dim * model->rotary_percent);
+}
+
 /* A vision-language model's multimodal rope (Qwen2-VL's mrope): the head's rotary frequencies
  * given in sections to the temporal, height and width positions (mrope_section, which
  * transformers requires; Megatron's --mrope-section), covering half the head. */
@@ -672,9 +678,7 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
         }
         if (list == NULL || json_array_get_length(list) != 3 || !section[0] || !section[1] || !section[2])
             CONFIG_ERROR("%s is not three positive integers (temporal, height, width)", name);
-        /* the sections share out the rotated dims' frequencies (partial rotary: GLM-4.1V's half
-         * of the head), as transformers' and Megatron-core's mrope count them */
-        uint64_t rotated = (uint64_t)((double)model->head_dim * model->rotary_percent);
+        uint64_t rotated = ckptfs_model_rotated_dim(model);
         if (sum * 2 != rotated)
             CONFIG_ERROR("%s sums to %" G_GUINT64_FORMAT ", not half the rotated head dim %" G_GUINT64_FORMAT, name,
                          sum, rotated);

@@ -339,6 +339,10 @@ void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config);
  * for a text model. */
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error);
 
+/* The rotated dims of each head (head_dim x rotary_percent, as Megatron-core's rotary embedding
+ * counts them), whose frequencies a multimodal rope's sections share out: their sum is half. */
+uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model);
+
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
 
