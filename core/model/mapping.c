@@ -468,6 +468,22 @@ static const CkptfsRule qwen2_5_vl_vision_rules[] = {
     VISION_EXTRA(CKPTFS_SCOPE_LAST, "projection.encoder.linear_fc2._extra_state", 7),
 };
 
+/* GLM-4's language model as GLM-4.1V holds it (mbridge's glm4v bridge, Glm4TransformerLayer):
+ * Qwen2's attention with q/k/v biases, gate_up_proj fused ([gate; up] already), and two more
+ * norms a layer, after the attention's output and after the MLP's, which Glm4TransformerLayer
+ * registers after the MLP (TENorms with the TE spec: weight, then _extra_state). */
+static const CkptfsRule glm4_rules[] = {
+    EMBEDDING, INPUT_NORM, SEPARATE_QKV, ATTENTION_OUT_AND_MLP_NORM,
+    MLP_IN(CKPTFS_RECIPE_HALVES_FUSED, "mlp.gate_up_proj.weight"),
+    MLP_OUT,
+    LAYER_NORM("post_self_attn_layernorm.weight", NULL, 16, 13, CKPTFS_NEED_ALWAYS,
+               "post_self_attn_layernorm.weight"),
+    LAYER_NORM("post_mlp_layernorm.weight", NULL, 18, 14, CKPTFS_NEED_ALWAYS, "post_mlp_layernorm.weight"),
+    EXTRA(CKPTFS_SCOPE_LAYER, "post_self_attn_layernorm._extra_state", 17, NONE, CKPTFS_NEED_ALWAYS),
+    EXTRA(CKPTFS_SCOPE_LAYER, "post_mlp_layernorm._extra_state", 19, NONE, CKPTFS_NEED_ALWAYS),
+    LAYER_EXTRAS_AND_LAST,
+};
+
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
  * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
  * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
@@ -566,6 +582,7 @@ const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G
 const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};
 const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules), NULL};
+const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

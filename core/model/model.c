@@ -98,13 +98,15 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
  * Glm4vTextConfig's defaults: 2 key/value heads, rms_norm_eps 1e-5, 32768 positions) with mrope,
  * and a ViT with a learned position embedding, a downsampling Conv2d and a gated merger in
  * vision_config (Glm4vVisionConfig's rows). mbridge keeps that tower as transformers' own module,
- * whole on every rank; no family holds it (nor the language model) yet, so hf/ only, said by name.
+ * whole on every rank; no family holds it yet, so hf/ only, said by name. Its language model
+ * has the glm4 rules, but its interleaved mrope has no Megatron-core args (interleaved_mrope).
  * The release and transformers 5 name the tensors as the modules: model.language_model.,
  * model.visual., lm_head. */
-static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v", true, false, NULL, NULL, false,
-                                         0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5, .max_positions = 32768,
-                                         .text_part = "text_config", .vision_part = "vision_config",
-                                         .vision_fields = CKPTFS_FOR_GLM4V_VISION};
+static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v", true, false, &ckptfs_family_glm4,
+                                         NULL, false, 0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5,
+                                         .max_positions = 32768, .text_part = "text_config",
+                                         .vision_part = "vision_config", .vision_fields = CKPTFS_FOR_GLM4V_VISION,
+                                         .interleaved_mrope = true};
 /* GLM-4.5V (Glm4vMoeForConditionalGeneration): GLM-4.5's language model (Glm4vMoeTextConfig's
  * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
  * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
@@ -657,6 +659,12 @@ static bool check_mla(const CkptfsModel *model, GError **error)
     return true;
 }
 
+uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model)
+{
+    /* Megatron-core's int(kv_channels * rotary_percent); transformers' GLM-4.1V rotates half */
+    return (uint64_t)((double)model->head_dim * model->rotary_percent);
+}
+
 /* A vision-language model's multimodal rope (Qwen2-VL's mrope): the head's rotary frequencies
  * given in sections to the temporal, height and width positions (mrope_section, which
  * transformers requires; Megatron's --mrope-section), covering half the head. */
@@ -683,9 +691,10 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
         }
         if (list == NULL || json_array_get_length(list) != 3 || !section[0] || !section[1] || !section[2])
             CONFIG_ERROR("%s is not three positive integers (temporal, height, width)", name);
-        if (sum * 2 != model->head_dim)
-            CONFIG_ERROR("%s sums to %" G_GUINT64_FORMAT ", not half the head dim %" G_GUINT64_FORMAT, name, sum,
-                         model->head_dim);
+        uint64_t rotated = ckptfs_model_rotated_dim(model);
+        if (sum * 2 != rotated)
+            CONFIG_ERROR("%s sums to %" G_GUINT64_FORMAT ", not half the rotated head dim %" G_GUINT64_FORMAT, name,
+                         sum, rotated);
         if (from && memcmp(section, model->mrope_section, sizeof section) != 0)
             CONFIG_ERROR("%s.mrope_section and %s disagree", from, name);
         memcpy(model->mrope_section, section, sizeof section);
@@ -693,6 +702,11 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
     }
     if (from == NULL)
         CONFIG_ERROR("no mrope_section in rope_scaling or rope_parameters: %s's rotary embedding needs it",
+                     model->arch->hf_architecture);
+    if (model->arch->interleaved_mrope)
+        CONFIG_ERROR("%s rotates interleaved pairs with its mrope sections taken by frequency; Megatron-core's "
+                     "mrope pairs halves (rotary_interleaved false, as mbridge builds it) or takes the sections "
+                     "over the interleaved dims (true): no args give its attention",
                      model->arch->hf_architecture);
     return true;
 }

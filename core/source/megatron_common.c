@@ -334,9 +334,9 @@ static bool vision_from_args(const CkptfsPy *args, const char *path, JsonObject 
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.position_embedding_type is not mrope with a "
                            "mrope_section of three positive sections: %s's rotary embedding is multimodal",
                            s->arch->hf_architecture);
-    if (sum * 2 != s->head_dim)
+    if (sum * 2 != ckptfs_model_rotated_dim(s))
         return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "args.mrope_section sums to %" G_GUINT64_FORMAT ", not half "
-                           "the head dim %" G_GUINT64_FORMAT, sum, s->head_dim);
+                           "the rotated head dim %" G_GUINT64_FORMAT, sum, ckptfs_model_rotated_dim(s));
     if (given != NULL)
         return ckptfs_model_read_vision(given, s, error);
     const char *text = ckptfs_py_str(arg(args, "hf_vision_config"));

@@ -191,6 +191,10 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
 extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
                                                         Qwen3-Next's experts */
 
+extern const CkptfsFamily ckptfs_family_glm4;     /* GLM-4's language model (GLM-4.1V's): Qwen2's
+                                                    attention, gate_up_proj fused, a norm after the
+                                                    attention and after the MLP */
+
 /* Whether FAMILY has rules of NEED (multi-token prediction layers: CKPTFS_NEED_MTP). */
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need);
 

@@ -84,6 +84,11 @@ typedef struct CkptfsArchitecture {
      * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
      * "model.visual." and "visual."); NULL: one naming */
     const char *const *module_names;
+    /* transformers rotates interleaved pairs of each head's rotary dims (GLM-4.1V's
+     * rotate_half_llm), its mrope sections taken by frequency: Megatron-core 0.17.1's mrope pairs
+     * halves (rotary_interleaved false, what mbridge builds) or takes the sections over the
+     * interleaved dims (true), so no args give transformers' attention on an image's tokens */
+    bool interleaved_mrope;
     /* GPT-OSS's attention and MLP, fixed by its transformers class rather than config.json:
      * a bias on every linear layer (Megatron's add_bias_linear: o_proj, the router, the
      * experts; attention_bias false is refused), one learned attention sink per head (Megatron's
@@ -333,6 +338,10 @@ void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config);
 /* Whether TP splits MODEL's vision tower as mbridge splits it (its heads, MLP and merger); true
  * for a text model. */
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error);
+
+/* The rotated dims of each head (head_dim x rotary_percent, as Megatron-core's rotary embedding
+ * counts them), whose frequencies a multimodal rope's sections share out: their sum is half. */
+uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);

@@ -172,6 +172,49 @@ static void test_phi3(const CkptfsModel *llama)
     (void)llama;
 }
 
+/* GLM-4.1V's language model (the glm4 rules): gate_up_proj fused into fc1, and the two norms
+ * mbridge's Glm4TransformerLayer registers after the MLP (TENorms: weight, then _extra_state),
+ * with the names of mbridge's glm4v bridge. */
+static void test_glm4(void)
+{
+    CkptfsModel m = {.layers = 2, .hidden = 8, .heads = 4, .kv_heads = 2, .head_dim = 2, .ffn = 6,
+                     .vocab = 10, .qkv_bias = true,
+                     .arch = ckptfs_architecture_find("Glm4vForConditionalGeneration", NULL)};
+    tap_ok(m.arch && m.arch->family == &ckptfs_family_glm4, "Glm4vForConditionalGeneration has the glm4 rules");
+    if (m.arch == NULL)
+        return;
+    g_autofree char *te = entry_names(&m, CKPTFS_SCOPE_LAYER, true, false);
+    tap_ok(strcmp(te, "self_attention.core_attention._extra_state self_attention.linear_proj.weight "
+                      "self_attention.linear_proj._extra_state self_attention.linear_qkv.layer_norm_weight "
+                      "self_attention.linear_qkv.weight self_attention.linear_qkv.bias "
+                      "self_attention.linear_qkv._extra_state mlp.linear_fc1.layer_norm_weight "
+                      "mlp.linear_fc1.weight mlp.linear_fc1._extra_state mlp.linear_fc2.weight "
+                      "mlp.linear_fc2._extra_state post_self_attn_layernorm.weight "
+                      "post_self_attn_layernorm._extra_state post_mlp_layernorm.weight "
+                      "post_mlp_layernorm._extra_state") == 0,
+           "glm4 TE layer: the post norms after the MLP, each with its _extra_state (%s)", te);
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&m, 16, false);
+    const CkptfsMcoreKey *fc1 = find_key(keys, "decoder.layers.mlp.linear_fc1.weight");
+    EXPECT_SHARE(fc1, 2, 1, 6, 8, "mlp.gate_up_proj.weight:3+3 mlp.gate_up_proj.weight:9+3",
+                 "glm4 fc1 tp2 rank 1: gate rows [3, 6), up rows [9, 12) of gate_up_proj");
+    const CkptfsMcoreKey *post = find_key(keys, "decoder.layers.post_self_attn_layernorm.weight");
+    if (tap_ok(post != NULL, "glm4: a post-attention norm key"))
+        EXPECT_SHARE(post, 2, 1, 8, 1, "post_self_attn_layernorm.weight:0+8", "glm4 post-attention norm: whole");
+    const CkptfsMcoreKey *post_mlp = find_key(keys, "decoder.layers.post_mlp_layernorm.weight");
+    tap_ok(post_mlp && post_mlp->stacked && post_mlp->rows == 8, "glm4 post-MLP norm: stacked [layers, 8]");
+    g_autoptr(GArray) hf = ckptfs_model_hf_tensors(&m, keys);
+    GString *names = g_string_new(NULL);
+    for (guint i = 0; i < hf->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(hf, CkptfsHfShape, i);
+        if (g_str_has_prefix(t->name, "model.layers.0.") && strstr(t->name, "layernorm"))
+            g_string_append_printf(names, "%s%s", names->len ? " " : "", t->name + strlen("model.layers.0."));
+    }
+    tap_ok(strcmp(names->str, "input_layernorm.weight post_attention_layernorm.weight "
+                              "post_self_attn_layernorm.weight post_mlp_layernorm.weight") == 0,
+           "glm4 HF norms of a layer (%s)", names->str);
+    g_string_free(names, TRUE);
+}
+
 /* Mixture of experts: the expert keys, their HF tensors and legacy names; dense layers among
  * MoE layers. */
 static void test_moe(void)
@@ -297,6 +340,7 @@ int main(void)
     test_shares(&m);
     test_legacy_order(&q3);
     test_phi3(&m);
+    test_glm4();
     test_moe();
     return tap_done();
 }

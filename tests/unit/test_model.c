@@ -478,6 +478,32 @@ static void test_vision_configs(void)
     }
 }
 
+/* GLM-4.1V's language model rotates interleaved pairs with its mrope sections taken by
+ * frequency (transformers' rotate_half_llm), which no Megatron-core mrope args give: refused by
+ * name. GLM-4.5V's rotates halves, as Megatron-core's mrope without rotary_interleaved does. */
+static void test_interleaved_mrope(void)
+{
+    static const char *const text = "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, "
+                                    "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_parameters\": "
+                                    "{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5, "
+                                    "\"mrope_section\": [1, 1, 2]}}";
+    CkptfsModel m;
+    memset(&m, 0, sizeof m);
+    m.arch = ckptfs_architecture_find("glm4v", NULL);
+    JsonObject *config = config_of(text);
+    GError *error = NULL;
+    bool ok = m.arch && ckptfs_model_read_config(config, &m, &error);
+    tap_ok(!ok && error && strstr(error->message, "Glm4vForConditionalGeneration rotates interleaved pairs") &&
+               strstr(error->message, "rotary_interleaved"),
+           "GLM-4.1V's interleaved mrope refused by name (%s)", error ? error->message : "read");
+    g_clear_error(&error);
+    tap_ok(m.arch && m.arch->family == &ckptfs_family_glm4, "GLM-4.1V's language model has the glm4 rules");
+    memset(&m, 0, sizeof m);
+    m.arch = ckptfs_architecture_find("glm4v_moe", NULL);
+    tap_ok(m.arch && !m.arch->interleaved_mrope, "GLM-4.5V's mrope (halves rotated) is Megatron-core's");
+    json_object_unref(config);
+}
+
 /* A vision part written as a Megatron source's hf/config.json (and the views' args) carry it
  * reads back to the same tower and token ids; the tower's TP split is checked by name. */
 static void test_vision_round_trip(void)
@@ -625,5 +651,6 @@ int main(void)
     test_features();
     test_vision_configs();
     test_vision_round_trip();
+    test_interleaved_mrope();
     return tap_done();
 }

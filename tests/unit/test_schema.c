@@ -636,7 +636,7 @@ int main(void)
              "two mrope_sections that disagree"},
             {VLM_HEAD "\"text_config\": {\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, "
              "\"intermediate_size\": 128, \"vocab_size\": 256, \"rope_parameters\": {\"mrope_section\": [1, 1, 1]}}}",
-             "rope_parameters.mrope_section sums to 3, not half the head dim 8", "an mrope_section not covering half the head"},
+             "rope_parameters.mrope_section sums to 3, not half the rotated head dim 8", "an mrope_section not covering half the head"},
             {VLM_HEAD "\"text_config\": {\"num_hidden_layers\": 3, \"hidden_size\": 64, \"num_attention_heads\": 8, "
              "\"intermediate_size\": 128, \"vocab_size\": 256}}", "no mrope_section in rope_scaling or rope_parameters",
              "no mrope_section"},
