@@ -20,7 +20,8 @@ The tensors are the model's Megatron-core state dict as ckptfs's mcore/ view of 
 model serves it (its torch_dist layout checked elsewhere against Megatron's), read back with
 torch's DCP and saved again by torch's own dcp.save under "module." (one rank).
 
-  nemo2.py build OUT              OUT/FAMILY-ref: the Hugging Face model (bf16, save_pretrained)
+  nemo2.py build OUT              OUT/FAMILY-ref: the Hugging Face models (bf16, save_pretrained): a
+                                  Llama, Qwen2, Qwen3-MoE, Mixtral, and a Llama with Llama 3.1's rope
   nemo2.py save BAD MCORE REF CKPT ...
       CKPT: the NeMo 2 checkpoint of REF's model from MCORE (its mcore/release); then broken
       copies of the first CKPT (a Llama's) under BAD/NAME/ (names say how)
@@ -47,6 +48,20 @@ FAMILIES = {
               "LlamaModel", "LlamaConfig", "nemo.collections.llm.gpt.model.llama"),
     "qwen2": ("Qwen2Config", dict(vocab_size=256, rms_norm_eps=1e-6, rope_theta=1000000.0),
               "Qwen2Model", "Qwen2Config", "nemo.collections.llm.gpt.model.qwen2"),
+    # Qwen3-MoE at Qwen3Config's head_dim (128) and seq_length (4096), which its importer leaves
+    # to the class; routing renormalised as Qwen3MoEConfig's moe_router_pre_softmax False does
+    "qwen3_moe": ("Qwen3MoeConfig", dict(vocab_size=256, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=128,
+                                         max_position_embeddings=4096, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True),
+                  "Qwen3Model", "Qwen3MoEConfig", "nemo.collections.llm.gpt.model.qwen3"),
+    "mixtral": ("MixtralConfig", dict(vocab_size=256, rms_norm_eps=1e-5, rope_theta=1000000.0, num_local_experts=4,
+                                      num_experts_per_tok=2),
+                "MixtralModel", "MixtralConfig8x7B", "nemo.collections.llm.gpt.model.mixtral"),
+    # Llama 3.1's rope scaling (a factor other than the class's 8)
+    "llama31": ("LlamaConfig", dict(vocab_size=255, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                    rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=8192)),
+                "LlamaModel", "Llama31Config", "nemo.collections.llm.gpt.model.llama"),
 }
 STEP = 10
 CKPT_NAME = f"default--val_loss=2.31-step={STEP}-consumed_samples=80.0"
@@ -145,8 +160,23 @@ def context_of(ref, family, config_class=None, model_class=None, model_module=No
                   gated_linear_unit=True, make_vocab_size_divisible_by=1,
                   share_embeddings_and_output_weights=hf["tie_word_embeddings"], fp16=False, bf16=True,
                   params_dtype=PyRef("torch", "bfloat16"), generation_config=None, vocab_size=hf["vocab_size"])
-    if family == "llama":
+    if family in ("llama", "llama31", "mixtral"):
         kwargs["kv_channels"] = hf["hidden_size"] // hf["num_attention_heads"]
+    if family == "llama31":  # HFLlamaImporter: partial(Llama31Config, scale_factor=rope_scaling's factor)
+        kwargs["scale_factor"] = hf.get("rope_scaling", hf.get("rope_parameters"))["factor"]
+    if family == "qwen3_moe":  # HFQwen3Importer: no kv_channels nor seq_length; the experts' width
+        kwargs.pop("seq_length")
+        kwargs.update(make_vocab_size_divisible_by=1187, moe_ffn_hidden_size=hf["moe_intermediate_size"])
+        # the importer leaves the experts to Qwen3MoEConfig's 128, top 8 (Qwen3-30B-A3B's and
+        # 235B-A22B's): a run of a smaller one gives them
+        kwargs.update(num_moe_experts=hf.get("num_experts", hf.get("num_local_experts")),
+                      moe_router_topk=hf["num_experts_per_tok"])
+    if family == "mixtral":  # HFMixtralImporter's arguments
+        kwargs.update(num_moe_experts=hf["num_local_experts"], moe_router_topk=hf["num_experts_per_tok"],
+                      moe_router_pre_softmax=False, max_position_embeddings=hf["max_position_embeddings"],
+                      normalization="RMSNorm", position_embedding_type="rope",
+                      activation_func=PyRef("torch.nn.functional", "silu"), use_cpu_initialization=True,
+                      perform_initialization=False, make_vocab_size_divisible_by=128)
     for k, v in changes.items():
         if v is None:
             kwargs.pop(k, None)
@@ -174,7 +204,7 @@ def read_mcore(mcore):
 
 
 def save(mcore, ref, ckpt, prefix="module."):
-    family = next(f for f in FAMILIES if os.path.basename(ref).startswith(f))
+    family = os.path.basename(ref)[:-len("-ref")]
     vocab = json.load(open(os.path.join(ref, "config.json")))["vocab_size"]
     state = read_mcore(mcore)
     # NeMo uses the vocab_size the importer gives as it is: the vocabulary keys hold its rows
@@ -218,7 +248,15 @@ def hostile(ckpt, bad):
     variant("layernorm", context_of(ref, "llama", normalization="LayerNorm"))
     variant("no-num-layers", context_of(ref, "llama", num_layers=None))
     variant("subclass-defaults", context_of(ref, "llama", config_class="Llama3Config8B"))
-    variant("llama31", context_of(ref, "llama", config_class="Llama31Config", scale_factor=8.0))
+    variant("llama4", context_of(ref, "llama", config_class="Llama4Config"))
+    variant("rope-field-elsewhere", context_of(ref, "llama", scale_factor=8.0))
+    variant("llama31-low-freq", context_of(ref, "llama", config_class="Llama31Config", scale_factor=8.0,
+                                           low_freq_factor=2.0))
+    moe_ref = os.path.join(os.path.dirname(ref), "qwen3_moe-ref")
+    variant("moe-subclass-defaults", context_of(moe_ref, "qwen3_moe", config_class="Qwen3Config30B_A3B"))
+    moe_weights = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "qwen3_moe-nemo", CKPT_NAME, "weights")
+    variant("moe-class-experts", context_of(moe_ref, "qwen3_moe", num_moe_experts=None, moe_router_topk=None),
+            weights=lambda w: os.symlink(moe_weights, w))
     variant("unknown-model", context_of(ref, "llama", model_class="MistralModel",
                                         model_module="nemo.collections.llm.gpt.model.mistral"))
     variant("wrong-vocab", context_of(ref, "llama", vocab_size=250))
