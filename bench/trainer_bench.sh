@@ -8,6 +8,10 @@
 #   TRAINER=accelerate: an HF Trainer / Accelerate FSDP2 checkpoint (tests/lib/trainer_dcp.py
 #     bench: torch's own dcp.save from WORLD gloo ranks); the merge is what `accelerate
 #     merge-weights` does (the state dict loaded whole through torch DCP, safetensors save_file).
+#   TRAINER=nemo: a NeMo 2 checkpoint (tests/lib/nemo2.py bench: weights/ a Megatron-core
+#     torch_dist save of the Llama under "module.", one writer; context/io.json); the merge is what
+#     NeMo's HF exporter does (the dist checkpoint loaded whole, split into Hugging Face's tensors,
+#     safetensors save_file), without building the model.
 #  (1) a fresh `ckptfs mount -o dtype=fp32 CKPT MNT` + `cp -r MNT/hf` + sync vs the merge + sync;
 #      runs interleaved, medians of REPEAT; ratio merge / ckptfs; peak RSS of each (daemon
 #      VmHWM, cp's and the merge's max RSS). Also the default bf16 hf/ (mount + cp -r), once per run.
@@ -17,7 +21,7 @@
 # Needs root, /dev/fuse, fusermount3, unshare, chroot, /usr/bin/time (GNU), and the tests' Debian
 # sid root (torch 2.14, transformers 5, safetensors).
 #
-# Environment: TRAINER (deepspeed or accelerate; default deepspeed), CKPTFS_BIN (default
+# Environment: TRAINER (deepspeed, accelerate or nemo; default deepspeed), CKPTFS_BIN (default
 # <repo>/build/ckptfs), BENCH_DIR (default /tmp/ckptfs-bench; keeps the generated checkpoint),
 # REPEAT (default 3), STAGE (default 3; DeepSpeed), WORLD (default 8),
 # CKPTFS_SID_ROOT (default /var/cache/ckptfs-tests/sid-root).
@@ -53,18 +57,23 @@ case $TRAINER in
     accelerate) SCRIPT=$REPO/tests/lib/trainer_dcp.py GEN_ARGS=("$WORLD")
         CKPT=$BENCH_DIR/accelerate-fsdp2-w$WORLD/checkpoint-10 WEIGHTS=pytorch_model_fsdp_0 ENDS=''
         WHAT="Accelerate FSDP2, $WORLD ranks" MERGE_NAME="accelerate merge-weights-like merge" ;;
-    *) die "TRAINER is deepspeed or accelerate, not '$TRAINER'" ;;
+    nemo) SCRIPT=$REPO/tests/lib/nemo2.py GEN_ARGS=()
+        CKPT="$BENCH_DIR/nemo2/llama-nemo/default--val_loss=2.31-step=10-consumed_samples=80.0" WEIGHTS=weights
+        ENDS=.distcp GEN_OUT=$BENCH_DIR/nemo2 DONE=$CKPT/context/io.json
+        WHAT="NeMo 2 (torch_dist, one writer)" MERGE_NAME="NeMo HF export-like merge" ;;
+    *) die "TRAINER is deepspeed, accelerate or nemo, not '$TRAINER'" ;;
 esac
+GEN_OUT=${GEN_OUT:-$(dirname "$CKPT")} DONE=${DONE:-$CKPT/config.json}
 
 bench_stop() { rmdir "$ROOT$BENCH_DIR" "$ROOT$REPO/tests/lib" 2>/dev/null || true; }
 bench_start "$BENCH_DIR/$TRAINER-run.XXXXXX"
 
 PY=("$HERE/torch2.sh" "$ROOT" "$BENCH_DIR:$REPO/tests/lib")
 
-if [[ ! -f $CKPT/config.json ]]; then
+if [[ ! -f $DONE ]]; then
     note "generating $CKPT ($WHAT)"
-    rm -rf "$(dirname "$CKPT")"
-    "${PY[@]}" "$SCRIPT" bench "$(dirname "$CKPT")" "${GEN_ARGS[@]}" >&2 || die "the generator failed"
+    rm -rf "$GEN_OUT"
+    "${PY[@]}" "$SCRIPT" bench "$GEN_OUT" "${GEN_ARGS[@]}" >&2 || die "the generator failed"
 fi
 mapfile -t SRC < <(find "$CKPT/$WEIGHTS" -type f -name "*$ENDS" | sort -V)
 SRC_BYTES=$(bytes_of "${SRC[@]}")

@@ -7,8 +7,9 @@
  *
  * io.json holds only the arguments given when the config was built (NeMo's importers give the
  * sizes; a recipe may give none): a config class's own defaults are known here only for the
- * base class of each family (a table); a field that changes the math and that io.json does not
- * give for another class, or that ckptfs does not understand, is refused by name. */
+ * classes of a table (each family's base class, and the ones NeMo's importers build); a field
+ * that changes the math and that io.json does not give for another class, or that ckptfs does
+ * not understand, is refused by name. */
 #include <string.h>
 
 #include "ckptfs/error.h"
@@ -19,46 +20,83 @@
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(CkptfsValue, ckptfs_value_free)
 
-/* A family of NeMo's GPT models: its model class, the base config class whose defaults are
- * below (NeMo's llm/gpt/model/<family>.py), the prefix of the config classes it takes, and the
- * Hugging Face architecture. */
+/* A family of NeMo's GPT models: its model class, the prefix of the config classes it takes
+ * (NeMo's llm/gpt/model/<family>.py; the first row whose prefix fits is the family), the Hugging
+ * Face architecture, and whether its config classes apply Llama 3.1's rope scaling. */
 typedef struct {
     const char *model_class;
-    const char *base_config;
     const char *config_prefix;
     const char *hf_architecture;
-    const char *defaults; /* the base config class's defaults (with GPTConfig's), as io.json spells them */
+    bool llama3_rope; /* Llama31Config's configure_model scales the rope by scale_factor, ... */
 } NemoFamily;
 
-#define NEMO_COMMON_DEFAULTS                                                                            \
+static const NemoFamily families[] = {
+    {"LlamaModel", "Llama31", "LlamaForCausalLM", true},
+    {"LlamaModel", "Llama32", "LlamaForCausalLM", true},
+    {"LlamaModel", "Llama33", "LlamaForCausalLM", true},
+    {"LlamaModel", "Llama", "LlamaForCausalLM", false},
+    {"Qwen2Model", "Qwen2", "Qwen2ForCausalLM", false},
+    {"Qwen3Model", "Qwen3MoE", "Qwen3MoeForCausalLM", false},
+    {"Qwen3Model", "Qwen3", "Qwen3ForCausalLM", false},
+    {"MixtralModel", "Mixtral", "MixtralForCausalLM", false},
+};
+
+/* GPTConfig's (Megatron-core's TransformerConfig's) defaults that the classes below keep, and
+ * their common seq_length. */
+#define NEMO_GPT_DEFAULTS                                                                               \
     "\"normalization\": \"RMSNorm\", \"activation_func\": \"torch.nn.functional.silu\", "              \
     "\"gated_linear_unit\": true, \"position_embedding_type\": \"rope\", \"add_bias_linear\": false, " \
     "\"share_embeddings_and_output_weights\": false, \"seq_length\": 4096, \"rotary_percent\": 1.0, "  \
-    "\"num_query_groups\": null, \"kv_channels\": null"
+    "\"moe_ffn_hidden_size\": null, \"moe_shared_expert_intermediate_size\": null, "                    \
+    "\"moe_shared_expert_gate\": false, \"moe_router_score_function\": \"softmax\", "                   \
+    "\"moe_router_topk_scaling_factor\": null, \"moe_router_num_groups\": null, "                        \
+    "\"moe_router_group_topk\": null, \"moe_router_enable_expert_bias\": false, \"moe_layer_freq\": 1"
+/* ... and those of a model without experts */
+#define NEMO_DENSE_DEFAULTS \
+    NEMO_GPT_DEFAULTS ", \"num_moe_experts\": null, \"moe_router_topk\": 2, \"moe_router_pre_softmax\": false"
+#define NEMO_LLAMA_DEFAULTS                                                                         \
+    NEMO_DENSE_DEFAULTS ", \"add_qkv_bias\": false, \"qk_layernorm\": false, \"layernorm_epsilon\": 1e-5, " \
+    "\"rotary_base\": 10000, \"kv_channels\": null"
+#define NEMO_QWEN3_DEFAULTS                                                                                     \
+    NEMO_GPT_DEFAULTS ", \"add_qkv_bias\": false, \"qk_layernorm\": true, \"layernorm_epsilon\": 1e-6, "            \
+    "\"rotary_base\": 1000000.0, \"vocab_size\": 151936, \"kv_channels\": 128, \"num_query_groups\": 8"
+#define NEMO_MIXTRAL_DEFAULTS                                                                                 \
+    NEMO_GPT_DEFAULTS ", \"add_qkv_bias\": false, \"qk_layernorm\": false, \"layernorm_epsilon\": 1e-5, "         \
+    "\"rotary_base\": 1000000.0, \"kv_channels\": null, \"num_query_groups\": 8, \"num_moe_experts\": 8, "       \
+    "\"moe_router_topk\": 2, \"moe_router_pre_softmax\": false"
 
-static const NemoFamily families[] = {
-    {"LlamaModel", "LlamaConfig", "Llama", "LlamaForCausalLM",
-     "{" NEMO_COMMON_DEFAULTS ", \"add_qkv_bias\": false, \"qk_layernorm\": false, \"layernorm_epsilon\": 1e-5, "
-     "\"rotary_base\": 10000}"},
-    {"Qwen2Model", "Qwen2Config", "Qwen2", "Qwen2ForCausalLM",
-     "{" NEMO_COMMON_DEFAULTS ", \"add_qkv_bias\": true, \"qk_layernorm\": false, \"layernorm_epsilon\": 1e-6, "
-     "\"rotary_base\": 1000000.0, \"vocab_size\": 151936}"},
-    {"Qwen3Model", "Qwen3Config", "Qwen3", "Qwen3ForCausalLM",
-     "{" NEMO_COMMON_DEFAULTS ", \"add_qkv_bias\": false, \"qk_layernorm\": true, \"layernorm_epsilon\": 1e-6, "
-     "\"rotary_base\": 1000000.0, \"vocab_size\": 151936}"},
+/* The config classes whose defaults are known (NeMo's dataclasses, with GPTConfig's), as
+ * io.json spells them; another class must give every field that changes the math itself. */
+static const struct {
+    const char *config_class;
+    const char *defaults;
+} config_defaults[] = {
+    {"LlamaConfig", "{" NEMO_LLAMA_DEFAULTS ", \"num_query_groups\": null}"},
+    /* Llama3Config's num_query_groups; Llama31Config's rope scaling */
+    {"Llama31Config", "{" NEMO_LLAMA_DEFAULTS ", \"num_query_groups\": 8, \"scale_factor\": 8.0, "
+     "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"old_context_len\": 8192}"},
+    {"Qwen2Config", "{" NEMO_DENSE_DEFAULTS ", \"add_qkv_bias\": true, \"qk_layernorm\": false, "
+     "\"layernorm_epsilon\": 1e-6, \"rotary_base\": 1000000.0, \"vocab_size\": 151936, \"kv_channels\": null, "
+     "\"num_query_groups\": null}"},
+    {"Qwen3Config", "{" NEMO_QWEN3_DEFAULTS ", \"num_moe_experts\": null, \"moe_router_topk\": 2, "
+     "\"moe_router_pre_softmax\": false}"},
+    {"Qwen3MoEConfig", "{" NEMO_QWEN3_DEFAULTS ", \"num_moe_experts\": 128, \"moe_router_topk\": 8, "
+     "\"moe_router_pre_softmax\": false}"},
+    {"MixtralConfig", "{" NEMO_MIXTRAL_DEFAULTS ", \"num_layers\": 32, \"hidden_size\": 4096, "
+     "\"num_attention_heads\": 32, \"ffn_hidden_size\": 14336}"},
+    /* what NeMo's Mixtral importer builds, sizes given */
+    {"MixtralConfig8x7B", "{" NEMO_MIXTRAL_DEFAULTS ", \"num_layers\": 32, \"hidden_size\": 4096, "
+     "\"num_attention_heads\": 32, \"ffn_hidden_size\": 14336}"},
+    {"MixtralConfig8x22B", "{" NEMO_MIXTRAL_DEFAULTS ", \"num_layers\": 56, \"hidden_size\": 6144, "
+     "\"num_attention_heads\": 48, \"ffn_hidden_size\": 16384}"},
 };
 
-/* Config classes whose class computes what no field of io.json says (Llama 3.1's rope scaling
- * is applied by the class), and what that is. */
+/* Config classes whose class computes what no field of io.json says, and what that is. */
 static const struct {
     const char *prefix;
     const char *why;
 } refused_configs[] = {
-    {"Llama31", "Llama 3.1's rope scaling (scale_factor, low_freq_factor, ...)"},
-    {"Llama32", "Llama 3.1's rope scaling (scale_factor, low_freq_factor, ...)"},
-    {"Llama33", "Llama 3.1's rope scaling (scale_factor, low_freq_factor, ...)"},
     {"Llama4", "Llama 4's experts and chunked attention"},
-    {"Qwen3MoE", "Qwen3-MoE's experts"},
 };
 
 typedef enum {
@@ -74,59 +112,92 @@ typedef struct {
     const char *arg;   /* the Megatron argument (NEMO_ARG*) */
     const char *only;  /* NEMO_MUST_BE: the one value, as io.json spells it */
     bool required;     /* no class default stands in: io.json must give it */
+    bool llama3_rope;  /* a field of Llama31Config's only (NemoFamily.llama3_rope) */
 } NemoField;
 
 static const NemoField fields[] = {
-    {"num_layers", NEMO_ARG, "num_layers", NULL, true},
-    {"hidden_size", NEMO_ARG, "hidden_size", NULL, true},
-    {"ffn_hidden_size", NEMO_ARG, "ffn_hidden_size", NULL, true},
-    {"num_attention_heads", NEMO_ARG, "num_attention_heads", NULL, true},
+    {"num_layers", NEMO_ARG, "num_layers", NULL, true, false},
+    {"hidden_size", NEMO_ARG, "hidden_size", NULL, true, false},
+    {"ffn_hidden_size", NEMO_ARG, "ffn_hidden_size", NULL, true, false},
+    {"num_attention_heads", NEMO_ARG, "num_attention_heads", NULL, true, false},
     /* NeMo uses a vocab_size given as it is; without one it pads the tokenizer's */
-    {"vocab_size", NEMO_ARG, "vocab_size", NULL, true},
-    {"num_query_groups", NEMO_ARG, "num_query_groups", NULL, false},
-    {"kv_channels", NEMO_ARG, "kv_channels", NULL, false},
-    {"layernorm_epsilon", NEMO_ARG, "norm_epsilon", NULL, false},
-    {"rotary_base", NEMO_ARG, "rotary_base", NULL, false},
-    {"rotary_percent", NEMO_ARG, "rotary_percent", NULL, false},
-    {"seq_length", NEMO_ARG, "max_position_embeddings", NULL, false},
-    {"share_embeddings_and_output_weights", NEMO_ARG_NEGATED, "untie_embeddings_and_output_weights", NULL, false},
-    {"add_qkv_bias", NEMO_ARG, "add_qkv_bias", NULL, false},
-    {"add_bias_linear", NEMO_ARG, "add_bias_linear", NULL, false},
-    {"qk_layernorm", NEMO_ARG, "qk_layernorm", NULL, false},
-    {"normalization", NEMO_MUST_BE, NULL, "RMSNorm", false},
-    {"position_embedding_type", NEMO_MUST_BE, NULL, "rope", false},
-    {"activation_func", NEMO_MUST_BE, NULL, "torch.nn.functional.silu", false},
-    {"gated_linear_unit", NEMO_MUST_BE, NULL, "true", false},
-    {"make_vocab_size_divisible_by", NEMO_IGNORED, NULL, NULL, false}, /* unused with a vocab_size given */
-    {"init_method_std", NEMO_IGNORED, NULL, NULL, false},
-    {"fp16", NEMO_IGNORED, NULL, NULL, false},
-    {"bf16", NEMO_IGNORED, NULL, NULL, false},
-    {"params_dtype", NEMO_IGNORED, NULL, NULL, false},
-    {"pipeline_dtype", NEMO_IGNORED, NULL, NULL, false},
-    {"autocast_dtype", NEMO_IGNORED, NULL, NULL, false},
-    {"generation_config", NEMO_IGNORED, NULL, NULL, false},
-    {"attention_dropout", NEMO_IGNORED, NULL, NULL, false},
-    {"hidden_dropout", NEMO_IGNORED, NULL, NULL, false},
-    {"bias_activation_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"bias_dropout_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"masked_softmax_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"persist_layer_norm", NEMO_IGNORED, NULL, NULL, false},
-    {"apply_rope_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"cross_entropy_loss_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"gradient_accumulation_fusion", NEMO_IGNORED, NULL, NULL, false},
-    {"use_transformer_engine_op_fuser", NEMO_IGNORED, NULL, NULL, false},
-    {"attention_softmax_in_fp32", NEMO_IGNORED, NULL, NULL, false},
-    {"deallocate_pipeline_outputs", NEMO_IGNORED, NULL, NULL, false},
-    {"tensor_model_parallel_size", NEMO_IGNORED, NULL, NULL, false},
-    {"pipeline_model_parallel_size", NEMO_IGNORED, NULL, NULL, false},
-    {"virtual_pipeline_model_parallel_size", NEMO_IGNORED, NULL, NULL, false},
-    {"context_parallel_size", NEMO_IGNORED, NULL, NULL, false},
-    {"sequence_parallel", NEMO_IGNORED, NULL, NULL, false},
-    {"recompute_granularity", NEMO_IGNORED, NULL, NULL, false},
-    {"recompute_method", NEMO_IGNORED, NULL, NULL, false},
-    {"recompute_num_layers", NEMO_IGNORED, NULL, NULL, false},
-    {"use_cpu_initialization", NEMO_IGNORED, NULL, NULL, false},
-    {"perform_initialization", NEMO_IGNORED, NULL, NULL, false},
+    {"vocab_size", NEMO_ARG, "vocab_size", NULL, true, false},
+    {"num_query_groups", NEMO_ARG, "num_query_groups", NULL, false, false},
+    {"kv_channels", NEMO_ARG, "kv_channels", NULL, false, false},
+    {"layernorm_epsilon", NEMO_ARG, "norm_epsilon", NULL, false, false},
+    {"rotary_base", NEMO_ARG, "rotary_base", NULL, false, false},
+    {"rotary_percent", NEMO_ARG, "rotary_percent", NULL, false, false},
+    {"seq_length", NEMO_ARG, "max_position_embeddings", NULL, false, false},
+    {"share_embeddings_and_output_weights", NEMO_ARG_NEGATED, "untie_embeddings_and_output_weights", NULL, false, false},
+    {"add_qkv_bias", NEMO_ARG, "add_qkv_bias", NULL, false, false},
+    {"add_bias_linear", NEMO_ARG, "add_bias_linear", NULL, false, false},
+    {"qk_layernorm", NEMO_ARG, "qk_layernorm", NULL, false, false},
+    /* experts: Megatron-core's TransformerConfig fields, under Megatron's argument names (None:
+     * no experts; moe_ffn_hidden_size None: ffn_hidden_size) */
+    {"num_moe_experts", NEMO_ARG, "num_experts", NULL, false, false},
+    {"moe_router_topk", NEMO_ARG, "moe_router_topk", NULL, false, false},
+    {"moe_ffn_hidden_size", NEMO_ARG, "moe_ffn_hidden_size", NULL, false, false},
+    {"moe_shared_expert_intermediate_size", NEMO_ARG, "moe_shared_expert_intermediate_size", NULL, false, false},
+    {"moe_shared_expert_gate", NEMO_ARG, "moe_shared_expert_gate", NULL, false, false},
+    {"moe_router_pre_softmax", NEMO_ARG, "moe_router_pre_softmax", NULL, false, false},
+    {"moe_router_score_function", NEMO_ARG, "moe_router_score_function", NULL, false, false},
+    {"moe_router_topk_scaling_factor", NEMO_ARG, "moe_router_topk_scaling_factor", NULL, false, false},
+    {"moe_router_num_groups", NEMO_ARG, "moe_router_num_groups", NULL, false, false},
+    {"moe_router_group_topk", NEMO_ARG, "moe_router_group_topk", NULL, false, false},
+    {"moe_router_enable_expert_bias", NEMO_ARG, "moe_router_enable_expert_bias", NULL, false, false},
+    {"moe_layer_freq", NEMO_ARG, "moe_layer_freq", NULL, false, false},
+    /* Llama 3.1's rope scaling: Megatron's args carry the factor (with use_rope_scaling); its
+     * other constants are fixed there to Llama 3.1's */
+    {"scale_factor", NEMO_ARG, "rope_scaling_factor", NULL, false, true},
+    {"low_freq_factor", NEMO_MUST_BE, NULL, "1", false, true},
+    {"high_freq_factor", NEMO_MUST_BE, NULL, "4", false, true},
+    {"old_context_len", NEMO_MUST_BE, NULL, "8192", false, true},
+    {"normalization", NEMO_MUST_BE, NULL, "RMSNorm", false, false},
+    {"position_embedding_type", NEMO_MUST_BE, NULL, "rope", false, false},
+    {"activation_func", NEMO_MUST_BE, NULL, "torch.nn.functional.silu", false, false},
+    {"gated_linear_unit", NEMO_MUST_BE, NULL, "true", false, false},
+    {"make_vocab_size_divisible_by", NEMO_IGNORED, NULL, NULL, false, false}, /* unused with a vocab_size given */
+    /* NeMo's GPT model sizes its rope by seq_length; Mixtral's class keeps this one unused */
+    {"max_position_embeddings", NEMO_IGNORED, NULL, NULL, false, false},
+    /* the experts' training: load balancing, dispatch, fusions (the torch_dist keys are the
+     * same with grouped GEMM) */
+    {"moe_router_load_balancing_type", NEMO_IGNORED, NULL, NULL, false, false},
+    {"moe_aux_loss_coeff", NEMO_IGNORED, NULL, NULL, false, false},
+    {"moe_z_loss_coeff", NEMO_IGNORED, NULL, NULL, false, false},
+    {"moe_token_dispatcher_type", NEMO_IGNORED, NULL, NULL, false, false},
+    {"moe_grouped_gemm", NEMO_IGNORED, NULL, NULL, false, false},
+    {"moe_permute_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"expert_model_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"expert_tensor_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"init_method_std", NEMO_IGNORED, NULL, NULL, false, false},
+    {"fp16", NEMO_IGNORED, NULL, NULL, false, false},
+    {"bf16", NEMO_IGNORED, NULL, NULL, false, false},
+    {"params_dtype", NEMO_IGNORED, NULL, NULL, false, false},
+    {"pipeline_dtype", NEMO_IGNORED, NULL, NULL, false, false},
+    {"autocast_dtype", NEMO_IGNORED, NULL, NULL, false, false},
+    {"generation_config", NEMO_IGNORED, NULL, NULL, false, false},
+    {"attention_dropout", NEMO_IGNORED, NULL, NULL, false, false},
+    {"hidden_dropout", NEMO_IGNORED, NULL, NULL, false, false},
+    {"bias_activation_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"bias_dropout_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"masked_softmax_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"persist_layer_norm", NEMO_IGNORED, NULL, NULL, false, false},
+    {"apply_rope_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"cross_entropy_loss_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"gradient_accumulation_fusion", NEMO_IGNORED, NULL, NULL, false, false},
+    {"use_transformer_engine_op_fuser", NEMO_IGNORED, NULL, NULL, false, false},
+    {"attention_softmax_in_fp32", NEMO_IGNORED, NULL, NULL, false, false},
+    {"deallocate_pipeline_outputs", NEMO_IGNORED, NULL, NULL, false, false},
+    {"tensor_model_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"pipeline_model_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"virtual_pipeline_model_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"context_parallel_size", NEMO_IGNORED, NULL, NULL, false, false},
+    {"sequence_parallel", NEMO_IGNORED, NULL, NULL, false, false},
+    {"recompute_granularity", NEMO_IGNORED, NULL, NULL, false, false},
+    {"recompute_method", NEMO_IGNORED, NULL, NULL, false, false},
+    {"recompute_num_layers", NEMO_IGNORED, NULL, NULL, false, false},
+    {"use_cpu_initialization", NEMO_IGNORED, NULL, NULL, false, false},
+    {"perform_initialization", NEMO_IGNORED, NULL, NULL, false, false},
 };
 
 /* The longest chain of references followed (fiddle's are a DAG a few levels deep). */
@@ -314,15 +385,34 @@ static char *label_field(JsonNode *label)
     return g_strndup(s + 11, len - 13);
 }
 
-/* The values io.json gives the config (field -> leaf), over the family's defaults when the
- * config is its base class. */
+/* The known defaults of config class CLS (config_defaults), or NULL. */
+static const char *defaults_of(const char *cls)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(config_defaults); i++)
+        if (strcmp(cls, config_defaults[i].config_class) == 0)
+            return config_defaults[i].defaults;
+    return NULL;
+}
+
+/* Whether leaf V is the value ONLY (a number compared as a number: 1 is 1.0). */
+static bool leaf_is(JsonNode *v, const char *only)
+{
+    GType t = JSON_NODE_HOLDS_VALUE(v) ? json_node_get_value_type(v) : G_TYPE_INVALID;
+    if (t == G_TYPE_INT64 || t == G_TYPE_DOUBLE)
+        return json_node_get_double(v) == g_ascii_strtod(only, NULL);
+    g_autofree char *buffer = NULL;
+    return strcmp(leaf_text(v, &buffer), only) == 0;
+}
+
+/* The values io.json gives the config (field -> leaf), over its class's defaults when they are
+ * known. */
 static GHashTable *config_values(Nemo *n, JsonObject *config, const NemoFamily *family, const char *cls)
 {
     g_autoptr(GHashTable) values = g_hash_table_new_full(g_str_hash, g_str_equal, g_free,
                                                           (GDestroyNotify)json_node_unref);
-    if (strcmp(cls, family->base_config) == 0) {
-        g_autoptr(JsonObject) defaults = ckptfs_json_parse_object(family->model_class, family->defaults,
-                                                                  strlen(family->defaults), n->error);
+    const char *known = defaults_of(cls);
+    if (known != NULL) {
+        g_autoptr(JsonObject) defaults = ckptfs_json_parse_object(cls, known, strlen(known), n->error);
         if (defaults == NULL)
             return NULL;
         g_autoptr(GList) names = json_object_get_members(defaults);
@@ -350,6 +440,11 @@ static GHashTable *config_values(Nemo *n, JsonObject *config, const NemoFamily *
                  "change what the model computes", n->io_json, name, cls);
             return NULL;
         }
+        if (f->llama3_rope && !family->llama3_rope) {
+            fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config.%s (%s): a field of Llama 3.1's config classes, "
+                 "whose rope scaling %s does not apply", n->io_json, name, cls, cls);
+            return NULL;
+        }
         if (f->use == NEMO_IGNORED)
             continue;
         JsonNode *v = leaf_value(json_array_get_element(kv, 1));
@@ -367,24 +462,24 @@ static GHashTable *config_values(Nemo *n, JsonObject *config, const NemoFamily *
 static CkptfsValue *megatron_args(Nemo *n, GHashTable *values, const NemoFamily *family, const char *cls,
                                   gint64 tp, gint64 pp)
 {
-    bool base = strcmp(cls, family->base_config) == 0;
+    bool known = defaults_of(cls) != NULL;
     g_autoptr(CkptfsValue) args = ckptfs_value_container(CKPTFS_VALUE_DICT);
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
         const NemoField *f = &fields[i];
-        if (f->use == NEMO_IGNORED)
+        if (f->use == NEMO_IGNORED || (f->llama3_rope && !family->llama3_rope))
             continue;
         JsonNode *v = g_hash_table_lookup(values, f->field);
         if (v == NULL) {
             fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config (%s) gives no %s%s", n->io_json, cls, f->field,
-                 f->required || base ? ""
-                                     : " (it changes the math, and the defaults of a config class other than "
-                                       "the family's base class are not known to ckptfs)");
+                 f->required || known ? ""
+                                      : " (it changes the math, and the defaults of this config class are not "
+                                        "known to ckptfs)");
             return NULL;
         }
         if (f->use == NEMO_MUST_BE) {
             g_autofree char *buffer = NULL;
             const char *text = leaf_text(v, &buffer);
-            if (strcmp(text, f->only) != 0) {
+            if (!leaf_is(v, f->only)) {
                 fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config.%s is %.60s; ckptfs's views compute %s only",
                      n->io_json, f->field, text, f->only);
                 return NULL;
@@ -406,6 +501,7 @@ static CkptfsValue *megatron_args(Nemo *n, GHashTable *values, const NemoFamily 
     ckptfs_value_set(args, "group_query_attention", ckptfs_value_bool(!JSON_NODE_HOLDS_NULL(groups)));
     ckptfs_value_set(args, "swiglu", ckptfs_value_bool(true));
     ckptfs_value_set(args, "position_embedding_type", ckptfs_value_str("rope"));
+    ckptfs_value_set(args, "use_rope_scaling", ckptfs_value_bool(family->llama3_rope));
     ckptfs_value_set(args, "hf_architecture", ckptfs_value_str(family->hf_architecture));
     gint64 vocab = 0;
     ckptfs_json_node_int(g_hash_table_lookup(values, "vocab_size"), &vocab);
@@ -442,31 +538,42 @@ static gint64 step_of(const char *dir)
     return g_ascii_strtoll(at + 5, NULL, 10);
 }
 
-/* The family of MODEL_CLASS (in one of NeMo's modules), or NULL with the error set. */
-static const NemoFamily *family_of(Nemo *n, const char *module, const char *model_class)
+/* Whether MODEL_CLASS (in one of NeMo's modules) is a model class of the families; when not,
+ * false with the error set. */
+static bool model_class_known(Nemo *n, const char *module, const char *model_class)
 {
-    for (size_t i = 0; i < G_N_ELEMENTS(families); i++)
-        if (strcmp(model_class, families[i].model_class) == 0 && g_str_has_prefix(module, "nemo.collections.llm."))
-            return &families[i];
     g_autoptr(GString) known = g_string_new(NULL);
-    for (size_t i = 0; i < G_N_ELEMENTS(families); i++)
-        g_string_append_printf(known, "%s%s", i ? ", " : "", families[i].model_class);
-    fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model class %.80s.%.80s is not one ckptfs reads (%s)", n->io_json, module,
-         model_class, known->str);
-    return NULL;
+    for (size_t i = 0; i < G_N_ELEMENTS(families); i++) {
+        if (strcmp(model_class, families[i].model_class) == 0 && g_str_has_prefix(module, "nemo.collections.llm."))
+            return true;
+        if (i == 0 || strcmp(families[i].model_class, families[i - 1].model_class) != 0)
+            g_string_append_printf(known, "%s%s", i ? ", " : "", families[i].model_class);
+    }
+    return fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model class %.80s.%.80s is not one ckptfs reads (%s)", n->io_json,
+                module, model_class, known->str);
 }
 
-/* The config class must be one of the family's, and not one whose class computes more. */
-static bool check_config_class(Nemo *n, const NemoFamily *family, const char *cls)
+/* The family of MODEL_CLASS with config class CLS: the first row whose prefix CLS has, and not a
+ * class that computes more; NULL with the error set. */
+static const NemoFamily *family_of(Nemo *n, const char *model_class, const char *cls)
 {
     for (size_t i = 0; i < G_N_ELEMENTS(refused_configs); i++)
-        if (g_str_has_prefix(cls, refused_configs[i].prefix))
-            return fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config is %s, whose class applies %s, which ckptfs "
-                        "does not read from a NeMo checkpoint yet", n->io_json, cls, refused_configs[i].why);
-    if (!g_str_has_prefix(cls, family->config_prefix))
-        return fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config is %.80s, not a config class of %s (%s*)",
-                    n->io_json, cls, family->model_class, family->config_prefix);
-    return true;
+        if (g_str_has_prefix(cls, refused_configs[i].prefix)) {
+            fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config is %s, whose class applies %s, which ckptfs does "
+                 "not read from a NeMo checkpoint yet", n->io_json, cls, refused_configs[i].why);
+            return NULL;
+        }
+    g_autoptr(GString) prefixes = g_string_new(NULL);
+    for (size_t i = 0; i < G_N_ELEMENTS(families); i++) {
+        if (strcmp(model_class, families[i].model_class) != 0)
+            continue;
+        if (g_str_has_prefix(cls, families[i].config_prefix))
+            return &families[i];
+        g_string_append_printf(prefixes, "%s%s*", prefixes->len ? ", " : "", families[i].config_prefix);
+    }
+    fail(n, CKPTFS_ERROR_UNSUPPORTED, "%s: model.config is %.80s, not a config class of %s (%s)", n->io_json, cls,
+         model_class, prefixes->str);
+    return NULL;
 }
 
 /* The model's Megatron args from io.json; *MODEL_CLASS and *CLS: its model and config classes. */
@@ -489,8 +596,7 @@ static CkptfsValue *context_args(Nemo *n, char **model_class, char **cls)
     JsonObject *model = deref(n, model_item, "model");
     if (model == NULL || (*model_class = config_class(n, model, "model", &model_module)) == NULL)
         return NULL;
-    const NemoFamily *family = family_of(n, model_module, *model_class);
-    if (family == NULL)
+    if (!model_class_known(n, model_module, *model_class))
         return NULL;
     JsonNode *config_item = item(model, "config");
     if (config_item == NULL) {
@@ -498,8 +604,10 @@ static CkptfsValue *context_args(Nemo *n, char **model_class, char **cls)
         return NULL;
     }
     JsonObject *config = deref(n, config_item, "model.config");
-    if (config == NULL || (*cls = config_class(n, config, "model.config", &config_module)) == NULL ||
-        !check_config_class(n, family, *cls))
+    if (config == NULL || (*cls = config_class(n, config, "model.config", &config_module)) == NULL)
+        return NULL;
+    const NemoFamily *family = family_of(n, *model_class, *cls);
+    if (family == NULL)
         return NULL;
     g_autoptr(GHashTable) values = config_values(n, config, family, *cls);
     if (values == NULL)

@@ -18,13 +18,16 @@ ckpt_name="default--val_loss=2.31-step=10-consumed_samples=80.0"
 mkdir -p "$models" "$bad"
 
 sid_python "$WORK" "$script" build "$models" > /dev/null 2> "$WORK/build.err"
-ok $? "transformers 5 builds and saves a Llama and a Qwen2" || tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2
+ok $? "transformers 5 builds and saves a Llama, Qwen2, Qwen3-MoE, Mixtral and Llama 3.1" || tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2
 
-declare -A classes=([llama]="LlamaModel (LlamaConfig)" [qwen2]="Qwen2Model (Qwen2Config)")
+declare -A classes=([llama]="LlamaModel (LlamaConfig)" [qwen2]="Qwen2Model (Qwen2Config)"
+                   [qwen3_moe]="Qwen3Model (Qwen3MoEConfig)" [mixtral]="MixtralModel (MixtralConfig8x7B)"
+                   [llama31]="LlamaModel (Llama31Config)")
+families="llama qwen2 qwen3_moe mixtral llama31"
 # The NeMo checkpoints from the mcore/ views of the Hugging Face models, and the broken copies of
 # the Llama's, written by one run of torch.
 saves=()
-for family in llama qwen2; do
+for family in $families; do
   if mount_ckptfs "$models/$family-ref" "$WORK/src-$family" 2> "$WORK/err"; then
     saves+=("$WORK/src-$family/mcore/release" "$models/$family-ref" "$models/$family-nemo/$ckpt_name")
   else
@@ -34,12 +37,12 @@ done
 sid_python "$WORK" "$script" save "$bad" "${saves[@]}" > /dev/null 2> "$WORK/save.err"
 ok $? "torch 2.14 saves the NeMo 2 checkpoints and their broken copies" ||
   tail -n 20 "$WORK/save.err" | sed 's/^/# /' >&2
-for family in llama qwen2; do
+for family in $families; do
   [[ -d $WORK/src-$family/mcore ]] && unmount_ckptfs "$WORK/src-$family"
 done
 
 checks=()
-for family in llama qwen2; do
+for family in $families; do
   ref=$models/$family-ref ckpt=$models/$family-nemo/$ckpt_name
   for dir in "$ckpt" "$ckpt/weights"; do
     "$CKPTFS" inspect "$dir" > "$WORK/inspect" 2>&1
@@ -75,8 +78,12 @@ unknown-field|context/io.json: model.config.apply_query_key_layer_scaling (Llama
 layernorm|model.config.normalization is LayerNorm; ckptfs's views compute RMSNorm only
 no-num-layers|model.config (LlamaConfig) gives no num_layers
 subclass-defaults|model.config (Llama3Config8B) gives no rotary_percent (it changes the math
-llama31|model.config is Llama31Config, whose class applies Llama 3.1's rope scaling
-unknown-model|model class nemo.collections.llm.gpt.model.mistral.MistralModel is not one ckptfs reads (LlamaModel, Qwen2Model, Qwen3Model)
+llama4|model.config is Llama4Config, whose class applies Llama 4's experts and chunked attention
+rope-field-elsewhere|model.config.scale_factor (LlamaConfig): a field of Llama 3.1's config classes, whose rope scaling LlamaConfig does not apply
+llama31-low-freq|model.config.low_freq_factor is 2.0; ckptfs's views compute 1 only
+moe-subclass-defaults|model.config (Qwen3Config30B_A3B) gives no kv_channels (it changes the math
+moe-class-experts|weights/.metadata: 'module.decoder.layers.mlp.router.weight' has shape [2, 4, 64]; the model's args imply [2, 128, 64] (num_experts 128
+unknown-model|model class nemo.collections.llm.gpt.model.mistral.MistralModel is not one ckptfs reads (LlamaModel, Qwen2Model, Qwen3Model, MixtralModel)
 wrong-vocab|'module.embedding.word_embeddings.weight' has shape [255, 64]; the model's args imply [250, 64]
 dangling-ref|context/io.json: model: a reference to 'missing_model_1', which "objects" does not hold
 truncated-json|context/io.json

@@ -20,11 +20,16 @@ The tensors are the model's Megatron-core state dict as ckptfs's mcore/ view of 
 model serves it (its torch_dist layout checked elsewhere against Megatron's), read back with
 torch's DCP and saved again by torch's own dcp.save under "module." (one rank).
 
-  nemo2.py build OUT              OUT/FAMILY-ref: the Hugging Face model (bf16, save_pretrained)
+  nemo2.py build OUT              OUT/FAMILY-ref: the Hugging Face models (bf16, save_pretrained): a
+                                  Llama, Qwen2, Qwen3-MoE, Mixtral, and a Llama with Llama 3.1's rope
   nemo2.py save BAD MCORE REF CKPT ...
       CKPT: the NeMo 2 checkpoint of REF's model from MCORE (its mcore/release); then broken
       copies of the first CKPT (a Llama's) under BAD/NAME/ (names say how)
   nemo2.py check REF HF_DIR DTYPE ...   as trainer_dcp.py's check
+  nemo2.py bench OUT              OUT/CKPT: a NeMo 2 checkpoint of a Llama at trainer_dcp.py's
+                                  BENCH_SHAPE (fp32, random), its Megatron-core tensors made here
+  nemo2.py merge CKPT OUT         what NeMo's HF exporter does offline: the weights/ state loaded
+                                  whole, converted to Hugging Face's names and layout, save_file
 """
 import collections
 import copy
@@ -37,7 +42,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 import transformers
 
-from trainer_dcp import check  # the logits check of the Trainer checkpoints
+from trainer_dcp import BENCH_SHAPE, check  # the bench's Llama shape, the logits check
 
 BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
@@ -47,6 +52,20 @@ FAMILIES = {
               "LlamaModel", "LlamaConfig", "nemo.collections.llm.gpt.model.llama"),
     "qwen2": ("Qwen2Config", dict(vocab_size=256, rms_norm_eps=1e-6, rope_theta=1000000.0),
               "Qwen2Model", "Qwen2Config", "nemo.collections.llm.gpt.model.qwen2"),
+    # Qwen3-MoE at Qwen3Config's head_dim (128) and seq_length (4096), which its importer leaves
+    # to the class; routing renormalised as Qwen3MoEConfig's moe_router_pre_softmax False does
+    "qwen3_moe": ("Qwen3MoeConfig", dict(vocab_size=256, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=128,
+                                         max_position_embeddings=4096, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True),
+                  "Qwen3Model", "Qwen3MoEConfig", "nemo.collections.llm.gpt.model.qwen3"),
+    "mixtral": ("MixtralConfig", dict(vocab_size=256, rms_norm_eps=1e-5, rope_theta=1000000.0, num_local_experts=4,
+                                      num_experts_per_tok=2),
+                "MixtralModel", "MixtralConfig8x7B", "nemo.collections.llm.gpt.model.mixtral"),
+    # Llama 3.1's rope scaling (a factor other than the class's 8)
+    "llama31": ("LlamaConfig", dict(vocab_size=255, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                    rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=8192)),
+                "LlamaModel", "Llama31Config", "nemo.collections.llm.gpt.model.llama"),
 }
 STEP = 10
 CKPT_NAME = f"default--val_loss=2.31-step={STEP}-consumed_samples=80.0"
@@ -145,8 +164,23 @@ def context_of(ref, family, config_class=None, model_class=None, model_module=No
                   gated_linear_unit=True, make_vocab_size_divisible_by=1,
                   share_embeddings_and_output_weights=hf["tie_word_embeddings"], fp16=False, bf16=True,
                   params_dtype=PyRef("torch", "bfloat16"), generation_config=None, vocab_size=hf["vocab_size"])
-    if family == "llama":
+    if family in ("llama", "llama31", "mixtral"):
         kwargs["kv_channels"] = hf["hidden_size"] // hf["num_attention_heads"]
+    if family == "llama31":  # HFLlamaImporter: partial(Llama31Config, scale_factor=rope_scaling's factor)
+        kwargs["scale_factor"] = hf.get("rope_scaling", hf.get("rope_parameters"))["factor"]
+    if family == "qwen3_moe":  # HFQwen3Importer: no kv_channels nor seq_length; the experts' width
+        kwargs.pop("seq_length")
+        kwargs.update(make_vocab_size_divisible_by=1187, moe_ffn_hidden_size=hf["moe_intermediate_size"])
+        # the importer leaves the experts to Qwen3MoEConfig's 128, top 8 (Qwen3-30B-A3B's and
+        # 235B-A22B's): a run of a smaller one gives them
+        kwargs.update(num_moe_experts=hf.get("num_experts", hf.get("num_local_experts")),
+                      moe_router_topk=hf["num_experts_per_tok"])
+    if family == "mixtral":  # HFMixtralImporter's arguments
+        kwargs.update(num_moe_experts=hf["num_local_experts"], moe_router_topk=hf["num_experts_per_tok"],
+                      moe_router_pre_softmax=False, max_position_embeddings=hf["max_position_embeddings"],
+                      normalization="RMSNorm", position_embedding_type="rope",
+                      activation_func=PyRef("torch.nn.functional", "silu"), use_cpu_initialization=True,
+                      perform_initialization=False, make_vocab_size_divisible_by=128)
     for k, v in changes.items():
         if v is None:
             kwargs.pop(k, None)
@@ -173,14 +207,19 @@ def read_mcore(mcore):
     return state
 
 
-def save(mcore, ref, ckpt, prefix="module."):
-    family = next(f for f in FAMILIES if os.path.basename(ref).startswith(f))
+def save(mcore, ref, ckpt):
+    family = os.path.basename(ref)[:-len("-ref")]
     vocab = json.load(open(os.path.join(ref, "config.json")))["vocab_size"]
     state = read_mcore(mcore)
     # NeMo uses the vocab_size the importer gives as it is: the vocabulary keys hold its rows
     for k in ("embedding.word_embeddings.weight", "output_layer.weight"):
         if k in state:
             state[k] = state[k][:vocab].clone()
+    write_checkpoint(state, ref, family, ckpt)
+
+
+def write_checkpoint(state, ref, family, ckpt, prefix="module."):
+    """CKPT: weights/ holding STATE (Megatron-core's names) under PREFIX, context/ of REF's model."""
     weights = os.path.join(ckpt, "weights")
     os.makedirs(weights, exist_ok=True)
     dcp.save({prefix + k: v for k, v in state.items()}, storage_writer=dcp.FileSystemWriter(weights))
@@ -201,6 +240,82 @@ def save(mcore, ref, ckpt, prefix="module."):
         f.write(f"_target_: {FAMILIES[family][4]}.{FAMILIES[family][2]}\n")
 
 
+# Megatron-core's stacked names of a Llama's layer tensors (the TE spec: norms fused into the
+# linear layers that follow them)
+LAYER_KEYS = ("self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_qkv.weight",
+              "self_attention.linear_proj.weight", "mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight",
+              "mlp.linear_fc2.weight")
+
+
+def bench(out):
+    """A Llama at BENCH_SHAPE as NeMo saves it: its Hugging Face tensors (random) in Megatron-core's
+    layout (q, k, v rows interleaved per query group; gate and up stacked), layers stacked."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**{**BASE, **BENCH_SHAPE})
+    ref = os.path.join(out, "llama-ref")
+    cfg.save_pretrained(ref)
+    heads, groups = cfg.num_attention_heads, cfg.num_key_value_heads
+    dim = cfg.hidden_size // heads
+    layers = cfg.num_hidden_layers
+
+    def rand(*shape):
+        return torch.randn(*shape) * (0.3 if len(shape) == 1 else 0.05)
+
+    stacked = {k: [] for k in LAYER_KEYS}
+    for _ in range(layers):
+        q, k, v = (rand(n * dim, cfg.hidden_size) for n in (heads, groups, groups))
+        per = heads // groups
+        qkv = torch.cat([q.view(groups, per * dim, -1), k.view(groups, dim, -1), v.view(groups, dim, -1)],
+                        dim=1).reshape(-1, cfg.hidden_size)
+        stacked["self_attention.linear_qkv.layer_norm_weight"].append(rand(cfg.hidden_size))
+        stacked["self_attention.linear_qkv.weight"].append(qkv)
+        stacked["self_attention.linear_proj.weight"].append(rand(cfg.hidden_size, heads * dim))
+        stacked["mlp.linear_fc1.layer_norm_weight"].append(rand(cfg.hidden_size))
+        stacked["mlp.linear_fc1.weight"].append(rand(2 * cfg.intermediate_size, cfg.hidden_size))
+        stacked["mlp.linear_fc2.weight"].append(rand(cfg.hidden_size, cfg.intermediate_size))
+    state = {f"decoder.layers.{k}": torch.stack(v) for k, v in stacked.items()}
+    state.update({"embedding.word_embeddings.weight": rand(cfg.vocab_size, cfg.hidden_size),
+                  "decoder.final_layernorm.weight": rand(cfg.hidden_size),
+                  "output_layer.weight": rand(cfg.vocab_size, cfg.hidden_size)})
+    ckpt = os.path.join(out, "llama-nemo", CKPT_NAME)
+    write_checkpoint(state, ref, "llama", ckpt)
+    n = sum(t.numel() for t in state.values())
+    print(f"built a Llama of {n} parameters ({n * 4} bytes in fp32) as a NeMo 2 checkpoint at {ckpt}")
+
+
+def merge(ckpt, out):
+    """NeMo's HF export offline: the dist checkpoint loaded whole (torch DCP), each Megatron-core
+    tensor split back into Hugging Face's, save_file."""
+    import torch.distributed.checkpoint.format_utils as fmt
+    from safetensors.torch import save_file
+    state = {}
+    fmt._load_state_dict(state, storage_reader=dcp.FileSystemReader(os.path.join(ckpt, "weights")),
+                         planner=fmt._EmptyStateDictLoadPlanner(), no_dist=True)
+    state = {k[len("module."):]: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    io = json.load(open(os.path.join(ckpt, "context", "io.json")))
+    config = next(o for o in io["objects"].values() if o.get("paths") == ["<root>.model.config"])
+    sizes = {item[0][len("Attr(name='"):-2]: item[1]["value"] for item in config["items"]
+             if isinstance(item[1], dict) and item[1].get("type") == "leaf"}
+    heads, groups, dim = sizes["num_attention_heads"], sizes["num_query_groups"], sizes["kv_channels"]
+    per = heads // groups
+    hf = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+          "model.norm.weight": state["decoder.final_layernorm.weight"], "lm_head.weight": state["output_layer.weight"]}
+    for i in range(sizes["num_layers"]):
+        layer = {k: state[f"decoder.layers.{k}"][i] for k in LAYER_KEYS}
+        qkv = layer["self_attention.linear_qkv.weight"].reshape(groups, (per + 2) * dim, -1)
+        gate, up = layer["mlp.linear_fc1.weight"].chunk(2)
+        name = f"model.layers.{i}."
+        hf.update({name + "input_layernorm.weight": layer["self_attention.linear_qkv.layer_norm_weight"],
+                   name + "self_attn.q_proj.weight": qkv[:, :per * dim].reshape(heads * dim, -1),
+                   name + "self_attn.k_proj.weight": qkv[:, per * dim:(per + 1) * dim].reshape(groups * dim, -1),
+                   name + "self_attn.v_proj.weight": qkv[:, (per + 1) * dim:].reshape(groups * dim, -1),
+                   name + "self_attn.o_proj.weight": layer["self_attention.linear_proj.weight"],
+                   name + "post_attention_layernorm.weight": layer["mlp.linear_fc1.layer_norm_weight"],
+                   name + "mlp.gate_proj.weight": gate, name + "mlp.up_proj.weight": up,
+                   name + "mlp.down_proj.weight": layer["mlp.linear_fc2.weight"]})
+    save_file({k: v.contiguous() for k, v in hf.items()}, out, metadata={"format": "pt"})
+
+
 def hostile(ckpt, bad):
     ref = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "llama-ref")
 
@@ -218,7 +333,15 @@ def hostile(ckpt, bad):
     variant("layernorm", context_of(ref, "llama", normalization="LayerNorm"))
     variant("no-num-layers", context_of(ref, "llama", num_layers=None))
     variant("subclass-defaults", context_of(ref, "llama", config_class="Llama3Config8B"))
-    variant("llama31", context_of(ref, "llama", config_class="Llama31Config", scale_factor=8.0))
+    variant("llama4", context_of(ref, "llama", config_class="Llama4Config"))
+    variant("rope-field-elsewhere", context_of(ref, "llama", scale_factor=8.0))
+    variant("llama31-low-freq", context_of(ref, "llama", config_class="Llama31Config", scale_factor=8.0,
+                                           low_freq_factor=2.0))
+    moe_ref = os.path.join(os.path.dirname(ref), "qwen3_moe-ref")
+    variant("moe-subclass-defaults", context_of(moe_ref, "qwen3_moe", config_class="Qwen3Config30B_A3B"))
+    moe_weights = os.path.join(os.path.dirname(os.path.dirname(ckpt)), "qwen3_moe-nemo", CKPT_NAME, "weights")
+    variant("moe-class-experts", context_of(moe_ref, "qwen3_moe", num_moe_experts=None, moe_router_topk=None),
+            weights=lambda w: os.symlink(moe_weights, w))
     variant("unknown-model", context_of(ref, "llama", model_class="MistralModel",
                                         model_module="nemo.collections.llm.gpt.model.mistral"))
     variant("wrong-vocab", context_of(ref, "llama", vocab_size=250))
@@ -255,5 +378,9 @@ if __name__ == "__main__":
         for i in range(0, len(triples), 3):
             save(*triples[i:i + 3])
         hostile(triples[2], sys.argv[2])
+    elif cmd == "bench":
+        bench(sys.argv[2])
+    elif cmd == "merge":
+        merge(sys.argv[2], sys.argv[3])
     else:
         check(sys.argv[2:])
