@@ -1012,8 +1012,6 @@ void ckptfs_schema_write_vision(const CkptfsModel *m, JsonObject *config)
         /* a whole number as an integer: transformers 5 takes tokens_per_second as an int only */
         if (f->type == CKPTFS_FIELD_ACTIVATION)
             json_object_set_string_member(into, name, activation_of(m, f));
-        else if (f->type == CKPTFS_FIELD_BOOL)
-            json_object_set_boolean_member(into, name, load(f, m) != 0);
         else if (f->type == CKPTFS_FIELD_FLOAT && load(f, m) != (double)(gint64)load(f, m))
             json_object_set_double_member(into, name, load(f, m));
         else
