@@ -413,6 +413,9 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
                     "and routing are there); this one has none", what, named->hf_architecture);
         return false;
     }
+    if (named && named->vision_part && named->vision == NULL) /* its config is not a text model's */
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
+                           "model) is not read as a source yet", what, named->hf_architecture);
     if (named && named->vision)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
                            "vision tower's and mrope's sizes) is not read as a source yet", what,

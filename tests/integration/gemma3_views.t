@@ -137,5 +137,10 @@ fg_unmount "$WORK/mnt-vlm-bad"
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=gemma3 > "$WORK/inspect-meg-vlm" 2>&1
 grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg-vlm"
 ok $? "hf_arch=gemma3 on a Megatron checkpoint is refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
+# Rank files without args, the VLM's config.json given: the same refusal, not its text part misread.
+"$CKPTFS" export "$models/text" tp2pp1 "$WORK/meg-noargs" -o megatron_args=off > /dev/null 2>&1
+"$CKPTFS" inspect "$WORK/meg-noargs" -o "hf_config=$models/vlm/config.json" > "$WORK/inspect-noargs-vlm" 2>&1
+grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-noargs-vlm"
+ok $? "rank files without args and the VLM's config.json: refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-noargs-vlm" >&2
 wait
 done_testing
