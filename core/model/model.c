@@ -191,12 +191,25 @@ static const CkptfsArchitecture qwen3_5_moe_text = {"Qwen3_5MoeForCausalLM", "qw
                                                     .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
                                                     .max_positions = 32768, .hybrid_attention = true,
                                                     .attention_gate = true, .zero_centred_norms = true};
+/* Gemma 3's VLM (Gemma3ForConditionalGeneration): Gemma 3's text model in text_config (Gemma3TextConfig's
+ * defaults, as gemma3_text's), a SigLIP tower (SiglipVisionConfig's rows) and a projector that pools
+ * its patches to mm_tokens_per_image tokens in vision_config. mbridge's gemma3 bridge builds it
+ * with names of its own (docs/vlm.md: its language model's post-norms are not the gemma3 family's
+ * Megatron-Bridge names); no family holds it yet, so hf/ only, said by name. */
+static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true, NULL, NULL, false,
+                                          1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4, .head_dim = 256,
+                                          .max_positions = 131072, .attention_bias_on_output = true,
+                                          .window_skip_freq = 6, .zero_centred_norms = true,
+                                          .activation = "gelu_pytorch_tanh", .scaled_embedding = true,
+                                          .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
+                                          .text_part = "text_config", .vision_part = "vision_config",
+                                          .vision_fields = CKPTFS_FOR_SIGLIP_VISION};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
                                                           &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text,
                                                           &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, &gemma3_text,
-                                                          &qwen3_5_moe_text, NULL};
+                                                          &qwen3_5_moe_text, &gemma3, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -790,6 +803,25 @@ static bool read_vision_blocks(JsonObject *config, CkptfsModel *model, GError **
     return true;
 }
 
+/* A tower whose projector pools each image's patches to IMAGE_TOKENS tokens (Gemma 3's: an
+ * average pool over squares of patches): the image a whole number of patches a side, and the
+ * tokens a square whose side divides it, or the pool's kernel is not whole. */
+static bool check_image_tokens(const CkptfsModel *model, GError **error)
+{
+    const char *part = model->arch->vision_part;
+    uint64_t side = 0, patches = model->vision_patch ? model->vision_image_size / model->vision_patch : 0;
+    while ((side + 1) * (side + 1) <= model->vision_image_tokens)
+        side++;
+    if (patches == 0 || model->vision_image_size % model->vision_patch != 0)
+        CONFIG_ERROR("%s.image_size %" G_GUINT64_FORMAT " is not a multiple of %s.patch_size %" G_GUINT64_FORMAT, part,
+                     model->vision_image_size, part, model->vision_patch);
+    if (side * side != model->vision_image_tokens || patches % side != 0)
+        CONFIG_ERROR("mm_tokens_per_image %" G_GUINT64_FORMAT " is not the square of a side that divides the %"
+                     G_GUINT64_FORMAT " patches a side of the image: the projector pools squares of patches",
+                     model->vision_image_tokens, patches);
+    return true;
+}
+
 /* A vision-language model's vision tower: its part of config.json, and rules to serve it in the
  * Megatron views (without them the language model alone would be a silently partial model);
  * its heads must divide its width. */
@@ -806,17 +838,24 @@ bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **e
     if (model->vision_hidden % model->vision_heads != 0)
         CONFIG_ERROR("%s.hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_heads %" G_GUINT64_FORMAT,
                      arch->vision_part, model->vision_hidden, model->vision_heads);
+    if (model->vision_image_tokens > 0 && !check_image_tokens(model, error))
+        return false;
     if (arch->vision == NULL) {
         g_autofree char *deepstack = arch->vision_fields == CKPTFS_FOR_VISION_DEEPSTACK
             ? g_strdup_printf(", %" G_GUINT64_FORMAT " deepstack mergers", model->vision_deepstack_count)
             : g_strdup("");
+        /* a tower that merges squares of patches, or one that pools whole images (SigLIP's) */
+        g_autofree char *output = model->vision_image_tokens > 0
+            ? g_strdup_printf("%" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " images in patches of %" G_GUINT64_FORMAT
+                              ", pooled to %" G_GUINT64_FORMAT " tokens", model->vision_image_size,
+                              model->vision_image_size, model->vision_patch, model->vision_image_tokens)
+            : g_strdup_printf("merged %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %" G_GUINT64_FORMAT,
+                              model->vision_merge, model->vision_merge, model->vision_out_hidden);
         CONFIG_ERROR("%s: its vision tower and merger (\"%s\": %" G_GUINT64_FORMAT " blocks of width %"
-                     G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " heads, ffn %" G_GUINT64_FORMAT ", merged %"
-                     G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %" G_GUINT64_FORMAT
-                     "%s) have no Megatron rules yet; hf/ serves the whole model",
+                     G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT " heads, ffn %" G_GUINT64_FORMAT
+                     ", %s%s) have no Megatron rules yet; hf/ serves the whole model",
                      arch->hf_architecture, arch->vision_part, model->vision_depth, model->vision_hidden,
-                     model->vision_heads, model->vision_ffn, model->vision_merge, model->vision_merge,
-                     model->vision_out_hidden, deepstack);
+                     model->vision_heads, model->vision_ffn, output, deepstack);
     }
     return true;
 }

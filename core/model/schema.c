@@ -283,6 +283,38 @@ static const CkptfsModelField fields[] = {
      {"vision_config.in_channels"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64, {NULL}},
     {"vision_positions", CKPTFS_FIELD_UINT, M(vision_positions), CKPTFS_FOR_VISION_DEEPSTACK,
      {"vision_config.num_position_embeddings"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 2304, 2304, 0, 0, DIM, {NULL}},
+    /* Gemma 3's SigLIP tower (SiglipVisionConfig's defaults): LayerNorm blocks with a plain
+     * gelu (tanh) MLP, a learned position embedding of (image_size / patch_size)^2 rows, one
+     * image a frame; the projector pools the patches to mm_tokens_per_image tokens. The token
+     * ids are Gemma3Config's (image_token_index, boi/eoi: the image's start and end). */
+    {"vision_depth", CKPTFS_FIELD_UINT, M(vision_depth), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.num_hidden_layers"},
+     0, NULL, NULL, CKPTFS_FIELD_MATH, 12, 12, 0, 0, CKPTFS_MAX_VISION_DEPTH, {NULL}},
+    {"vision_hidden", CKPTFS_FIELD_UINT, M(vision_hidden), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.hidden_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 768, 768, 0, 0, DIM, {NULL}},
+    {"vision_heads", CKPTFS_FIELD_UINT, M(vision_heads), CKPTFS_FOR_SIGLIP_VISION,
+     {"vision_config.num_attention_heads"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 12, 12, 0, 0, DIM, {NULL}},
+    {"vision_ffn", CKPTFS_FIELD_UINT, M(vision_ffn), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.intermediate_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 3072, 3072, 0, 0, DIM, {NULL}},
+    {"vision_activation", CKPTFS_FIELD_ACTIVATION, 0, CKPTFS_FOR_SIGLIP_VISION, {"vision_config.hidden_act"}, 0, NULL,
+     NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {"gelu_pytorch_tanh"}},
+    {"vision_channels", CKPTFS_FIELD_UINT, M(vision_channels), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.num_channels"},
+     0, NULL, NULL, CKPTFS_FIELD_MATH, 3, 3, 0, 0, 64, {NULL}},
+    {"vision_image_size", CKPTFS_FIELD_UINT, M(vision_image_size), CKPTFS_FOR_SIGLIP_VISION,
+     {"vision_config.image_size"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 224, 224, 0, 0, 65536, {NULL}},
+    {"vision_patch", CKPTFS_FIELD_UINT, M(vision_patch), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.patch_size"}, 0,
+     NULL, NULL, CKPTFS_FIELD_MATH, 16, 16, 0, 0, 4096, {NULL}},
+    {"vision_norm_eps", CKPTFS_FIELD_FLOAT, M(vision_norm_eps), CKPTFS_FOR_SIGLIP_VISION,
+     {"vision_config.layer_norm_eps"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 1e-6, 1e-6, 0, 0, 1, {NULL}},
+    {"vision_head", CKPTFS_FIELD_BOOL, M(vision_head), CKPTFS_FOR_SIGLIP_VISION, {"vision_config.vision_use_head"}, 0,
+     NULL, NULL, 0, 1, 1, 0, 0, 0, {NULL}},
+    {"vision_image_tokens", CKPTFS_FIELD_UINT, M(vision_image_tokens), CKPTFS_FOR_SIGLIP_VISION,
+     {"mm_tokens_per_image"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 256, 256, 0, 0, 65536, {NULL}},
+    {"image_token_id", CKPTFS_FIELD_UINT, M(image_token), CKPTFS_FOR_SIGLIP_VISION,
+     {"image_token_index", "image_token_id"}, 0, NULL, NULL, 0, 262144, 262144, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_start_token_id", CKPTFS_FIELD_UINT, M(vision_start_token), CKPTFS_FOR_SIGLIP_VISION,
+     {"boi_token_index", "boi_token_id"}, 0, NULL, NULL, 0, 255999, 255999, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_end_token_id", CKPTFS_FIELD_UINT, M(vision_end_token), CKPTFS_FOR_SIGLIP_VISION,
+     {"eoi_token_index", "eoi_token_id"}, 0, NULL, NULL, 0, 256000, 256000, 0, 0, G_MAXINT32, {NULL}},
     /* The tokens that place an image or video in the text (Qwen2_5_VLConfig's defaults): no
      * weight's math, but a Megatron source's hf/config.json needs them for transformers to put
      * the tower's output where the checkpoint's tokenizer does. */
@@ -328,6 +360,7 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
                                Megatron's args have no vision tower */
     case CKPTFS_FOR_GLM4V_VISION:
     case CKPTFS_FOR_VISION_DEEPSTACK:
+    case CKPTFS_FOR_SIGLIP_VISION:
         return false;
     case CKPTFS_FOR_LINEAR_ATTENTION:
         return m->linear_attention;

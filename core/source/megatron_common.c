@@ -101,6 +101,11 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
+    /* no tower rules to read vision_model.* by: said before the language model's features, which
+     * (Gemma 3's window pattern) would name a mismatch instead */
+    if (m->arch->vision_part && m->arch->vision == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
+                           "model) is not read as a source yet", what, m->arch->hf_architecture);
     if (m->arch->hybrid_attention != m->linear_attention) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED, "%s: architecture %s %s gated delta-net layers "
                     "but the checkpoint %s", what, m->arch->hf_architecture,
@@ -374,9 +379,6 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
         !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
-    if (s->arch->vision_part && s->arch->vision == NULL) /* no tower rules to read vision_model.* by */
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
-                           "model) is not read as a source yet", path, s->arch->hf_architecture);
     if (s->arch->vision && (!vision_from_args(args, path, given_config, s, error) ||
                             !ckptfs_model_check_vision_split(s, (unsigned)tp, error))) {
         g_prefix_error(error, "%s: ", path);
@@ -411,6 +413,9 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
                     "and routing are there); this one has none", what, named->hf_architecture);
         return false;
     }
+    if (named && named->vision_part && named->vision == NULL) /* its config is not a text model's */
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
+                           "model) is not read as a source yet", what, named->hf_architecture);
     if (named && named->vision)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
                            "vision tower's and mrope's sizes) is not read as a source yet", what,

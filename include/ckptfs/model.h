@@ -256,6 +256,11 @@ typedef struct {
     uint64_t vision_positions;
     uint8_t vision_deepstack[CKPTFS_MAX_VISION_DEPTH / 8];
     uint64_t vision_deepstack_count;
+    /* Gemma 3's SigLIP tower: the tokens an image is pooled to (mm_tokens_per_image, a square of
+     * a side that divides the image's patches a side), and whether the tower has SigLIP's
+     * attention-pooling head (vision_use_head; its tensors are saved, Gemma 3 does not use it) */
+    uint64_t vision_image_tokens;
+    bool vision_head;
     /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
      * temporal, height and width positions; all 0: plain rope) */
     uint64_t mrope_section[3];

@@ -45,6 +45,8 @@ typedef enum {
     CKPTFS_FOR_VISION_DEEPSTACK, /* Qwen3-VL's vision tower (Qwen3VLVisionConfig's fields and defaults),
                                     read like CKPTFS_FOR_VISION */
     CKPTFS_FOR_GEMMA_ATTENTION,  /* Gemma's attention (CkptfsArchitecture.gemma_attention) */
+    CKPTFS_FOR_SIGLIP_VISION,    /* Gemma 3's SigLIP tower (SiglipVisionConfig's fields and defaults)
+                                    and its projector's image tokens, read like CKPTFS_FOR_VISION */
 } CkptfsFieldScope;
 
 /* Where a default that is not one number comes from. */

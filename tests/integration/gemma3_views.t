@@ -9,6 +9,10 @@
 # by torch.distributed.checkpoint holds the bridge's keys, shapes and bytes. Soft-capping,
 # bidirectional attention and a layer pattern Megatron cannot say are refused by name (hf/
 # still served); spec=local is refused (the post-norms exist in TE's linears only).
+# Gemma 3's VLM (Gemma3ForConditionalGeneration, docs/vlm.md): a tiny one saved by transformers 5 is
+# read as one model (text_config, the SigLIP tower's rows); hf/ alone is served (bytes, logits on
+# an image + text input) and the mount says why; vision fields no rule reads or whose math the
+# rules cannot say are named.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -89,5 +93,54 @@ check "softcap: hf/ holds the source's files, byte for byte" same_trees "$models
 listing=$(ls "$WORK/mnt-bad" | tr '\n' ' ')
 ok $([[ $listing == "hf " ]]; echo $?) "softcap: the root lists hf/ only (got: $listing)"
 fg_unmount "$WORK/mnt-bad"
+
+# Gemma 3's VLM: read as one model, hf/ only until its tower has rules.
+sid_python "$WORK" "$script" build-vlm "$models" > "$WORK/build-vlm.out" 2> "$WORK/build-vlm.err"
+ran $? "transformers 5 builds and saves a tiny Gemma3ForConditionalGeneration" "$WORK/build-vlm.err"
+src=$models/vlm mnt=$WORK/mnt-vlm
+"$CKPTFS" inspect "$src" > "$WORK/inspect-vlm" 2>&1
+# gemma3.py's TEXT sizes, from text_config
+grep -q '^model: .*num_hidden_layers=6 hidden_size=64 num_attention_heads=4 num_key_value_heads=2 intermediate_size=96 vocab_size=256' "$WORK/inspect-vlm"
+ok $? "vlm: inspect reads the language model from the config's text part" || sed 's/^/# /' "$WORK/inspect-vlm" >&2
+# gemma3.py's VISION and VLM sizes, read by the SigLIP rows
+grep -qF 'Gemma3ForConditionalGeneration: its vision tower and merger ("vision_config": 2 blocks of width 32, 2 heads, ffn 48, 32x32 images in patches of 8, pooled to 4 tokens) have no Megatron rules yet; hf/ serves the whole model' "$WORK/inspect-vlm"
+ok $? "vlm: inspect reads the SigLIP tower's rows and says why the Megatron views are missing" ||
+  sed 's/^/# /' "$WORK/inspect-vlm" >&2
+fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-vlm"
+check "vlm: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
+listing=$(ls "$mnt" | tr '\n' ' ')
+ok $([[ $listing == "hf " ]]; echo $?) "vlm: the root lists hf/ only (got: $listing)"
+ls "$mnt/tp2pp1" > /dev/null 2>&1
+grep -q 'no Megatron views: config.json: Gemma3ForConditionalGeneration: its vision tower and merger .* have no Megatron rules yet' "$WORK/log-vlm"
+ok $? "vlm: the mount log says why tp2pp1/ is missing" || sed 's/^/# /' "$WORK/log-vlm" >&2
+sid_python "$WORK" "$script" vlm-logits "$src" "$mnt/hf" > "$WORK/logits-vlm" 2> "$WORK/logits-vlm.err"
+ran $? "vlm: transformers loads the original and hf/" "$WORK/logits-vlm.err"
+passes "$WORK/logits-vlm"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/logits-vlm")
+ok $((n == 2 ? 0 : 1)) "vlm: 2 logits checks: hf/'s, another image's (got $n)"
+fg_unmount "$mnt"
+
+# Vision fields the rules cannot say: named, hf/ still served.
+for bad in "badvision:vision_config.position_embedding_type is not understood" \
+           "badtokens:mm_tokens_per_image 9 is not the square of a side that divides the 4 patches a side of the image" \
+           "badact:vision_config.hidden_act 'gelu' is not understood"; do
+  form=${bad%%:*} why=${bad#*:}
+  "$CKPTFS" inspect "$models/vlm-$form" > "$WORK/inspect-vlm-$form" 2>&1
+  grep -qF "megatron:     no Megatron views: config.json: $why" "$WORK/inspect-vlm-$form"
+  ok $? "vlm-$form: inspect names the field ($why)" || grep '^megatron' "$WORK/inspect-vlm-$form" | sed 's/^/# /' >&2
+done
+fg_mount "$CKPTFS" "$models/vlm-badvision" "$WORK/mnt-vlm-bad" "$WORK/log-vlm-bad"
+check "vlm-badvision: hf/ holds the source's files, byte for byte" same_trees "$models/vlm-badvision" "$WORK/mnt-vlm-bad/hf" .
+fg_unmount "$WORK/mnt-vlm-bad"
+
+# A Megatron checkpoint said to be Gemma 3's VLM is not read back yet: refused by name.
+"$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=gemma3 > "$WORK/inspect-meg-vlm" 2>&1
+grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg-vlm"
+ok $? "hf_arch=gemma3 on a Megatron checkpoint is refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
+# Rank files without args, the VLM's config.json given: the same refusal, not its text part misread.
+"$CKPTFS" export "$models/text" tp2pp1 "$WORK/meg-noargs" -o megatron_args=off > /dev/null 2>&1
+"$CKPTFS" inspect "$WORK/meg-noargs" -o "hf_config=$models/vlm/config.json" > "$WORK/inspect-noargs-vlm" 2>&1
+grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-noargs-vlm"
+ok $? "rank files without args and the VLM's config.json: refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-noargs-vlm" >&2
 wait
 done_testing

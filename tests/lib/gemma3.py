@@ -20,6 +20,15 @@ the sid root), and the checks of ckptfs's views of it.
       longer than the window. MCORE_DIR (mcore/release) read by torch.distributed.checkpoint
       holds the keys, global shapes and bytes of Megatron-core's sharded_state_dict of that
       GPTModel. Prints "PASS what" or "FAIL what: why".
+  gemma3.py build-vlm OUT
+      OUT/vlm: a tiny Gemma3ForConditionalGeneration (the text model above under text_config, a
+      SigLIP tower of 2 blocks on 32x32 images in 8x8 patches, pooled to 4 image tokens) saved by
+      save_pretrained in bf16, norms and biases random; OUT/vlm-badvision, OUT/vlm-badtokens,
+      OUT/vlm-badact: the same with a vision_config member no rule reads, 9 image tokens (3x3,
+      which does not divide 4x4 patches), a vision hidden_act of plain gelu.
+  gemma3.py vlm-logits ORIG HF_DIR
+      ORIG and HF_DIR loaded by transformers 5 give the same logits (torch.equal) on text around
+      an image, and another image changes them (the tower is in the sum). Prints PASS/FAIL lines.
 """
 import json
 import math
@@ -71,6 +80,67 @@ def build(out):
         shutil.copytree(f"{out}/text", f"{out}/{form}")
         with open(f"{out}/{form}/config.json", "w") as f:
             json.dump({**config, **change}, f, indent=2)
+
+
+# SiglipVisionConfig's fields, tiny: 16 patches an image, pooled 2x2 into 4 tokens; no
+# attention-pooling head, as the releases' vision_config says
+VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+              num_channels=3, image_size=32, patch_size=8, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
+              vision_use_head=False)
+VLM = dict(mm_tokens_per_image=4, image_token_index=250, boi_token_index=248, eoi_token_index=249)
+
+
+def build_vlm(out):
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    torch.manual_seed(0)
+    config = Gemma3Config(text_config=TEXT, vision_config=VISION, **VLM)
+    model = Gemma3ForConditionalGeneration(config).to(torch.bfloat16)
+    # Random norms and biases so one served from the wrong tensor shows; the projection starts at
+    # zero, which would leave the image out of the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith("mm_input_projection_weight"):
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(f"{out}/vlm")
+    with open(f"{out}/vlm/config.json") as f:
+        config = json.load(f)
+    if config["vision_config"].get("vision_use_head") is not False:
+        sys.exit(f"transformers wrote vision_config {config['vision_config']}")
+    for form, change in (("badvision", {"vision_config": {**config["vision_config"], "position_embedding_type": "rope"}}),
+                         ("badtokens", {"mm_tokens_per_image": 9}),
+                         ("badact", {"vision_config": {**config["vision_config"], "hidden_act": "gelu"}})):
+        shutil.copytree(f"{out}/vlm", f"{out}/vlm-{form}")
+        with open(f"{out}/vlm-{form}/config.json", "w") as f:
+            json.dump({**config, **change}, f, indent=2)
+
+
+def vlm_logits_of(path, pixels):
+    from transformers import Gemma3ForConditionalGeneration
+    model = Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    model.eval()
+    ids = [2, 5, 17, VLM["boi_token_index"]] + [VLM["image_token_index"]] * VLM["mm_tokens_per_image"] + \
+          [VLM["eoi_token_index"], 42, 7, 99, 123, 3]
+    types = [1 if i == VLM["image_token_index"] else 0 for i in ids]
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), pixel_values=pixels.to(torch.bfloat16),
+                     token_type_ids=torch.tensor([types])).logits.float()
+
+
+def vlm_logits(orig, hf_dir):
+    g = torch.Generator().manual_seed(1)
+    size = VISION["image_size"]
+    image, other = torch.randn(1, 3, size, size, generator=g), torch.randn(1, 3, size, size, generator=g)
+    want, got = vlm_logits_of(orig, image), vlm_logits_of(hf_dir, image)
+    if torch.equal(want, got):
+        print(f"PASS {hf_dir}: transformers' logits on an image + text input equal {orig}'s")
+    else:
+        print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
+    if torch.equal(want, vlm_logits_of(orig, other)):
+        print(f"FAIL {orig}: another image gives the same logits (the tower is not in them)")
+    else:
+        print(f"PASS {orig}: another image gives other logits")
 
 
 def logits_of(path):
@@ -305,4 +375,6 @@ def check(orig, mcore_dir, hf_dirs, specs):
 
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
+     "build-vlm": lambda: build_vlm(sys.argv[2]),
+     "vlm-logits": lambda: vlm_logits(sys.argv[2], sys.argv[3]),
      "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()

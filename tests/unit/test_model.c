@@ -392,6 +392,13 @@ static void test_vision_configs(void)
 #define QWEN3_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
                      "\"out_hidden_size\": 64, \"model_type\": \"qwen3_vl_vision\", \"hidden_act\": \"gelu_pytorch_tanh\", " \
                      "\"patch_size\": 16, \"in_channels\": 3, \"num_position_embeddings\": 16"
+#define GEMMA3 "\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", " \
+               "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 6, " \
+               "\"intermediate_size\": 96, \"vocab_size\": 256, \"head_dim\": 16, \"model_type\": \"gemma3_text\"}, "
+#define SIGLIP "\"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 2, \"intermediate_size\": 48, " \
+               "\"image_size\": 32, \"patch_size\": 8, \"num_channels\": 3, \"layer_norm_eps\": 1e-6, " \
+               "\"hidden_act\": \"gelu_pytorch_tanh\", \"vision_use_head\": false, \"attention_dropout\": 0.0, " \
+               "\"model_type\": \"siglip_vision_model\""
     static const struct {
         const char *json, *want, *what;
     } cases[] = {
@@ -463,6 +470,33 @@ static void test_vision_configs(void)
          "a Qwen3-VL vision activation other than gelu_pytorch_tanh"},
         {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"num_position_embeddings\": 0}}",
          "vision_config.num_position_embeddings", "no learned positions"},
+        /* Gemma 3's SigLIP tower: its own rows (SiglipVisionConfig's fields and defaults) and
+         * the projector's image tokens; no Megatron rules yet */
+        {"{" GEMMA3 "\"mm_tokens_per_image\": 4, \"image_token_index\": 250, \"vision_config\": {" SIGLIP "}}",
+         "Gemma3ForConditionalGeneration: its vision tower and merger (\"vision_config\": 2 blocks of width 32, 2 heads, "
+         "ffn 48, 32x32 images in patches of 8, pooled to 4 tokens) have no Megatron rules yet; hf/ serves the whole model",
+         "a Gemma 3 VLM config read whole"},
+        {"{" GEMMA3 "\"mm_tokens_per_image\": 49, \"vision_config\": {}}",
+         "(\"vision_config\": 12 blocks of width 768, 12 heads, ffn 3072, 224x224 images in patches of 16, pooled to "
+         "49 tokens)", "a SigLIP vision_config left empty: SiglipVisionConfig's defaults"},
+        {"{" GEMMA3 "\"vision_config\": {}}", "mm_tokens_per_image 256 is not the square of a side that divides the "
+         "14 patches a side", "Gemma3Config's 256 image tokens with SiglipVisionConfig's 14x14 patches (a pool of no "
+         "patches)"},
+        {"{" GEMMA3 "\"mm_tokens_per_image\": 8, \"vision_config\": {" SIGLIP "}}",
+         "mm_tokens_per_image 8 is not the square of a side that divides the 4 patches a side", "image tokens not a square"},
+        {"{" GEMMA3 "\"mm_tokens_per_image\": 9, \"vision_config\": {" SIGLIP "}}",
+         "mm_tokens_per_image 9 is not the square of a side", "a pool side (3) that does not divide the patches (4)"},
+        {"{" GEMMA3 "\"vision_config\": {" SIGLIP ", \"image_size\": 36}}",
+         "vision_config.image_size 36 is not a multiple of vision_config.patch_size 8", "an image of part patches"},
+        {"{" GEMMA3 "\"vision_config\": {" SIGLIP ", \"hidden_act\": \"gelu\"}}",
+         "vision_config.hidden_act 'gelu' is not understood", "a SigLIP activation other than gelu_pytorch_tanh"},
+        {"{" GEMMA3 "\"vision_config\": {" SIGLIP ", \"depth\": 2}}",
+         "vision_config.depth is not understood", "Qwen's spelling of the blocks in a SigLIP tower"},
+        {"{" GEMMA3 "\"vision_config\": {" SIGLIP ", \"image_size\": [32, 32]}}",
+         "\"vision_config.image_size\" is not a positive integer", "an image size of two sides (SiglipVisionConfig "
+         "allows a list; Gemma 3's projector takes one number)"},
+        {"{" GEMMA3 "\"image_token_index\": 250, \"image_token_id\": 251, \"vision_config\": {" SIGLIP "}}",
+         "image_token_index 250 and image_token_id 251 disagree", "two spellings of the image token disagreeing"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);
