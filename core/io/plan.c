@@ -1460,8 +1460,7 @@ int64_t ckptfs_plan_identical_file(const CkptfsPlan *plan, const CkptfsSrcFiles 
         return -1;
     uint32_t src = e->u.gather.items[0].src;
     const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
-    CkptfsContainerStats packed;
-    if (file == NULL || file->size != plan->size || ckptfs_srcfiles_container_stats(files, src, &packed))
+    if (file == NULL || file->size != plan->size || !ckptfs_srcfiles_as_stored(files, src))
         return -1;
     return src;
 }

@@ -71,16 +71,15 @@ static uint64_t read_ahead_reach(const SrcFile *f)
     return 2 * ra + (1u << 20);
 }
 
-/* Under files->lock: leases F, maps it, and says whether that worked. */
-static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
+/* Under MAPS->lock: leases F, maps it, and says whether that worked. */
+static int map_setup(SrcMaps *maps, SrcFile *f)
 {
     if (f->map_state != SRC_MAP_UNTRIED)
         return f->map_state;
     g_atomic_int_set(&f->map_state, SRC_MAP_REFUSED);
     /* Each lease holds a descriptor and a mapping beside the cache's: at most half as many. */
-    if (f->container != NULL || f->disk_size == 0 || g_atomic_int_get(&f->changed) ||
-        g_atomic_int_get(&files->leases->stopped) ||
-        files->leases_held >= MAX(files->max_open / 2, 1u))
+    if (f->disk_size == 0 || g_atomic_int_get(&f->changed) || g_atomic_int_get(&maps->watch->stopped) ||
+        maps->held >= maps->held_max)
         return SRC_MAP_REFUSED;
     struct stat st;
     int fd = ckptfs_open_regular(f->pub.path, &st, NULL);
@@ -94,7 +93,7 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
      * FUSE worker that may be gone by then). */
     if ((st.st_uid == geteuid() || geteuid() == 0) && f->fs_kind != SRC_FS_OTHER &&
         fcntl(fd, F_SETSIG, ckptfs_lease_signal()) == 0 && fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
-        if (fcntl(fd, F_SETOWN, getpid()) == 0 && fstat(fd, &st) == 0 && ckptfs_srcfile_same(f, &st))
+        if (fcntl(fd, F_SETOWN, getpid()) == 0 && fstat(fd, &st) == 0 && f->backend->same(f, &st))
             map = mmap(NULL, f->disk_size, PROT_READ, MAP_SHARED, fd, 0);
         if (map == MAP_FAILED)
             fcntl(fd, F_SETLEASE, F_UNLCK);
@@ -106,23 +105,28 @@ static int map_setup(CkptfsSrcFiles *files, SrcFile *f)
     f->map = map;
     f->map_probe = read_ahead_reach(f);
     f->lease_fd = fd;
-    files->leases_held++;
-    g_atomic_int_inc(&files->leases->held);
+    maps->held++;
+    g_atomic_int_inc(&maps->watch->held);
     g_atomic_int_set(&f->map_state, SRC_MAP_READY);
     return SRC_MAP_READY;
 }
 
-const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *cfiles, unsigned index)
+const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *files, unsigned index)
 {
-    CkptfsSrcFiles *files = (CkptfsSrcFiles *)cfiles;
-    if (g_atomic_pointer_get(&files->leases) == NULL || index >= files->files->len)
+    SrcFile *f = ckptfs_srcfiles_file(files, index, NULL);
+    return f != NULL && f->backend->map_pin != NULL ? f->backend->map_pin(files, f) : NULL;
+}
+
+const uint8_t *ckptfs_srcmap_pin(const CkptfsSrcFiles *files, SrcFile *f)
+{
+    SrcMaps *maps = &files->plain->maps;
+    if (g_atomic_pointer_get(&maps->watch) == NULL)
         return NULL;
-    SrcFile *f = g_ptr_array_index(files->files, index);
     int state = g_atomic_int_get(&f->map_state);
     if (state == SRC_MAP_UNTRIED) {
-        g_mutex_lock(&files->lock);
-        state = map_setup(files, f);
-        g_mutex_unlock(&files->lock);
+        g_mutex_lock(&maps->lock);
+        state = map_setup(maps, f);
+        g_mutex_unlock(&maps->lock);
     }
     if (state != SRC_MAP_READY)
         return NULL;
@@ -139,6 +143,11 @@ const uint8_t *ckptfs_srcfiles_map_pin(const CkptfsSrcFiles *cfiles, unsigned in
 void ckptfs_srcfiles_map_unpin(const CkptfsSrcFiles *files, unsigned index)
 {
     SrcFile *f = g_ptr_array_index(files->files, index);
+    f->backend->map_unpin(f);
+}
+
+void ckptfs_srcmap_unpin(SrcFile *f)
+{
     g_atomic_int_add(&f->map_pins, -1);
 }
 
@@ -181,24 +190,24 @@ static bool stop_pins(SrcFile *f)
 
 /* Once no reply is being written from F's mapping (stop_pins was called): unmaps it and gives
  * the lease back. */
-static void give_back(CkptfsLeaseWatch *w, CkptfsSrcFiles *files, SrcFile *f)
+static void give_back(CkptfsLeaseWatch *w, SrcMaps *maps, SrcFile *f)
 {
     while (g_atomic_int_get(&f->map_pins) > 0)
         g_usleep(50);
-    g_mutex_lock(&files->lock);
+    g_mutex_lock(&maps->lock);
     munmap((void *)f->map, f->disk_size);
     fcntl(f->lease_fd, F_SETLEASE, F_UNLCK);
     close(f->lease_fd);
     f->map = NULL;
     f->lease_fd = -1;
-    files->leases_held--;
+    maps->held--;
     g_atomic_int_add(&w->held, -1);
     g_atomic_int_set(&f->map_state, SRC_MAP_REFUSED);
-    g_mutex_unlock(&files->lock);
+    g_mutex_unlock(&maps->lock);
 }
 
 typedef struct {
-    CkptfsSrcFiles *files;
+    SrcMaps *maps;
     SrcFile *file;
 } Breaking;
 
@@ -208,16 +217,17 @@ static void stop_matching(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArr
 {
     for (guint s = 0; s < w->sets->len; s++) {
         CkptfsSrcFiles *files = g_ptr_array_index(w->sets, s);
-        g_mutex_lock(&files->lock); /* lease_fd is set under it */
+        SrcMaps *maps = &files->plain->maps;
+        g_mutex_lock(&maps->lock); /* lease_fd is set under it */
         for (guint i = 0; i < files->files->len; i++) {
             SrcFile *f = g_ptr_array_index(files->files, i);
             bool hit = all;
             for (guint k = 0; !hit && fds != NULL && k < fds->len; k++)
                 hit = f->lease_fd >= 0 && f->lease_fd == g_array_index(fds, int, k);
             if (hit && stop_pins(f))
-                g_array_append_val(out, ((Breaking){files, f}));
+                g_array_append_val(out, ((Breaking){maps, f}));
         }
-        g_mutex_unlock(&files->lock);
+        g_mutex_unlock(&maps->lock);
     }
 }
 
@@ -233,7 +243,7 @@ static void take_breaks(CkptfsLeaseWatch *w, const GArray *fds, bool all, GArray
 
 static void give_back_breaking(CkptfsLeaseWatch *w, const Breaking *b)
 {
-    give_back(w, b->files, b->file);
+    give_back(w, b->maps, b->file);
     g_atomic_int_inc(&w->given_back);
 }
 
@@ -360,31 +370,33 @@ CkptfsLeaseWatch *ckptfs_lease_watch_new(GError **error)
 
 void ckptfs_lease_watch_add(CkptfsLeaseWatch *w, CkptfsSrcFiles *files)
 {
-    if (g_atomic_pointer_get(&files->leases) == w) /* every open: no lock once added */
+    SrcMaps *maps = &files->plain->maps;
+    if (g_atomic_pointer_get(&maps->watch) == w) /* every open: no lock once added */
         return;
     g_mutex_lock(&w->lock);
-    if (files->leases == NULL) {
+    if (maps->watch == NULL) {
         g_ptr_array_add(w->sets, files);
-        g_atomic_pointer_set(&files->leases, w);
+        g_atomic_pointer_set(&maps->watch, w);
     }
     g_mutex_unlock(&w->lock);
 }
 
 void ckptfs_srcfiles_map_stop(CkptfsSrcFiles *files)
 {
-    CkptfsLeaseWatch *w = files->leases;
+    SrcMaps *maps = &files->plain->maps;
+    CkptfsLeaseWatch *w = maps->watch;
     if (w == NULL)
         return;
     g_mutex_lock(&w->lock);
     while (w->busy) /* it may be giving back a lease of this set */
         g_cond_wait(&w->idle, &w->lock);
     g_ptr_array_remove(w->sets, files);
-    g_atomic_pointer_set(&files->leases, NULL);
+    g_atomic_pointer_set(&maps->watch, NULL);
     g_mutex_unlock(&w->lock);
     for (guint i = 0; i < files->files->len; i++) {
         SrcFile *f = g_ptr_array_index(files->files, i);
         if (stop_pins(f))
-            give_back(w, files, f);
+            give_back(w, maps, f);
     }
 }
 
@@ -408,6 +420,6 @@ void ckptfs_lease_watch_free(CkptfsLeaseWatch *w)
 
 void ckptfs_lease_watch_stats(const CkptfsLeaseWatch *w, unsigned *held, unsigned *given_back)
 {
-    *held = (unsigned)g_atomic_int_get(&((CkptfsLeaseWatch *)w)->held);
-    *given_back = (unsigned)g_atomic_int_get(&((CkptfsLeaseWatch *)w)->given_back);
+    *held = (unsigned)g_atomic_int_get(&w->held);
+    *given_back = (unsigned)g_atomic_int_get(&w->given_back);
 }

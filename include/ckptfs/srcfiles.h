@@ -113,6 +113,9 @@ uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
 /* The largest frame of the packed files added so far, in original bytes, and in *INDEX the file
  * that has it; 0 (INDEX untouched) when none is packed. */
 uint32_t ckptfs_srcfiles_largest_frame(const CkptfsSrcFiles *files, unsigned *index);
+/* Whether what file INDEX gives is its bytes as stored (not decoded from a packed container):
+ * the kernel may then read it itself (FUSE passthrough). */
+bool ckptfs_srcfiles_as_stored(const CkptfsSrcFiles *files, unsigned index);
 /* What packed file INDEX holds (false for a file that is not packed). */
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 
