@@ -154,13 +154,7 @@ void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsig
 }
 
 bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                         GError **error)
-{
-    return ckptfs_frame_decode_with(e, src, dst, scratch, NULL, error);
-}
-
-bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                              void *decoder, GError **error)
+                         void *decoder, GError **error)
 {
     uint8_t *out = e->planes > 1 ? scratch : dst;
     size_t got = 0;

@@ -255,13 +255,7 @@ bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *bu
                            uint64_t offset, GError **error)
 {
     struct iovec iov = {buf, len};
-    return ckptfs_srcfiles_preadv(files, index, &iov, 1, offset, error);
-}
-
-bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
-                            uint64_t offset, GError **error)
-{
-    return ckptfs_srcfiles_preadv_with(files, NULL, index, iov, n, offset, error);
+    return ckptfs_srcfiles_read(CKPTFS_READ_SHARED(files), index, &iov, 1, offset, error);
 }
 
 SrcFile *ckptfs_srcfiles_file(const CkptfsSrcFiles *files, unsigned index, GError **error)
@@ -272,16 +266,16 @@ SrcFile *ckptfs_srcfiles_file(const CkptfsSrcFiles *files, unsigned index, GErro
     return NULL;
 }
 
-bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *reader, unsigned index,
-                                 struct iovec *iov, int n, uint64_t offset, GError **error)
+bool ckptfs_srcfiles_read(const CkptfsReadCtx *ctx, unsigned index, struct iovec *iov, int n, uint64_t offset,
+                          GError **error)
 {
-    SrcFile *f = ckptfs_srcfiles_file(files, index, error);
+    SrcFile *f = ckptfs_srcfiles_file(ctx->files, index, error);
     if (f == NULL)
         return false;
     /* Nothing to read (an empty zip record): done, and not an early end of the file. */
     while (n > 0 && iov->iov_len == 0)
         iov++, n--;
-    return n == 0 || f->backend->preadv(files, f, reader, iov, n, offset, error);
+    return n == 0 || f->backend->preadv(ctx->files, f, ctx->reader, iov, n, offset, error);
 }
 
 void ckptfs_srcfiles_advise(const CkptfsSrcFiles *files, unsigned index, uint64_t offset, uint64_t len)

@@ -89,7 +89,7 @@ static bool decode_frame(CkptfsFrameCache *frames, SrcFile *f, int fd, uint64_t 
     }
     const CkptfsCodecInfo *codec = ckptfs_codec(e->codec); /* known: the container's index is checked */
     void *decoder = ok ? ckptfs_frame_cache_decoder(frames, codec) : NULL;
-    ok = ok && ckptfs_frame_decode_with(e, work, *out, work + e->clength, decoder, &why);
+    ok = ok && ckptfs_frame_decode(e, work, *out, work + e->clength, decoder, &why);
     ckptfs_frame_cache_decoder_done(frames, codec, decoder);
     ckptfs_frame_cache_recycle(frames, work, work_cap);
     if (!ok) {

@@ -176,7 +176,7 @@ static void decode_container(const char *path, const uint8_t *orig, uint64_t siz
             WHY("frame %llu: codec %u in a %u pack", (unsigned long long)i, e.codec, t.codec_used);
         else {
             GError *error = NULL;
-            if (!ckptfs_frame_decode(&e, c + e.coffset, dst, scratch, &error)) {
+            if (!ckptfs_frame_decode(&e, c + e.coffset, dst, scratch, NULL, &error)) {
                 WHY("frame %llu: %s", (unsigned long long)i, error->message);
                 g_error_free(error);
             } else if (memcmp(dst, orig + e.uoffset, e.ulength) != 0) {
