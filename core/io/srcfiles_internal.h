@@ -1,6 +1,7 @@
 /* What the modules of the source-file set share (core/io/srcfiles.c: the set; srcfd.c: the
  * descriptor cache; srcplain.c and srcpacked.c: the two backends; srcmap.c: the plain backend's
- * mapped reads): each file's state, the backend ops table and the set itself. */
+ * mapped reads; leasewatch.c: their lease watcher): each file's state, the backend ops table and
+ * the set itself. */
 #ifndef CKPTFS_SRCFILES_INTERNAL_H
 #define CKPTFS_SRCFILES_INTERNAL_H
 
@@ -147,5 +148,14 @@ void ckptfs_srcfiles_map_stop(CkptfsSrcFiles *files);
 /* The plain backend's map ops (srcmap.c). */
 const uint8_t *ckptfs_srcmap_pin(const CkptfsSrcFiles *files, SrcFile *f);
 void ckptfs_srcmap_unpin(SrcFile *f);
+/* Stops new pins of F's mapping; true when F has one (it is then to be given back). */
+bool ckptfs_srcmap_stop_pins(SrcFile *f);
+/* Once no reply is being written from F's mapping (ckptfs_srcmap_stop_pins was called, waits for
+ * the pins to go): unmaps it and gives the lease back, counted off W. */
+void ckptfs_srcmap_give_back(CkptfsLeaseWatch *w, SrcMaps *maps, SrcFile *f);
+/* The lease watcher (leasewatch.c): whether it stopped (no lease may be taken), and leases held
+ * counted by DELTA. */
+bool ckptfs_lease_watch_stopped(CkptfsLeaseWatch *w);
+void ckptfs_lease_watch_held(CkptfsLeaseWatch *w, int delta);
 
 #endif
