@@ -1,7 +1,7 @@
 /* Decoding cost of packed files, one thread, stage by stage: what a decoder thread of the daemon
  * does for each frame (read the stored bytes, decompress, undo the byte planes, check the
- * checksum), timed separately, and the same work through ckptfs_frame_decode_with. Files are
- * read from the page cache (warm them first); no FUSE, no view.
+ * checksum), timed separately, and the same work through ckptfs_frame_decode with a context
+ * per codec. Files are read from the page cache (warm them first); no FUSE, no view.
  *
  *   frame_bench [--rounds N] PACKED_FILE...
  *
@@ -40,7 +40,7 @@ static int run_file_whole(int fd, const char *path, const CkptfsContainer *c, vo
         const CkptfsFrameEntry *e = ckptfs_container_frame(c, i);
         double t0 = bench_now();
         bool ok = ckptfs_pread_full(fd, work, e->clength, e->coffset) == 0 &&
-                  ckptfs_frame_decode_with(e, work, out, scratch, decoders[e->codec], NULL);
+                  ckptfs_frame_decode(e, work, out, scratch, decoders[e->codec], NULL);
         double t1 = bench_now();
         if (!ok) {
             fprintf(stderr, "frame_bench: %s: frame %llu does not decode\n", path, (unsigned long long)i);

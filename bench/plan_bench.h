@@ -29,7 +29,7 @@ static inline double bench_best_read_seconds(const CkptfsPlan *plan, const Ckptf
         double t0 = bench_now();
         for (uint64_t off = 0; off < ckptfs_plan_size(plan); off += read) {
             GError *error = NULL;
-            if (ckptfs_plan_read(plan, files, buf, read, off, &error) < 0) {
+            if (ckptfs_plan_read(plan, CKPTFS_READ_SHARED(files), buf, read, off, &error) < 0) {
                 fprintf(stderr, "%s: %s\n", program, error->message);
                 exit(1);
             }

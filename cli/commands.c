@@ -1014,7 +1014,7 @@ static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_
     g_autofree uint8_t *buf = g_malloc(COPY_CHUNK);
     uint64_t size = ckptfs_plan_size(plan);
     for (uint64_t off = 0; off < size;) {
-        int64_t n = ckptfs_plan_read(plan, owner->source->files, buf, COPY_CHUNK, off, error);
+        int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(owner->source->files), buf, COPY_CHUNK, off, error);
         if (n <= 0)
             return -EIO;
         if (!write_all(fd, buf, (size_t)n)) {

@@ -398,8 +398,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     CkptfsReplyRefs refs;
     struct iovec iov[CKPTFS_REPLY_IOV_MAX];
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read_mapped(open_file->plan, files, open_file->reader, buf, size, (uint64_t)off,
-                                        &refs, &error);
+    CkptfsReadCtx read_ctx = {.files = files, .reader = open_file->reader, .refs = &refs};
+    int64_t n = ckptfs_plan_read(open_file->plan, &read_ctx, buf, size, (uint64_t)off, &error);
     if (n > 0) {
         prefetch_ahead((OpenFile *)open_file, (uint64_t)off, (size_t)n);
         if (open_file->ahead != NULL)

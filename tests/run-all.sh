@@ -49,7 +49,7 @@ echo "== ThreadSanitizer build: the tests that run threads"
 tsan_logs=$(mktemp -d)
 # The unit tests that start threads (one thread alone cannot race), and the integration tests
 # that read from many threads.
-threaded=(build-tsan/tests/test_{mxfp4,pack,plan,readahead,srcfiles,srcmap,tree})
+threaded=(build-tsan/tests/test_{framecache,mxfp4,pack,plan,readahead,srcfd,srcfiles,srcmap,tree})
 concurrent=(tests/integration/source_change.t tests/integration/mapped_reads.t tests/integration/pack.t
             tests/integration/shared_nodes.t)
 tsan_options="halt_on_error=1 exitcode=66 second_deadlock_stack=1 log_path=$tsan_logs/report"

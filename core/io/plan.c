@@ -436,14 +436,12 @@ size_t ckptfs_plan_extent_count(const CkptfsPlan *plan)
 #define MAX_SKIP (16u << 10)
 
 typedef struct {
-    const CkptfsSrcFiles *files;
-    CkptfsSrcReader *reader; /* the reader's own descriptors, or NULL */
+    CkptfsReadCtx ctx; /* its refs: pieces left in mapped files; NULL: copy all */
     uint32_t src;
     uint64_t start, end; /* source range the iovecs cover */
     struct iovec iov[MAX_IOV];
     int n;
     uint8_t *skip; /* MAX_SKIP bytes of scratch for the gaps, allocated on first need */
-    CkptfsReplyRefs *refs; /* mapped reads: pieces left in mapped files; NULL: copy all */
     const uint8_t *base;   /* the read's buffer (refs record places in it) */
     size_t len;            /* the read's size */
 } PendingRead;
@@ -452,7 +450,7 @@ static bool pending_flush(PendingRead *p, GError **error)
 {
     if (p->n == 0)
         return true;
-    bool ok = ckptfs_srcfiles_preadv_with(p->files, p->reader, p->src, p->iov, p->n, p->start, error);
+    bool ok = ckptfs_srcfiles_read(&p->ctx, p->src, p->iov, p->n, p->start, error);
     p->n = 0;
     return ok;
 }
@@ -473,10 +471,10 @@ static CkptfsReplyPin *pin_of(CkptfsReplyRefs *r, const CkptfsSrcFiles *files, u
 /* Leaves the piece in its mapped file when it can: a lease, the pages cached, room in REFS. */
 static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint8_t *dst, size_t len)
 {
-    CkptfsReplyRefs *r = p->refs;
+    CkptfsReplyRefs *r = p->ctx.refs;
     if (r == NULL || len < CKPTFS_MAPPED_MIN || r->n == CKPTFS_REPLY_REFS_MAX)
         return false;
-    CkptfsReplyPin *pin = pin_of(r, p->files, src);
+    CkptfsReplyPin *pin = pin_of(r, p->ctx.files, src);
     if (pin == NULL || pin->map == NULL)
         return false;
     const uint8_t *map = pin->map;
@@ -484,8 +482,8 @@ static bool map_piece(PendingRead *p, uint32_t src, uint64_t src_off, const uint
         /* Asked once for as far as the read goes (up to a MiB): a strided gather's next pieces
          * then need no call, and a small read's no more than its own. */
         uint64_t span = MAX((uint64_t)len, MIN((uint64_t)p->len, 1u << 20));
-        uint64_t ahead = MIN(span, ckptfs_srcfiles_get(p->files, src)->size - src_off);
-        if (!ckptfs_srcfiles_map_cached(p->files, src, src_off, ahead))
+        uint64_t ahead = MIN(span, ckptfs_srcfiles_get(p->ctx.files, src)->size - src_off);
+        if (!ckptfs_srcfiles_map_cached(p->ctx.files, src, src_off, ahead))
             return false;
         r->resident_src = src, r->resident_lo = src_off, r->resident_hi = src_off + ahead;
     }
@@ -606,7 +604,7 @@ static bool gather_read(const CkptfsExtent *e, uint64_t in_off, uint8_t *dst, si
 /* Output bytes [in_off, in_off + n) of a block-scaled FP8 extent: the codes they touch are read
  * (a chunk at a time, merged reads as for a gather), each run of a row converted block by block
  * with its scale (a row of scales read when the block row changes), the requested bytes copied. */
-static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+static bool scaled_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                         uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     const CkptfsBlockScale *sc = e->u.gather.scale;
@@ -623,7 +621,7 @@ static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, Ckpt
     uint64_t cached_brow = UINT64_MAX;
     for (uint64_t el = first; el < end;) {
         uint64_t count = MIN(end - el, (uint64_t)chunk);
-        PendingRead pending = {.files = files, .reader = reader};
+        PendingRead pending = {.ctx = {.files = ctx->files, .reader = ctx->reader}}; /* every piece copied */
         bool ok = gather_read(e, el, codes, (size_t)count, &pending, error) && pending_flush(&pending, error);
         g_free(pending.skip);
         if (!ok)
@@ -640,7 +638,7 @@ static bool scaled_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, Ckpt
                 return false;
             }
             if (brow != cached_brow) {
-                if (!ckptfs_srcfiles_pread(files, sc->src, scales, (size_t)sc->cols * sizeof(float),
+                if (!ckptfs_srcfiles_pread(ctx->files, sc->src, scales, (size_t)sc->cols * sizeof(float),
                                            sc->base + brow * sc->row_stride, error))
                     return false;
                 cached_brow = brow;
@@ -700,11 +698,11 @@ static void put_elements(CkptfsConvert conv, size_t isz, const uint8_t *in, uint
     }
 }
 
-static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+static bool convert_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                          uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     if (e->u.gather.scale != NULL)
-        return scaled_read(e, files, reader, in_off, dst, n, error);
+        return scaled_read(e, ctx, in_off, dst, n, error);
     CkptfsConvert conv = e->u.gather.convert;
     size_t isz = ckptfs_dtype_size(ckptfs_convert_from(conv));
     size_t osz = ckptfs_dtype_size(ckptfs_convert_to(conv));
@@ -714,7 +712,7 @@ static bool convert_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, Ckp
     bool ok = true;
     for (uint64_t el = first; el < end && ok;) {
         uint64_t count = MIN(end - el, (uint64_t)CONVERT_CHUNK);
-        PendingRead pending = {.files = files, .reader = reader};
+        PendingRead pending = {.ctx = {.files = ctx->files, .reader = ctx->reader}}; /* every piece copied */
         ok = gather_read(e, el * isz, scratch, (size_t)(count * isz), &pending, error) &&
              pending_flush(&pending, error);
         g_free(pending.skip);
@@ -847,7 +845,7 @@ static void transpose_columns(uint8_t *out, uint64_t out_step, const uint8_t *in
  * transposed, a row's columns for the others) read once, merged into few preadv calls as a
  * gather's (the gaps between a stripe's column runs read once too); the stripe put together
  * row-major a block of rows at a time; each row's piece converted or copied out. */
-static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                            uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     CkptfsConvert conv = e->u.strided.convert;
@@ -888,7 +886,7 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, C
                  * some of their columns. */
                 uint64_t first_col = ra == row_first ? first - row_first * width : 0;
                 uint64_t last_end = ra + nr == row_end ? end - (row_end - 1) * width : width;
-                PendingRead pending = {.files = files, .reader = reader};
+                PendingRead pending = {.ctx = {.files = ctx->files, .reader = ctx->reader}}; /* every piece copied */
                 bool ok = true, any = false;
                 if (by_column) {
                     for (uint64_t c = ca; c < cb && ok; c++) {
@@ -953,12 +951,12 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsSrcFiles *files, C
 
 /* Groups [G0, G0 + NG) of NROWS stored rows of M, ROW0 + k * STEP: row k's codes to CODES + k * NG
  * * 16, its scales to SCALES + k * NG, in merged reads as a gather's. */
-static bool mxfp4_fetch(const CkptfsMxfp4 *m, const CkptfsSrcFiles *files, CkptfsSrcReader *reader, uint64_t row0,
+static bool mxfp4_fetch(const CkptfsMxfp4 *m, const CkptfsReadCtx *ctx, uint64_t row0,
                         uint64_t step, uint64_t nrows, uint64_t g0, uint64_t ng, uint8_t *codes, uint8_t *scales,
                         GError **error)
 {
     uint64_t groups = m->cols / CKPTFS_MXFP4_GROUP;
-    PendingRead pending = {.files = files, .reader = reader};
+    PendingRead pending = {.ctx = {.files = ctx->files, .reader = ctx->reader}}; /* every piece copied */
     bool ok = true;
     for (uint64_t k = 0; k < nrows && ok; k++)
         ok = pending_add(&pending, m->blocks_src, m->blocks_base + ((row0 + k * step) * groups + g0) * 16,
@@ -995,7 +993,7 @@ static void band_range(const CkptfsExtent *e, uint64_t j, uint64_t *ga, uint64_t
 /* Decodes into ROWS the band of transposed MXFP4 extent E (band_range): groups of stored columns
  * over every stored row, a block of stored rows at a time (its scratch below malloc's threshold
  * for fresh pages), transposed in registers as a TRANSPOSE read's. */
-static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                               uint64_t ga, uint64_t ng, uint64_t ja, uint64_t jb, uint16_t *rows, GError **error)
 {
     const CkptfsMxfp4 *m = e->u.mxfp4.where;
@@ -1006,7 +1004,7 @@ static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsSrcFiles *files
     g_autofree uint16_t *decoded = g_new(uint16_t, block * span);
     for (uint64_t k0 = 0; k0 < width; k0 += block) {
         uint64_t nk = MIN(block, width - k0);
-        if (!mxfp4_fetch(m, files, reader, m->row0 + k0 * m->row_step, m->row_step, nk, ga, ng, codes, scales, error))
+        if (!mxfp4_fetch(m, ctx, m->row0 + k0 * m->row_step, m->row_step, nk, ga, ng, codes, scales, error))
             return false;
         ckptfs_convert_mxfp4(codes, scales, (size_t)(nk * ng), decoded);
         /* element (j, k): stored row k's column COL0 + j, SPAN columns a row */
@@ -1020,7 +1018,7 @@ static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsSrcFiles *files
 /* Output bytes [in_off, in_off + n) of an MXFP4 extent: the whole rows they touch decoded, a
  * pass of as many as MXFP4_PASS elements at a time for stored rows, the plan's BAND for stored
  * columns; the requested bytes copied out. */
-static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
+static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsReadCtx *ctx,
                        uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
     const CkptfsMxfp4 *m = e->u.mxfp4.where;
@@ -1036,7 +1034,7 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFi
         g_autofree uint16_t *decoded = g_new(uint16_t, pass * ng * CKPTFS_MXFP4_GROUP);
         for (uint64_t ja = j_first; ja < j_end; ja += pass) {
             uint64_t nr = MIN(pass, j_end - ja);
-            if (!mxfp4_fetch(m, files, reader, m->row0 + ja * m->row_step, m->row_step, nr, g0, ng, codes, scales,
+            if (!mxfp4_fetch(m, ctx, m->row0 + ja * m->row_step, m->row_step, nr, g0, ng, codes, scales,
                              error))
                 return false;
             ckptfs_convert_mxfp4(codes, scales, (size_t)(nr * ng), decoded);
@@ -1072,7 +1070,7 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFi
             rows = g_steal_pointer(&band->spare), len = band->spare_len;
         g_mutex_unlock(&band->lock);
         rows = rows ? rows : g_new(uint16_t, len);
-        bool ok = mxfp4_band_decode(e, files, reader, ga, ng, ja, jb, rows, error);
+        bool ok = mxfp4_band_decode(e, ctx, ga, ng, ja, jb, rows, error);
         g_mutex_lock(&band->lock);
         if (announced) {
             band->coming = NULL;
@@ -1095,7 +1093,7 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsSrcFi
 
 #define CRC_CHUNK (1u << 20)
 
-static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const CkptfsExtent *e,
+static bool crc_value(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, const CkptfsExtent *e,
                       uint32_t *out, GError **error)
 {
     uint32_t slot = e->u.crc.slot;
@@ -1107,7 +1105,8 @@ static bool crc_value(const CkptfsPlan *plan, const CkptfsSrcFiles *files, const
     g_autofree uint8_t *buf = g_malloc(CRC_CHUNK);
     for (uint64_t done = 0; done < e->u.crc.len;) {
         size_t n = (size_t)MIN((uint64_t)CRC_CHUNK, e->u.crc.len - done);
-        if (ckptfs_plan_read(plan, files, buf, n, e->u.crc.offset + done, error) != (int64_t)n)
+        if (ckptfs_plan_read(plan, CKPTFS_READ_SHARED(ctx->files), buf, n, e->u.crc.offset + done, error) !=
+            (int64_t)n)
             return false;
         crc = crc32(crc, buf, (uInt)n);
         done += n;
@@ -1131,30 +1130,23 @@ static size_t find_extent(const CkptfsPlan *plan, uint64_t offset)
     return lo;
 }
 
-int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
-                         size_t len, uint64_t offset, GError **error)
-{
-    return ckptfs_plan_read_with(plan, files, NULL, buf, len, offset, error);
-}
+/* The read without its mapped-read bookkeeping (REFS of CTX filled, not checked). */
+static int64_t plan_read(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, void *buf, size_t len, uint64_t offset,
+                         GError **error);
 
-static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                         void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error);
-
-int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                              void *buf, size_t len, uint64_t offset, GError **error)
+int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, void *buf, size_t len, uint64_t offset,
+                         GError **error)
 {
-    return plan_read(plan, files, reader, buf, len, offset, NULL, error);
-}
-
-int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                                void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error)
-{
+    CkptfsReplyRefs *refs = ctx->refs;
+    if (refs == NULL)
+        return plan_read(plan, ctx, buf, len, offset, error);
     refs->n = refs->npins = 0;
     refs->resident_src = 0;
     refs->resident_lo = refs->resident_hi = 0;
-    int64_t n = plan_read(plan, files, reader, buf, len, offset, refs, error);
+    int64_t n = plan_read(plan, ctx, buf, len, offset, error);
     /* Files nothing is sent from are let go now: a writer need not wait for this reply. The
      * others are checked as a pread is after it: still the files first opened. */
+    const CkptfsSrcFiles *files = ctx->files;
     unsigned kept = 0;
     for (unsigned i = 0; i < refs->npins; i++) {
         if (refs->pin[i].map != NULL && !refs->pin[i].used) {
@@ -1207,8 +1199,8 @@ void ckptfs_reply_refs_release(const CkptfsSrcFiles *files, CkptfsReplyRefs *ref
     refs->npins = refs->n = 0;
 }
 
-static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                         void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error)
+static int64_t plan_read(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, void *buf, size_t len, uint64_t offset,
+                         GError **error)
 {
     if (offset >= plan->size || len == 0)
         return 0;
@@ -1216,7 +1208,7 @@ static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, Ck
         len = (size_t)(plan->size - offset);
     uint8_t *dst = buf;
     size_t remaining = len;
-    PendingRead pending = {.files = files, .reader = reader, .refs = refs, .base = buf, .len = len};
+    PendingRead pending = {.ctx = *ctx, .base = buf, .len = len};
     int64_t result = (int64_t)len;
     for (size_t i = find_extent(plan, offset); remaining > 0; i++) {
         const CkptfsExtent *e = &plan->extents[i];
@@ -1236,26 +1228,26 @@ static int64_t plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, Ck
             }
             break;
         case CKPTFS_EXTENT_CONVERT:
-            if (!convert_read(e, files, reader, in_off, dst, n, error)) {
+            if (!convert_read(e, ctx, in_off, dst, n, error)) {
                 result = -1;
                 goto out;
             }
             break;
         case CKPTFS_EXTENT_TRANSPOSE:
-            if (!transpose_read(e, files, reader, in_off, dst, n, error)) {
+            if (!transpose_read(e, ctx, in_off, dst, n, error)) {
                 result = -1;
                 goto out;
             }
             break;
         case CKPTFS_EXTENT_MXFP4:
-            if (!mxfp4_read(e, plan->band, files, reader, in_off, dst, n, error)) {
+            if (!mxfp4_read(e, plan->band, ctx, in_off, dst, n, error)) {
                 result = -1;
                 goto out;
             }
             break;
         case CKPTFS_EXTENT_CRC32: {
             uint32_t crc;
-            if (!crc_value(plan, files, e, &crc, error)) {
+            if (!crc_value(plan, ctx, e, &crc, error)) {
                 result = -1;
                 goto out;
             }
@@ -1460,8 +1452,7 @@ int64_t ckptfs_plan_identical_file(const CkptfsPlan *plan, const CkptfsSrcFiles 
         return -1;
     uint32_t src = e->u.gather.items[0].src;
     const CkptfsSrcFile *file = ckptfs_srcfiles_get(files, src);
-    CkptfsContainerStats packed;
-    if (file == NULL || file->size != plan->size || ckptfs_srcfiles_container_stats(files, src, &packed))
+    if (file == NULL || file->size != plan->size || !ckptfs_srcfiles_as_stored(files, src))
         return -1;
     return src;
 }

@@ -80,7 +80,8 @@ static bool build_and_push(CkptfsReadahead *ra, const Chunk *c, uint8_t *buf)
     uint64_t from = c->offset + ra->page, to = MIN(c->offset + CKPTFS_READAHEAD_CHUNK, s->size);
     if (from >= to)
         return true;
-    int64_t n = ckptfs_plan_read_with(s->plan, s->files, s->reader, buf, (size_t)(to - from), from, NULL);
+    CkptfsReadCtx read_ctx = {.files = s->files, .reader = s->reader};
+    int64_t n = ckptfs_plan_read(s->plan, &read_ctx, buf, (size_t)(to - from), from, NULL);
     if (n != (int64_t)(to - from))
         return false;
     if (!ra->push(ra->push_data, s->target, from, buf, (size_t)n))

@@ -57,13 +57,11 @@ void ckptfs_planes_shuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigne
 void ckptfs_planes_unshuffle(uint8_t *dst, const uint8_t *src, size_t len, unsigned planes);
 
 /* Decodes a stored frame (CLENGTH bytes at SRC) into exactly E->ulength bytes at DST (SCRATCH:
- * ulength bytes of working space, for planes > 1) and checks its checksum. Errors say what is
- * wrong with the frame (the caller names file and frame). */
+ * ulength bytes of working space, for planes > 1) and checks its checksum, with DECODER, a
+ * context of the frame's codec to reuse (its decoder_new's), or NULL (one made for the call).
+ * Errors say what is wrong with the frame (the caller names file and frame). */
 bool ckptfs_frame_decode(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                         GError **error);
-/* The same with a decoder context of the frame's codec to reuse (its decoder_new's, or NULL). */
-bool ckptfs_frame_decode_with(const CkptfsFrameEntry *e, const uint8_t *src, uint8_t *dst, uint8_t *scratch,
-                              void *decoder, GError **error);
+                         void *decoder, GError **error);
 
 /* --- reading --- */
 

@@ -161,13 +161,6 @@ void ckptfs_plan_free(CkptfsPlan *plan);
 uint64_t ckptfs_plan_size(const CkptfsPlan *plan);
 size_t ckptfs_plan_extent_count(const CkptfsPlan *plan);
 
-/* Copies up to LEN bytes at OFFSET of the synthesized file into BUF and returns how many
- * (fewer only at end of file; 0 at or past EOF), or -1 with an error naming the source file. */
-int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsSrcFiles *files, void *buf,
-                         size_t len, uint64_t offset, GError **error);
-/* The same through a reader's own source descriptors (srcfiles.h; NULL: the shared ones). */
-int64_t ckptfs_plan_read_with(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                              void *buf, size_t len, uint64_t offset, GError **error);
 
 /* A read's bytes that stay in mapped source files (ckptfs_srcfiles_map_pin) rather than being
  * copied into its buffer: REF[i] is LEN bytes at PTR that belong at AT in the buffer. At most
@@ -188,22 +181,25 @@ typedef struct {
     const uint8_t *map; /* NULL: mapping refused, copy */
     bool used;          /* some ref points into it */
 } CkptfsReplyPin;
-typedef struct {
+struct CkptfsReplyRefs {
     CkptfsReplyRef ref[CKPTFS_REPLY_REFS_MAX];
     unsigned n;
     CkptfsReplyPin pin[CKPTFS_REPLY_PINS_MAX];
     unsigned npins;
     uint32_t resident_src; /* a range of a pinned file known to be in the page cache */
     uint64_t resident_lo, resident_hi;
-} CkptfsReplyRefs;
+};
 
-/* ckptfs_plan_read_with, leaving source pieces of at least CKPTFS_MAPPED_MIN bytes that are
- * cached and in a file with a lease in REFS instead of BUF (their place in BUF is left
- * unwritten). The reply is then the pieces of ckptfs_reply_refs_iov; REFS must be released with
- * ckptfs_reply_refs_release once it is written (also after an error). */
+/* The one read of a synthesized file: copies up to LEN bytes at OFFSET into BUF and returns how
+ * many (fewer only at end of file; 0 at or past EOF), or -1 with an error naming the source
+ * file. Source files are read as CTX says (srcfiles.h): through its reader's own descriptors
+ * (NULL: the shared ones), and with its REFS, source pieces of at least CKPTFS_MAPPED_MIN bytes
+ * that are cached and in a file with a lease are left in REFS instead of BUF (their place in BUF
+ * is left unwritten): the reply is then the pieces of ckptfs_reply_refs_iov, and REFS must be
+ * released with ckptfs_reply_refs_release once it is written (also after an error). */
 #define CKPTFS_MAPPED_MIN 4096u
-int64_t ckptfs_plan_read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, CkptfsSrcReader *reader,
-                                void *buf, size_t len, uint64_t offset, CkptfsReplyRefs *refs, GError **error);
+int64_t ckptfs_plan_read(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, void *buf, size_t len, uint64_t offset,
+                         GError **error);
 /* The N bytes read into BUF and REFS as an iovec list in file order (at most MAX entries, MAX >=
  * CKPTFS_REPLY_IOV_MAX); returns how many entries. Sorts REFS. */
 struct iovec;

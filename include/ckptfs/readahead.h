@@ -45,7 +45,7 @@ unsigned ckptfs_readahead_lone(const CkptfsReadahead *ra);
  * closed first. */
 void ckptfs_readahead_free(CkptfsReadahead *ra);
 
-/* A reader of PLAN (read through FILES and READER, as ckptfs_plan_read_with) whose chunks go to
+/* A reader of PLAN (read through FILES and READER, as ckptfs_plan_read with them) whose chunks go to
  * push target TARGET. */
 CkptfsReadaheadStream *ckptfs_readahead_open(CkptfsReadahead *ra, const CkptfsPlan *plan, const CkptfsSrcFiles *files,
                                              CkptfsSrcReader *reader, uint64_t target);

@@ -63,18 +63,6 @@ const CkptfsSrcFile *ckptfs_srcfiles_get(const CkptfsSrcFiles *files, unsigned i
 /* Descriptors open now (at most the cache size). */
 unsigned ckptfs_srcfiles_open_count(const CkptfsSrcFiles *files);
 
-/* Reads exactly LEN bytes at OFFSET of file INDEX into BUF. A short read (the file shrank), a
- * failed read, or a file that is no longer what it was is an error naming the file (CHANGED
- * for the last two; the file then stays refused). */
-bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
-                           uint64_t offset, GError **error);
-
-/* Reads the contiguous range starting at OFFSET of file INDEX into the N buffers of IOV, like
- * preadv, until all are full (retrying short reads), with the same checks. */
-struct iovec;
-bool ckptfs_srcfiles_preadv(const CkptfsSrcFiles *files, unsigned index, struct iovec *iov, int n,
-                            uint64_t offset, GError **error);
-
 /* One reader's own descriptors (a FUSE open of a view file): plain source files are read through
  * descriptors of its own, opened on first use (64 at most; past that, or where opening fails, the
  * set's shared ones), so the kernel's read-ahead of each file and a streaming client under the
@@ -84,9 +72,29 @@ typedef struct CkptfsSrcReader CkptfsSrcReader;
 CkptfsSrcReader *ckptfs_src_reader_new(const CkptfsSrcFiles *files);
 void ckptfs_src_reader_free(CkptfsSrcReader *reader);
 unsigned ckptfs_src_reader_open_count(CkptfsSrcReader *reader);
-/* ckptfs_srcfiles_preadv through READER's descriptors (NULL: the shared ones), same checks. */
-bool ckptfs_srcfiles_preadv_with(const CkptfsSrcFiles *files, CkptfsSrcReader *reader, unsigned index,
-                                 struct iovec *iov, int n, uint64_t offset, GError **error);
+
+/* How a read reaches source files: the set, through whose descriptors, and where the pieces
+ * left in mapped files go (a read of a synthesized file, plan.h; NULL: every byte copied). */
+typedef struct CkptfsReplyRefs CkptfsReplyRefs;
+typedef struct {
+    const CkptfsSrcFiles *files;
+    CkptfsSrcReader *reader; /* a reader's own descriptors; NULL: the set's shared ones */
+    CkptfsReplyRefs *refs;
+} CkptfsReadCtx;
+/* The context of a read through SET's shared descriptors, every byte copied. */
+#define CKPTFS_READ_SHARED(set) (&(const CkptfsReadCtx){.files = (set)})
+
+/* The one read of source bytes: the contiguous range starting at OFFSET of file INDEX into the
+ * N buffers of IOV, like preadv, until all are full (retrying short reads). A short read (the
+ * file shrank), a failed read, or a file that is no longer what it was is an error naming the
+ * file (CHANGED for the last two; the file then stays refused). */
+struct iovec;
+bool ckptfs_srcfiles_read(const CkptfsReadCtx *ctx, unsigned index, struct iovec *iov, int n, uint64_t offset,
+                          GError **error);
+/* ckptfs_srcfiles_read of LEN bytes into BUF through the set's shared descriptors (what a
+ * source's open reads). */
+bool ckptfs_srcfiles_pread(const CkptfsSrcFiles *files, unsigned index, void *buf, size_t len,
+                           uint64_t offset, GError **error);
 
 /* Starts reading bytes [OFFSET, OFFSET + LEN) of file INDEX into the page cache, without
  * waiting; errors are ignored. Of a packed file: the frames that hold them are decoded into the
@@ -113,6 +121,9 @@ uint64_t ckptfs_srcfiles_frames_decoded(const CkptfsSrcFiles *files);
 /* The largest frame of the packed files added so far, in original bytes, and in *INDEX the file
  * that has it; 0 (INDEX untouched) when none is packed. */
 uint32_t ckptfs_srcfiles_largest_frame(const CkptfsSrcFiles *files, unsigned *index);
+/* Whether what file INDEX gives is its bytes as stored (not decoded from a packed container):
+ * the kernel may then read it itself (FUSE passthrough). */
+bool ckptfs_srcfiles_as_stored(const CkptfsSrcFiles *files, unsigned index);
 /* What packed file INDEX holds (false for a file that is not packed). */
 bool ckptfs_srcfiles_container_stats(const CkptfsSrcFiles *files, unsigned index, CkptfsContainerStats *out);
 

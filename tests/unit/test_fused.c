@@ -118,7 +118,7 @@ static bool read_equal(const Sources *s, const CkptfsTensor *t, uint64_t r0, uin
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     g_autofree uint8_t *buf = g_malloc(want->len + 1);
     bool ok = ckptfs_plan_size(plan) == want->len &&
-              ckptfs_plan_read(plan, s->files, buf, want->len, 0, NULL) == (int64_t)want->len &&
+              ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len, 0, NULL) == (int64_t)want->len &&
               memcmp(buf, want->data, want->len) == 0;
     ckptfs_plan_free(plan);
     return ok;

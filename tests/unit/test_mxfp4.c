@@ -119,7 +119,8 @@ static bool reads_equal_n(const CkptfsPlan *plan, const CkptfsSrcFiles *files, c
 {
     g_autofree uint8_t *got = g_malloc0(size + 1);
     GError *error = NULL;
-    if (ckptfs_plan_size(plan) != size || ckptfs_plan_read(plan, files, got, size, 0, &error) != (int64_t)size ||
+    if (ckptfs_plan_size(plan) != size ||
+        ckptfs_plan_read(plan, CKPTFS_READ_SHARED(files), got, size, 0, &error) != (int64_t)size ||
         memcmp(got, want, size) != 0) {
         tap_diag("  the whole read differs%s%s", error ? ": " : "", error ? error->message : "");
         g_clear_error(&error);
@@ -129,13 +130,14 @@ static bool reads_equal_n(const CkptfsPlan *plan, const CkptfsSrcFiles *files, c
         size_t off = (size_t)g_rand_int_range(rng, 0, (gint32)size), len = (size_t)g_rand_int_range(rng, 1, 700);
         len = MIN(len, size - off);
         memset(got, 0xA5, len);
-        if (ckptfs_plan_read(plan, files, got, len, off, NULL) != (int64_t)len || memcmp(got, want + off, len) != 0) {
+        if (ckptfs_plan_read(plan, CKPTFS_READ_SHARED(files), got, len, off, NULL) != (int64_t)len ||
+            memcmp(got, want + off, len) != 0) {
             tap_diag("  a read of %zu bytes at %zu differs", len, off);
             return false;
         }
     }
     for (size_t off = size > 9 ? size - 9 : 0; off < size; off++)
-        if (ckptfs_plan_read(plan, files, got, 1, off, NULL) != 1 || got[0] != want[off]) {
+        if (ckptfs_plan_read(plan, CKPTFS_READ_SHARED(files), got, 1, off, NULL) != 1 || got[0] != want[off]) {
             tap_diag("  the byte at %zu differs", off);
             return false;
         }
@@ -166,7 +168,7 @@ static gpointer read_randomly(gpointer data)
     for (int i = 0; i < 12; i++) {
         size_t off = (size_t)g_rand_int_range(rng, 0, (gint32)r->size);
         size_t len = MIN((size_t)g_rand_int_range(rng, 1, 256 << 10), r->size - off);
-        if (ckptfs_plan_read(r->plan, r->files, got, len, off, NULL) != (int64_t)len ||
+        if (ckptfs_plan_read(r->plan, CKPTFS_READ_SHARED(r->files), got, len, off, NULL) != (int64_t)len ||
             memcmp(got, r->want + off, len) != 0)
             r->bad++;
     }

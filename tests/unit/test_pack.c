@@ -176,7 +176,7 @@ static void decode_container(const char *path, const uint8_t *orig, uint64_t siz
             WHY("frame %llu: codec %u in a %u pack", (unsigned long long)i, e.codec, t.codec_used);
         else {
             GError *error = NULL;
-            if (!ckptfs_frame_decode(&e, c + e.coffset, dst, scratch, &error)) {
+            if (!ckptfs_frame_decode(&e, c + e.coffset, dst, scratch, NULL, &error)) {
                 WHY("frame %llu: %s", (unsigned long long)i, error->message);
                 g_error_free(error);
             } else if (memcmp(dst, orig + e.uoffset, e.ulength) != 0) {
@@ -766,46 +766,6 @@ static void test_dir(const char *dir, GRand *rng)
     g_free(st_data);
 }
 
-/* The frame cache's claims: a frame queued for a decoder thread is taken over by its reader (no
- * waiting behind a queue that may never run); frames claimed or decoded ahead and not read yet
- * take half the budget at most. */
-static void test_frame_claims(void)
-{
-    const size_t q = 256u << 10;
-    CkptfsFrameCache *cache = ckptfs_frame_cache_new(4 * q);
-    gpointer hold;
-    bool claimed = ckptfs_frame_cache_claim(cache, 7, q);
-    const uint8_t *got = ckptfs_frame_cache_get_or_claim(cache, 7, q, &hold);
-    bool started = ckptfs_frame_cache_start(cache, 7);
-    size_t cap;
-    uint8_t *buf = ckptfs_frame_cache_buffer(cache, q, &cap);
-    memset(buf, 0x5a, q);
-    const uint8_t *put = ckptfs_frame_cache_put(cache, 7, buf, q, cap, &hold);
-    tap_ok(claimed && got == NULL && !started && put != NULL && put[q - 1] == 0x5a,
-           "a frame queued for a decoder thread: its reader takes it over at once, the thread then skips it");
-    ckptfs_frame_cache_release(cache, hold);
-
-    bool big = ckptfs_frame_cache_claim(cache, 8, 2 * q + 1);
-    bool a = ckptfs_frame_cache_claim(cache, 9, q);
-    started = ckptfs_frame_cache_start(cache, 9);
-    buf = ckptfs_frame_cache_buffer(cache, q, &cap);
-    ckptfs_frame_cache_put(cache, 9, buf, q, cap, NULL); /* decoded ahead, not read */
-    bool b = ckptfs_frame_cache_claim(cache, 10, q);
-    bool c = ckptfs_frame_cache_claim(cache, 11, q);
-    tap_ok(!big && a && started && b && !c,
-           "ahead: a frame over half the budget refused; one decoded ahead and one claimed fill the half");
-    got = ckptfs_frame_cache_get_or_claim(cache, 9, q, &hold);
-    ckptfs_frame_cache_release(cache, hold);
-    c = ckptfs_frame_cache_claim(cache, 11, q);
-    tap_ok(got != NULL && c, "once the frame decoded ahead is read, another can be claimed");
-    ckptfs_frame_cache_abandon(cache, 10);
-    ckptfs_frame_cache_abandon(cache, 11);
-    got = ckptfs_frame_cache_get_or_claim(cache, 10, q, &hold);
-    tap_ok(got == NULL, "an abandoned frame is claimed by the next reader, not waited for");
-    ckptfs_frame_cache_abandon(cache, 10);
-    ckptfs_frame_cache_free(cache);
-}
-
 /* --- decoding ahead and once --- */
 
 typedef struct {
@@ -943,7 +903,6 @@ int main(void)
     test_empty(dir, rng);
     test_one_byte_and_errors(dir, rng);
     test_dir(dir, rng);
-    test_frame_claims();
     test_decode_ahead(dir, rng);
     g_autofree char *cmd = g_strdup_printf("rm -rf '%s'", dir);
     if (system(cmd) != 0)

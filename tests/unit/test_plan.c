@@ -194,7 +194,7 @@ static void test_random_plans(const Sources *s, GRand *rng)
         for (int r = 0; r < 250; r++) {
             uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)expect->len + 100);
             size_t len = (size_t)g_rand_int_range(rng, 0, 4096);
-            int64_t got = ckptfs_plan_read(plan, s->files, buf, len, off, NULL);
+            int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, len, off, NULL);
             int64_t want = off >= expect->len ? 0 : (int64_t)MIN((uint64_t)len, expect->len - off);
             reads++;
             if (got == want && (want == 0 || memcmp(buf, expect->data + off, (size_t)want) == 0))
@@ -204,7 +204,7 @@ static void test_random_plans(const Sources *s, GRand *rng)
                          (unsigned long long)off, len, (long long)got, (long long)want);
         }
         /* Whole-file read in one call. */
-        int64_t got = ckptfs_plan_read(plan, s->files, buf, expect->len + 10, 0, NULL);
+        int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, expect->len + 10, 0, NULL);
         reads++;
         if (got == (int64_t)expect->len && (expect->len == 0 || memcmp(buf, expect->data, expect->len) == 0))
             reads_ok++;
@@ -418,7 +418,7 @@ static void test_read_errors(const Sources *s)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[32];
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, &error);
+    int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, &error);
     tap_ok(n < 0 && error && strstr(error->message, "src0"),
            "a read past a source file's end fails naming the file (%s)",
            error ? error->message : "no error");
@@ -474,7 +474,7 @@ static void test_catalog_rects(const Sources *s, GRand *rng)
         uint8_t buf[12 * 10 * 2], want[12 * 10 * 2];
         for (uint64_t r = r0; r < r1; r++)
             memcpy(want + (r - r0) * (c1 - c0) * 2, expect_full + (r * cols + c0) * 2, (c1 - c0) * 2);
-        int64_t n = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, NULL);
+        int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL);
         total++;
         if (ckptfs_plan_size(plan) == want_size && n == (int64_t)want_size &&
             memcmp(buf, want, want_size) == 0)

@@ -145,7 +145,7 @@ static void test_random_extents(const Sources *s, GRand *rng)
             g_byte_array_append(want, (const guint8 *)"z", 1);
             g_autofree uint8_t *buf = g_malloc(want->len + 16);
             if (ckptfs_plan_size(plan) == want->len &&
-                ckptfs_plan_read(plan, s->files, buf, want->len + 16, 0, NULL) == (int64_t)want->len &&
+                ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len + 16, 0, NULL) == (int64_t)want->len &&
                 memcmp(buf, want->data, want->len) == 0)
                 extents_ok++;
             for (int r = 0; r < 40; r++) {
@@ -153,7 +153,7 @@ static void test_random_extents(const Sources *s, GRand *rng)
                 uint64_t len = (uint64_t)g_rand_int_range(rng, 1, (gint32)(want->len - off + 1));
                 if (r % 4 == 0) /* small reads: part of an element, a row */
                     len = MIN(len, (uint64_t)g_rand_int_range(rng, 1, 9));
-                int64_t got = ckptfs_plan_read(plan, s->files, buf, (size_t)len, off, NULL);
+                int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, (size_t)len, off, NULL);
                 reads++;
                 reads_ok += got == (int64_t)len && memcmp(buf, want->data + off, (size_t)len) == 0;
             }
@@ -174,7 +174,8 @@ static void test_adjacent_is_gather(const Sources *s)
     ckptfs_plan_add_strided(b, CKPTFS_DTYPE_BF16, CKPTFS_CONVERT_NONE, 10, &row_major, 1);
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[400];
-    tap_ok(ckptfs_plan_extent_count(plan) == 1 && ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, NULL) == 400 &&
+    tap_ok(ckptfs_plan_extent_count(plan) == 1 &&
+               ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL) == 400 &&
                memcmp(buf, s->data[0] + 64, 400) == 0,
            "row-major items with adjacent rows are one contiguous run");
     ckptfs_plan_free(plan);
@@ -230,7 +231,7 @@ static void test_catalog_pieces(const Sources *s, GRand *rng)
                 }
             g_autofree uint8_t *buf = g_malloc(want->len);
             ok += ckptfs_plan_size(plan) == want->len &&
-                  ckptfs_plan_read(plan, s->files, buf, want->len, 0, NULL) == (int64_t)want->len &&
+                  ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len, 0, NULL) == (int64_t)want->len &&
                   memcmp(buf, want->data, want->len) == 0;
             ckptfs_plan_free(plan);
         }
@@ -306,7 +307,7 @@ static void test_swapped_halves(const Sources *s, GRand *rng)
                 }
             g_autofree uint8_t *buf = g_malloc(want->len);
             ok += ckptfs_plan_size(plan) == want->len &&
-                  ckptfs_plan_read(plan, s->files, buf, want->len, 0, NULL) == (int64_t)want->len &&
+                  ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len, 0, NULL) == (int64_t)want->len &&
                   memcmp(buf, want->data, want->len) == 0;
             ckptfs_plan_free(plan);
         }
@@ -339,7 +340,7 @@ static void test_few_reads(const Sources *s)
     size_t len = 1u << 20;
     g_autofree uint8_t *buf = g_malloc(len);
     long before = read_calls();
-    int64_t got = ckptfs_plan_read(plan, s->files, buf, len, 333, NULL);
+    int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, len, 333, NULL);
     long calls = read_calls() - before;
     if (before < 0) {
         tap_skip(1, "no /proc/self/io");
@@ -368,7 +369,7 @@ static void test_sources_and_prefetch(const Sources *s)
     ckptfs_plan_prefetch(plan, s->files, 0, ckptfs_plan_size(plan));
     ckptfs_plan_prefetch(plan, s->files, 1000, 3);
     uint8_t buf[64];
-    tap_ok(ckptfs_plan_read(plan, s->files, buf, sizeof buf, 6, NULL) == (int64_t)sizeof buf,
+    tap_ok(ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 6, NULL) == (int64_t)sizeof buf,
            "prefetch over it, whole and a few bytes, then a read");
     ckptfs_plan_free(plan);
 }
@@ -381,7 +382,7 @@ static void test_source_changed(Sources *s)
     ckptfs_plan_add_strided(b, CKPTFS_DTYPE_BF16, CKPTFS_CONVERT_NONE, 100, &item, 1);
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[10000];
-    bool before = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, NULL) == (int64_t)sizeof buf;
+    bool before = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL) == (int64_t)sizeof buf;
     g_autofree char *path = source_path(s, 1);
     s->data[1][0] ^= 0xFF;
     sleep(1); /* a new mtime even on coarse clocks */
@@ -389,7 +390,7 @@ static void test_source_changed(Sources *s)
     g_assert(f != NULL && fwrite(s->data[1], 1, 1, f) == 1);
     fclose(f);
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read(plan, s->files, buf, sizeof buf, 0, &error);
+    int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, &error);
     tap_ok(before && n < 0 && error && strstr(error->message, "src1"),
            "a source changed in place under the plan: the transposed read fails naming it (%s)",
            error ? error->message : "no error");

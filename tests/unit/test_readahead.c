@@ -50,7 +50,7 @@ static void fixture_init(Fixture *f, GRand *rng)
     f->plan = ckptfs_plan_builder_finish(b);
     f->size = ckptfs_plan_size(f->plan);
     f->ref = g_malloc(f->size);
-    g_assert(ckptfs_plan_read(f->plan, f->files, f->ref, f->size, 0, NULL) == (int64_t)f->size);
+    g_assert(ckptfs_plan_read(f->plan, CKPTFS_READ_SHARED(f->files), f->ref, f->size, 0, NULL) == (int64_t)f->size);
 }
 
 static void fixture_clear(Fixture *f)

@@ -259,7 +259,7 @@ static uint8_t *read_view_file(CkptfsMount *m, const char *path, uint64_t *len, 
     uint8_t *buf = g_malloc(size + 1);
     uint64_t done = 0;
     while (done < size) {
-        int64_t n = ckptfs_plan_read(plan, m->source->files, buf + done, 40961, done, error);
+        int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(m->source->files), buf + done, 40961, done, error);
         if (n <= 0) {
             g_free(buf);
             if (error && *error == NULL)
@@ -334,7 +334,7 @@ static uint8_t *tensor_bytes(const CkptfsMount *m, const CkptfsTensor *t)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t *buf = g_malloc(t->nbytes + 1);
     GError *error = NULL;
-    int64_t n = ckptfs_plan_read(plan, m->source->files, buf, t->nbytes, 0, &error);
+    int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(m->source->files), buf, t->nbytes, 0, &error);
     if (n != (int64_t)t->nbytes) {
         tap_diag("reading tensor %s: %s", t->name, error ? error->message : "short read");
         g_clear_pointer(&buf, g_free);

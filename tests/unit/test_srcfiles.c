@@ -106,7 +106,8 @@ static void test_readers(const char *dir)
         uint8_t want[FILE_SIZE], got[64];
         fill(want, i);
         struct iovec iov = {got, 64};
-        if (ckptfs_srcfiles_preadv_with(files, k % 2 ? r1 : r2, (unsigned)i, &iov, 1, off, NULL) &&
+        CkptfsReadCtx read_ctx = {.files = files, .reader = k % 2 ? r1 : r2};
+        if (ckptfs_srcfiles_read(&read_ctx, (unsigned)i, &iov, 1, off, NULL) &&
             memcmp(got, want + off, 64) == 0)
             good++;
     }
@@ -121,19 +122,20 @@ static void test_readers(const char *dir)
     uint8_t buf[64];
     struct iovec iov = {buf, 64};
     GError *error = NULL;
-    bool read = ckptfs_srcfiles_preadv_with(files, r1, 10, &iov, 1, 1000, &error);
+    bool read = ckptfs_srcfiles_read(&(CkptfsReadCtx){.files = files, .reader = r1}, 10, &iov, 1, 1000, &error);
     tap_ok(!read && error && error->code == CKPTFS_ERROR_CHANGED && strstr(error->message, p10),
            "a rewrite is caught through a reader's descriptor (%s)", error ? error->message : "read");
     g_clear_error(&error);
     iov = (struct iovec){buf, 64};
-    tap_ok(!ckptfs_srcfiles_preadv_with(files, r2, 10, &iov, 1, 0, NULL) && !ckptfs_srcfiles_pread(files, 10, buf, 64, 0, NULL),
+    tap_ok(!ckptfs_srcfiles_read(&(CkptfsReadCtx){.files = files, .reader = r2}, 10, &iov, 1, 0, NULL) &&
+               !ckptfs_srcfiles_pread(files, 10, buf, 64, 0, NULL),
            "and every reader and the shared descriptors refuse it from then on");
 
     /* Replaced by rename before a new reader opens it. */
     replace_with_same(dir, p11, 11);
     CkptfsSrcReader *r3 = ckptfs_src_reader_new(files);
     iov = (struct iovec){buf, 64};
-    read = ckptfs_srcfiles_preadv_with(files, r3, 11, &iov, 1, 0, &error);
+    read = ckptfs_srcfiles_read(&(CkptfsReadCtx){.files = files, .reader = r3}, 11, &iov, 1, 0, &error);
     tap_ok(!read && error && error->code == CKPTFS_ERROR_CHANGED,
            "a file replaced by one of the same bytes, size and mtime: a new reader refuses it (%s)",
            error ? error->message : "read");

@@ -57,7 +57,7 @@ static int64_t read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, 
     static CkptfsReplyRefs refs;
     static struct iovec iov[CKPTFS_REPLY_IOV_MAX];
     uint8_t *buf = g_malloc(len ? len : 1);
-    int64_t n = ckptfs_plan_read_mapped(plan, files, NULL, buf, len, off, &refs, NULL);
+    int64_t n = ckptfs_plan_read(plan, &(CkptfsReadCtx){.files = files, .refs = &refs}, buf, len, off, NULL);
     if (n >= 0) {
         int k = ckptfs_reply_refs_iov(&refs, buf, (size_t)n, iov, G_N_ELEMENTS(iov));
         size_t at = 0;
@@ -79,7 +79,8 @@ static void test_bytes(CkptfsSrcFiles *files)
     CkptfsPlan *plan = make_plan();
     uint64_t size = ckptfs_plan_size(plan);
     uint8_t *want = g_malloc(size), *got = g_malloc(size);
-    tap_ok(ckptfs_plan_read(plan, files, want, size, 0, NULL) == (int64_t)size, "the whole file read by copying");
+    tap_ok(ckptfs_plan_read(plan, CKPTFS_READ_SHARED(files), want, size, 0, NULL) == (int64_t)size,
+           "the whole file read by copying");
     GRand *rng = g_rand_new_with_seed(11);
     int good = 0, with_refs = 0;
     for (int k = 0; k < 300; k++) {
@@ -101,7 +102,7 @@ static void test_bytes(CkptfsSrcFiles *files)
         uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)size);
         size_t len = k % 10 == 0 ? 1u << 20 : (size_t)g_rand_int_range(rng, 1, 1 << 20);
         static CkptfsReplyRefs refs;
-        int64_t n = ckptfs_plan_read_mapped(plan, files, NULL, got, len, off, &refs, NULL);
+        int64_t n = ckptfs_plan_read(plan, &(CkptfsReadCtx){.files = files, .refs = &refs}, got, len, off, NULL);
         size_t expect = off + len > size ? (size_t)(size - off) : len;
         with_refs += refs.n > 0;
         good += n == (int64_t)expect && ckptfs_reply_refs_gather(&refs, got, (size_t)n) == expect &&

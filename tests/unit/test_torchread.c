@@ -135,7 +135,7 @@ static void test_round_trip(void)
     CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
     uint64_t size = ckptfs_plan_size(plan);
     uint8_t *buf = g_malloc(size);
-    ckptfs_plan_read(plan, none, buf, size, 0, NULL);
+    ckptfs_plan_read(plan, CKPTFS_READ_SHARED(none), buf, size, 0, NULL);
     g_assert(write(fd, buf, size) == (ssize_t)size);
     close(fd);
     g_free(buf);
@@ -293,7 +293,7 @@ static uint8_t *written_archive_of(bool more, uint64_t elements, size_t *size)
     CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
     *size = (size_t)ckptfs_plan_size(plan);
     uint8_t *data = g_malloc(*size);
-    ckptfs_plan_read(plan, none, data, *size, 0, NULL);
+    ckptfs_plan_read(plan, CKPTFS_READ_SHARED(none), data, *size, 0, NULL);
     ckptfs_plan_free(plan);
     ckptfs_srcfiles_free(none);
     return data;

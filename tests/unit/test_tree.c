@@ -211,7 +211,7 @@ static void test_basic(void)
     ckptfs_tree_plan(tree, f_ino, &plan2, NULL, NULL);
     CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
     char buf[16] = {0};
-    int64_t n = plan ? ckptfs_plan_read(plan, none, buf, sizeof buf, 0, NULL) : -1;
+    int64_t n = plan ? ckptfs_plan_read(plan, CKPTFS_READ_SHARED(none), buf, sizeof buf, 0, NULL) : -1;
     tap_ok(plan && plan == plan2 && n == 6 && memcmp(buf, "hello\n", 6) == 0,
            "ckptfs_tree_plan hands out the one cached plan, which reads the file's bytes");
     ckptfs_srcfiles_free(none);
