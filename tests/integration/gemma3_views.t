@@ -23,17 +23,6 @@ sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build
 ok $? "transformers 5 builds and saves a tiny Gemma3ForCausalLM" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
-# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
-ran() {
-  ok "$1" "$2"
-  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
-}
-# passes FILE: one TAP line per PASS/FAIL line of FILE.
-passes() {
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$1"
-}
 
 src=$models/text mnt=$WORK/mnt
 "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1

@@ -41,11 +41,6 @@ for form in dense moe; do
   ok $? "$form: inspect reads the language model from the config's text part" || grep '^model' "$WORK/inspect-$form" | sed 's/^/# /' >&2
 done
 
-# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
-ran() {
-  ok "$1" "$2"
-  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
-}
 sid_python "$WORK" "$script" logits_pairs "$models/dense" "$WORK/mnt-dense/hf" "$models/moe" "$WORK/mnt-moe/hf" \
   > "$WORK/logits" 2> "$WORK/logits.err"
 ran $? "transformers loads each original and its hf/" "$WORK/logits.err"

@@ -11,11 +11,6 @@ script="$TESTS_TOP/tests/lib/tf5_roundtrip.py"
 models=$WORK/models
 mkdir -p "$models"
 
-# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
-ran() {
-  ok "$1" "$2"
-  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
-}
 
 sid_python "$WORK" "$script" build "$models" > "$WORK/built" 2> "$WORK/build.err"
 ran $? "transformers 5 builds and saves the models" "$WORK/build.err"
@@ -51,9 +46,7 @@ done < "$WORK/built"
 if ((${#triples[@]})); then
   sid_python "$WORK" "$script" check "${triples[@]}" > "$WORK/checked" 2> "$WORK/check.err"
   ran $? "the checks ran" "$WORK/check.err"
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$WORK/checked"
+  passes "$WORK/checked"
   checked=$(grep -c '^PASS\|^FAIL' "$WORK/checked")
   ok $((checked == ${#triples[@]} / 3 * 3 ? 0 : 1)) "three checks for each of the $((${#triples[@]} / 3)) copies (got $checked)"
 fi

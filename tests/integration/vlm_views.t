@@ -22,17 +22,6 @@ sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build
 ok $? "transformers 5 builds and saves a tiny Qwen2.5-VL in three forms" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
-# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
-ran() {
-  ok "$1" "$2"
-  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
-}
-# passes FILE: one TAP line per PASS/FAIL line of FILE.
-passes() {
-  while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
-  done < "$1"
-}
 
 hf_dirs=()
 for form in v5 modules v4; do

@@ -88,6 +88,18 @@ fg_unmount() { # MNT: unmounts and waits for the daemon
   wait "$FG_PID" 2> /dev/null
   return $rc
 }
+# ran STATUS DESCRIPTION ERRFILE: ok, with the end of ERRFILE on stderr on failure.
+ran() {
+  ok "$1" "$2"
+  [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
+}
+# passes FILE: one TAP line per PASS/FAIL line of FILE.
+passes() {
+  local state what
+  while read -r state what; do
+    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
+  done < "$1"
+}
 # same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ);
 # B's DIRs must exist and hold files, so that a missing mount or view never passes.
 same_trees() {

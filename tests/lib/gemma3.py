@@ -38,7 +38,7 @@ import sys
 
 import torch
 
-from vlm import chunks_of, load_rank, rank_file, save_st, tp_share
+from vlm import chunks_of, compare_mcore, load_rank, rank_file, save_st, tp_share
 
 TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=512,
@@ -333,7 +333,6 @@ def to_hf(orig, meg, tp, pp, out):
 def mcore(orig, ckpt):
     """mcore/ read by torch.distributed.checkpoint: each layer weight stacked on a leading axis
     under "decoder.layers.", the vocabulary unpadded; no output layer (tied)."""
-    import torch.distributed.checkpoint as dcp
     hf = hf_tensors(orig)
     want = {k: to_mcore(k, [hf[n] for n in v[0]]) for k, v in {**FIRST, **LAST}.items()}
     # padded for the largest TP the model allows (its 4 heads), as docs/torch-dist.md says
@@ -343,20 +342,7 @@ def mcore(orig, ckpt):
     for k, (names, _) in LAYER.items():
         want[f"decoder.layers.{k}"] = torch.stack(
             [to_mcore(k, [hf[f"model.layers.{g}.{n}"] for n in names]) for g in range(TEXT["num_hidden_layers"])])
-    meta = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
-    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
-    others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
-    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
-    shapes = [k for k in want if k in meta and tuple(meta[k].size) != tuple(want[k].shape)]
-    if missing or extra or others or shapes:
-        print(f"FAIL mcore keys: missing {missing[:3]}, unexpected {extra[:3]} {others[:3]}, shapes differ {shapes[:3]}")
-        return
-    print(f"PASS mcore keys: the {len(want)} tensor keys of Megatron-Bridge's model with its global shapes")
-    got = {k: torch.empty_like(v) for k, v in want.items()}
-    dcp.load(got, checkpoint_id=ckpt)
-    bad = [k for k in want if not torch.equal(got[k], want[k])]
-    print(f"{'FAIL' if bad else 'PASS'} mcore tensors: dcp.load gives the bridge's tensors bit for bit"
-          + (f" (differing {bad[:3]})" if bad else ""))
+    compare_mcore(want, ckpt, "", "Megatron-Bridge's")
 
 
 def check(orig, mcore_dir, hf_dirs, specs):

@@ -29,13 +29,11 @@ views_match() {
 # the sid root, makes a check of each PASS or FAIL line it prints, and checks there is one a
 # mount. WHAT names the checks ("logits", "weights and logits").
 report_checks() {
-  local script=$1 per=$2 what=$3 state line n
+  local script=$1 per=$2 what=$3 n
   shift 3
   sid_python "$WORK" "$script" check "$@" > "$WORK/checked" 2> "$WORK/check.err"
   ok $? "the $what checks ran" || tail -n 20 "$WORK/check.err" | sed 's/^/# /' >&2
-  while read -r state line; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$line"
-  done < "$WORK/checked"
+  passes "$WORK/checked"
   n=$(grep -c '^PASS\|^FAIL' "$WORK/checked")
   ok $((n == $# / per ? 0 : 1)) "one $what check for each of the $(($# / per)) mounts (got $n)"
 }

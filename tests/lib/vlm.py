@@ -490,22 +490,28 @@ def expected_mcore(orig):
 def mcore(orig, ckpt):
     """CKPT (an mcore/ release directory, "FORM=DIR") read by torch.distributed.checkpoint: every tensor key of
     mbridge's model with its global shape and bytes, nothing else but _extra_state objects."""
-    import torch.distributed.checkpoint as dcp
     form, ckpt = ckpt.split("=", 1)
-    want = expected_mcore(orig)
+    compare_mcore(expected_mcore(orig), ckpt, f"{form}: ", "mbridge's")
+
+
+def compare_mcore(want, ckpt, label, whose):
+    """CKPT read by torch.distributed.checkpoint against WANT (key -> tensor of WHOSE model): the
+    same tensor keys with their global shapes, nothing else but _extra_state objects, and the same
+    bytes. Prints PASS/FAIL lines that start with LABEL."""
+    import torch.distributed.checkpoint as dcp
     meta = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
     tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
     others = sorted(k for k in set(meta) - tensors if "_extra_state" not in k)
     missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
     shapes = [k for k in want if k in meta and tuple(meta[k].size) != tuple(want[k].shape)]
     if missing or extra or others or shapes:
-        print(f"FAIL {form}: mcore keys: missing {missing[:3]}, unexpected {extra[:3]} {others[:3]}, shapes differ {shapes[:3]}")
+        print(f"FAIL {label}mcore keys: missing {missing[:3]}, unexpected {extra[:3]} {others[:3]}, shapes differ {shapes[:3]}")
         return
-    print(f"PASS {form}: mcore keys: the {len(want)} tensor keys of mbridge's model with its global shapes")
+    print(f"PASS {label}mcore keys: the {len(want)} tensor keys of {whose} model with its global shapes")
     got = {k: torch.empty_like(v) for k, v in want.items()}
     dcp.load(got, checkpoint_id=ckpt)
     bad = [k for k in want if not torch.equal(got[k], want[k])]
-    print(f"{'FAIL' if bad else 'PASS'} {form}: mcore tensors: dcp.load gives mbridge's tensors bit for bit"
+    print(f"{'FAIL' if bad else 'PASS'} {label}mcore tensors: dcp.load gives {whose} tensors bit for bit"
           + (f" (differing {bad[:3]})" if bad else ""))
 
 
