@@ -374,7 +374,8 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
         !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
-    if (s->arch->vision_part && s->arch->vision == NULL) /* no tower rules to read vision_model.* by */
+    /* no tower rules to read vision_model.* by, or a module list the sources do not read back yet */
+    if (s->arch->vision_part && (s->arch->vision == NULL || s->arch->vision->list_prefix != NULL))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", path, s->arch->hf_architecture);
     if (s->arch->vision && (!vision_from_args(args, path, given_config, s, error) ||
