@@ -131,17 +131,20 @@ static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                             .vision_blocks = &deepstack_blocks};
 /* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
- * key/value heads, rope_theta 5e5, 128000 positions), its experts fused on disk transposed
- * ([E, H, 2F], [E, F, H]: transformers 5 transposes them on load and back on save) */
-static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, NULL};
+ * key/value heads, rope_theta 5e5, 128000 positions; the top-k weights always renormalised), its
+ * experts fused on disk: transposed as the releases hold them ([E, H, 2F], [E, F, H]), or as
+ * transformers 5.12.1 holds them in memory and saves them ([E, 2F, H], [E, H, F]) */
+static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, &ckptfs_fused_in_memory,
+                                                                NULL};
 static const CkptfsMoeConfig qwen3_vl_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
+                                                    .always_renormalize = true, /* its router does */
                                                     .fused_forms = qwen3_vl_moe_fused};
 static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", false, true,
                                                 &ckptfs_family_qwen_moe, &qwen3_vl_moe_config, false, 5e5, 1e-6,
                                                 .kv_heads = 16, .head_dim = 128, .max_positions = 128000,
                                                 .attention_bias_on_output = true, .text_part = "text_config",
-                                                .vision_part = "vision_config",
-                                                .megatron_prefix = "language_model.",
+                                                .vision_part = "vision_config", .vision = &qwen3_vl_vision,
+                                                .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                                 .module_names = qwen2_5_vl_module_names,
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                                 .vision_blocks = &deepstack_blocks};
