@@ -814,12 +814,17 @@ bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **e
 void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config)
 {
     ckptfs_schema_write_vision(model, config);
+    const CkptfsVisionBlocks *blocks = model->arch->vision_blocks;
+    if (blocks == NULL)
+        return;
+    /* the architecture's list of blocks (full attention, deepstack), as its walk reads it */
     JsonObject *vision = ckptfs_json_member_object(config, model->arch->vision_part);
-    JsonArray *full = json_array_new();
+    const uint8_t *set = (const uint8_t *)model + blocks->offset;
+    JsonArray *list = json_array_new();
     for (uint64_t b = 0; b < model->vision_depth; b++)
-        if (model->vision_full_attention[b / 8] & (1u << (b % 8)))
-            json_array_add_int_element(full, (gint64)b);
-    json_object_set_array_member(vision, "fullatt_block_indexes", full);
+        if (layer_in(set, b))
+            json_array_add_int_element(list, (gint64)b);
+    json_object_set_array_member(vision, blocks->member, list);
 }
 
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error)

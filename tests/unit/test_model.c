@@ -523,6 +523,17 @@ static void test_qwen3_vl_tower(void)
     }
     tap_ok(block >= 0 && deepstack > block && merger > deepstack,
            "its HF tensors: the blocks', the deepstack mergers' (visual.deepstack_merger_list.K.*), the merger's");
+    /* written back (the views' args.hf_vision_config): its own list of blocks, not Qwen2.5-VL's */
+    JsonObject *written = json_object_new();
+    if (ok)
+        ckptfs_model_write_vision(&m, written);
+    JsonNode *list = ckptfs_json_member(written, "vision_config.deepstack_visual_indexes");
+    JsonArray *blocks = list && JSON_NODE_HOLDS_ARRAY(list) ? json_node_get_array(list) : NULL;
+    tap_ok(blocks && json_array_get_length(blocks) == 2 && json_array_get_int_element(blocks, 0) == 0 &&
+               json_array_get_int_element(blocks, 1) == 2 &&
+               ckptfs_json_member(written, "vision_config.fullatt_block_indexes") == NULL,
+           "its vision part written back with deepstack_visual_indexes [0, 2] and no fullatt_block_indexes");
+    json_object_unref(written);
     g_clear_error(&error);
     json_object_unref(config);
 }
