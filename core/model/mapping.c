@@ -484,6 +484,74 @@ static const CkptfsRule glm4_rules[] = {
     LAYER_EXTRAS_AND_LAST,
 };
 
+/* Qwen3-VL's vision tower (mbridge's qwen3_vl bridge: Qwen3VLVisionModel, its
+ * Qwen3VLVisionTransformerBlock and Qwen3VLVisionPatchMerger; Megatron-core 0.17.1's ViT layer
+ * with Transformer Engine): a Conv3d patch embedding with a bias and a learned position
+ * embedding, blocks with LayerNorms (weight, bias) fused into linear_qkv and fc1, q/k/v fused
+ * as Qwen2.5-VL's, an MLP not gated, no final norm; then the deepstack mergers (a module list
+ * after the blocks, their norm after the 2x2 shuffle) and the merger (its norm before it). Each
+ * merger: patch_norm (a TENorm), linear_fc1 (column-parallel), linear_fc2 (row-parallel). */
+#define Q3_FIRST(name_, te_at, ndim_, rows_, cols_, hf_)                                         \
+    {CKPTFS_SCOPE_FIRST, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, \
+     rows_, cols_, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+#define Q3_MERGER_ENTRY(scope_, name_, te_at, ndim_, rows_, cols_, split_, hf_)                  \
+    {scope_, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
+     split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+/* A patch merger of SCOPE, its norm NORM_DIM wide; NAME_ and HF_ its module ("merger." and
+ * "visual.merger.", or "" in the list, whose names follow the list's prefixes) */
+#define Q3_MERGER(scope_, name_, norm_dim, hf_)                                                         \
+    Q3_MERGER_ENTRY(scope_, name_ "patch_norm.weight", 0, 1, norm_dim, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
+                    hf_ "norm.weight"),                                                          \
+    Q3_MERGER_ENTRY(scope_, name_ "patch_norm.bias", 1, 1, norm_dim, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
+                    hf_ "norm.bias"),                                                            \
+    VISION_EXTRA(scope_, name_ "patch_norm._extra_state", 2),                                          \
+    Q3_MERGER_ENTRY(scope_, name_ "linear_fc1.weight", 3, 2, CKPTFS_DIM_MERGED, CKPTFS_DIM_MERGED, CKPTFS_TP_ROWS, \
+                    hf_ "linear_fc1.weight"),                                                    \
+    Q3_MERGER_ENTRY(scope_, name_ "linear_fc1.bias", 4, 1, CKPTFS_DIM_MERGED, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS, \
+                    hf_ "linear_fc1.bias"),                                                      \
+    VISION_EXTRA(scope_, name_ "linear_fc1._extra_state", 5),                                          \
+    Q3_MERGER_ENTRY(scope_, name_ "linear_fc2.weight", 6, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGED, \
+                    CKPTFS_TP_COLS, hf_ "linear_fc2.weight"),                                    \
+    Q3_MERGER_ENTRY(scope_, name_ "linear_fc2.bias", 7, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,      \
+                    CKPTFS_TP_REPLICATED, hf_ "linear_fc2.bias"),                                \
+    VISION_EXTRA(scope_, name_ "linear_fc2._extra_state", 8)
+static const CkptfsRule qwen3_vl_vision_rules[] = {
+    Q3_FIRST("patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH, "visual.patch_embed.proj.weight"),
+    Q3_FIRST("patch_embed.proj.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, "visual.patch_embed.proj.bias"),
+    Q3_FIRST("pos_embed.weight", 2, 2, CKPTFS_DIM_POSITIONS, CKPTFS_DIM_HIDDEN, "visual.pos_embed.weight"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0),
+    VISION_WEIGHT("self_attention.linear_proj.weight", 1, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "attn.proj.weight"),
+    VISION_WEIGHT("self_attention.linear_proj.bias", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "attn.proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_proj._extra_state", 3),
+    VISION_WEIGHT("self_attention.linear_qkv.layer_norm_weight", 4, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "norm1.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.layer_norm_bias", 5, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "norm1.bias"),
+    VISION_WEIGHT("self_attention.linear_qkv.weight", 6, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV_FUSED, "attn.qkv.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.bias", 7, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV_FUSED, "attn.qkv.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_qkv._extra_state", 8),
+    VISION_WEIGHT("mlp.linear_fc1.layer_norm_weight", 9, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "norm2.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.layer_norm_bias", 10, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "norm2.bias"),
+    VISION_WEIGHT("mlp.linear_fc1.weight", 11, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.linear_fc1.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.bias", 12, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.linear_fc1.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13),
+    VISION_WEIGHT("mlp.linear_fc2.weight", 14, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.linear_fc2.weight"),
+    VISION_WEIGHT("mlp.linear_fc2.bias", 15, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "mlp.linear_fc2.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 16),
+    Q3_MERGER(CKPTFS_SCOPE_LIST, "", CKPTFS_DIM_MERGED, ""),
+    Q3_MERGER(CKPTFS_SCOPE_LAST, "merger.", CKPTFS_DIM_HIDDEN, "visual.merger."),
+};
+
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
  * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
  * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
@@ -577,6 +645,8 @@ const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELE
 const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers."};
 const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2_5_vl_vision_rules,
                                                       G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL};
+const CkptfsFamily ckptfs_family_qwen3_vl_vision = {"qwen3_vl_vision", qwen3_vl_vision_rules,
+                                                    G_N_ELEMENTS(qwen3_vl_vision_rules), NULL};
 const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules), NULL};
 const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};

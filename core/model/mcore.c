@@ -92,6 +92,8 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         return m->linear_value_dim;
     case CKPTFS_DIM_CONV_KERNEL:
         return m->conv_kernel;
+    case CKPTFS_DIM_POSITIONS:
+        return m->vision_positions;
     }
     return 0;
 }
@@ -253,15 +255,16 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
         if (r->extra_state || !ckptfs_rule_present(r, m, tied_output_copy))
             continue;
         CkptfsMcoreKey *k = g_new0(CkptfsMcoreKey, 1);
-        bool stacked = r->scope == CKPTFS_SCOPE_LAYER;
+        bool stacked = r->scope == CKPTFS_SCOPE_LAYER, listed = r->scope == CKPTFS_SCOPE_LIST;
         const char *local = r->local_dist_name ? r->local_dist_name : r->name;
-        *k = (CkptfsMcoreKey){stacked ? g_strconcat("decoder.layers.", r->name, NULL) : g_strdup(r->name),
-                              stacked ? g_strconcat("decoder.layers.", local, NULL) : g_strdup(local),
+        const char *prefix = stacked ? "decoder.layers." : listed ? m->arch->list_prefix : "";
+        *k = (CkptfsMcoreKey){g_strconcat(prefix, r->name, NULL), g_strconcat(prefix, local, NULL),
                               r, stacked, r->expert, r->expert ? m->experts : 0,
                               r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, {NULL}, 0,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
-                              family->mtp_hf_prefix, m->arch->hf_layer_prefix};
+                              family->mtp_hf_prefix, m->arch->hf_layer_prefix, listed,
+                              listed ? m->list_modules : 0, m->arch->list_hf_prefix};
         k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections, k->section_names);
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
@@ -331,7 +334,7 @@ char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, con
         return g_strdup_printf("%smtp_model_layer.%s", mtp_prefix, name);
     if (scope == CKPTFS_SCOPE_LAYER)
         return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
-    if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT)
+    if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT || scope == CKPTFS_SCOPE_LIST)
         return g_strdup_printf("%s%s", mtp_prefix, name);
     return g_strdup(name);
 }
@@ -372,6 +375,8 @@ bool ckptfs_mcore_key_swaps_col_halves(const CkptfsMcoreKey *key)
 
 char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf)
 {
+    if (key->listed) /* LAYER is the module's number in the list */
+        return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->list_hf_prefix, layer, hf);
     if (!key->stacked && !mtp_scope(key->rule->scope))
         return g_strdup(hf);
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
@@ -465,6 +470,8 @@ GArray *ckptfs_model_hf_tensors(const CkptfsModel *m, const GPtrArray *keys)
         add_layer_tensors(out, seen, m, keys, m->layers + j);
         add_scope_tensors(out, seen, keys, CKPTFS_SCOPE_MTP_OUT, m->layers + j);
     }
+    for (uint64_t j = 0; j < m->list_modules; j++)
+        add_scope_tensors(out, seen, keys, CKPTFS_SCOPE_LIST, j);
     for (guint i = 0; i < keys->len; i++) {
         const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
         if (k->rule->scope == CKPTFS_SCOPE_LAST)
@@ -549,6 +556,8 @@ unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint
     unsigned n = 0;
     if (key->stacked && layers > 0)
         shape[n++] = layers;
+    if (key->listed)
+        shape[n++] = key->list_count;
     if (key->expert)
         shape[n++] = key->experts;
     shape[n++] = key->rows;

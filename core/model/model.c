@@ -119,8 +119,13 @@ static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration",
 /* Qwen3-VL: Qwen3's language model (q/k norms, no q/k/v bias; Qwen3VLTextConfig's defaults: 32
  * key/value heads of 128, rope_theta 5e5, 128000 positions) in text_config, saved under the
  * module names; a ViT with a learned position embedding and deepstack mergers (Qwen3VLVisionConfig)
- * in vision_config. mbridge's qwen3_vl bridge names the tower's Megatron tensors (docs/vlm.md);
- * ckptfs has no rules for its deepstack mergers yet (vision NULL): hf/ only, said by name. */
+ * in vision_config, named as mbridge's qwen3_vl bridge names it (docs/vlm.md). */
+static const CkptfsArchitecture qwen3_vl_vision = {"Qwen3VLVisionModel", "qwen3_vl_vision", true, false,
+                                                   &ckptfs_family_qwen3_vl_vision, NULL, false,
+                                                   .megatron_prefix = "vision_model.",
+                                                   .hf_layer_prefix = "visual.blocks.",
+                                                   .list_prefix = "decoder.deepstack_merger_list.",
+                                                   .list_hf_prefix = "visual.deepstack_merger_list."};
 static const CkptfsVisionBlocks deepstack_blocks = {"deepstack_visual_indexes",
                                                      offsetof(CkptfsModel, vision_deepstack), {8, 16, 24}, 3,
                                                      true};
@@ -128,22 +133,26 @@ static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "
                                             &ckptfs_family_llama, NULL, false, 5e5, 1e-6,
                                             .kv_heads = 32, .head_dim = 128, .max_positions = 128000,
                                             .attention_bias_on_output = true, .text_part = "text_config",
-                                            .vision_part = "vision_config", .megatron_prefix = "language_model.",
+                                            .vision_part = "vision_config", .vision = &qwen3_vl_vision,
+                                            .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                             .module_names = qwen2_5_vl_module_names,
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                             .vision_blocks = &deepstack_blocks};
 /* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
- * key/value heads, rope_theta 5e5, 128000 positions), its experts fused on disk transposed
- * ([E, H, 2F], [E, F, H]: transformers 5 transposes them on load and back on save) */
-static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, NULL};
+ * key/value heads, rope_theta 5e5, 128000 positions; the top-k weights always renormalised), its
+ * experts fused on disk: transposed as the releases hold them ([E, H, 2F], [E, F, H]), or as
+ * transformers 5.12.1 holds them in memory and saves them ([E, 2F, H], [E, H, F]) */
+static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_transposed, &ckptfs_fused_in_memory,
+                                                                NULL};
 static const CkptfsMoeConfig qwen3_vl_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
+                                                    .always_renormalize = true, /* its router does */
                                                     .fused_forms = qwen3_vl_moe_fused};
 static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", false, true,
                                                 &ckptfs_family_qwen_moe, &qwen3_vl_moe_config, false, 5e5, 1e-6,
                                                 .kv_heads = 16, .head_dim = 128, .max_positions = 128000,
                                                 .attention_bias_on_output = true, .text_part = "text_config",
-                                                .vision_part = "vision_config",
-                                                .megatron_prefix = "language_model.",
+                                                .vision_part = "vision_config", .vision = &qwen3_vl_vision,
+                                                .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                                 .module_names = qwen2_5_vl_module_names,
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                                 .vision_blocks = &deepstack_blocks};
@@ -499,6 +508,7 @@ void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
     tower->qkv_bias = true;
     tower->qk_norm = tower->tied_embeddings = tower->mla = tower->mtp = false;
     tower->experts = tower->mtp_layers = 0;
+    tower->list_modules = vlm->vision_deepstack_count; /* the deepstack mergers */
     tower->dtype = CKPTFS_DTYPE_INVALID; /* the tower's own, checked against the model's */
 }
 
@@ -691,6 +701,13 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
         if (type && strcmp(type, "mrope") != 0 && strcmp(type, "default") != 0)
             CONFIG_ERROR("%s '%s' is not mrope: %s's rotary embedding is multimodal", type_name, type,
                          model->arch->hf_architecture);
+        g_autofree char *interleaved_name = g_strdup_printf("%s.mrope_interleaved", objects[o]);
+        JsonNode *interleaved = ckptfs_json_member(config, interleaved_name);
+        if (interleaved && model->arch->mrope_interleaved &&
+            !(JSON_NODE_HOLDS_VALUE(interleaved) && json_node_get_value_type(interleaved) == G_TYPE_BOOLEAN &&
+              json_node_get_boolean(interleaved)))
+            CONFIG_ERROR("%s is not true: %s's rope hands out its sections interleaved whatever it says",
+                         interleaved_name, model->arch->hf_architecture);
         g_autofree char *name = g_strdup_printf("%s.mrope_section", objects[o]);
         JsonNode *node = ckptfs_json_member(config, name);
         if (node == NULL)
@@ -863,12 +880,17 @@ bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **e
 void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config)
 {
     ckptfs_schema_write_vision(model, config);
+    const CkptfsVisionBlocks *blocks = model->arch->vision_blocks;
+    if (blocks == NULL)
+        return;
+    /* the architecture's list of blocks (full attention, deepstack), as its walk reads it */
     JsonObject *vision = ckptfs_json_member_object(config, model->arch->vision_part);
-    JsonArray *full = json_array_new();
+    const uint8_t *set = (const uint8_t *)model + blocks->offset;
+    JsonArray *list = json_array_new();
     for (uint64_t b = 0; b < model->vision_depth; b++)
-        if (model->vision_full_attention[b / 8] & (1u << (b % 8)))
-            json_array_add_int_element(full, (gint64)b);
-    json_object_set_array_member(vision, "fullatt_block_indexes", full);
+        if (layer_in(set, b))
+            json_array_add_int_element(list, (gint64)b);
+    json_object_set_array_member(vision, blocks->member, list);
 }
 
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error)

@@ -785,6 +785,7 @@ static bool check_rope_object(JsonObject *object, const char *prefix, const Ckpt
                 known = strcmp(fields[i].hf[n], path) == 0;
         for (size_t i = 0; i < G_N_ELEMENTS(mrope_members) && !known && m->arch && m->arch->vision_part; i++)
             known = strcmp(mrope_members[i], k->data) == 0;
+        known = known || (m->arch && m->arch->mrope_interleaved && strcmp(k->data, "mrope_interleaved") == 0);
         if (!known)
             REFUSE("%s is not understood: its effect has no Megatron equivalent", path);
     }

@@ -355,7 +355,9 @@ static void split_fused_experts(CkptfsSource *source)
     g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
     model->arch = arch;
     GError *error = NULL;
-    if (!ckptfs_model_read_config(source->config, model, &error)) {
+    /* a VLM's language model is its text part's */
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &error);
+    if (text == NULL || !ckptfs_model_read_config(text, model, &error)) {
         g_error_free(error); /* the mount reads the model again and says why */
         return;
     }
@@ -505,8 +507,8 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
         return NULL;
     }
     serve_dtype(source, options, dequantized);
+    rename_modules(source); /* first: the experts are split under the rules' names */
     split_fused_experts(source);
-    rename_modules(source);
     join_fused_experts(source);
     return source;
 }

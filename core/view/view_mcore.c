@@ -154,7 +154,7 @@ static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, 
         memset(offsets, 0, 5 * sizeof *offsets);
         return 5;
     }
-    if (k->stacked && !e->part->per_layer && !e->single)
+    if ((k->stacked && !e->part->per_layer && !e->single) || k->listed) /* listed: the module's number */
         offsets[n] = it->layer, sizes[n++] = 1;
     if (k->expert)
         offsets[n] = it->expert, sizes[n++] = 1;
@@ -365,6 +365,16 @@ static void add_part_items(McoreView *v, const McorePart *part)
             if (pass == 0)
                 add_layer_items(v, part, entry_of, cuts, extras, m->layers + j, &j);
         }
+    }
+    /* A module list (a vision tower's deepstack mergers): each key stacked over the list, as
+     * its modules' sharded_state_dict offsets them. */
+    for (guint k = 0; k < nkeys; k++) {
+        const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);
+        if (!key->listed)
+            continue;
+        entry_of[k] = add_entry(v, part, ckptfs_mcore_key_name(key, v->te_spec, false, 0), key);
+        for (uint64_t j = 0; j < key->list_count; j++)
+            add_key_items(v, entry_of[k], key, g_ptr_array_index(cuts, k), j, 0);
     }
     for (guint k = 0; k < nkeys; k++) {
         const CkptfsMcoreKey *key = g_ptr_array_index(part->keys, k);

@@ -82,7 +82,9 @@ typedef struct {
     const MegatronView *view;
     const CkptfsRankFile *ranks;
     GPtrArray *tensors; /* RankTensor*, owned */
-    const char *mtp_prefix; /* "mtp.layers.J." while a multi-token prediction layer is added */
+    /* "mtp.layers.J." while a multi-token prediction layer is added, a module list's
+     * "decoder.deepstack_merger_list.J." while its module J is */
+    const char *mtp_prefix;
     /* the part whose entries are added: the model (or a VLM's vision tower), its keys, and its
      * module's prefix in the state dict (a VLM's "language_model."; "" for a text model) */
     const CkptfsModel *model;
@@ -247,6 +249,12 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
         add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
         for (uint64_t b = 0; b < v->tower.layers; b++)
             add_entries(rb, sd, CKPTFS_SCOPE_LAYER, b, b);
+        for (uint64_t j = 0; j < v->tower.list_modules; j++) { /* its module list, after the blocks */
+            g_autofree char *prefix = g_strdup_printf("%s%" G_GUINT64_FORMAT ".", v->tower.arch->list_prefix, j);
+            rb->mtp_prefix = prefix;
+            add_entries(rb, sd, CKPTFS_SCOPE_LIST, j, j);
+            rb->mtp_prefix = NULL;
+        }
         add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
     }
     rb->model = v->model, rb->keys = v->keys;

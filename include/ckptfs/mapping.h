@@ -64,6 +64,7 @@ typedef enum {
     CKPTFS_DIM_GDN_HEADS,   /* value heads (A_log, dt_bias) */
     CKPTFS_DIM_GDN_VALUE_HEAD, /* one value head's width (the per-head out_norm) */
     CKPTFS_DIM_CONV_KERNEL, /* conv1d's kernel width */
+    CKPTFS_DIM_POSITIONS,   /* a vision tower's learned position embedding's rows */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -122,6 +123,11 @@ typedef enum {
     CKPTFS_SCOPE_LAST,
     CKPTFS_SCOPE_MTP_IN,
     CKPTFS_SCOPE_MTP_OUT,
+    /* a list of modules numbered apart from the layers, after them (Qwen3-VL's deepstack
+     * mergers): CkptfsModel.list_modules of them, legacy names after the architecture's
+     * list_prefix and "K.", one key stacked over the list in torch_dist, HF names after its
+     * list_hf_prefix */
+    CKPTFS_SCOPE_LIST,
 } CkptfsScope;
 
 #define CKPTFS_ABSENT (-1) /* an order for a spec that has no such entry */
@@ -177,6 +183,8 @@ extern const CkptfsFamily ckptfs_family_glm4_moe; /* GLM-4.5/4.6: Qwen attention
 extern const CkptfsFamily ckptfs_family_mimo;     /* MiMo: Qwen2 with MTP layers of their own names */
 /* Qwen2.5-VL's vision tower and patch merger as mbridge's vision_model (its blocks the layers) */
 extern const CkptfsFamily ckptfs_family_qwen2_5_vl_vision;
+/* Qwen3-VL's: LayerNorms, a learned position embedding, deepstack mergers (a module list) */
+extern const CkptfsFamily ckptfs_family_qwen3_vl_vision;
 extern const CkptfsFamily ckptfs_family_gpt_oss;  /* GPT-OSS: attention sinks, biases on every linear,
                                                      every layer MoE with fused experts */
 extern const CkptfsFamily ckptfs_family_qwen3_next; /* Qwen3-Next: gated delta-net and gated

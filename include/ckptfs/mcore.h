@@ -45,6 +45,11 @@ typedef struct {
     uint64_t decoder_layers;
     const char *mtp_hf_prefix;
     const char *hf_layer_prefix; /* the architecture's (NULL: "model.layers.") */
+    /* a key of the family's module list (CKPTFS_SCOPE_LIST): a leading axis of LIST_COUNT, its
+     * HF tensors after LIST_HF_PREFIX and the module's number */
+    bool listed;
+    uint64_t list_count;
+    const char *list_hf_prefix;
 } CkptfsMcoreKey;
 
 /* The row sections of DIM in MODEL that CKPTFS_TP_SECTIONS splits one by one, into OUT, their
@@ -90,7 +95,9 @@ GPtrArray *ckptfs_legacy_entries(const CkptfsModel *model, CkptfsScope scope, ui
 const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec);
 /* The key of entry NAME of SCOPE in a legacy state dict: after "decoder.layers.LOCAL." for a
  * layer, or in a multi-token prediction layer (MTP_PREFIX "mtp.layers.J.", else NULL) after
- * "mtp.layers.J.mtp_model_layer." for its layer's entries and "mtp.layers.J." for its own. */
+ * "mtp.layers.J.mtp_model_layer." for its layer's entries and "mtp.layers.J." for its own; a
+ * module of the family's list (CKPTFS_SCOPE_LIST) after MTP_PREFIX, there the list's prefix and
+ * the module's number. */
 char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, const char *mtp_prefix);
 /* The legacy name of expert rule RULE for local expert J: SequentialMLP's
  * "mlp.experts.local_experts.J.linear_fc1.weight", or with GROUPED (TEGroupedMLP)

@@ -80,6 +80,12 @@ typedef struct CkptfsArchitecture {
      * "vision_model."; NULL: none), and where its layers' Hugging Face tensors are (NULL:
      * "model.layers."; a vision tower's blocks: "visual.blocks.") */
     const char *megatron_prefix, *hf_layer_prefix;
+    /* a multimodal rope that hands its sections out interleaved (Qwen3-VL: transformers' and
+     * mbridge's models always do; config.json's mrope_interleaved, when given, must say so) */
+    bool mrope_interleaved;
+    /* its family's module list (CKPTFS_SCOPE_LIST): the list's Megatron name
+     * ("decoder.deepstack_merger_list.") and Hugging Face one; NULL: no such list */
+    const char *list_prefix, *list_hf_prefix;
     /* Pairs of Hugging Face name prefixes, NULL-terminated: a later transformers' module names
      * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
      * "model.visual." and "visual."); NULL: one naming */
@@ -261,6 +267,9 @@ typedef struct {
      * attention-pooling head (vision_use_head; its tensors are saved, Gemma 3 does not use it) */
     uint64_t vision_image_tokens;
     bool vision_head;
+    /* the modules of the family's numbered list (CKPTFS_SCOPE_LIST): a vision tower's deepstack
+     * mergers */
+    uint64_t list_modules;
     /* Multimodal rotary embedding (Qwen2-VL's mrope_section: the rotary frequencies given to the
      * temporal, height and width positions; all 0: plain rope) */
     uint64_t mrope_section[3];

@@ -3,10 +3,12 @@
 # Qwen3VLMoeForConditionalGeneration (its experts fused on disk) built and saved by transformers 5
 # itself (in the sid root), under the module names its releases use. Each is read as one model:
 # the language model from text_config, the tower (learned positions, deepstack mergers) from
-# vision_config by its own rows. Its deepstack mergers have no Megatron rules yet: hf/ serves the
-# whole model (bytes, and transformers' logits on an image + text input), and inspect and the
-# mount log say why the Megatron views are missing. A vision field no rule reads and deepstack
-# blocks out of order are refused by name, hf/ still served.
+# vision_config by its own rows. hf/ serves the whole model (bytes, and transformers' logits on an
+# image + text input). tp2pp2/ holds, rank by rank, what mbridge's qwen3_vl bridge tables give
+# (vlm.py's reference: the tower with its deepstack mergers on the first stage, the experts per
+# expert), its rank files gathered back give the original's logits, and mcore/ read by
+# torch.distributed.checkpoint holds the same tensors stacked. A vision field no rule reads and
+# deepstack blocks out of order are refused by name, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -18,21 +20,22 @@ ok $? "transformers 5 builds and saves a tiny Qwen3-VL and Qwen3-VL-MoE" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
 # vlm.py's QWEN3_TEXT and QWEN3_VISION sizes
-tower='"vision_config": 3 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64, 2 deepstack mergers'
+tower_line='3 blocks of width 32, 2 heads, ffn 48, merger 2x2 into 64, mrope sections 2/3/3: vision_model.* on the first pipeline stage'
 declare -A class=([dense]=Qwen3VLForConditionalGeneration [moe]=Qwen3VLMoeForConditionalGeneration)
 for form in dense moe; do
   src=$models/$form mnt=$WORK/mnt-$form
   "$CKPTFS" inspect "$src" > "$WORK/inspect-$form" 2>&1
   grep -q "^architecture: ${class[$form]} (model_type qwen3_vl" "$WORK/inspect-$form" &&
-    grep -qF "megatron:     no Megatron views: config.json: ${class[$form]}: its vision tower and merger ($tower) have no Megatron rules yet; hf/ serves the whole model" "$WORK/inspect-$form"
-  ok $? "$form: inspect reads the tower from the config's vision part and says its Megatron rules are missing" ||
-    sed 's/^/# /' "$WORK/inspect-$form" >&2
+    grep -qF "vision:       $tower_line" "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the tower from the config's vision part" || sed 's/^/# /' "$WORK/inspect-$form" >&2
   fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
-  listing=$(ls "$mnt" | tr '\n' ' ')
-  ls "$mnt/tp2pp2" > /dev/null 2>&1
-  ok $([[ $listing == "hf " ]] && grep -qF "have no Megatron rules yet" "$WORK/log-$form"; echo $?) \
-    "$form: the root lists hf/ only (got: $listing), and the mount log says why" || sed 's/^/# /' "$WORK/log-$form" >&2
+  # the layouts whose TP splits the tower's 2 heads: no tp4
+  listing=$(ls "$mnt" | grep -v ep | tr '\n' ' ')
+  ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp1pp4 tp2pp1 tp2pp2 tp2pp4 " ]]; echo $?) \
+    "$form: the root lists hf/, mcore/ and the layouts that split the tower (got: $listing)" || sed 's/^/# /' "$WORK/log-$form" >&2
+  cp -r "$mnt/tp2pp2" "$WORK/meg-$form" && cp -r "$mnt/mcore" "$WORK/mcore-$form"
+  ok $? "$form: tp2pp2/ and mcore/ copy out"
 done
 # The text model read from text_config: vlm.py's sizes, not the defaults. The MoE's text part has
 # tie_word_embeddings true under a top-level false (transformers 5 saves it so): the top level's.
@@ -50,6 +53,21 @@ for form in dense moe; do
     sed 's/^/# /' "$WORK/logits" >&2
 done
 
+# The Megatron views against mbridge's tables (vlm.py q3_views), both models in one process.
+sid_python "$WORK" "$script" q3_views "$models/dense" "$WORK/meg-dense" "$WORK/back-dense" "$WORK/mcore-dense/release" \
+  "$models/moe" "$WORK/meg-moe" "$WORK/back-moe" "$WORK/mcore-moe/release" > "$WORK/views" 2> "$WORK/views.err"
+ran $? "vlm.py checks both models' tp2pp2/ and mcore/" "$WORK/views.err"
+for form in dense moe; do
+  [[ $(grep -c "^PASS $form tp2pp2 rank ([01], [01]): .* mbridge's names, shapes and bytes; args rope ('mrope', \[2, 3, 3\])" "$WORK/views") == 4 ]]
+  ok $? "$form: each rank file of tp2pp2/ holds mbridge's names, shapes and bytes (tower, deepstack mergers, experts), args with mrope" ||
+    sed 's/^/# /' "$WORK/views" >&2
+  grep -q "^PASS $WORK/back-$form: transformers' logits" "$WORK/views"
+  ok $? "$form: tp2pp2/'s rank files gathered back as mbridge exports give the original's logits" || sed 's/^/# /' "$WORK/views" >&2
+  grep -q "^PASS $form mcore: the .* tensor keys of mbridge's model, dcp.load gives its tensors bit for bit" "$WORK/views"
+  ok $? "$form: mcore/ read by torch.distributed.checkpoint holds mbridge's keys, shapes and tensors" ||
+    sed 's/^/# /' "$WORK/views" >&2
+done
+
 # Refused by name, hf/ still served: a field of Qwen2.5-VL's tower, deepstack blocks out of order.
 declare -A why=([badvision]='vision_config.window_size is not understood'
                 [badorder]='vision_config.deepstack_visual_indexes entry 1 (0) does not follow 1')
@@ -62,8 +80,8 @@ for bad in badvision badorder; do
   fg_unmount "$WORK/mnt-$bad"
 done
 
-# A Megatron source named a Qwen3-VL (whose tower has no rules) is refused like any VLM's, not
-# read as its language model alone.
+# A Megatron source named a Qwen3-VL (its deepstack mergers are not read back yet) is refused like
+# a VLM's without rules, not read as its language model alone.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_vl > "$WORK/inspect-meg" 2>&1
 grep -q 'a Megatron checkpoint of Qwen3VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
 ok $? "a Megatron source with -o hf_arch=qwen3_vl is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2

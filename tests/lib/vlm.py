@@ -27,6 +27,11 @@ of ckptfs's views of it.
       tower with Qwen3VLMoeForConditionalGeneration's text model (QWEN3_MOE), its experts fused
       on disk; OUT/badvision: dense with a vision field no rule reads; OUT/badorder: dense with
       deepstack_visual_indexes out of order.
+  vlm.py q3_views ORIG MEGATRON_DIR OUT MCORE_DIR [ORIG MEGATRON_DIR OUT MCORE_DIR ...]
+      the tiny Qwen3-VL (or Qwen3-VL-MoE) ORIG's tp2pp2 copy MEGATRON_DIR against mbridge's qwen3_vl tables (each rank
+      file's names, shapes, bytes and mrope args); ORIG rebuilt from it as mbridge exports into OUT
+      and compared by transformers' logits; MCORE_DIR (mcore/'s release) read by
+      torch.distributed.checkpoint against the same tables.
   vlm.py logits_pairs ORIG HF_DIR [ORIG HF_DIR ...]
       the same for each pair, in one process.
   vlm.py samehf ORIG HF_DIR...
@@ -289,9 +294,8 @@ LANGUAGE_LAYER = {
 }
 
 
-def to_mcore(name, hf):
+def to_mcore(name, hf, text=TEXT, vision=VISION):
     """mbridge's _weight_to_mcore_format: the full (unsplit) Megatron tensor of NAME."""
-    text, vision = TEXT, VISION
     if "linear_qkv" in name and "layer_norm" not in name:
         if len(hf) == 1:  # the vision tower's fused [q; k; v] -> per head [q_h; k_h; v_h]
             heads, width = vision["num_heads"], vision["hidden_size"]
@@ -301,7 +305,7 @@ def to_mcore(name, hf):
             out = [-1, width] if name.endswith("weight") else [-1]
             return torch.cat([x.reshape(heads, d, -1) for x in (q, k, v)], dim=1).reshape(*out)
         groups, heads = text["num_key_value_heads"], text["num_attention_heads"]
-        d = text["hidden_size"] // heads
+        d = text.get("head_dim", text["hidden_size"] // heads)
         q, k, v = hf
         q = q.reshape(groups, heads // groups * d, -1)
         k = k.reshape(groups, d, -1)
@@ -515,6 +519,221 @@ def compare_mcore(want, ckpt, label, whose):
           + (f" (differing {bad[:3]})" if bad else ""))
 
 
+# --- Qwen3-VL's Megatron views: mbridge's qwen3_vl bridge tables (mbridge/models/qwen3_vl/__init__.py),
+# written out with the TP split of each module Megatron-core builds there: TEColumnParallelLinear /
+# TELayerNormColumnParallelLinear "rows", TERowParallelLinear "cols" (bias whole), norms, nn.Conv3d
+# and nn.Embedding "whole". Names under {i} are per block, {k} per deepstack merger. ---
+Q3_VISION_FIRST = {
+    "vision_model.patch_embed.proj.weight": (["model.visual.patch_embed.proj.weight"], "whole"),
+    "vision_model.patch_embed.proj.bias": (["model.visual.patch_embed.proj.bias"], "whole"),
+    "vision_model.pos_embed.weight": (["model.visual.pos_embed.weight"], "whole"),
+}
+Q3_VISION_BLOCK = {
+    "self_attention.linear_proj.weight": (["attn.proj.weight"], "cols"),
+    "self_attention.linear_proj.bias": (["attn.proj.bias"], "whole"),
+    "self_attention.linear_qkv.layer_norm_weight": (["norm1.weight"], "whole"),
+    "self_attention.linear_qkv.layer_norm_bias": (["norm1.bias"], "whole"),
+    "self_attention.linear_qkv.weight": (["attn.qkv.weight"], "rows"),
+    "self_attention.linear_qkv.bias": (["attn.qkv.bias"], "rows"),
+    "mlp.linear_fc1.layer_norm_weight": (["norm2.weight"], "whole"),
+    "mlp.linear_fc1.layer_norm_bias": (["norm2.bias"], "whole"),
+    "mlp.linear_fc1.weight": (["mlp.linear_fc1.weight"], "rows"),
+    "mlp.linear_fc1.bias": (["mlp.linear_fc1.bias"], "rows"),
+    "mlp.linear_fc2.weight": (["mlp.linear_fc2.weight"], "cols"),
+    "mlp.linear_fc2.bias": (["mlp.linear_fc2.bias"], "whole"),
+}
+Q3_MERGER = {  # a deepstack merger's, and the merger's (its HF norm is "norm")
+    "patch_norm.weight": (["norm.weight"], "whole"),
+    "patch_norm.bias": (["norm.bias"], "whole"),
+    "linear_fc1.weight": (["linear_fc1.weight"], "rows"),
+    "linear_fc1.bias": (["linear_fc1.bias"], "rows"),
+    "linear_fc2.weight": (["linear_fc2.weight"], "cols"),
+    "linear_fc2.bias": (["linear_fc2.bias"], "whole"),
+}
+Q3_TEXT_FIRST = {"language_model.embedding.word_embeddings.weight": (["model.language_model.embed_tokens.weight"], "vocab")}
+Q3_TEXT_LAST = {"language_model.decoder.final_layernorm.weight": (["model.language_model.norm.weight"], "whole"),
+                "language_model.output_layer.weight": (["lm_head.weight"], "vocab")}
+Q3_TEXT_LAYER = {
+    "self_attention.linear_proj.weight": (["self_attn.o_proj.weight"], "cols"),
+    "self_attention.linear_qkv.layer_norm_weight": (["input_layernorm.weight"], "whole"),
+    "self_attention.q_layernorm.weight": (["self_attn.q_norm.weight"], "whole"),
+    "self_attention.k_layernorm.weight": (["self_attn.k_norm.weight"], "whole"),
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], "rows"),
+    "mlp.linear_fc1.weight": (["mlp.gate_proj.weight", "mlp.up_proj.weight"], "halves"),
+    "mlp.linear_fc1.layer_norm_weight": (["post_attention_layernorm.weight"], "whole"),
+    "mlp.linear_fc2.weight": (["mlp.down_proj.weight"], "cols"),
+}
+
+
+# Qwen3-VL-MoE's layers (all MoE): Megatron-core's SequentialMLP per expert, from the fused tensors
+# as transformers holds them in memory ([E, 2F, H] = [gate; up] per expert, [E, H, F]): expert e's
+# fc1 is gate_up_proj[e] (mbridge transposes the release's [E, H, 2F] to the same), fc2 is
+# down_proj[e]; the experts split by expert TP (here TP's degree) as dense fc1/fc2.
+Q3_MOE_LAYER = {k: v for k, v in Q3_TEXT_LAYER.items() if not k.startswith("mlp.")}
+Q3_MOE_LAYER.update({
+    "pre_mlp_layernorm.weight": (["post_attention_layernorm.weight"], "whole"),
+    "mlp.router.weight": (["mlp.gate.weight"], "whole"),
+})
+Q3_EXPERT = {"linear_fc1.weight": ("mlp.experts.gate_up_proj", "halves"),
+             "linear_fc2.weight": ("mlp.experts.down_proj", "cols")}
+
+
+def q3_tensors(orig):
+    """ORIG's tensors as transformers 5 holds them (its module names; experts in its in-memory form)."""
+    import transformers
+    with open(f"{orig}/config.json") as f:
+        model_class = json.load(f)["architectures"][0]
+    model = getattr(transformers, model_class).from_pretrained(orig, dtype=torch.bfloat16)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, "Moe" in model_class
+
+
+def q3_layers(p, pp):
+    per = QWEN3_TEXT["num_hidden_layers"] // pp
+    return range(p * per, (p + 1) * per)
+
+
+def q3_entries(p, pp, moe=False):
+    """(Megatron name, HF names, split) of pipeline stage P's state dict, as mbridge's Qwen3VLModel
+    registers it: the tower whole on the first stage (blocks, deepstack mergers, merger), then the
+    language model's share. An expert's entry has HF names (fused tensor, expert)."""
+    entries = []
+    if p == 0:
+        entries += [(k, v[0], v[1]) for k, v in Q3_VISION_FIRST.items()]
+        for i in range(QWEN3_VISION["depth"]):
+            entries += [(f"vision_model.decoder.layers.{i}.{k}", [f"model.visual.blocks.{i}.{n}" for n in v[0]], v[1])
+                        for k, v in Q3_VISION_BLOCK.items()]
+        for j in range(len(QWEN3_VISION["deepstack_visual_indexes"])):
+            entries += [(f"vision_model.decoder.deepstack_merger_list.{j}.{k}",
+                         [f"model.visual.deepstack_merger_list.{j}.{n}" for n in v[0]], v[1]) for k, v in Q3_MERGER.items()]
+        entries += [(f"vision_model.merger.{k}", [f"model.visual.merger.{n}" for n in v[0]], v[1]) for k, v in Q3_MERGER.items()]
+        entries += [(k, v[0], v[1]) for k, v in Q3_TEXT_FIRST.items()]
+    for local, g in enumerate(q3_layers(p, pp)):
+        entries += [(f"language_model.decoder.layers.{local}.{k}", [f"model.language_model.layers.{g}.{n}" for n in v[0]], v[1])
+                    for k, v in (Q3_MOE_LAYER if moe else Q3_TEXT_LAYER).items()]
+        for e in range(QWEN3_MOE["num_experts"] if moe else 0):
+            entries += [(f"language_model.decoder.layers.{local}.mlp.experts.local_experts.{e}.{k}",
+                         [(f"model.language_model.layers.{g}.{fused}", e)], split) for k, (fused, split) in Q3_EXPERT.items()]
+    if p == pp - 1:
+        entries += [(k, v[0], v[1]) for k, v in Q3_TEXT_LAST.items()]
+    return entries
+
+
+def q3_hf(hf, name):
+    """HF tensor NAME, or (fused name, expert): that expert's matrix."""
+    return hf[name[0]][name[1]] if isinstance(name, tuple) else hf[name]
+
+
+def q3_megatron(orig, meg, tp, pp):
+    """Each rank file of MEG (tpTPppPP/ of the tiny Qwen3-VL ORIG): exactly the names, shapes and bytes
+    of the reference above (extra states aside), and args with its mrope."""
+    hf, moe = q3_tensors(orig)
+    divisible = 128 * tp
+    vocab_pad = (QWEN3_TEXT["vocab_size"] + divisible - 1) // divisible * divisible
+    for p in range(pp):
+        for r in range(tp):
+            want = {name: tp_share(to_mcore(name, [q3_hf(hf, n) for n in names], QWEN3_TEXT, QWEN3_VISION), split, tp, r,
+                                   vocab_pad)
+                    for name, names, split in q3_entries(p, pp, moe)}
+            ckpt = load_rank(rank_file(meg, p, r, pp))
+            got = {k: v for k, v in ckpt["model"].items() if not k.endswith("_extra_state")}
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
+            args = ckpt["args"]
+            rope = (getattr(args, "position_embedding_type", None), getattr(args, "mrope_section", None))
+            want_rope = ("mrope", QWEN3_TEXT["rope_parameters"]["mrope_section"])
+            what = f"{os.path.basename(orig)} tp{tp}pp{pp} rank ({p}, {r})"
+            if missing or extra or bad or rope != want_rope:
+                print(f"FAIL {what}: missing {missing[:3]}, unexpected {extra[:3]}, differing {bad[:3]}, rope {rope}")
+            else:
+                print(f"PASS {what}: {len(want)} tensors with mbridge's names, shapes and bytes; args rope {rope}")
+
+
+def q3_to_hf(orig, meg, tp, pp, out):
+    """ORIG rebuilt from MEG's rank files as mbridge exports them (TP shares gathered, q/k/v and
+    fc1 split back), under the module names, with ORIG's config.json."""
+    ranks = {(p, r): load_rank(rank_file(meg, p, r, pp))["model"] for p in range(pp) for r in range(tp)}
+    moe = "Moe" in json.load(open(f"{orig}/config.json"))["architectures"][0]
+    hf, experts = {}, {}
+    for p in range(pp):
+        for name, hf_names, split in q3_entries(p, pp, moe):
+            shares = [ranks[(p, r)][name] for r in range(tp)]
+            if split == "whole":
+                full = shares[0]
+            elif split in ("rows", "vocab"):
+                full = torch.cat(shares, dim=0)
+            elif split == "cols":
+                full = torch.cat(shares, dim=1)
+            else:
+                halves = [s.chunk(2, dim=0) for s in shares]
+                full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+            if split == "vocab":
+                full = full[: QWEN3_TEXT["vocab_size"]]
+            if isinstance(hf_names[0], tuple):  # an expert's: restacked below
+                experts.setdefault(hf_names[0][0], {})[hf_names[0][1]] = full
+            elif "linear_qkv" in name and "layer_norm" not in name and name.startswith("vision_model."):
+                heads, width = QWEN3_VISION["num_heads"], QWEN3_VISION["hidden_size"]
+                per = full.reshape(heads, 3, width // heads, -1)
+                hf[hf_names[0]] = per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
+            elif "linear_qkv" in name and "layer_norm" not in name:
+                groups, heads, d = QWEN3_TEXT["num_key_value_heads"], QWEN3_TEXT["num_attention_heads"], QWEN3_TEXT["head_dim"]
+                per = full.reshape(groups, (heads // groups + 2) * d, -1)
+                for n, x in zip(hf_names, per.split([heads // groups * d, d, d], dim=1)):
+                    hf[n] = x.reshape(-1, full.shape[1])
+            elif len(hf_names) == 2:
+                hf[hf_names[0]], hf[hf_names[1]] = full.chunk(2, dim=0)
+            else:
+                hf[hf_names[0]] = full
+    for fused, per in experts.items():  # transformers 5's in-memory form, as the original is saved
+        hf[fused] = torch.stack([per[e] for e in sorted(per)])
+    os.makedirs(out)
+    save_st(hf, f"{out}/model.safetensors")
+    shutil.copy(f"{orig}/config.json", f"{out}/config.json")
+
+
+def q3_mcore(orig, ckpt):
+    """CKPT (an mcore/ release directory) read by torch.distributed.checkpoint: the tensor keys of
+    Megatron-core's sharded_state_dict of mbridge's model (blocks and layers stacked under
+    "decoder.layers.", the deepstack mergers under "decoder.deepstack_merger_list." as
+    Qwen3VLVisionTransformerBlock offsets them), with the global shapes and bytes."""
+    import torch.distributed.checkpoint as dcp
+    hf, moe = q3_tensors(orig)
+    conv = lambda k, names: to_mcore(k, [hf[n] for n in names], QWEN3_TEXT, QWEN3_VISION)  # noqa: E731
+    want = {k: conv(k, v[0]) for k, v in {**Q3_VISION_FIRST, **Q3_TEXT_FIRST, **Q3_TEXT_LAST}.items()}
+    for k, (names, _) in Q3_VISION_BLOCK.items():
+        want[f"vision_model.decoder.layers.{k}"] = torch.stack(
+            [conv(k, [f"model.visual.blocks.{i}.{n}" for n in names]) for i in range(QWEN3_VISION["depth"])])
+    for k, (names, _) in Q3_MERGER.items():
+        want[f"vision_model.decoder.deepstack_merger_list.{k}"] = torch.stack(
+            [conv(k, [f"model.visual.deepstack_merger_list.{j}.{n}" for n in names])
+             for j in range(len(QWEN3_VISION["deepstack_visual_indexes"]))])
+        want[f"vision_model.merger.{k}"] = conv(k, [f"model.visual.merger.{n}" for n in names])
+    layers = range(QWEN3_TEXT["num_hidden_layers"])
+    for k, (names, _) in (Q3_MOE_LAYER if moe else Q3_TEXT_LAYER).items():
+        want[f"language_model.decoder.layers.{k}"] = torch.stack(
+            [conv(k, [f"model.language_model.layers.{g}.{n}" for n in names]) for g in layers])
+    for k, (fused, _) in Q3_EXPERT.items() if moe else ():  # [layers, experts, rows, cols]
+        want[f"language_model.decoder.layers.mlp.experts.experts.{k}"] = torch.stack(
+            [hf[f"model.language_model.layers.{g}.{fused}"] for g in layers])
+    meta = dcp.FileSystemReader(ckpt).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != tuple(want[k].shape)]
+    if missing or extra or shapes:
+        print(f"FAIL {os.path.basename(orig)} mcore keys: missing {missing[:3]}, unexpected {extra[:3]}, shapes differ {shapes[:3]}")
+        return
+    got = {k: torch.empty_like(v) for k, v in want.items()}
+    dcp.load(got, checkpoint_id=ckpt)
+    bad = [k for k in want if not torch.equal(got[k], want[k])]
+    print(f"{'FAIL' if bad else 'PASS'} {os.path.basename(orig)} mcore: the {len(want)} tensor keys of mbridge's model, dcp.load gives its "
+          f"tensors bit for bit" + (f" (differing {bad[:3]})" if bad else ""))
+
+
+def q3_views(orig, meg, out, ckpt):
+    q3_megatron(orig, meg, 2, 2)
+    q3_to_hf(orig, meg, 2, 2, out)
+    logits(orig, [out])
+    q3_mcore(orig, ckpt)
+
 # --- GLM-4.1V (Glm4vForConditionalGeneration) ---
 
 # GLM-4's language model: head_dim 16, half of it rotated (partial_rotary_factor 0.5), so the
@@ -599,5 +818,6 @@ if __name__ == "__main__":
      "broken": lambda: broken(sys.argv[2], sys.argv[3]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
+     "q3_views": lambda: [q3_views(*sys.argv[i:i + 4]) for i in range(2, len(sys.argv), 4)],
      "glm4v-build": lambda: glm4v_build(sys.argv[2]),
      "glm4v-logits": lambda: logits(sys.argv[3], sys.argv[4:], sys.argv[2], glm4v_inputs)}[sys.argv[1]]()

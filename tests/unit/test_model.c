@@ -4,6 +4,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/json_strict.h"
+#include "ckptfs/mcore.h"
 #include "ckptfs/model.h"
 #include "tap.h"
 
@@ -447,13 +448,14 @@ static void test_vision_configs(void)
         {"{" GLM4V "\"vision_config\": {\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"image_size\": [56, 56]}}",
          "\"vision_config.image_size\" is not a positive integer", "an image size of two sides"},
         /* Qwen3-VL's tower: its own rows and defaults (27 blocks; deepstack blocks 8, 16, 24 where
-         * they exist); no Megatron rules for its deepstack mergers yet */
-        {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [0, 2]}}",
-         "(\"vision_config\": 3 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64, 2 deepstack mergers) have no "
-         "Megatron rules yet", "a Qwen3-VL config read whole, its tower without rules said by name"},
-        {"{" QWEN3_VL "\"vision_config\": {\"hidden_size\": 32, \"num_heads\": 2}}",
-         "(\"vision_config\": 27 blocks of width 32, 2 heads, ffn 4304, merged 2x2 into 3584, 3 deepstack mergers)",
-         "Qwen3VLVisionConfig's defaults"},
+         * they exist) */
+        {"{\"architectures\": [\"Qwen3VLForConditionalGeneration\"], \"model_type\": \"qwen3_vl\", \"text_config\": "
+         "{\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, "
+         "\"intermediate_size\": 96, \"vocab_size\": 250, \"head_dim\": 8, \"rope_parameters\": {\"rope_type\": "
+         "\"default\", \"mrope_section\": [1, 1, 2], \"mrope_interleaved\": false}}, \"vision_config\": {" QWEN3_VISION
+         ", \"deepstack_visual_indexes\": [0, 2]}}",
+         "rope_parameters.mrope_interleaved is not true: Qwen3VLForConditionalGeneration's rope hands out its sections "
+         "interleaved", "a Qwen3-VL rope said not to interleave"},
         {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION "}}",
          "vision_config.deepstack_visual_indexes entry 0 is not a block number below depth 3",
          "the default deepstack blocks (8, 16, 24) past a 3-block tower: mergers no block feeds"},
@@ -535,6 +537,64 @@ static void test_interleaved_mrope(void)
     memset(&m, 0, sizeof m);
     m.arch = ckptfs_architecture_find("glm4v_moe", NULL);
     tap_ok(m.arch && !m.arch->interleaved_mrope, "GLM-4.5V's mrope (halves rotated) is Megatron-core's");
+    json_object_unref(config);
+}
+
+/* Qwen3-VL's tower as a model of its own: its deepstack mergers a module list of their own count,
+ * one key each stacked over the list, their HF tensors after the blocks' and before the merger's. */
+static void test_qwen3_vl_tower(void)
+{
+    JsonObject *config = config_of(
+        "{\"architectures\": [\"Qwen3VLForConditionalGeneration\"], \"model_type\": \"qwen3_vl\", \"text_config\": "
+        "{\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, "
+        "\"intermediate_size\": 96, \"vocab_size\": 250, \"head_dim\": 8, \"rope_parameters\": {\"rope_type\": "
+        "\"default\", \"mrope_section\": [1, 1, 2], \"mrope_interleaved\": true}}, \"vision_config\": {\"depth\": 3, "
+        "\"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, \"out_hidden_size\": 64, \"patch_size\": 16, "
+        "\"num_position_embeddings\": 16, \"deepstack_visual_indexes\": [0, 2]}}");
+    CkptfsModel m, tower;
+    memset(&m, 0, sizeof m);
+    GError *error = NULL;
+    m.arch = ckptfs_architecture_find("qwen3_vl", &m);
+    bool ok = m.arch && ckptfs_model_read_vision(config, &m, &error);
+    if (ok)
+        ckptfs_model_vision_tower(&m, &tower);
+    g_autoptr(GPtrArray) keys = ok ? ckptfs_mcore_keys(&tower, 0, false) : NULL;
+    const CkptfsMcoreKey *fc1 = NULL;
+    for (guint i = 0; keys && i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (strcmp(k->key, "decoder.deepstack_merger_list.linear_fc1.weight") == 0)
+            fc1 = k;
+    }
+    uint64_t shape[5] = {0};
+    unsigned n = fc1 ? ckptfs_mcore_key_shape(fc1, tower.layers, shape) : 0;
+    tap_ok(ok && tower.list_modules == 2 && fc1 && n == 3 && shape[0] == 2 && shape[1] == 128 && shape[2] == 128,
+           "Qwen3-VL's tower: 2 deepstack mergers, their fc1 one key [2, 128, 128] (%s)",
+           error ? error->message : "read");
+    g_autoptr(GArray) tensors = keys ? ckptfs_model_hf_tensors(&tower, keys) : NULL;
+    int merger = -1, deepstack = -1, block = -1;
+    for (guint i = 0; tensors && i < tensors->len; i++) {
+        const char *name = g_array_index(tensors, CkptfsHfShape, i).name;
+        if (strcmp(name, "visual.deepstack_merger_list.1.linear_fc2.bias") == 0)
+            deepstack = (int)i;
+        else if (strcmp(name, "visual.merger.norm.weight") == 0)
+            merger = (int)i;
+        else if (strcmp(name, "visual.blocks.2.mlp.linear_fc2.bias") == 0)
+            block = (int)i;
+    }
+    tap_ok(block >= 0 && deepstack > block && merger > deepstack,
+           "its HF tensors: the blocks', the deepstack mergers' (visual.deepstack_merger_list.K.*), the merger's");
+    /* written back (the views' args.hf_vision_config): its own list of blocks, not Qwen2.5-VL's */
+    JsonObject *written = json_object_new();
+    if (ok)
+        ckptfs_model_write_vision(&m, written);
+    JsonNode *list = ckptfs_json_member(written, "vision_config.deepstack_visual_indexes");
+    JsonArray *blocks = list && JSON_NODE_HOLDS_ARRAY(list) ? json_node_get_array(list) : NULL;
+    tap_ok(blocks && json_array_get_length(blocks) == 2 && json_array_get_int_element(blocks, 0) == 0 &&
+               json_array_get_int_element(blocks, 1) == 2 &&
+               ckptfs_json_member(written, "vision_config.fullatt_block_indexes") == NULL,
+           "its vision part written back with deepstack_visual_indexes [0, 2] and no fullatt_block_indexes");
+    json_object_unref(written);
+    g_clear_error(&error);
     json_object_unref(config);
 }
 
@@ -686,5 +746,6 @@ int main(void)
     test_vision_configs();
     test_vision_round_trip();
     test_interleaved_mrope();
+    test_qwen3_vl_tower();
     return tap_done();
 }
