@@ -101,11 +101,12 @@ passes() {
   done < "$1"
 }
 # same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ);
-# B's DIRs must exist and hold files, so that a missing mount or view never passes.
+# B's DIRs (links to a view followed) must exist and hold files, so that a missing mount or view
+# never passes.
 same_trees() {
   local a=$1 b=$2 f bad=0 files
   shift 2
-  files=$(cd "$b" && find "$@" -type f) || { echo "cannot list $*/ under $b"; return 1; }
+  files=$(cd "$b" && find -H "$@" -type f) || { echo "cannot list $*/ under $b"; return 1; }
   [[ -n $files ]] || { echo "no files under $b/$*"; return 1; }
   for f in $files; do
     cmp -s "$a/$f" "$b/$f" || { echo "differs: $f"; bad=1; }
