@@ -38,7 +38,7 @@ import sys
 
 import torch
 
-from vlm import chunks_of, compare_mcore, load_rank, rank_file, save_st, tp_share
+from vlm import chunks_of, compare_mcore, gather, load_rank, rank_file, save_st, split_qkv, tp_share
 
 TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=512,
@@ -306,21 +306,10 @@ def to_hf(orig, meg, tp, pp, out):
         for name, names, split in entries_of(p, pp):
             if name in LAST_COPY:
                 continue
-            shares = [ranks[(p, r)][f"model/{name}"] for r in range(tp)]
-            if split == "whole":
-                full = shares[0]
-            elif split in ("rows", "vocab"):
-                full = torch.cat(shares, dim=0)[: TEXT["vocab_size"]] if split == "vocab" else torch.cat(shares, dim=0)
-            elif split == "cols":
-                full = torch.cat(shares, dim=1)
-            else:
-                halves = [s.chunk(2, dim=0) for s in shares]
-                full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+            full = gather([ranks[(p, r)][f"model/{name}"] for r in range(tp)], split, TEXT["vocab_size"])
             if name.endswith("linear_qkv.weight"):
-                groups, heads, d = TEXT["num_key_value_heads"], TEXT["num_attention_heads"], TEXT["head_dim"]
-                q, k, v = full.reshape(groups, (heads // groups + 2) * d, -1).split([heads // groups * d, d, d], dim=1)
-                for n, x in zip(names, (q, k, v)):
-                    hf[n] = x.reshape(-1, TEXT["hidden_size"])
+                hf.update(zip(names, split_qkv(full, TEXT["num_key_value_heads"], TEXT["num_attention_heads"],
+                                               TEXT["head_dim"])))
             elif len(names) == 2:
                 hf[names[0]], hf[names[1]] = full.chunk(2, dim=0)
             else:

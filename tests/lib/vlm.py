@@ -435,31 +435,14 @@ def to_hf(orig, meg, tp, pp, vpp, out):
     tables += [(pp - 1, last + k, v[0], v[1]) for k, v in LANGUAGE_LAST.items()]
     hf = {}
     for p, name, hf_names, split in tables:
-        shares = [ranks[(p, r)][name] for r in range(tp)]
-        if split == "whole":
-            full = shares[0]
-        elif split in ("rows", "vocab"):
-            full = torch.cat(shares, dim=0)
-        elif split == "cols":
-            full = torch.cat(shares, dim=1)
-        else:
-            halves = [s.chunk(2, dim=0) for s in shares]
-            full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-        if split == "vocab":
-            full = full[: TEXT["vocab_size"]]
+        full = gather([ranks[(p, r)][name] for r in range(tp)], split, TEXT["vocab_size"])
         if "linear_qkv" in name and "layer_norm" not in name:
             if "/vision_model." in name:
-                heads, width = VISION["num_heads"], VISION["hidden_size"]
-                d = width // heads
-                per = full.reshape(heads, 3, d, -1)
-                hf[hf_names[0]] = per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
+                hf[hf_names[0]] = vision_qkv(full, VISION["num_heads"], VISION["hidden_size"])
             else:
-                groups, heads = TEXT["num_key_value_heads"], TEXT["num_attention_heads"]
-                d = TEXT["hidden_size"] // heads
-                per = full.reshape(groups, (heads // groups + 2) * d, -1)
-                q, k, v = per.split([heads // groups * d, d, d], dim=1)
-                for n, x in zip(hf_names, (q, k, v)):
-                    hf[n] = x.reshape((-1,) + tuple(full.shape[1:]))
+                heads = TEXT["num_attention_heads"]
+                qkv = split_qkv(full, TEXT["num_key_value_heads"], heads, TEXT["hidden_size"] // heads)
+                hf.update(zip(hf_names, qkv))
         elif len(hf_names) == 2:
             hf[hf_names[0]], hf[hf_names[1]] = full.chunk(2, dim=0)
         else:
@@ -496,6 +479,32 @@ def mcore(orig, ckpt):
     mbridge's model with its global shape and bytes, nothing else but _extra_state objects."""
     form, ckpt = ckpt.split("=", 1)
     compare_mcore(expected_mcore(orig), ckpt, f"{form}: ", "mbridge's")
+
+
+def gather(shares, split, vocab):
+    """The whole tensor from its TP SHARES as Megatron splits it (SPLIT: "whole", "rows", "cols",
+    "vocab": rows cut back to VOCAB, else "halves": each rank a slice of gate and of up)."""
+    if split == "whole":
+        return shares[0]
+    if split in ("rows", "vocab"):
+        full = torch.cat(shares, dim=0)
+        return full[:vocab] if split == "vocab" else full
+    if split == "cols":
+        return torch.cat(shares, dim=1)
+    halves = [s.chunk(2, dim=0) for s in shares]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+
+
+def split_qkv(full, groups, heads, d):
+    """q, k and v from Megatron's fused linear_qkv (per query group: its queries, a key, a value)."""
+    per = full.reshape(groups, (heads // groups + 2) * d, -1)
+    return [x.reshape((-1,) + tuple(full.shape[1:])) for x in per.split([heads // groups * d, d, d], dim=1)]
+
+
+def vision_qkv(full, heads, width):
+    """A ViT's fused attn.qkv ([q; k; v]) from Megatron's, regrouped per head."""
+    per = full.reshape(heads, 3, width // heads, -1)
+    return per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
 
 
 def compare_mcore(want, ckpt, label, whose):
@@ -656,29 +665,14 @@ def q3_to_hf(orig, meg, tp, pp, out):
     hf, experts = {}, {}
     for p in range(pp):
         for name, hf_names, split in q3_entries(p, pp, moe):
-            shares = [ranks[(p, r)][name] for r in range(tp)]
-            if split == "whole":
-                full = shares[0]
-            elif split in ("rows", "vocab"):
-                full = torch.cat(shares, dim=0)
-            elif split == "cols":
-                full = torch.cat(shares, dim=1)
-            else:
-                halves = [s.chunk(2, dim=0) for s in shares]
-                full = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-            if split == "vocab":
-                full = full[: QWEN3_TEXT["vocab_size"]]
+            full = gather([ranks[(p, r)][name] for r in range(tp)], split, QWEN3_TEXT["vocab_size"])
             if isinstance(hf_names[0], tuple):  # an expert's: restacked below
                 experts.setdefault(hf_names[0][0], {})[hf_names[0][1]] = full
             elif "linear_qkv" in name and "layer_norm" not in name and name.startswith("vision_model."):
-                heads, width = QWEN3_VISION["num_heads"], QWEN3_VISION["hidden_size"]
-                per = full.reshape(heads, 3, width // heads, -1)
-                hf[hf_names[0]] = per.transpose(0, 1).reshape((3 * width,) + tuple(full.shape[1:]))
+                hf[hf_names[0]] = vision_qkv(full, QWEN3_VISION["num_heads"], QWEN3_VISION["hidden_size"])
             elif "linear_qkv" in name and "layer_norm" not in name:
-                groups, heads, d = QWEN3_TEXT["num_key_value_heads"], QWEN3_TEXT["num_attention_heads"], QWEN3_TEXT["head_dim"]
-                per = full.reshape(groups, (heads // groups + 2) * d, -1)
-                for n, x in zip(hf_names, per.split([heads // groups * d, d, d], dim=1)):
-                    hf[n] = x.reshape(-1, full.shape[1])
+                hf.update(zip(hf_names, split_qkv(full, QWEN3_TEXT["num_key_value_heads"],
+                                                  QWEN3_TEXT["num_attention_heads"], QWEN3_TEXT["head_dim"])))
             elif len(hf_names) == 2:
                 hf[hf_names[0]], hf[hf_names[1]] = full.chunk(2, dim=0)
             else:
