@@ -99,14 +99,14 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
  * and a ViT with a learned position embedding, a downsampling Conv2d and a gated merger in
  * vision_config (Glm4vVisionConfig's rows). mbridge keeps that tower as transformers' own module,
  * whole on every rank; no family holds it yet, so hf/ only, said by name. Its language model
- * has the glm4 rules, but its interleaved mrope has no Megatron-core args (interleaved_mrope).
+ * has the glm4 rules, but its interleaved mrope has no Megatron-core args (rotates_interleaved_pairs).
  * The release and transformers 5 name the tensors as the modules: model.language_model.,
  * model.visual., lm_head. */
 static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v", true, false, &ckptfs_family_glm4,
                                          NULL, false, 0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5,
                                          .max_positions = 32768, .text_part = "text_config",
                                          .vision_part = "vision_config", .vision_fields = CKPTFS_FOR_GLM4V_VISION,
-                                         .interleaved_mrope = true};
+                                         .rotates_interleaved_pairs = true};
 /* GLM-4.5V (Glm4vMoeForConditionalGeneration): GLM-4.5's language model (Glm4vMoeTextConfig's
  * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
  * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
@@ -154,7 +154,7 @@ static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGenerat
                                                 .vision_part = "vision_config", .vision = &qwen3_vl_vision,
                                                 .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                                 .module_names = qwen2_5_vl_module_names,
-                                            .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
+                                                .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                                 .vision_blocks = &deepstack_blocks};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
  * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
@@ -733,7 +733,7 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
     if (from == NULL)
         CONFIG_ERROR("no mrope_section in rope_scaling or rope_parameters: %s's rotary embedding needs it",
                      model->arch->hf_architecture);
-    if (model->arch->interleaved_mrope)
+    if (model->arch->rotates_interleaved_pairs)
         CONFIG_ERROR("%s rotates interleaved pairs with its mrope sections taken by frequency; Megatron-core's "
                      "mrope pairs halves (rotary_interleaved false, as mbridge builds it) or takes the sections "
                      "over the interleaved dims (true): no args give its attention",

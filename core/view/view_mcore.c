@@ -187,12 +187,12 @@ static CkptfsValue *item_value(const ItemRef *ref)
 static guint add_entry(McoreView *v, const McorePart *part, char *fqn, const CkptfsMcoreKey *key)
 {
     guint first = v->entries->len;
-    unsigned n = key && key->n_sections ? key->n_sections : 1;
+    unsigned sections = key ? key->n_sections : 0; /* 0: the key whole, one entry */
     uint64_t row0 = 0;
-    for (unsigned s = 0; s < n; row0 += key && key->n_sections ? key->sections[s] : 0, s++) {
-        Entry e = {key && key->n_sections ? g_strconcat(part->prefix, fqn, ".", key->section_names[s], NULL)
-                                          : g_strconcat(part->prefix, fqn, NULL),
-                   part, key, false, row0, key && key->n_sections ? key->sections[s] : 0};
+    for (unsigned s = 0; s < MAX(sections, 1u); row0 += sections ? key->sections[s] : 0, s++) {
+        Entry e = {sections ? g_strconcat(part->prefix, fqn, ".", key->section_names[s], NULL)
+                            : g_strconcat(part->prefix, fqn, NULL),
+                   part, key, false, row0, sections ? key->sections[s] : 0};
         g_array_append_val(v->entries, e);
     }
     g_free(fqn);

@@ -94,7 +94,7 @@ typedef struct CkptfsArchitecture {
      * rotate_half_llm), its mrope sections taken by frequency: Megatron-core 0.17.1's mrope pairs
      * halves (rotary_interleaved false, what mbridge builds) or takes the sections over the
      * interleaved dims (true), so no args give transformers' attention on an image's tokens */
-    bool interleaved_mrope;
+    bool rotates_interleaved_pairs;
     /* GPT-OSS's attention and MLP, fixed by its transformers class rather than config.json:
      * a bias on every linear layer (Megatron's add_bias_linear: o_proj, the router, the
      * experts; attention_bias false is refused), one learned attention sink per head (Megatron's

@@ -536,7 +536,7 @@ static void test_interleaved_mrope(void)
     tap_ok(m.arch && m.arch->family == &ckptfs_family_glm4, "GLM-4.1V's language model has the glm4 rules");
     memset(&m, 0, sizeof m);
     m.arch = ckptfs_architecture_find("glm4v_moe", NULL);
-    tap_ok(m.arch && !m.arch->interleaved_mrope, "GLM-4.5V's mrope (halves rotated) is Megatron-core's");
+    tap_ok(m.arch && !m.arch->rotates_interleaved_pairs, "GLM-4.5V's mrope (halves rotated) is Megatron-core's");
     json_object_unref(config);
 }
 
