@@ -9,6 +9,9 @@
 #      plus, measured once for that rank, the bytes the daemon served and the loader read.
 # Checks once (untimed) that the share loader returns the slices of a full dcp.load and that the
 # converted checkpoint is bit-identical to the view.
+# MODEL=llama (default): the ~1 GiB Llama of bench/gen_checkpoint.py, (1) to (3).
+# MODEL=qwen2_5_vl_3b: a Qwen2.5-VL-3B-shaped VLM (7.5 GB, bench/gen_vlm_sparse.py --3b; the
+#   converter builds mbridge's Qwen2_5VLModel state dict), (1) and the check only.
 # torch 2.6 runs in the Debian 13 root ($CKPTFS_TORCH2_ROOT), chrooted in a private mount
 # namespace. The source is in the page cache for every run. Work dir: $BENCH_DIR.
 set -euo pipefail
@@ -17,11 +20,17 @@ ckptfs=${CKPTFS_BIN:-$top/build/ckptfs}
 work=${BENCH_DIR:-/tmp/ckptfs-bench}
 repeat=${REPEAT:-3}
 root=${CKPTFS_TORCH2_ROOT:-/var/cache/ckptfs-tests/trixie-root}
-src=$work/llama-1g
+model=${MODEL:-llama}
 [[ -x $root/usr/bin/python3 ]] || { echo "mcore_bench: no Debian 13 root with torch at $root (tests/run-all.sh builds it)" >&2; exit 1; }
 mkdir -p "$work"
 work=$(cd "$work" && pwd -P)
-[[ -d $src ]] || /usr/bin/python3 "$top/bench/gen_checkpoint.py" "$src"
+case $model in
+  llama) src=$work/llama-1g; shares=1
+    [[ -d $src ]] || /usr/bin/python3 "$top/bench/gen_checkpoint.py" "$src" ;;
+  qwen2_5_vl_3b) src=$work/qwen2_5_vl-3b; shares=0
+    [[ -d $src ]] || /usr/bin/python3 "$top/bench/gen_vlm_sparse.py" --3b "$src" ;;
+  *) echo "mcore_bench: MODEL=$model: llama or qwen2_5_vl_3b" >&2; exit 1 ;;
+esac
 run=$(mktemp -d "$work/mcore-run.XXXXXX")
 mnt=$run/mnt
 mkdir -p "$mnt" "$run/template"
@@ -67,8 +76,10 @@ b_view=$(bytes_of "$mnt/mcore")
 # The converter takes keys, shapes and the padded vocabulary from the view's .metadata (copied:
 # it does not need a mount).
 cp "$mnt/mcore/release/.metadata" "$run/template/.metadata"
-echo "# (3) read amplification from $mnt/mcore/release/.metadata" >&2
-torch2 "$top/bench/mcore_share.py" amp "$mnt/mcore/release" > "$run/amp.view"
+if (( shares )); then
+  echo "# (3) read amplification from $mnt/mcore/release/.metadata" >&2
+  torch2 "$top/bench/mcore_share.py" amp "$mnt/mcore/release" > "$run/amp.view"
+fi
 
 # (1) cp -r of the view vs the offline conversion, both followed by sync.
 for i in $(seq "$repeat"); do
@@ -83,7 +94,8 @@ fusermount3 -u "$mnt"
 for i in $(seq "$repeat"); do
   echo "# (1b) offline conversion, run $i" >&2
   rm -rf "$run/conv-out"
-  s=$(now); torch2 "$top/bench/mcore_convert.py" "$src" "$run/conv-out" --like "$run/template"
+  s=$(now); /usr/bin/time -v -o "$run/conv.time.$i" "$top/bench/torch2.sh" "$root" "$work:$top/bench" \
+    "$top/bench/mcore_convert.py" "$src" "$run/conv-out" --like "$run/template"
   sync -f "$work"; e=$(now)
   echo "$e - $s" | bc
 done > "$run/t.conv"
@@ -93,8 +105,25 @@ b_conv=$(bytes_of "$run/conv-out")
 # converted: TP 2 rank 0), and the converted checkpoint bit-identical to the view.
 echo "# verify (untimed)" >&2
 fresh_mount
-torch2 "$top/bench/mcore_share.py" verify "$mnt/mcore/release" --converted "$run/conv-out/release" > "$run/verify"
+tps=2,4; (( shares )) || tps=
+torch2 "$top/bench/mcore_share.py" verify "$mnt/mcore/release" --converted "$run/conv-out/release" --tps "$tps" > "$run/verify"
 grep -q '^VERIFY ok' "$run/verify" || { cat "$run/verify" >&2; echo "mcore_bench: verification failed" >&2; exit 1; }
+if ! (( shares )); then
+  fusermount3 -u "$mnt"; rm -rf "$run/conv-out"
+  t_cp=$(median --low - < "$run/t.cp"); t_conv=$(median --low - < "$run/t.conv")
+  runs() { awk '{printf "%s%.2f", (NR > 1 ? " " : ""), $1}' "$1"; }
+  printf '\nckptfs mcore/ (torch_dist) benchmark: %s (median of %s runs; source in page cache)\n' "$src" "$repeat"
+  printf 'mcore/ view %s bytes; cp output %s bytes; converted checkpoint %s bytes\n' "$b_view" "$b_cp" "$b_conv"
+  printf 'binary %s; load average %s at start, %s at end; other ckptfs mounts: %s at start, %s at end\n' \
+    "$ckptfs" "$load_start" "$(cut -d' ' -f1 /proc/loadavg)" "$others_start" "$(others)"
+  printf '%-58s %8s %7s   %s\n' measurement seconds ratio runs
+  printf '%-58s %8.3f %7s   %s\n' "(1a) cp -r MNT/mcore DEST + sync, fresh mount" "$t_cp" "1.00" "$(runs "$run/t.cp")"
+  printf '%-58s %8.3f %7.2f   %s\n' "(1b) offline HF -> torch_dist converter + sync (1b/1a)" "$t_conv" "$(echo "scale=4; $t_conv / $t_cp" | bc)" "$(runs "$run/t.conv")"
+  printf 'converter peak RSS: %s MiB (largest of the runs; the daemon maps the source instead)\n' \
+    "$(for f in "$run"/conv.time.*; do maxrss_kib "$f"; done | sort -n | tail -1 | awk '{printf "%.0f", $1 / 1024}')"
+  echo "targets: (1b)/(1a) >= 5 (issue 32); the converted checkpoint is bit-identical to the view"
+  exit 0
+fi
 torch2 "$top/bench/mcore_share.py" amp "$run/conv-out/release" --tps 2 > "$run/amp.conv"
 
 # (2) fresh mount + TP-2 rank-0 share vs the same load from the converted checkpoint.

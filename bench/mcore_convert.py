@@ -8,6 +8,9 @@ It loads every safetensors shard, builds Megatron GPTModel's stacked state dict 
 (torch.stack over layers; q/k/v interleaved per query group; fc1 = [gate; up]; embedding and
 output layer padded with zero rows), saves it with torch.distributed.checkpoint.save (no process
 group: one rank, one __0_0.distcp) and writes common.pt, metadata.json and the tracker file.
+A Qwen2.5-VL (config.json with vision_config) is converted as mbridge's Qwen2_5VLModel holds it:
+the language model under language_model., the tower under vision_model. (the fused attn.qkv
+regrouped per head, fc1 = [gate; up], the patch merger as projection.encoder.*).
 
 Usage: mcore_convert.py HF_DIR OUT_DIR --like CKPT_DIR
   CKPT_DIR holds a torch_dist .metadata (the view's, copied): the output gets its keys, global
@@ -54,6 +57,34 @@ def load_hf(d):
     return w
 
 
+def vision_tower(w, vc):
+    """Qwen2.5-VL's tower and patch merger as mbridge's Qwen2_5VLModel names them (stacked)."""
+    heads, width = vc["num_heads"], vc["hidden_size"]
+
+    def stack(fn):
+        return torch.stack([fn(f"visual.blocks.{i}.") for i in range(vc["depth"])])
+
+    def qkv(t):  # [q; k; v] -> per head [q_h; k_h; v_h]
+        per = t.view(3, heads, width // heads, *t.shape[1:]).transpose(0, 1)
+        return per.reshape(3 * width, *t.shape[1:])
+
+    LP = "vision_model.decoder.layers."
+    sd = {"vision_model.patch_embed.proj.weight": w["visual.patch_embed.proj.weight"],
+          "vision_model.decoder.final_layernorm.weight": w["visual.merger.ln_q.weight"]}
+    for i, hf in ((1, "0"), (2, "2")):
+        for s in ("weight", "bias"):
+            sd[f"vision_model.projection.encoder.linear_fc{i}.{s}"] = w[f"visual.merger.mlp.{hf}.{s}"]
+    for s in ("weight", "bias"):
+        sd[LP + "self_attention.linear_qkv." + s] = stack(lambda p: qkv(w[p + "attn.qkv." + s]))
+        sd[LP + "self_attention.linear_proj." + s] = stack(lambda p: w[p + "attn.proj." + s])
+        sd[LP + "mlp.linear_fc1." + s] = stack(lambda p: torch.cat([w[p + "mlp.gate_proj." + s],
+                                                                    w[p + "mlp.up_proj." + s]]))
+        sd[LP + "mlp.linear_fc2." + s] = stack(lambda p: w[p + "mlp.down_proj." + s])
+    sd[LP + "self_attention.linear_qkv.layer_norm_weight"] = stack(lambda p: w[p + "norm1.weight"])
+    sd[LP + "mlp.linear_fc1.layer_norm_weight"] = stack(lambda p: w[p + "norm2.weight"])
+    return sd
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("hf")
@@ -61,14 +92,20 @@ def main():
     ap.add_argument("--like", required=True)
     args = ap.parse_args()
     like = FileSystemReader(args.like).read_metadata().state_dict_metadata
-    cfg = json.load(open(os.path.join(args.hf, "config.json")))
-    w = load_hf(args.hf)
+    hf_cfg = json.load(open(os.path.join(args.hf, "config.json")))
+    cfg = {**hf_cfg, **hf_cfg.get("text_config", {})}
+    vision = hf_cfg.get("vision_config")
+    # The language model's keys sit under language_model. in a VLM; transformers >= 4.52 saves
+    # the release's model.* / visual.* as model.language_model.* / model.visual.*
+    lm = "language_model." if vision else ""
+    w = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): t
+         for k, t in load_hf(args.hf).items()}
     L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
     nh = cfg["num_attention_heads"]
     ng = cfg.get("num_key_value_heads", nh)
     d = cfg.get("head_dim") or H // nh
     vocab = cfg["vocab_size"]
-    padded = like["embedding.word_embeddings.weight"].size[0]
+    padded = like[lm + "embedding.word_embeddings.weight"].size[0]
 
     def pad_vocab(t):
         return torch.cat([t, torch.zeros(padded - vocab, t.shape[1], dtype=t.dtype)])
@@ -83,9 +120,9 @@ def main():
         out = torch.cat([q, k, v], dim=1)
         return out.reshape(-1, out.shape[-1]) if suffix == "weight" else out.reshape(-1)
 
-    LP = "decoder.layers."
+    LP = lm + "decoder.layers."
     sd = {
-        "embedding.word_embeddings.weight": pad_vocab(w["model.embed_tokens.weight"]),
+        lm + "embedding.word_embeddings.weight": pad_vocab(w["model.embed_tokens.weight"]),
         LP + "self_attention.linear_qkv.layer_norm_weight": stack(lambda p: w[p + "input_layernorm.weight"]),
         LP + "self_attention.linear_qkv.weight": stack(lambda p: qkv(p, "weight")),
         LP + "self_attention.linear_proj.weight": stack(lambda p: w[p + "self_attn.o_proj.weight"]),
@@ -93,15 +130,17 @@ def main():
         LP + "mlp.linear_fc1.weight": stack(lambda p: torch.cat([w[p + "mlp.gate_proj.weight"],
                                                                  w[p + "mlp.up_proj.weight"]])),
         LP + "mlp.linear_fc2.weight": stack(lambda p: w[p + "mlp.down_proj.weight"]),
-        "decoder.final_layernorm.weight": w["model.norm.weight"],
+        lm + "decoder.final_layernorm.weight": w["model.norm.weight"],
     }
     if "model.layers.0.self_attn.q_proj.bias" in w:
         sd[LP + "self_attention.linear_qkv.bias"] = stack(lambda p: qkv(p, "bias"))
     if "model.layers.0.self_attn.q_norm.weight" in w:
         sd[LP + "self_attention.q_layernorm.weight"] = stack(lambda p: w[p + "self_attn.q_norm.weight"])
         sd[LP + "self_attention.k_layernorm.weight"] = stack(lambda p: w[p + "self_attn.k_norm.weight"])
-    if "output_layer.weight" in like:
-        sd["output_layer.weight"] = pad_vocab(w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+    if lm + "output_layer.weight" in like:
+        sd[lm + "output_layer.weight"] = pad_vocab(w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+    if vision:
+        sd.update(vision_tower(w, vision))
     del w
     extra = io.BytesIO()
     torch.save([None], extra)
@@ -127,12 +166,13 @@ def main():
         num_attention_heads=nh, num_query_groups=ng, group_query_attention=ng != nh, kv_channels=d,
         vocab_size=vocab, padded_vocab_size=padded, make_vocab_size_divisible_by=128,
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        seq_length=cfg.get("max_position_embeddings", 4096), position_embedding_type="rope",
+        seq_length=cfg.get("max_position_embeddings", 4096),
+        position_embedding_type="mrope" if vision else "rope",
         rotary_base=cfg.get("rope_theta", 10000), rotary_percent=1.0, rotary_interleaved=False,
         normalization="RMSNorm", layernorm_epsilon=cfg.get("rms_norm_eps", 1e-5), swiglu=True,
         add_bias_linear=False, add_qkv_bias=LP + "self_attention.linear_qkv.bias" in sd,
         qk_layernorm=LP + "self_attention.q_layernorm.weight" in sd,
-        untie_embeddings_and_output_weights="output_layer.weight" in sd, bf16=True, fp16=False,
+        untie_embeddings_and_output_weights=lm + "output_layer.weight" in sd, bf16=True, fp16=False,
         params_dtype=torch.bfloat16, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
         ckpt_format="torch_dist", use_legacy_models=False, transformer_impl="transformer_engine",
         no_save_optim=True, no_save_rng=True, iteration=0)
