@@ -378,6 +378,11 @@ __attribute__((target("ssse3"))) static void mxfp4_columns_ssse3(const uint8_t *
             continue;
         }
         const __m128i adds = _mm_loadu_si128((const __m128i *)(const void *)add); /* lane i: row r + i's */
+        /* the rows four blocks on asked for now: each is a cache line of its own, which the loads
+         * below waited for a block at a time (GPT-OSS-120B's gate_up_proj as [H, 2F]: 3.5 -> 5.6
+         * GB/s for 1 MiB reads, 1.8 -> 2.1 for 128 KiB) */
+        for (size_t i = r + 32; i < r + 40 && i < rows; i++)
+            __builtin_prefetch(blocks + i * block_step + c0 / 2);
         for (unsigned q = c0 / 8; q * 8 < c0 + nc; q++) {
             uint32_t w[8];
             for (unsigned i = 0; i < 8; i++)
