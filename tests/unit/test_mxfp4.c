@@ -388,13 +388,24 @@ static int64_t read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, 
     return n;
 }
 
-/* Stored columns decoded from the mapped source, against transformers' way written out naively
- * (every element dequantised, then the matrix transposed): two experts of 1003 stored rows (not
- * a multiple of the decoder's blocks) and 10 groups; whole, as an expert's rows two apart from a
- * column inside a group, read at random offsets and lengths from 1 byte to the whole file. */
-static void test_columns_mapped(CkptfsLeaseWatch *watch, GRand *rng)
+/* Stored columns and rows decoded from the mapped source, against transformers' way written out
+ * naively (every element dequantised, then the matrix transposed or not): two experts of 1003
+ * stored rows (not a multiple of the decoder's blocks) and 10 groups; whole, and an expert's rows
+ * two apart from a column inside a group, read at random offsets and lengths from 1 byte to the
+ * whole file. */
+static void test_mapped(CkptfsLeaseWatch *watch, GRand *rng)
 {
     enum { ME = 2, MR = 1003, MC = 320 };
+    static const struct {
+        bool transposed;
+        uint64_t row0, step, col0, nrep, width;
+        const char *what;
+    } shapes[] = {
+        {true, 0, 1, 0, MC, MR, "stored columns: an expert's [C, R] whole"},
+        {true, MR + 1, 2, 13, MC - 13 - 40, MR / 2, "stored columns: expert 1's odd rows from column 13"},
+        {false, 0, 1, 0, MR, MC, "stored rows: an expert's [R, C] whole"},
+        {false, MR + 1, 2, 13, MR / 2, MC - 13 - 40, "stored rows: expert 1's odd ones from column 13"},
+    };
     MxSource m = {0};
     m.dir = g_dir_make_tmp("ckptfs-mxfp4-XXXXXX", NULL);
     m.path = g_strdup_printf("%s/experts", m.dir);
@@ -411,19 +422,13 @@ static void test_columns_mapped(CkptfsLeaseWatch *watch, GRand *rng)
         ckptfs_lease_watch_add(watch, m.files);
     const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(m.files, 0) : NULL;
     if (probe == NULL) {
-        tap_skip(4, "no lease on %s (its file system, or leases off): stored columns are not read mapped", m.dir);
+        tap_skip(2 * (int)G_N_ELEMENTS(shapes), "no lease on %s (its file system, or leases off): nothing is read mapped",
+                 m.dir);
         source_clear(&m);
         return;
     }
     ckptfs_srcfiles_map_unpin(m.files, 0);
     const uint8_t *blocks = m.data, *scales = m.data + m.scales_at;
-    static const struct {
-        uint64_t row0, step, col0, nrep, width;
-        const char *what;
-    } shapes[] = {
-        {0, 1, 0, MC, MR, "an expert's [C, R] whole"},
-        {MR + 1, 2, 13, MC - 13 - 40, MR / 2, "expert 1's odd rows from column 13"},
-    };
     for (size_t s = 0; s < G_N_ELEMENTS(shapes); s++) {
         uint64_t nrep = shapes[s].nrep, width = shapes[s].width;
         CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -431,17 +436,19 @@ static void test_columns_mapped(CkptfsLeaseWatch *watch, GRand *rng)
         g_autofree uint16_t *naive = g_new(uint16_t, ME * nrep * width);
         uint64_t at = 0;
         for (uint64_t e = 0; e < (s == 0 ? ME : 1); e++) {
+            bool t = shapes[s].transposed;
             CkptfsMxfp4 where = {.scales_base = m.scales_at, .cols = MC, .row0 = shapes[s].row0 + e * MR,
-                                 .row_step = shapes[s].step, .col0 = shapes[s].col0, .transposed = true};
+                                 .row_step = shapes[s].step, .col0 = shapes[s].col0, .transposed = t};
             ckptfs_plan_add_mxfp4(b, &where, nrep, width);
-            /* dequantised as stored, then transposed */
-            g_autofree uint16_t *rowwise = g_new(uint16_t, width * MC);
-            for (uint64_t k = 0; k < width; k++)
+            /* dequantised as stored, then transposed (or not) */
+            uint64_t stored = t ? width : nrep;
+            g_autofree uint16_t *rowwise = g_new(uint16_t, stored * MC);
+            for (uint64_t k = 0; k < stored; k++)
                 for (uint64_t c = 0; c < MC; c++)
                     rowwise[k * MC + c] = reference_element(blocks, scales, MC, where.row0 + k * where.row_step, c);
             for (uint64_t j = 0; j < nrep; j++)
                 for (uint64_t k = 0; k < width; k++)
-                    naive[at + j * width + k] = rowwise[k * MC + where.col0 + j];
+                    naive[at + j * width + k] = t ? rowwise[k * MC + where.col0 + j] : rowwise[j * MC + where.col0 + k];
             at += nrep * width;
         }
         CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
@@ -463,7 +470,7 @@ static void test_columns_mapped(CkptfsLeaseWatch *watch, GRand *rng)
             if ((n != (int64_t)len || memcmp(got, want + off, len) != 0 || got[len] != 0xA5) && bad++ < 3)
                 tap_diag("  a read of %zu bytes at %zu differs (%" G_GINT64_FORMAT " read)", len, off, n);
         }
-        tap_ok(bad == 0, "%s, from the mapped source: %d reads as a naive dequantise-then-transpose (%d wrong)",
+        tap_ok(bad == 0, "%s, from the mapped source: %d reads as a naive dequantisation (%d wrong)",
                shapes[s].what, reads, bad);
         tap_ok(mapped >= reads - 2, "  decoded where the codes lie: %d of %d reads (the others had only the literal)",
                mapped, reads);
@@ -485,7 +492,7 @@ int main(void)
     test_catalog(&m, rng);
     source_clear(&m);
     test_bands(rng);
-    test_columns_mapped(watch, rng);
+    test_mapped(watch, rng);
     if (watch != NULL)
         ckptfs_lease_watch_free(watch);
     g_rand_free(rng);
