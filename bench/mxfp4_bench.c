@@ -8,16 +8,16 @@
  *   gate        every other stored row (gate rows of GPT-OSS's interleaved gate_up)
  *   transposed  each expert's [C, R] (hf/ with -o dtype=bf16: transformers' [E, H, 2F])
  *
- *   mxfp4_bench [--rounds N] [--read KIB] [--rows R] [--cols C] [--experts E] [--only CASE] DIR
+ *   mxfp4_bench [--rounds N] [--read KIB] [--rows R] [--cols C] [--experts E] [--only CASE] [--wall] DIR
  *
  * Each MXFP4 case is read twice in the same run: copied (every source byte read into the daemon
  * first, as with -o mapped_reads=off: stored columns decoded a band at a time and kept with the
- * plan) and mapped (the source file leased and mapped, as a mount reads it by default: stored
- * columns decoded where they lie). Prints GB/s of bf16 output per second of this thread's CPU
- * time for each, the best of N rounds (default 5), its ratio to the plain read, the mapped/copied ratio,
- * and the memory the plan still holds once read (malloc's bytes in use after the reads, less
- * before). Defaults: GPT-OSS-120B's gate_up_proj (R 5760 = 2F, C 2880 = H), 4 experts (127 MiB
- * of bf16), reads of 1 MiB. */
+ * plan) and mapped (the source file leased and mapped, as a mount reads it by default: decoded
+ * where the codes lie). Prints GB/s of bf16 output per second of this thread's CPU time (of the
+ * wall clock with --wall) for each, the best of N rounds (default 5), its ratio to the plain
+ * read, the mapped/copied ratio, and the memory the plan still holds once read (malloc's bytes in
+ * use after the reads, less before). Defaults: GPT-OSS-120B's gate_up_proj (R 5760 = 2F, C 2880
+ * = H), 4 experts (127 MiB of bf16), reads of 1 MiB. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <malloc.h>
@@ -62,15 +62,16 @@ static double heap_in_use(void)
     return (double)mi.uordblks + (double)mi.hblkhd;
 }
 
-/* GB/s of PLAN's output read whole in READ-byte requests as CTX says, per second of this thread's
- * CPU time (a machine shared with other work slows the wall clock, not this), the best of ROUNDS
+/* GB/s of PLAN's output read whole in READ-byte requests as CTX says, per second of CLOCK (this
+ * thread's CPU time: a machine shared with other work slows the wall clock, not it), the best of ROUNDS
  * after a read that warms the page cache; HELD: malloc's bytes in use after the reads less
  * before. */
-static double read_rate(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, size_t read, int rounds, double *held)
+static double read_rate(const CkptfsPlan *plan, const CkptfsReadCtx *ctx, size_t read, int rounds, clockid_t clock,
+                        double *held)
 {
     double before = heap_in_use();
-    bench_best_read_seconds_ctx(plan, ctx, read, 1, CLOCK_THREAD_CPUTIME_ID, "mxfp4_bench");
-    double t = bench_best_read_seconds_ctx(plan, ctx, read, rounds, CLOCK_THREAD_CPUTIME_ID, "mxfp4_bench");
+    bench_best_read_seconds_ctx(plan, ctx, read, 1, clock, "mxfp4_bench");
+    double t = bench_best_read_seconds_ctx(plan, ctx, read, rounds, clock, "mxfp4_bench");
     *held = heap_in_use() - before;
     return (double)ckptfs_plan_size(plan) / t / 1e9;
 }
@@ -80,6 +81,7 @@ int main(int argc, char **argv)
     int rounds = 5;
     uint64_t read_kib = 1024, rows = 5760, cols = 2880, experts = 4;
     const char *dir = NULL, *only = NULL;
+    clockid_t clock = CLOCK_THREAD_CPUTIME_ID;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && strcmp(argv[i], "--rounds") == 0)
             rounds = atoi(argv[++i]);
@@ -93,12 +95,14 @@ int main(int argc, char **argv)
             experts = strtoull(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--only") == 0)
             only = argv[++i];
+        else if (strcmp(argv[i], "--wall") == 0)
+            clock = CLOCK_MONOTONIC;
         else
             dir = argv[i];
     }
     if (dir == NULL || rounds < 1 || read_kib == 0 || rows < 2 || cols == 0 || cols % 32 != 0 || experts == 0) {
         fprintf(stderr, "usage: mxfp4_bench [--rounds N] [--read KIB] [--rows R] [--cols C (a multiple of 32)] "
-                        "[--experts E] [--only CASE] DIR\n");
+                        "[--experts E] [--only CASE] [--wall] DIR\n");
         return 2;
     }
     /* The file: blocks, then scales; long enough to hold the plain read's bytes too. */
@@ -141,20 +145,21 @@ int main(int argc, char **argv)
     static const char *const cases[] = {"plain", "rows", "gate", "transposed"};
     double base = 0;
     printf("experts %" G_GUINT64_FORMAT " x MXFP4 [R %" G_GUINT64_FORMAT ", C %" G_GUINT64_FORMAT "], reads of %"
-           G_GUINT64_FORMAT " KiB, best of %d, one thread; copied | mapped\n", experts, rows, cols, read_kib, rounds);
+           G_GUINT64_FORMAT " KiB, best of %d, one thread, %s; copied | mapped\n", experts, rows, cols, read_kib, rounds,
+           clock == CLOCK_MONOTONIC ? "wall clock" : "CPU time");
     for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
         if (c > 0 && only != NULL && strcmp(only, cases[c]) != 0)
             continue; /* the plain read stays: the ratios' base */
         CkptfsPlan *plan = build_case(c, experts, rows, cols, blocks);
         double held, held_mapped;
-        double gbs = read_rate(plan, CKPTFS_READ_SHARED(files), (size_t)read_kib << 10, rounds, &held);
+        double gbs = read_rate(plan, CKPTFS_READ_SHARED(files), (size_t)read_kib << 10, rounds, clock, &held);
         if (c == 0) {
             base = gbs;
             printf("  %-12s %7.2f GB/s\n", cases[c], gbs);
         } else {
             ckptfs_plan_free(plan); /* a fresh plan: nothing the copied reads kept */
             plan = build_case(c, experts, rows, cols, blocks);
-            double gbs_mapped = read_rate(plan, &mapped, (size_t)read_kib << 10, rounds, &held_mapped);
+            double gbs_mapped = read_rate(plan, &mapped, (size_t)read_kib << 10, rounds, clock, &held_mapped);
             printf("  %-12s %7.2f GB/s %5.2f of plain, held %6.1f MiB | %7.2f GB/s %5.2f of plain, held %6.1f MiB"
                    " | mapped/copied %.2f\n",
                    cases[c], gbs, gbs / base, held / (1 << 20), gbs_mapped, gbs_mapped / base,
