@@ -9,7 +9,8 @@
 
 #include "ckptfs/error.h"
 
-/* The last band of stored columns of a transposed MXFP4 extent decoded, as rows: the reads after
+/* The last band of stored columns of a transposed MXFP4 extent decoded, as rows, for reads that
+ * copy their source (a mapped one decodes where the codes lie and keeps nothing): the reads after
  * it (a reader going through the file) find them ready. A band fetches every stored row of its
  * expert once for many output rows; without it each read fetched them all again for its own few
  * (0.07 GB/s for GPT-OSS-120B's [2880, 5760]). Kept with the plan, and the one before it for its
