@@ -9,7 +9,8 @@
 
 #include "ckptfs/error.h"
 
-/* The last band of stored columns of a transposed MXFP4 extent decoded, as rows: the reads after
+/* The last band of stored columns of a transposed MXFP4 extent decoded, as rows, for reads that
+ * copy their source (a mapped one decodes where the codes lie and keeps nothing): the reads after
  * it (a reader going through the file) find them ready. A band fetches every stored row of its
  * expert once for many output rows; without it each read fetched them all again for its own few
  * (0.07 GB/s for GPT-OSS-120B's [2880, 5760]). Kept with the plan, and the one before it for its
@@ -1015,6 +1016,132 @@ static bool mxfp4_band_decode(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
     return true;
 }
 
+/* Stored rows a direct column read decodes at a time, for every group of columns it touches: the
+ * groups' source lines are fetched once, the output rows' pieces stay in L1 until whole lines. */
+#define MXFP4_TILE_ROWS 64u
+
+/* Where the codes and scales of MXFP4 extent E lie in their mapped files (BLOCKS and SCALES:
+ * stored row ROW0's first group), when both are mapped and the pages of its stored rows
+ * ROW0 + k * ROW_STEP, k in [KA, KB), are in the page cache: the pins are then marked used (the
+ * files are checked after the read and kept until its reply is written). False otherwise: no
+ * mapped reads, a packed or uncached file. */
+static bool mxfp4_mapped(const CkptfsExtent *e, const CkptfsReadCtx *ctx, uint64_t ka, uint64_t kb,
+                         const uint8_t **blocks, const uint8_t **scales)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    CkptfsReplyRefs *r = ctx->refs;
+    if (r == NULL)
+        return false;
+    uint64_t groups = m->cols / CKPTFS_MXFP4_GROUP, first = m->row0 + ka * m->row_step;
+    uint64_t span = (kb - ka - 1) * m->row_step + 1; /* stored rows from the first to the last */
+    uint64_t b_off = m->blocks_base + first * groups * 16, b_len = span * groups * 16;
+    uint64_t s_off = m->scales_base + first * groups, s_len = span * groups;
+    CkptfsReplyPin *bp = pin_of(r, ctx->files, m->blocks_src);
+    CkptfsReplyPin *sp = bp ? pin_of(r, ctx->files, m->scales_src) : NULL;
+    if (sp == NULL || bp->map == NULL || sp->map == NULL ||
+        b_off + b_len > ckptfs_srcfiles_get(ctx->files, m->blocks_src)->size ||
+        s_off + s_len > ckptfs_srcfiles_get(ctx->files, m->scales_src)->size ||
+        !ckptfs_srcfiles_map_cached(ctx->files, m->blocks_src, b_off, b_len) ||
+        !ckptfs_srcfiles_map_cached(ctx->files, m->scales_src, s_off, s_len))
+        return false;
+    bp->used = sp->used = true;
+    *blocks = bp->map + m->blocks_base + m->row0 * groups * 16;
+    *scales = sp->map + m->scales_base + m->row0 * groups;
+    return true;
+}
+
+/* A run of output rows of a direct column read and where they go: row J_A at OUT, rows OUT_STEP
+ * bytes apart; only their elements [KA, KB) are needed (a row cut by the read). */
+typedef struct {
+    uint64_t ja, jb;
+    uint8_t *out;
+    uint64_t out_step;
+    uint64_t ka, kb;
+} ColumnRun;
+
+/* Output rows of transposed MXFP4 extent E, the RUNS' (NRUNS, in order), decoded from the codes
+ * and scales where they lie (BLOCKS, SCALES: as mxfp4_mapped gives them), a tile of stored rows
+ * at a time, each group of columns a run touches decoded transposed into place: the source rows
+ * are read once, nothing is copied or kept. */
+static void mxfp4_columns_decode(const CkptfsExtent *e, const uint8_t *blocks, const uint8_t *scales,
+                                 const ColumnRun *runs, unsigned nruns)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, groups = m->cols / CKPTFS_MXFP4_GROUP;
+    uint64_t block_step = groups * 16 * m->row_step, scale_step = groups * m->row_step;
+    for (uint64_t k0 = 0; k0 < width; k0 += MXFP4_TILE_ROWS) {
+        uint64_t nk = MIN((uint64_t)MXFP4_TILE_ROWS, width - k0);
+        for (unsigned i = 0; i < nruns; i++) {
+            if (k0 + nk <= runs[i].ka || runs[i].kb <= k0)
+                continue;
+            for (uint64_t c = m->col0 + runs[i].ja, c_end = m->col0 + runs[i].jb; c < c_end;) {
+                uint64_t g = c / CKPTFS_MXFP4_GROUP, stop = MIN(c_end, (g + 1) * CKPTFS_MXFP4_GROUP);
+                ckptfs_convert_mxfp4_columns(blocks + k0 * block_step + g * 16, (size_t)block_step,
+                                             scales + k0 * scale_step + g, (size_t)scale_step, (size_t)nk,
+                                             (unsigned)(c % CKPTFS_MXFP4_GROUP), (unsigned)(stop - c),
+                                             runs[i].out + (c - m->col0 - runs[i].ja) * runs[i].out_step + k0 * 2,
+                                             (size_t)runs[i].out_step);
+                c = stop;
+            }
+        }
+    }
+}
+
+/* Output bytes [in_off, in_off + n) of transposed MXFP4 extent E from its mapped codes and scales
+ * (mxfp4_mapped): whole output rows straight into DST, a first or last one cut by the read
+ * through a row of its own. */
+static void mxfp4_columns_read(const CkptfsExtent *e, const uint8_t *blocks, const uint8_t *scales,
+                               uint64_t in_off, uint8_t *dst, size_t n)
+{
+    uint64_t width = e->u.mxfp4.width, row_bytes = width * 2, out_end = in_off + n;
+    uint64_t j_first = in_off / row_bytes, j_end = (out_end - 1) / row_bytes + 1;
+    bool cut_first = j_first * row_bytes < in_off || (j_first + 1) * row_bytes > out_end;
+    bool cut_last = j_end - 1 > j_first && j_end * row_bytes > out_end;
+    g_autofree uint8_t *cut = cut_first || cut_last ? g_malloc(2 * row_bytes) : NULL;
+    ColumnRun runs[3];
+    unsigned nruns = 0;
+    uint64_t whole_a = j_first + cut_first, whole_b = j_end - cut_last;
+    uint64_t k_first = in_off / 2 - j_first * width, k_end = (out_end + 1) / 2 - (j_end - 1) * width;
+    if (cut_first)
+        runs[nruns++] = (ColumnRun){j_first, j_first + 1, cut, row_bytes, k_first, j_end - 1 > j_first ? width : k_end};
+    if (whole_a < whole_b)
+        runs[nruns++] = (ColumnRun){whole_a, whole_b, dst + (whole_a * row_bytes - in_off), row_bytes, 0, width};
+    if (cut_last)
+        runs[nruns++] = (ColumnRun){j_end - 1, j_end, cut + row_bytes, row_bytes, 0, k_end};
+    mxfp4_columns_decode(e, blocks, scales, runs, nruns);
+    if (cut_first)
+        put_elements(CKPTFS_CONVERT_NONE, 2, cut, j_first * width, width, in_off, out_end, dst);
+    if (cut_last)
+        put_elements(CKPTFS_CONVERT_NONE, 2, cut + row_bytes, (j_end - 1) * width, width, in_off, out_end, dst);
+}
+
+/* Output bytes [in_off, in_off + n) of MXFP4 extent E of stored rows from its mapped codes and
+ * scales (mxfp4_mapped): groups [G0, G0 + NG) of each row decoded where they lie, straight into
+ * DST where the row is whole in it and starts a group (SKIP 0), else through a row of its own. */
+static void mxfp4_rows_read(const CkptfsExtent *e, const uint8_t *blocks, const uint8_t *scales, uint64_t g0,
+                            uint64_t ng, uint64_t skip, uint64_t in_off, uint8_t *dst, size_t n)
+{
+    const CkptfsMxfp4 *m = e->u.mxfp4.where;
+    uint64_t width = e->u.mxfp4.width, row_bytes = width * 2, out_end = in_off + n;
+    uint64_t groups = m->cols / CKPTFS_MXFP4_GROUP;
+    uint64_t j_first = in_off / row_bytes, j_end = (out_end - 1) / row_bytes + 1;
+    g_autofree uint16_t *row = NULL;
+    for (uint64_t j = j_first; j < j_end; j++) {
+        const uint8_t *codes = blocks + (j * m->row_step * groups + g0) * 16;
+        const uint8_t *row_scales = scales + j * m->row_step * groups + g0;
+        uint8_t *at = dst + (j * row_bytes - MIN(j * row_bytes, in_off)); /* where the row's bytes go */
+        bool whole = j * row_bytes >= in_off && (j + 1) * row_bytes <= out_end;
+        if (whole && skip == 0 && width == ng * CKPTFS_MXFP4_GROUP && (uintptr_t)at % 2 == 0) {
+            ckptfs_convert_mxfp4(codes, row_scales, (size_t)ng, (uint16_t *)(void *)at);
+            continue;
+        }
+        if (row == NULL)
+            row = g_new(uint16_t, ng * CKPTFS_MXFP4_GROUP);
+        ckptfs_convert_mxfp4(codes, row_scales, (size_t)ng, row);
+        put_elements(CKPTFS_CONVERT_NONE, 2, (const uint8_t *)(row + skip), j * width, width, in_off, out_end, dst);
+    }
+}
+
 /* Output bytes [in_off, in_off + n) of an MXFP4 extent: the whole rows they touch decoded, a
  * pass of as many as MXFP4_PASS elements at a time for stored rows, the plan's BAND for stored
  * columns; the requested bytes copied out. */
@@ -1024,10 +1151,15 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsReadC
     const CkptfsMxfp4 *m = e->u.mxfp4.where;
     uint64_t width = e->u.mxfp4.width, out_end = in_off + n;
     uint64_t j_first = in_off / 2 / width, j_end = ((out_end + 1) / 2 - 1) / width + 1;
+    const uint8_t *mapped_blocks, *mapped_scales;
     if (!m->transposed) {
         uint64_t g0 = m->col0 / CKPTFS_MXFP4_GROUP;
         uint64_t ng = (m->col0 + width + CKPTFS_MXFP4_GROUP - 1) / CKPTFS_MXFP4_GROUP - g0;
         uint64_t skip = m->col0 - g0 * CKPTFS_MXFP4_GROUP; /* the columns of its first group before COL0 */
+        if (mxfp4_mapped(e, ctx, j_first, j_end, &mapped_blocks, &mapped_scales)) {
+            mxfp4_rows_read(e, mapped_blocks, mapped_scales, g0, ng, skip, in_off, dst, n);
+            return true;
+        }
         uint64_t pass = MAX((uint64_t)1, MXFP4_PASS / (ng * CKPTFS_MXFP4_GROUP));
         pass = MIN(pass, j_end - j_first);
         g_autofree uint8_t *codes = g_malloc(pass * ng * 16), *scales = g_malloc(pass * ng);
@@ -1045,8 +1177,12 @@ static bool mxfp4_read(const CkptfsExtent *e, Mxfp4Band *band, const CkptfsReadC
         }
         return true;
     }
-    /* Transposed: output row j is stored column COL0 + j of WIDTH stored rows, decoded a band at
-     * a time, the plan's last band kept. */
+    /* Transposed: output row j is stored column COL0 + j of WIDTH stored rows; read where they
+     * lie when mapped, else decoded a band at a time, the plan's last band kept. */
+    if (mxfp4_mapped(e, ctx, 0, width, &mapped_blocks, &mapped_scales)) {
+        mxfp4_columns_read(e, mapped_blocks, mapped_scales, in_off, dst, n);
+        return true;
+    }
     g_mutex_lock(&band->lock);
     for (uint64_t j = j_first; j < j_end;) {
         if (band->extent == e && band->ja <= j && j < band->jb) {

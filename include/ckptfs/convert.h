@@ -51,5 +51,11 @@ void ckptfs_convert_fp8_scaled(CkptfsDtype fp8, const uint8_t *in, float scale, 
  * does on CPU (scale 255 is a number there, not E8M0's NaN). */
 #define CKPTFS_MXFP4_GROUP 32u
 void ckptfs_convert_mxfp4(const uint8_t *blocks, const uint8_t *scales, size_t groups, uint16_t *out);
+/* Columns [C0, C0 + NC) of one group of ROWS stored rows (C0 + NC <= 32), transposed: row r's 16
+ * bytes of codes at BLOCKS + r * BLOCK_STEP, its scale at SCALES + r * SCALE_STEP; element r of
+ * column C0 + i, as ckptfs_convert_mxfp4 decodes it, becomes bf16 r of the row at
+ * OUT + i * OUT_STEP (bytes). The rows are read where they lie (a mapped file): nothing copied. */
+void ckptfs_convert_mxfp4_columns(const uint8_t *blocks, size_t block_step, const uint8_t *scales, size_t scale_step,
+                                  size_t rows, unsigned c0, unsigned nc, uint8_t *out, size_t out_step);
 
 #endif

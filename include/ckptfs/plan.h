@@ -17,8 +17,8 @@
  *            rows or, transposed, stored columns (transformers' [E, H, 2F] of [E, 2F, H/32, 16]).
  * The read engine binary-searches the extent containing an offset and copies from the sources;
  * a plan never holds tensor data. Plans are immutable once built and safe to read from any
- * number of threads (what they cache as they are read, CRCs and a band of decoded MXFP4, is
- * behind their own synchronisation). */
+ * number of threads (what they cache as they are read, CRCs and a band of decoded MXFP4 where
+ * the source is copied, is behind their own synchronisation). */
 #ifndef CKPTFS_PLAN_H
 #define CKPTFS_PLAN_H
 

@@ -34,6 +34,11 @@ check "  every expert tensor bit-identical to transformers' convert_moe_packed_t
 diag "$(tail -n 3 "$WORK/dequant")"
 check "  400 random reads (odd offsets and lengths) equal the whole file" \
   $PY "$dtype_check" reads "$bf16/hf/model.safetensors" 400
+copied=$WORK/mnt-copied
+check "  -o mapped_reads=off mounts it too (the codes copied first, stored columns decoded in bands)" \
+  mount_ckptfs "$m/mxfp4" "$copied" -o dtype=bf16,mapped_reads=off
+check "  its hf/ is the same bytes as the mapped mount's (stored columns decoded where they lie)" \
+  cmp "$bf16/hf/model.safetensors" "$copied/hf/model.safetensors"
 check "  inspect says 4 tensors are converted on read from U8" bash -c \
   "'$CKPTFS' inspect -o dtype=bf16 '$m/mxfp4' | grep -q '^converted: *4 tensors converted on read; stored as U8 x 4'"
 sid_python "$WORK" "$script" logits "$m/mxfp4" "$bf16/hf" > "$WORK/logits" 2> "$WORK/logits.err"

@@ -4,7 +4,10 @@
  * every code under every scale; MXFP4 extents over a file read whole, at odd offsets and byte by
  * byte, stored rows (every other one, from a column inside a group) and stored columns
  * (transformers' [E, C, R] of [E, R, C/32, 16]); the catalog's tensor of a blocks/scales pair,
- * and pairs of the wrong shapes refused by name. */
+ * and pairs of the wrong shapes refused by name. Stored columns decoded where they lie: the
+ * transposing decoder against the row decoder for every piece of a group, and random reads of a
+ * leased, mapped source (tiny and huge, inside a group, inside an output row) against a naive
+ * dequantise-then-transpose. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <string.h>
@@ -334,16 +337,164 @@ static void test_catalog(MxSource *m, GRand *rng)
     ckptfs_catalog_free(cat);
 }
 
+/* ckptfs_convert_mxfp4_columns against ckptfs_convert_mxfp4: every piece [c0, c0 + nc) of a group,
+ * row counts around its 8-row blocks, rows apart in their source, scales at the ends of the range
+ * (decoded a group at a time) among the others. */
+static void test_columns_decoder(GRand *rng)
+{
+    enum { ROWS = 37, STEP = 48 }; /* stored rows STEP bytes apart, their scales 3 apart */
+    uint8_t blocks[ROWS * STEP], scales[ROWS * 3];
+    for (size_t i = 0; i < sizeof blocks; i++)
+        blocks[i] = (uint8_t)g_rand_int(rng);
+    for (size_t i = 0; i < sizeof scales; i++)
+        scales[i] = (uint8_t)(i % 23 == 0 ? (int)(255 - i % 4) : g_rand_int_range(rng, 2, 253)); /* 252-255 */
+    scales[9 * 3] = 0, scales[10 * 3] = 1;
+    uint16_t rows[ROWS][CKPTFS_MXFP4_GROUP];
+    for (unsigned r = 0; r < ROWS; r++)
+        ckptfs_convert_mxfp4(blocks + r * STEP, scales + r * 3, 1, rows[r]);
+    int bad = 0, pieces = 0;
+    static const unsigned counts[] = {1, 7, 8, 9, 16, 17, ROWS};
+    for (unsigned c0 = 0; c0 < CKPTFS_MXFP4_GROUP; c0++)
+        for (unsigned nc = 1; c0 + nc <= CKPTFS_MXFP4_GROUP; nc++)
+            for (unsigned k = 0; k < G_N_ELEMENTS(counts); k++) {
+                unsigned n = counts[k];
+                uint16_t out[CKPTFS_MXFP4_GROUP][ROWS + 1];
+                memset(out, 0xA5, sizeof out);
+                ckptfs_convert_mxfp4_columns(blocks, STEP, scales, 3, n, c0, nc, (uint8_t *)out, sizeof out[0]);
+                pieces++;
+                for (unsigned i = 0; i < CKPTFS_MXFP4_GROUP; i++)
+                    for (unsigned r = 0; r <= ROWS; r++) {
+                        uint16_t want = i < nc && r < n ? rows[r][c0 + i] : 0xA5A5;
+                        if (out[i][r] != want && bad++ < 5)
+                            tap_diag("  columns [%u, %u) of %u rows: column %u row %u is 0x%04x, want 0x%04x", c0,
+                                     c0 + nc, n, c0 + i, r, out[i][r], want);
+                    }
+            }
+    tap_ok(bad == 0, "stored columns decoded transposed as the rows decode them: %d pieces of a group, nothing "
+                     "written past them (%d wrong)", pieces, bad);
+}
+
+/* A read through a leased mapping of the source, as a mount's: the bytes, and whether the read
+ * decoded from the mapping (a pin of it used). */
+static int64_t read_mapped(const CkptfsPlan *plan, const CkptfsSrcFiles *files, uint8_t *buf, size_t len,
+                           uint64_t off, bool *from_map)
+{
+    static CkptfsReplyRefs refs;
+    int64_t n = ckptfs_plan_read(plan, &(CkptfsReadCtx){.files = files, .refs = &refs}, buf, len, off, NULL);
+    *from_map = false;
+    for (unsigned i = 0; i < refs.npins; i++)
+        *from_map = *from_map || (refs.pin[i].map != NULL && refs.pin[i].used);
+    ckptfs_reply_refs_release(files, &refs);
+    return n;
+}
+
+/* Stored columns and rows decoded from the mapped source, against transformers' way written out
+ * naively (every element dequantised, then the matrix transposed or not): two experts of 1003
+ * stored rows (not a multiple of the decoder's blocks) and 10 groups; whole, and an expert's rows
+ * two apart from a column inside a group, read at random offsets and lengths from 1 byte to the
+ * whole file. */
+static void test_mapped(CkptfsLeaseWatch *watch, GRand *rng)
+{
+    enum { ME = 2, MR = 1003, MC = 320 };
+    static const struct {
+        bool transposed;
+        uint64_t row0, step, col0, nrep, width;
+        const char *what;
+    } shapes[] = {
+        {true, 0, 1, 0, MC, MR, "stored columns: an expert's [C, R] whole"},
+        {true, MR + 1, 2, 13, MC - 13 - 40, MR / 2, "stored columns: expert 1's odd rows from column 13"},
+        {false, 0, 1, 0, MR, MC, "stored rows: an expert's [R, C] whole"},
+        {false, MR + 1, 2, 13, MR / 2, MC - 13 - 40, "stored rows: expert 1's odd ones from column 13"},
+    };
+    MxSource m = {0};
+    m.dir = g_dir_make_tmp("ckptfs-mxfp4-XXXXXX", NULL);
+    m.path = g_strdup_printf("%s/experts", m.dir);
+    m.scales_at = (uint64_t)ME * MR * MC / 2;
+    size_t size = (size_t)(m.scales_at + (uint64_t)ME * MR * MC / 32);
+    m.data = g_malloc(size);
+    for (size_t i = 0; i < size; i++)
+        m.data[i] = i < m.scales_at ? (uint8_t)g_rand_int(rng)
+                                    : (uint8_t)(i % 101 == 0 ? (i % 2 ? 255 : 0) : g_rand_int_range(rng, 110, 140));
+    g_file_set_contents(m.path, (const char *)m.data, (gssize)size, NULL);
+    m.files = ckptfs_srcfiles_new(0);
+    g_assert(ckptfs_srcfiles_add(m.files, m.path, NULL) == 0);
+    if (watch != NULL)
+        ckptfs_lease_watch_add(watch, m.files);
+    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(m.files, 0) : NULL;
+    if (probe == NULL) {
+        tap_skip(2 * (int)G_N_ELEMENTS(shapes), "no lease on %s (its file system, or leases off): nothing is read mapped",
+                 m.dir);
+        source_clear(&m);
+        return;
+    }
+    ckptfs_srcfiles_map_unpin(m.files, 0);
+    const uint8_t *blocks = m.data, *scales = m.data + m.scales_at;
+    for (size_t s = 0; s < G_N_ELEMENTS(shapes); s++) {
+        uint64_t nrep = shapes[s].nrep, width = shapes[s].width;
+        CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+        ckptfs_plan_add_literal(b, "x", 1);
+        g_autofree uint16_t *naive = g_new(uint16_t, ME * nrep * width);
+        uint64_t at = 0;
+        for (uint64_t e = 0; e < (s == 0 ? ME : 1); e++) {
+            bool t = shapes[s].transposed;
+            CkptfsMxfp4 where = {.scales_base = m.scales_at, .cols = MC, .row0 = shapes[s].row0 + e * MR,
+                                 .row_step = shapes[s].step, .col0 = shapes[s].col0, .transposed = t};
+            ckptfs_plan_add_mxfp4(b, &where, nrep, width);
+            /* dequantised as stored, then transposed (or not) */
+            uint64_t stored = t ? width : nrep;
+            g_autofree uint16_t *rowwise = g_new(uint16_t, stored * MC);
+            for (uint64_t k = 0; k < stored; k++)
+                for (uint64_t c = 0; c < MC; c++)
+                    rowwise[k * MC + c] = reference_element(blocks, scales, MC, where.row0 + k * where.row_step, c);
+            for (uint64_t j = 0; j < nrep; j++)
+                for (uint64_t k = 0; k < width; k++)
+                    naive[at + j * width + k] = t ? rowwise[k * MC + where.col0 + j] : rowwise[j * MC + where.col0 + k];
+            at += nrep * width;
+        }
+        CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+        size_t total = 1 + (size_t)at * 2;
+        g_autofree uint8_t *want = g_malloc(total), *got = g_malloc(total + 1);
+        want[0] = 'x';
+        memcpy(want + 1, naive, (size_t)at * 2);
+        int bad = 0, mapped = 0, reads = 0;
+        for (int i = 0; i < 300; i++, reads++) {
+            /* tiny, inside an output row, across rows and groups of them, and huge */
+            static const size_t lens[] = {1, 2, 3, 31, 700, 4096, 70000, 300000, 1u << 20};
+            size_t len = i == 0 ? total : lens[g_rand_int_range(rng, 0, G_N_ELEMENTS(lens))];
+            size_t off = i == 0 ? 0 : (size_t)g_rand_int_range(rng, 0, (gint32)total);
+            len = MIN(len, total - off);
+            memset(got, 0xA5, len + 1);
+            bool from_map;
+            int64_t n = read_mapped(plan, m.files, got, len, off, &from_map);
+            mapped += from_map;
+            if ((n != (int64_t)len || memcmp(got, want + off, len) != 0 || got[len] != 0xA5) && bad++ < 3)
+                tap_diag("  a read of %zu bytes at %zu differs (%" G_GINT64_FORMAT " read)", len, off, n);
+        }
+        tap_ok(bad == 0, "%s, from the mapped source: %d reads as a naive dequantisation (%d wrong)",
+               shapes[s].what, reads, bad);
+        tap_ok(mapped >= reads - 2, "  decoded where the codes lie: %d of %d reads (the others had only the literal)",
+               mapped, reads);
+        ckptfs_plan_free(plan);
+    }
+    source_clear(&m);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261128);
+    /* the lease signals blocked before any thread is made, as the daemon does */
+    CkptfsLeaseWatch *watch = ckptfs_leases_block_signals() ? ckptfs_lease_watch_new(NULL) : NULL;
     test_every_code();
+    test_columns_decoder(rng);
     MxSource m;
     source_init(&m, rng);
     test_extents(&m, rng);
     test_catalog(&m, rng);
     source_clear(&m);
     test_bands(rng);
+    test_mapped(watch, rng);
+    if (watch != NULL)
+        ckptfs_lease_watch_free(watch);
     g_rand_free(rng);
     return tap_done();
 }
