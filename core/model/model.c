@@ -948,7 +948,7 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
 {
     if (model->mtp_layers == 0 || !ckptfs_family_has(model->arch->family, CKPTFS_NEED_MTP)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
+                    "config.json: no multi-token prediction layers (num_nextn_predict_layers, mtp_num_hidden_layers) in a model "
                     "with rules for them (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, Qwen3.5)");
         return false;
     }
