@@ -140,8 +140,8 @@ def build(out):
 def build_mtp(torch, model, back, path):
     """PATH-mtp: PATH with the releases' MTP block (config.json's mtp_num_hidden_layers 1; mtp.fc,
     mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0 a full-attention decoder layer
-    of the family's MLP, mtp.norm: vLLM's qwen3_next_mtp.py names), made of transformers' own
-    modules; PATH-mtp.mtp_logits.json: the block's logits (Megatron's MTP depth 1: the next tokens'
+    of the family's MLP, mtp.norm: the names Megatron-Bridge's qwen3_next and qwen35 bridges map),
+    made of transformers' own modules; PATH-mtp.mtp_logits.json: the block's logits (Megatron's MTP depth 1: the next tokens'
     embedding, the model's last hidden state after its norm, the shared head)."""
     from safetensors.torch import load_file, save_file
     modeling = sys.modules[type(model).__module__]
