@@ -360,6 +360,13 @@ static const CkptfsRule glm4_moe_rules[] = {
     DENSE_MLP,                                                                                  \
     EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13, NONE, CKPTFS_NEED_DENSE_MLP),    \
     EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 15, NONE, CKPTFS_NEED_DENSE_MLP)
+/* The hybrids' MTP block (the releases' mtp.*; Megatron-Bridge's qwen3_next and qwen35 bridges):
+ * fc reads [embedding; hidden] as eh_proj does, pre_fc_norm_embedding and pre_fc_norm_hidden are
+ * enorm and hnorm, norm the final norm (all zero-centred in both), its layer (mtp.layers.0.) a gated
+ * attention layer with the family's MLP. */
+#define HYBRID_MTP_LAYER                                                                        \
+    MTP_LAYER_OF("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", CKPTFS_RECIPE_WHOLE, \
+                 "fc.weight", "norm.weight")
 static const CkptfsRule qwen3_next_rules[] = {
     EMBEDDING,
     GDN_LAYER(CKPTFS_RECIPE_GDN_IN_GROUPED, "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"),
@@ -372,6 +379,7 @@ static const CkptfsRule qwen3_next_rules[] = {
             "mlp.experts.{e}.down_proj.weight"),
     SHARED_EXPERT,
     LAST_STAGE,
+    HYBRID_MTP_LAYER,
 };
 
 /* Qwen3.5's text model (Qwen3_5ForCausalLM): Qwen3-Next's layers with the delta-net's input
@@ -384,6 +392,7 @@ static const CkptfsRule qwen3_5_rules[] = {
     GATED_ATTENTION_LAYER,
     FUSED_NORM_DENSE_MLP,
     LAST_STAGE,
+    HYBRID_MTP_LAYER,
 };
 
 /* Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): Qwen3.5's layers with Qwen3-Next's MoE
@@ -399,6 +408,7 @@ static const CkptfsRule qwen3_5_moe_rules[] = {
             "mlp.experts.{e}.down_proj.weight"),
     SHARED_EXPERT,
     LAST_STAGE,
+    HYBRID_MTP_LAYER,
 };
 
 /* MiMo (MiMoForCausalLM): Qwen2 (q/k/v biases) with multi-token prediction layers under
@@ -636,23 +646,26 @@ static const CkptfsRule gpt_oss_rules[] = {
     LAYER_EXTRAS_AND_LAST,
 };
 
-const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules), NULL};
-const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules), NULL};
-const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules), NULL};
-const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules), NULL};
-const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules), NULL};
-const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules), NULL};
-const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers."};
+const CkptfsFamily ckptfs_family_llama = {"llama", llama_rules, G_N_ELEMENTS(llama_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_phi3 = {"phi3", phi3_rules, G_N_ELEMENTS(phi3_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_mixtral = {"mixtral", mixtral_rules, G_N_ELEMENTS(mixtral_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen_moe = {"qwen_moe", qwen_moe_rules, G_N_ELEMENTS(qwen_moe_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_deepseek = {"deepseek", deepseek_rules, G_N_ELEMENTS(deepseek_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_glm4_moe = {"glm4_moe", glm4_moe_rules, G_N_ELEMENTS(glm4_moe_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_mimo = {"mimo", mimo_rules, G_N_ELEMENTS(mimo_rules), "model.mtp_layers.", NULL};
 const CkptfsFamily ckptfs_family_qwen2_5_vl_vision = {"qwen2_5_vl_vision", qwen2_5_vl_vision_rules,
-                                                      G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL};
+                                                      G_N_ELEMENTS(qwen2_5_vl_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_qwen3_vl_vision = {"qwen3_vl_vision", qwen3_vl_vision_rules,
-                                                    G_N_ELEMENTS(qwen3_vl_vision_rules), NULL};
-const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL};
-const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules), NULL};
-const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules), NULL};
-const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL};
-const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules), NULL};
-const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL};
+                                                    G_N_ELEMENTS(qwen3_vl_vision_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_gpt_oss = {"gpt_oss", gpt_oss_rules, G_N_ELEMENTS(gpt_oss_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G_N_ELEMENTS(qwen3_next_rules),
+                                               "mtp.layers.", "mtp."};
+const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules),
+                                            "mtp.layers.", "mtp."};
+const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules),
+                                                "mtp.layers.", "mtp."};
+const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -263,7 +263,7 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
                               r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, {NULL}, 0,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
-                              family->mtp_hf_prefix, m->arch->hf_layer_prefix, listed,
+                              family->mtp_hf_prefix, family->mtp_hf_block_prefix, m->arch->hf_layer_prefix, listed,
                               listed ? m->list_modules : 0, m->arch->list_hf_prefix};
         k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections, k->section_names);
         g_array_set_clear_func(k->segments, segment_clear);
@@ -379,6 +379,8 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
         return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->list_hf_prefix, layer, hf);
     if (!key->stacked && !mtp_scope(key->rule->scope))
         return g_strdup(hf);
+    if (key->mtp_hf_block_prefix && mtp_scope(key->rule->scope)) /* one set for the block */
+        return g_strconcat(key->mtp_hf_block_prefix, hf, NULL);
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
     g_auto(GStrv) parts = g_strsplit(hf, "{e}", -1);
     g_autofree char *suffix = g_strjoinv(e, parts);

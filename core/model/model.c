@@ -432,6 +432,9 @@ static const CkptfsTensor *expect_tensor(const CkptfsCatalog *catalog, CkptfsMod
  * them (their copies of the model's embedding and head are never read). */
 static bool in_mtp_layer(const CkptfsModel *m, const char *name)
 {
+    const char *block = m->arch->family->mtp_hf_block_prefix;
+    if (m->mtp_layers > 0 && block && g_str_has_prefix(name, block)) /* the whole block's */
+        return true;
     const char *prefix = m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.";
     uint64_t first = m->arch->family->mtp_hf_prefix ? 0 : m->layers; /* the index of MTP layer 0 */
     const char *p = name + strlen(prefix);
@@ -945,8 +948,15 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
 {
     if (model->mtp_layers == 0 || !ckptfs_family_has(model->arch->family, CKPTFS_NEED_MTP)) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
-                    "config.json: no multi-token prediction layers (num_nextn_predict_layers) in a model "
-                    "with rules for them (DeepSeek-V3, GLM-4.5, MiMo)");
+                    "config.json: no multi-token prediction layers (num_nextn_predict_layers, mtp_num_hidden_layers) in a model "
+                    "with rules for them (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, Qwen3.5)");
+        return false;
+    }
+    if (model->mtp_layers > 1 && model->arch->family->mtp_hf_block_prefix) {
+        g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_UNSUPPORTED,
+                    "config.json: %" G_GUINT64_FORMAT " multi-token prediction layers (mtp_num_hidden_layers) share "
+                    "one %sfc and its norms in %s, but Megatron-core gives each layer its own: only 1 can be served",
+                    model->mtp_layers, model->arch->family->mtp_hf_block_prefix, model->arch->hf_architecture);
         return false;
     }
     model->mtp = true;

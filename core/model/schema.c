@@ -187,8 +187,9 @@ static const CkptfsModelField fields[] = {
     {"group_topk", CKPTFS_FIELD_UINT, M(group_topk), CKPTFS_FOR_MOE, {"topk_group"}, 0, "moe_router_group_topk", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_DEEPSEEK_ONLY | CKPTFS_FIELD_DEEPSEEK_REQUIRED | CKPTFS_FIELD_SIGMOID_ONLY |
          CKPTFS_FIELD_ZERO_AS_DEFAULT, 1, 0, 0, 0, CKPTFS_MAX_EXPERTS, {NULL}},
-    {"mtp_layers", CKPTFS_FIELD_COUNT, M(mtp_layers), CKPTFS_FOR_ALL, {"num_nextn_predict_layers"}, 0, NULL, NULL,
-     CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64, {NULL}},
+    /* DeepSeek's name; Qwen3-Next's and Qwen3.5's releases say mtp_num_hidden_layers */
+    {"mtp_layers", CKPTFS_FIELD_COUNT, M(mtp_layers), CKPTFS_FOR_ALL, {"num_nextn_predict_layers", "mtp_num_hidden_layers"},
+     0, NULL, NULL, CKPTFS_FIELD_OMIT_ZERO, 0, 0, 0, 0, 64, {NULL}},
     /* the tokenizer's ids, kept as given: the views' args carry them in one dict (Megatron has no
      * such argument and its loaders ignore the ones they do not know), so that hf/ of their copy
      * writes them back; a Megatron checkpoint's own args have none: written null, never left to

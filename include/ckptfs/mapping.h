@@ -170,6 +170,11 @@ typedef struct {
      * head. NULL: DeepSeek's form, the layers after the decoder's ("model.layers.{layers + J}."),
      * with copies of the embedding and head (embed_tokens, shared_head.head). */
     const char *mtp_hf_prefix;
+    /* Where the MTP block's own tensors (its norms, projection and final norm) are when the release
+     * keeps one set for the whole block ("mtp.": Qwen3-Next's fc, pre_fc_norm_*, norm) rather than
+     * one a layer; NULL: under MTP_HF_PREFIX and the layer's number. Megatron has one set a layer,
+     * so such a block is served with one layer only. */
+    const char *mtp_hf_block_prefix;
 } CkptfsFamily;
 
 /* The families ckptfs knows. */

@@ -44,6 +44,7 @@ typedef struct {
      * under MTP_HF_PREFIX when the family names one (CkptfsFamily.mtp_hf_prefix) */
     uint64_t decoder_layers;
     const char *mtp_hf_prefix;
+    const char *mtp_hf_block_prefix; /* CkptfsFamily's: the MTP layer's own tensors without a number */
     const char *hf_layer_prefix; /* the architecture's (NULL: "model.layers.") */
     /* a key of the family's module list (CKPTFS_SCOPE_LIST): a leading axis of LIST_COUNT, its
      * HF tensors after LIST_HF_PREFIX and the module's number */

@@ -15,6 +15,11 @@
 # holds Megatron-core's sharded_state_dict keys (one layer's each; in_proj and conv1d a key per
 # section) with the bridges' tensors. A view mounted as a source gives back the same tensors, and
 # transformers the same logits.
+# The releases' MTP block (mtp.*, added to a Qwen3-Next and a Qwen3.5 copy from transformers' own
+# modules) with -o mtp=on: Megatron-core's MultiTokenPredictionLayer on the last stage with the
+# bridges' names and bytes, its Megatron forward equal to the block's, the same mtp.* back through
+# hf/ of tp/pp and mcore/ views; without mtp=on the views are the model's alone; a missing or
+# misshapen MTP tensor, or more than one MTP layer, refused by name.
 # Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
 # a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
 # taken from its source (gated_delta_net.py) and the bridges.
@@ -117,5 +122,44 @@ else
 fi
 check "each hf/ of the seven: transformers loads it (its config.json too), the same logits bit for bit" \
   sid_python "$WORK" "$ref" logits "${pairs[@]}"
+
+# The MTP block (the releases' mtp.*: fc, pre_fc_norm_embedding/hidden, a gated attention layer
+# with the family's MLP, norm) with -o mtp=on: on the last stage as Megatron-core's
+# MultiTokenPredictionLayer 0, the bridges' names and bytes, its Megatron forward equal to the
+# block's of transformers' modules; back to the same mtp.* through hf/ of the view
+mtp_views() { # NAME CHECKED_LAYOUT [LAYOUT...]: each layout and mcore/ back to hf/
+  local name=$1 checked=$2 mnt=$WORK/mtp-$1
+  shift
+  if ! mount_ckptfs "$models/$name" "$mnt" -o "mtp=on,layouts=$(echo "$@" | tr ' ' ':')" 2> "$WORK/err"; then
+    ok 1 "$name: mount with mtp=on ($(head -c 300 "$WORK/err"))"
+    return
+  fi
+  check "$name $checked with mtp=on: the last stage's MTP layer, the bridges' names and bytes; Megatron MTP forward = transformers' modules" \
+    $PY "$ref" check "$models/$name" "$mnt/$checked" "$checked" --mtp
+  for view in "$@" mcore; do
+    if mount_ckptfs "$mnt/$view" "$mnt-$view-back"; then
+      check "$name -> $view (mtp=on) -> hf/: the same tensors, mtp.* included, bit for bit" \
+        $PY "$ref" same "$models/$name" "$mnt-$view-back/hf"
+    else
+      ok 1 "$name -> $view (mtp=on) -> hf/: mounts"
+    fi
+  done
+}
+mtp_views q3n-a-mtp tp2pp2 tp1pp2vpp2ep2
+mtp_views q35-mtp tp2pp1
+if mount_ckptfs "$models/q35-mtp" "$WORK/mtp-off" -o layouts=tp2pp1; then
+  check "q35-mtp without mtp=on: tp2pp1/ the same bytes as q35's" diff -r "$WORK/mtp-off/tp2pp1" "$WORK/mnt-q35/tp2pp1"
+else
+  ok 1 "q35-mtp without mtp=on: mounts"
+fi
+for kind in drop-mtp:"tensor 'mtp.pre_fc_norm_hidden.weight' is missing from the checkpoint" \
+  fc-shape:"tensor 'mtp.fc.weight' has shape \\[64, 64\\]; config.json implies \\[64, 128\\]" \
+  mtp-two:"2 multi-token prediction layers (mtp_num_hidden_layers) share one mtp.fc"; do
+  name=${kind%%:*} want=${kind#*:}
+  cp -r "$models/q3n-a-mtp" "$WORK/bad-$name"
+  $PY "$ref" bad "$WORK/bad-$name" "$name"
+  expect_refused "MTP block '$name': mtp=on refused by name" "$want" \
+    "$CKPTFS_BIN" inspect -o mtp=on "$WORK/bad-$name"
+done
 
 done_testing

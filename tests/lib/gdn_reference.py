@@ -12,13 +12,18 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
   gdn_reference.py build OUT          (in the sid root: transformers 5.12.1)
       OUT/NAME for each variant, built and saved by transformers in bf16, its norms drawn
       around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS;
-      OUT/q35moe-fused: the same model with its experts fused as transformers holds them.
-  gdn_reference.py check SRC VIEW LAYOUT [--torch2]
+      OUT/q35moe-fused: the same model with its experts fused as transformers holds them;
+      OUT/q3n-a-mtp, OUT/q35-mtp: those models with the releases' MTP block (mtp.*) and its
+      logits (NAME.mtp_logits.json) from transformers' own modules.
+  gdn_reference.py check SRC VIEW LAYOUT [--torch2] [--mtp]
       every rank file of VIEW loads (torch 2.6 with weights_only and mmap with --torch2); the
       file set is Megatron's for LAYOUT; every chunk's keys, in order, and tensors, bit for bit,
       are what the bridges make of SRC's tensors; the args say the layer pattern, the delta-net
       sizes, the gated attention and the zero-centred norms; a Megatron-semantics forward over
       the rank files alone (the delta rule as a loop over tokens) equals transformers' logits.
+      --mtp (a view mounted with -o mtp=on): the last stage also holds Megatron-core's
+      MultiTokenPredictionLayer as the bridges fill it from mtp.*, and its forward over the
+      rank files equals the MTP block's of transformers' modules.
   gdn_reference.py mcore SRC RELEASE_DIR [SRC RELEASE_DIR ...]     (in the sid root: torch 2.14)
       each RELEASE_DIR (an mcore/ release directory) read by torch.distributed.checkpoint: its tensor
       keys are Megatron-core's sharded_state_dict of the model (one layer's keys each, the layers
@@ -32,7 +37,9 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
       bit.
   gdn_reference.py bad SRC KIND
       edits SRC's config.json: short (layer_types of the wrong length), interval (a
-      full_attention_interval that disagrees with layer_types), kind (an unknown layer kind).
+      full_attention_interval that disagrees with layer_types), kind (an unknown layer kind),
+      mtp-two (mtp_num_hidden_layers 2); or an MTP block's tensors: drop-mtp (one left out),
+      fc-shape (mtp.fc.weight [H, H]).
 """
 import argparse
 import json
@@ -58,7 +65,7 @@ VARIANTS = {
     # every other layer full attention (layer_types as transformers writes them), a value head per
     # key head pair, every layer MoE
     "q3n-a": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
-                  linear_key_head_dim=8, linear_value_head_dim=8, decoder_sparse_step=1),
+                  linear_key_head_dim=8, linear_value_head_dim=8, decoder_sparse_step=1, mtp_copy=True),
     # every third layer full, given as full_attention_interval only (layer_types removed), three
     # value heads per key head, the first layer dense
     "q3n-b": dict(num_hidden_layers=6, full_attention_interval=3, linear_num_key_heads=2, linear_num_value_heads=6,
@@ -66,7 +73,7 @@ VARIANTS = {
                   only_interval=True),
     # Qwen3.5's text model: dense, the delta-net's projections split
     "q35": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
-                linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True),
+                linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True, mtp_copy=True),
     # Qwen3.5's MoE text model: the split projections, every layer MoE with a gated shared expert
     "q35moe": dict(num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
                    linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True, fused_copy=True),
@@ -84,6 +91,7 @@ def build(out):
         v = dict(v)
         only_interval = v.pop("only_interval", False)
         fused_copy = v.pop("fused_copy", False)
+        mtp_copy = v.pop("mtp_copy", False)
         dense = v.pop("qwen3_5", False)
         kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
             (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
@@ -124,7 +132,64 @@ def build(out):
         with torch.no_grad():
             logits = back(torch.tensor([TOKENS])).logits[0]
         json.dump(logits.tolist(), open(path + ".logits.json", "w"))
+        if mtp_copy:
+            build_mtp(torch, model, back, path)
         print(name)
+
+
+def build_mtp(torch, model, back, path):
+    """PATH-mtp: PATH with the releases' MTP block (config.json's mtp_num_hidden_layers 1; mtp.fc,
+    mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0 a full-attention decoder layer
+    of the family's MLP, mtp.norm: the names Megatron-Bridge's qwen3_next and qwen35 bridges map),
+    made of transformers' own modules; PATH-mtp.mtp_logits.json: the block's logits (Megatron's MTP depth 1: the next tokens'
+    embedding, the model's last hidden state after its norm, the shared head)."""
+    from safetensors.torch import load_file, save_file
+    modeling = sys.modules[type(model).__module__]
+    layer_cls = next(c for n, c in vars(modeling).items() if n.endswith("DecoderLayer"))
+    norm_cls = next(c for n, c in vars(modeling).items() if n.endswith("RMSNorm") and "Gated" not in n)
+    cfg, H = model.config, model.config.hidden_size
+    full = cfg.layer_types.index("full_attention")
+    torch.manual_seed(7)
+    block = torch.nn.ModuleDict(dict(fc=torch.nn.Linear(2 * H, H, bias=False), pre_fc_norm_embedding=norm_cls(H),
+                                     pre_fc_norm_hidden=norm_cls(H), norm=norm_cls(H),
+                                     layers=torch.nn.ModuleList([layer_cls(cfg, full)])))
+    assert block.layers[0].layer_type == "full_attention"
+    with torch.no_grad():
+        for pname, p in block.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p) if "norm" in pname else 0.08 * torch.randn_like(p))
+    block = block.to(torch.bfloat16)
+    out = path + "-mtp"
+    shutil.copytree(path, out)
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    for k, t in block.state_dict().items():
+        if k.endswith("mlp.experts.gate_up_proj"):  # per expert, as the releases and the main layers are saved
+            for e, w in enumerate(t):
+                sd[f"mtp.{k[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = w[:len(w) // 2].contiguous()
+                sd[f"mtp.{k[:-len('gate_up_proj')]}{e}.up_proj.weight"] = w[len(w) // 2:].contiguous()
+        elif k.endswith("mlp.experts.down_proj"):
+            for e, w in enumerate(t):
+                sd[f"mtp.{k[:-len('down_proj')]}{e}.down_proj.weight"] = w.contiguous()
+        else:
+            sd["mtp." + k] = t.contiguous()
+    save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    cpath = os.path.join(out, "config.json")
+    c = json.load(open(cpath))
+    c["mtp_num_hidden_layers"] = 1
+    json.dump(c, open(cpath, "w"), indent=2)
+    shutil.copy(path + ".logits.json", out + ".logits.json")
+    block = block.float()
+    ids = torch.tensor([TOKENS])
+    with torch.no_grad():
+        hidden = back.model(ids).last_hidden_state
+        nxt = torch.tensor([TOKENS[1:] + [0]])  # Megatron's roll_tensor: shifted left, 0 at the end
+        x = block.fc(torch.cat([block.pre_fc_norm_embedding(back.model.embed_tokens(nxt)),
+                                block.pre_fc_norm_hidden(hidden)], -1))
+        pos = torch.arange(len(TOKENS))[None]
+        x = block.layers[0](x, position_embeddings=back.model.rotary_emb(x, pos), position_ids=pos)
+        x = x[0] if isinstance(x, tuple) else x
+        mtp_logits = back.lm_head(block.norm(x))[0]
+    json.dump(mtp_logits.tolist(), open(out + ".mtp_logits.json", "w"))
+    print(os.path.basename(out))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +211,10 @@ class Source:
         only = set(c.get("mlp_only_layers") or [])
         step = c.get("decoder_sparse_step", 1)
         self.moe = [self.E > 0 and i not in only and (i + 1) % step == 0 for i in range(self.L)]
+        # the MTP block's layer as layer L (mtp.layers.0.): full attention, the family's MLP
+        self.mtp = c.get("mtp_num_hidden_layers", 0)
+        self.linear.append(False)
+        self.moe.append(self.E > 0)
 
     def bits(self, name):
         dt, shape, raw = self.raw[name]
@@ -153,7 +222,7 @@ class Source:
         return np.frombuffer(raw, dtype=np.uint16).reshape(shape)
 
     def layer(self, i, s):
-        return self.bits(f"model.layers.{i}.{s}")
+        return self.bits(f"mtp.layers.0.{s}" if i == self.L else f"model.layers.{i}.{s}")
 
 
 def chunk(w, r, n, axis=0):
@@ -252,20 +321,33 @@ def layer_entries(s, i, r, tp, e, ep, x, etp):
     return out
 
 
-def chunk_entries(s, tp, pp, vpp, p, v, r, e, ep, x, etp):
+def mtp_entries(s, r, tp, e, ep, x, etp):
+    """Megatron-core's MultiTokenPredictionLayer 0 as the bridges fill it: enorm, hnorm, eh_proj
+    (column-parallel, [embedding; hidden] as mtp.fc reads them), mtp_model_layer, final_layernorm."""
+    pre = "mtp.layers.0."
+    return [(pre + "enorm.weight", s.bits("mtp.pre_fc_norm_embedding.weight")), (pre + "enorm._extra_state", None),
+            (pre + "hnorm.weight", s.bits("mtp.pre_fc_norm_hidden.weight")), (pre + "hnorm._extra_state", None),
+            (pre + "eh_proj.weight", chunk(s.bits("mtp.fc.weight"), r, tp)), (pre + "eh_proj._extra_state", None)] + \
+        [(pre + "mtp_model_layer." + n, t) for n, t in layer_entries(s, s.L, r, tp, e, ep, x, etp)] + \
+        [(pre + "final_layernorm.weight", s.bits("mtp.norm.weight")), (pre + "final_layernorm._extra_state", None)]
+
+
+def chunk_entries(s, tp, pp, vpp, p, v, r, e, ep, x, etp, mtp=False):
     out = []
     mult = 128 * tp
     padded = (s.vocab + mult - 1) // mult * mult
     pad = lambda w: np.concatenate([w, np.zeros((padded - s.vocab, s.H), np.uint16)])  # noqa: E731
-    if p == 0 and v == 0:
+    last = p == pp - 1 and v == vpp - 1
+    if (p == 0 and v == 0) or (last and mtp):  # the MTP layer's stage embeds the next tokens
         out.append(("embedding.word_embeddings.weight", chunk(pad(s.bits("model.embed_tokens.weight")), r, tp)))
     first, count = chunk_layers(s.L, pp, vpp, p, v)
     for li in range(count):
         out += [(f"decoder.layers.{li}.{n}", t) for n, t in layer_entries(s, first + li, r, tp, e, ep, x, etp)]
-    if p == pp - 1 and v == vpp - 1:
+    if last:
         out += [("decoder.final_layernorm.weight", s.bits("model.norm.weight")),
-                ("decoder.final_layernorm._extra_state", None),
-                ("output_layer.weight", chunk(pad(s.bits("lm_head.weight")), r, tp)),
+                ("decoder.final_layernorm._extra_state", None)]
+        out += mtp_entries(s, r, tp, e, ep, x, etp) if mtp else []
+        out += [("output_layer.weight", chunk(pad(s.bits("lm_head.weight")), r, tp)),
                 ("output_layer._extra_state", None)]
     return out
 
@@ -431,6 +513,25 @@ class MegatronForward:
                     x = self.mlp(sds, pre, x, ep, etp)
         last = [of_tp(stages[-1], t)[ck(vpp - 1)] for t in range(tp)]
         x = rms(x, self.g(last[0], "decoder.final_layernorm.weight"), s.eps, True)
+        self.hidden = x
+        return np.concatenate([x @ self.g(sd, "output_layer.weight").T for sd in last], 1)[:, :s.vocab]
+
+    def run_mtp(self, stages, vpp, ep, etp):
+        """MultiTokenPredictionLayer 0 over the last stage's files alone, after run(): its copy of
+        the embedding of the next tokens, eh_proj over [enorm(embedding); hnorm(hidden)] (TP rows
+        gathered), the layer, final_layernorm, the output layer."""
+        s, ck = self.s, ("model" if vpp == 1 else f"model{vpp - 1}")
+        files = {key: f[ck] for key, f in stages[-1].items()}
+        tp = len({t for t, _, _ in files})
+        last = [of_tp(files, t) for t in range(tp)]
+        pre = "mtp.layers.0."
+        emb = np.concatenate([self.g(sd, "embedding.word_embeddings.weight") for sd in last])
+        e = rms(emb[TOKENS[1:] + [0]], self.g(last[0], pre + "enorm.weight"), s.eps, True)
+        h = rms(self.hidden, self.g(last[0], pre + "hnorm.weight"), s.eps, True)
+        x = np.concatenate([np.concatenate([e, h], 1) @ self.g(sd, pre + "eh_proj.weight").T for sd in last], 1)
+        x = self.attention(last, pre + "mtp_model_layer.self_attention.", x)
+        x = self.mlp(files, pre + "mtp_model_layer.", x, ep, etp)
+        x = rms(x, self.g(last[0], pre + "final_layernorm.weight"), s.eps, True)
         return np.concatenate([x @ self.g(sd, "output_layer.weight").T for sd in last], 1)[:, :s.vocab]
 
 
@@ -441,6 +542,7 @@ def check(argv):
     ap.add_argument("view")
     ap.add_argument("layout")
     ap.add_argument("--torch2", action="store_true")
+    ap.add_argument("--mtp", action="store_true", help="the view is mounted with -o mtp=on")
     a = ap.parse_args(argv)
     import torch
     s = Source(a.src)
@@ -461,7 +563,7 @@ def check(argv):
             files[(t, e, x)] = f
             args = f["args"]
             want_args = dict(experimental_attention_variant="gated_delta_net",
-                             linear_attention_freq=[int(lin) for lin in s.linear], attention_output_gate=True,
+                             linear_attention_freq=[int(lin) for lin in s.linear[:s.L]], attention_output_gate=True,
                              layernorm_zero_centered_gamma=True, linear_num_key_heads=s.nk,
                              linear_num_value_heads=s.nv, linear_key_head_dim=s.dk, linear_value_head_dim=s.dv,
                              linear_conv_kernel_dim=s.K, qk_layernorm=True, rotary_percent=s.rotary_dim / s.d,
@@ -469,15 +571,16 @@ def check(argv):
                              expert_model_parallel_size=ep, transformer_impl="transformer_engine")
             if s.E:
                 want_args.update(num_experts=s.E, moe_shared_expert_gate=True,
-                                 moe_layer_freq=1 if all(s.moe) else [int(m) for m in s.moe])
+                                 moe_layer_freq=1 if all(s.moe[:s.L]) else [int(m) for m in s.moe[:s.L]])
             else:
                 want_args.update(num_experts=None)
+            want_args.update(mtp_num_layers=1 if a.mtp else None)
             for k, want in want_args.items():
                 if getattr(args, k, "<missing>") != want:
                     errors.append(f"{path}: args.{k} = {getattr(args, k, '<missing>')!r}, expected {want!r}")
             for v in range(vpp):
                 ck = "model" if vpp == 1 else f"model{v}"
-                want = chunk_entries(s, tp, pp, vpp, p, v, t, e, ep, x, etp)
+                want = chunk_entries(s, tp, pp, vpp, p, v, t, e, ep, x, etp, a.mtp)
                 got = f[ck]
                 if list(got) != [n for n, _ in want]:
                     errors.append(f"{path} {ck}: keys\n  {list(got)}\nexpected\n  {[n for n, _ in want]}")
@@ -489,13 +592,21 @@ def check(argv):
                     elif tuple(got[n].shape) != w.shape or not np.array_equal(bits_of(torch, got[n]), w):
                         errors.append(f"{path} {ck} {n}: {tuple(got[n].shape)} differs from expected {w.shape}")
         stages.append(files)
+    fwd = MegatronForward(s, torch)
     if not errors:
-        logits = MegatronForward(s, torch).run(stages, vpp, ep, etp)
+        logits = fwd.run(stages, vpp, ep, etp)
         ref = np.array(json.load(open(a.src.rstrip("/") + ".logits.json")), np.float32)
         err = np.abs(logits - ref).max() / np.abs(ref).max()
         print(f"{a.layout}: Megatron forward vs transformers: max relative error {err:.2e}")
         if not err < TOLERANCE:
             errors.append(f"logits differ: {err:.3e} >= {TOLERANCE}")
+    if not errors and a.mtp:
+        got = fwd.run_mtp(stages, vpp, ep, etp)
+        ref = np.array(json.load(open(a.src.rstrip("/") + ".mtp_logits.json")), np.float32)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        print(f"{a.layout}: Megatron MTP forward vs transformers' modules: max relative error {err:.2e}")
+        if not err < TOLERANCE:
+            errors.append(f"MTP logits differ: {err:.3e} >= {TOLERANCE}")
     for e in errors[:20]:
         print(e, file=sys.stderr)
     return 1 if errors else 0
@@ -600,7 +711,27 @@ def bad(src, kind):
         c["full_attention_interval"] = 3
     elif kind == "kind":
         c["layer_types"][0] = "sliding_attention"
+    elif kind == "mtp-two":
+        c["mtp_num_hidden_layers"] = 2
+    elif kind in ("drop-mtp", "fc-shape"):
+        return bad_mtp_tensor(src, kind)
     json.dump(c, open(path, "w"), indent=2)
+    return 0
+
+
+def bad_mtp_tensor(src, kind):
+    """drop-mtp: mtp.pre_fc_norm_hidden.weight left out; fc-shape: mtp.fc.weight [H, H]."""
+    import st_write
+    tensors = read_checkpoint(src)
+    if kind == "drop-mtp":
+        del tensors["mtp.pre_fc_norm_hidden.weight"]
+    else:
+        dt, shape, raw = tensors["mtp.fc.weight"]
+        tensors["mtp.fc.weight"] = (dt, (shape[0], shape[0]), raw[:len(raw) // 2])
+    h, _ = st_write.header_bytes([(k, dt, shape, len(raw)) for k, (dt, shape, raw) in tensors.items()],
+                                 metadata=None, compact=False)
+    with open(os.path.join(src, "model.safetensors"), "wb") as f:
+        f.write(h + b"".join(raw for _, _, raw in tensors.values()))
     return 0
 
 

@@ -280,6 +280,44 @@ static void test_moe(void)
            "experts in checkpoint order, expert by expert (%s)", e1 ? e1->name : "none");
 }
 
+/* Qwen3.5's MTP block with -o mtp=on: its layer (after the decoder's) a full-attention one with
+ * the dense MLP under "mtp.layers.0.", its norms and projection once for the block under "mtp."
+ * (Megatron-Bridge's qwen35 names); eh_proj read as it is, rows split over TP. */
+static void test_hybrid_mtp(void)
+{
+    CkptfsModel m = {.layers = 2, .hidden = 8, .heads = 4, .kv_heads = 2, .head_dim = 2, .ffn = 6,
+                     .vocab = 10, .qk_norm = true, .linear_attention = true, .linear_key_heads = 2,
+                     .linear_value_heads = 2, .linear_key_dim = 2, .linear_value_dim = 2, .conv_kernel = 4,
+                     .mtp_layers = 1, .mtp = true, .arch = ckptfs_architecture_find("Qwen3_5ForCausalLM", NULL)};
+    tap_ok(m.arch && m.arch->family == &ckptfs_family_qwen3_5, "Qwen3_5ForCausalLM has the qwen3_5 rules");
+    if (m.arch == NULL)
+        return;
+    ckptfs_model_set_linear_layer(&m, 0);
+    g_autoptr(GPtrArray) keys = ckptfs_mcore_keys(&m, 16, false);
+    g_autoptr(GArray) hf = ckptfs_model_hf_tensors(&m, keys);
+    GString *names = g_string_new(NULL);
+    for (guint i = 0; i < hf->len; i++) {
+        const CkptfsHfShape *t = &g_array_index(hf, CkptfsHfShape, i);
+        if (g_str_has_prefix(t->name, "mtp."))
+            g_string_append_printf(names, "%s%s[%" G_GUINT64_FORMAT ",%" G_GUINT64_FORMAT "]", names->len ? " " : "",
+                                   t->name, t->d0, t->d1);
+    }
+    tap_ok(strcmp(names->str, "mtp.pre_fc_norm_embedding.weight[8,0] mtp.pre_fc_norm_hidden.weight[8,0] "
+                              "mtp.fc.weight[8,16] mtp.layers.0.self_attn.o_proj.weight[8,8] "
+                              "mtp.layers.0.input_layernorm.weight[8,0] mtp.layers.0.self_attn.q_proj.weight[16,8] "
+                              "mtp.layers.0.self_attn.k_proj.weight[4,8] mtp.layers.0.self_attn.v_proj.weight[4,8] "
+                              "mtp.layers.0.self_attn.q_norm.weight[2,0] mtp.layers.0.self_attn.k_norm.weight[2,0] "
+                              "mtp.layers.0.post_attention_layernorm.weight[8,0] "
+                              "mtp.layers.0.mlp.gate_proj.weight[6,8] mtp.layers.0.mlp.up_proj.weight[6,8] "
+                              "mtp.layers.0.mlp.down_proj.weight[8,6] mtp.norm.weight[8,0]") == 0,
+           "qwen3_5 MTP block: a gated attention layer and the dense MLP under mtp.layers.0., the rest under mtp. (%s)",
+           names->str);
+    g_string_free(names, TRUE);
+    const CkptfsMcoreKey *eh = find_key(keys, "eh_proj.weight");
+    if (tap_ok(eh != NULL && eh->rule->scope == CKPTFS_SCOPE_MTP_IN, "qwen3_5: an eh_proj key"))
+        EXPECT_SHARE(eh, 2, 1, 4, 16, "fc.weight:4+4", "qwen3_5 eh_proj tp2 rank 1: fc rows [4, 8), as they are");
+}
+
 int main(void)
 {
     /* Llama-3-8B-like: 32 heads, 8 groups, head dim 128, hidden 4096, ffn 14336, vocab 128256. */
@@ -341,6 +379,7 @@ int main(void)
     test_legacy_order(&q3);
     test_phi3(&m);
     test_glm4();
+    test_hybrid_mtp();
     test_moe();
     return tap_done();
 }
