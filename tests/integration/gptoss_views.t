@@ -88,8 +88,8 @@ else
   ok 1 "tp2pp1ep2 mounted as a source"
 fi
 
-# A Megatron copy whose join once took a piece per expert input column (hidden 16448, 2 layers
-# of 16 experts, TP 2: 2.1 M, over the 2 M at which hf/ served the experts one by one) is two
+# A Megatron copy whose join once took a piece per expert input column (hidden 16448, a layer
+# of 32 experts, TP 2: 2.1 M, over the 2 M at which hf/ served the experts one by one) is two
 # pieces per expert and shard now: hf/'s gate_up_proj and its bias are torch's own interleave of
 # the rank files' fc1 gate and up, and every tensor the wide source's.
 wide=$WORK/wide w1=$WORK/wide-meg w2=$WORK/wide-back

@@ -27,8 +27,8 @@ ckptfs's code.
   gptoss_reference.py bad-megatron VIEW OUT KIND    (torch 1.13)
       a copy of a tp1pp1 view whose args disagree with GPT-OSS (KIND: as-mixtral, vanilla-softmax).
   gptoss_reference.py wide SRC OUT
-      OUT: SRC's GPT-OSS made wide (hidden 16448, 2 layers of 16 experts of FFN 8, random bf16),
-      so that its Megatron copy in tp2 joined back takes 2 x 16448 x 16 x 2 x 2 (2.1 M) per-column
+      OUT: SRC's GPT-OSS made wide (hidden 16448, 1 layer of 32 experts of FFN 8, random bf16),
+      so that its Megatron copy in tp2 joined back takes 2 x 16448 x 32 x 2 (2.1 M) per-column
       pieces: over the 2 M that once made hf/ serve the experts one by one.
   gptoss_reference.py interleave SRC VIEW LAYOUT HF_DIR
       HF_DIR's gate_up_proj and its bias (hf/ of Megatron view VIEW of SRC mounted as a source)
@@ -420,7 +420,7 @@ def bad_megatron(view, out, kind):
     torch.save(sd, path)
 
 
-WIDE = dict(hidden_size=16448, num_hidden_layers=2, num_local_experts=16, intermediate_size=8)
+WIDE = dict(hidden_size=16448, num_hidden_layers=1, num_local_experts=32, intermediate_size=8)
 
 
 def wide(src, out):
@@ -453,7 +453,7 @@ def interleave(src, view, layout, hf_dir):
     cfg = json.load(open(os.path.join(src, "config.json")))
     full, _, errors = gather(view, parse(layout), cfg, torch, False)
     hf = hf_bits(hf_dir)
-    checked = 0
+    checked = 0  # experts
     for layer in range(cfg["num_hidden_layers"]):
         h = f"model.layers.{layer}.mlp.experts."
         for e in range(cfg["num_local_experts"]):
@@ -466,11 +466,11 @@ def interleave(src, view, layout, hf_dir):
                                       (h + "gate_up_proj_bias", hf[h + "gate_up_proj_bias"][e], want_bias)):
                 if not np.array_equal(got.view(np.int16), expect.numpy()):
                     errors.append(f"{name} expert {e} differs from the rank files' gate and up interleaved")
-                checked += 1
+            checked += 1
     if errors:
         print("\n".join(errors[:10]))
         sys.exit(1)
-    print(f"PASS {checked} experts' gate_up_proj and biases = torch's interleave of the rank files' fc1")
+    print(f"PASS {checked} experts' gate_up_proj and gate_up_proj_bias = torch's interleave of the rank files' fc1")
 
 
 def bad(src, out, kind):
