@@ -296,10 +296,11 @@ void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsCon
     size_t osz = conv != CKPTFS_CONVERT_NONE ? ckptfs_dtype_size(ckptfs_convert_to(conv)) : isz;
     g_assert(conv == CKPTFS_CONVERT_NONE || ckptfs_convert_from(conv) == stored);
     uint64_t row_elems = 0;
-    bool adjacent = true; /* every item's columns adjacent: a plain gather */
+    bool adjacent = true; /* every item's columns adjacent and none interleaved: a plain gather */
     for (uint32_t k = 0; k < nitems; k++) {
         row_elems += items[k].cols;
-        adjacent = adjacent && (items[k].cols <= 1 || items[k].col_stride == isz || items[k].col_stride == 0);
+        adjacent = adjacent && items[k].ways <= 1 &&
+                   (items[k].cols <= 1 || items[k].col_stride == isz || items[k].col_stride == 0);
     }
     if (nrep == 0 || row_elems == 0)
         return;
@@ -317,13 +318,23 @@ void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsCon
     BuildExtent e = {.kind = CKPTFS_EXTENT_TRANSPOSE, .size = nrep * row_elems * osz, .nrep = nrep,
                      .rep_size = row_elems, .convert = conv, .elsize = (uint32_t)isz,
                      .first = b->strided->len};
-    for (uint32_t k = 0; k < nitems; k++)
-        if (items[k].cols > 0) {
+    uint64_t at = 0; /* where the next item (or set of interleaved ones) starts in the row */
+    for (uint32_t k = 0; k < nitems;) {
+        uint32_t ways = MAX(items[k].ways, 1u);
+        uint64_t run = ways > 1 ? MAX(items[k].run, (uint64_t)1) : MAX(items[k].cols, (uint64_t)1);
+        g_assert(k + ways <= nitems && items[k].cols % run == 0);
+        for (uint32_t w = 0; w < ways; w++, k++) {
+            g_assert(items[k].cols == items[k - w].cols);
+            if (items[k].cols == 0)
+                continue;
             CkptfsStridedItem item = items[k];
             item.col_stride = item.col_stride ? item.col_stride : isz; /* 0: adjacent */
+            item.ways = ways, item.run = run, item.at = at + w * run, item.run_step = ways * run;
             g_array_append_val(b->strided, item);
             e.nitems++;
         }
+        at += ways * items[k - 1].cols;
+    }
     push_extent(b, e);
 }
 
@@ -841,6 +852,35 @@ static void transpose_columns(uint8_t *out, uint64_t out_step, const uint8_t *in
                       nr - done_r, isz);
 }
 
+/* Where column C of item IT is in its extent's row. */
+static inline uint64_t item_place(const CkptfsStridedItem *it, uint64_t c)
+{
+    return it->at + c / it->run * it->run_step + c % it->run;
+}
+
+/* Columns [CA, CB) of item IT in row ROW of a TRANSPOSE extent (WIDTH elements a row), OSZ bytes
+ * each at IN, put in their places of the read of the extent's elements [FIRST, END) (bytes
+ * [IN_OFF, OUT_END)) at DST: a run at a time, or, for a row the read holds whole, runs of one
+ * element copied as they come. */
+static void put_item_row(const CkptfsStridedItem *it, uint64_t row, uint64_t width, uint64_t ca, uint64_t cb,
+                         const uint8_t *in, size_t osz, uint64_t first, uint64_t end, uint64_t in_off,
+                         uint64_t out_end, uint8_t *dst)
+{
+    uint64_t el = row * width;
+    if (it->run == 1 && el + item_place(it, ca) >= first && el + item_place(it, cb - 1) < end &&
+        (el + item_place(it, ca)) * osz >= in_off && (el + item_place(it, cb - 1) + 1) * osz <= out_end) {
+        copy_elements(dst + ((el + item_place(it, ca)) * osz - in_off), it->run_step * osz, in, osz, cb - ca, osz);
+        return;
+    }
+    for (uint64_t c = ca; c < cb;) {
+        uint64_t stop = MIN(cb, (c / it->run + 1) * it->run), at = el + item_place(it, c);
+        uint64_t a = MAX(at, first), z = MIN(at + (stop - c), end);
+        if (a < z) /* served elements now: bytes of them, cut at the read's ends */
+            put_elements(CKPTFS_CONVERT_NONE, osz, in + (c - ca + (a - at)) * osz, a, z - a, in_off, out_end, dst);
+        c = stop;
+    }
+}
+
 /* Output bytes [in_off, in_off + n) of a TRANSPOSE extent, a stripe of columns at a time
  * over all the rows they touch: each item's source runs (a column's rows for an item stored
  * transposed, a row's columns for the others) read once, merged into few preadv calls as a
@@ -871,8 +911,9 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                                                                 : NULL;
     for (uint64_t ra = row_first; ra < row_end;) {
         uint64_t nr = MIN(pass_rows, row_end - ra);
-        for (uint64_t k = 0, g0 = 0; k < nitems; g0 += items[k].cols, k++) {
+        for (uint64_t k = 0; k < nitems; k++) {
             const CkptfsStridedItem *it = &items[k];
+            bool alone = it->run == it->cols; /* its columns adjacent in the row */
             bool by_column = it->row_stride < it->col_stride;
             /* Stripes of this item's columns: as many as fit the buffer (one at least). */
             uint64_t col_cost = by_column ? run_bytes(nr, it->row_stride, isz)
@@ -891,7 +932,8 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                 bool ok = true, any = false;
                 if (by_column) {
                     for (uint64_t c = ca; c < cb && ok; c++) {
-                        uint64_t lo = g0 + c < first_col ? 1 : 0, hi = g0 + c >= last_end ? nr - 1 : nr;
+                        uint64_t lo = item_place(it, c) < first_col ? 1 : 0;
+                        uint64_t hi = item_place(it, c) >= last_end ? nr - 1 : nr;
                         if (lo >= hi)
                             continue;
                         any = true;
@@ -901,8 +943,10 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                     }
                 } else {
                     for (uint64_t r = 0; r < nr && ok; r++) {
-                        uint64_t c0 = MAX(ca, r == 0 ? MAX(first_col, g0) - g0 : 0);
-                        uint64_t c1 = MIN(cb, r == nr - 1 ? MAX(last_end, g0) - g0 : cb);
+                        /* an interleaved item's columns fetched whole: they exist in every row */
+                        uint64_t g0 = it->at;
+                        uint64_t c0 = MAX(ca, r == 0 && alone ? MAX(first_col, g0) - g0 : 0);
+                        uint64_t c1 = MIN(cb, r == nr - 1 && alone ? MAX(last_end, g0) - g0 : cb);
                         if (c0 >= c1)
                             continue;
                         any = true;
@@ -930,13 +974,9 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                     if (conv != CKPTFS_CONVERT_NONE)
                         ckptfs_convert_run(conv, block, converted, (size_t)((r1 - r0) * ncols));
                     const uint8_t *out = conv != CKPTFS_CONVERT_NONE ? converted : block;
-                    for (uint64_t r = r0; r < r1; r++) {
-                        uint64_t el = (ra + r) * width + g0 + ca;
-                        uint64_t a = MAX(el, first), z = MIN(el + ncols, end);
-                        if (a < z) /* served elements now: bytes of them, cut at the read's ends */
-                            put_elements(CKPTFS_CONVERT_NONE, osz, out + ((r - r0) * ncols + (a - el)) * osz, a, z - a,
-                                         in_off, out_end, dst);
-                    }
+                    for (uint64_t r = r0; r < r1; r++)
+                        put_item_row(it, ra + r, width, ca, cb, out + (r - r0) * ncols * osz, osz, first, end, in_off,
+                                     out_end, dst);
                 }
             }
         }

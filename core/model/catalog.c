@@ -103,13 +103,15 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
     for (unsigned i = 0; i < npieces; i++) {
         const CkptfsPiece *a = &pieces[i];
         uint64_t end, last_row, last_col;
-        bool inside = a->row0 < a->row1 && a->col0 < a->col1 && a->row1 <= rows && a->col1 <= cols;
+        bool inside = a->row0 < a->row1 && a->col0 < a->col1 && a->row1 <= rows && a->col1 <= cols &&
+                      (a->col1 - a->col0 - 1) % MAX(a->col_step, 1u) == 0; /* col1 - 1 is its last column */
+        uint64_t a_cols = inside ? ckptfs_piece_cols(a) : 0;
         bool wraps = inside && (a->col_stride == 0
-                                    ? !ckptfs_rows_end(a->offset, a->row1 - a->row0, a->row_stride,
-                                                       (a->col1 - a->col0) * isz, 1, &end)
+                                    ? !ckptfs_rows_end(a->offset, a->row1 - a->row0, a->row_stride, a_cols * isz, 1,
+                                                       &end)
                                     /* strided: the end of its last row's last element */
                                     : !ckptfs_offset_at(a->offset, a->row1 - a->row0 - 1, a->row_stride, &last_row) ||
-                                          !ckptfs_mul_u64(a->col1 - a->col0 - 1, a->col_stride, &last_col) ||
+                                          !ckptfs_mul_u64(a_cols - 1, a->col_stride, &last_col) ||
                                           !ckptfs_add_u64(last_row, last_col, &end) ||
                                           !ckptfs_add_u64(end, isz, &end));
         if (wraps) {
@@ -121,8 +123,12 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
         }
         for (unsigned j = 0; inside && j < i; j++) {
             const CkptfsPiece *b = &pieces[j];
+            /* pieces interleaved alike (one step) whose columns start apart hold none in common */
+            uint64_t step = MAX(a->col_step, 1u);
+            bool interleaved = a->col_step == b->col_step && step > 1 &&
+                               (MAX(a->col0, b->col0) - MIN(a->col0, b->col0)) % step != 0;
             inside = a->row1 <= b->row0 || b->row1 <= a->row0 || a->col1 <= b->col0 ||
-                     b->col1 <= a->col0;
+                     b->col1 <= a->col0 || interleaved;
         }
         if (!inside) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
@@ -132,7 +138,7 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
                         name, a->row0, a->row1, a->col0, a->col1);
             return NULL;
         }
-        covered += (a->row1 - a->row0) * (a->col1 - a->col0); /* disjoint, inside: <= numel */
+        covered += (a->row1 - a->row0) * a_cols; /* disjoint, inside: <= numel */
     }
     if (covered != rows * cols) {
         g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
@@ -145,6 +151,12 @@ const CkptfsTensor *ckptfs_catalog_add_reshaped(CkptfsCatalog *catalog, const ch
     t->npieces = npieces;
     t->pieces = g_memdup2(pieces, npieces * sizeof *pieces);
     return tensor_insert(catalog, t);
+}
+
+uint64_t ckptfs_piece_cols(const CkptfsPiece *piece)
+{
+    uint64_t step = MAX(piece->col_step, 1u);
+    return (piece->col1 - piece->col0 + step - 1) / step;
 }
 
 const CkptfsTensor *ckptfs_catalog_add_contiguous(CkptfsCatalog *catalog, const char *name,
@@ -176,9 +188,9 @@ bool ckptfs_catalog_set_block_scale(CkptfsCatalog *catalog, const char *name, co
         return false;
     }
     for (unsigned p = 0; p < t->npieces; p++)
-        if (t->pieces[p].col_stride != 0 && t->pieces[p].col_stride != 1) {
+        if ((t->pieces[p].col_stride != 0 && t->pieces[p].col_stride != 1) || t->pieces[p].col_step > 1) {
             g_set_error(error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT, "tensor '%s' has block scales ('%s') but is "
-                        "stored transposed: not dequantised", name, scale);
+                        "stored transposed or interleaved: not dequantised", name, scale);
             return false;
         }
     if (s->stored != CKPTFS_DTYPE_F32 || s->ndim != 2 || s->rows != want_rows || s->cols != want_cols ||
@@ -419,6 +431,51 @@ static void emit_mxfp4_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, ui
     }
 }
 
+/* The piece of TENSOR holding element (ROW, COL), or NULL. */
+static const CkptfsPiece *piece_at(const CkptfsTensor *tensor, uint64_t row, uint64_t col)
+{
+    for (unsigned p = 0; p < tensor->npieces; p++) {
+        const CkptfsPiece *pc = &tensor->pieces[p];
+        if (pc->row0 <= row && row < pc->row1 && pc->col0 <= col && col < pc->col1 &&
+            (col - pc->col0) % MAX(pc->col_step, 1u) == 0)
+            return pc;
+    }
+    return NULL;
+}
+
+/* Row ROW's columns from COL (below C1) of TENSOR, held by pieces of K = col_step interleaved, as
+ * strided items into ITEMS: the K pieces holding COL .. COL + K - 1 interleaved over the columns
+ * they all hold, or, where they do not line up (a rectangle cut inside a set), COL's piece's
+ * element alone. Returns the column after them. */
+static uint64_t add_interleaved(const CkptfsTensor *tensor, uint64_t row, uint64_t col, uint64_t c1, GArray *items)
+{
+    size_t isz = ckptfs_dtype_size(tensor->stored);
+    const CkptfsPiece *first = piece_at(tensor, row, col);
+    uint32_t ways = first->col_step;
+    uint64_t runs = UINT64_MAX; /* columns each of the set holds from its first here */
+    g_autofree const CkptfsPiece **set = g_new(const CkptfsPiece *, ways);
+    for (uint32_t w = 0; w < ways && runs > 0; w++) {
+        set[w] = col + w < c1 ? piece_at(tensor, row, col + w) : NULL;
+        if (set[w] == NULL || set[w]->col_step != ways)
+            runs = 0;
+        else
+            runs = MIN(runs, (MIN(set[w]->col1, c1) - (col + w) + ways - 1) / ways);
+    }
+    if (runs == 0) /* one element of the first piece */
+        ways = 1, runs = 1, set[0] = first;
+    for (uint32_t w = 0; w < ways; w++) {
+        const CkptfsPiece *pc = set[w];
+        uint64_t col_stride = pc->col_stride ? pc->col_stride : isz;
+        CkptfsStridedItem item = {
+            .src = pc->src, .ways = w == 0 ? ways : 0, .run = 1, .cols = runs,
+            .base = pc->offset + (row - pc->row0) * pc->row_stride + (col + w - pc->col0) / pc->col_step * col_stride,
+            .row_stride = pc->row_stride, .col_stride = col_stride,
+        };
+        g_array_append_val(items, item);
+    }
+    return col + ways * runs;
+}
+
 /* Rows [r0, r1) x columns [c0, c1) of a tensor, walked in row-major order. Each row band is cut
  * by the pieces it crosses; within a band the pieces side by side become the items of one
  * gather (one repetition per row), so the extent count follows the pieces, not the rows. */
@@ -456,13 +513,13 @@ static void emit_rect_as(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint6
         g_autoptr(GArray) col0 = g_array_new(FALSE, FALSE, sizeof(uint64_t));
         bool transposed = false; /* some piece's columns are not adjacent */
         for (uint64_t col = c0; col < c1;) {
-            const CkptfsPiece *hit = NULL;
-            for (unsigned p = 0; p < tensor->npieces && !hit; p++) {
-                const CkptfsPiece *pc = &tensor->pieces[p];
-                if (pc->row0 <= row && row < pc->row1 && pc->col0 <= col && col < pc->col1)
-                    hit = pc;
-            }
+            const CkptfsPiece *hit = piece_at(tensor, row, col);
             g_assert(hit != NULL); /* pieces tile the tensor; sources verify it */
+            if (hit->col_step > 1) {
+                col = add_interleaved(tensor, row, col, c1, strided);
+                transposed = true;
+                continue;
+            }
             uint64_t end = MIN(hit->col1, c1);
             CkptfsGatherItem item = {
                 .src = hit->src,
@@ -543,16 +600,19 @@ void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b)
 unsigned ckptfs_piece_swap_col_halves(const CkptfsPiece *piece, uint64_t cols, size_t isz, CkptfsPiece out[2])
 {
     uint64_t half = cols / 2, col_stride = piece->col_stride ? piece->col_stride : isz;
+    uint64_t step = MAX(piece->col_step, 1u);
     if (piece->col1 <= half || piece->col0 >= half) {
         out[0] = *piece;
         out[0].col0 = piece->col0 < half ? piece->col0 + half : piece->col0 - half;
         out[0].col1 = out[0].col0 + (piece->col1 - piece->col0);
         return 1;
     }
-    out[0] = *piece, out[1] = *piece; /* [col0, half) goes right, [half, col1) left */
-    out[0].col0 = piece->col0 + half, out[0].col1 = cols;
-    out[1].col0 = 0, out[1].col1 = piece->col1 - half;
-    out[1].offset = piece->offset + (half - piece->col0) * col_stride;
+    /* its columns below half (LEFT of them) go right, the others left */
+    uint64_t left = (half - piece->col0 + step - 1) / step;
+    out[0] = *piece, out[1] = *piece;
+    out[0].col0 = piece->col0 + half, out[0].col1 = piece->col0 + (left - 1) * step + 1 + half;
+    out[1].col0 = piece->col0 + left * step - half, out[1].col1 = piece->col1 - half;
+    out[1].offset = piece->offset + left * col_stride;
     return 2;
 }
 

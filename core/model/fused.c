@@ -17,10 +17,6 @@ const CkptfsFusedExperts ckptfs_fused_interleaved = {
 enum { GATE, UP, DOWN, PROJECTIONS };
 /* The experts' biases (families whose experts have them): gate's, up's, down's. */
 enum { GATE_BIAS, UP_BIAS, DOWN_BIAS, BIASES };
-/* Most pieces the fused tensors of one source are made of where each expert input column is a
- * piece (transposed and interleaved: GPT-OSS's). */
-#define CKPTFS_MAX_JOINED_PIECES (1u << 21)
-
 /* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
  * family's routed experts: fc1's two halves, fc2. */
 static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], const char *biases[BIASES],
@@ -310,18 +306,22 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
 
 /* Piece P of an expert's [R, C] tensor as a piece of the fused tensor's 2-D view: its rows
  * shifted by ROW0 and columns by COL0, or, TRANSPOSED, its columns become rows (shifted by
- * ROW0) and its rows columns (shifted by COL0). */
-static CkptfsPiece fused_piece(const CkptfsPiece *p, size_t isz, bool transposed, uint64_t row0, uint64_t col0)
+ * ROW0) and its rows columns (shifted by COL0); its column k the view's COL0 + k * STEP (STEP
+ * 2: interleaved with the other projection's), its columns' count P's columns' or rows'. */
+static CkptfsPiece fused_piece(const CkptfsPiece *p, size_t isz, bool transposed, uint64_t row0, uint64_t col0,
+                               uint32_t step)
 {
     CkptfsPiece q = *p;
+    uint64_t first = transposed ? p->row0 : p->col0, count = transposed ? p->row1 - p->row0 : ckptfs_piece_cols(p);
     if (!transposed) {
-        q.row0 += row0, q.row1 += row0, q.col0 += col0, q.col1 += col0;
-        return q;
+        q.row0 += row0, q.row1 += row0;
+    } else {
+        q.row0 = row0 + p->col0, q.row1 = row0 + p->col1;
+        q.row_stride = p->col_stride ? p->col_stride : isz;
+        q.col_stride = p->row_stride;
     }
-    q.row0 = row0 + p->col0, q.row1 = row0 + p->col1;
-    q.col0 = col0 + p->row0, q.col1 = col0 + p->row1;
-    q.row_stride = p->col_stride ? p->col_stride : isz;
-    q.col_stride = p->row_stride;
+    q.col_step = step;
+    q.col0 = col0 + first * step, q.col1 = q.col0 + (count - 1) * step + 1;
     return q;
 }
 
@@ -353,11 +353,11 @@ static bool join_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckpt
             for (unsigned k = 0; k < t->npieces; k++) {
                 CkptfsPiece q;
                 if (p == DOWN_BIAS)
-                    q = fused_piece(&t->pieces[k], isz, true, e, 0);
+                    q = fused_piece(&t->pieces[k], isz, true, e, 0, 1);
                 else if (form->interleaved)
-                    q = fused_piece(&t->pieces[k], isz, false, e * f, p == UP_BIAS);
+                    q = fused_piece(&t->pieces[k], isz, false, e * f, p == UP_BIAS, 1);
                 else
-                    q = fused_piece(&t->pieces[k], isz, true, e, p == UP_BIAS ? f : 0);
+                    q = fused_piece(&t->pieces[k], isz, true, e, p == UP_BIAS ? f : 0, 1);
                 g_array_append_val(p == DOWN_BIAS ? down : gate_up, q);
             }
             g_hash_table_add(joined, g_steal_pointer(&name));
@@ -379,11 +379,6 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
     if (model->experts == 0 || !expert_names(model->arch->family, names, biases, error))
         return model->experts == 0;
     uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
-    /* Transposed and interleaved (GPT-OSS), gate_up is seen as [E * H * F, 2]: a row is one
-     * (expert, input, output) place, its columns gate's and up's; an expert's input column of
-     * a piece is one piece of it, so the count is bounded. */
-    bool column_pieces = form->transposed && form->interleaved;
-    uint64_t joined_pieces = 0;
     g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (uint64_t l = 0; l < model->layers; l++) {
         if (!ckptfs_model_layer_is_moe(model, l))
@@ -408,10 +403,14 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                                        ckptfs_dtype_safetensors_name(first->dtype));
                 /* Where the expert's tensor sits in the fused one's 2-D view: [E * 2F, H]
                  * (halves), [E * F, 2H] (interleaved: a row is gate's then up's), [E * H, 2F]
-                 * (transposed); down [E * H, F] or, transposed, [E * F, H]. */
+                 * (transposed; interleaved, gate's columns the even ones and up's the odd: a
+                 * piece each, whatever H); down [E * H, F] or, transposed, [E * F, H]. */
                 uint64_t row0, col0 = 0;
+                uint32_t step = 1;
                 if (p == DOWN)
                     row0 = e * (form->transposed ? f : h);
+                else if (form->transposed && form->interleaved)
+                    row0 = e * h, col0 = p == UP, step = 2;
                 else if (form->transposed)
                     row0 = e * h, col0 = p == UP ? f : 0;
                 else if (form->interleaved)
@@ -420,31 +419,14 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
                     row0 = e * 2 * f + (p == UP ? f : 0);
                 size_t isz = ckptfs_dtype_size(t->stored);
                 for (unsigned k = 0; k < t->npieces; k++) {
-                    const CkptfsPiece *pc = &t->pieces[k];
-                    if (!column_pieces || p == DOWN) {
-                        CkptfsPiece q = fused_piece(pc, isz, form->transposed, row0, col0);
-                        g_array_append_val(pieces[p == DOWN], q);
-                        continue;
-                    }
-                    joined_pieces += pc->col1 - pc->col0;
-                    if (joined_pieces > CKPTFS_MAX_JOINED_PIECES)
-                        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "fused experts %s made of per-expert "
-                                           "tensors take a piece per expert input column: over %u pieces by layer "
-                                           "%" G_GUINT64_FORMAT " ('%s'); not served", form->name,
-                                           CKPTFS_MAX_JOINED_PIECES, l, name);
-                    for (uint64_t i = pc->col0; i < pc->col1; i++) {
-                        uint64_t at = ((e * h + i) * f);
-                        CkptfsPiece q = {.row0 = at + pc->row0, .row1 = at + pc->row1, .col0 = p == UP,
-                                         .col1 = (p == UP) + 1u, .src = pc->src, .row_stride = pc->row_stride,
-                                         .offset = pc->offset + (i - pc->col0) * (pc->col_stride ? pc->col_stride : isz)};
-                        g_array_append_val(pieces[0], q);
-                    }
+                    CkptfsPiece q = fused_piece(&t->pieces[k], isz, form->transposed, row0, col0, step);
+                    g_array_append_val(pieces[p == DOWN], q);
                 }
                 g_hash_table_add(joined, g_steal_pointer(&name));
             }
         uint64_t gate_up_shape[3] = {e_count, form->transposed ? h : 2 * f, form->transposed ? 2 * f : h};
         uint64_t down_shape[3] = {e_count, form->transposed ? f : h, form->transposed ? h : f};
-        uint64_t gate_up_rows = e_count * (column_pieces ? h * f : form->transposed ? h : form->interleaved ? f : 2 * f);
+        uint64_t gate_up_rows = e_count * (form->transposed ? h : form->interleaved ? f : 2 * f);
         uint64_t down_rows = e_count * (form->transposed ? f : h);
         g_autofree char *gate_up = ckptfs_hf_layer_name(l, form->gate_up);
         g_autofree char *down = ckptfs_hf_layer_name(l, form->down);

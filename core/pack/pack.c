@@ -212,7 +212,7 @@ static void add_catalog(GPtrArray *per_file, const CkptfsCatalog *catalog)
             continue; /* no such type today: left as raw bytes */
         for (unsigned p = 0; p < t->npieces; p++) {
             const CkptfsPiece *pc = &t->pieces[p];
-            if (pc->col_stride != 0 && pc->col_stride != esize)
+            if ((pc->col_stride != 0 && pc->col_stride != esize) || pc->col_step > 1)
                 continue; /* a view of a stored tensor (an expert of a fused one): that tensor's ranges hold it */
             add_rows(per_file, pc->src, pc->offset, pc->row1 - pc->row0, (pc->col1 - pc->col0) * esize,
                      pc->row_stride, esize);

@@ -3,7 +3,8 @@
  * the product of the other dims; a scalar is 1x1), covered exactly by pieces; each piece is a
  * rectangle of that matrix stored in one source file, row-major or, with a column stride, in any
  * other order (an expert's slice of a fused 3-D tensor, stored transposed or with gate and up
- * interleaved). An HF tensor is one piece; a tensor gathered from Megatron rank files is several.
+ * interleaved), or every K-th column of one (per-expert gate and up joined interleaved). An HF
+ * tensor is one piece; a tensor gathered from Megatron rank files is several.
  * Views only ask for rectangles. */
 #ifndef CKPTFS_CATALOG_H
 #define CKPTFS_CATALOG_H
@@ -19,12 +20,19 @@ typedef struct {
     uint64_t row0, row1; /* rows [row0, row1) of the 2-D view */
     uint64_t col0, col1; /* columns (elements) [col0, col1) */
     uint32_t src;        /* source file index */
+    /* 0 or 1: its columns adjacent in the view; K: every K-th column from col0 to its last,
+     * col1 - 1 (K pieces interleaved: GPT-OSS's gate and up alternating, 2), its column k the
+     * view's col0 + k * K */
+    uint32_t col_step;
     uint64_t offset;     /* where element (row0, col0) is in the source file */
     uint64_t row_stride; /* bytes between consecutive rows in the source file */
     /* bytes between consecutive columns: 0 for the element size (rows stored row-major); an
-     * element (r, c) is at offset + (r - row0) * row_stride + (c - col0) * col_stride */
+     * element (r, c) is at offset + (r - row0) * row_stride + (c - col0) / K * col_stride */
     uint64_t col_stride;
 } CkptfsPiece;
+
+/* How many columns PIECE holds (its col_step applied). */
+uint64_t ckptfs_piece_cols(const CkptfsPiece *piece);
 
 typedef struct {
     char *name;

@@ -50,9 +50,9 @@ bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsMode
 
 /* The other way (hf/ of a source held per expert, for an architecture whose Hugging Face form
  * is fused): every MoE layer's per-expert tensors in CATALOG become fused tensors in FORM, made
- * of their pieces (reshaped so that each piece is a rectangle, transposed pieces where FORM is),
- * and leave it. A form with gate and up interleaved and transposed cannot be made of pieces: it
- * is refused. */
+ * of their pieces (reshaped so that each piece is a rectangle, transposed pieces where FORM is,
+ * gate's and up's pieces interleaved where FORM is transposed and interleaved: two pieces per
+ * expert and stored piece, whatever the sizes), and leave it. */
 bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model, const CkptfsFusedExperts *form,
                                GError **error);
 

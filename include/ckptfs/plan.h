@@ -9,10 +9,11 @@
  *   CONVERT  a gather whose bytes are elements of one type, emitted as another (fp32 shards
  *            served as bf16): N source bytes become M output bytes; reads at any offset and
  *            length convert only the elements they touch.
- *   TRANSPOSE NREP rows, each the items' columns side by side, whose elements are not adjacent
- *            in the source (a matrix stored transposed: an expert's slice of a fused 3-D
- *            tensor); a read fetches each source run it needs once, transposes in a buffer and
- *            converts when the catalog does.
+ *   TRANSPOSE NREP rows, each the items' columns side by side or interleaved, whose elements
+ *            are not adjacent in the source (a matrix stored transposed: an expert's slice of a
+ *            fused 3-D tensor; GPT-OSS's gate and up rows alternating in its fused gate_up_proj);
+ *            a read fetches each source run it needs once, transposes in a buffer, converts
+ *            when the catalog does and puts each item's runs in their places.
  *   MXFP4    NREP rows of bf16 dequantised from MXFP4 blocks and scales (CkptfsMxfp4), stored
  *            rows or, transposed, stored columns (transformers' [E, H, 2F] of [E, 2F, H/32, 16]).
  * The read engine binary-searches the extent containing an offset and copies from the sources;
@@ -63,13 +64,21 @@ typedef struct {
 } CkptfsBlockScale;
 
 /* A TRANSPOSE extent's item: COLS columns whose element (j, k) (row j of the extent, column k
- * of the item) is at BASE + j * ROW_STRIDE + k * COL_STRIDE of source file SRC. */
+ * of the item) is at BASE + j * ROW_STRIDE + k * COL_STRIDE of source file SRC. Items lie side
+ * by side in a row, or WAYS of them interleave: their columns alternate in runs of RUN elements
+ * (GPT-OSS's gate and up: 2 ways, runs of 1). */
 typedef struct {
     uint32_t src;
+    /* in the first of a set of WAYS items of equal COLS (a multiple of RUN, at least 1) that
+     * interleave; 0 or 1: the item lies alone */
+    uint32_t ways;
     uint64_t base;
     uint64_t row_stride; /* an element size for a matrix stored transposed */
     uint64_t col_stride; /* its stored rows' length (0: the element size) */
     uint64_t cols;
+    uint64_t run;
+    /* set by the plan: where its column k is in the row, AT + k / RUN * RUN_STEP + k % RUN */
+    uint64_t at, run_step;
 } CkptfsStridedItem;
 
 /* MXFP4 data: stored rows of COLS elements (COLS a multiple of 32), each COLS / 32 groups of 16
@@ -142,8 +151,8 @@ void ckptfs_plan_add_convert(CkptfsPlanBuilder *b, CkptfsConvert conv, uint64_t 
 void ckptfs_plan_add_scaled(CkptfsPlanBuilder *b, CkptfsConvert conv, const CkptfsBlockScale *scale,
                             uint64_t nrep, const CkptfsGatherItem *items, uint32_t nitems);
 /* Appends NREP rows of elements of STORED type (converted by CONV unless NONE), each row the
- * ITEMS' columns (copied) side by side: TRANSPOSE, or a gather when every item's elements are
- * adjacent. */
+ * ITEMS' columns (copied) side by side, or interleaved where an item says so (its WAYS):
+ * TRANSPOSE, or a gather when every item's elements are adjacent and none interleave. */
 void ckptfs_plan_add_strided(CkptfsPlanBuilder *b, CkptfsDtype stored, CkptfsConvert conv, uint64_t nrep,
                              const CkptfsStridedItem *items, uint32_t nitems);
 /* Appends NREP rows of WIDTH bf16 elements dequantised from the MXFP4 data WHERE (copied) says. */

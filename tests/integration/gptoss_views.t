@@ -7,7 +7,9 @@
 # forward over it (gptoss_reference.py: sinks as softmax offset, alternating window, clamped
 # quick-GELU GLU, YaRN; not ckptfs's code) equals transformers' logits; a Megatron view mounted
 # as a source gives hf/ back bit for bit (the experts fused and interleaved again), which
-# transformers loads with the same logits; configs Megatron cannot express are refused by name.
+# transformers loads with the same logits; a copy too wide for a piece per expert column gives
+# hf/ back too (its gate_up_proj torch's interleave of the rank files'); configs Megatron cannot
+# express are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -84,6 +86,20 @@ if mount_ckptfs "$src" "$m1" -o layouts=tp2pp1ep2:tp1pp1 && mount_ckptfs "$m1/tp
   done
 else
   ok 1 "tp2pp1ep2 mounted as a source"
+fi
+
+# A Megatron copy whose join once took a piece per expert input column (hidden 16448, a layer
+# of 32 experts, TP 2: 2.1 M, over the 2 M at which hf/ served the experts one by one) is two
+# pieces per expert and shard now: hf/'s gate_up_proj and its bias are torch's own interleave of
+# the rank files' fc1 gate and up, and every tensor the wide source's.
+wide=$WORK/wide w1=$WORK/wide-meg w2=$WORK/wide-back
+if $PY "$ref" wide "$src" "$wide" && mount_ckptfs "$wide" "$w1" -o layouts=tp2pp1 && mount_ckptfs "$w1/tp2pp1" "$w2"
+then
+  check "wide tp2pp1 -> hf/: gate_up_proj and its bias = torch's interleave of the rank files' fc1 gate and up" \
+    $PY "$ref" interleave "$wide" "$w1/tp2pp1" tp2pp1 "$w2/hf"
+  check "wide tp2pp1 -> hf/: every tensor bit-identical to the wide source's" $PY "$ref" same "$wide" "$w2/hf"
+else
+  ok 1 "the wide GPT-OSS's Megatron copy mounted as a source"
 fi
 
 # refused KIND MESSAGE: a GPT-OSS config Megatron cannot express leaves the Megatron views out,

@@ -26,6 +26,13 @@ ckptfs's code.
       transformers 5 loads HF_DIR (config.json as written there) and gives ORIG's logits.
   gptoss_reference.py bad-megatron VIEW OUT KIND    (torch 1.13)
       a copy of a tp1pp1 view whose args disagree with GPT-OSS (KIND: as-mixtral, vanilla-softmax).
+  gptoss_reference.py wide SRC OUT
+      OUT: SRC's GPT-OSS made wide (hidden 16448, 1 layer of 32 experts of FFN 8, random bf16),
+      so that its Megatron copy in tp2 joined back takes 2 x 16448 x 32 x 2 (2.1 M) per-column
+      pieces: over the 2 M that once made hf/ serve the experts one by one.
+  gptoss_reference.py interleave SRC VIEW LAYOUT HF_DIR
+      HF_DIR's gate_up_proj and its bias (hf/ of Megatron view VIEW of SRC mounted as a source)
+      equal torch's own interleave (stack on a new last dim) of the rank files' fc1 gate and up.
   gptoss_reference.py bad SRC OUT KIND
       a copy of SRC that ckptfs must refuse by name (KIND: layer-types, experts-dim, no-bias,
       mxfp4-scales).
@@ -413,6 +420,59 @@ def bad_megatron(view, out, kind):
     torch.save(sd, path)
 
 
+WIDE = dict(hidden_size=16448, num_hidden_layers=1, num_local_experts=32, intermediate_size=8)
+
+
+def wide(src, out):
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.update(WIDE, layer_types=cfg["layer_types"][:WIDE["num_hidden_layers"]])
+    h, e, f, v = cfg["hidden_size"], cfg["num_local_experts"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    shapes = {"embed_tokens.weight": [v, h], "lm_head.weight": [v, h], "norm.weight": [h],
+              "layernorm.weight": [h], "q_proj.weight": [q, h], "q_proj.bias": [q], "k_proj.weight": [kv, h],
+              "k_proj.bias": [kv], "v_proj.weight": [kv, h], "v_proj.bias": [kv], "o_proj.weight": [h, q],
+              "o_proj.bias": [h], "sinks": [cfg["num_attention_heads"]], "router.weight": [e, h],
+              "router.bias": [e], "gate_up_proj": [e, h, 2 * f], "gate_up_proj_bias": [e, 2 * f],
+              "down_proj": [e, f, h], "down_proj_bias": [e, h]}
+    rng = np.random.default_rng(5)
+    named = {}
+    for name in hf_bits(src):
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        if m and int(m.group(1)) >= cfg["num_hidden_layers"]:
+            continue
+        shape = next(sh for suffix, sh in shapes.items() if name.endswith(suffix))
+        x = (rng.standard_normal(int(np.prod(shape)), dtype=np.float32) * 0.05).view(np.uint32)
+        named[name] = ("BF16", (x >> 16).astype(np.uint16).reshape(shape))
+    os.makedirs(out)
+    models.write_safetensors(os.path.join(out, "model.safetensors"), named)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+
+
+def interleave(src, view, layout, hf_dir):
+    import torch
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    full, _, errors = gather(view, parse(layout), cfg, torch, False)
+    hf = hf_bits(hf_dir)
+    checked = 0  # experts
+    for layer in range(cfg["num_hidden_layers"]):
+        h = f"model.layers.{layer}.mlp.experts."
+        for e in range(cfg["num_local_experts"]):
+            x = f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc1."
+            w, b = (torch.from_numpy(full[x + k].view(np.int16)) for k in ("weight", "bias"))
+            gate, up = w.chunk(2)  # [F, H] each
+            want = torch.stack([gate.t(), up.t()], dim=-1).flatten(1)  # [H, 2F], gate and up alternating
+            want_bias = torch.stack(b.chunk(2), dim=-1).flatten()
+            for name, got, expect in ((h + "gate_up_proj", hf[h + "gate_up_proj"][e], want),
+                                      (h + "gate_up_proj_bias", hf[h + "gate_up_proj_bias"][e], want_bias)):
+                if not np.array_equal(got.view(np.int16), expect.numpy()):
+                    errors.append(f"{name} expert {e} differs from the rank files' gate and up interleaved")
+            checked += 1
+    if errors:
+        print("\n".join(errors[:10]))
+        sys.exit(1)
+    print(f"PASS {checked} experts' gate_up_proj and gate_up_proj_bias = torch's interleave of the rank files' fc1")
+
+
 def bad(src, out, kind):
     shutil.copytree(src, out)
     cfg = json.load(open(os.path.join(out, "config.json")))
@@ -447,5 +507,9 @@ if __name__ == "__main__":
         logits(*sys.argv[2:4])
     elif cmd == "bad":
         bad(*sys.argv[2:5])
+    elif cmd == "wide":
+        wide(*sys.argv[2:4])
+    elif cmd == "interleave":
+        interleave(*sys.argv[2:6])
     elif cmd == "bad-megatron":
         bad_megatron(*sys.argv[2:5])

@@ -121,6 +121,7 @@ static void test_random_extents(const Sources *s, GRand *rng)
             CkptfsStridedItem items[3];
             for (unsigned i = 0; i < nitems; i++) {
                 CkptfsStridedItem *it = &items[i];
+                *it = (CkptfsStridedItem){0}; /* side by side: no WAYS */
                 it->src = (uint32_t)g_rand_int_range(rng, 0, NSRC);
                 it->cols = (uint64_t)g_rand_int_range(rng, 1, 200);
                 if (g_rand_int_range(rng, 0, 4) > 0) { /* transposed */
