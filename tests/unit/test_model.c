@@ -393,6 +393,7 @@ static void test_vision_configs(void)
 #define QWEN3_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
                      "\"out_hidden_size\": 64, \"model_type\": \"qwen3_vl_vision\", \"hidden_act\": \"gelu_pytorch_tanh\", " \
                      "\"patch_size\": 16, \"in_channels\": 3, \"num_position_embeddings\": 16"
+#define QWEN3_5 "\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
 #define GEMMA3 "\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", " \
                "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 6, " \
                "\"intermediate_size\": 96, \"vocab_size\": 256, \"head_dim\": 16, \"model_type\": \"gemma3_text\"}, "
@@ -499,6 +500,17 @@ static void test_vision_configs(void)
          "allows a list; Gemma 3's projector takes one number)"},
         {"{" GEMMA3 "\"image_token_index\": 250, \"image_token_id\": 251, \"vision_config\": {" SIGLIP "}}",
          "image_token_index 250 and image_token_id 251 disagree", "two spellings of the image token disagreeing"},
+        /* Qwen3.5's releases: Qwen3-VL's tower rows without the deepstack list */
+        {"{" QWEN3_5 "\"vision_config\": {" QWEN3_VISION "}}",
+         "Qwen3_5ForConditionalGeneration: its vision tower and merger (\"vision_config\": 3 blocks of width 32, 2 heads, "
+         "ffn 48, merged 2x2 into 64) have no Megatron rules yet; hf/ serves the whole model",
+         "a Qwen3.5 VLM config read whole by Qwen3-VL's rows (no deepstack mergers named)"},
+        {"{" QWEN3_5 "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [0]}}",
+         "vision_config.deepstack_visual_indexes is not understood", "Qwen3-VL's deepstack list in a Qwen3.5 tower"},
+        {"{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\", "
+         "\"vision_config\": {}}",
+         "Qwen3_5MoeForConditionalGeneration: its vision tower and merger (\"vision_config\": 27 blocks of width 1152, "
+         "16 heads, ffn 4304, merged 2x2 into 3584)", "a Qwen3.5-MoE vision_config left empty: Qwen3_5MoeVisionConfig's defaults"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);
