@@ -217,15 +217,20 @@ static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gem
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
  * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's
  * rows; Qwen3_5VisionConfig has no deepstack_visual_indexes). mbridge's qwen3_5 bridge keeps
- * that tower as transformers' own module, named as it, whole on every TP rank: no family holds
- * such a tower yet, so hf/ only, said by name (docs/vlm.md). */
+ * that tower as transformers' own module under vision_model., named as transformers names it,
+ * whole on every TP rank (docs/vlm.md). */
+static const CkptfsArchitecture qwen3_5_vision = {"Qwen3_5VisionModel", "qwen3_5_vision", true, false,
+                                                  &ckptfs_family_qwen3_5_vision, NULL, false,
+                                                  .megatron_prefix = "vision_model.",
+                                                  .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
 static const CkptfsArchitecture qwen3_5 = {"Qwen3_5ForConditionalGeneration", "qwen3_5", false, true,
                                            &ckptfs_family_qwen3_5, NULL, false, 0, 0,
                                            .kv_heads = 4, .head_dim = 256, .partial_rotary = 0.25,
                                            .max_positions = 32768, .hybrid_attention = true,
                                            .attention_gate = true, .zero_centred_norms = true,
                                            .text_part = "text_config", .vision_part = "vision_config",
-                                           .mrope_interleaved = true, .megatron_prefix = "language_model.",
+                                           .vision = &qwen3_5_vision, .mrope_interleaved = true,
+                                           .megatron_prefix = "language_model.",
                                            .module_names = qwen2_5_vl_module_names,
                                            .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
 /* Qwen3.5-MoE's releases (Qwen3_5MoeForConditionalGeneration): Qwen3.5's MoE text model
@@ -236,7 +241,8 @@ static const CkptfsArchitecture qwen3_5_moe = {"Qwen3_5MoeForConditionalGenerati
                                                .max_positions = 32768, .hybrid_attention = true,
                                                .attention_gate = true, .zero_centred_norms = true,
                                                .text_part = "text_config", .vision_part = "vision_config",
-                                               .mrope_interleaved = true, .megatron_prefix = "language_model.",
+                                               .vision = &qwen3_5_vision, .mrope_interleaved = true,
+                                               .megatron_prefix = "language_model.",
                                                .module_names = qwen2_5_vl_module_names,
                                                .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
@@ -931,7 +937,10 @@ bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GErr
                         {"vision intermediate_size", model->vision_ffn},
                         {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
                          model->vision_hidden * model->vision_merge * model->vision_merge}};
-    for (size_t i = 0; model->arch->vision && i < G_N_ELEMENTS(vision_split); i++)
+    bool split = false; /* mbridge keeps some towers whole on every rank (transformers' module) */
+    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++)
+        split = split || model->arch->vision->family->rules[i].split != CKPTFS_TP_REPLICATED;
+    for (size_t i = 0; split && i < G_N_ELEMENTS(vision_split); i++)
         if (vision_split[i].value % tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT, tp,
                                vision_split[i].what, vision_split[i].value);

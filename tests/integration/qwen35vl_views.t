@@ -3,10 +3,13 @@
 # docs/vlm.md): tiny models built and saved by transformers 5.12.1 (the sid root), the tensors
 # under the module names (model.language_model.*, model.visual.*, lm_head.*). Each is read as one
 # model: the hybrid language model from text_config (its interleaved mrope), the tower from
-# vision_config by Qwen3-VL's rows, without the deepstack list. mbridge keeps that tower as
-# transformers' own module, which no rules hold yet: hf/ alone is served (bytes, and
-# transformers' logits on an image + text input), the Megatron views left out with the reason by
-# name. Qwen3-VL's deepstack_visual_indexes in its vision_config is named.
+# vision_config by Qwen3-VL's rows, without the deepstack list. hf/ is served as saved (bytes, and
+# transformers' logits on an image + text input). tp2pp2/ and mcore/ hold mbridge's qwen3_5 model:
+# the tower as transformers' own module under vision_model., whole on every rank of the first
+# stage, the language model under language_model. with mrope's sections in the args
+# (qwen35vl.py views: transformers' vision module's state dict and gdn_reference.py's bridge
+# tables, not ckptfs's rules). A copy of those views is refused as a source by name, as are
+# Qwen3-VL's deepstack_visual_indexes in the tower's config and spec=local.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -17,33 +20,50 @@ sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build
 ok $? "transformers 5 builds and saves a tiny Qwen3.5 VLM, dense and MoE" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
-# qwen35vl.py's TEXT and VISION sizes
+views_args=()
 for form in dense moe; do
   src=$models/$form
   class=Qwen3_5ForConditionalGeneration
   [[ $form == moe ]] && class=Qwen3_5MoeForConditionalGeneration
   "$CKPTFS" inspect "$src" > "$WORK/inspect-$form" 2>&1
+  # qwen35vl.py's TEXT and VISION sizes
   grep -q "^architecture: $class (model_type qwen3_5" "$WORK/inspect-$form" &&
-    grep -q '^model: .*num_hidden_layers=4 hidden_size=64 num_attention_heads=4 num_key_value_heads=2 intermediate_size=128 vocab_size=256' "$WORK/inspect-$form"
-  ok $? "$form: inspect reads the architecture and the language model from the config's text part" ||
+    grep -q '^model: .*num_hidden_layers=4 hidden_size=64 num_attention_heads=4 num_key_value_heads=2 intermediate_size=128 vocab_size=256' "$WORK/inspect-$form" &&
+    grep -q '^layers: *LALA ' "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the architecture and the hybrid language model from the config's text part" ||
     sed 's/^/# /' "$WORK/inspect-$form" >&2
-  grep -q "^megatron: .*$class: its vision tower and merger (\"vision_config\": 2 blocks of width 32, 2 heads, ffn 48, merged 2x2 into 64) have no Megatron rules yet; hf/ serves the whole model" "$WORK/inspect-$form"
-  ok $? "$form: inspect reads the tower by Qwen3-VL's rows and says why the Megatron views are missing" ||
+  grep -q '^vision: *2 blocks of width 32, 2 heads, ffn 48, merger 2x2 into 64, mrope sections 2/1/1: vision_model.\* on the first pipeline stage' "$WORK/inspect-$form"
+  ok $? "$form: inspect reads the tower by Qwen3-VL's rows and the mrope sections" ||
     sed 's/^/# /' "$WORK/inspect-$form" >&2
 
   mnt=$WORK/mnt-$form
   fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
   listing=$(ls "$mnt" | tr '\n' ' ')
-  ok $([[ $listing == "hf " ]]; echo $?) "$form: the root lists hf/ only (got: $listing)"
-  ls "$mnt/tp2pp2" > /dev/null 2>&1
-  grep -q "no Megatron views: config.json: $class: its vision tower and merger .* have no Megatron rules yet" "$WORK/log-$form"
-  ok $? "$form: the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log-$form" >&2
+  [[ $listing == "hf mcore tp1pp1 "* && $listing == *" tp2pp2 "* && $listing != *tp4* ]]
+  ok $? "$form: the root lists hf/, mcore/ and the layouts whose TP splits the delta-net heads (got: $listing)"
+  cp -r "$mnt/tp2pp2" "$WORK/$form-tp2pp2" && cp -r "$mnt/mcore" "$WORK/$form-mcore"
+  ok $? "$form: tp2pp2/ and mcore/ copy out"
   sid_python "$WORK" "$script" logits "$src" "$mnt/hf" > "$WORK/logits-$form" 2> "$WORK/logits-$form.err"
   grep -q "^PASS $mnt/hf: transformers' logits on an image + text input equal" "$WORK/logits-$form"
   ok $? "$form: hf/ gives the original's logits on an image + text input" ||
     { cat "$WORK/logits-$form"; tail -n 20 "$WORK/logits-$form.err"; } | sed 's/^/# /' >&2
   fg_unmount "$mnt"
+  views_args+=("$src" "$WORK/$form-tp2pp2" "$WORK/$form-mcore/release" "$WORK/lm-$form")
+done
+
+sid_python "$WORK" "$script" views "${views_args[@]}" > "$WORK/views" 2> "$WORK/views.err"
+for form in dense moe; do
+  grep -q "^PASS $WORK/$form-tp2pp2: .* entries of the tower and the language model as mbridge's qwen3_5 bridge has them" "$WORK/views"
+  ok $? "$form: each tp2pp2/ rank file holds mbridge's names, in order, with the bridge's bytes, and mrope's args" ||
+    { cat "$WORK/views"; tail -n 20 "$WORK/views.err"; } | sed 's/^/# /' >&2
+  grep -q "^PASS $WORK/$form-mcore/release: the .* tensor keys of mbridge's qwen3_5 model" "$WORK/views"
+  ok $? "$form: mcore/ holds mbridge's keys (the tower a key per tensor), global shapes and bytes" ||
+    grep "$form-mcore" "$WORK/views" | sed 's/^/# /' >&2
+  "$CKPTFS" inspect "$WORK/$form-tp2pp2" > "$WORK/inspect-copy" 2>&1
+  grep -q 'a Megatron checkpoint of Qwen3_5.*ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-copy"
+  ok $? "$form: a copy of tp2pp2/ is refused as a source by name (its tower is not read back yet)" ||
+    sed 's/^/# /' "$WORK/inspect-copy" >&2
 done
 
 # Qwen3-VL's deepstack list is no field of Qwen3.5's tower: named, hf/ served.
@@ -52,7 +72,13 @@ grep -q '^megatron: .*vision_config.deepstack_visual_indexes is not understood' 
 ok $? "deepstack: inspect names the vision field no rule reads" || grep '^megatron' "$WORK/inspect-bad" | sed 's/^/# /' >&2
 fg_mount "$CKPTFS" "$models/deepstack" "$WORK/mnt-bad" "$WORK/log-bad"
 check "deepstack: hf/ holds the source's files, byte for byte" same_trees "$models/deepstack" "$WORK/mnt-bad/hf" .
+listing=$(ls "$WORK/mnt-bad" | tr '\n' ' ')
+ok $([[ $listing == "hf " ]]; echo $?) "deepstack: the root lists hf/ only (got: $listing)"
 fg_unmount "$WORK/mnt-bad"
+
+"$CKPTFS" ls "$models/dense" tp2pp2 -o spec=local > "$WORK/ls-local" 2>&1
+grep -q "spec=local: Qwen3_5ForConditionalGeneration's vision tower has Megatron names for the TE spec only" "$WORK/ls-local"
+ok $? "spec=local is refused by name" || sed 's/^/# /' "$WORK/ls-local" >&2
 
 # A Megatron checkpoint said to be Qwen3.5's VLM is a VLM's, not read back yet: refused by name.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_5 > "$WORK/inspect-meg" 2>&1

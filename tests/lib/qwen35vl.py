@@ -12,6 +12,15 @@ tiny, built and saved by transformers 5 itself (run in the sid root), and the ch
   qwen35vl.py logits ORIG HF_DIR...
       ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
       image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
+  qwen35vl.py views ORIG MEGATRON_DIR MCORE_DIR WORK [ORIG MEGATRON_DIR MCORE_DIR WORK ...]
+      ORIG's tp2pp2 copy MEGATRON_DIR against mbridge's qwen3_5 bridge: each rank file holds, in
+      order and bit for bit, transformers' Qwen3_5VisionModel's state dict (the module mbridge
+      builds, named vision_model.* as its tables map model.visual.*) whole on every rank of the
+      first stage, then the language model as gdn_reference.py has the bridges make it, under
+      language_model.; the args say mrope with ORIG's sections. MCORE_DIR (mcore/'s release)
+      read by torch.distributed.checkpoint holds the same: the tower a key per tensor (Megatron's
+      sharded_state_dict_default of a plain module), the language model's keys as
+      gdn_reference.py's. WORK: a scratch directory. Prints "PASS what" or "FAIL what: why".
 """
 import json
 import os
@@ -70,6 +79,107 @@ def inputs():
     return ids, pixels, grid, {"mm_token_type_ids": (ids == vlm.TOKENS["image_token_id"]).long()}
 
 
+class LanguageModel:
+    """gdn_reference.py's Source of ORIG's language model: text_config, its tensors under
+    model.language_model. (lm_head.weight as it is)."""
+
+    def __new__(cls, orig, work):
+        import gdn_reference as gdn
+
+        os.makedirs(work, exist_ok=True)
+        with open(f"{orig}/config.json") as f, open(f"{work}/config.json", "w") as out:
+            json.dump(json.load(f)["text_config"], out)
+        link = f"{work}/model.safetensors"
+        if not os.path.exists(link):
+            os.symlink(os.path.abspath(f"{orig}/model.safetensors"), link)
+        source = gdn.Source(work)
+        lm = "model.language_model."
+        source.raw = {("model." + k[len(lm):] if k.startswith(lm) else k): v for k, v in source.raw.items()
+                      if not k.startswith("model.visual.")}
+        return source
+
+
+def tower(orig):
+    """[(name, bits)] of mbridge's vision_model: transformers' vision module built from ORIG's
+    vision_config (as the bridge builds it: HfVisionClass._from_config), its state dict's names in
+    order, each filled from model.visual.NAME (the bridge's tables)."""
+    import numpy as np
+    import transformers
+    from gdn_reference import bits_of
+    from safetensors.torch import load_file
+    cfg = transformers.AutoConfig.from_pretrained(orig)
+    cls = {"qwen3_5": transformers.Qwen3_5VisionModel, "qwen3_5_moe": transformers.Qwen3_5MoeVisionModel}
+    names = list(cls[cfg.model_type]._from_config(cfg.vision_config).state_dict())
+    hf = load_file(f"{orig}/model.safetensors")
+    return [("vision_model." + n, np.ascontiguousarray(bits_of(torch, hf["model.visual." + n]))) for n in names]
+
+
+def check_ranks(orig, meg, work):
+    import numpy as np
+    import gdn_reference as gdn
+    from moe_reference import file_name, parse_moe_layout, rank_grid
+    s = LanguageModel(orig, work)
+    vision = tower(orig)
+    tp, pp, vpp, ep, etp = parse_moe_layout("tp2pp2")
+    sections = json.load(open(f"{orig}/config.json"))["text_config"]["rope_parameters"]["mrope_section"]
+    bad, n = [], 0
+    for p in range(pp):
+        for t, e, x, writes in rank_grid(tp, ep, etp):
+            if not writes:
+                continue
+            f = torch.load(f"{meg}/release/{file_name(t, p, e, pp, ep)}/model_optim_rng.pt", map_location="cpu",
+                           weights_only=False)
+            want = (vision if p == 0 else []) + [("language_model." + k, v) for k, v in
+                                                  gdn.chunk_entries(s, tp, pp, vpp, p, 0, t, e, ep, x, etp)]
+            got = list(f["model"].items())
+            if [k for k, _ in got] != [k for k, _ in want]:
+                extra = sorted(set(k for k, _ in got) ^ set(k for k, _ in want))
+                bad.append(f"rank {t} stage {p}: the names or their order differ ({extra[:3]})")
+                continue
+            for (k, g), (_, w) in zip(got, want):
+                if (w is None) != (g is None or not torch.is_tensor(g)) or \
+                        (w is not None and not np.array_equal(gdn.bits_of(torch, g).reshape(w.shape), w)):
+                    bad.append(f"rank {t} stage {p}: {k} differs")
+                n += 1
+            a = f["args"]
+            if (a.position_embedding_type, list(a.mrope_section)) != ("mrope", sections):
+                bad.append(f"rank {t} stage {p}: args {a.position_embedding_type} {a.mrope_section}")
+    print(f"{'FAIL' if bad or not n else 'PASS'} {meg}: {n} entries of the tower and the language model as mbridge's "
+          f"qwen3_5 bridge has them on each rank" + (f" ({bad[:3]})" if bad else ""))
+
+
+def check_mcore(orig, release, work):
+    import numpy as np
+    import torch.distributed.checkpoint as dcp
+    import gdn_reference as gdn
+    s = LanguageModel(orig, work)
+    want = {"language_model." + k: v for k, v in gdn.expected_mcore(s).items()}
+    want.update(tower(orig))
+    meta = dcp.FileSystemReader(release).read_metadata().state_dict_metadata
+    tensors = {k for k, m in meta.items() if hasattr(m, "chunks")}
+    for k in ("language_model.embedding.word_embeddings.weight", "language_model.output_layer.weight"):
+        if k in meta:  # the vocabulary padded for the largest TP degree
+            rows = meta[k].size[0]
+            want[k] = np.concatenate([want[k], np.zeros((rows - s.vocab, s.H), np.uint16)])
+    missing, extra = sorted(set(want) - tensors), sorted(tensors - set(want))
+    shapes = [k for k in want if k in meta and tuple(meta[k].size) != want[k].shape]
+    if missing or extra or shapes:
+        print(f"FAIL {release}: keys missing {missing[:3]}, unexpected {extra[:3]}, shapes differ {shapes[:3]}")
+        return
+    got = {k: torch.empty(meta[k].size, dtype=torch.bfloat16) for k in want}
+    dcp.load(got, checkpoint_id=release)
+    bad = [k for k in want if not np.array_equal(gdn.bits_of(torch, got[k]), want[k])]
+    print(f"{'FAIL' if bad else 'PASS'} {release}: the {len(want)} tensor keys of mbridge's qwen3_5 model "
+          f"(the tower a key per tensor), global shapes and bytes" + (f" (differing {bad[:3]})" if bad else ""))
+
+
+def views(argv):
+    for orig, meg, mcore, work in zip(argv[0::4], argv[1::4], argv[2::4], argv[3::4]):
+        check_ranks(orig, meg, work)
+        check_mcore(orig, mcore, work)
+
+
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
-     "logits": lambda: vlm.logits(sys.argv[2], sys.argv[3:], None, inputs)}[sys.argv[1]]()
+     "logits": lambda: vlm.logits(sys.argv[2], sys.argv[3:], None, inputs),
+     "views": lambda: views(sys.argv[2:])}[sys.argv[1]]()
