@@ -20,7 +20,8 @@ sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build
 ok $? "transformers 5 builds and saves a tiny Qwen3.5 VLM, dense and MoE" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
-views_args=()
+check_args=()
+declare -A daemon # each mount's daemon, for fg_unmount to wait for
 for form in dense moe; do
   src=$models/$form
   class=Qwen3_5ForConditionalGeneration
@@ -38,22 +39,24 @@ for form in dense moe; do
 
   mnt=$WORK/mnt-$form
   fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
+  daemon[$form]=$FG_PID
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
   listing=$(ls "$mnt" | tr '\n' ' ')
   [[ $listing == "hf mcore tp1pp1 "* && $listing == *" tp2pp2 "* && $listing != *tp4* ]]
   ok $? "$form: the root lists hf/, mcore/ and the layouts whose TP splits the delta-net heads (got: $listing)"
   cp -r "$mnt/tp2pp2" "$WORK/$form-tp2pp2" && cp -r "$mnt/mcore" "$WORK/$form-mcore"
   ok $? "$form: tp2pp2/ and mcore/ copy out"
-  sid_python "$WORK" "$script" logits "$src" "$mnt/hf" > "$WORK/logits-$form" 2> "$WORK/logits-$form.err"
-  grep -q "^PASS $mnt/hf: transformers' logits on an image + text input equal" "$WORK/logits-$form"
-  ok $? "$form: hf/ gives the original's logits on an image + text input" ||
-    { cat "$WORK/logits-$form"; tail -n 20 "$WORK/logits-$form.err"; } | sed 's/^/# /' >&2
-  fg_unmount "$mnt"
-  views_args+=("$src" "$WORK/$form-tp2pp2" "$WORK/$form-mcore/release" "$WORK/lm-$form")
+  check_args+=("$src" "$mnt/hf" "$WORK/$form-tp2pp2" "$WORK/$form-mcore/release" "$WORK/lm-$form")
 done
 
-sid_python "$WORK" "$script" views "${views_args[@]}" > "$WORK/views" 2> "$WORK/views.err"
+# one process for both models' checks (transformers' import is most of its time)
+sid_python "$WORK" "$script" check "${check_args[@]}" > "$WORK/views" 2> "$WORK/views.err"
 for form in dense moe; do
+  FG_PID=${daemon[$form]}
+  fg_unmount "$WORK/mnt-$form"
+  grep -q "^PASS $WORK/mnt-$form/hf: transformers' logits on an image + text input equal" "$WORK/views"
+  ok $? "$form: hf/ gives the original's logits on an image + text input" ||
+    { cat "$WORK/views"; tail -n 20 "$WORK/views.err"; } | sed 's/^/# /' >&2
   grep -q "^PASS $WORK/$form-tp2pp2: .* entries of the tower and the language model as mbridge's qwen3_5 bridge has them" "$WORK/views"
   ok $? "$form: each tp2pp2/ rank file holds mbridge's names, in order, with the bridge's bytes, and mrope's args" ||
     { cat "$WORK/views"; tail -n 20 "$WORK/views.err"; } | sed 's/^/# /' >&2

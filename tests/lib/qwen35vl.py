@@ -9,11 +9,9 @@ tiny, built and saved by transformers 5 itself (run in the sid root), and the ch
       Qwen3_5MoeForConditionalGeneration's text model (4 experts and a gated shared one);
       OUT/deepstack: dense with Qwen3-VL's deepstack_visual_indexes in its vision_config (a field
       Qwen3_5VisionConfig does not have).
-  qwen35vl.py logits ORIG HF_DIR...
-      ORIG and each HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an
-      image + text input (which another image changes). Prints "PASS what" or "FAIL what: why".
-  qwen35vl.py views ORIG MEGATRON_DIR MCORE_DIR WORK [ORIG MEGATRON_DIR MCORE_DIR WORK ...]
-      ORIG's tp2pp2 copy MEGATRON_DIR against mbridge's qwen3_5 bridge: each rank file holds, in
+  qwen35vl.py check ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK [ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK ...]
+      ORIG and HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an image +
+      text input (which another image changes). ORIG's tp2pp2 copy MEGATRON_DIR against mbridge's qwen3_5 bridge: each rank file holds, in
       order and bit for bit, transformers' Qwen3_5VisionModel's state dict (the module mbridge
       builds, named vision_model.* as its tables map model.visual.*) whole on every rank of the
       first stage, then the language model as gdn_reference.py has the bridges make it, under
@@ -173,13 +171,13 @@ def check_mcore(orig, release, work):
           f"(the tower a key per tensor), global shapes and bytes" + (f" (differing {bad[:3]})" if bad else ""))
 
 
-def views(argv):
-    for orig, meg, mcore, work in zip(argv[0::4], argv[1::4], argv[2::4], argv[3::4]):
+def check(argv):
+    for orig, hf, meg, mcore, work in zip(*(argv[i::5] for i in range(5))):
+        vlm.logits(orig, [hf], None, inputs)
         check_ranks(orig, meg, work)
         check_mcore(orig, mcore, work)
 
 
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
-     "logits": lambda: vlm.logits(sys.argv[2], sys.argv[3:], None, inputs),
-     "views": lambda: views(sys.argv[2:])}[sys.argv[1]]()
+     "check": lambda: check(sys.argv[2:])}[sys.argv[1]]()
