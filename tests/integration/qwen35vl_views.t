@@ -69,6 +69,12 @@ for form in dense moe; do
     sed 's/^/# /' "$WORK/inspect-copy" >&2
 done
 
+# The MoE's experts fused on disk, as the releases and transformers hold them: the same views.
+fg_mount "$CKPTFS" "$models/moe-fused" "$WORK/mnt-fused" "$WORK/log-fused"
+check "moe-fused: tp2pp2/ is the per-expert source's, byte for byte" same_trees "$WORK/moe-tp2pp2" "$WORK/mnt-fused/tp2pp2" .
+check "moe-fused: mcore/ is the per-expert source's, byte for byte" same_trees "$WORK/moe-mcore" "$WORK/mnt-fused/mcore" .
+fg_unmount "$WORK/mnt-fused"
+
 # Qwen3-VL's deepstack list is no field of Qwen3.5's tower: named, hf/ served.
 "$CKPTFS" inspect "$models/deepstack" > "$WORK/inspect-bad" 2>&1
 grep -q '^megatron: .*vision_config.deepstack_visual_indexes is not understood' "$WORK/inspect-bad"

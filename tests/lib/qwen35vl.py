@@ -6,7 +6,9 @@ tiny, built and saved by transformers 5 itself (run in the sid root), and the ch
       OUT/dense: Qwen3_5ForConditionalGeneration (TEXT: 4 hybrid layers, every other one full
       attention, interleaved mrope over a quarter of each head; VISION: Qwen3-VL's tower without
       deepstack mergers) saved by save_pretrained in bf16; OUT/moe: the same tower with
-      Qwen3_5MoeForConditionalGeneration's text model (4 experts and a gated shared one);
+      Qwen3_5MoeForConditionalGeneration's text model (4 experts and a gated shared one), saved
+      per expert; OUT/moe-fused: the same with its experts fused as transformers holds them and
+      as the releases hold them (mlp.experts.gate_up_proj [E, 2F, H], down_proj [E, H, F]);
       OUT/deepstack: dense with Qwen3-VL's deepstack_visual_indexes in its vision_config (a field
       Qwen3_5VisionConfig does not have).
   qwen35vl.py check ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK [ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK ...]
@@ -58,11 +60,19 @@ def save(out, config_class, model_class, text):
             else:
                 p.normal_(0, 0.08)
     model.to(torch.bfloat16).save_pretrained(out)
+    return model
 
 
 def build(out):
     save(f"{out}/dense", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration", TEXT)
-    save(f"{out}/moe", "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", MOE)
+    moe = save(f"{out}/moe", "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", MOE)
+    from safetensors.torch import save_file
+    os.makedirs(f"{out}/moe-fused")
+    shutil.copy(f"{out}/moe/config.json", f"{out}/moe-fused")
+    state = {k: t.contiguous() for k, t in moe.state_dict().items()}
+    if not any(k.endswith("mlp.experts.gate_up_proj") for k in state):
+        sys.exit("moe: transformers holds its experts otherwise than fused")
+    save_file(state, f"{out}/moe-fused/model.safetensors", metadata={"format": "pt"})
     shutil.copytree(f"{out}/dense", f"{out}/deepstack")
     with open(f"{out}/dense/config.json") as f:
         config = json.load(f)
