@@ -562,6 +562,48 @@ static const CkptfsRule qwen3_vl_vision_rules[] = {
     Q3_MERGER(CKPTFS_SCOPE_LAST, "merger.", CKPTFS_DIM_HIDDEN, "visual.merger."),
 };
 
+/* Qwen3.5's vision tower (mbridge's qwen3_5 bridge: transformers' Qwen3_5VisionModel itself under
+ * vision_model., built whole on every TP rank of the first stage, its parameters named as
+ * transformers names them): Qwen3-VL's tower without the deepstack mergers. Its state dict in
+ * module order: the patch embedding and the learned positions, each block's norm1, norm2,
+ * attn (fused qkv with a bias, proj), mlp (fc1, fc2), then the merger (its norm first). The
+ * rotary embedding's inv_freq is not persistent; nothing has an _extra_state. */
+#define HF_TOWER(scope_, name_, at, ndim_, rows_, cols_, hf_)                                    \
+    {scope_, false, false, name_, NULL, NULL, at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+#define HF_BLOCK(name_, at, ndim_, rows_, cols_) HF_TOWER(CKPTFS_SCOPE_LAYER, name_, at, ndim_, rows_, cols_, name_)
+static const CkptfsRule qwen3_5_vision_rules[] = {
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+             "visual.patch_embed.proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.patch_embed.proj.bias"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "pos_embed.weight", 2, 2, CKPTFS_DIM_POSITIONS, CKPTFS_DIM_HIDDEN,
+             "visual.pos_embed.weight"),
+    HF_BLOCK("norm1.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm1.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm2.weight", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm2.bias", 3, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.qkv.weight", 4, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.qkv.bias", 5, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.proj.weight", 6, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.proj.bias", 7, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.linear_fc1.weight", 8, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.linear_fc1.bias", 9, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.linear_fc2.weight", 10, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN),
+    HF_BLOCK("mlp.linear_fc2.bias", 11, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.norm.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.merger.norm.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.norm.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, "visual.merger.norm.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.linear_fc1.weight", 2, 2, CKPTFS_DIM_MERGED, CKPTFS_DIM_MERGED,
+             "visual.merger.linear_fc1.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.linear_fc1.bias", 3, 1, CKPTFS_DIM_MERGED, CKPTFS_DIM_ONE,
+             "visual.merger.linear_fc1.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.linear_fc2.weight", 4, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGED,
+             "visual.merger.linear_fc2.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.linear_fc2.bias", 5, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.merger.linear_fc2.bias"),
+};
+
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
  * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
  * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
@@ -663,6 +705,8 @@ const CkptfsFamily ckptfs_family_qwen3_next = {"qwen3_next", qwen3_next_rules, G
 const CkptfsFamily ckptfs_family_qwen3_5 = {"qwen3_5", qwen3_5_rules, G_N_ELEMENTS(qwen3_5_rules),
                                             "mtp.layers.", "mtp."};
 const CkptfsFamily ckptfs_family_gemma3 = {"gemma3", gemma3_rules, G_N_ELEMENTS(gemma3_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen3_5_vision = {"qwen3_5_vision", qwen3_5_vision_rules,
+                                                   G_N_ELEMENTS(qwen3_5_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules),
                                                 "mtp.layers.", "mtp."};
 const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};

@@ -257,14 +257,15 @@ GPtrArray *ckptfs_mcore_keys(const CkptfsModel *m, uint64_t padded_vocab, bool t
         CkptfsMcoreKey *k = g_new0(CkptfsMcoreKey, 1);
         bool stacked = r->scope == CKPTFS_SCOPE_LAYER, listed = r->scope == CKPTFS_SCOPE_LIST;
         const char *local = r->local_dist_name ? r->local_dist_name : r->name;
-        const char *prefix = stacked ? "decoder.layers." : listed ? m->arch->list_prefix : "";
+        const char *layers = m->arch->layer_prefix ? m->arch->layer_prefix : "decoder.layers.";
+        const char *prefix = stacked ? layers : listed ? m->arch->list_prefix : "";
         *k = (CkptfsMcoreKey){g_strconcat(prefix, r->name, NULL), g_strconcat(prefix, local, NULL),
                               r, stacked, r->expert, r->expert ? m->experts : 0,
                               r->ndim, dim_value(m, r->rows, padded_vocab),
                               r->ndim == 1 ? 1 : dim_value(m, r->cols, padded_vocab), r->split, {0}, {NULL}, 0,
                               g_array_new(FALSE, FALSE, sizeof(CkptfsMcoreSegment)), m->layers,
                               family->mtp_hf_prefix, family->mtp_hf_block_prefix, m->arch->hf_layer_prefix, listed,
-                              listed ? m->list_modules : 0, m->arch->list_hf_prefix};
+                              listed ? m->list_modules : 0, m->arch->list_hf_prefix, layers};
         k->n_sections = ckptfs_dim_sections(m, r->rows, k->sections, k->section_names);
         g_array_set_clear_func(k->segments, segment_clear);
         /* Tied embeddings: the output layer is the embedding's copy. */
@@ -575,7 +576,7 @@ char *ckptfs_mcore_key_name(const CkptfsMcoreKey *key, bool te_spec, bool per_la
     const char *name = te_spec ? key->key : key->local_key;
     if (!per_layer || !key->stacked)
         return g_strdup(name);
-    return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", layer, name + strlen("decoder.layers."));
+    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->layer_prefix, layer, name + strlen(key->layer_prefix));
 }
 
 char *ckptfs_mcore_mtp_key_name(const CkptfsMcoreKey *key, bool te_spec, uint64_t j)

@@ -213,12 +213,44 @@ static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gem
                                           .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
                                           .text_part = "text_config", .vision_part = "vision_config",
                                           .vision_fields = CKPTFS_FOR_SIGLIP_VISION};
+/* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
+ * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
+ * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's
+ * rows; Qwen3_5VisionConfig has no deepstack_visual_indexes). mbridge's qwen3_5 bridge keeps
+ * that tower as transformers' own module under vision_model., named as transformers names it,
+ * whole on every TP rank (docs/vlm.md). */
+static const CkptfsArchitecture qwen3_5_vision = {"Qwen3_5VisionModel", "qwen3_5_vision", true, false,
+                                                  &ckptfs_family_qwen3_5_vision, NULL, false,
+                                                  .megatron_prefix = "vision_model.",
+                                                  .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
+static const CkptfsArchitecture qwen3_5 = {"Qwen3_5ForConditionalGeneration", "qwen3_5", false, true,
+                                           &ckptfs_family_qwen3_5, NULL, false, 0, 0,
+                                           .kv_heads = 4, .head_dim = 256, .partial_rotary = 0.25,
+                                           .max_positions = 32768, .hybrid_attention = true,
+                                           .attention_gate = true, .zero_centred_norms = true,
+                                           .text_part = "text_config", .vision_part = "vision_config",
+                                           .vision = &qwen3_5_vision, .mrope_interleaved = true,
+                                           .megatron_prefix = "language_model.",
+                                           .module_names = qwen2_5_vl_module_names,
+                                           .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
+/* Qwen3.5-MoE's releases (Qwen3_5MoeForConditionalGeneration): Qwen3.5's MoE text model
+ * (Qwen3_5MoeTextConfig's defaults, as qwen3_5_moe_text's) and the same tower */
+static const CkptfsArchitecture qwen3_5_moe = {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", false, true,
+                                               &ckptfs_family_qwen3_5_moe, &qwen3_5_moe_config, false, 0, 0,
+                                               .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
+                                               .max_positions = 32768, .hybrid_attention = true,
+                                               .attention_gate = true, .zero_centred_norms = true,
+                                               .text_part = "text_config", .vision_part = "vision_config",
+                                               .vision = &qwen3_5_vision, .mrope_interleaved = true,
+                                               .megatron_prefix = "language_model.",
+                                               .module_names = qwen2_5_vl_module_names,
+                                               .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
                                                           &qwen2_5_vl, &gpt_oss, &qwen3_next, &qwen3_5_text,
                                                           &glm4v, &glm4v_moe, &qwen3_vl, &qwen3_vl_moe, &gemma3_text,
-                                                          &qwen3_5_moe_text, &gemma3, NULL};
+                                                          &qwen3_5_moe_text, &gemma3, &qwen3_5, &qwen3_5_moe, NULL};
 
 const CkptfsArchitecture *const *ckptfs_architectures(void)
 {
@@ -861,7 +893,9 @@ bool ckptfs_model_read_vision(JsonObject *config, CkptfsModel *model, GError **e
     if (model->vision_image_tokens > 0 && !check_image_tokens(model, error))
         return false;
     if (arch->vision == NULL) {
-        g_autofree char *deepstack = arch->vision_fields == CKPTFS_FOR_VISION_DEEPSTACK
+        bool deepstack_tower =
+            arch->vision_blocks && arch->vision_blocks->offset == offsetof(CkptfsModel, vision_deepstack);
+        g_autofree char *deepstack = deepstack_tower
             ? g_strdup_printf(", %" G_GUINT64_FORMAT " deepstack mergers", model->vision_deepstack_count)
             : g_strdup("");
         /* a tower that merges squares of patches, or one that pools whole images (SigLIP's) */
@@ -906,7 +940,10 @@ bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GErr
                         {"vision intermediate_size", model->vision_ffn},
                         {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
                          model->vision_hidden * model->vision_merge * model->vision_merge}};
-    for (size_t i = 0; model->arch->vision && i < G_N_ELEMENTS(vision_split); i++)
+    bool split = false; /* mbridge keeps some towers whole on every rank (transformers' module) */
+    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++)
+        split = split || model->arch->vision->family->rules[i].split != CKPTFS_TP_REPLICATED;
+    for (size_t i = 0; split && i < G_N_ELEMENTS(vision_split); i++)
         if (vision_split[i].value % tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT, tp,
                                vision_split[i].what, vision_split[i].value);

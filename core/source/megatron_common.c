@@ -101,10 +101,12 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
-    /* no tower rules to read vision_model.* by, or a module list the sources do not read back yet:
+    /* no tower rules to read vision_model.* by, or a module list or a tower kept as transformers'
+     * module (Qwen3.5's) the sources do not read back yet:
      * said before the language model's features, which (Gemma 3's window pattern) would name a
      * mismatch instead */
-    if (m->arch->vision_part && (m->arch->vision == NULL || m->arch->vision->list_prefix != NULL))
+    if (m->arch->vision_part && (m->arch->vision == NULL || m->arch->vision->list_prefix != NULL ||
+                                 m->arch->vision->layer_prefix != NULL))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, m->arch->hf_architecture);
     if (m->arch->hybrid_attention != m->linear_attention) {

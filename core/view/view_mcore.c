@@ -690,7 +690,8 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
         ckptfs_model_vision_tower(model, &v->tower);
         v->tower.dtype = model->dtype;
         v->parts[v->nparts++] = (McorePart){&v->tower, ckptfs_mcore_keys(&v->tower, 0, false),
-                                            v->tower.arch->megatron_prefix, false};
+                                            v->tower.arch->megatron_prefix,
+                                            v->tower.arch->layer_prefix != NULL};
     }
     /* Megatron stacks layers unless moe_layer_freq is a list (or > 1), which the args say for an
      * MoE model with any dense layer, or linear_attention_freq is a list, which they say for a

@@ -51,6 +51,7 @@ typedef struct {
     bool listed;
     uint64_t list_count;
     const char *list_hf_prefix;
+    const char *layer_prefix; /* a layer's module: the architecture's, or "decoder.layers." */
 } CkptfsMcoreKey;
 
 /* The row sections of DIM in MODEL that CKPTFS_TP_SECTIONS splits one by one, into OUT, their

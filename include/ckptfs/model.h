@@ -86,6 +86,11 @@ typedef struct CkptfsArchitecture {
     /* its family's module list (CKPTFS_SCOPE_LIST): the list's Megatron name
      * ("decoder.deepstack_merger_list.") and Hugging Face one; NULL: no such list */
     const char *list_prefix, *list_hf_prefix;
+    /* its layers' module in Megatron's names, a vision tower kept as transformers' own module
+     * ("blocks.": mbridge's Qwen3.5 tower); each layer's tensors are then keys of their own in
+     * torch_dist, as Megatron's sharded_state_dict_default names a plain module's. NULL:
+     * "decoder.layers.", stacked where the layers are alike */
+    const char *layer_prefix;
     /* Pairs of Hugging Face name prefixes, NULL-terminated: a later transformers' module names
      * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
      * "model.visual." and "visual."); NULL: one naming */

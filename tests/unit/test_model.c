@@ -393,6 +393,15 @@ static void test_vision_configs(void)
 #define QWEN3_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
                      "\"out_hidden_size\": 64, \"model_type\": \"qwen3_vl_vision\", \"hidden_act\": \"gelu_pytorch_tanh\", " \
                      "\"patch_size\": 16, \"in_channels\": 3, \"num_position_embeddings\": 16"
+#define QWEN3_5_TEXT(interleaved) \
+    "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, " \
+    "\"num_hidden_layers\": 2, \"intermediate_size\": 96, \"vocab_size\": 250, \"head_dim\": 32, " \
+    "\"layer_types\": [\"linear_attention\", \"full_attention\"], \"linear_num_key_heads\": 2, " \
+    "\"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8, " \
+    "\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25, " \
+    "\"mrope_section\": [2, 1, 1], \"mrope_interleaved\": " interleaved "}}, "
+#define QWEN3_5 "\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", " \
+                QWEN3_5_TEXT("true")
 #define GEMMA3 "\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", " \
                "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 6, " \
                "\"intermediate_size\": 96, \"vocab_size\": 256, \"head_dim\": 16, \"model_type\": \"gemma3_text\"}, "
@@ -499,6 +508,19 @@ static void test_vision_configs(void)
          "allows a list; Gemma 3's projector takes one number)"},
         {"{" GEMMA3 "\"image_token_index\": 250, \"image_token_id\": 251, \"vision_config\": {" SIGLIP "}}",
          "image_token_index 250 and image_token_id 251 disagree", "two spellings of the image token disagreeing"},
+        /* Qwen3.5's releases: Qwen3-VL's tower rows without the deepstack list, the hybrid text
+         * model with interleaved mrope */
+        {"{" QWEN3_5 "\"vision_config\": {" QWEN3_VISION "}}",
+         "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a Qwen3.5 VLM config read whole by Qwen3-VL's rows and the hybrid text rows, then the tensors looked for"},
+        {"{" QWEN3_5 "\"vision_config\": {" QWEN3_VISION ", \"deepstack_visual_indexes\": [0]}}",
+         "vision_config.deepstack_visual_indexes is not understood", "Qwen3-VL's deepstack list in a Qwen3.5 tower"},
+        {"{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
+         QWEN3_5_TEXT("false") "\"vision_config\": {" QWEN3_VISION "}}",
+         "rope_parameters.mrope_interleaved is not true: Qwen3_5ForConditionalGeneration's rope hands out its "
+         "sections interleaved", "a Qwen3.5 rope said not to interleave"},
+        {"{" QWEN3_5 "\"vision_config\": {" QWEN3_VISION ", \"window_size\": 112}}",
+         "vision_config.window_size is not understood", "Qwen2.5-VL's window in a Qwen3.5 tower"},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
         JsonObject *config = config_of(cases[i].json);
@@ -595,6 +617,50 @@ static void test_qwen3_vl_tower(void)
            "its vision part written back with deepstack_visual_indexes [0, 2] and no fullatt_block_indexes");
     json_object_unref(written);
     g_clear_error(&error);
+    json_object_unref(config);
+}
+
+/* Qwen3.5's tower as mbridge keeps it (transformers' module under vision_model.): its blocks
+ * named "blocks.N." a key each, nothing split by TP, so a TP degree that divides none of its
+ * sizes still holds it whole; no deepstack list written back. */
+static void test_qwen3_5_tower(void)
+{
+    JsonObject *config = config_of(
+        "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
+        "\"vision_config\": {\"depth\": 3, \"hidden_size\": 30, \"num_heads\": 3, \"intermediate_size\": 45, "
+        "\"out_hidden_size\": 64, \"patch_size\": 16, \"num_position_embeddings\": 16}}");
+    CkptfsModel m, tower;
+    memset(&m, 0, sizeof m);
+    GError *error = NULL;
+    m.arch = ckptfs_architecture_find("qwen3_5", &m);
+    bool ok = m.arch && ckptfs_model_read_vision(config, &m, &error);
+    if (ok)
+        ckptfs_model_vision_tower(&m, &tower);
+    g_autoptr(GPtrArray) keys = ok ? ckptfs_mcore_keys(&tower, 0, false) : NULL;
+    const CkptfsMcoreKey *qkv = NULL;
+    bool replicated = keys && keys->len > 0;
+    for (guint i = 0; keys && i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        replicated = replicated && k->split == CKPTFS_TP_REPLICATED;
+        if (strcmp(k->key, "blocks.attn.qkv.weight") == 0)
+            qkv = k;
+    }
+    g_autofree char *name = qkv ? ckptfs_mcore_key_name(qkv, true, true, 2) : NULL;
+    tap_ok(ok && qkv && qkv->stacked && replicated && strcmp(name, "blocks.2.attn.qkv.weight") == 0 &&
+               qkv->rows == 90 && qkv->cols == 30,
+           "Qwen3.5's tower: block 2's qkv a key of its own, blocks.2.attn.qkv.weight [90, 30], every entry whole on "
+           "each rank (%s)", error ? error->message : name);
+    g_clear_error(&error);
+    tap_ok(ok && ckptfs_model_check_vision_split(&m, 4, &error), "tp 4 holds a tower of 3 heads, ffn 45 whole (%s)",
+           error ? error->message : "accepted");
+    g_clear_error(&error);
+    JsonObject *written = json_object_new();
+    if (ok)
+        ckptfs_model_write_vision(&m, written);
+    tap_ok(ckptfs_json_member(written, "vision_config.depth") != NULL &&
+               ckptfs_json_member(written, "vision_config.deepstack_visual_indexes") == NULL,
+           "its vision part written back without a deepstack list");
+    json_object_unref(written);
     json_object_unref(config);
 }
 
@@ -747,5 +813,6 @@ int main(void)
     test_vision_round_trip();
     test_interleaved_mrope();
     test_qwen3_vl_tower();
+    test_qwen3_5_tower();
     return tap_done();
 }
