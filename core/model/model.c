@@ -92,6 +92,7 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
                                               .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
                                               .megatron_prefix = "language_model.",
                                               .module_names = qwen2_5_vl_module_names,
+                                              .saved_names = qwen2_5_vl_module_names,
                                               .vision_blocks = &full_attention_blocks};
 /* GLM-4.1V (Glm4vForConditionalGeneration): GLM-4's language model in text_config (q/k/v biases,
  * half of each head rotated, post-attention and post-MLP norms, gate_up_proj fused;

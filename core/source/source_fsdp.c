@@ -92,6 +92,7 @@ typedef struct {
     GHashTable *by_name; /* name -> index in keys + 1 */
     const char *first;   /* the file of the first rank read: its keys are the reference */
     bool lora;           /* a LoRA run: PEFT's names, adapter matrices */
+    const CkptfsArchitecture *arch; /* config.json's, when known: how its names are saved */
 } Fsdp;
 
 #define fail(f, ...) ckptfs_fail((f)->error, __VA_ARGS__)
@@ -818,7 +819,10 @@ static bool make_keys(Fsdp *f, Rank *r)
         }
         Key k = {.name = g_strdup(name), .dtype = e.local.dtype, .ndim = e.ndim, .place = e.place, .dim = e.dim,
                  .pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece))};
-        k.served = f->lora ? served_name(name, &k.adapter) : g_strdup(name);
+        /* The names save_pretrained writes (verl's merger saves through it) for the module names
+         * the shards are keyed by. */
+        g_autofree char *unwrapped = f->lora ? served_name(name, &k.adapter) : g_strdup(name);
+        k.served = ckptfs_name_renamed(unwrapped, f->arch ? f->arch->saved_names : NULL);
         memcpy(k.shape, e.shape, sizeof k.shape);
         g_array_append_val(f->keys, k);
         g_hash_table_insert(f->by_name, k.name, GUINT_TO_POINTER(f->keys->len));
@@ -1176,14 +1180,17 @@ static bool read_shards(Fsdp *f)
         rank_clear(&r);
         ok = open_rank(f, (unsigned)f->mesh[0], &r);
     }
+    f->arch = ckptfs_source_architecture(f->source);
     ok = ok && make_keys(f, &r);
     if (ok && config_true(f->source->config, "tie_word_embeddings")) {
-        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it. */
+        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it. A
+         * VLM's embedding may be under its module names (model.language_model.embed_tokens). */
         Key *head = NULL;
         bool embedding = false;
         for (guint i = 0; i < f->keys->len; i++) {
             Key *k = &g_array_index(f->keys, Key, i);
-            embedding |= strcmp(k->served, "model.embed_tokens.weight") == 0;
+            g_autofree char *rule_name = ckptfs_name_renamed(k->served, f->arch ? f->arch->module_names : NULL);
+            embedding |= strcmp(rule_name, "model.embed_tokens.weight") == 0;
             if (strcmp(k->served, "lm_head.weight") == 0)
                 head = k;
         }
