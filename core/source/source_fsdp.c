@@ -968,12 +968,6 @@ static bool find_mesh(Fsdp *f, Rank *r0)
     return true;
 }
 
-static bool config_true(JsonObject *config, const char *key)
-{
-    bool value = false;
-    return ckptfs_json_member_bool(config, key, &value) == CKPTFS_JSON_FOUND && value;
-}
-
 /* The files hf/ passes through (config, tokenizer, generation_config) from huggingface/, and
  * config.json parsed. Weights saved there too (verl's hf_model) are left out: hf/ makes its own
  * from the shards. */
@@ -1182,16 +1176,22 @@ static bool read_shards(Fsdp *f)
     }
     f->arch = ckptfs_source_architecture(f->source);
     ok = ok && make_keys(f, &r);
-    if (ok && config_true(f->source->config, "tie_word_embeddings")) {
-        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it. A
-         * VLM's embedding may be under its module names (model.language_model.embed_tokens). */
+    bool tied = false;
+    if (ok && f->source->config != NULL &&
+        ckptfs_json_member_bool(f->source->config, "tie_word_embeddings", &tied) == CKPTFS_JSON_ABSENT)
+        tied = f->arch != NULL && f->arch->tied_by_default;
+    if (ok && tied) {
+        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it.
+         * Found by the names the model holds (a text model's, or a VLM's language model's). */
+        static const char *const embeddings[] = {"model.embed_tokens.weight",
+                                                 "model.language_model.embed_tokens.weight", NULL};
         Key *head = NULL;
         bool embedding = false;
         for (guint i = 0; i < f->keys->len; i++) {
             Key *k = &g_array_index(f->keys, Key, i);
-            g_autofree char *rule_name = ckptfs_name_renamed(k->served, f->arch ? f->arch->module_names : NULL);
-            embedding |= strcmp(rule_name, "model.embed_tokens.weight") == 0;
-            if (strcmp(k->served, "lm_head.weight") == 0)
+            g_autofree char *held = f->lora ? served_name(k->name, &(bool){false}) : g_strdup(k->name);
+            embedding |= g_strv_contains(embeddings, held);
+            if (strcmp(held, "lm_head.weight") == 0)
                 head = k;
         }
         if (head != NULL && embedding)

@@ -8,8 +8,9 @@
       each rank's model.state_dict() (DTensor shards under the module names the model holds in
       memory: model.language_model.*, model.visual.*) in model_world_size_2_rank_R.pt,
       fsdp_config.json, and huggingface/ with the model's config.json. NAME is qwen2_5_vl (untied
-      embeddings, the tensors saved under the release's names) and qwen3_vl (tied embeddings,
-      saved under the module names).
+      embeddings, the tensors saved under the release's names), qwen3_vl (tied embeddings, saved
+      under the module names) and gemma3 (Gemma 3's VLM, tied, saved under language_model.model.,
+      vision_tower., multi_modal_projector.).
 """
 import json
 import os
@@ -19,16 +20,20 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import vlm  # noqa: E402  (the tiny models' sizes)
+import gemma3  # noqa: E402  (the tiny models' sizes)
+import vlm  # noqa: E402
 
 WORLD = 2
 
 
 def make(name):
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
-                              Qwen3VLForConditionalGeneration)
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Qwen2_5_VLConfig,
+                              Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
     torch.manual_seed(0)
-    if name == "qwen2_5_vl":
+    if name == "gemma3":
+        model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=dict(gemma3.TEXT),
+                                                            vision_config=dict(gemma3.VISION), **gemma3.VLM))
+    elif name == "qwen2_5_vl":
         cfg = Qwen2_5_VLConfig(text_config=dict(vlm.TEXT), vision_config=dict(vlm.VISION), **vlm.TOKENS)
         model = Qwen2_5_VLForConditionalGeneration(cfg)
     else:  # Qwen3-VL's small releases tie the head to the embedding
@@ -37,9 +42,11 @@ def make(name):
         model = Qwen3VLForConditionalGeneration(cfg)
     model = model.to(torch.bfloat16)
     with torch.no_grad():  # random norms, so a norm served from the wrong tensor shows
-        for _, p in model.named_parameters():
+        for key, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif key.endswith("mm_input_projection_weight"):  # zero at first: no image in the logits
+                p.copy_(0.2 * torch.randn_like(p))
     return model
 
 
@@ -60,7 +67,7 @@ def worker(rank, hf, role):
 
 def build(out):
     import torch.multiprocessing as mp
-    for name in ("qwen2_5_vl", "qwen3_vl"):
+    for name in ("qwen2_5_vl", "qwen3_vl", "gemma3"):
         hf, role = f"{out}/{name}/hf", f"{out}/{name}/actor"
         make(name).save_pretrained(hf)
         os.makedirs(f"{role}/huggingface")
@@ -71,8 +78,8 @@ def build(out):
         with open(f"{role}/fsdp_config.json", "w") as f:
             json.dump({"FSDP_version": 2, "world_size": WORLD}, f, indent=4)
         keys = torch.load(f"{role}/model_world_size_{WORLD}_rank_0.pt", weights_only=False).keys()
-        if not any(k.startswith("model.visual.") for k in keys):
-            sys.exit(f"{name}: the FSDP state dict is not under the module names (model.visual.*)")
+        if not any(k.startswith("model.language_model.") for k in keys):
+            sys.exit(f"{name}: the FSDP state dict is not under the module names (model.language_model.*)")
         print(f"{name}: {len(keys)} keys, e.g. {sorted(keys)[0]}")
 
 
