@@ -64,6 +64,10 @@ rm "$bad/model_world_size_2_rank_1.pt"
 "$CKPTFS" inspect "$bad" > /dev/null 2> "$WORK/err" && rc=0 || rc=$?
 ok $([[ $rc -eq 1 ]] && grep -qF 'model_world_size_2_rank_1.pt' "$WORK/err"; echo $?) \
   "a missing rank file is refused by name ($(head -c 300 "$WORK/err"))"
+# torch 2.14's mesh layout reaching past its rank map: named.
+"$CKPTFS" inspect "$models/badmesh" > /dev/null 2> "$WORK/err" && rc=0 || rc=$?
+ok $([[ $rc -eq 1 ]] && grep -qF "model_world_size_2_rank_0.pt: 'model.visual.patch_embed.proj.weight': its device mesh's layout reaches past its rank map of 1" "$WORK/err"; echo $?) \
+  "a device mesh whose layout reaches past its rank map is refused by name ($(head -c 300 "$WORK/err"))"
 # A vision field no rule reads: named for the Megatron views, hf/ still served.
 bad=$WORK/badvision
 cp -r "$models/qwen2_5_vl/actor" "$bad"

@@ -10,7 +10,8 @@
       fsdp_config.json, and huggingface/ with the model's config.json. NAME is qwen2_5_vl (untied
       embeddings, the tensors saved under the release's names), qwen3_vl (tied embeddings, saved
       under the module names) and gemma3 (Gemma 3's VLM, tied, saved under language_model.model.,
-      vision_tower., multi_modal_projector.).
+      vision_tower., multi_modal_projector.). OUT/badmesh: qwen2_5_vl's actor whose rank 0 file's
+      device mesh has a rank map of one rank under its layout of two.
 """
 import json
 import os
@@ -81,6 +82,11 @@ def build(out):
         if not any(k.startswith("model.language_model.") for k in keys):
             sys.exit(f"{name}: the FSDP state dict is not under the module names (model.language_model.*)")
         print(f"{name}: {len(keys)} keys, e.g. {sorted(keys)[0]}")
+    shutil.copytree(f"{out}/qwen2_5_vl/actor", f"{out}/badmesh")
+    path = f"{out}/badmesh/model_world_size_{WORLD}_rank_0.pt"
+    state = torch.load(path, weights_only=False)
+    next(iter(state.values()))._spec.mesh._rank_map = torch.tensor([0], dtype=torch.int32)  # shared by all
+    torch.save(state, path)
 
 
 if __name__ == "__main__":
