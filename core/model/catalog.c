@@ -356,19 +356,23 @@ CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog)
     return c;
 }
 
+char *ckptfs_name_renamed(const char *name, const char *const *prefixes)
+{
+    for (const char *const *p = prefixes; p && p[0] && p[1]; p += 2)
+        if (g_str_has_prefix(name, p[0]))
+            return g_strconcat(p[1], name + strlen(p[0]), NULL);
+    return g_strdup(name);
+}
+
 CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash)
 {
     CkptfsCatalog *c = ckptfs_catalog_copy(catalog);
     g_hash_table_remove_all(c->by_name);
     for (guint i = 0; i < c->tensors->len; i++) {
         CkptfsTensor *t = g_ptr_array_index(c->tensors, i);
-        for (const char *const *p = prefixes; p[0] && p[1]; p += 2)
-            if (g_str_has_prefix(t->name, p[0])) {
-                char *renamed = g_strconcat(p[1], t->name + strlen(p[0]), NULL);
-                g_free(t->name);
-                t->name = renamed;
-                break;
-            }
+        char *renamed = ckptfs_name_renamed(t->name, prefixes);
+        g_free(t->name);
+        t->name = renamed;
         if (g_hash_table_contains(c->by_name, t->name)) {
             *clash = g_strdup(t->name);
             ckptfs_catalog_free(c);

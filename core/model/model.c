@@ -92,6 +92,7 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
                                               .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
                                               .megatron_prefix = "language_model.",
                                               .module_names = qwen2_5_vl_module_names,
+                                              .saved_names = qwen2_5_vl_module_names,
                                               .vision_blocks = &full_attention_blocks};
 /* GLM-4.1V (Glm4vForConditionalGeneration): GLM-4's language model in text_config (q/k/v biases,
  * half of each head rotated, post-attention and post-MLP norms, gate_up_proj fused;
@@ -205,6 +206,13 @@ static const CkptfsArchitecture qwen3_5_moe_text = {"Qwen3_5MoeForCausalLM", "qw
  * its patches to mm_tokens_per_image tokens in vision_config. mbridge's gemma3 bridge builds it
  * with names of its own (docs/vlm.md: its language model's post-norms are not the gemma3 family's
  * Megatron-Bridge names); no family holds it yet, so hf/ only, said by name. */
+/* transformers 5.12.1 holds it under model.language_model., model.vision_tower.,
+ * model.multi_modal_projector. and lm_head., and saves it under language_model.model.,
+ * vision_tower., multi_modal_projector. and language_model.lm_head. */
+static const char *const gemma3_saved_names[] = {"model.language_model.", "language_model.model.",
+                                                 "model.vision_tower.", "vision_tower.",
+                                                 "model.multi_modal_projector.", "multi_modal_projector.",
+                                                 "lm_head.", "language_model.lm_head.", NULL};
 static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true, NULL, NULL, false,
                                           1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4, .head_dim = 256,
                                           .max_positions = 131072, .attention_bias_on_output = true,
@@ -212,7 +220,8 @@ static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gem
                                           .activation = "gelu_pytorch_tanh", .scaled_embedding = true,
                                           .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
                                           .text_part = "text_config", .vision_part = "vision_config",
-                                          .vision_fields = CKPTFS_FOR_SIGLIP_VISION};
+                                          .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
+                                          .saved_names = gemma3_saved_names};
 /* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
  * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's

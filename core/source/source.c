@@ -382,6 +382,15 @@ static void split_fused_experts(CkptfsSource *source)
                                     "per expert", found ? found : "", found ? "; " : "", layers);
 }
 
+const CkptfsArchitecture *ckptfs_source_architecture(const CkptfsSource *source)
+{
+    if (source->config == NULL)
+        return NULL;
+    const char *name = ckptfs_schema_config_architecture(source->config);
+    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
+    return name ? ckptfs_architecture_find(name, NULL) : NULL;
+}
+
 /* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
  * Megatron views read it under the rules' names (Qwen2.5-VL's release's), from a catalog of their own; hf/
  * serves the source's own names. A clash costs the Megatron views, not hf/. */

@@ -92,6 +92,7 @@ typedef struct {
     GHashTable *by_name; /* name -> index in keys + 1 */
     const char *first;   /* the file of the first rank read: its keys are the reference */
     bool lora;           /* a LoRA run: PEFT's names, adapter matrices */
+    const CkptfsArchitecture *arch; /* config.json's, when known: how its names are saved */
 } Fsdp;
 
 #define fail(f, ...) ckptfs_fail((f)->error, __VA_ARGS__)
@@ -478,6 +479,92 @@ static char *mesh_names_text(const CkptfsPy *names)
     return g_string_free(s, FALSE);
 }
 
+/* A DeviceMesh as torch pickles it: torch 2.6 its tensor of ranks ("mesh") and "mesh_dim_names";
+ * torch 2.14 a layout of one (size, stride) per dim ("_layout": "axes" of _FlatLayouts) over a 1-D
+ * rank map ("_rank_map") and "_mesh_dim_names", the rank at a coordinate being
+ * rank_map[sum(coordinate x stride)]. */
+typedef struct {
+    const CkptfsPy *ranks; /* the mesh tensor, or the rank map */
+    const CkptfsPy *names;
+    unsigned ndim;
+    uint64_t shape[CKPTFS_MAX_DIMS];
+    uint64_t stride[CKPTFS_MAX_DIMS]; /* into the rank map; the tensor's row-major strides otherwise */
+} MeshForm;
+
+/* One axis of a torch 2.14 mesh layout: a _FlatLayout of one size and stride (coalesced). */
+static bool layout_axis(const CkptfsPy *axis, uint64_t *size, uint64_t *stride)
+{
+    const CkptfsPy *state = ckptfs_py_object_state(axis);
+    uint64_t sizes[CKPTFS_MAX_DIMS], strides[CKPTFS_MAX_DIMS];
+    unsigned nsize, nstride;
+    if (state == NULL || state->kind != CKPTFS_PY_DICT ||
+        !ckptfs_py_dims(ckptfs_py_dict_get(state, "shape"), sizes, &nsize) ||
+        !ckptfs_py_dims(ckptfs_py_dict_get(state, "stride"), strides, &nstride) || nsize != 1 || nstride != 1)
+        return false;
+    *size = sizes[0];
+    *stride = strides[0];
+    return true;
+}
+
+static bool mesh_form(Fsdp *f, const Rank *r, const char *key, const CkptfsPy *mesh, MeshForm *out)
+{
+    *out = (MeshForm){0};
+    const CkptfsPy *t = ckptfs_py_dict_get(mesh, "mesh");
+    if (mesh != NULL && mesh->kind == CKPTFS_PY_DICT && t != NULL && t->kind == CKPTFS_PY_TENSOR) {
+        out->ranks = t;
+        out->names = ckptfs_py_dict_get(mesh, "mesh_dim_names");
+        out->ndim = t->tensor->ndim;
+        memcpy(out->shape, t->tensor->shape, sizeof out->shape);
+        uint64_t step = 1;
+        for (unsigned i = out->ndim; i-- > 0; step *= out->shape[i])
+            out->stride[i] = step;
+        return true;
+    }
+    const CkptfsPy *layout = ckptfs_py_object_state(ckptfs_py_dict_get(mesh, "_layout"));
+    const CkptfsPy *axes = ckptfs_py_dict_get(layout, "axes");
+    const CkptfsPy *rank_map = ckptfs_py_dict_get(mesh, "_rank_map");
+    if (mesh == NULL || mesh->kind != CKPTFS_PY_DICT || layout == NULL || layout->kind != CKPTFS_PY_DICT ||
+        rank_map == NULL || rank_map->kind != CKPTFS_PY_TENSOR)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensor has no device mesh tensor (torch 2.6) or "
+                    "layout and rank map (torch 2.14)", r->path, key);
+    if (axes == NULL || (axes->kind != CKPTFS_PY_TUPLE && axes->kind != CKPTFS_PY_LIST) ||
+        axes->items->len > CKPTFS_MAX_DIMS)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's layout has no tuple of axes", r->path, key);
+    if (rank_map->tensor->ndim != 1)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's rank map is not 1-D", r->path, key);
+    out->ranks = rank_map;
+    out->names = ckptfs_py_dict_get(mesh, "_mesh_dim_names");
+    out->ndim = axes->items->len;
+    for (unsigned i = 0; i < out->ndim; i++)
+        if (!layout_axis(item(axes, i), &out->shape[i], &out->stride[i]))
+            return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s': axis %u of its device mesh's layout is not one "
+                        "size and stride (not read)", r->path, key, i);
+    return true;
+}
+
+/* The rank at each coordinate of FORM, row-major, read from R's file (W values). */
+static bool mesh_ranks(Fsdp *f, Rank *r, const char *key, const MeshForm *form, int64_t *out)
+{
+    const CkptfsPyTensor *m = form->ranks->tensor;
+    uint64_t count;
+    if (!ckptfs_dims_product(m->shape, m->ndim, &count) || count > MAX_WORLD_SIZE)
+        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's ranks tensor holds more than %u ranks",
+                    r->path, key, MAX_WORLD_SIZE);
+    g_autofree int64_t *ranks = g_new(int64_t, MAX(count, 1));
+    if (!read_mesh_values(f, r, key, form->ranks, count, ranks))
+        return false;
+    for (unsigned i = 0; i < f->W; i++) {
+        uint64_t at = 0, rest = i;
+        for (unsigned d = form->ndim; d-- > 0; rest /= form->shape[d])
+            at += rest % form->shape[d] * form->stride[d];
+        if (at >= count)
+            return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's layout reaches past its rank map of %"
+                        G_GUINT64_FORMAT, r->path, key, count);
+        out[i] = ranks[at];
+    }
+    return true;
+}
+
 /* A DTensor's DeviceMesh (its state dict MESH): the first one seen, rank 0's, is the reference;
  * every other must have its shape and names, and the reference must put rank R where the file's
  * _coordinate_on_dim says. */
@@ -485,12 +572,12 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
 {
     if (mesh != NULL && mesh == r->mesh_seen)
         return true;
-    const CkptfsPy *t = ckptfs_py_dict_get(mesh, "mesh");
-    if (mesh == NULL || mesh->kind != CKPTFS_PY_DICT || t == NULL || t->kind != CKPTFS_PY_TENSOR)
-        return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its DTensor has no device mesh tensor", r->path, key);
-    unsigned ndim = t->tensor->ndim;
-    g_autofree char *names = mesh_names_text(ckptfs_py_dict_get(mesh, "mesh_dim_names"));
-    g_autofree char *shape = ckptfs_dims_text(t->tensor->shape, ndim);
+    MeshForm form;
+    if (!mesh_form(f, r, key, mesh, &form))
+        return false;
+    unsigned ndim = form.ndim;
+    g_autofree char *names = mesh_names_text(form.names);
+    g_autofree char *shape = ckptfs_dims_text(form.shape, ndim);
     if (names == NULL)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh's mesh_dim_names are not strings", r->path,
                     key);
@@ -501,7 +588,7 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
         return fail(f, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s': device mesh %s with dims named (%s) is not read "
                     "(only (fsdp) and HSDP's (ddp, fsdp))", r->path, key, shape, names);
     uint64_t numel;
-    if (!ckptfs_dims_product(t->tensor->shape, ndim, &numel) || numel != f->W)
+    if (!ckptfs_dims_product(form.shape, ndim, &numel) || numel != f->W)
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': device mesh %s does not hold the %u ranks of the world "
                     "size", r->path, key, shape, f->W);
     if (f->mesh != NULL && f->mesh_ndim == 0)
@@ -511,7 +598,7 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
         /* The rank at each coordinate is read once, here; the other files' meshes must have
          * its shape and names, and their _coordinate_on_dim must agree with it. */
         g_autofree int64_t *values = g_new(int64_t, f->W);
-        if (!read_mesh_values(f, r, key, t, numel, values))
+        if (!mesh_ranks(f, r, key, &form, values))
             return false;
         f->position = g_new(unsigned, f->W);
         g_autofree bool *has = g_new0(bool, f->W);
@@ -523,11 +610,11 @@ static bool check_mesh(Fsdp *f, Rank *r, const char *key, const CkptfsPy *mesh)
             f->position[values[i]] = i;
         }
         f->mesh_ndim = ndim;
-        memcpy(f->mesh_shape, t->tensor->shape, ndim * sizeof *f->mesh_shape);
+        memcpy(f->mesh_shape, form.shape, ndim * sizeof *f->mesh_shape);
         f->mesh_names = g_strdup(names);
         f->mesh = g_steal_pointer(&values);
         f->row = (unsigned)f->mesh_shape[ndim - 1];
-    } else if (ndim != f->mesh_ndim || memcmp(t->tensor->shape, f->mesh_shape, ndim * sizeof *f->mesh_shape) != 0 ||
+    } else if (ndim != f->mesh_ndim || memcmp(form.shape, f->mesh_shape, ndim * sizeof *f->mesh_shape) != 0 ||
                strcmp(names, f->mesh_names) != 0) {
         g_autofree char *want = ckptfs_dims_text(f->mesh_shape, f->mesh_ndim);
         return fail(f, CKPTFS_ERROR_FORMAT, "%s: '%s': its device mesh %s (%s) is not rank 0's %s (%s)", r->path,
@@ -732,7 +819,10 @@ static bool make_keys(Fsdp *f, Rank *r)
         }
         Key k = {.name = g_strdup(name), .dtype = e.local.dtype, .ndim = e.ndim, .place = e.place, .dim = e.dim,
                  .pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece))};
-        k.served = f->lora ? served_name(name, &k.adapter) : g_strdup(name);
+        /* The names save_pretrained writes (verl's merger saves through it) for the module names
+         * the shards are keyed by. */
+        g_autofree char *unwrapped = f->lora ? served_name(name, &k.adapter) : g_strdup(name);
+        k.served = ckptfs_name_renamed(unwrapped, f->arch ? f->arch->saved_names : NULL);
         memcpy(k.shape, e.shape, sizeof k.shape);
         g_array_append_val(f->keys, k);
         g_hash_table_insert(f->by_name, k.name, GUINT_TO_POINTER(f->keys->len));
@@ -876,12 +966,6 @@ static bool find_mesh(Fsdp *f, Rank *r0)
     f->row = 1;
     f->mesh = g_new0(int64_t, 1); /* coordinate 0: rank 0 */
     return true;
-}
-
-static bool config_true(JsonObject *config, const char *key)
-{
-    bool value = false;
-    return ckptfs_json_member_bool(config, key, &value) == CKPTFS_JSON_FOUND && value;
 }
 
 /* The files hf/ passes through (config, tokenizer, generation_config) from huggingface/, and
@@ -1090,15 +1174,24 @@ static bool read_shards(Fsdp *f)
         rank_clear(&r);
         ok = open_rank(f, (unsigned)f->mesh[0], &r);
     }
+    f->arch = ckptfs_source_architecture(f->source);
     ok = ok && make_keys(f, &r);
-    if (ok && config_true(f->source->config, "tie_word_embeddings")) {
-        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it. */
+    bool tied = false;
+    if (ok && f->source->config != NULL &&
+        ckptfs_json_member_bool(f->source->config, "tie_word_embeddings", &tied) == CKPTFS_JSON_ABSENT)
+        tied = f->arch != NULL && f->arch->tied_by_default;
+    if (ok && tied) {
+        /* verl's merger drops it: FSDP1 saves the tied head as its own copy, FSDP2 aliases it.
+         * Found by the names the model holds (a text model's, or a VLM's language model's). */
+        static const char *const embeddings[] = {"model.embed_tokens.weight",
+                                                 "model.language_model.embed_tokens.weight", NULL};
         Key *head = NULL;
         bool embedding = false;
         for (guint i = 0; i < f->keys->len; i++) {
             Key *k = &g_array_index(f->keys, Key, i);
-            embedding |= strcmp(k->served, "model.embed_tokens.weight") == 0;
-            if (strcmp(k->served, "lm_head.weight") == 0)
+            g_autofree char *held = f->lora ? served_name(k->name, &(bool){false}) : g_strdup(k->name);
+            embedding |= g_strv_contains(embeddings, held);
+            if (strcmp(held, "lm_head.weight") == 0)
                 head = k;
         }
         if (head != NULL && embedding)

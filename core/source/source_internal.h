@@ -13,6 +13,10 @@ bool ckptfs_source_add_top_files(CkptfsSource *source, const char *dir_path, GEr
 bool ckptfs_source_add_file(CkptfsSource *source, const char *name, const char *path,
                             GError **error);
 
+/* The architecture SOURCE's config.json names (its architectures, else its model_type); NULL
+ * without a config or a known architecture. */
+const CkptfsArchitecture *ckptfs_source_architecture(const CkptfsSource *source);
+
 /* The formats of the registry, each in its own file. */
 extern const CkptfsSourceFormat ckptfs_format_hf;         /* source_hf.c */
 extern const CkptfsSourceFormat ckptfs_format_megatron;   /* source_megatron.c */

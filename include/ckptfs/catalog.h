@@ -118,6 +118,9 @@ CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog);
  * (PREFIXES NULL-terminated pairs, the first that matches applies); NULL when two tensors would
  * then have one name, *CLASH getting it. */
 CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash);
+/* NAME renamed by PREFIXES as ckptfs_catalog_copy_renamed renames (a copy; NAME's own when none
+ * matches or PREFIXES is NULL). */
+char *ckptfs_name_renamed(const char *name, const char *const *prefixes);
 
 unsigned ckptfs_catalog_count(const CkptfsCatalog *catalog);
 const CkptfsTensor *ckptfs_catalog_at(const CkptfsCatalog *catalog, unsigned index);

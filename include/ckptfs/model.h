@@ -95,6 +95,11 @@ typedef struct CkptfsArchitecture {
      * and the release's, which the rules use (Qwen2.5-VL's "model.language_model." and "model.",
      * "model.visual." and "visual."); NULL: one naming */
     const char *const *module_names;
+    /* Pairs of name prefixes, NULL-terminated: the names the model holds in memory (its
+     * state_dict, which verl's FSDP shards are keyed by) and the ones transformers'
+     * save_pretrained writes, where they differ (Qwen2.5-VL: the release's, model. and visual.);
+     * NULL: it saves the names it holds */
+    const char *const *saved_names;
     /* transformers rotates interleaved pairs of each head's rotary dims (GLM-4.1V's
      * rotate_half_llm), its mrope sections taken by frequency: Megatron-core 0.17.1's mrope pairs
      * halves (rotary_interleaved false, what mbridge builds) or takes the sections over the

@@ -37,6 +37,8 @@ of ckptfs's views of it.
   vlm.py samehf ORIG HF_DIR...
       each HF_DIR's safetensors files hold exactly ORIG's tensors: the release's names, dtypes,
       shapes and bytes. Prints "PASS what" or "FAIL what: why".
+  vlm.py samehf_pairs ORIG HF_DIR [ORIG HF_DIR ...]
+      the same for each pair, in one process.
   vlm.py broken MEGATRON_DIR OUT
       three copies of a tp2pp2 copy (MEGATRON_DIR), each broken in its first rank file: OUT/notower
       without a tower block's fc2 weight, OUT/whole with the tower's first qkv weight unsplit
@@ -809,6 +811,7 @@ if __name__ == "__main__":
      "logits": lambda: logits(sys.argv[2], sys.argv[3:]),
      "logits_pairs": lambda: [logits(o, [h]) for o, h in zip(sys.argv[2::2], sys.argv[3::2])],
      "samehf": lambda: samehf(sys.argv[2], sys.argv[3:]),
+     "samehf_pairs": lambda: [samehf(o, [h]) for o, h in zip(sys.argv[2::2], sys.argv[3::2])],
      "broken": lambda: broken(sys.argv[2], sys.argv[3]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],

@@ -699,6 +699,31 @@ static void test_vision_round_trip(void)
     json_object_unref(config);
 }
 
+/* The names transformers 5 holds a VLM under (its state_dict, which verl's FSDP shards are keyed
+ * by) and the ones its save_pretrained writes: the architecture's saved_names. */
+static void test_saved_names(void)
+{
+    static const char *const cases[][3] = {
+        {"qwen2_5_vl", "model.language_model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"},
+        {"qwen2_5_vl", "model.visual.blocks.1.attn.qkv.bias", "visual.blocks.1.attn.qkv.bias"},
+        {"qwen2_5_vl", "lm_head.weight", "lm_head.weight"},
+        {"qwen3_vl", "model.visual.merger.norm.weight", "model.visual.merger.norm.weight"},
+        {"gemma3", "model.language_model.embed_tokens.weight", "language_model.model.embed_tokens.weight"},
+        {"gemma3", "model.vision_tower.vision_model.post_layernorm.weight",
+         "vision_tower.vision_model.post_layernorm.weight"},
+        {"gemma3", "model.multi_modal_projector.mm_input_projection_weight",
+         "multi_modal_projector.mm_input_projection_weight"},
+        {"gemma3", "lm_head.weight", "language_model.lm_head.weight"},
+        {"llama", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        const CkptfsArchitecture *arch = ckptfs_architecture_find(cases[i][0], NULL);
+        g_autofree char *saved = arch ? ckptfs_name_renamed(cases[i][1], arch->saved_names) : NULL;
+        tap_ok(saved && strcmp(saved, cases[i][2]) == 0, "%s: %s is saved as %s (%s)", cases[i][0], cases[i][1],
+               cases[i][2], saved ? saved : "no architecture");
+    }
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -811,6 +836,7 @@ int main(void)
     test_features();
     test_vision_configs();
     test_vision_round_trip();
+    test_saved_names();
     test_interleaved_mrope();
     test_qwen3_vl_tower();
     test_qwen3_5_tower();

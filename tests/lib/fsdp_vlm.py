@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""verl FSDP2 saves of tiny vision-language models (run in the sid root: transformers 5, torch 2.x).
+
+  fsdp_vlm.py build OUT
+      OUT/NAME/hf: the model saved by transformers' save_pretrained in bf16; OUT/NAME/actor: the
+      same model, upcast to fp32 as verl trains it, wrapped by FSDP2's fully_shard on a ("fsdp",)
+      mesh of 2 gloo ranks on the CPU and saved as verl's FSDPCheckpointManager saves an actor:
+      each rank's model.state_dict() (DTensor shards under the module names the model holds in
+      memory: model.language_model.*, model.visual.*) in model_world_size_2_rank_R.pt,
+      fsdp_config.json, and huggingface/ with the model's config.json. NAME is qwen2_5_vl (untied
+      embeddings, the tensors saved under the release's names), qwen3_vl (tied embeddings, saved
+      under the module names) and gemma3 (Gemma 3's VLM, tied, saved under language_model.model.,
+      vision_tower., multi_modal_projector.). OUT/badmesh: qwen2_5_vl's actor whose rank 0 file's
+      device mesh has a rank map of one rank under its layout of two.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemma3  # noqa: E402  (the tiny models' sizes)
+import vlm  # noqa: E402
+
+WORLD = 2
+
+
+def make(name):
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Qwen2_5_VLConfig,
+                              Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    torch.manual_seed(0)
+    if name == "gemma3":
+        model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=dict(gemma3.TEXT),
+                                                            vision_config=dict(gemma3.VISION), **gemma3.VLM))
+    elif name == "qwen2_5_vl":
+        cfg = Qwen2_5_VLConfig(text_config=dict(vlm.TEXT), vision_config=dict(vlm.VISION), **vlm.TOKENS)
+        model = Qwen2_5_VLForConditionalGeneration(cfg)
+    else:  # Qwen3-VL's small releases tie the head to the embedding
+        cfg = Qwen3VLConfig(text_config=dict(vlm.QWEN3_TEXT), vision_config=dict(vlm.QWEN3_VISION),
+                            tie_word_embeddings=True, **vlm.TOKENS)
+        model = Qwen3VLForConditionalGeneration(cfg)
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():  # random norms, so a norm served from the wrong tensor shows
+        for key, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif key.endswith("mm_input_projection_weight"):  # zero at first: no image in the logits
+                p.copy_(0.2 * torch.randn_like(p))
+    return model
+
+
+def worker(rank, hf, role):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForImageTextToText
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{role}/.rdv", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
+    model = AutoModelForImageTextToText.from_pretrained(hf, dtype=torch.float32)
+    fully_shard(model, mesh=mesh)
+    torch.save(model.state_dict(), os.path.join(role, f"model_world_size_{WORLD}_rank_{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def build(out):
+    import torch.multiprocessing as mp
+    for name in ("qwen2_5_vl", "qwen3_vl", "gemma3"):
+        hf, role = f"{out}/{name}/hf", f"{out}/{name}/actor"
+        make(name).save_pretrained(hf)
+        os.makedirs(f"{role}/huggingface")
+        mp.start_processes(worker, args=(hf, role), nprocs=WORLD, join=True, start_method="fork")
+        os.remove(f"{role}/.rdv")
+        for f in ("config.json", "generation_config.json"):
+            shutil.copy(f"{hf}/{f}", f"{role}/huggingface/{f}")
+        with open(f"{role}/fsdp_config.json", "w") as f:
+            json.dump({"FSDP_version": 2, "world_size": WORLD}, f, indent=4)
+        keys = torch.load(f"{role}/model_world_size_{WORLD}_rank_0.pt", weights_only=False).keys()
+        if not any(k.startswith("model.language_model.") for k in keys):
+            sys.exit(f"{name}: the FSDP state dict is not under the module names (model.language_model.*)")
+        print(f"{name}: {len(keys)} keys, e.g. {sorted(keys)[0]}")
+    shutil.copytree(f"{out}/qwen2_5_vl/actor", f"{out}/badmesh")
+    path = f"{out}/badmesh/model_world_size_{WORLD}_rank_0.pt"
+    state = torch.load(path, weights_only=False)
+    next(iter(state.values()))._spec.mesh._rank_map = torch.tensor([0], dtype=torch.int32)  # shared by all
+    torch.save(state, path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["build"] and len(sys.argv) == 3:
+        build(sys.argv[2])
+    else:
+        sys.exit(__doc__)
