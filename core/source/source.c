@@ -436,7 +436,9 @@ static void join_fused_experts(CkptfsSource *source)
     model->arch = arch;
     GError *error = NULL;
     const CkptfsFusedExperts *forms[] = {arch->moe->hf_form, NULL};
-    if (!ckptfs_model_read_config(source->config, model, &error) ||
+    /* a VLM's language model is its text part's */
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &error);
+    if (text == NULL || !ckptfs_model_read_config(text, model, &error) ||
         ckptfs_fused_experts_present(source->catalog, model, forms)) {
         g_clear_error(&error); /* the mount reads the model again and says why */
         return;
@@ -455,6 +457,40 @@ static void join_fused_experts(CkptfsSource *source)
     else
         ckptfs_catalog_free(source->catalog);
     source->catalog = joined;
+}
+
+/* A source hf/ writes from its catalog (a Megatron one: no weight files of its own), of an
+ * architecture whose releases save the tensors under the module names (Qwen3-VL's
+ * model.language_model.*, model.visual.*): hf/ gets those names, the Megatron views keep reading
+ * the rules' names. A clash is a warning (hf/ then keeps the rules' names). */
+static void name_as_released(CkptfsSource *source)
+{
+    if (source->config == NULL || source->model_problem != NULL || source->weight_files->len > 0)
+        return;
+    const char *name = ckptfs_schema_config_architecture(source->config);
+    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
+    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    if (arch == NULL || arch->module_names == NULL || !arch->released_under_module_names)
+        return;
+    g_autoptr(GPtrArray) reversed = g_ptr_array_new(); /* the pairs the other way: the rules' names first */
+    for (const char *const *p = arch->module_names; p[0] && p[1]; p += 2) {
+        g_ptr_array_add(reversed, (gpointer)p[1]);
+        g_ptr_array_add(reversed, (gpointer)p[0]);
+    }
+    g_ptr_array_add(reversed, NULL);
+    g_autofree char *clash = NULL;
+    CkptfsCatalog *renamed = ckptfs_catalog_copy_renamed(source->catalog, (const char *const *)reversed->pdata, &clash);
+    if (renamed == NULL) {
+        g_ptr_array_add(source->warnings, g_strdup_printf("%s: hf/ keeps the rules' names: tensor '%s' would be "
+                                                          "there twice under %s's module names", source->dir,
+                                                          clash, arch->hf_architecture));
+        return;
+    }
+    if (source->model_catalog == NULL)
+        source->model_catalog = source->catalog;
+    else
+        ckptfs_catalog_free(source->catalog);
+    source->catalog = renamed;
 }
 
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of
@@ -510,6 +546,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     rename_modules(source); /* first: the experts are split under the rules' names */
     split_fused_experts(source);
     join_fused_experts(source);
+    name_as_released(source); /* last: the experts are joined under the rules' names */
     return source;
 }
 
