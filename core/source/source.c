@@ -382,6 +382,16 @@ static void split_fused_experts(CkptfsSource *source)
                                     "per expert", found ? found : "", found ? "; " : "", layers);
 }
 
+/* Whether a tensor of CATALOG is under one of ARCH's module names (model.language_model.*). */
+static bool holds_module_names(const CkptfsCatalog *catalog, const CkptfsArchitecture *arch)
+{
+    for (unsigned i = 0; arch && arch->module_names && i < ckptfs_catalog_count(catalog); i++)
+        for (const char *const *p = arch->module_names; p[0]; p += 2)
+            if (g_str_has_prefix(ckptfs_catalog_at(catalog, i)->name, p[0]))
+                return true;
+    return false;
+}
+
 /* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
  * Megatron views read it under the rules' names (Qwen2.5-VL's release's), from a catalog of their own; hf/
  * serves the source's own names. A clash costs the Megatron views, not hf/. */
@@ -393,11 +403,7 @@ static void rename_modules(CkptfsSource *source)
     name = name ? name : ckptfs_json_member_string(source->config, "model_type");
     const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
     const CkptfsCatalog *catalog = ckptfs_source_model_catalog(source);
-    bool renamed = false;
-    for (unsigned i = 0; arch && arch->module_names && i < ckptfs_catalog_count(catalog) && !renamed; i++)
-        for (const char *const *p = arch->module_names; p[0] && !renamed; p += 2)
-            renamed = g_str_has_prefix(ckptfs_catalog_at(catalog, i)->name, p[0]);
-    if (!renamed)
+    if (!holds_module_names(catalog, arch))
         return;
     g_autofree char *clash = NULL;
     CkptfsCatalog *copy = ckptfs_catalog_copy_renamed(catalog, arch->module_names, &clash);
@@ -470,7 +476,9 @@ static void name_as_released(CkptfsSource *source)
     const char *name = ckptfs_schema_config_architecture(source->config);
     name = name ? name : ckptfs_json_member_string(source->config, "model_type");
     const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
-    if (arch == NULL || arch->module_names == NULL || !arch->released_under_module_names)
+    /* a catalog already under the module names (verl's FSDP shards of transformers' model) stays */
+    if (arch == NULL || arch->module_names == NULL || !arch->released_under_module_names ||
+        holds_module_names(source->catalog, arch))
         return;
     g_autoptr(GPtrArray) reversed = g_ptr_array_new(); /* the pairs the other way: the rules' names first */
     for (const char *const *p = arch->module_names; p[0] && p[1]; p += 2) {
