@@ -340,6 +340,11 @@ char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, con
     return g_strdup(name);
 }
 
+char *ckptfs_list_module_prefix(const CkptfsModel *m, uint64_t j)
+{
+    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".", m->arch->list_prefix, j);
+}
+
 char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j)
 {
     /* rule->name is "mlp.experts.experts.<linear>.<param>" */

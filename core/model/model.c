@@ -137,6 +137,7 @@ static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "
                                             .vision_part = "vision_config", .vision = &qwen3_vl_vision,
                                             .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                             .module_names = qwen2_5_vl_module_names,
+                                            .released_under_module_names = true, .released_text_part = true,
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                             .vision_blocks = &deepstack_blocks};
 /* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
@@ -147,7 +148,11 @@ static const CkptfsFusedExperts *const qwen3_vl_moe_fused[] = {&ckptfs_fused_tra
                                                                 NULL};
 static const CkptfsMoeConfig qwen3_vl_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
                                                     .always_renormalize = true, /* its router does */
-                                                    .fused_forms = qwen3_vl_moe_fused};
+                                                    .fused_forms = qwen3_vl_moe_fused,
+                                                    /* what transformers 5 saves and reads whatever
+                                                     * the sizes (the releases' transposed form is
+                                                     * told apart by shape only when 2F != H) */
+                                                    .hf_form = &ckptfs_fused_in_memory};
 static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", false, true,
                                                 &ckptfs_family_qwen_moe, &qwen3_vl_moe_config, false, 5e5, 1e-6,
                                                 .kv_heads = 16, .head_dim = 128, .max_positions = 128000,
@@ -155,6 +160,7 @@ static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGenerat
                                                 .vision_part = "vision_config", .vision = &qwen3_vl_vision,
                                                 .mrope_interleaved = true, .megatron_prefix = "language_model.",
                                                 .module_names = qwen2_5_vl_module_names,
+                                                .released_under_module_names = true, .released_text_part = true,
                                                 .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
                                                 .vision_blocks = &deepstack_blocks};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk

@@ -327,6 +327,16 @@ static const CkptfsModelField fields[] = {
      0, NULL, NULL, 0, 151652, 151652, 0, 0, G_MAXINT32, {NULL}},
     {"vision_end_token_id", CKPTFS_FIELD_UINT, M(vision_end_token), CKPTFS_FOR_VISION, {"vision_end_token_id"}, 0,
      NULL, NULL, 0, 151653, 151653, 0, 0, G_MAXINT32, {NULL}},
+    /* Qwen3-VL's (Qwen3VLConfig's and Qwen3VLMoeConfig's defaults, Qwen2.5-VL's values): carried
+     * in the views' args, so a Megatron source's hf/config.json places the image as the source did */
+    {"image_token_id", CKPTFS_FIELD_UINT, M(image_token), CKPTFS_FOR_VISION_DEEPSTACK, {"image_token_id"}, 0, NULL,
+     NULL, 0, 151655, 151655, 0, 0, G_MAXINT32, {NULL}},
+    {"video_token_id", CKPTFS_FIELD_UINT, M(video_token), CKPTFS_FOR_VISION_DEEPSTACK, {"video_token_id"}, 0, NULL,
+     NULL, 0, 151656, 151656, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_start_token_id", CKPTFS_FIELD_UINT, M(vision_start_token), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_start_token_id"}, 0, NULL, NULL, 0, 151652, 151652, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_end_token_id", CKPTFS_FIELD_UINT, M(vision_end_token), CKPTFS_FOR_VISION_DEEPSTACK,
+     {"vision_end_token_id"}, 0, NULL, NULL, 0, 151653, 151653, 0, 0, G_MAXINT32, {NULL}},
 };
 
 /* Members of a vision part no row reads that leave the weights' math alone (the dtype is the

@@ -101,12 +101,10 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
-    /* no tower rules to read vision_model.* by, or a module list or a tower kept as transformers'
-     * module (Qwen3.5's) the sources do not read back yet:
-     * said before the language model's features, which (Gemma 3's window pattern) would name a
-     * mismatch instead */
-    if (m->arch->vision_part && (m->arch->vision == NULL || m->arch->vision->list_prefix != NULL ||
-                                 m->arch->vision->layer_prefix != NULL))
+    /* no tower rules to read vision_model.* by, or a tower kept as transformers' module
+     * (Qwen3.5's) the sources do not read back yet: said before the language model's features,
+     * which (Gemma 3's window pattern) would name a mismatch instead */
+    if (m->arch->vision_part && (m->arch->vision == NULL || m->arch->vision->layer_prefix != NULL))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, m->arch->hf_architecture);
     if (m->arch->hybrid_attention != m->linear_attention) {
@@ -452,6 +450,39 @@ static void synthesize_deepseek(JsonObject *c, const CkptfsModel *m)
     json_object_set_int_member(c, "moe_layer_freq", (gint64)freq);
 }
 
+/* The members of C that belong to the whole model, not to its language model. */
+static bool whole_model_member(const char *name)
+{
+    static const char *const whole[] = {"architectures", "model_type", "torch_dtype", "tie_word_embeddings", NULL};
+    return g_strv_contains(whole, name);
+}
+
+/* The language model's fields of C moved under the architecture's text part, as its releases
+ * write them (Qwen3-VL's text_config; transformers' class reads nothing of it at the top level):
+ * the rope as rope_parameters with its base, the sections handed out interleaved as M's
+ * architecture computes them. */
+static void nest_text_part(JsonObject *c, const CkptfsModel *m)
+{
+    JsonObject *text = json_object_new();
+    g_autoptr(GList) members = json_object_get_members(c);
+    for (GList *k = members; k; k = k->next)
+        if (!whole_model_member(k->data)) {
+            json_object_set_member(text, k->data, json_node_copy(json_object_get_member(c, k->data)));
+            json_object_remove_member(c, k->data);
+        }
+    JsonObject *rope = json_object_ref(json_object_get_object_member(text, "rope_scaling"));
+    json_object_remove_member(text, "rope_scaling");
+    json_object_remove_member(rope, "type");
+    json_object_set_string_member(rope, "rope_type", "default");
+    json_object_set_boolean_member(rope, "mrope_interleaved", m->arch->mrope_interleaved);
+    if (json_object_has_member(text, "rope_theta")) {
+        json_object_set_member(rope, "rope_theta", json_node_copy(json_object_get_member(text, "rope_theta")));
+        json_object_remove_member(text, "rope_theta");
+    }
+    json_object_set_object_member(text, "rope_parameters", rope);
+    json_object_set_object_member(c, m->arch->text_part, text);
+}
+
 void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *m)
 {
     /* config.json as Hugging Face would write it for this model: the model rules then read it
@@ -478,7 +509,6 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         json_object_set_string_member(rope, "type", "mrope");
         json_object_set_array_member(rope, "mrope_section", sections);
         json_object_set_object_member(c, "rope_scaling", rope);
-        ckptfs_model_write_vision(m, c);
     }
     if (m->arch->hybrid_attention) {
         JsonArray *kinds = json_array_new();
@@ -499,6 +529,10 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
             json_object_set_array_member(c, "mlp_only_layers", dense);
         }
     }
+    if (m->arch->vision && m->arch->released_text_part)
+        nest_text_part(c, m);
+    if (m->arch->vision) /* the tower's part and the whole model's token ids */
+        ckptfs_model_write_vision(m, c);
     source->config = c;
 }
 

@@ -347,9 +347,7 @@ static void split_fused_experts(CkptfsSource *source)
 {
     if (source->config == NULL || source->model_problem != NULL)
         return;
-    const char *name = ckptfs_schema_config_architecture(source->config);
-    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
-    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
     if (arch == NULL || arch->moe == NULL || arch->moe->fused_forms == NULL)
         return;
     g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
@@ -391,6 +389,16 @@ const CkptfsArchitecture *ckptfs_source_architecture(const CkptfsSource *source)
     return name ? ckptfs_architecture_find(name, NULL) : NULL;
 }
 
+/* Whether a tensor of CATALOG is under one of ARCH's module names (model.language_model.*). */
+static bool holds_module_names(const CkptfsCatalog *catalog, const CkptfsArchitecture *arch)
+{
+    for (unsigned i = 0; arch && arch->module_names && i < ckptfs_catalog_count(catalog); i++)
+        for (const char *const *p = arch->module_names; p[0]; p += 2)
+            if (g_str_has_prefix(ckptfs_catalog_at(catalog, i)->name, p[0]))
+                return true;
+    return false;
+}
+
 /* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
  * Megatron views read it under the rules' names (Qwen2.5-VL's release's), from a catalog of their own; hf/
  * serves the source's own names. A clash costs the Megatron views, not hf/. */
@@ -398,15 +406,9 @@ static void rename_modules(CkptfsSource *source)
 {
     if (source->config == NULL || source->model_problem != NULL)
         return;
-    const char *name = ckptfs_schema_config_architecture(source->config);
-    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
-    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
     const CkptfsCatalog *catalog = ckptfs_source_model_catalog(source);
-    bool renamed = false;
-    for (unsigned i = 0; arch && arch->module_names && i < ckptfs_catalog_count(catalog) && !renamed; i++)
-        for (const char *const *p = arch->module_names; p[0] && !renamed; p += 2)
-            renamed = g_str_has_prefix(ckptfs_catalog_at(catalog, i)->name, p[0]);
-    if (!renamed)
+    if (!holds_module_names(catalog, arch))
         return;
     g_autofree char *clash = NULL;
     CkptfsCatalog *copy = ckptfs_catalog_copy_renamed(catalog, arch->module_names, &clash);
@@ -431,9 +433,7 @@ static void join_fused_experts(CkptfsSource *source)
 {
     if (source->config == NULL || source->model_problem != NULL)
         return;
-    const char *name = ckptfs_schema_config_architecture(source->config);
-    name = name ? name : ckptfs_json_member_string(source->config, "model_type");
-    const CkptfsArchitecture *arch = name ? ckptfs_architecture_find(name, NULL) : NULL;
+    const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
     if (arch == NULL || arch->moe == NULL || arch->moe->hf_form == NULL)
         return;
     bool per_expert = false; /* a Hugging Face source keeps its own form (MXFP4 blocks too) */
@@ -445,7 +445,9 @@ static void join_fused_experts(CkptfsSource *source)
     model->arch = arch;
     GError *error = NULL;
     const CkptfsFusedExperts *forms[] = {arch->moe->hf_form, NULL};
-    if (!ckptfs_model_read_config(source->config, model, &error) ||
+    /* a VLM's language model is its text part's */
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &error);
+    if (text == NULL || !ckptfs_model_read_config(text, model, &error) ||
         ckptfs_fused_experts_present(source->catalog, model, forms)) {
         g_clear_error(&error); /* the mount reads the model again and says why */
         return;
@@ -464,6 +466,40 @@ static void join_fused_experts(CkptfsSource *source)
     else
         ckptfs_catalog_free(source->catalog);
     source->catalog = joined;
+}
+
+/* A source hf/ writes from its catalog (a Megatron one: no weight files of its own), of an
+ * architecture whose releases save the tensors under the module names (Qwen3-VL's
+ * model.language_model.*, model.visual.*): hf/ gets those names, the Megatron views keep reading
+ * the rules' names. A clash is a warning (hf/ then keeps the rules' names). */
+static void name_as_released(CkptfsSource *source)
+{
+    if (source->config == NULL || source->model_problem != NULL || source->weight_files->len > 0)
+        return;
+    const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
+    /* a catalog already under the module names (verl's FSDP shards of transformers' model) stays */
+    if (arch == NULL || arch->module_names == NULL || !arch->released_under_module_names ||
+        holds_module_names(source->catalog, arch))
+        return;
+    g_autoptr(GPtrArray) reversed = g_ptr_array_new(); /* the pairs the other way: the rules' names first */
+    for (const char *const *p = arch->module_names; p[0] && p[1]; p += 2) {
+        g_ptr_array_add(reversed, (gpointer)p[1]);
+        g_ptr_array_add(reversed, (gpointer)p[0]);
+    }
+    g_ptr_array_add(reversed, NULL);
+    g_autofree char *clash = NULL;
+    CkptfsCatalog *renamed = ckptfs_catalog_copy_renamed(source->catalog, (const char *const *)reversed->pdata, &clash);
+    if (renamed == NULL) {
+        g_ptr_array_add(source->warnings, g_strdup_printf("%s: hf/ keeps the rules' names: tensor '%s' would be "
+                                                          "there twice under %s's module names", source->dir,
+                                                          clash, arch->hf_architecture));
+        return;
+    }
+    if (source->model_catalog == NULL)
+        source->model_catalog = source->catalog;
+    else
+        ckptfs_catalog_free(source->catalog);
+    source->catalog = renamed;
 }
 
 /* -o frame_cache below one frame of a packed source would keep no frame between two reads of
@@ -519,6 +555,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     rename_modules(source); /* first: the experts are split under the rules' names */
     split_fused_experts(source);
     join_fused_experts(source);
+    name_as_released(source); /* last: the experts are joined under the rules' names */
     return source;
 }
 

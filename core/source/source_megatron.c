@@ -52,7 +52,9 @@ typedef struct {
     CkptfsMegatronModel saved; /* the model, its padded vocabulary and the saved split */
     GPtrArray *keys;           /* CkptfsMcoreKey* of the model, vocabulary padded as saved */
     bool te;                   /* Transformer Engine names (else the local spec's) */
-    const char *mtp_prefix;    /* "mtp.layers.J." while an MTP layer is mapped */
+    /* "mtp.layers.J." while an MTP layer is mapped, a module list's
+     * "decoder.deepstack_merger_list.J." while its module J is */
+    const char *mtp_prefix;
     /* the part being mapped: the model (a VLM's language model) or a VLM's vision tower, its
      * keys, and its module's prefix in the state dict ("" for a text model) */
     const CkptfsModel *part;
@@ -660,6 +662,14 @@ static bool map_model(Mg *m, CkptfsPieceSet *set)
         for (uint64_t b = 0; b < m->tower.layers; b++)
             if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_LAYER, b, b))
                 return false;
+        for (uint64_t j = 0; j < m->tower.list_modules; j++) { /* its module list, after the blocks */
+            g_autofree char *module = ckptfs_list_module_prefix(&m->tower, j);
+            m->mtp_prefix = module;
+            bool ok = map_entries(m, set, 0, 0, CKPTFS_SCOPE_LIST, j, j);
+            m->mtp_prefix = NULL;
+            if (!ok)
+                return false;
+        }
         if (!map_entries(m, set, 0, 0, CKPTFS_SCOPE_LAST, 0, 0))
             return false;
     }

@@ -230,9 +230,11 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
             if (off[k] != 0 || size[k] != shape[k])
                 return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' chunk %u cuts the patch kernel's dim %u; it "
                             "is saved whole (replicated)", t->dcp.metadata_path, en->name, c, k);
-        /* The chunk as layers x experts x rows x columns of one expert's (layer's) matrix. */
+        /* The chunk as layers (a module list's modules) x experts x rows x columns of one expert's
+         * (layer's, module's) matrix. */
         unsigned d = 0;
-        uint64_t l0 = en->layer_axis ? off[d] : en->layer, nl = en->layer_axis ? size[d++] : 1;
+        bool axis = en->layer_axis || key->listed;
+        uint64_t l0 = axis ? off[d] : en->layer, nl = axis ? size[d++] : 1;
         uint64_t e0 = key->expert ? off[d] : 0, ne = key->expert ? size[d++] : 1;
         uint64_t r0 = en->row0 + off[d], nr = size[d++];
         d += key->ndim == 3 && !kernel; /* conv1d's [rows, 1, kernel] */
@@ -275,7 +277,8 @@ static const Entry *entry_of_hf(Td *t, GArray *entries, const char *name)
     for (guint i = 0; i < entries->len; i++) {
         const Entry *en = &g_array_index(entries, Entry, i);
         const CkptfsMcoreKey *key = en->key;
-        uint64_t l0 = en->layer_axis ? 0 : en->layer, l1 = en->layer_axis ? en->part->layers : l0 + 1;
+        uint64_t l0 = en->layer_axis || key->listed ? 0 : en->layer;
+        uint64_t l1 = en->layer_axis ? en->part->layers : key->listed ? key->list_count : l0 + 1;
         for (uint64_t l = l0; l < l1; l++)
             for (uint64_t e = 0; e < (key->expert ? key->experts : 1); e++)
                 for (guint s = 0; s < key->segments->len; s++) {

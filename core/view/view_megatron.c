@@ -253,7 +253,7 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
         for (uint64_t b = 0; b < v->tower.layers; b++)
             add_entries(rb, sd, CKPTFS_SCOPE_LAYER, b, b);
         for (uint64_t j = 0; j < v->tower.list_modules; j++) { /* its module list, after the blocks */
-            g_autofree char *prefix = g_strdup_printf("%s%" G_GUINT64_FORMAT ".", v->tower.arch->list_prefix, j);
+            g_autofree char *prefix = ckptfs_list_module_prefix(&v->tower, j);
             rb->mtp_prefix = prefix;
             add_entries(rb, sd, CKPTFS_SCOPE_LIST, j, j);
             rb->mtp_prefix = NULL;

@@ -101,6 +101,9 @@ const char *ckptfs_rule_legacy_name(const CkptfsRule *rule, bool te_spec);
  * module of the family's list (CKPTFS_SCOPE_LIST) after MTP_PREFIX, there the list's prefix and
  * the module's number. */
 char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, const char *mtp_prefix);
+/* The prefix of module J of MODEL's module list in a legacy state dict (the MTP_PREFIX of
+ * ckptfs_legacy_key): "decoder.deepstack_merger_list.J.". */
+char *ckptfs_list_module_prefix(const CkptfsModel *model, uint64_t j);
 /* The legacy name of expert rule RULE for local expert J: SequentialMLP's
  * "mlp.experts.local_experts.J.linear_fc1.weight", or with GROUPED (TEGroupedMLP)
  * "mlp.experts.linear_fc1.weightJ" (its _extra_state is one per linear: J ignored). */

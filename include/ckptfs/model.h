@@ -30,8 +30,9 @@ typedef struct {
     /* The fused forms (fused.h) its Hugging Face checkpoints may hold the experts in, NULL-
      * terminated; NULL: per expert only */
     const struct CkptfsFusedExperts *const *fused_forms;
-    /* The form its Hugging Face class reads its experts in and nothing else (GPT-OSS): hf/ of a
-     * source held per expert (a Megatron one) serves them fused so; NULL: per expert */
+    /* The form its Hugging Face class reads its experts in and nothing else (GPT-OSS), or its
+     * releases' (Qwen3-VL-MoE): hf/ of a source held per expert (a Megatron one) serves them fused
+     * so; NULL: per expert */
     const struct CkptfsFusedExperts *hf_form;
 } CkptfsMoeConfig;
 
@@ -100,6 +101,13 @@ typedef struct CkptfsArchitecture {
      * save_pretrained writes, where they differ (Qwen2.5-VL: the release's, model. and visual.);
      * NULL: it saves the names it holds */
     const char *const *saved_names;
+    /* its releases save the tensors under the first names of those pairs (Qwen3-VL's): hf/ of a
+     * source made from the rules (a Megatron one) serves them so */
+    bool released_under_module_names;
+    /* its releases write the language model's fields under text_part alone (Qwen3-VL's
+     * text_config, which its transformers class reads nothing of at the top level); else at the
+     * top level (Qwen2.5-VL's release) */
+    bool released_text_part;
     /* transformers rotates interleaved pairs of each head's rotary dims (GLM-4.1V's
      * rotate_half_llm), its mrope sections taken by frequency: Megatron-core 0.17.1's mrope pairs
      * halves (rotary_interleaved false, what mbridge builds) or takes the sections over the

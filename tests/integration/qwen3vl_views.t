@@ -80,11 +80,54 @@ for bad in badvision badorder; do
   fg_unmount "$WORK/mnt-$bad"
 done
 
-# A Megatron source named a Qwen3-VL (its deepstack mergers are not read back yet) is refused like
-# a VLM's without rules, not read as its language model alone.
+# A text model's Megatron source named a Qwen3-VL is refused by name (its args have no mrope), not
+# read as the VLM's language model alone.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_vl > "$WORK/inspect-meg" 2>&1
-grep -q 'a Megatron checkpoint of Qwen3VLForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
-ok $? "a Megatron source with -o hf_arch=qwen3_vl is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+grep -q "args.position_embedding_type is not mrope .*: Qwen3VLForConditionalGeneration's rotary embedding is multimodal" "$WORK/inspect-meg"
+ok $? "a text model's Megatron source with -o hf_arch=qwen3_vl is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+
+# Megatron sources (docs/vlm.md "Megatron sources"): the copies of tp2pp2/ and mcore/ mounted back,
+# their deepstack mergers read back from the module list (rank files) and its axis (torch_dist).
+# hf/ holds the original's tensors under the release's names, byte for byte, and transformers
+# loads it to the original's logits; their tp2pp2/ and mcore/ are the HF source's, file for file.
+for form in dense moe; do
+  for kind in meg mcore; do
+    fg_mount "$CKPTFS" "$WORK/$kind-$form" "$WORK/src-$kind-$form" "$WORK/log-src-$kind-$form"
+    for view in tp2pp2 mcore; do
+      check "$form: the $kind source's $view/ is the HF source's, file for file" \
+        same_trees "$WORK/mnt-$form" "$WORK/src-$kind-$form" "$view"
+    done
+  done
+done
+sid_python "$WORK" "$script" q3_sources "$models/dense" "$WORK/src-meg-dense/hf" "$WORK/src-mcore-dense/hf" \
+  "$models/moe" "$WORK/src-mcore-moe/hf" "$WORK/src-meg-moe/hf" > "$WORK/sources" 2> "$WORK/sources.err"
+ran $? "vlm.py reads the Megatron sources' hf/" "$WORK/sources.err"
+declare -A logits_of=([dense]=meg [moe]=mcore)
+for form in dense moe; do
+  [[ $(grep -c "^PASS $WORK/src-\(meg\|mcore\)-$form/hf: the 104 tensors of $models/$form under the release's names, byte for byte" "$WORK/sources") == 2 ]]
+  ok $? "$form: hf/ of the tp2pp2/ and mcore/ sources holds the original's tensors under the release's names" ||
+    sed 's/^/# /' "$WORK/sources" >&2
+  grep -q "^PASS $WORK/src-${logits_of[$form]}-$form/hf: transformers' logits on an image + text input equal" "$WORK/sources"
+  ok $? "$form: transformers loads the ${logits_of[$form]} source's hf/ to the original's logits" ||
+    sed 's/^/# /' "$WORK/sources" >&2
+done
+for form in dense moe; do for kind in meg mcore; do unmount_ckptfs "$WORK/src-$kind-$form"; done; done
+
+# Broken copies (vlm.py q3_broken, written with torch): a deepstack merger removed from a rank
+# file, one too many (merger 2 of 2), and mcore/'s stacked mergers cut to one.
+mkdir -p "$WORK/broken"
+sid_python "$WORK" "$script" q3_broken "$WORK/meg-dense" "$WORK/mcore-dense/release" "$WORK/broken" \
+  > "$WORK/broken.out" 2> "$WORK/broken.err"
+ran $? "vlm.py writes the broken copies" "$WORK/broken.err"
+declare -A refusal=(
+  [nomerger]="mp_rank_00_000/model_optim_rng.pt: 'vision_model.decoder.deepstack_merger_list.1.patch_norm.weight' is missing or not a tensor"
+  [extramerger]="mp_rank_00_000/model_optim_rng.pt: 6 unexpected model entries: 'vision_model.decoder.deepstack_merger_list.2.patch_norm.weight'"
+  [mcore-nomerger]="/.metadata: 'vision_model.decoder.deepstack_merger_list.patch_norm.weight' has shape [1, 128]; the model's args imply [2, 128]")
+for kind in nomerger extramerger mcore-nomerger; do
+  "$CKPTFS" inspect "$WORK/broken/$kind" > "$WORK/inspect-$kind" 2>&1
+  grep -qF "${refusal[$kind]}" "$WORK/inspect-$kind"
+  ok $? "$kind: refused by name" || sed 's/^/# /' "$WORK/inspect-$kind" >&2
+done
 
 for form in dense moe; do unmount_ckptfs "$WORK/mnt-$form"; done
 wait

@@ -730,6 +730,45 @@ def q3_views(orig, meg, out, ckpt):
     logits(orig, [out])
     q3_mcore(orig, ckpt)
 
+def q3_sources(groups):
+    """Megatron sources of a Qwen3-VL: groups of (original, hf/ of one source, hf/ of another):
+    both hold the original's tensors; transformers loads the first to the original's logits."""
+    for orig, first, second in groups:
+        samehf(orig, [first, second])
+        logits(orig, [first])
+
+
+MERGERS = "vision_model.decoder.deepstack_merger_list."
+
+
+def q3_broken(meg, ckpt, out):
+    """Copies of a Qwen3-VL's tp2pp2/ (MEG) and mcore/ (CKPT) with their deepstack mergers
+    wrong: merger 1 removed from the first rank file, a merger 2 added beside it, and mcore/'s
+    stacked merger keys cut to the first merger."""
+    first = "release/mp_rank_00_000/model_optim_rng.pt"
+    for kind in ("nomerger", "extramerger"):
+        shutil.copytree(meg, f"{out}/{kind}")
+        sd = torch.load(f"{meg}/{first}", map_location="cpu", weights_only=False)
+        model = sd["model"]
+        for name in [k for k in model if k.startswith(MERGERS + "1.")]:
+            if kind == "nomerger":
+                del model[name]
+            else:
+                value = model[name]
+                model[MERGERS + "2." + name[len(MERGERS + "1."):]] = value.clone() if torch.is_tensor(value) else value
+        torch.save(sd, f"{out}/{kind}/{first}")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+    shutil.copytree(ckpt, f"{out}/mcore-nomerger")
+    dcp_to_torch_save(ckpt, f"{out}/whole.pt")
+    sd = torch.load(f"{out}/whole.pt", map_location="cpu", weights_only=False)
+    for name in [k for k in sd if k.startswith(MERGERS) and "_extra_state" not in k]:
+        sd[name] = sd[name][:1].clone()
+    for name in os.listdir(f"{out}/mcore-nomerger"):
+        if name.endswith(".distcp") or name == ".metadata":
+            os.remove(f"{out}/mcore-nomerger/{name}")
+    torch.save(sd, f"{out}/whole.pt")
+    torch_save_to_dcp(f"{out}/whole.pt", f"{out}/mcore-nomerger")
+
 # --- GLM-4.1V (Glm4vForConditionalGeneration) ---
 
 # GLM-4's language model: head_dim 16, half of it rotated (partial_rotary_factor 0.5), so the
@@ -815,6 +854,8 @@ if __name__ == "__main__":
      "broken": lambda: broken(sys.argv[2], sys.argv[3]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
+     "q3_sources": lambda: q3_sources(zip(sys.argv[2::3], sys.argv[3::3], sys.argv[4::3])),
+     "q3_broken": lambda: q3_broken(sys.argv[2], sys.argv[3], sys.argv[4]),
      "q3_views": lambda: [q3_views(*sys.argv[i:i + 4]) for i in range(2, len(sys.argv), 4)],
      "glm4v-build": lambda: glm4v_build(sys.argv[2]),
      "glm4v-logits": lambda: logits(sys.argv[3], sys.argv[4:], sys.argv[2], glm4v_inputs)}[sys.argv[1]]()

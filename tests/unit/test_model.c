@@ -567,7 +567,8 @@ static void test_interleaved_mrope(void)
 static void test_qwen3_vl_tower(void)
 {
     JsonObject *config = config_of(
-        "{\"architectures\": [\"Qwen3VLForConditionalGeneration\"], \"model_type\": \"qwen3_vl\", \"text_config\": "
+        "{\"architectures\": [\"Qwen3VLForConditionalGeneration\"], \"model_type\": \"qwen3_vl\", "
+        "\"image_token_id\": 240, \"text_config\": "
         "{\"hidden_size\": 64, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, "
         "\"intermediate_size\": 96, \"vocab_size\": 250, \"head_dim\": 8, \"rope_parameters\": {\"rope_type\": "
         "\"default\", \"mrope_section\": [1, 1, 2], \"mrope_interleaved\": true}}, \"vision_config\": {\"depth\": 3, "
@@ -615,6 +616,10 @@ static void test_qwen3_vl_tower(void)
                json_array_get_int_element(blocks, 1) == 2 &&
                ckptfs_json_member(written, "vision_config.fullatt_block_indexes") == NULL,
            "its vision part written back with deepstack_visual_indexes [0, 2] and no fullatt_block_indexes");
+    /* and the token ids that place an image, which a Megatron source's hf/config.json needs */
+    JsonNode *image = ckptfs_json_member(written, "image_token_id"), *video = ckptfs_json_member(written, "video_token_id");
+    tap_ok(image && video && json_node_get_int(image) == 240 && json_node_get_int(video) == 151656,
+           "and the image token id read (240), the video token id Qwen3VLConfig's default (151656)");
     json_object_unref(written);
     g_clear_error(&error);
     json_object_unref(config);
