@@ -787,7 +787,8 @@ static void print_model(const InspectFacts *f)
     if (m->arch->vision && m->vision_image_tokens > 0) /* a tower whose projector pools images (SigLIP's) */
         printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                " heads, ffn %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " images in patches of %"
-               G_GUINT64_FORMAT ", pooled to %" G_GUINT64_FORMAT " tokens: %s* on the first pipeline stage, after %s*\n",
+               G_GUINT64_FORMAT ", pooled to %" G_GUINT64_FORMAT
+               " tokens: %s* on the first pipeline stage, after %s*\n",
                m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_image_size,
                m->vision_image_size, m->vision_patch, m->vision_image_tokens, m->arch->vision->megatron_prefix,
                m->arch->megatron_prefix);

@@ -116,6 +116,10 @@ n=$(grep -c '^PASS\|^FAIL' "$WORK/check-vlm")
 # 4 rank files; logits of hf/ and of the rebuilt copy, another image's; 2 of mcore/
 ok $((n == 9 ? 0 : 1)) "vlm: 9 checks: each rank file, 3 logits, 2 of mcore/ (got $n)"
 fg_unmount "$mnt"
+# A Megatron copy of the VLM is not read back yet: refused by name, not misread.
+"$CKPTFS" inspect "$WORK/vlm-tp2pp2" > "$WORK/inspect-vlm-meg" 2>&1
+grep -q 'model_optim_rng.pt: args.swiglu is not true' "$WORK/inspect-vlm-meg"
+ok $? "vlm: tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-vlm-meg" >&2
 # The releases' names (vision_tower.vision_model.*) are the same model.
 fg_mount "$CKPTFS" "$models/vlm-release" "$WORK/mnt-vlm-release" "$WORK/log-vlm-release"
 check "vlm-release: tp2pp2/'s first rank file is byte for byte transformers 5's naming's" \
