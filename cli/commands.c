@@ -784,7 +784,15 @@ static void print_model(const InspectFacts *f)
                m->sigmoid_scores ? "sigmoid" : "softmax", m->expert_bias ? " + expert bias for the choice" : "",
                m->topk, m->groups ? m->group_topk : 1, m->groups ? m->groups : 1,
                m->topk_scaling > 0 ? m->topk_scaling : 1.0);
-    if (m->arch->vision)
+    if (m->arch->vision && m->vision_image_tokens > 0) /* a tower whose projector pools images (SigLIP's) */
+        printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+               " heads, ffn %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " images in patches of %"
+               G_GUINT64_FORMAT ", pooled to %" G_GUINT64_FORMAT
+               " tokens: %s* on the first pipeline stage, after %s*\n",
+               m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_image_size,
+               m->vision_image_size, m->vision_patch, m->vision_image_tokens, m->arch->vision->megatron_prefix,
+               m->arch->megatron_prefix);
+    else if (m->arch->vision)
         printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"
                G_GUINT64_FORMAT ", mrope sections %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT

@@ -645,3 +645,29 @@ void ckptfs_tensor_emit_rect_swapped(const CkptfsTensor *tensor, CkptfsPlanBuild
     swapped.pieces = pieces;
     ckptfs_tensor_emit_rect(&swapped, b, r0, r1, c0, c1);
 }
+
+bool ckptfs_tensor_can_transpose(const CkptfsTensor *tensor)
+{
+    return tensor->scale == NULL && tensor->mxfp4 == NULL;
+}
+
+void ckptfs_tensor_emit_rect_transposed(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                                        uint64_t r1, uint64_t c0, uint64_t c1)
+{
+    g_assert(ckptfs_tensor_can_transpose(tensor));
+    size_t isz = ckptfs_dtype_size(tensor->stored);
+    /* The tensor seen transposed: each piece's rows become columns, its strides exchanged; the
+     * gather then reads its elements by stride, as an expert's slice stored transposed. */
+    CkptfsTensor transposed = *tensor;
+    g_autofree CkptfsPiece *pieces = g_new(CkptfsPiece, tensor->npieces ? tensor->npieces : 1);
+    for (unsigned p = 0; p < tensor->npieces; p++) {
+        const CkptfsPiece *pc = &tensor->pieces[p];
+        pieces[p] = (CkptfsPiece){.row0 = pc->col0, .row1 = pc->col1, .col0 = pc->row0, .col1 = pc->row1,
+                                  .src = pc->src, .offset = pc->offset,
+                                  .row_stride = pc->col_stride ? pc->col_stride : isz,
+                                  .col_stride = pc->row_stride};
+    }
+    transposed.pieces = pieces;
+    transposed.rows = tensor->cols, transposed.cols = tensor->rows;
+    ckptfs_tensor_emit_rect(&transposed, b, r0, r1, c0, c1);
+}

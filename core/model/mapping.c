@@ -14,17 +14,17 @@
  * model dimensions, its TP split and its recipe of HF tensors. */
 #define WEIGHT(name_, local_, te_at, local_at, need_, ndim_, rows_, cols_, split_, recipe_, ...)  \
     {CKPTFS_SCOPE_LAYER, false, false, name_, local_, NULL, te_at, local_at, need_, ndim_,      \
-     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false, NULL}
 /* The same, one per routed expert. */
 #define EXPERT_WEIGHT(name_, te_at, local_at, rows_, cols_, split_, recipe_, ...)              \
     {CKPTFS_SCOPE_LAYER, false, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 2,  \
-     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
+     rows_, cols_, split_, recipe_, {__VA_ARGS__}, NULL, false, false, NULL}
 
 /* Entries every GPT family shares around the attention and MLP projections. */
 #define EMBEDDING                                                                             \
     {CKPTFS_SCOPE_FIRST, false, false, "embedding.word_embeddings.weight", NULL, NULL, 0, 0,  \
      CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
-     CKPTFS_RECIPE_WHOLE, {"model.embed_tokens.weight"}, NULL, false, false}
+     CKPTFS_RECIPE_WHOLE, {"model.embed_tokens.weight"}, NULL, false, false, NULL}
 #define LAYER_NORM(name_, local_, te_at, local_at, need_, hf_)                                 \
     WEIGHT(name_, local_, te_at, local_at, need_, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,          \
            CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, hf_)
@@ -47,10 +47,10 @@
            "self_attn.k_norm.weight")
 #define EXTRA(scope_, name_, te_at, local_at, need_)                                           \
     {scope_, true, false, name_, NULL, NULL, te_at, local_at, need_, 0, CKPTFS_DIM_ONE,        \
-     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false}
+     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false, NULL}
 #define EXPERT_EXTRA(name_, te_at, local_at)                                                  \
     {CKPTFS_SCOPE_LAYER, true, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 0,   \
-     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false}
+     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false, NULL}
 /* o_proj, and the norm before a dense MLP (fused into fc1 by Transformer Engine). */
 #define ATTENTION_OUT_AND_MLP_NORM                                                            \
     WEIGHT("self_attention.linear_proj.weight", NULL, 1, 1, CKPTFS_NEED_ALWAYS, 2,              \
@@ -73,7 +73,7 @@
     {CKPTFS_SCOPE_LAYER, false, false, "pre_mlp_layernorm.weight", NULL,                       \
      "mlp.linear_fc1.layer_norm_weight", 11, 8, CKPTFS_NEED_MOE, 1, CKPTFS_DIM_HIDDEN,         \
      CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,                                \
-     {"post_attention_layernorm.weight"}, NULL, false, false},                                               \
+     {"post_attention_layernorm.weight"}, NULL, false, false, NULL},                                               \
     WEIGHT("mlp.router.weight", NULL, 13, 9, CKPTFS_NEED_MOE, 2, CKPTFS_DIM_EXPERTS,            \
            CKPTFS_DIM_HIDDEN, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, router_hf)
 /* Experts' fc1 = [gate; up] and fc2, split by expert tensor parallelism. */
@@ -111,7 +111,7 @@
 #define ROUTER_EXPERT_BIAS(te_at, local_at)                                                   \
     {CKPTFS_SCOPE_LAYER, false, false, "mlp.router.expert_bias", NULL, NULL, te_at, local_at,  \
      CKPTFS_NEED_EXPERT_BIAS, 1, CKPTFS_DIM_EXPERTS, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,      \
-     CKPTFS_RECIPE_WHOLE, {"mlp.gate.e_score_correction_bias"}, NULL, true, false}
+     CKPTFS_RECIPE_WHOLE, {"mlp.gate.e_score_correction_bias"}, NULL, true, false, NULL}
 
 /* The layer's extra states (in the order mcore/ lists their objects) and the last stage. */
 #define LAYER_EXTRAS_AND_LAST                                                                 \
@@ -130,11 +130,11 @@
 #define LAST_STAGE                                                                            \
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,      \
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,           \
-     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false},                                        \
+     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false, NULL},                                        \
     EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS), \
     {CKPTFS_SCOPE_LAST, false, false, "output_layer.weight", NULL, NULL, 2, 1,                 \
      CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,              \
-     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},                    \
+     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false, NULL},                    \
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS)
 
 #define SEPARATE_QKV                                                                          \
@@ -188,19 +188,19 @@ static const CkptfsRule qwen_moe_rules[] = {
 #define MLA_LINEAR(name_, te_at, local_at, need_, rows_, cols_, split_, local_rows_, hf_)       \
     {CKPTFS_SCOPE_LAYER, false, false, "self_attention." name_ ".weight", NULL, NULL, te_at,   \
      local_at, need_, 2, rows_, cols_, split_, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, \
-     NULL, false, local_rows_},                                                                 \
+     NULL, false, local_rows_, NULL},                                                                 \
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention." name_ "._extra_state", te_at + 1, local_at + 1, need_)
 /* A latent norm: fused into the up projection in the TE spec, a module of its own locally. */
 #define MLA_NORM(te_name, local_name_, te_at, local_at, need_, dim_, hf_)                       \
     {CKPTFS_SCOPE_LAYER, false, false, "self_attention." te_name, "self_attention." local_name_, \
      "self_attention." local_name_, te_at, local_at, need_, 1, dim_, CKPTFS_DIM_ONE,            \
-     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, NULL, false, false}
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"self_attn." hf_ ".weight"}, NULL, false, false, NULL}
 
 /* A norm of a multi-token prediction layer (a TENorm with its _extra_state in the TE spec). */
 #define MTP_NORM(scope_, name_, te_at, local_at, hf_)                                           \
     {scope_, false, false, name_ ".weight", NULL, NULL, te_at, local_at, CKPTFS_NEED_MTP, 1,      \
      CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL,   \
-     false, false},                                                                              \
+     false, false, NULL},                                                                              \
     EXTRA(scope_, name_ "._extra_state", te_at + 1, NONE, CKPTFS_NEED_MTP)
 
 /* A multi-token prediction layer (names after "mtp.layers.N.", HF names after the family's MTP
@@ -211,7 +211,7 @@ static const CkptfsRule qwen_moe_rules[] = {
     MTP_NORM(CKPTFS_SCOPE_MTP_IN, "enorm", 0, 0, enorm_hf),                                     \
     MTP_NORM(CKPTFS_SCOPE_MTP_IN, "hnorm", 2, 1, hnorm_hf),                                     \
     {CKPTFS_SCOPE_MTP_IN, false, false, "eh_proj.weight", NULL, NULL, 4, 2, CKPTFS_NEED_MTP, 2, \
-     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, eh_recipe, {eh_hf}, NULL, false, false}, \
+     CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN2, CKPTFS_TP_ROWS, eh_recipe, {eh_hf}, NULL, false, false, NULL}, \
     EXTRA(CKPTFS_SCOPE_MTP_IN, "eh_proj._extra_state", 5, 3, CKPTFS_NEED_MTP),                  \
     MTP_NORM(CKPTFS_SCOPE_MTP_OUT, "final_layernorm", 0, 0, final_hf)
 /* DeepSeek-V3's (HF: model.layers.{layers + N}.): eh_proj as Megatron orders it. */
@@ -223,7 +223,7 @@ static const CkptfsRule deepseek_rules[] = {
     EMBEDDING,
     {CKPTFS_SCOPE_LAYER, false, false, "input_layernorm.weight", NULL, NULL, 0, 0, CKPTFS_NEED_ALWAYS, 1,
      CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,
-     {"input_layernorm.weight"}, NULL, false, false},
+     {"input_layernorm.weight"}, NULL, false, false, NULL},
     EXTRA(CKPTFS_SCOPE_LAYER, "input_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS),
     EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 2, NONE, CKPTFS_NEED_ALWAYS),
     MLA_LINEAR("linear_proj", 3, 1, CKPTFS_NEED_ALWAYS, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_MLA_OUT,
@@ -246,7 +246,7 @@ static const CkptfsRule deepseek_rules[] = {
      * pre_mlp_layernorm under that name in torch_dist too (no keys map). */
     {CKPTFS_SCOPE_LAYER, false, false, "mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight",
      "pre_mlp_layernorm.weight", 15, 13, CKPTFS_NEED_DENSE_MLP, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
-     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"post_attention_layernorm.weight"}, NULL, false, false},
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {"post_attention_layernorm.weight"}, NULL, false, false, NULL},
     WEIGHT("mlp.linear_fc1.weight", NULL, 16, 14, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2,
            CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight",
            "mlp.up_proj.weight"),
@@ -272,11 +272,11 @@ static const CkptfsRule deepseek_rules[] = {
     /* The last stage */
     {CKPTFS_SCOPE_LAST, false, false, "decoder.final_layernorm.weight", NULL, NULL, 0, 0,
      CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
-     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false},
+     CKPTFS_RECIPE_WHOLE, {"model.norm.weight"}, NULL, false, false, NULL},
     EXTRA(CKPTFS_SCOPE_LAST, "decoder.final_layernorm._extra_state", 1, NONE, CKPTFS_NEED_ALWAYS),
     {CKPTFS_SCOPE_LAST, false, false, "output_layer.weight", NULL, NULL, 2, 1,
      CKPTFS_NEED_OUTPUT, 2, CKPTFS_DIM_VOCAB, CKPTFS_DIM_HIDDEN, CKPTFS_TP_VOCAB,
-     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false},
+     CKPTFS_RECIPE_WHOLE, {"lm_head.weight"}, "model.embed_tokens.weight", false, false, NULL},
     EXTRA(CKPTFS_SCOPE_LAST, "output_layer._extra_state", 3, 2, CKPTFS_NEED_ALWAYS),
     MTP_LAYER,
 };
@@ -433,11 +433,11 @@ static const CkptfsRule mimo_rules[] = {
 #define VISION_EXTRA(scope_, name_, te_at) EXTRA(scope_, name_, te_at, NONE, CKPTFS_NEED_ALWAYS)
 #define VISION_LAST(name_, te_at, ndim_, rows_, cols_, split_, hf_)                              \
     {CKPTFS_SCOPE_LAST, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, \
-     rows_, cols_, split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+     rows_, cols_, split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false, NULL}
 static const CkptfsRule qwen2_5_vl_vision_rules[] = {
     {CKPTFS_SCOPE_FIRST, false, false, "patch_embed.proj.weight", NULL, NULL, 0, NONE, CKPTFS_NEED_ALWAYS, 2,
      CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE,
-     {"visual.patch_embed.proj.weight"}, NULL, false, false},
+     {"visual.patch_embed.proj.weight"}, NULL, false, false, NULL},
     VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0),
     VISION_WEIGHT("self_attention.linear_proj.weight", 1, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_COLS,
                   CKPTFS_RECIPE_WHOLE, "attn.proj.weight"),
@@ -503,10 +503,10 @@ static const CkptfsRule glm4_rules[] = {
  * merger: patch_norm (a TENorm), linear_fc1 (column-parallel), linear_fc2 (row-parallel). */
 #define Q3_FIRST(name_, te_at, ndim_, rows_, cols_, hf_)                                         \
     {CKPTFS_SCOPE_FIRST, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, \
-     rows_, cols_, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+     rows_, cols_, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false, NULL}
 #define Q3_MERGER_ENTRY(scope_, name_, te_at, ndim_, rows_, cols_, split_, hf_)                  \
     {scope_, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
-     split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+     split_, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false, NULL}
 /* A patch merger of SCOPE, its norm NORM_DIM wide; NAME_ and HF_ its module ("merger." and
  * "visual.merger.", or "" in the list, whose names follow the list's prefixes) */
 #define Q3_MERGER(scope_, name_, norm_dim, hf_)                                                         \
@@ -570,7 +570,7 @@ static const CkptfsRule qwen3_vl_vision_rules[] = {
  * rotary embedding's inv_freq is not persistent; nothing has an _extra_state. */
 #define HF_TOWER(scope_, name_, at, ndim_, rows_, cols_, hf_)                                    \
     {scope_, false, false, name_, NULL, NULL, at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
-     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false}
+     CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false, NULL}
 #define HF_BLOCK(name_, at, ndim_, rows_, cols_) HF_TOWER(CKPTFS_SCOPE_LAYER, name_, at, ndim_, rows_, cols_, name_)
 static const CkptfsRule qwen3_5_vision_rules[] = {
     HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
@@ -649,6 +649,99 @@ static const CkptfsRule gemma3_rules[] = {
     LAST_STAGE,
 };
 
+/* Gemma 3's language model as mbridge's gemma3 VLM builds it (mbridge/models/gemma3,
+ * Gemma3TransformerLayer with get_gemma3_layer_spec_te): the gemma3 rules' entries, but the norm
+ * after the attention and the one after the MLP are TENorms of the layer itself, registered after
+ * the MLP, and the core attention (mbridge's MemoryEfficientAttention) holds no state. */
+static const CkptfsRule gemma3_vlm_rules[] = {
+    EMBEDDING,
+    GEMMA3_NORM("self_attention.linear_qkv.layer_norm_weight", 2, CKPTFS_NEED_ALWAYS, "input_layernorm.weight"),
+    GEMMA3_WEIGHT("self_attention.linear_qkv.weight", 3, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                  "self_attn.v_proj.weight"),
+    GEMMA3_WEIGHT("self_attention.q_layernorm.weight", 5, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"),
+    GEMMA3_WEIGHT("self_attention.k_layernorm.weight", 7, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"),
+    GEMMA3_WEIGHT("self_attention.linear_proj.weight", 0, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight"),
+    GEMMA3_NORM("mlp.linear_fc1.layer_norm_weight", 9, CKPTFS_NEED_DENSE_MLP, "pre_feedforward_layernorm.weight"),
+    GEMMA3_WEIGHT("mlp.linear_fc1.weight", 10, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN,
+                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    GEMMA3_WEIGHT("mlp.linear_fc2.weight", 12, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN,
+                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    GEMMA3_NORM("post_attention_layernorm.weight", 14, CKPTFS_NEED_ALWAYS, "post_attention_layernorm.weight"),
+    GEMMA3_NORM("post_feedforward_layernorm.weight", 16, CKPTFS_NEED_DENSE_MLP, "post_feedforward_layernorm.weight"),
+    GEMMA3_EXTRA("self_attention.linear_qkv._extra_state", 4, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.linear_proj._extra_state", 1, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("mlp.linear_fc1._extra_state", 11, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_EXTRA("mlp.linear_fc2._extra_state", 13, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_EXTRA("self_attention.q_layernorm._extra_state", 6, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("self_attention.k_layernorm._extra_state", 8, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("post_attention_layernorm._extra_state", 15, CKPTFS_NEED_ALWAYS),
+    GEMMA3_EXTRA("post_feedforward_layernorm._extra_state", 17, CKPTFS_NEED_DENSE_MLP),
+    LAST_STAGE,
+};
+
+/* Gemma 3's SigLIP tower as mbridge's gemma3 bridge builds it: Megatron-core 0.17.1's CLIPViTModel
+ * with model_subtype "siglip" registers ln_post (a TENorm with a bias), conv1 (a Conv2d with a
+ * bias), position_embeddings, then the blocks (get_layer_spec_te: LayerNorms with biases fused into
+ * linear_qkv and fc1, q/k/v with biases per head, an ungated fc1, biases on every linear; no final
+ * norm). The projector is a module of its own beside it, vision_projection: mm_soft_emb_norm fused
+ * into mm_input_projection (TELayerNormColumnParallelLinear, no bias), whose weight is
+ * mm_input_projection_weight transposed. HF names as transformers 5 saves them (the release's
+ * vision_tower.vision_model. is read through the architecture's module names). */
+#define SIGLIP_FIRST(name_, te_at, ndim_, rows_, cols_, hf_) Q3_FIRST(name_, te_at, ndim_, rows_, cols_, hf_)
+#define SIGLIP_PROJECTION(name_, te_at, ndim_, rows_, cols_, split_, recipe_, hf_)                  \
+    {CKPTFS_SCOPE_LAST, false, false, name_, NULL, NULL, te_at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
+     split_, recipe_, {hf_}, NULL, false, false, .module = "vision_projection."}
+static const CkptfsRule siglip_vision_rules[] = {
+    SIGLIP_FIRST("ln_post.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, "vision_tower.post_layernorm.weight"),
+    SIGLIP_FIRST("ln_post.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, "vision_tower.post_layernorm.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_FIRST, "ln_post._extra_state", 2),
+    SIGLIP_FIRST("conv1.weight", 3, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+                 "vision_tower.embeddings.patch_embedding.weight"),
+    SIGLIP_FIRST("conv1.bias", 4, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, "vision_tower.embeddings.patch_embedding.bias"),
+    SIGLIP_FIRST("position_embeddings.weight", 5, 2, CKPTFS_DIM_POSITIONS, CKPTFS_DIM_HIDDEN,
+                 "vision_tower.embeddings.position_embedding.weight"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.core_attention._extra_state", 0),
+    VISION_WEIGHT("self_attention.linear_proj.weight", 1, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "self_attn.out_proj.weight"),
+    VISION_WEIGHT("self_attention.linear_proj.bias", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "self_attn.out_proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_proj._extra_state", 3),
+    VISION_WEIGHT("self_attention.linear_qkv.layer_norm_weight", 4, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "layer_norm1.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.layer_norm_bias", 5, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "layer_norm1.bias"),
+    VISION_WEIGHT("self_attention.linear_qkv.weight", 6, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    VISION_WEIGHT("self_attention.linear_qkv.bias", 7, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_QKV, "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "self_attention.linear_qkv._extra_state", 8),
+    VISION_WEIGHT("mlp.linear_fc1.layer_norm_weight", 9, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "layer_norm2.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.layer_norm_bias", 10, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "layer_norm2.bias"),
+    VISION_WEIGHT("mlp.linear_fc1.weight", 11, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.fc1.weight"),
+    VISION_WEIGHT("mlp.linear_fc1.bias", 12, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE, CKPTFS_TP_ROWS, CKPTFS_RECIPE_WHOLE,
+                  "mlp.fc1.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc1._extra_state", 13),
+    VISION_WEIGHT("mlp.linear_fc2.weight", 14, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN, CKPTFS_TP_COLS,
+                  CKPTFS_RECIPE_WHOLE, "mlp.fc2.weight"),
+    VISION_WEIGHT("mlp.linear_fc2.bias", 15, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                  CKPTFS_RECIPE_WHOLE, "mlp.fc2.bias"),
+    VISION_EXTRA(CKPTFS_SCOPE_LAYER, "mlp.linear_fc2._extra_state", 16),
+    SIGLIP_PROJECTION("mm_input_projection.layer_norm_weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+                      CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "multi_modal_projector.mm_soft_emb_norm.weight"),
+    SIGLIP_PROJECTION("mm_input_projection.weight", 1, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                      CKPTFS_RECIPE_TRANSPOSED, "multi_modal_projector.mm_input_projection_weight"),
+    {CKPTFS_SCOPE_LAST, true, false, "mm_input_projection._extra_state", NULL, NULL, 2, NONE, CKPTFS_NEED_ALWAYS, 0,
+     CKPTFS_DIM_ONE, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false,
+     .module = "vision_projection."},
+};
+
 /* GPT-OSS (GptOssForCausalLM; Megatron-Bridge's gpt_oss names): q/k/v with biases, one
  * attention sink per head (Megatron's learnable softmax offset, split by heads with them), a bias
  * on every linear layer (add_bias_linear: row-parallel biases whole on every rank), every layer
@@ -659,7 +752,7 @@ static const CkptfsRule gemma3_rules[] = {
     WEIGHT(name_, NULL, te_at, local_at, need_, 1, rows_, CKPTFS_DIM_ONE, split_, recipe_, __VA_ARGS__)
 #define GPT_OSS_EXPERT_BIAS(name_, te_at, local_at, rows_, split_, recipe_, ...)                \
     {CKPTFS_SCOPE_LAYER, false, true, name_, NULL, NULL, te_at, local_at, CKPTFS_NEED_MOE, 1,   \
-     rows_, CKPTFS_DIM_ONE, split_, recipe_, {__VA_ARGS__}, NULL, false, false}
+     rows_, CKPTFS_DIM_ONE, split_, recipe_, {__VA_ARGS__}, NULL, false, false, NULL}
 static const CkptfsRule gpt_oss_rules[] = {
     EMBEDDING,
     INPUT_NORM,
@@ -709,6 +802,10 @@ const CkptfsFamily ckptfs_family_qwen3_5_vision = {"qwen3_5_vision", qwen3_5_vis
                                                    G_N_ELEMENTS(qwen3_5_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_qwen3_5_moe = {"qwen3_5_moe", qwen3_5_moe_rules, G_N_ELEMENTS(qwen3_5_moe_rules),
                                                 "mtp.layers.", "mtp."};
+const CkptfsFamily ckptfs_family_gemma3_vlm = {"gemma3_vlm", gemma3_vlm_rules, G_N_ELEMENTS(gemma3_vlm_rules),
+                                               NULL, NULL};
+const CkptfsFamily ckptfs_family_siglip_vision = {"siglip_vision", siglip_vision_rules,
+                                                  G_N_ELEMENTS(siglip_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)

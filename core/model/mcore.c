@@ -70,7 +70,8 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
     case CKPTFS_DIM_HIDDEN2:
         return 2 * m->hidden;
     case CKPTFS_DIM_PATCH:
-        return m->vision_channels * m->vision_temporal_patch * m->vision_patch * m->vision_patch;
+        /* a Conv2d's kernel (no temporal patch: SigLIP's) is one frame's */
+        return m->vision_channels * MAX(m->vision_temporal_patch, 1) * m->vision_patch * m->vision_patch;
     case CKPTFS_DIM_MERGED:
         return m->hidden * m->vision_merge * m->vision_merge;
     case CKPTFS_DIM_VISION_OUT:
@@ -183,6 +184,7 @@ static void add_segments(CkptfsMcoreKey *key, const CkptfsModel *m, const char *
     case CKPTFS_RECIPE_WHOLE: /* the vocabulary's padding rows are left uncovered */
     case CKPTFS_RECIPE_SWAP_COL_HALVES: /* rows as they are; readers swap the columns */
     case CKPTFS_RECIPE_LESS_ONE:        /* rows as they are; readers shift the elements */
+    case CKPTFS_RECIPE_TRANSPOSED:      /* the HF tensor's columns as rows; readers transpose */
         segment(key, hf[0], 0, 0, key->split == CKPTFS_TP_VOCAB ? m->vocab : key->rows);
         break;
     case CKPTFS_RECIPE_QKV:
@@ -379,6 +381,11 @@ bool ckptfs_mcore_key_swaps_col_halves(const CkptfsMcoreKey *key)
     return key->rule->recipe == CKPTFS_RECIPE_SWAP_COL_HALVES;
 }
 
+bool ckptfs_mcore_key_transposed(const CkptfsMcoreKey *key)
+{
+    return key->rule->recipe == CKPTFS_RECIPE_TRANSPOSED;
+}
+
 char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t expert, const char *hf)
 {
     if (key->listed) /* LAYER is the module's number in the list */
@@ -410,6 +417,8 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
         if (at == 0) {
             CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim >= 2 ? k->cols : 0, k->rule->fp32,
                                    k->rule->cols == CKPTFS_DIM_PATCH};
+            if (ckptfs_mcore_key_transposed(k)) /* [cols, rows] */
+                fresh.d1 = k->rows;
             g_array_append_val(out, fresh);
             at = out->len;
             g_hash_table_insert(seen, name, GUINT_TO_POINTER(at));
@@ -417,7 +426,7 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
             g_free(name);
         }
         CkptfsHfShape *shape = &g_array_index(out, CkptfsHfShape, at - 1);
-        shape->d0 = MAX(shape->d0, seg->hf_row0 + seg->rows);
+        shape->d0 = ckptfs_mcore_key_transposed(k) ? k->cols : MAX(shape->d0, seg->hf_row0 + seg->rows);
     }
 }
 
@@ -551,12 +560,11 @@ GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, ui
     return parts;
 }
 
-bool ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *m, uint64_t *shape)
+unsigned ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *m, uint64_t *shape)
 {
     if (key->rule->cols != CKPTFS_DIM_PATCH)
-        return false;
-    ckptfs_model_kernel_shape(m, key->rows, shape);
-    return true;
+        return 0;
+    return ckptfs_model_kernel_shape(m, key->rows, shape);
 }
 
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape)
@@ -667,6 +675,13 @@ bool ckptfs_mcore_keys_check_shifted(const GPtrArray *keys, const CkptfsModel *m
                 return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is served as %s: Megatron's "
                                    "zero-centred form of it (weight - 1) is served for bf16 or fp32 weights only",
                                    name, ckptfs_dtype_safetensors_name(t->dtype));
+        }
+        if (ckptfs_mcore_key_transposed(key) && !key->stacked) {
+            const CkptfsTensor *t = ckptfs_catalog_find(catalog, key->rule->hf[0]);
+            if (t != NULL && !ckptfs_tensor_can_transpose(t))
+                return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is stored in scaled blocks: "
+                                   "Megatron's transposed form of it is served for weights stored element by "
+                                   "element only", key->rule->hf[0]);
         }
     }
     return true;

@@ -209,9 +209,12 @@ static const CkptfsArchitecture qwen3_5_moe_text = {"Qwen3_5MoeForCausalLM", "qw
                                                     .attention_gate = true, .zero_centred_norms = true};
 /* Gemma 3's VLM (Gemma3ForConditionalGeneration): Gemma 3's text model in text_config (Gemma3TextConfig's
  * defaults, as gemma3_text's), a SigLIP tower (SiglipVisionConfig's rows) and a projector that pools
- * its patches to mm_tokens_per_image tokens in vision_config. mbridge's gemma3 bridge builds it
- * with names of its own (docs/vlm.md: its language model's post-norms are not the gemma3 family's
- * Megatron-Bridge names); no family holds it yet, so hf/ only, said by name. */
+ * its patches to mm_tokens_per_image tokens in vision_config. mbridge's gemma3 bridge builds the
+ * language model first, with the post-norms as the layer's own (gemma3_vlm), then the tower
+ * (CLIPViTModel, siglip) and the projector (docs/vlm.md); no virtual pipeline. transformers 5 saves
+ * language_model.model.*, vision_tower.* and multi_modal_projector.*; the releases
+ * vision_tower.vision_model.*: the rules read both as transformers 5's tower and the text family's
+ * model.*. */
 /* transformers 5.12.1 holds it under model.language_model., model.vision_tower.,
  * model.multi_modal_projector. and lm_head., and saves it under language_model.model.,
  * vision_tower., multi_modal_projector. and language_model.lm_head. */
@@ -219,14 +222,23 @@ static const char *const gemma3_saved_names[] = {"model.language_model.", "langu
                                                  "model.vision_tower.", "vision_tower.",
                                                  "model.multi_modal_projector.", "multi_modal_projector.",
                                                  "lm_head.", "language_model.lm_head.", NULL};
-static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true, NULL, NULL, false,
+static const CkptfsArchitecture siglip_vision = {"SiglipVisionModel", "siglip_vision_model", true, false,
+                                                 &ckptfs_family_siglip_vision, NULL, false,
+                                                 .megatron_prefix = "vision_model.",
+                                                 .hf_layer_prefix = "vision_tower.encoder.layers."};
+static const char *const gemma3_module_names[] = {"language_model.model.", "model.", "vision_tower.vision_model.",
+                                                  "vision_tower.", NULL};
+static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true,
+                                          &ckptfs_family_gemma3_vlm, NULL, false,
                                           1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4, .head_dim = 256,
                                           .max_positions = 131072, .attention_bias_on_output = true,
                                           .window_skip_freq = 6, .zero_centred_norms = true,
                                           .activation = "gelu_pytorch_tanh", .scaled_embedding = true,
                                           .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
                                           .text_part = "text_config", .vision_part = "vision_config",
-                                          .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
+                                          .vision = &siglip_vision, .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
+                                          .megatron_prefix = "language_model.", .module_names = gemma3_module_names,
+                                          .language_first = true, .no_virtual_pipeline = true, .text_rope = true,
                                           .saved_names = gemma3_saved_names};
 /* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
@@ -500,8 +512,8 @@ static bool check_model_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GH
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
         uint64_t kernel[5];
-        ckptfs_model_kernel_shape(m, t->d0, kernel);
-        const CkptfsTensor *found = t->kernel ? expect_shaped(catalog, m, t->name, 5, kernel, false, error)
+        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->d0, kernel);
+        const CkptfsTensor *found = t->kernel ? expect_shaped(catalog, m, t->name, kernel_dims, kernel, false, error)
                                               : expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
         if (found == NULL)
             return false;
@@ -540,10 +552,16 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArra
     return true;
 }
 
-void ckptfs_model_kernel_shape(const CkptfsModel *m, uint64_t hidden, uint64_t *shape)
+unsigned ckptfs_model_kernel_shape(const CkptfsModel *m, uint64_t hidden, uint64_t *shape)
 {
+    if (m->vision_temporal_patch == 0) { /* a Conv2d */
+        const uint64_t kernel[4] = {hidden, m->vision_channels, m->vision_patch, m->vision_patch};
+        memcpy(shape, kernel, sizeof kernel);
+        return 4;
+    }
     const uint64_t kernel[5] = {hidden, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
     memcpy(shape, kernel, sizeof kernel);
+    return 5;
 }
 
 void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
@@ -559,6 +577,11 @@ void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
     tower->qk_norm = tower->tied_embeddings = tower->mla = tower->mtp = false;
     tower->experts = tower->mtp_layers = 0;
     tower->list_modules = vlm->vision_deepstack_count; /* the deepstack mergers */
+    if (vlm->vision_image_tokens > 0) { /* a tower that pools whole images (SigLIP's) */
+        uint64_t side = vlm->vision_patch ? vlm->vision_image_size / vlm->vision_patch : 0;
+        tower->vision_positions = side * side;  /* a learned position per patch */
+        tower->vision_out_hidden = vlm->hidden; /* its projector hands the language model's width */
+    }
     tower->dtype = CKPTFS_DTYPE_INVALID; /* the tower's own, checked against the model's */
 }
 
@@ -816,7 +839,7 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
         CONFIG_ERROR("hidden_size %" G_GUINT64_FORMAT " is not a multiple of num_attention_heads %"
                      G_GUINT64_FORMAT " and no head_dim is given",
                      model->hidden, model->heads);
-    if (model->arch && model->arch->vision_part && !read_mrope(config, model, error))
+    if (model->arch && model->arch->vision_part && !model->arch->text_rope && !read_mrope(config, model, error))
         return false;
     if (model->heads % model->kv_heads != 0)
         CONFIG_ERROR("num_attention_heads %" G_GUINT64_FORMAT
@@ -954,7 +977,9 @@ bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GErr
     } vision_split[] = {{"vision num_heads", model->vision_heads},
                         {"vision intermediate_size", model->vision_ffn},
                         {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
-                         model->vision_hidden * model->vision_merge * model->vision_merge}};
+                         model->vision_hidden * model->vision_merge * model->vision_merge},
+                        /* a pooling projector's rows (Gemma 3's mm_input_projection) */
+                        {"hidden_size (the projector's output)", model->vision_image_tokens ? model->hidden : 0}};
     bool split = false; /* mbridge keeps some towers whole on every rank (transformers' module) */
     for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++)
         split = split || model->arch->vision->family->rules[i].split != CKPTFS_TP_REPLICATED;

@@ -555,7 +555,7 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
     }
     /* Qwen2-VL's multimodal rope: default frequencies over sections of the head (the model's walk
      * reads mrope_section) */
-    if (strcmp(name, "mrope") == 0 && m->arch && m->arch->vision_part) {
+    if (strcmp(name, "mrope") == 0 && m->arch && m->arch->vision_part && !m->arch->text_rope) {
         *out = CKPTFS_ROPE_DEFAULT;
         return true;
     }

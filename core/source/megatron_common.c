@@ -87,6 +87,14 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
     return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
 }
 
+/* Whether the sources read a Megatron checkpoint of VLM architecture A back: its tower has rules,
+ * not kept as transformers' own module (Qwen3.5's), and in mbridge's usual order, the tower first
+ * (not Gemma 3's, whose language model comes first and whose projector is a module of its own) */
+static bool tower_read_back(const CkptfsArchitecture *a)
+{
+    return a->vision != NULL && a->vision->layer_prefix == NULL && !a->language_first;
+}
+
 /* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first
  * with its features. */
 static bool pick_architecture(const char *named, const char *what, CkptfsModel *m, GError **error)
@@ -101,10 +109,10 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
-    /* no tower rules to read vision_model.* by, or a tower kept as transformers' module
-     * (Qwen3.5's) the sources do not read back yet: said before the language model's features,
-     * which (Gemma 3's window pattern) would name a mismatch instead */
-    if (m->arch->vision_part && (m->arch->vision == NULL || m->arch->vision->layer_prefix != NULL))
+    /* no tower rules to read vision_model.* by, or modules the sources do not read back yet: said
+     * before the language model's features, which (Gemma 3's window pattern) would name a
+     * mismatch instead */
+    if (m->arch->vision_part && !tower_read_back(m->arch))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, m->arch->hf_architecture);
     if (m->arch->hybrid_attention != m->linear_attention) {
@@ -414,7 +422,7 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
                     "and routing are there); this one has none", what, named->hf_architecture);
         return false;
     }
-    if (named && named->vision_part && named->vision == NULL) /* its config is not a text model's */
+    if (named && named->vision_part && !tower_read_back(named)) /* its config is not a text model's */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, named->hf_architecture);
     if (named && named->vision)
@@ -632,9 +640,9 @@ void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, cons
     for (guint i = 0; i < tensors->len; i++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, i);
         uint64_t kernel[5];
-        ckptfs_model_kernel_shape(m, t->d0, kernel);
+        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->d0, kernel);
         if (t->kernel)
-            ckptfs_piece_set_want_shape(set, t->name, 5, kernel);
+            ckptfs_piece_set_want_shape(set, t->name, kernel_dims, kernel);
         else
             ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);
     }

@@ -133,10 +133,11 @@ static char *moe_sizes_hint(Td *t, const CkptfsMcoreKey *key)
 /* EN's global shape as the model implies it (a section's rows for a section); returns ndim. */
 static unsigned entry_shape(const Entry *en, uint64_t *shape, bool *kernel)
 {
-    if (ckptfs_mcore_kernel_shape(en->key, en->part, shape)) { /* a patch kernel: 5 dims, replicated */
+    unsigned kernel_dims = ckptfs_mcore_kernel_shape(en->key, en->part, shape);
+    if (kernel_dims) { /* a patch kernel: 5 dims (4 for a Conv2d), replicated */
         if (kernel)
             *kernel = true;
-        return 5;
+        return kernel_dims;
     }
     unsigned n = ckptfs_mcore_key_shape(en->key, en->layer_axis ? en->part->layers : 0, shape);
     if (en->rows)
@@ -226,7 +227,7 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
             !ckptfs_dcp_locate_chunk(&t->dcp, en->name, off, size, n, dtype, &where))
             return false;
         t->chunks++;
-        for (unsigned k = 1; kernel && k < 5; k++)
+        for (unsigned k = 1; kernel && k < n; k++)
             if (off[k] != 0 || size[k] != shape[k])
                 return fail(t, CKPTFS_ERROR_UNSUPPORTED, "%s: '%s' chunk %u cuts the patch kernel's dim %u; it "
                             "is saved whole (replicated)", t->dcp.metadata_path, en->name, c, k);

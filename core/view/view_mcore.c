@@ -60,8 +60,8 @@ typedef struct {
     bool te_spec;
     unsigned tps[4], ntps; /* tensor-parallel degrees the model allows, of 1, 2, 4, 8 */
     unsigned etps[4], netps; /* expert tensor-parallel degrees the experts allow */
-    /* the modules in file order: a VLM's vision tower (mbridge registers it first), then the
-     * model */
+    /* the modules in file order: a VLM's vision tower (mbridge registers it first, but for
+     * language_first architectures), then the model */
     McorePart parts[2];
     unsigned nparts;
     CkptfsModel tower;
@@ -134,6 +134,8 @@ static void emit_item(gconstpointer ctx, CkptfsPlanBuilder *b)
         uint64_t r0 = seg->hf_row0 + (a - seg->row0), r1 = seg->hf_row0 + (z - seg->row0);
         if (k->rule->recipe == CKPTFS_RECIPE_LESS_ONE) /* checked shiftable when the view was built */
             ckptfs_tensor_emit_rect_shifted(t, b, r0, r1, it->c0, it->c1, -1);
+        else if (ckptfs_mcore_key_transposed(k)) /* likewise checked transposable */
+            ckptfs_tensor_emit_rect_transposed(t, b, r0, r1, it->c0, it->c1);
         else
             (ckptfs_mcore_key_swaps_col_halves(k) ? ckptfs_tensor_emit_rect_swapped : ckptfs_tensor_emit_rect)(
                 t, b, r0, r1, it->c0, it->c1);
@@ -150,9 +152,10 @@ static unsigned item_box(const McoreView *v, const Item *it, uint64_t *offsets, 
     const CkptfsMcoreKey *k = item_key(v, it);
     const Entry *e = &g_array_index(v->entries, Entry, it->entry);
     unsigned n = 0;
-    if (ckptfs_mcore_kernel_shape(k, e->part->model, sizes)) { /* replicated: one whole chunk */
-        memset(offsets, 0, 5 * sizeof *offsets);
-        return 5;
+    unsigned kernel_dims = ckptfs_mcore_kernel_shape(k, e->part->model, sizes);
+    if (kernel_dims) { /* replicated: one whole chunk */
+        memset(offsets, 0, kernel_dims * sizeof *offsets);
+        return kernel_dims;
     }
     if ((k->stacked && !e->part->per_layer && !e->single) || k->listed) /* listed: the module's number */
         offsets[n] = it->layer, sizes[n++] = 1;
@@ -190,8 +193,10 @@ static guint add_entry(McoreView *v, const McorePart *part, char *fqn, const Ckp
     unsigned sections = key ? key->n_sections : 0; /* 0: the key whole, one entry */
     uint64_t row0 = 0;
     for (unsigned s = 0; s < MAX(sections, 1u); row0 += sections ? key->sections[s] : 0, s++) {
-        Entry e = {sections ? g_strconcat(part->prefix, fqn, ".", key->section_names[s], NULL)
-                            : g_strconcat(part->prefix, fqn, NULL),
+        /* a module beside the part's own (Gemma 3's vision_projection.) has its own prefix */
+        const char *prefix = key && key->rule->module ? key->rule->module : part->prefix;
+        Entry e = {sections ? g_strconcat(prefix, fqn, ".", key->section_names[s], NULL)
+                            : g_strconcat(prefix, fqn, NULL),
                    part, key, false, row0, sections ? key->sections[s] : 0};
         g_array_append_val(v->entries, e);
     }
@@ -530,8 +535,9 @@ static GBytes *build_metadata(const McoreView *v, GError **error)
             continue;
         const CkptfsModel *m = e->part->model;
         uint64_t shape[5];
-        unsigned n = ckptfs_mcore_kernel_shape(e->key, m, shape) ? 5 :
-                     ckptfs_mcore_key_shape(e->key, e->part->per_layer || e->single ? 0 : m->layers, shape);
+        unsigned n = ckptfs_mcore_kernel_shape(e->key, m, shape);
+        if (n == 0)
+            n = ckptfs_mcore_key_shape(e->key, e->part->per_layer || e->single ? 0 : m->layers, shape);
         if (e->rows) /* a section: its rows */
             shape[n - e->key->ndim] = e->rows;
         ckptfs_pickle_stream_str(ps, e->fqn);
@@ -700,6 +706,10 @@ bool ckptfs_mcore_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsSour
                                         model->arch->megatron_prefix ? model->arch->megatron_prefix : "",
                                         (model->experts > 0 && ckptfs_model_moe_layers(model) < model->layers) ||
                                             model->arch->hybrid_attention};
+    if (model->arch->vision && model->arch->language_first) { /* Gemma 3's: registered before the tower */
+        McorePart tower = v->parts[0];
+        v->parts[0] = v->parts[1], v->parts[1] = tower;
+    }
     ckptfs_tree_own(tree, v, mcore_view_free);
 
     /* Megatron reads the tracker as text; "release" loads weights only. */

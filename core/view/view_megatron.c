@@ -16,6 +16,7 @@ typedef struct {
     const CkptfsTensor *src; /* NULL: zero rows */
     uint64_t r0, r1, c0, c1; /* rectangle (for zero rows: r1 - r0 rows of c1 - c0 columns) */
     bool swapped;            /* of SRC seen with its column halves exchanged */
+    bool transposed;         /* of SRC seen transposed (CKPTFS_RECIPE_TRANSPOSED) */
     int shift;               /* added to each element (-1: a zero-centred norm), or 0 */
 } Part;
 
@@ -41,6 +42,8 @@ static void rank_tensor_emit(gconstpointer ctx, CkptfsPlanBuilder *b)
             ckptfs_tensor_emit_rect_shifted(p->src, b, p->r0, p->r1, p->c0, p->c1, p->shift);
         else if (p->src && p->swapped)
             ckptfs_tensor_emit_rect_swapped(p->src, b, p->r0, p->r1, p->c0, p->c1);
+        else if (p->src && p->transposed)
+            ckptfs_tensor_emit_rect_transposed(p->src, b, p->r0, p->r1, p->c0, p->c1);
         else if (p->src)
             ckptfs_tensor_emit_rect(p->src, b, p->r0, p->r1, p->c0, p->c1);
         else
@@ -106,7 +109,7 @@ static void add_part(RankTensor *t, const CkptfsTensor *src, uint64_t r0, uint64
 {
     if (r1 <= r0 || c1 <= c0)
         return;
-    Part p = {src, r0, r1, c0, c1, false, 0};
+    Part p = {src, r0, r1, c0, c1, false, false, 0};
     g_array_append_val(t->parts, p);
 }
 
@@ -131,6 +134,8 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
                      p->col0 + p->cols);
             if (t->parts->len > 0 && ckptfs_mcore_key_swaps_col_halves(key))
                 g_array_index(t->parts, Part, t->parts->len - 1).swapped = true;
+            if (t->parts->len > 0 && ckptfs_mcore_key_transposed(key))
+                g_array_index(t->parts, Part, t->parts->len - 1).transposed = true;
             if (t->parts->len > 0 && key->rule->recipe == CKPTFS_RECIPE_LESS_ONE)
                 g_array_index(t->parts, Part, t->parts->len - 1).shift = -1;
         } else if (key->split == CKPTFS_TP_VOCAB && v->options->vocab_pad == CKPTFS_VOCAB_PAD_LAST) {
@@ -143,8 +148,9 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
         }
     }
     uint64_t shape[3] = {rows, cols};
-    if (ckptfs_mcore_kernel_shape(key, rb->model, kernel)) /* replicated: the whole kernel */
-        return ckptfs_value_tensor(t->dtype, 5, kernel, rank_tensor_emit, t);
+    unsigned kernel_dims = ckptfs_mcore_kernel_shape(key, rb->model, kernel);
+    if (kernel_dims) /* replicated: the whole kernel */
+        return ckptfs_value_tensor(t->dtype, kernel_dims, kernel, rank_tensor_emit, t);
     if (key->ndim == 3) /* [channels, 1, kernel] */
         shape[1] = 1, shape[2] = cols;
     return ckptfs_value_tensor(t->dtype, key->ndim, shape, rank_tensor_emit, t);
@@ -159,7 +165,7 @@ static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, co
     g_autofree char *local_key = rule->scope == CKPTFS_SCOPE_LAYER && layers
         ? g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", layers, local, name)
         : ckptfs_legacy_key(rule->scope, local, name, rb->mtp_prefix);
-    g_autofree char *key = g_strconcat(rb->prefix, local_key, NULL);
+    g_autofree char *key = g_strconcat(rule->module ? rule->module : rb->prefix, local_key, NULL);
     if (rule->extra_state)
         ckptfs_value_set(sd, key, ckptfs_value_none());
     else
@@ -237,6 +243,25 @@ static void add_last_entries(RankBuild *rb, CkptfsValue *sd)
     }
 }
 
+/* A VLM's vision tower, whole (its own config has pipeline_model_parallel_size 1): its first
+ * entries, blocks, module list and last entries, under its prefix. */
+static void add_tower_entries(RankBuild *rb, CkptfsValue *sd)
+{
+    const MegatronView *v = rb->view;
+    *rb = (RankBuild){rb->view, rb->ranks, rb->tensors, NULL, &v->tower, v->tower_keys,
+                      v->tower.arch->megatron_prefix};
+    add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
+    for (uint64_t b = 0; b < v->tower.layers; b++)
+        add_entries(rb, sd, CKPTFS_SCOPE_LAYER, b, b);
+    for (uint64_t j = 0; j < v->tower.list_modules; j++) { /* its module list, after the blocks */
+        g_autofree char *prefix = ckptfs_list_module_prefix(&v->tower, j);
+        rb->mtp_prefix = prefix;
+        add_entries(rb, sd, CKPTFS_SCOPE_LIST, j, j);
+        rb->mtp_prefix = NULL;
+    }
+    add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
+}
+
 /* The state dict of virtual chunk VC on pipeline stage P. Tied embeddings: no output weight
  * with pp 1; a copy of the embedding on the last stage otherwise (Megatron keeps them in sync
  * across stages). */
@@ -246,20 +271,9 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
     const CkptfsLayout *l = &v->layout;
     CkptfsValue *sd = ckptfs_value_container(CKPTFS_VALUE_ODICT);
     bool last = p == l->pp - 1 && vc == l->vpp - 1;
-    if (v->tower_keys && p == 0 && vc == 0) { /* the vision tower whole, unpipelined */
-        *rb = (RankBuild){rb->view, rb->ranks, rb->tensors, NULL, &v->tower, v->tower_keys,
-                          v->tower.arch->megatron_prefix};
-        add_entries(rb, sd, CKPTFS_SCOPE_FIRST, 0, 0);
-        for (uint64_t b = 0; b < v->tower.layers; b++)
-            add_entries(rb, sd, CKPTFS_SCOPE_LAYER, b, b);
-        for (uint64_t j = 0; j < v->tower.list_modules; j++) { /* its module list, after the blocks */
-            g_autofree char *prefix = ckptfs_list_module_prefix(&v->tower, j);
-            rb->mtp_prefix = prefix;
-            add_entries(rb, sd, CKPTFS_SCOPE_LIST, j, j);
-            rb->mtp_prefix = NULL;
-        }
-        add_entries(rb, sd, CKPTFS_SCOPE_LAST, 0, 0);
-    }
+    bool tower = v->tower_keys && p == 0 && vc == 0; /* the vision tower whole, unpipelined */
+    if (tower && !v->model->arch->language_first)
+        add_tower_entries(rb, sd);
     rb->model = v->model, rb->keys = v->keys;
     rb->prefix = v->model->arch->megatron_prefix ? v->model->arch->megatron_prefix : "";
     /* GPTModel builds the embedding on the stage of the MTP layers too (they embed the next
@@ -272,6 +286,8 @@ static CkptfsValue *chunk_state_dict(RankBuild *rb, unsigned p, unsigned vc)
         add_entries(rb, sd, CKPTFS_SCOPE_LAYER, first + i, i);
     if (last)
         add_last_entries(rb, sd);
+    if (tower && v->model->arch->language_first)
+        add_tower_entries(rb, sd);
     return sd;
 }
 
@@ -474,6 +490,9 @@ bool ckptfs_megatron_layout_check(const CkptfsModel *model, const CkptfsOptions 
                            "TE spec only (mbridge builds it so)", model->arch->hf_architecture);
     if (!ckptfs_model_check_vision_split(model, layout->tp, error))
         return false;
+    if (model->arch->no_virtual_pipeline && layout->vpp > 1)
+        return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "vpp %u: mbridge builds %s without virtual pipeline "
+                           "stages", layout->vpp, model->arch->hf_architecture);
     if (model->arch->te_spec_only && local)
         return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "spec=local: %s's Megatron layers exist with Transformer "
                            "Engine only (spec=te)", model->arch->hf_architecture);
@@ -513,7 +532,9 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
         v->tower_keys = ckptfs_mcore_keys(&v->tower, 0, false);
         ckptfs_mcore_keys_for_spec(v->tower_keys, true);
     }
-    if (!ckptfs_mcore_keys_check_shifted(v->keys, model, ckptfs_source_model_catalog(source), error)) {
+    if (!ckptfs_mcore_keys_check_shifted(v->keys, model, ckptfs_source_model_catalog(source), error) ||
+        (v->tower_keys &&
+         !ckptfs_mcore_keys_check_shifted(v->tower_keys, &v->tower, ckptfs_source_model_catalog(source), error))) {
         megatron_view_free(v);
         return false;
     }

@@ -148,6 +148,15 @@ void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b);
 void ckptfs_tensor_emit_rect_swapped(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                                      uint64_t r1, uint64_t c0, uint64_t c1);
 
+/* Rows [r0, r1) x columns [c0, c1) of TENSOR's 2-D view transposed (its columns as rows): strided
+ * extents over its pieces, each seen transposed, no data moved. TENSOR has no block scales or
+ * MXFP4 codes (ckptfs_tensor_can_transpose). */
+void ckptfs_tensor_emit_rect_transposed(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
+                                        uint64_t r1, uint64_t c0, uint64_t c1);
+/* Whether TENSOR can be served transposed: its elements stored one by one (not FP8 blocks with
+ * scales, not MXFP4). */
+bool ckptfs_tensor_can_transpose(const CkptfsTensor *tensor);
+
 /* PIECE, a rectangle of a matrix of COLS columns (ISZ bytes an element), as the same bytes seen
  * with the column halves exchanged: one piece, or two where it crosses the middle, into OUT;
  * returns how many. Its own inverse. */

@@ -93,6 +93,10 @@ typedef enum {
      * gamma) of a norm Hugging Face stores as the plain weight (the gated delta-net's out_norm).
      * Converted on read; a source reads it back plus one. */
     CKPTFS_RECIPE_LESS_ONE,
+    /* hf[0] transposed: a 2-D Hugging Face tensor of [cols, rows] (Gemma 3's
+     * mm_input_projection_weight, which transformers multiplies from the right). Read by columns
+     * on read, as an expert's slice of a fused tensor stored transposed is. */
+    CKPTFS_RECIPE_TRANSPOSED,
 } CkptfsRecipe;
 
 /* When an entry exists. */
@@ -159,6 +163,10 @@ typedef struct {
     bool local_rows;        /* replicated in the TE spec (TELinear "duplicated") but a
                                column-parallel linear, split by rows, in the local spec (MLA's
                                down projections) */
+    /* the entry's module in the state dict in place of the architecture's megatron_prefix, for a
+     * module registered beside the family's own (Gemma 3's "vision_projection." beside
+     * "vision_model."); NULL: the architecture's */
+    const char *module;
 } CkptfsRule;
 
 typedef struct {
@@ -205,6 +213,14 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
 extern const CkptfsFamily ckptfs_family_qwen3_5_vision;
 extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
                                                         Qwen3-Next's experts */
+
+/* Gemma 3's language model in mbridge's gemma3 VLM: the gemma3 rules with the two post-norms as
+ * TENorms of the layer (post_attention_layernorm, post_feedforward_layernorm) and a core attention
+ * without Transformer Engine state */
+extern const CkptfsFamily ckptfs_family_gemma3_vlm;
+/* Gemma 3's SigLIP tower (Megatron-core's CLIPViTModel, model_subtype "siglip") and its
+ * projector (mbridge's vision_projection) */
+extern const CkptfsFamily ckptfs_family_siglip_vision;
 
 extern const CkptfsFamily ckptfs_family_glm4;     /* GLM-4's language model (GLM-4.1V's): Qwen2's
                                                     attention, gate_up_proj fused, a norm after the

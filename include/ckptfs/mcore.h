@@ -63,6 +63,9 @@ unsigned ckptfs_dim_sections(const CkptfsModel *model, CkptfsDim dim, uint64_t o
  * (CKPTFS_RECIPE_SWAP_COL_HALVES): each rectangle of the key is then read through
  * ckptfs_tensor_emit_rect_swapped / ckptfs_piece_swap_col_halves. */
 bool ckptfs_mcore_key_swaps_col_halves(const CkptfsMcoreKey *key);
+/* Whether KEY's HF tensor is its matrix transposed (CKPTFS_RECIPE_TRANSPOSED): each rectangle of
+ * the key is then read through ckptfs_tensor_emit_rect_transposed. */
+bool ckptfs_mcore_key_transposed(const CkptfsMcoreKey *key);
 
 /* The tensor keys of MODEL from its family's mapping table (sizes, bias, norms and tying are
  * read), with the vocabulary padded to PADDED_VOCAB rows, in Megatron's module order. Tied
@@ -139,10 +142,10 @@ typedef struct {
 GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows,
                            uint64_t *cols);
 
-/* Whether KEY is a patch embedding's Conv3d kernel (columns CKPTFS_DIM_PATCH), and then its
- * shape as stored in every format, [hidden, channels, temporal patch, patch, patch], into
- * SHAPE (5 dims). */
-bool ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *model, uint64_t *shape);
+/* Whether KEY is a patch embedding's kernel (columns CKPTFS_DIM_PATCH): its dims (0: it is not),
+ * and its shape as stored in every format into SHAPE (ckptfs_model_kernel_shape: 5 dims for a
+ * Conv3d, 4 for a Conv2d). */
+unsigned ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *model, uint64_t *shape);
 
 /* The full shape of KEY for LAYERS stacked layers (0: one layer's key, no layer axis) into
  * SHAPE (up to 4 dims, the experts' axis after the layers'); returns ndim. */
@@ -163,7 +166,8 @@ GArray *ckptfs_mcore_tp_cuts(const CkptfsMcoreKey *key, const unsigned *tps, uns
                              uint64_t vocab, uint64_t divisible_by);
 
 /* Whether every tensor of CATALOG that KEYS serve shifted (a zero-centred norm,
- * CKPTFS_RECIPE_LESS_ONE) can be: served as stored, bf16 or fp32; otherwise an error naming it. */
+ * CKPTFS_RECIPE_LESS_ONE) can be: served as stored, bf16 or fp32; and every one they serve
+ * transposed (CKPTFS_RECIPE_TRANSPOSED) is stored element by element; otherwise an error naming it. */
 bool ckptfs_mcore_keys_check_shifted(const GPtrArray *keys, const CkptfsModel *model, const CkptfsCatalog *catalog,
                                      GError **error);
 

@@ -108,6 +108,15 @@ typedef struct CkptfsArchitecture {
      * text_config, which its transformers class reads nothing of at the top level); else at the
      * top level (Qwen2.5-VL's release) */
     bool released_text_part;
+    /* mbridge registers the language model before the tower (Gemma 3's VLM): a legacy state dict
+     * and mcore/ hold language_model.* first */
+    bool language_first;
+    /* mbridge's bridge builds no virtual pipeline stages (its gemma3 provider asserts
+     * vp_stage is None): layouts with vpp are refused */
+    bool no_virtual_pipeline;
+    /* a VLM whose language model rotates by the text position alone (Gemma 3: mbridge builds it
+     * with position_embedding_type "rope"), no multimodal rope to read */
+    bool text_rope;
     /* transformers rotates interleaved pairs of each head's rotary dims (GLM-4.1V's
      * rotate_half_llm), its mrope sections taken by frequency: Megatron-core 0.17.1's mrope pairs
      * halves (rotary_interleaved false, what mbridge builds) or takes the sections over the
@@ -358,8 +367,10 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
 /* The vision tower of vision-language model VLM as a model of its own (its architecture the
  * tower's, its blocks the layers, its width, heads and MLP the model's), into TOWER. */
 void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower);
-/* A patch embedding's kernel, which keeps its 5 dims: [HIDDEN, channels, frames, patch, patch]. */
-void ckptfs_model_kernel_shape(const CkptfsModel *model, uint64_t hidden, uint64_t *shape);
+/* A patch embedding's kernel, which keeps its dims in every format: a Conv3d's 5, [HIDDEN,
+ * channels, frames, patch, patch], or a Conv2d's 4 for a tower without frames (SigLIP's: [HIDDEN,
+ * channels, patch, patch]); returns their number. */
+unsigned ckptfs_model_kernel_shape(const CkptfsModel *model, uint64_t hidden, uint64_t *shape);
 
 /* A vision-language model's vision part of CONFIG (config.json, or what a Megatron source's args
  * carry) into MODEL, whose arch is set: the schema's vision rows, the full-attention blocks, and

@@ -23,12 +23,19 @@ the sid root), and the checks of ckptfs's views of it.
   gemma3.py build-vlm OUT
       OUT/vlm: a tiny Gemma3ForConditionalGeneration (the text model above under text_config, a
       SigLIP tower of 2 blocks on 32x32 images in 8x8 patches, pooled to 4 image tokens) saved by
-      save_pretrained in bf16, norms and biases random; OUT/vlm-badvision, OUT/vlm-badtokens,
+      save_pretrained in bf16, norms and biases random; OUT/vlm-release: its tensors under the
+      releases' names (vision_tower.vision_model.*); OUT/vlm-badvision, OUT/vlm-badtokens,
       OUT/vlm-badact: the same with a vision_config member no rule reads, 9 image tokens (3x3,
       which does not divide 4x4 patches), a vision hidden_act of plain gelu.
   gemma3.py vlm-logits ORIG HF_DIR
       ORIG and HF_DIR loaded by transformers 5 give the same logits (torch.equal) on text around
       an image, and another image changes them (the tower is in the sum). Prints PASS/FAIL lines.
+  gemma3.py vlm-check ORIG HF_DIR MEGATRON_DIR:TP:PP OUT MCORE_DIR
+      the VLM's views in one run: HF_DIR's logits as vlm-logits; each rank file of MEGATRON_DIR
+      holds the names, shapes and bytes of mbridge's Gemma3Model on that rank (written here from
+      mbridge's gemma3 bridge tables and Megatron-core's TP splits) and args with a plain rope;
+      the rank files rebuilt as mbridge exports (into OUT) give ORIG's logits; MCORE_DIR read by
+      torch.distributed.checkpoint holds that model's keys, global shapes and bytes.
 """
 import json
 import math
@@ -108,6 +115,11 @@ def build_vlm(out):
         config = json.load(f)
     if config["vision_config"].get("vision_use_head") is not False:
         sys.exit(f"transformers wrote vision_config {config['vision_config']}")
+    from safetensors.torch import load_file
+    os.makedirs(f"{out}/vlm-release")
+    save_st({name.replace("vision_tower.", "vision_tower.vision_model.", 1): t
+             for name, t in load_file(f"{out}/vlm/model.safetensors").items()}, f"{out}/vlm-release/model.safetensors")
+    shutil.copy(f"{out}/vlm/config.json", f"{out}/vlm-release/config.json")
     for form, change in (("badvision", {"vision_config": {**config["vision_config"], "position_embedding_type": "rope"}}),
                          ("badtokens", {"mm_tokens_per_image": 9}),
                          ("badact", {"vision_config": {**config["vision_config"], "hidden_act": "gelu"}})):
@@ -128,15 +140,17 @@ def vlm_logits_of(path, pixels):
                      token_type_ids=torch.tensor([types])).logits.float()
 
 
-def vlm_logits(orig, hf_dir):
+def vlm_logits(orig, hf_dir, more_dirs=()):
     g = torch.Generator().manual_seed(1)
     size = VISION["image_size"]
     image, other = torch.randn(1, 3, size, size, generator=g), torch.randn(1, 3, size, size, generator=g)
-    want, got = vlm_logits_of(orig, image), vlm_logits_of(hf_dir, image)
-    if torch.equal(want, got):
-        print(f"PASS {hf_dir}: transformers' logits on an image + text input equal {orig}'s")
-    else:
-        print(f"FAIL {hf_dir}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
+    want = vlm_logits_of(orig, image)
+    for d in (hf_dir,) + tuple(more_dirs):
+        got = vlm_logits_of(d, image)
+        if torch.equal(want, got):
+            print(f"PASS {d}: transformers' logits on an image + text input equal {orig}'s")
+        else:
+            print(f"FAIL {d}: logits differ from {orig}'s by {(want - got).abs().max().item()}")
     if torch.equal(want, vlm_logits_of(orig, other)):
         print(f"FAIL {orig}: another image gives the same logits (the tower is not in them)")
     else:
@@ -348,8 +362,178 @@ def check(orig, mcore_dir, hf_dirs, specs):
     mcore(orig, mcore_dir)
 
 
+# --- Gemma 3's VLM as mbridge builds it, written from mbridge's gemma3 bridge (ISEEKYAN/mbridge,
+# mbridge/models/gemma3/__init__.py: _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING,
+# _OTHER_MAPPING, _weight_to_mcore_format; model.py: Gemma3Model registers language_model, then
+# vision_model (CLIPViTModel, siglip), then vision_projection; projector.py: mm_input_projection a
+# TELayerNormColumnParallelLinear) and Megatron-core's TP splits, not from ckptfs. HF names are
+# mbridge's (the release's); transformers 5 saves the tower without "vision_model.". ---
+
+V_FIRST = {  # mbridge name -> (HF names, TP split)
+    "vision_model.position_embeddings.weight": (["vision_tower.vision_model.embeddings.position_embedding.weight"], "whole"),
+    "vision_model.conv1.weight": (["vision_tower.vision_model.embeddings.patch_embedding.weight"], "whole"),
+    "vision_model.conv1.bias": (["vision_tower.vision_model.embeddings.patch_embedding.bias"], "whole"),
+    "vision_model.ln_post.weight": (["vision_tower.vision_model.post_layernorm.weight"], "whole"),
+    "vision_model.ln_post.bias": (["vision_tower.vision_model.post_layernorm.bias"], "whole"),
+    "vision_projection.mm_input_projection.layer_norm_weight": (["multi_modal_projector.mm_soft_emb_norm.weight"], "whole"),
+    # ColumnParallel over the language model's width: rows of the transposed weight
+    "vision_projection.mm_input_projection.weight": (["multi_modal_projector.mm_input_projection_weight"], "rows"),
+}
+V_LAYER = {  # after "vision_model.decoder.layers.N." / "vision_tower.vision_model.encoder.layers.N."
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], "rows"),
+    "self_attention.linear_qkv.bias": (["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"], "rows"),
+    "self_attention.linear_proj.weight": (["self_attn.out_proj.weight"], "cols"),
+    "self_attention.linear_proj.bias": (["self_attn.out_proj.bias"], "whole"),
+    "self_attention.linear_qkv.layer_norm_weight": (["layer_norm1.weight"], "whole"),
+    "self_attention.linear_qkv.layer_norm_bias": (["layer_norm1.bias"], "whole"),
+    "mlp.linear_fc2.weight": (["mlp.fc2.weight"], "cols"),
+    "mlp.linear_fc2.bias": (["mlp.fc2.bias"], "whole"),
+    "mlp.linear_fc1.weight": (["mlp.fc1.weight"], "rows"),
+    "mlp.linear_fc1.bias": (["mlp.fc1.bias"], "rows"),
+    "mlp.linear_fc1.layer_norm_weight": (["layer_norm2.weight"], "whole"),
+    "mlp.linear_fc1.layer_norm_bias": (["layer_norm2.bias"], "whole"),
+}
+L_FIRST = {"language_model.embedding.word_embeddings.weight": (["language_model.model.embed_tokens.weight"], "vocab")}
+L_LAST = {"language_model.decoder.final_layernorm.weight": (["language_model.model.norm.weight"], "whole")}
+L_LAST_COPY = {"language_model.output_layer.weight": (["language_model.model.embed_tokens.weight"], "vocab")}
+L_LAYER = {  # after "language_model.decoder.layers.N." / "language_model.model.layers.N."
+    "self_attention.linear_qkv.weight": (["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"], "rows"),
+    "self_attention.linear_proj.weight": (["self_attn.o_proj.weight"], "cols"),
+    "self_attention.linear_qkv.layer_norm_weight": (["input_layernorm.weight"], "whole"),
+    "self_attention.q_layernorm.weight": (["self_attn.q_norm.weight"], "whole"),
+    "self_attention.k_layernorm.weight": (["self_attn.k_norm.weight"], "whole"),
+    "mlp.linear_fc1.weight": (["mlp.gate_proj.weight", "mlp.up_proj.weight"], "halves"),
+    "mlp.linear_fc2.weight": (["mlp.down_proj.weight"], "cols"),
+    "mlp.linear_fc1.layer_norm_weight": (["pre_feedforward_layernorm.weight"], "whole"),
+    "post_attention_layernorm.weight": (["post_attention_layernorm.weight"], "whole"),
+    "post_feedforward_layernorm.weight": (["post_feedforward_layernorm.weight"], "whole"),
+}
+
+
+def saved(name):
+    """mbridge's HF name as transformers 5 saves it."""
+    return name.replace("vision_tower.vision_model.", "vision_tower.", 1)
+
+
+def vlm_to_mcore(name, hf):
+    """_weight_to_mcore_format: q/k/v per key/value head (the tower's: one per head), fc1 = [gate;
+    up], the projection transposed."""
+    if name == "vision_projection.mm_input_projection.weight":
+        return hf[0].T.contiguous()
+    if "linear_qkv." in name and "layer_norm" not in name:
+        cfg = TEXT if name.startswith("language_model.") else VISION
+        heads = cfg["num_attention_heads"]
+        groups = cfg.get("num_key_value_heads", heads)
+        d = cfg.get("head_dim", cfg["hidden_size"] // heads)
+        q, k, v = hf
+        rest = tuple(q.shape[1:])
+        return torch.cat([q.reshape((groups, heads // groups * d) + rest), k.reshape((groups, d) + rest),
+                          v.reshape((groups, d) + rest)], dim=1).reshape((-1,) + rest)
+    return torch.cat(hf, dim=0) if len(hf) == 2 else hf[0]
+
+
+def vlm_entries(p, pp):
+    """(mbridge name, HF names, split) on pipeline stage P: the language model's stage, then on the
+    first stage the tower and the projector (add_encoder = pre_process)."""
+    out = [(k, *v) for k, v in L_FIRST.items()] if p == 0 else []
+    per = TEXT["num_hidden_layers"] // pp
+    for local, g in enumerate(range(p * per, (p + 1) * per)):
+        out += [(f"language_model.decoder.layers.{local}.{k}", [f"language_model.model.layers.{g}.{n}" for n in v[0]], v[1])
+                for k, v in L_LAYER.items()]
+    if p == pp - 1:
+        out += [(k, *v) for k, v in L_LAST.items()] + ([(k, *v) for k, v in L_LAST_COPY.items()] if pp > 1 else [])
+    if p == 0:
+        out += [(k, *v) for k, v in V_FIRST.items()]
+        for b in range(VISION["num_hidden_layers"]):
+            out += [(f"vision_model.decoder.layers.{b}.{k}",
+                     [f"vision_tower.vision_model.encoder.layers.{b}.{n}" for n in v[0]], v[1]) for k, v in V_LAYER.items()]
+    return out
+
+
+def vlm_megatron(orig, meg, tp, pp):
+    hf = {n: t for n, t in hf_tensors(orig).items()}
+    what = f"{os.path.basename(meg)} tp{tp}pp{pp}"
+    for p in range(pp):
+        for r in range(tp):
+            want = {f"model/{name}": tp_share(vlm_to_mcore(name, [hf[saved(n)] for n in names]), split, tp, r,
+                                              vocab_padded(tp))
+                    for name, names, split in vlm_entries(p, pp)}
+            try:
+                ckpt = load_rank(rank_file(meg, p, r, pp))
+            except Exception as e:  # noqa: BLE001
+                print(f"FAIL {what} rank ({p}, {r}): torch.load(weights_only=True): {e}")
+                continue
+            got = {k: v for k, v in chunks_of(ckpt, 1).items() if not k.endswith("_extra_state")}
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
+            # the modules in Gemma3Model's registration order
+            modules = list(dict.fromkeys(k.split(".")[0] for k in ckpt["model"]))
+            order = modules == (["language_model", "vision_model", "vision_projection"] if p == 0 else ["language_model"])
+            args = vars(ckpt["args"])
+            rope = args.get("position_embedding_type") == "rope" and "mrope_section" not in args
+            if missing or extra or bad or not order or not rope:
+                print(f"FAIL {what} rank ({p}, {r}): missing {missing[:3]}, unexpected {extra[:3]}, differing "
+                      f"{bad[:3]}, modules {modules}, position_embedding_type {args.get('position_embedding_type')}")
+            else:
+                print(f"PASS {what} rank ({p}, {r}): {len(want)} tensors with mbridge's names, shapes and bytes, "
+                      f"modules in Gemma3Model's order, a plain rope")
+
+
+def vlm_to_hf(orig, meg, tp, pp, out):
+    """ORIG rebuilt from MEG's rank files as mbridge exports (_weight_to_hf_format: TP shares
+    gathered, q/k/v split per head group, fc1 halves, the projection transposed back)."""
+    ranks = {(p, r): chunks_of(load_rank(rank_file(meg, p, r, pp)), 1) for p in range(pp) for r in range(tp)}
+    hf = {}
+    for p in range(pp):
+        for name, names, split in vlm_entries(p, pp):
+            if name in L_LAST_COPY:
+                continue
+            full = gather([ranks[(p, r)][f"model/{name}"] for r in range(tp)], split, TEXT["vocab_size"])
+            names = [saved(n) for n in names]
+            if name == "vision_projection.mm_input_projection.weight":
+                hf[names[0]] = full.T.contiguous()
+            elif len(names) == 3:
+                cfg = TEXT if name.startswith("language_model.") else VISION
+                heads = cfg["num_attention_heads"]
+                hf.update(zip(names, split_qkv(full, cfg.get("num_key_value_heads", heads), heads,
+                                               cfg.get("head_dim", cfg["hidden_size"] // heads))))
+            elif len(names) == 2:
+                hf[names[0]], hf[names[1]] = full.chunk(2, dim=0)
+            else:
+                hf[names[0]] = full
+    os.makedirs(out)
+    save_st(hf, f"{out}/model.safetensors")
+    shutil.copy(f"{orig}/config.json", f"{out}/config.json")
+
+
+def vlm_mcore(orig, ckpt):
+    """mcore/: each module's layer weights stacked under "decoder.layers.", the vocabulary padded for
+    the largest TP of 1, 2, 4, 8 that splits the tower (its 2 heads: 2)."""
+    hf = hf_tensors(orig)
+    want = {k: vlm_to_mcore(k, [hf[saved(n)] for n in v[0]]) for k, v in {**L_FIRST, **L_LAST, **V_FIRST}.items()}
+    embedding = torch.zeros(vocab_padded(2), TEXT["hidden_size"], dtype=hf["language_model.model.embed_tokens.weight"].dtype)
+    embedding[: TEXT["vocab_size"]] = want["language_model.embedding.word_embeddings.weight"]
+    want["language_model.embedding.word_embeddings.weight"] = embedding
+    for prefix, hf_prefix, table, count in (
+            ("language_model.decoder.layers.", "language_model.model.layers.", L_LAYER, TEXT["num_hidden_layers"]),
+            ("vision_model.decoder.layers.", "vision_tower.vision_model.encoder.layers.", V_LAYER, VISION["num_hidden_layers"])):
+        for k, (names, _) in table.items():
+            want[prefix + k] = torch.stack(
+                [vlm_to_mcore(prefix + k, [hf[saved(f"{hf_prefix}{g}.{n}")] for n in names]) for g in range(count)])
+    compare_mcore(want, ckpt, "vlm ", "mbridge's Gemma3Model")
+
+
+def vlm_check(orig, hf_dir, spec, out, mcore_dir):
+    meg, tp, pp = spec.rsplit(":", 2)
+    vlm_megatron(orig, meg, int(tp), int(pp))
+    vlm_to_hf(orig, meg, int(tp), int(pp), out)
+    vlm_logits(orig, hf_dir, (out,))
+    vlm_mcore(orig, mcore_dir)
+
+
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "build-vlm": lambda: build_vlm(sys.argv[2]),
      "vlm-logits": lambda: vlm_logits(sys.argv[2], sys.argv[3]),
+     "vlm-check": lambda: vlm_check(*sys.argv[2:7]),
      "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()

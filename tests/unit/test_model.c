@@ -482,14 +482,13 @@ static void test_vision_configs(void)
         {"{" QWEN3_VL "\"vision_config\": {" QWEN3_VISION ", \"num_position_embeddings\": 0}}",
          "vision_config.num_position_embeddings", "no learned positions"},
         /* Gemma 3's SigLIP tower: its own rows (SiglipVisionConfig's fields and defaults) and
-         * the projector's image tokens; no Megatron rules yet */
+         * the projector's image tokens */
         {"{" GEMMA3 "\"mm_tokens_per_image\": 4, \"image_token_index\": 250, \"vision_config\": {" SIGLIP "}}",
-         "Gemma3ForConditionalGeneration: its vision tower and merger (\"vision_config\": 2 blocks of width 32, 2 heads, "
-         "ffn 48, 32x32 images in patches of 8, pooled to 4 tokens) have no Megatron rules yet; hf/ serves the whole model",
-         "a Gemma 3 VLM config read whole"},
-        {"{" GEMMA3 "\"mm_tokens_per_image\": 49, \"vision_config\": {}}",
-         "(\"vision_config\": 12 blocks of width 768, 12 heads, ffn 3072, 224x224 images in patches of 16, pooled to "
-         "49 tokens)", "a SigLIP vision_config left empty: SiglipVisionConfig's defaults"},
+         "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a Gemma 3 VLM config read whole (no mrope asked for), then the tensors looked for"},
+        {"{" GEMMA3 "\"mm_tokens_per_image\": 50, \"vision_config\": {}}",
+         "mm_tokens_per_image 50 is not the square of a side that divides the 14 patches a side",
+         "a SigLIP vision_config left empty: SiglipVisionConfig's 224x224 images in patches of 16"},
         {"{" GEMMA3 "\"vision_config\": {}}", "mm_tokens_per_image 256 is not the square of a side that divides the "
          "14 patches a side", "Gemma3Config's 256 image tokens with SiglipVisionConfig's 14x14 patches (a pool of no "
          "patches)"},
@@ -559,6 +558,53 @@ static void test_interleaved_mrope(void)
     memset(&m, 0, sizeof m);
     m.arch = ckptfs_architecture_find("glm4v_moe", NULL);
     tap_ok(m.arch && !m.arch->rotates_interleaved_pairs, "GLM-4.5V's mrope (halves rotated) is Megatron-core's");
+    json_object_unref(config);
+}
+
+/* Gemma 3's SigLIP tower as a model of its own: a Conv2d kernel kept 4-D, a position per patch,
+ * and the projector a module of its own whose weight is the HF tensor transposed. */
+static void test_gemma3_vlm_tower(void)
+{
+    JsonObject *config = config_of("{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+                                   "\"gemma3\", \"mm_tokens_per_image\": 4, \"vision_config\": {\"num_hidden_layers\": 2, "
+                                   "\"hidden_size\": 32, \"num_attention_heads\": 2, \"intermediate_size\": 48, "
+                                   "\"image_size\": 32, \"patch_size\": 8}}");
+    CkptfsModel m, tower;
+    memset(&m, 0, sizeof m);
+    GError *error = NULL;
+    m.arch = ckptfs_architecture_find("gemma3", &m);
+    bool ok = m.arch && ckptfs_model_read_vision(config, &m, &error);
+    m.hidden = 64; /* the language model's (text_config, read apart) */
+    if (ok)
+        ckptfs_model_vision_tower(&m, &tower);
+    g_autoptr(GPtrArray) keys = ok ? ckptfs_mcore_keys(&tower, 0, false) : NULL;
+    const CkptfsMcoreKey *conv = NULL, *projection = NULL, *positions = NULL;
+    for (guint i = 0; keys && i < keys->len; i++) {
+        const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
+        if (strcmp(k->key, "conv1.weight") == 0)
+            conv = k;
+        else if (strcmp(k->key, "mm_input_projection.weight") == 0)
+            projection = k;
+        else if (strcmp(k->key, "position_embeddings.weight") == 0)
+            positions = k;
+    }
+    uint64_t kernel[5] = {0};
+    unsigned dims = conv ? ckptfs_mcore_kernel_shape(conv, &tower, kernel) : 0;
+    tap_ok(ok && dims == 4 && kernel[0] == 32 && kernel[1] == 3 && kernel[2] == 8 && kernel[3] == 8,
+           "Gemma 3's tower: conv1's kernel [32, 3, 8, 8], a Conv2d's 4 dims (%s)", error ? error->message : "read");
+    tap_ok(positions && positions->rows == 16 && positions->cols == 32, "a learned position per patch: [16, 32]");
+    tap_ok(projection && projection->rows == 64 && projection->cols == 32 && projection->split == CKPTFS_TP_ROWS &&
+               ckptfs_mcore_key_transposed(projection) && projection->rule->module &&
+               strcmp(projection->rule->module, "vision_projection.") == 0,
+           "the projection [64, 32] split by rows, transposed, under vision_projection.");
+    g_autoptr(GArray) tensors = keys ? ckptfs_model_hf_tensors(&tower, keys) : NULL;
+    const CkptfsHfShape *hf = NULL;
+    for (guint i = 0; tensors && i < tensors->len; i++)
+        if (strcmp(g_array_index(tensors, CkptfsHfShape, i).name, "multi_modal_projector.mm_input_projection_weight") == 0)
+            hf = &g_array_index(tensors, CkptfsHfShape, i);
+    tap_ok(hf && hf->d0 == 32 && hf->d1 == 64, "its HF tensor mm_input_projection_weight is [32, 64] (got [%" G_GUINT64_FORMAT
+           ", %" G_GUINT64_FORMAT "])", hf ? hf->d0 : 0, hf ? hf->d1 : 0);
+    g_clear_error(&error);
     json_object_unref(config);
 }
 
@@ -845,5 +891,6 @@ int main(void)
     test_interleaved_mrope();
     test_qwen3_vl_tower();
     test_qwen3_5_tower();
+    test_gemma3_vlm_tower();
     return tap_done();
 }
