@@ -319,7 +319,8 @@ static bool container(Scan *s, unsigned depth)
         s->p++;
         return true;
     }
-    KeySet keys = {.n_few = 0, .slots = NULL};
+    KeySet keys; /* not zeroed whole: FEW is filled before it is read, and arrays use none */
+    keys.n_few = 0, keys.slots = NULL, keys.n_slots = 0, keys.n_used = 0;
     g_autoptr(GPtrArray) decoded = NULL;
     bool ok = false;
     for (;;) {

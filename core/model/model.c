@@ -325,7 +325,7 @@ uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
 {
-    return g_strdup_printf("model.layers.%" G_GUINT64_FORMAT ".%s", layer, suffix);
+    return g_strdup_printf(CKPTFS_HF_LAYER_PREFIX "%" G_GUINT64_FORMAT ".%s", layer, suffix);
 }
 
 #define CONFIG_ERROR(...)                                                                     \
