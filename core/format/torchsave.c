@@ -33,10 +33,19 @@ static void put_byte(Pickler *p, uint8_t b)
     g_byte_array_append(p->out, &b, 1);
 }
 
+/* The N low bytes of V (N <= 8), little-endian, appended at once: a rank file of a large model
+ * holds thousands of such fields, and appending them byte by byte was a tenth of its plan. */
+static void append_le(GByteArray *a, uint64_t v, unsigned n)
+{
+    uint8_t b[8];
+    for (unsigned i = 0; i < n; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    g_byte_array_append(a, b, n);
+}
+
 static void put_le(Pickler *p, uint64_t v, unsigned n)
 {
-    for (unsigned i = 0; i < n; i++)
-        put_byte(p, (uint8_t)(v >> (8 * i)));
+    append_le(p->out, v, n);
 }
 
 static void put_str(Pickler *p, const char *s)
@@ -303,22 +312,17 @@ static uint64_t zip_pos(const ZipWriter *z)
 
 static void le16(GByteArray *a, uint16_t v)
 {
-    uint8_t b[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
-    g_byte_array_append(a, b, 2);
+    append_le(a, v, 2);
 }
 
 static void le32(GByteArray *a, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) {
-        uint8_t b = (uint8_t)(v >> (8 * i));
-        g_byte_array_append(a, &b, 1);
-    }
+    append_le(a, v, 4);
 }
 
 static void le64(GByteArray *a, uint64_t v)
 {
-    le32(a, (uint32_t)v);
-    le32(a, (uint32_t)(v >> 32));
+    append_le(a, v, 8);
 }
 
 static void literal(ZipWriter *z, GByteArray *a)
@@ -341,7 +345,7 @@ static void crc_field(ZipWriter *z, GByteArray *a, const ZipEntry *e)
 /* Local header with an "FB" extra field padding the data start to a multiple of 64. */
 static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
 {
-    g_autofree char *full = g_strdup_printf("%s/%s", z->archive, name);
+    g_autofree char *full = g_strconcat(z->archive, "/", name, NULL);
     size_t name_len = strlen(full);
     uint64_t at = zip_pos(z);
     uint64_t data_at = at + 30 + name_len + 4;
@@ -350,7 +354,7 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
                   .data_offset = data_at + pad};
     g_array_append_val(z->entries, e);
 
-    g_autoptr(GByteArray) h = g_byte_array_new();
+    g_autoptr(GByteArray) h = g_byte_array_sized_new((guint)(30 + name_len + 4 + pad));
     le32(h, 0x04034b50);
     le16(h, 0);      /* version needed, as torch writes it */
     le16(h, 0x0808); /* data descriptor follows; UTF-8 name */
@@ -364,8 +368,8 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
     g_byte_array_append(h, (const guint8 *)e.name, (guint)name_len);
     le16(h, 0x4246); /* "FB" */
     le16(h, (uint16_t)pad);
-    for (uint64_t i = 0; i < pad; i++)
-        g_byte_array_append(h, (const guint8 *)"Z", 1);
+    static const char padding[ZIP_ALIGN] = {[0 ... ZIP_ALIGN - 1] = 'Z'};
+    g_byte_array_append(h, (const guint8 *)padding, (guint)pad); /* pad < ZIP_ALIGN */
     literal(z, h);
 }
 
