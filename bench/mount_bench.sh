@@ -101,7 +101,7 @@ tree_of() {
     (cd "$MNT" && find hf "$LAYOUT" -type f -printf '%p %s\n' | LC_ALL=C sort) >"$2.tree"
     : >"$2.bytes"
     local f
-    for f in $(awk '{print $1}' "$2.tree" | awk -v n="$CHECK_FILES" 'NR == 1 {c = 0} {a[NR] = $0} END {
+    for f in $(awk '{print $1}' "$2.tree" | awk -v n="$CHECK_FILES" '{a[NR] = $0} END {
             step = NR / n; for (i = 0; i < n; i++) print a[int(i * step) + 1]; print a[NR]}' | sort -u); do
         echo "$f $(head -c "$CHECK_BYTES" "$MNT/$f" | md5sum | cut -d' ' -f1) $(tail -c "$CHECK_BYTES" "$MNT/$f" | md5sum | cut -d' ' -f1)" >>"$2.bytes"
     done
