@@ -64,6 +64,16 @@ static int hex4(const unsigned char *p)
     return v;
 }
 
+/* Whether one of the eight bytes of W ends a run of plain ASCII in a string: below 0x20, 0x80 or
+ * above, '"' or '\\'. (The tests may flag bytes after such a one too: the run ends before.) */
+static bool word_ends_plain_run(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t quote = w ^ (ones * '"'), backslash = w ^ (ones * '\\');
+    uint64_t flagged = (w - ones * 0x20) | ((quote - ones) & ~quote) | ((backslash - ones) & ~backslash) | w;
+    return (flagged & highs) != 0;
+}
+
 /* A string; its decoded UTF-8 is appended to OUT when OUT is not NULL. */
 static bool string(Scan *s, GString *out)
 {
@@ -75,6 +85,8 @@ static bool string(Scan *s, GString *out)
         if (c < 0x80 && c != '\\') {
             /* a run of plain ASCII, appended at once (a safetensors header is ~all of it) */
             const unsigned char *from = s->p;
+            for (uint64_t w; s->end - s->p >= 8 && (memcpy(&w, s->p, 8), !word_ends_plain_run(w));)
+                s->p += 8; /* eight bytes a step: tensor names are most of a large header */
             while (s->p < s->end && *s->p >= 0x20 && *s->p < 0x80 && *s->p != '"' && *s->p != '\\')
                 s->p++;
             if (out)
@@ -196,23 +208,97 @@ static bool value(Scan *s, unsigned depth);
 
 #define FEW_KEYS 16
 
-/* Adds KEY to the keys of one object (FEW, then *MANY once there are more than FEW_KEYS);
- * false when it was there. */
-static bool add_key(GPtrArray *few, GHashTable **many, const GString *key)
+/* An object key as decoded: the bytes between its quotes when it has no escape (decoding
+ * changes nothing else), or a decoded copy; never NUL-terminated. */
+typedef struct {
+    const char *text;
+    size_t len;
+} KeySlice;
+
+/* The keys of one object: compared one by one while few (a safetensors header holds ~100k
+ * objects of three keys; copying or hashing them was a fifth of a large mount), in an open
+ * addressing table once there are more. */
+typedef struct {
+    KeySlice few[FEW_KEYS];
+    unsigned n_few;
+    KeySlice *slots; /* a power of two of them; an empty one has a NULL text */
+    size_t n_slots, n_used;
+} KeySet;
+
+static bool key_equal(KeySlice a, KeySlice b)
 {
-    if (*many == NULL) {
-        for (guint i = 0; i < few->len; i++)
-            if (strcmp(g_ptr_array_index(few, i), key->str) == 0)
-                return false;
-        g_ptr_array_add(few, g_strdup(key->str));
-        if (few->len <= FEW_KEYS)
+    return a.len == b.len && memcmp(a.text, b.text, a.len) == 0;
+}
+
+static size_t key_hash(KeySlice k)
+{
+    uint64_t h = 14695981039346656037u; /* FNV-1a */
+    for (size_t i = 0; i < k.len; i++)
+        h = (h ^ (unsigned char)k.text[i]) * 1099511628211u;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* Puts KEY in SLOTS (not full); false when it was there. */
+static bool slots_add(KeySlice *slots, size_t n_slots, KeySlice key)
+{
+    for (size_t i = key_hash(key) & (n_slots - 1);; i = (i + 1) & (n_slots - 1)) {
+        if (slots[i].text == NULL) {
+            slots[i] = key;
             return true;
-        *many = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-        while (few->len > 0)
-            g_hash_table_add(*many, g_ptr_array_steal_index_fast(few, few->len - 1));
-        return true;
+        }
+        if (key_equal(slots[i], key))
+            return false;
     }
-    return g_hash_table_add(*many, g_strdup(key->str));
+}
+
+/* Adds KEY (its text outliving SET); false when it was there. */
+static bool key_set_add(KeySet *set, KeySlice key)
+{
+    if (set->slots == NULL) {
+        for (unsigned i = 0; i < set->n_few; i++)
+            if (key_equal(set->few[i], key))
+                return false;
+        if (set->n_few < FEW_KEYS) {
+            set->few[set->n_few++] = key;
+            return true;
+        }
+        set->n_slots = 4 * FEW_KEYS;
+        set->slots = g_new0(KeySlice, set->n_slots);
+        for (unsigned i = 0; i < set->n_few; i++)
+            slots_add(set->slots, set->n_slots, set->few[i]);
+        set->n_used = set->n_few;
+    }
+    if (2 * (set->n_used + 1) > set->n_slots) { /* at most half full */
+        size_t n = 2 * set->n_slots;
+        KeySlice *grown = g_new0(KeySlice, n);
+        for (size_t i = 0; i < set->n_slots; i++)
+            if (set->slots[i].text != NULL)
+                slots_add(grown, n, set->slots[i]);
+        g_free(set->slots);
+        set->slots = grown, set->n_slots = n;
+    }
+    if (!slots_add(set->slots, set->n_slots, key))
+        return false;
+    set->n_used++;
+    return true;
+}
+
+/* The key whose string starts at AT (S just past it) as decoded: a decoded copy, kept in
+ * *DECODED (made on first use), only when it holds an escape. */
+static KeySlice key_of(Scan *s, const unsigned char *at, GPtrArray **decoded)
+{
+    KeySlice key = {(const char *)at + 1, (size_t)(s->p - at) - 2};
+    if (memchr(key.text, '\\', key.len) == NULL)
+        return key;
+    g_autoptr(GString) out = g_string_new(NULL);
+    Scan again = {s->what, at, s->start, s->end, NULL};
+    string(&again, out); /* checked already */
+    if (*decoded == NULL)
+        *decoded = g_ptr_array_new_with_free_func(g_free);
+    key.len = out->len;
+    key.text = g_string_free(g_steal_pointer(&out), FALSE);
+    g_ptr_array_add(*decoded, (char *)key.text);
+    return key;
 }
 
 /* An object or array at nesting level DEPTH (the top-level object is 0). An object's keys are
@@ -233,34 +319,38 @@ static bool container(Scan *s, unsigned depth)
         s->p++;
         return true;
     }
-    /* Keys seen: compared one by one while few (a safetensors header holds ~100k objects of three
-     * keys), hashed once there are more. */
-    g_autoptr(GPtrArray) few = object ? g_ptr_array_new_with_free_func(g_free) : NULL;
-    g_autoptr(GHashTable) keys = NULL;
-    g_autoptr(GString) key = object ? g_string_new(NULL) : NULL;
+    KeySet keys; /* not zeroed whole: FEW is filled before it is read, and arrays use none */
+    keys.n_few = 0, keys.slots = NULL, keys.n_slots = 0, keys.n_used = 0;
+    g_autoptr(GPtrArray) decoded = NULL;
+    bool ok = false;
     for (;;) {
         skip_ws(s);
         if (object) {
-            if (s->p >= s->end || *s->p != '"')
-                return bad(s, "an object key that is not a double-quoted string");
+            if (s->p >= s->end || *s->p != '"') {
+                bad(s, "an object key that is not a double-quoted string");
+                break;
+            }
             const unsigned char *key_at = s->p;
-            g_string_truncate(key, 0);
-            if (!string(s, key))
-                return false;
-            if (!add_key(few, &keys, key)) {
-                g_autofree char *shown = printable_key(key->str);
+            if (!string(s, NULL))
+                break;
+            KeySlice key = key_of(s, key_at, &decoded);
+            if (!key_set_add(&keys, key)) {
+                g_autofree char *text = g_strndup(key.text, key.len);
+                g_autofree char *shown = printable_key(text);
                 g_set_error(s->error, CKPTFS_ERROR, CKPTFS_ERROR_FORMAT,
                             "%s: key '%s' is given twice in one object at byte %td", s->what, shown,
                             offset_of(s, key_at));
-                return false;
+                break;
             }
             skip_ws(s);
-            if (s->p >= s->end || *s->p != ':')
-                return bad(s, "a missing ':'");
+            if (s->p >= s->end || *s->p != ':') {
+                bad(s, "a missing ':'");
+                break;
+            }
             s->p++;
         }
         if (!value(s, depth + 1))
-            return false;
+            break;
         skip_ws(s);
         if (s->p < s->end && *s->p == ',') {
             s->p++;
@@ -268,10 +358,14 @@ static bool container(Scan *s, unsigned depth)
         }
         if (s->p < s->end && *s->p == close) {
             s->p++;
-            return true;
+            ok = true;
+            break;
         }
-        return bad(s, object ? "a missing ',' or '}'" : "a missing ',' or ']'");
+        bad(s, object ? "a missing ',' or '}'" : "a missing ',' or ']'");
+        break;
     }
+    g_free(keys.slots);
+    return ok;
 }
 
 static bool value(Scan *s, unsigned depth)
@@ -445,12 +539,21 @@ void ckptfs_json_cursor_number(CkptfsJsonCursor *c, bool *is_int, int64_t *i, do
         return;
     }
     c->p = s.p;
+    *is_int = true;
+    for (const unsigned char *q = a; q < c->p && *is_int; q++)
+        *is_int = *q != '.' && *q != 'e' && *q != 'E';
+    if (*is_int) {
+        /* Read here, not copied for strtoll: a header holds ~5 integers a tensor. The strict
+         * pass let only literals that fit in 64 bits through. */
+        bool negative = *a == '-';
+        uint64_t magnitude = 0;
+        for (const unsigned char *q = a + negative; q < c->p; q++)
+            magnitude = magnitude * 10 + (uint64_t)(*q - '0');
+        *i = negative ? (magnitude == 0 ? 0 : -(int64_t)(magnitude - 1) - 1) : (int64_t)magnitude;
+        return;
+    }
     g_autofree char *text = g_strndup((const char *)a, (gsize)(c->p - a));
-    *is_int = strpbrk(text, ".eE") == NULL;
-    if (*is_int)
-        *i = g_ascii_strtoll(text, NULL, 10);
-    else
-        *d = g_ascii_strtod(text, NULL);
+    *d = g_ascii_strtod(text, NULL);
 }
 
 void ckptfs_json_cursor_skip(CkptfsJsonCursor *c)

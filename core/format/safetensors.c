@@ -40,8 +40,17 @@ uint64_t ckptfs_st_count_tensors(const char *json, size_t len)
         char c = json[i];
         if (c == '"') {
             size_t start = i++;
-            while (i < len && json[i] != '"')
-                i += json[i] == '\\' ? 2 : 1;
+            while (i < len && json[i] != '"') {
+                /* to the next quote at once, unless an escape comes first */
+                const char *quote = memchr(json + i, '"', len - i);
+                size_t to = quote ? (size_t)(quote - json) : len;
+                const char *escape = memchr(json + i, '\\', to - i);
+                if (escape == NULL) {
+                    i = to;
+                    break;
+                }
+                i = (size_t)(escape - json) + 2;
+            }
             size_t j = i + 1;
             while (j < len && (json[j] == ' ' || json[j] == '\t' || json[j] == '\n' || json[j] == '\r'))
                 j++;

@@ -21,22 +21,56 @@ enum {
 };
 
 typedef struct {
-    GByteArray *out;
+    GByteArray *out; /* the pickle so far, but for its last STAGED bytes (pickler_out gives all) */
+    uint8_t staged[256]; /* opcodes and fields are a few bytes: appended to OUT in one call */
+    unsigned n_staged;
     GPtrArray *tensors; /* const CkptfsValue*, in storage key order; NULL: no tensors allowed */
     GHashTable *globals; /* "module\nname" -> memo index + 1, when globals are memoized */
     GError **error;
     bool failed;
 } Pickler;
 
+static GByteArray *pickler_out(Pickler *p)
+{
+    g_byte_array_append(p->out, p->staged, p->n_staged);
+    p->n_staged = 0;
+    return p->out;
+}
+
+static void put_bytes(Pickler *p, const void *data, size_t n)
+{
+    if (p->n_staged + n > sizeof p->staged) {
+        pickler_out(p);
+        if (n > sizeof p->staged) {
+            g_byte_array_append(p->out, data, (guint)n);
+            return;
+        }
+    }
+    memcpy(p->staged + p->n_staged, data, n);
+    p->n_staged += (unsigned)n;
+}
+
 static void put_byte(Pickler *p, uint8_t b)
 {
-    g_byte_array_append(p->out, &b, 1);
+    put_bytes(p, &b, 1);
+}
+
+/* The N low bytes of V (N <= 8), little-endian, appended at once: a rank file of a large model
+ * holds thousands of such fields, and appending them byte by byte was a tenth of its plan. */
+static void append_le(GByteArray *a, uint64_t v, unsigned n)
+{
+    uint8_t b[8];
+    for (unsigned i = 0; i < n; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    g_byte_array_append(a, b, n);
 }
 
 static void put_le(Pickler *p, uint64_t v, unsigned n)
 {
+    uint8_t b[8];
     for (unsigned i = 0; i < n; i++)
-        put_byte(p, (uint8_t)(v >> (8 * i)));
+        b[i] = (uint8_t)(v >> (8 * i));
+    put_bytes(p, b, n);
 }
 
 static void put_str(Pickler *p, const char *s)
@@ -44,7 +78,7 @@ static void put_str(Pickler *p, const char *s)
     size_t n = strlen(s);
     put_byte(p, OP_BINUNICODE);
     put_le(p, n, 4);
-    g_byte_array_append(p->out, (const guint8 *)s, (guint)n);
+    put_bytes(p, s, n);
 }
 
 static void put_memo_op(Pickler *p, uint8_t short_op, uint8_t long_op, uint64_t index)
@@ -69,9 +103,9 @@ static void put_global(Pickler *p, const char *module, const char *name)
         }
     }
     put_byte(p, OP_GLOBAL);
-    g_byte_array_append(p->out, (const guint8 *)module, (guint)strlen(module));
+    put_bytes(p, module, strlen(module));
     put_byte(p, '\n');
-    g_byte_array_append(p->out, (const guint8 *)name, (guint)strlen(name));
+    put_bytes(p, name, strlen(name));
     put_byte(p, '\n');
     if (tag) {
         guint index = g_hash_table_size(p->globals);
@@ -303,22 +337,17 @@ static uint64_t zip_pos(const ZipWriter *z)
 
 static void le16(GByteArray *a, uint16_t v)
 {
-    uint8_t b[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
-    g_byte_array_append(a, b, 2);
+    append_le(a, v, 2);
 }
 
 static void le32(GByteArray *a, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) {
-        uint8_t b = (uint8_t)(v >> (8 * i));
-        g_byte_array_append(a, &b, 1);
-    }
+    append_le(a, v, 4);
 }
 
 static void le64(GByteArray *a, uint64_t v)
 {
-    le32(a, (uint32_t)v);
-    le32(a, (uint32_t)(v >> 32));
+    append_le(a, v, 8);
 }
 
 static void literal(ZipWriter *z, GByteArray *a)
@@ -341,7 +370,7 @@ static void crc_field(ZipWriter *z, GByteArray *a, const ZipEntry *e)
 /* Local header with an "FB" extra field padding the data start to a multiple of 64. */
 static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
 {
-    g_autofree char *full = g_strdup_printf("%s/%s", z->archive, name);
+    g_autofree char *full = g_strconcat(z->archive, "/", name, NULL);
     size_t name_len = strlen(full);
     uint64_t at = zip_pos(z);
     uint64_t data_at = at + 30 + name_len + 4;
@@ -350,7 +379,7 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
                   .data_offset = data_at + pad};
     g_array_append_val(z->entries, e);
 
-    g_autoptr(GByteArray) h = g_byte_array_new();
+    g_autoptr(GByteArray) h = g_byte_array_sized_new((guint)(30 + name_len + 4 + pad));
     le32(h, 0x04034b50);
     le16(h, 0);      /* version needed, as torch writes it */
     le16(h, 0x0808); /* data descriptor follows; UTF-8 name */
@@ -364,8 +393,8 @@ static void zip_begin_entry(ZipWriter *z, const char *name, uint64_t size)
     g_byte_array_append(h, (const guint8 *)e.name, (guint)name_len);
     le16(h, 0x4246); /* "FB" */
     le16(h, (uint16_t)pad);
-    for (uint64_t i = 0; i < pad; i++)
-        g_byte_array_append(h, (const guint8 *)"Z", 1);
+    static const char padding[ZIP_ALIGN] = {[0 ... ZIP_ALIGN - 1] = 'Z'};
+    g_byte_array_append(h, (const guint8 *)padding, (guint)pad); /* pad < ZIP_ALIGN */
     literal(z, h);
 }
 
@@ -495,7 +524,8 @@ static bool torchsave_append(CkptfsPlanBuilder *b, const CkptfsValue *root, cons
     ZipWriter z = {.b = b, .base = ckptfs_plan_builder_size(b), .archive = archive_name,
                    .compute_crc = compute_crc,
                    .entries = g_array_new(FALSE, FALSE, sizeof(ZipEntry))};
-    zip_add_bytes(&z, "data.pkl", p.out->data, p.out->len);
+    GByteArray *pickle = pickler_out(&p);
+    zip_add_bytes(&z, "data.pkl", pickle->data, pickle->len);
     zip_add_bytes(&z, "byteorder", "little", 6);
     for (guint i = 0; i < p.tensors->len; i++) {
         const CkptfsValue *t = g_ptr_array_index(p.tensors, i);
@@ -607,6 +637,7 @@ void ckptfs_pickle_stream_list_end(CkptfsPickleStream *s)
 GBytes *ckptfs_pickle_stream_finish(CkptfsPickleStream *s)
 {
     put_byte(&s->p, OP_STOP);
+    pickler_out(&s->p);
     GBytes *out = s->p.failed ? NULL : g_byte_array_free_to_bytes(g_steal_pointer(&s->p.out));
     if (s->p.out == NULL)
         s->p.out = g_byte_array_new(); /* pickler_clear frees it */

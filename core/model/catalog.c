@@ -21,11 +21,31 @@ static void tensor_free(gpointer data)
     g_free(t);
 }
 
+guint ckptfs_name_hash(gconstpointer name)
+{
+    /* Eight bytes a step (g_str_hash takes one): a 1T model's ~140k names of ~55 bytes are
+     * hashed ~15 times each while it mounts. */
+    const char *p = name;
+    size_t n = strlen(p);
+    uint64_t h = 0x9e3779b97f4a7c15u ^ n;
+    for (; n >= 8; p += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdu;
+        h ^= h >> 32;
+    }
+    uint64_t tail = 0;
+    memcpy(&tail, p, n);
+    h = (h ^ tail) * 0xc4ceb9fe1a85ec53u;
+    h ^= h >> 29;
+    return (guint)h;
+}
+
 CkptfsCatalog *ckptfs_catalog_new(void)
 {
     CkptfsCatalog *c = g_new0(CkptfsCatalog, 1);
     c->tensors = g_ptr_array_new_with_free_func(tensor_free);
-    c->by_name = g_hash_table_new(g_str_hash, g_str_equal);
+    c->by_name = g_hash_table_new(ckptfs_name_hash, g_str_equal);
     return c;
 }
 

@@ -331,12 +331,50 @@ GPtrArray *ckptfs_legacy_entries(const CkptfsModel *m, CkptfsScope scope, uint64
     return out;
 }
 
+static void append_decimal(GString *out, uint64_t v)
+{
+    char digits[20];
+    int n = 0;
+    do
+        digits[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n > 0)
+        g_string_append_c(out, digits[--n]);
+}
+
+/* PREFIX, N and a dot, then HF with each "{e}" made EXPERT: built in one string, without
+ * printf (a 1T model's ~70k expert names are made each time its model is checked). */
+static char *layer_name(const char *prefix, uint64_t n, const char *hf, uint64_t expert)
+{
+    GString *out = g_string_sized_new(96);
+    g_string_append(out, prefix);
+    append_decimal(out, n);
+    g_string_append_c(out, '.');
+    for (const char *p = hf;;) {
+        const char *brace = strstr(p, "{e}");
+        if (brace == NULL) {
+            g_string_append(out, p);
+            break;
+        }
+        g_string_append_len(out, p, brace - p);
+        append_decimal(out, expert);
+        p = brace + 3;
+    }
+    return g_string_free(out, FALSE);
+}
+
 char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, const char *mtp_prefix)
 {
     if (scope == CKPTFS_SCOPE_LAYER && mtp_prefix)
         return g_strdup_printf("%smtp_model_layer.%s", mtp_prefix, name);
-    if (scope == CKPTFS_SCOPE_LAYER)
-        return g_strdup_printf("decoder.layers.%" G_GUINT64_FORMAT ".%s", local, name);
+    if (scope == CKPTFS_SCOPE_LAYER) {
+        GString *out = g_string_sized_new(96); /* without printf: made for every tensor of a rank file */
+        g_string_append(out, "decoder.layers.");
+        append_decimal(out, local);
+        g_string_append_c(out, '.');
+        g_string_append(out, name);
+        return g_string_free(out, FALSE);
+    }
     if (scope == CKPTFS_SCOPE_MTP_IN || scope == CKPTFS_SCOPE_MTP_OUT || scope == CKPTFS_SCOPE_LIST)
         return g_strdup_printf("%s%s", mtp_prefix, name);
     return g_strdup(name);
@@ -394,15 +432,9 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
         return g_strdup(hf);
     if (key->mtp_hf_block_prefix && mtp_scope(key->rule->scope)) /* one set for the block */
         return g_strconcat(key->mtp_hf_block_prefix, hf, NULL);
-    g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
-    g_auto(GStrv) parts = g_strsplit(hf, "{e}", -1);
-    g_autofree char *suffix = g_strjoinv(e, parts);
     if (key->mtp_hf_prefix && layer >= key->decoder_layers)
-        return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->mtp_hf_prefix, layer - key->decoder_layers,
-                               suffix);
-    if (key->hf_layer_prefix)
-        return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", key->hf_layer_prefix, layer, suffix);
-    return ckptfs_hf_layer_name(layer, suffix);
+        return layer_name(key->mtp_hf_prefix, layer - key->decoder_layers, hf, expert);
+    return layer_name(key->hf_layer_prefix ? key->hf_layer_prefix : CKPTFS_HF_LAYER_PREFIX, layer, hf, expert);
 }
 
 /* Adds the tensors of KEY's segments (layer LAYER, expert E) to OUT, each once (SEEN: name ->
@@ -473,7 +505,7 @@ GArray *ckptfs_model_hf_tensors(const CkptfsModel *m, const GPtrArray *keys)
 {
     GArray *out = g_array_new(FALSE, FALSE, sizeof(CkptfsHfShape));
     g_array_set_clear_func(out, hf_shape_clear);
-    g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GHashTable) seen = g_hash_table_new(ckptfs_name_hash, g_str_equal);
     for (guint i = 0; i < keys->len; i++) {
         const CkptfsMcoreKey *k = g_ptr_array_index(keys, i);
         if (k->rule->scope == CKPTFS_SCOPE_FIRST)

@@ -384,7 +384,7 @@ uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
 
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
 {
-    return g_strdup_printf("model.layers.%" G_GUINT64_FORMAT ".%s", layer, suffix);
+    return g_strdup_printf(CKPTFS_HF_LAYER_PREFIX "%" G_GUINT64_FORMAT ".%s", layer, suffix);
 }
 
 #define CONFIG_ERROR(...)                                                                     \
@@ -599,7 +599,7 @@ static bool check_no_shared_expert(const CkptfsModel *m, const GPtrArray *unused
     with.shared_gate = moe->shared_gate;
     g_autoptr(GPtrArray) with_keys = ckptfs_mcore_keys(&with, with.vocab, false);
     g_autoptr(GArray) all = ckptfs_model_hf_tensors(&with, with_keys);
-    g_autoptr(GHashTable) left = g_hash_table_new(g_str_hash, g_str_equal);
+    g_autoptr(GHashTable) left = g_hash_table_new(ckptfs_name_hash, g_str_equal);
     for (guint k = 0; k < unused->len; k++)
         g_hash_table_add(left, g_ptr_array_index(unused, k));
     for (guint k = 0; k < all->len; k++) {

@@ -117,7 +117,7 @@ static bool block_fp8_config(const CkptfsSource *source, gint64 *br, gint64 *bc,
 static bool dequantize_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, gint64 br, gint64 bc,
                                GError **error)
 {
-    g_autoptr(GHashTable) scales = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_autoptr(GHashTable) scales = g_hash_table_new_full(ckptfs_name_hash, g_str_equal, g_free, NULL);
     for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
         const CkptfsTensor *t = ckptfs_catalog_at(catalog, i);
         if (t->stored != CKPTFS_DTYPE_F8_E4M3 && t->stored != CKPTFS_DTYPE_F8_E5M2)
@@ -223,7 +223,7 @@ static bool mxfp4_config(const CkptfsSource *source)
 static bool dequantize_mxfp4_catalog(const CkptfsSource *source, CkptfsCatalog *catalog, unsigned *pairs_found,
                                      GError **error)
 {
-    g_autoptr(GHashTable) pairs = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_autoptr(GHashTable) pairs = g_hash_table_new_full(ckptfs_name_hash, g_str_equal, g_free, NULL);
     unsigned count = ckptfs_catalog_count(catalog);
     for (unsigned i = 0; i < count; i++) {
         const char *name = ckptfs_catalog_at(catalog, i)->name;

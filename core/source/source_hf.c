@@ -44,7 +44,8 @@ static bool valid_shard_name(const char *name)
 
 /* weight_map of the index: tensor name -> shard file name, and the names in the index's order. */
 typedef struct {
-    GHashTable *shard_of; /* name -> shard (both owned) */
+    GHashTable *shard_of; /* name (owned) -> shard (borrowed from SHARDS) */
+    GHashTable *shards;   /* each shard file name once (a large index names ~60 for 100k tensors) */
     GPtrArray *names;     /* borrowed from SHARD_OF's keys */
 } WeightMap;
 
@@ -54,6 +55,7 @@ static void weight_map_free(WeightMap *w)
         return;
     g_ptr_array_unref(w->names);
     g_hash_table_unref(w->shard_of);
+    g_hash_table_unref(w->shards);
     g_free(w);
 }
 G_DEFINE_AUTOPTR_CLEANUP_FUNC(WeightMap, weight_map_free)
@@ -69,7 +71,8 @@ static WeightMap *read_weight_map(CkptfsSource *source, GError **error)
         !ckptfs_json_check_strict(path, data, len, error))
         return NULL;
     g_autoptr(WeightMap) w = g_new0(WeightMap, 1);
-    w->shard_of = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
+    w->shard_of = g_hash_table_new_full(ckptfs_name_hash, g_str_equal, g_free, NULL);
+    w->shards = g_hash_table_new_full(ckptfs_name_hash, g_str_equal, g_free, NULL);
     w->names = g_ptr_array_new();
     CkptfsJsonCursor c;
     ckptfs_json_cursor_init(&c, data, len);
@@ -98,7 +101,12 @@ static WeightMap *read_weight_map(CkptfsSource *source, GError **error)
                 return NULL;
             }
             char *name = g_strdup(key->str); /* keys are distinct: the strict check refuses repeats */
-            g_hash_table_insert(w->shard_of, name, g_strdup(shard->str));
+            char *shard_name = g_hash_table_lookup(w->shards, shard->str);
+            if (shard_name == NULL) {
+                shard_name = g_strdup(shard->str);
+                g_hash_table_add(w->shards, shard_name);
+            }
+            g_hash_table_insert(w->shard_of, name, shard_name);
             g_ptr_array_add(w->names, name);
         }
     }
@@ -154,9 +162,10 @@ static bool add_shard(CkptfsSource *source, const char *shard, const WeightMap *
                 break;
             }
         }
-        g_hash_table_insert(seen_in, g_strdup(e->name), (gpointer)shard); /* SHARD outlives SEEN_IN */
-        ckptfs_catalog_add_contiguous(source->catalog, e->name, e->dtype, e->ndim, e->shape,
-                                      file->src, header->data_start + e->begin);
+        const CkptfsTensor *t = ckptfs_catalog_add_contiguous(source->catalog, e->name, e->dtype, e->ndim,
+                                                              e->shape, file->src, header->data_start + e->begin);
+        if (t != NULL) /* keyed by the catalog's copy of the name; SHARD outlives SEEN_IN too */
+            g_hash_table_insert(seen_in, t->name, (gpointer)shard);
     }
     if (ok)
         g_ptr_array_add(source->weight_files, g_strdup(shard));
@@ -183,7 +192,7 @@ static bool open_weights(CkptfsSource *source, GError **error)
                         SINGLE_NAME, INDEX_NAME);
             return false;
         }
-        g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+        g_autoptr(GHashTable) seen = g_hash_table_new(ckptfs_name_hash, g_str_equal);
         return add_shard(source, SINGLE_NAME, NULL, seen, error);
     }
     g_autoptr(WeightMap) weight_map = read_weight_map(source, error);
@@ -196,13 +205,10 @@ static bool open_weights(CkptfsSource *source, GError **error)
     }
 
     /* Shards in file name order, as transformers loads them. */
-    g_autoptr(GHashTable) shard_set = g_hash_table_new(g_str_hash, g_str_equal);
-    for (guint i = 0; i < weight_map->names->len; i++)
-        g_hash_table_add(shard_set, g_hash_table_lookup(weight_map->shard_of, g_ptr_array_index(weight_map->names, i)));
-    g_autoptr(GList) shards = g_hash_table_get_keys(shard_set);
+    g_autoptr(GList) shards = g_hash_table_get_keys(weight_map->shards);
     shards = g_list_sort(shards, (GCompareFunc)strcmp);
 
-    g_autoptr(GHashTable) seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    g_autoptr(GHashTable) seen = g_hash_table_new(ckptfs_name_hash, g_str_equal);
     for (GList *s = shards; s; s = s->next)
         if (!add_shard(source, s->data, weight_map, seen, error))
             return false;

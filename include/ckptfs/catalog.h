@@ -56,6 +56,10 @@ typedef struct {
 
 typedef struct CkptfsCatalog CkptfsCatalog;
 
+/* A GHashFunc for tensor names (and other NUL-terminated strings), faster than g_str_hash on
+ * long ones; with g_str_equal. */
+guint ckptfs_name_hash(gconstpointer name);
+
 CkptfsCatalog *ckptfs_catalog_new(void);
 void ckptfs_catalog_free(CkptfsCatalog *catalog);
 

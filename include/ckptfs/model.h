@@ -387,6 +387,7 @@ bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GErr
 uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model);
 
 /* HF tensor names of layer I (NULL-safe helpers for the views). */
+#define CKPTFS_HF_LAYER_PREFIX "model.layers."
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
 
 #endif

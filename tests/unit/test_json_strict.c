@@ -244,5 +244,65 @@ int main(void)
     tap_ok(h == NULL && e && strstr(e->message, "model.safetensors: safetensors header: key 'shape' is given twice in one object at byte 62"),
            "safetensors entry with 'shape' twice refused: %s", e ? e->message : "accepted");
     g_clear_error(&e);
+
+    /* The cursor reads integers in place: both ends of 64 bits, -0, and numbers that are not
+     * integers still read as doubles. */
+    const char *numbers = "[0, -0, 7, 9223372036854775807, -9223372036854775808, 1000000000000000000, "
+                          "-12, 1.5, -2e3, 4E-1]";
+    static const int64_t want_int[] = {0, 0, 7, INT64_MAX, INT64_MIN, 1000000000000000000, -12};
+    static const double want_double[] = {1.5, -2000, 0.4};
+    CkptfsJsonCursor c;
+    ckptfs_json_cursor_init(&c, numbers, strlen(numbers));
+    ckptfs_json_cursor_enter(&c);
+    unsigned read = 0, right = 0;
+    while (ckptfs_json_cursor_next(&c, NULL)) {
+        bool is_int;
+        int64_t i;
+        double d;
+        ckptfs_json_cursor_number(&c, &is_int, &i, &d);
+        if (read < G_N_ELEMENTS(want_int))
+            right += is_int && i == want_int[read];
+        else if (read - G_N_ELEMENTS(want_int) < G_N_ELEMENTS(want_double))
+            right += !is_int && d == want_double[read - G_N_ELEMENTS(want_int)];
+        read++;
+    }
+    tap_ok(read == 10 && right == 10, "cursor: %u of 10 numbers read, %u right", read, right);
+
+    /* Strings are scanned eight bytes a step: a quote, an escape, a control character or a
+     * UTF-8 byte at every position of a word ends the run there, and decodes as before. */
+    unsigned decoded_right = 0, refused_right = 0;
+    for (unsigned at = 0; at < 17; at++) {
+        g_autofree char *plain = g_strnfill(at, 'x');
+        static const char *const inserts[] = {"\\\"", "\\n", "\xc3\xa9", "\\u0041"};
+        static const char *const decoded[] = {"\"", "\n", "\xc3\xa9", "A"};
+        for (size_t k = 0; k < G_N_ELEMENTS(inserts); k++) {
+            g_autofree char *json = g_strdup_printf("{\"%s%sabcdefghijklmnop\": 1}", plain, inserts[k]);
+            g_autofree char *expected = g_strdup_printf("%s%sabcdefghijklmnop", plain, decoded[k]);
+            g_autoptr(GString) key = g_string_new(NULL);
+            ckptfs_json_cursor_init(&c, json, strlen(json));
+            ckptfs_json_cursor_enter(&c);
+            decoded_right += check(json, NULL) && ckptfs_json_cursor_next(&c, key) && strcmp(key->str, expected) == 0;
+        }
+        g_autofree char *raw = g_strdup_printf("{\"%s\tabcdefghijklmnop\": 1}", plain);
+        g_autofree char *where = g_strdup_printf("at byte %u: a control character inside a string", 2 + at);
+        bool failed = !check(raw, &e);
+        refused_right += failed && e && strstr(e->message, where) != NULL;
+        g_clear_error(&e);
+    }
+    tap_ok(decoded_right == 17 * 4, "strings: %u of 68 keys with an escape or UTF-8 at offsets 0-16 decoded right",
+           decoded_right);
+    tap_ok(refused_right == 17, "strings: %u of 17 raw tabs at offsets 0-16 refused at their byte", refused_right);
+
+    /* Keys are compared as decoded, in a small object and past the point where they are hashed:
+     * an escaped spelling of a key seen 40 keys earlier, and keys that are prefixes of others. */
+    g_autoptr(GString) many = g_string_new("{");
+    for (int i = 0; i < 40; i++)
+        g_string_append_printf(many, "\"k%d\": 0, \"k%dx\": 0, ", i, i);
+    g_string_append(many, "\"k\": 0, \"\": 0, ");
+    g_autofree char *unique = g_strdup_printf("%s\"z\": 0}", many->str);
+    tap_ok(check(unique, NULL), "82 keys, some prefixes of others and one empty, accepted");
+    g_string_append(many, "\"\\u006b7\": 1}"); /* "k7" */
+    refused(!check(many->str, &e), &e, "key 'k7' is given twice in one object", "'\\u006b7' after 'k7' among 83 keys");
+    refused(!check("{\"\": 1, \"\": 2}", &e), &e, "key '' is given twice", "the empty key twice");
     return tap_done();
 }

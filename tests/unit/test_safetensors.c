@@ -241,6 +241,13 @@ static void test_hostile_sizes(void)
                "count: top-level keys but __metadata__; nested keys and escaped quotes are not keys");
     const char *junk = "}}]]\"\\{{:::\":\":{\"";
     tap_ok(ckptfs_st_count_tensors(junk, strlen(junk)) < 10, "count: any bytes are scanned safely");
+    /* It jumps from quote to quote: escapes before, after and between them still count right,
+     * and a string cut by the end of the bytes (an escape last) reads nothing past them. */
+    const char *escapes = "{\"a\\\\\":{\"s\":\"\\\"}:{\\\\\"}, \"\\\"b\\\"\" :{}, \"c\\u0022:\":1}";
+    tap_is_u64(ckptfs_st_count_tensors(escapes, strlen(escapes)), 3,
+               "count: keys ending in an escaped backslash, with escaped quotes and ':' inside strings");
+    const char *cut = "{\"a\":1, \"b\\";
+    tap_is_u64(ckptfs_st_count_tensors(cut, strlen(cut)), 1, "count: a key cut after an escape");
 
     /* One more tensor than a header may list: refused by counting, before json-glib parses it. */
     GString *big = g_string_new("{");
