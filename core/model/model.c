@@ -328,6 +328,19 @@ char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
     return g_strdup_printf("model.layers.%" G_GUINT64_FORMAT ".%s", layer, suffix);
 }
 
+uint64_t ckptfs_model_hf_layers(const CkptfsModel *m)
+{
+    return m->layers + (m->mtp ? m->mtp_layers : 0);
+}
+
+char *ckptfs_model_hf_layer_name(const CkptfsModel *m, uint64_t layer, const char *suffix)
+{
+    const char *mtp_prefix = m->arch->family->mtp_hf_prefix;
+    if (layer < m->layers || mtp_prefix == NULL)
+        return ckptfs_hf_layer_name(layer, suffix);
+    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", mtp_prefix, layer - m->layers, suffix);
+}
+
 #define CONFIG_ERROR(...)                                                                     \
     do {                                                                                      \
         g_autofree char *why_ = g_strdup_printf(__VA_ARGS__);                                 \
