@@ -23,6 +23,11 @@ static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediat
 static const CkptfsMoeConfig qwen3_5_moe_config = {"num_experts", "moe_intermediate_size",
                                                    "shared_expert_intermediate_size", .shared_gate = true,
                                                    .always_renormalize = true, .fused_forms = transformers5_fused};
+/* Qwen3-Next: Qwen2-MoE's experts; its releases hold them per expert, transformers 5 holds them
+ * fused (its Qwen2-MoE conversion), and both forms are read */
+static const CkptfsMoeConfig qwen3_next_moe_config = {"num_experts", "moe_intermediate_size",
+                                                      "shared_expert_intermediate_size", .shared_gate = true,
+                                                      .dense_layers = true, .fused_forms = transformers5_fused};
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true};
@@ -171,7 +176,7 @@ static const CkptfsArchitecture gpt_oss = {"GptOssForCausalLM", "gpt_oss", true,
  * head rotated unless partial_rotary_factor says otherwise), zero-centred norms, Qwen2-MoE's
  * experts with a gated shared expert (transformers' defaults: 2 key/value heads, head_dim 256) */
 static const CkptfsArchitecture qwen3_next = {"Qwen3NextForCausalLM", "qwen3_next", false, true,
-                                              &ckptfs_family_qwen3_next, &qwen2_moe_config, false, 0, 0,
+                                              &ckptfs_family_qwen3_next, &qwen3_next_moe_config, false, 0, 0,
                                               .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
                                               .max_positions = 32768, .hybrid_attention = true,
                                               .attention_gate = true, .zero_centred_norms = true};
