@@ -17,7 +17,7 @@ const CkptfsFusedExperts ckptfs_fused_interleaved = {
 enum { GATE, UP, DOWN, PROJECTIONS };
 /* The experts' biases (families whose experts have them): gate's, up's, down's. */
 enum { GATE_BIAS, UP_BIAS, DOWN_BIAS, BIASES };
-/* The per-expert Hugging Face names (after "model.layers.N.", "{e}" for the expert) of the
+/* The per-expert Hugging Face names (after a layer's prefix, "{e}" for the expert) of the
  * family's routed experts: fc1's two halves, fc2. */
 static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIONS], const char *biases[BIASES],
                          GError **error)
@@ -40,13 +40,22 @@ static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIO
                        "projections for fused expert tensors to be read as", family->name);
 }
 
-/* "model.layers.L." + PATTERN with "{e}" replaced by EXPERT. */
-static char *layer_name(uint64_t layer, const char *pattern, uint64_t expert)
+/* Layer L's name prefix ("model.layers.L.", an MTP layer's "mtp.layers.0.") + PATTERN with "{e}"
+ * replaced by EXPERT. */
+static char *layer_name(const CkptfsModel *m, uint64_t layer, const char *pattern, uint64_t expert)
 {
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
     g_auto(GStrv) parts = g_strsplit(pattern, "{e}", -1);
     g_autofree char *suffix = g_strjoinv(e, parts);
-    return ckptfs_hf_layer_name(layer, suffix);
+    return ckptfs_model_hf_layer_name(m, layer, suffix);
+}
+
+/* "layer 3", or "MTP layer 0" (for messages) */
+static char *layer_text(const CkptfsModel *m, uint64_t layer)
+{
+    if (layer < m->layers)
+        return g_strdup_printf("layer %" G_GUINT64_FORMAT, layer);
+    return g_strdup_printf("MTP layer %" G_GUINT64_FORMAT, layer - m->layers);
 }
 
 /* Whether fused SHAPE's last two dims are gate_up's (WHICH 0) or down's (1) in FORM. */
@@ -142,8 +151,8 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
         /* MXFP4 (GPT-OSS's releases): stored [E, out, in] and served transposed, so an expert's
          * projection is a run of stored rows, every other one for gate and up interleaved */
         uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : f;
-        g_autofree char *gate = layer_name(l, names[GATE], e), *up = layer_name(l, names[UP], e);
-        g_autofree char *down_name = layer_name(l, names[DOWN], e);
+        g_autofree char *gate = layer_name(m, l, names[GATE], e), *up = layer_name(m, l, names[UP], e);
+        g_autofree char *down_name = layer_name(m, l, names[DOWN], e);
         return ckptfs_catalog_add_mxfp4_rows(catalog, gate, gate_up, e * 2 * f, apart, f, error) &&
                ckptfs_catalog_add_mxfp4_rows(catalog, up, gate_up, e * 2 * f + up_first, apart, f, error) &&
                ckptfs_catalog_add_mxfp4_rows(catalog, down_name, down, e * h, 1, h, error);
@@ -169,7 +178,7 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
         {dbase, do_step * isz, di_step * isz, h, f, dp, down},
     };
     for (int p = 0; p < PROJECTIONS; p++) {
-        g_autofree char *name = layer_name(l, names[p], e);
+        g_autofree char *name = layer_name(m, l, names[p], e);
         uint64_t shape[2] = {parts[p].rows, parts[p].cols};
         CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = shape[1], .src = parts[p].in->src,
                              .offset = parts[p].offset, .row_stride = parts[p].row_stride,
@@ -203,7 +212,7 @@ static bool add_expert_biases(CkptfsCatalog *catalog, const CkptfsModel *m, cons
         {dbase, isz, m->hidden, dp, down},
     };
     for (int p = 0; p < BIASES; p++) {
-        g_autofree char *name = layer_name(l, names[p], e);
+        g_autofree char *name = layer_name(m, l, names[p], e);
         uint64_t shape[1] = {parts[p].rows};
         CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = 1, .src = parts[p].in->src,
                              .offset = parts[p].offset, .row_stride = parts[p].stride};
@@ -226,7 +235,7 @@ static bool layer_biases(const CkptfsCatalog *catalog, const CkptfsModel *m, con
         if (fused[i] == NULL)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "the experts fused as %s have no biases, which the "
                                "%s rules need", form->name, m->arch->family->name);
-        g_autofree char *name = ckptfs_hf_layer_name(l, fused[i]);
+        g_autofree char *name = ckptfs_model_hf_layer_name(m, l, fused[i]);
         const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
         if (t == NULL || t->ndim != 2 || t->shape[0] != m->experts || t->shape[1] != cols[i]) {
             g_autofree char *shape = t ? shape_text(t) : NULL;
@@ -243,9 +252,9 @@ bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsMode
                                   const CkptfsFusedExperts *const *forms)
 {
     for (const CkptfsFusedExperts *const *f = forms; f && *f; f++)
-        for (uint64_t l = 0; l < model->layers; l++) {
-            g_autofree char *gate_up = ckptfs_hf_layer_name(l, (*f)->gate_up);
-            g_autofree char *down = ckptfs_hf_layer_name(l, (*f)->down);
+        for (uint64_t l = 0; l < ckptfs_model_hf_layers(model); l++) {
+            g_autofree char *gate_up = ckptfs_model_hf_layer_name(model, l, (*f)->gate_up);
+            g_autofree char *down = ckptfs_model_hf_layer_name(model, l, (*f)->down);
             if (ckptfs_model_layer_is_moe(model, l) &&
                 (ckptfs_catalog_find(catalog, gate_up) || ckptfs_catalog_find(catalog, down)))
                 return true;
@@ -261,19 +270,19 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
     if (forms == NULL || forms[0] == NULL || model->experts == 0)
         return true;
     g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    for (uint64_t l = 0; l < model->layers; l++) {
+    for (uint64_t l = 0; l < ckptfs_model_hf_layers(model); l++) {
         if (!ckptfs_model_layer_is_moe(model, l))
             continue;
-        g_autofree char *gate_up_name = ckptfs_hf_layer_name(l, forms[0]->gate_up);
-        g_autofree char *down_name = ckptfs_hf_layer_name(l, forms[0]->down);
+        g_autofree char *gate_up_name = ckptfs_model_hf_layer_name(model, l, forms[0]->gate_up);
+        g_autofree char *down_name = ckptfs_model_hf_layer_name(model, l, forms[0]->down);
         const CkptfsTensor *gate_up = ckptfs_catalog_find(catalog, gate_up_name);
         const CkptfsTensor *down = ckptfs_catalog_find(catalog, down_name);
         if (gate_up == NULL && down == NULL)
             continue; /* held per expert */
+        g_autofree char *where = layer_text(model, l);
         if (gate_up == NULL || down == NULL)
-            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " has fused expert tensor '%s' "
-                               "but not '%s'", l, gate_up ? gate_up_name : down_name,
-                               gate_up ? down_name : gate_up_name);
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s has fused expert tensor '%s' but not '%s'", where,
+                               gate_up ? gate_up_name : down_name, gate_up ? down_name : gate_up_name);
         if (*split == 0 && !expert_names(model->arch->family, names, biases, error))
             return false;
         const CkptfsFusedExperts *form = layer_form(model, forms, gate_up, down, error);
@@ -283,10 +292,10 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
             return false;
         for (uint64_t e = 0; e < model->experts; e++)
             for (int p = 0; p < PROJECTIONS; p++) {
-                g_autofree char *name = layer_name(l, names[p], e);
+                g_autofree char *name = layer_name(model, l, names[p], e);
                 if (ckptfs_catalog_find(catalog, name) != NULL)
-                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "layer %" G_GUINT64_FORMAT " holds its experts "
-                                       "both fused ('%s') and one by one ('%s')", l, gate_up_name, name);
+                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s holds its experts both fused ('%s') and "
+                                       "one by one ('%s')", where, gate_up_name, name);
             }
         for (uint64_t e = 0; e < model->experts; e++)
             if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error) ||
@@ -340,7 +349,7 @@ static bool join_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckpt
     const CkptfsTensor *first = NULL;
     for (uint64_t e = 0; e < e_count; e++)
         for (int p = 0; p < BIASES; p++) {
-            g_autofree char *name = layer_name(l, names[p], e);
+            g_autofree char *name = layer_name(m, l, names[p], e);
             const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
             uint64_t rows = p == DOWN_BIAS ? m->hidden : f;
             if (t == NULL || t->ndim != 1 || t->shape[0] != rows || t->scale != NULL ||
@@ -363,8 +372,8 @@ static bool join_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckpt
             g_hash_table_add(joined, g_steal_pointer(&name));
         }
     uint64_t gate_up_shape[2] = {e_count, 2 * f}, down_shape[2] = {e_count, m->hidden};
-    g_autofree char *gate_up_name = ckptfs_hf_layer_name(l, form->gate_up_bias);
-    g_autofree char *down_name = ckptfs_hf_layer_name(l, form->down_bias);
+    g_autofree char *gate_up_name = ckptfs_model_hf_layer_name(m, l, form->gate_up_bias);
+    g_autofree char *down_name = ckptfs_model_hf_layer_name(m, l, form->down_bias);
     return ckptfs_catalog_add_reshaped(catalog, gate_up_name, first->dtype, first->stored, 2, gate_up_shape,
                                        form->interleaved ? e_count * f : 0, (const CkptfsPiece *)(void *)gate_up->data,
                                        gate_up->len, error) &&
@@ -380,7 +389,7 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
         return model->experts == 0;
     uint64_t e_count = model->experts, h = model->hidden, f = model->moe_ffn;
     g_autoptr(GHashTable) joined = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
-    for (uint64_t l = 0; l < model->layers; l++) {
+    for (uint64_t l = 0; l < ckptfs_model_hf_layers(model); l++) {
         if (!ckptfs_model_layer_is_moe(model, l))
             continue;
         g_autoptr(GArray) gate_up_pieces = g_array_new(FALSE, FALSE, sizeof(CkptfsPiece));
@@ -389,7 +398,7 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
         const CkptfsTensor *first = NULL;
         for (uint64_t e = 0; e < e_count; e++)
             for (int p = 0; p < PROJECTIONS; p++) {
-                g_autofree char *name = layer_name(l, names[p], e);
+                g_autofree char *name = layer_name(model, l, names[p], e);
                 const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
                 uint64_t rows = p == DOWN ? h : f, cols = p == DOWN ? f : h;
                 if (t == NULL || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols || t->scale != NULL)
@@ -428,8 +437,8 @@ bool ckptfs_fused_experts_join(CkptfsCatalog *catalog, const CkptfsModel *model,
         uint64_t down_shape[3] = {e_count, form->transposed ? f : h, form->transposed ? h : f};
         uint64_t gate_up_rows = e_count * (form->transposed ? h : form->interleaved ? f : 2 * f);
         uint64_t down_rows = e_count * (form->transposed ? f : h);
-        g_autofree char *gate_up = ckptfs_hf_layer_name(l, form->gate_up);
-        g_autofree char *down = ckptfs_hf_layer_name(l, form->down);
+        g_autofree char *gate_up = ckptfs_model_hf_layer_name(model, l, form->gate_up);
+        g_autofree char *down = ckptfs_model_hf_layer_name(model, l, form->down);
         if (!ckptfs_catalog_add_reshaped(catalog, gate_up, first->dtype, first->stored, 3, gate_up_shape, gate_up_rows,
                                          (const CkptfsPiece *)(void *)pieces[0]->data, pieces[0]->len, error) ||
             !ckptfs_catalog_add_reshaped(catalog, down, first->dtype, first->stored, 3, down_shape, down_rows,

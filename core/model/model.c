@@ -23,6 +23,11 @@ static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediat
 static const CkptfsMoeConfig qwen3_5_moe_config = {"num_experts", "moe_intermediate_size",
                                                    "shared_expert_intermediate_size", .shared_gate = true,
                                                    .always_renormalize = true, .fused_forms = transformers5_fused};
+/* Qwen3-Next: Qwen2-MoE's experts; its releases hold them per expert, transformers 5 holds them
+ * fused (its Qwen2-MoE conversion), and both forms are read */
+static const CkptfsMoeConfig qwen3_next_moe_config = {"num_experts", "moe_intermediate_size",
+                                                      "shared_expert_intermediate_size", .shared_gate = true,
+                                                      .dense_layers = true, .fused_forms = transformers5_fused};
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true};
@@ -178,7 +183,7 @@ static const CkptfsArchitecture gpt_oss = {"GptOssForCausalLM", "gpt_oss", true,
  * head rotated unless partial_rotary_factor says otherwise), zero-centred norms, Qwen2-MoE's
  * experts with a gated shared expert (transformers' defaults: 2 key/value heads, head_dim 256) */
 static const CkptfsArchitecture qwen3_next = {"Qwen3NextForCausalLM", "qwen3_next", false, true,
-                                              &ckptfs_family_qwen3_next, &qwen2_moe_config, false, 0, 0,
+                                              &ckptfs_family_qwen3_next, &qwen3_next_moe_config, false, 0, 0,
                                               .kv_heads = 2, .head_dim = 256, .partial_rotary = 0.25,
                                               .max_positions = 32768, .hybrid_attention = true,
                                               .attention_gate = true, .zero_centred_norms = true};
@@ -385,6 +390,19 @@ uint64_t ckptfs_model_linear_layers(const CkptfsModel *m)
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix)
 {
     return g_strdup_printf(CKPTFS_HF_LAYER_PREFIX "%" G_GUINT64_FORMAT ".%s", layer, suffix);
+}
+
+uint64_t ckptfs_model_hf_layers(const CkptfsModel *m)
+{
+    return m->layers + (m->mtp ? m->mtp_layers : 0);
+}
+
+char *ckptfs_model_hf_layer_name(const CkptfsModel *m, uint64_t layer, const char *suffix)
+{
+    const char *mtp_prefix = m->arch->family->mtp_hf_prefix;
+    if (layer < m->layers || mtp_prefix == NULL)
+        return ckptfs_hf_layer_name(layer, suffix);
+    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", mtp_prefix, layer - m->layers, suffix);
 }
 
 #define CONFIG_ERROR(...)                                                                     \

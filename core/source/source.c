@@ -340,10 +340,11 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
         set_config_dtype(source, to);
 }
 
-/* Experts fused on disk (transformers 5's form; some families' releases): the Megatron views
- * read per-expert tensors, strided pieces of the fused ones, from a catalog of their own, as
- * block-FP8's; hf/ serves the source's own form. A problem costs the Megatron views, not hf/. */
-static void split_fused_experts(CkptfsSource *source)
+/* Experts fused on disk (transformers 5's form; some families' releases), in the decoder's layers
+ * and, with -o mtp=on, the multi-token prediction layers': the Megatron views read per-expert
+ * tensors, strided pieces of the fused ones, from a catalog of their own, as block-FP8's; hf/
+ * serves the source's own form. A problem costs the Megatron views, not hf/. */
+static void split_fused_experts(CkptfsSource *source, const CkptfsOptions *options)
 {
     if (source->config == NULL || source->model_problem != NULL)
         return;
@@ -359,6 +360,7 @@ static void split_fused_experts(CkptfsSource *source)
         g_error_free(error); /* the mount reads the model again and says why */
         return;
     }
+    model->mtp = options->mtp; /* MTP layers left out are never read: their tensors stay as saved */
     if (!ckptfs_fused_experts_present(ckptfs_source_model_catalog(source), model, arch->moe->fused_forms))
         return;
     CkptfsCatalog *split = ckptfs_catalog_copy(ckptfs_source_model_catalog(source));
@@ -553,7 +555,7 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     }
     serve_dtype(source, options, dequantized);
     rename_modules(source); /* first: the experts are split under the rules' names */
-    split_fused_experts(source);
+    split_fused_experts(source, options);
     join_fused_experts(source);
     name_as_released(source); /* last: the experts are joined under the rules' names */
     return source;

@@ -15,7 +15,7 @@
 /* One form of fused experts (E experts, hidden size H, expert FFN size F). */
 typedef struct CkptfsFusedExperts {
     const char *name;    /* in messages: "[E, 2F, H]" */
-    const char *gate_up; /* names after "model.layers.N." */
+    const char *gate_up; /* names after a layer's prefix ("model.layers.N.", "mtp.layers.J.") */
     const char *down;
     /* gate_up [E, H, 2F] and down [E, F, H] (inputs first: x @ W) rather than nn.Linear's
      * [E, 2F, H] and [E, H, F] */
@@ -23,7 +23,7 @@ typedef struct CkptfsFusedExperts {
     /* gate and up alternate along 2F (gate at even places) rather than gate's F then up's */
     bool interleaved;
     /* the experts' biases, gate_up's [E, 2F] ordered as its weight, down's [E, H] (names after
-     * "model.layers.N."; NULL: the form has none) */
+     * a layer's prefix; NULL: the form has none) */
     const char *gate_up_bias, *down_bias;
 } CkptfsFusedExperts;
 
@@ -34,8 +34,9 @@ extern const CkptfsFusedExperts ckptfs_fused_transposed;
 /* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H], with biases */
 extern const CkptfsFusedExperts ckptfs_fused_interleaved;
 
-/* The per-expert tensors MODEL's rules read, in CATALOG, for every MoE layer whose experts are
- * fused in one of FORMS (NULL-terminated; the one whose shapes fit): each a strided piece of the
+/* The per-expert tensors MODEL's rules read, in CATALOG, for every MoE layer (the decoder's, and
+ * the multi-token prediction layers' when MODEL serves them, each under its own prefix:
+ * ckptfs_model_hf_layer_name) whose experts are fused in one of FORMS (NULL-terminated; the one whose shapes fit): each a strided piece of the
  * fused tensor, which leaves the catalog. Layers held per expert are left as they are. Refused
  * by name: a fused tensor whose first dimension is not the expert count or whose other two fit
  * no form, shapes that fit two forms, a layer with fused and per-expert tensors both, one fused

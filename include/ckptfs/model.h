@@ -390,4 +390,13 @@ uint64_t ckptfs_model_rotated_dim(const CkptfsModel *model);
 #define CKPTFS_HF_LAYER_PREFIX "model.layers."
 char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
 
+/* How many layers M's Hugging Face tensors hold as the Megatron views read them: the decoder's,
+ * then the multi-token prediction layers when served (M->mtp). */
+uint64_t ckptfs_model_hf_layers(const CkptfsModel *m);
+
+/* The HF name of SUFFIX in layer LAYER of M: a decoder layer's ("model.layers.3.SUFFIX"), or,
+ * from M's layer count on, multi-token prediction layer LAYER - layers under the family's MTP
+ * prefix ("mtp.layers.0.SUFFIX") or after the decoder's (DeepSeek's). */
+char *ckptfs_model_hf_layer_name(const CkptfsModel *m, uint64_t layer, const char *suffix);
+
 #endif

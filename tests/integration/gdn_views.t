@@ -19,7 +19,9 @@
 # modules) with -o mtp=on: Megatron-core's MultiTokenPredictionLayer on the last stage with the
 # bridges' names and bytes, its Megatron forward equal to the block's, the same mtp.* back through
 # hf/ of tp/pp and mcore/ views; without mtp=on the views are the model's alone; a missing or
-# misshapen MTP tensor, or more than one MTP layer, refused by name.
+# misshapen MTP tensor, or more than one MTP layer, refused by name. A Qwen3.5-MoE and a
+# Qwen3-Next whose experts, the MTP layer's included, are fused on disk: the same views as per
+# expert, hf/ as saved, a fused MTP tensor of the wrong expert count refused by name.
 # Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
 # a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
 # taken from its source (gated_delta_net.py) and the bridges.
@@ -147,6 +149,43 @@ mtp_views() { # NAME CHECKED_LAYOUT [LAYOUT...]: each layout and mcore/ back to 
 }
 mtp_views q3n-a-mtp tp2pp2 tp1pp2vpp2ep2
 mtp_views q35-mtp tp2pp1
+mtp_views q35moe-mtp tp1pp2ep2
+# Qwen3.5-MoE's and Qwen3-Next's MTP layer with its experts fused on disk as transformers holds
+# them (mtp.layers.0.mlp.experts.gate_up_proj [E, 2F, H], down_proj [E, H, F]; the decoder's
+# fused too: Qwen3.6's releases' form): with mtp=on the same rank files and mcore/ as the
+# per-expert copy's (split by the builder, checked against the bridges above), hf/ the tensors
+# as saved, and back through the view hf/ gives them per expert (the Qwen3.5 and Qwen3-Next
+# releases' MTP form)
+mtp_fused() { # NAME LAYOUT: NAME-fused against NAME's mtp=on mount
+  local name=$1 layout=$2 fm=$WORK/mtp-$1-fused
+  if ! mount_ckptfs "$models/$name-fused" "$fm" -o "mtp=on,layouts=$layout" 2> "$WORK/err"; then
+    ok 1 "$name-fused: mount with mtp=on ($(head -c 300 "$WORK/err"))"
+    return
+  fi
+  check "$name-fused with mtp=on: $layout/ and mcore/ the same bytes as per expert, MTP layer included" \
+    bash -c 'diff -r "$1/$3" "$2/$3" && diff -r "$1/mcore" "$2/mcore"' _ "$fm" "$WORK/mtp-$name" "$layout"
+  check "$name-fused: hf/ keeps every layer's experts fused as saved, bit for bit" \
+    $PY "$ref" same "$models/$name-fused" "$fm/hf"
+  if mount_ckptfs "$fm/$layout" "$fm-back"; then
+    check "$name-fused -> $layout (mtp=on) -> hf/: the tensors per expert, mtp.* included, bit for bit" \
+      $PY "$ref" same "$models/$name" "$fm-back/hf"
+  else
+    ok 1 "$name-fused -> $layout (mtp=on) -> hf/: mounts"
+  fi
+}
+mtp_fused q35moe-mtp tp1pp2ep2
+mtp_fused q3n-a-mtp tp2pp2
+if mount_ckptfs "$models/q35moe-mtp-fused" "$WORK/mtp-off-fused" -o layouts=tp2pp1ep2; then
+  check "q35moe-mtp-fused without mtp=on: tp2pp1ep2/ the same bytes as q35moe-fused's (the MTP layer left as saved)" \
+    diff -r "$WORK/mtp-off-fused/tp2pp1ep2" "$WORK/fused/tp2pp1ep2"
+else
+  ok 1 "q35moe-mtp-fused without mtp=on: mounts"
+fi
+cp -r "$models/q35moe-mtp-fused" "$WORK/bad-mtp-experts-dim"
+$PY "$ref" bad "$WORK/bad-mtp-experts-dim" mtp-experts-dim
+expect_refused "fused MTP experts one short: mtp=on refused by name" \
+  "fused expert tensor 'mtp.layers.0.mlp.experts.gate_up_proj' is \\[3, 64, 64\\]: it must be 3-dimensional, its first dimension the 4 experts config.json gives" \
+  "$CKPTFS_BIN" inspect -o mtp=on "$WORK/bad-mtp-experts-dim"
 if mount_ckptfs "$models/q35-mtp" "$WORK/mtp-off" -o layouts=tp2pp1; then
   check "q35-mtp without mtp=on: tp2pp1/ the same bytes as q35's" diff -r "$WORK/mtp-off/tp2pp1" "$WORK/mnt-q35/tp2pp1"
 else

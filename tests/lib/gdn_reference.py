@@ -13,8 +13,10 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
       OUT/NAME for each variant, built and saved by transformers in bf16, its norms drawn
       around their neutral value; OUT/NAME.logits.json: transformers' logits on TOKENS;
       OUT/q35moe-fused: the same model with its experts fused as transformers holds them;
-      OUT/q3n-a-mtp, OUT/q35-mtp: those models with the releases' MTP block (mtp.*) and its
-      logits (NAME.mtp_logits.json) from transformers' own modules.
+      OUT/q3n-a-mtp, OUT/q35-mtp, OUT/q35moe-mtp: those models with the releases' MTP block
+      (mtp.*) and its logits (NAME.mtp_logits.json) from transformers' own modules;
+      OUT/q3n-a-mtp-fused, OUT/q35moe-mtp-fused: q3n-a-mtp and q35moe-mtp with every layer's
+      experts fused, the MTP layer's too.
   gdn_reference.py check SRC VIEW LAYOUT [--torch2] [--mtp]
       every rank file of VIEW loads (torch 2.6 with weights_only and mmap with --torch2); the
       file set is Megatron's for LAYOUT; every chunk's keys, in order, and tensors, bit for bit,
@@ -39,7 +41,7 @@ attention_output_gate, experimental_attention_variant), not from ckptfs's code.
       edits SRC's config.json: short (layer_types of the wrong length), interval (a
       full_attention_interval that disagrees with layer_types), kind (an unknown layer kind),
       mtp-two (mtp_num_hidden_layers 2); or an MTP block's tensors: drop-mtp (one left out),
-      fc-shape (mtp.fc.weight [H, H]).
+      fc-shape (mtp.fc.weight [H, H]), mtp-experts-dim (a fused MTP gate_up_proj one expert short).
 """
 import argparse
 import json
@@ -65,7 +67,8 @@ VARIANTS = {
     # every other layer full attention (layer_types as transformers writes them), a value head per
     # key head pair, every layer MoE
     "q3n-a": dict(num_hidden_layers=4, full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4,
-                  linear_key_head_dim=8, linear_value_head_dim=8, decoder_sparse_step=1, mtp_copy=True),
+                  linear_key_head_dim=8, linear_value_head_dim=8, decoder_sparse_step=1, mtp_copy=True,
+                  mtp_fused=True),
     # every third layer full, given as full_attention_interval only (layer_types removed), three
     # value heads per key head, the first layer dense
     "q3n-b": dict(num_hidden_layers=6, full_attention_interval=3, linear_num_key_heads=2, linear_num_value_heads=6,
@@ -76,7 +79,8 @@ VARIANTS = {
                 linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5=True, mtp_copy=True),
     # Qwen3.5's MoE text model: the split projections, every layer MoE with a gated shared expert
     "q35moe": dict(num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=2, linear_num_value_heads=4,
-                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True, fused_copy=True),
+                   linear_key_head_dim=8, linear_value_head_dim=8, qwen3_5_moe=True, fused_copy=True, mtp_copy=True,
+                   mtp_fused=True),
 }
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 
@@ -92,6 +96,7 @@ def build(out):
         only_interval = v.pop("only_interval", False)
         fused_copy = v.pop("fused_copy", False)
         mtp_copy = v.pop("mtp_copy", False)
+        mtp_fused = v.pop("mtp_fused", False)
         dense = v.pop("qwen3_5", False)
         kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
             (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
@@ -133,16 +138,19 @@ def build(out):
             logits = back(torch.tensor([TOKENS])).logits[0]
         json.dump(logits.tolist(), open(path + ".logits.json", "w"))
         if mtp_copy:
-            build_mtp(torch, model, back, path)
+            build_mtp(torch, model, back, path, mtp_fused)
         print(name)
 
 
-def build_mtp(torch, model, back, path):
+def build_mtp(torch, model, back, path, fused=False):
     """PATH-mtp: PATH with the releases' MTP block (config.json's mtp_num_hidden_layers 1; mtp.fc,
     mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.layers.0 a full-attention decoder layer
     of the family's MLP, mtp.norm: the names Megatron-Bridge's qwen3_next and qwen35 bridges map),
     made of transformers' own modules; PATH-mtp.mtp_logits.json: the block's logits (Megatron's MTP depth 1: the next tokens'
-    embedding, the model's last hidden state after its norm, the shared head)."""
+    embedding, the model's last hidden state after its norm, the shared head). FUSED:
+    PATH-mtp-fused too, the same tensors with every layer's experts fused as transformers holds
+    them, the MTP layer's included (mtp.layers.0.mlp.experts.gate_up_proj [E, 2F, H], down_proj
+    [E, H, F]: Qwen3.6's releases' form, which Megatron-Bridge's qwen35 bridge reads packed)."""
     from safetensors.torch import load_file, save_file
     modeling = sys.modules[type(model).__module__]
     layer_cls = next(c for n, c in vars(modeling).items() if n.endswith("DecoderLayer"))
@@ -176,6 +184,13 @@ def build_mtp(torch, model, back, path):
     c = json.load(open(cpath))
     c["mtp_num_hidden_layers"] = 1
     json.dump(c, open(cpath, "w"), indent=2)
+    if fused:
+        sd = {k: t.contiguous() for k, t in model.state_dict().items()}
+        sd.update({"mtp." + k: t.contiguous() for k, t in block.state_dict().items()})
+        assert "mtp.layers.0.mlp.experts.gate_up_proj" in sd, sorted(sd)[-5:]
+        os.makedirs(out + "-fused")
+        shutil.copy(cpath, out + "-fused")
+        save_file(sd, os.path.join(out + "-fused", "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(path + ".logits.json", out + ".logits.json")
     block = block.float()
     ids = torch.tensor([TOKENS])
@@ -713,18 +728,23 @@ def bad(src, kind):
         c["layer_types"][0] = "sliding_attention"
     elif kind == "mtp-two":
         c["mtp_num_hidden_layers"] = 2
-    elif kind in ("drop-mtp", "fc-shape"):
+    elif kind in ("drop-mtp", "fc-shape", "mtp-experts-dim"):
         return bad_mtp_tensor(src, kind)
     json.dump(c, open(path, "w"), indent=2)
     return 0
 
 
 def bad_mtp_tensor(src, kind):
-    """drop-mtp: mtp.pre_fc_norm_hidden.weight left out; fc-shape: mtp.fc.weight [H, H]."""
+    """drop-mtp: mtp.pre_fc_norm_hidden.weight left out; fc-shape: mtp.fc.weight [H, H];
+    mtp-experts-dim: the fused mtp.layers.0.mlp.experts.gate_up_proj one expert short [E - 1, 2F, H]."""
     import st_write
     tensors = read_checkpoint(src)
     if kind == "drop-mtp":
         del tensors["mtp.pre_fc_norm_hidden.weight"]
+    elif kind == "mtp-experts-dim":
+        dt, shape, raw = tensors["mtp.layers.0.mlp.experts.gate_up_proj"]
+        tensors["mtp.layers.0.mlp.experts.gate_up_proj"] = (dt, (shape[0] - 1,) + tuple(shape[1:]),
+                                                           raw[:len(raw) // shape[0] * (shape[0] - 1)])
     else:
         dt, shape, raw = tensors["mtp.fc.weight"]
         tensors["mtp.fc.weight"] = (dt, (shape[0], shape[0]), raw[:len(raw) // 2])

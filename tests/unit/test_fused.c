@@ -3,7 +3,8 @@
  * (transformers 5's [E, 2F, H], the transposed [E, H, 2F] of Qwen3-VL-MoE's releases, GPT-OSS's
  * transposed and interleaved one), bf16, fp32 and fp32 served as bf16, whole and as random
  * rectangles; the fused tensors of hf/ joined from per-expert tensors split in pieces across
- * files (a TP split's); refusals by name. */
+ * files (a TP split's); a multi-token prediction layer's fused experts (its own prefix); refusals by
+ * name. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <string.h>
@@ -238,6 +239,72 @@ static void test_refusals(void)
     }
 }
 
+/* A multi-token prediction layer's fused experts (Qwen3.5-MoE's mtp.layers.0.mlp.experts.*, after
+ * the decoder's layers in src 0): left as they are unless the model serves its MTP layers, then
+ * split as the decoder's, the bytes the form's definition gives; a half-fused MTP layer refused
+ * naming it. */
+static void test_mtp_layer(const Sources *s)
+{
+    const CkptfsFusedExperts *forms[] = {&ckptfs_fused_in_memory, NULL};
+    CkptfsModel model;
+    model_init(&model);
+    model.arch = ckptfs_architecture_find("qwen3_5_moe_text", NULL);
+    model.mtp_layers = 1;
+    uint64_t gu[3] = {E, 2 * F, H}, dn[3] = {E, H, F};
+    for (int served_mtp = 0; served_mtp < 2; served_mtp++) {
+        model.mtp = served_mtp;
+        CkptfsCatalog *catalog = ckptfs_catalog_new();
+        for (uint64_t l = 0; l <= LAYERS; l++) {
+            const char *prefix = l < LAYERS ? "model.layers." : "mtp.layers.";
+            uint64_t at = l < LAYERS ? l : 0;
+            g_autofree char *gate_up = g_strdup_printf("%s%" G_GUINT64_FORMAT ".mlp.experts.gate_up_proj", prefix, at);
+            g_autofree char *down = g_strdup_printf("%s%" G_GUINT64_FORMAT ".mlp.experts.down_proj", prefix, at);
+            ckptfs_catalog_add_contiguous(catalog, gate_up, CKPTFS_DTYPE_BF16, 3, gu, 0, fused_offset(l, 0, 2));
+            ckptfs_catalog_add_contiguous(catalog, down, CKPTFS_DTYPE_BF16, 3, dn, 0, fused_offset(l, 1, 2));
+        }
+        unsigned layers = 0;
+        GError *error = NULL;
+        bool split = ckptfs_fused_experts_split(catalog, &model, forms, &layers, &error);
+        int found = 0, equal = 0;
+        for (unsigned e = 0; split && e < E; e++)
+            for (int p = 0; p < 3; p++) {
+                g_autofree char *name = g_strdup_printf("mtp.layers.0.mlp.experts.%u.%s.weight", e, per_expert[p]);
+                const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+                uint64_t rows = p < 2 ? F : H, cols = p < 2 ? H : F;
+                if (t == NULL || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+                    continue;
+                found++;
+                g_autoptr(GByteArray) want = g_byte_array_new();
+                for (uint64_t r = 0; r < rows; r++)
+                    for (uint64_t c = 0; c < cols; c++)
+                        served(fused_element(s, forms[0], 2, LAYERS, e, p, r, c), 2, false, want);
+                equal += read_equal(s, t, 0, rows, 0, cols, want);
+            }
+        bool fused_left = ckptfs_catalog_find(catalog, "mtp.layers.0.mlp.experts.gate_up_proj") != NULL;
+        if (served_mtp)
+            tap_ok(split && layers == LAYERS + 1 && found == E * 3 && equal == found && !fused_left,
+                   "MTP layer served: its fused experts split as the decoder's, %d/%d per-expert tensors the fused "
+                   "bytes (%s)", equal, E * 3, error ? error->message : "ok");
+        else
+            tap_ok(split && layers == LAYERS && found == 0 && fused_left,
+                   "MTP layer not served: the decoder's %d layers split, the MTP layer's fused tensors left as "
+                   "saved (%s)", LAYERS, error ? error->message : "ok");
+        g_clear_error(&error);
+        ckptfs_catalog_free(catalog);
+    }
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    ckptfs_catalog_add_contiguous(catalog, "mtp.layers.0.mlp.experts.gate_up_proj", CKPTFS_DTYPE_BF16, 3, gu, 0, 0);
+    unsigned layers = 0;
+    GError *error = NULL;
+    bool split = ckptfs_fused_experts_split(catalog, &model, forms, &layers, &error);
+    tap_ok(!split && error && strstr(error->message, "MTP layer 0 has fused expert tensor "
+                                     "'mtp.layers.0.mlp.experts.gate_up_proj' but not "
+                                     "'mtp.layers.0.mlp.experts.down_proj'"),
+           "an MTP layer with gate_up_proj alone: refused by name (%s)", error ? error->message : "accepted");
+    g_clear_error(&error);
+    ckptfs_catalog_free(catalog);
+}
+
 /* Per-expert tensors in pieces (gate and up split by rows, down by columns, over two files with
  * padded rows), joined into fused tensors (GPT-OSS's transposed interleaved form too) and read
  * whole. */
@@ -332,6 +399,7 @@ int main(void)
     sources_init(&s, rng);
     test_split(&s, rng);
     test_refusals();
+    test_mtp_layer(&s);
     test_join(&s);
     sources_clear(&s);
     g_rand_free(rng);
