@@ -422,9 +422,10 @@ def glm_tensors_of(cfg):
     return out
 
 
-def qwen35_tensors_of(cfg):
+def qwen35_tensors_of(cfg, per_expert=False):
     """[(name, dtype, shape)] of Qwen3_5MoeForConditionalGeneration as the release holds it (bf16):
-    model.language_model.* with the experts fused ([E, 2F, H] and [E, H, F]), lm_head,
+    model.language_model.* with the experts fused ([E, 2F, H] and [E, H, F]; PER_EXPERT: each
+    expert's gate/up/down_proj, as transformers 5's save_pretrained writes them), lm_head,
     model.visual.*, then the MTP block mtp.* (its layer's experts per expert)."""
     t, vc = cfg["text_config"], cfg["vision_config"]
     h, v, d = t["hidden_size"], t["vocab_size"], t["head_dim"]
@@ -479,7 +480,7 @@ def qwen35_tensors_of(cfg):
             bf16(a + "out_proj.weight", h, vh * vd)
         else:
             attention(p)
-        moe(p, True)
+        moe(p, not per_expert)
         bf16(p + "input_layernorm.weight", h)
         bf16(p + "post_attention_layernorm.weight", h)
     bf16(lm + "norm.weight", h)
@@ -654,6 +655,11 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="deepseek-v3", help="whose config (default deepseek-v3)")
     ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    ap.add_argument("--per-expert", action="store_true",
+                    help="qwen3.5-397b: the experts per expert (save_pretrained's form), not fused")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="qwen3.5-397b: add text_config.intermediate_size (the release has none; "
+                         "ckptfs's Megatron views need it)")
     args = ap.parse_args()
     dest = os.path.abspath(args.out)
     cfg, release_shards = MODELS[args.model]
@@ -666,7 +672,12 @@ def main():
         shutil.rmtree(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     t0 = time.monotonic()
-    tensors = TENSORS_OF.get(cfg["model_type"], tensors_of)(cfg)
+    if (args.per_expert or args.intermediate_size) and args.model != "qwen3.5-397b":
+        ap.error("--per-expert and --intermediate-size are for --model qwen3.5-397b")
+    if args.intermediate_size:
+        cfg = dict(cfg, text_config=dict(cfg["text_config"], intermediate_size=args.intermediate_size))
+    tensors = (qwen35_tensors_of(cfg, per_expert=True) if args.per_expert
+               else TENSORS_OF.get(cfg["model_type"], tensors_of)(cfg))
     n, ntensors, total, files = write_checkpoint(dest, cfg, tensors, args.shards)
     counts = {}
     for _, dt, s in tensors:
