@@ -6,9 +6,16 @@ size), so ~688 GB of apparent size take a few MB of disk. With --model kimi-k2, 
 Kimi-K2-Instruct (its config.json: DeepSeek-V3's architecture with 384 routed experts in one
 group, 64 heads, one dense layer, no MTP layer, YaRN with beta_fast 1; 61 shards, ~1.03 TB);
 with --model glm-4.6, GLM-4.6 (Glm4MoeForCausalLM, bf16: 92 layers + 1 MTP layer, 160 experts,
-q/k/v biases and norms, 3 dense layers; 92 shards, ~714 GB).
+q/k/v biases and norms, 3 dense layers; 92 shards, ~714 GB); with --model qwen3.5-397b,
+Qwen3.5-397B-A17B's VLM release (Qwen3_5MoeForConditionalGeneration, bf16: model.language_model.*
+with 45 gated delta-net and 15 gated attention layers, 512 experts fused on disk, model.visual.*,
+the MTP block mtp.*; 92 shards, ~807 GB; --per-expert: each expert's tensors, as transformers 5
+saves them; --intermediate-size N adds a field the release lacks); with --model gpt-oss-120b,
+GPT-OSS-120B (36 layers, 128 experts in MXFP4 blocks and scales, bf16 rest, attention sinks; the
+release's 15 shards counted from 0, ~65 GB).
 
-  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2|glm-4.6] [--shards N] [--force]
+  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2|glm-4.6|qwen3.5-397b|gpt-oss-120b]
+                         [--shards N] [--per-expert] [--intermediate-size N] [--force]
 
 Run with Debian's /usr/bin/python3 (standard library only). Writes into OUT.tmp-PID and renames it
 to OUT at the end, so an existing OUT is always complete; OUT must not exist (--force replaces it).
@@ -653,7 +660,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="directory to create")
     ap.add_argument("--model", choices=sorted(MODELS), default="deepseek-v3", help="whose config (default deepseek-v3)")
-    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61)")
+    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61, 92, 92, 15)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
     ap.add_argument("--per-expert", action="store_true",
                     help="qwen3.5-397b: the experts per expert (save_pretrained's form), not fused")
