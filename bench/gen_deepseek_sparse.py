@@ -6,9 +6,16 @@ size), so ~688 GB of apparent size take a few MB of disk. With --model kimi-k2, 
 Kimi-K2-Instruct (its config.json: DeepSeek-V3's architecture with 384 routed experts in one
 group, 64 heads, one dense layer, no MTP layer, YaRN with beta_fast 1; 61 shards, ~1.03 TB);
 with --model glm-4.6, GLM-4.6 (Glm4MoeForCausalLM, bf16: 92 layers + 1 MTP layer, 160 experts,
-q/k/v biases and norms, 3 dense layers; 92 shards, ~714 GB).
+q/k/v biases and norms, 3 dense layers; 92 shards, ~714 GB); with --model qwen3.5-397b,
+Qwen3.5-397B-A17B's VLM release (Qwen3_5MoeForConditionalGeneration, bf16: model.language_model.*
+with 45 gated delta-net and 15 gated attention layers, 512 experts fused on disk, model.visual.*,
+the MTP block mtp.*; 92 shards, ~807 GB; --per-expert: each expert's tensors, as transformers 5
+saves them; --intermediate-size N adds a field the release lacks); with --model gpt-oss-120b,
+GPT-OSS-120B (36 layers, 128 experts in MXFP4 blocks and scales, bf16 rest, attention sinks; the
+release's 15 shards counted from 0, ~65 GB).
 
-  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2|glm-4.6] [--shards N] [--force]
+  gen_deepseek_sparse.py OUT [--model deepseek-v3|kimi-k2|glm-4.6|qwen3.5-397b|gpt-oss-120b]
+                         [--shards N] [--per-expert] [--intermediate-size N] [--force]
 
 Run with Debian's /usr/bin/python3 (standard library only). Writes into OUT.tmp-PID and renames it
 to OUT at the end, so an existing OUT is always complete; OUT must not exist (--force replaces it).
@@ -49,7 +56,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 import st_write  # noqa: E402  (the project's one safetensors writer)
 
-DTYPE_SIZE = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
+DTYPE_SIZE = {"U8": 1, "F8_E4M3": 1, "BF16": 2, "F32": 4}
 # safetensors' Dtype enum order (the Rust serializer sorts by dtype descending, then by name).
 DTYPE_RANK = {"BOOL": 0, "U8": 1, "I8": 2, "F8_E5M2": 3, "F8_E4M3": 4, "I16": 5, "U16": 6,
               "F16": 7, "BF16": 8, "I32": 9, "U32": 10, "F32": 11, "F64": 12, "I64": 13, "U64": 14}
@@ -185,7 +192,113 @@ GLM_46_CONFIG = {
     "use_qk_norm": True,
     "vocab_size": 151552,
 }
-MODELS = {"deepseek-v3": (DEEPSEEK_V3_CONFIG, 163), "kimi-k2": (KIMI_K2_CONFIG, 61), "glm-4.6": (GLM_46_CONFIG, 92)}
+# Qwen/Qwen3.5-397B-A17B's config.json (a VLM release: the text model in text_config, 60 layers of
+# three gated delta-net layers then one gated attention layer, 512 experts + a gated shared one,
+# the MTP block; Qwen3-VL's tower without deepstack mergers).
+QWEN35_397B_LAYERS = 60
+QWEN35_397B_CONFIG = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "image_token_id": 248056,
+    "video_token_id": 248057,
+    "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+    "tie_word_embeddings": False,
+    "transformers_version": "4.57.0.dev0",
+    "text_config": {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "dtype": "bfloat16",
+        "eos_token_id": 248044,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                        for i in range(QWEN35_397B_LAYERS)],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 64,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_moe_text",
+        "moe_intermediate_size": 1024,
+        "mtp_num_hidden_layers": 1,
+        "num_attention_heads": 32,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "num_hidden_layers": QWEN35_397B_LAYERS,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 1024,
+        "use_cache": True,
+        "vocab_size": 248320,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    },
+    "vision_config": {
+        "depth": 27,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 4304,
+        "model_type": "qwen3_5_moe",
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 4096,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
+# openai/gpt-oss-120b's config.json (MXFP4 experts, bf16 rest; sliding and full attention in turn).
+GPT_OSS_120B_LAYERS = 36
+GPT_OSS_120B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"],
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "eos_token_id": 200002,
+    "experts_per_token": 4,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "initial_context_length": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 2880,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(GPT_OSS_120B_LAYERS)],
+    "max_position_embeddings": 131072,
+    "model_type": "gpt_oss",
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_hidden_layers": GPT_OSS_120B_LAYERS,
+    "num_key_value_heads": 8,
+    "num_local_experts": 128,
+    "output_router_logits": False,
+    "pad_token_id": 199999,
+    "quantization_config": {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+        "quant_method": "mxfp4",
+    },
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "transformers_version": "4.55.0.dev0",
+    "use_cache": True,
+    "vocab_size": 201088,
+}
+MODELS = {"deepseek-v3": (DEEPSEEK_V3_CONFIG, 163), "kimi-k2": (KIMI_K2_CONFIG, 61), "glm-4.6": (GLM_46_CONFIG, 92),
+          "qwen3.5-397b": (QWEN35_397B_CONFIG, 92), "gpt-oss-120b": (GPT_OSS_120B_CONFIG, 15)}
 
 GENERATION_CONFIG = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
                      "do_sample": True, "temperature": 0.6, "top_p": 0.95,
@@ -316,6 +429,141 @@ def glm_tensors_of(cfg):
     return out
 
 
+def qwen35_tensors_of(cfg, per_expert=False):
+    """[(name, dtype, shape)] of Qwen3_5MoeForConditionalGeneration as the release holds it (bf16):
+    model.language_model.* with the experts fused ([E, 2F, H] and [E, H, F]; PER_EXPERT: each
+    expert's gate/up/down_proj, as transformers 5's save_pretrained writes them), lm_head,
+    model.visual.*, then the MTP block mtp.* (its layer's experts per expert)."""
+    t, vc = cfg["text_config"], cfg["vision_config"]
+    h, v, d = t["hidden_size"], t["vocab_size"], t["head_dim"]
+    e, f, sf = t["num_experts"], t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
+    kd, vd = t["linear_key_head_dim"], t["linear_value_head_dim"]
+    kh, vh = t["linear_num_key_heads"], t["linear_num_value_heads"]
+    conv = 2 * kh * kd + vh * vd  # the depthwise convolution runs over [q; k; v]
+    out = []
+
+    def bf16(name, *shape):
+        out.append((name, "BF16", list(shape)))
+
+    def mlp(p, ffn):
+        bf16(p + "gate_proj.weight", ffn, h)
+        bf16(p + "up_proj.weight", ffn, h)
+        bf16(p + "down_proj.weight", h, ffn)
+
+    def attention(p):  # gated: q_proj gives each head's query and its output gate
+        a = p + "self_attn."
+        bf16(a + "q_proj.weight", 2 * t["num_attention_heads"] * d, h)
+        bf16(a + "k_proj.weight", t["num_key_value_heads"] * d, h)
+        bf16(a + "v_proj.weight", t["num_key_value_heads"] * d, h)
+        bf16(a + "o_proj.weight", h, t["num_attention_heads"] * d)
+        bf16(a + "q_norm.weight", d)
+        bf16(a + "k_norm.weight", d)
+
+    def moe(p, fused):
+        if fused:
+            bf16(p + "mlp.experts.gate_up_proj", e, 2 * f, h)
+            bf16(p + "mlp.experts.down_proj", e, h, f)
+        else:
+            for x in range(e):
+                mlp(f"{p}mlp.experts.{x}.", f)
+        bf16(p + "mlp.gate.weight", e, h)
+        mlp(p + "mlp.shared_expert.", sf)
+        bf16(p + "mlp.shared_expert_gate.weight", 1, h)
+
+    lm = "model.language_model."
+    bf16(lm + "embed_tokens.weight", v, h)
+    for i, kind in enumerate(t["layer_types"]):
+        p = f"{lm}layers.{i}."
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            bf16(a + "in_proj_qkv.weight", conv, h)
+            bf16(a + "in_proj_z.weight", vh * vd, h)
+            bf16(a + "in_proj_b.weight", vh, h)
+            bf16(a + "in_proj_a.weight", vh, h)
+            bf16(a + "conv1d.weight", conv, 1, t["linear_conv_kernel_dim"])
+            bf16(a + "dt_bias", vh)
+            bf16(a + "A_log", vh)
+            bf16(a + "norm.weight", vd)
+            bf16(a + "out_proj.weight", h, vh * vd)
+        else:
+            attention(p)
+        moe(p, not per_expert)
+        bf16(p + "input_layernorm.weight", h)
+        bf16(p + "post_attention_layernorm.weight", h)
+    bf16(lm + "norm.weight", h)
+    bf16("lm_head.weight", v, h)
+    vp, vh_, vf = "model.visual.", vc["hidden_size"], vc["intermediate_size"]
+    ps, merged = vc["patch_size"], vc["hidden_size"] * vc["spatial_merge_size"] ** 2
+    bf16(vp + "patch_embed.proj.weight", vh_, vc["in_channels"], vc["temporal_patch_size"], ps, ps)
+    bf16(vp + "patch_embed.proj.bias", vh_)
+    bf16(vp + "pos_embed.weight", vc["num_position_embeddings"], vh_)
+    for b in range(vc["depth"]):
+        p = f"{vp}blocks.{b}."
+        for n in ("norm1", "norm2"):
+            bf16(p + n + ".weight", vh_)
+            bf16(p + n + ".bias", vh_)
+        for n, rows, cols in (("attn.qkv", 3 * vh_, vh_), ("attn.proj", vh_, vh_),
+                              ("mlp.linear_fc1", vf, vh_), ("mlp.linear_fc2", vh_, vf)):
+            bf16(p + n + ".weight", rows, cols)
+            bf16(p + n + ".bias", rows)
+    p = vp + "merger."
+    bf16(p + "norm.weight", vh_)
+    bf16(p + "norm.bias", vh_)
+    bf16(p + "linear_fc1.weight", merged, merged)
+    bf16(p + "linear_fc1.bias", merged)
+    bf16(p + "linear_fc2.weight", vc["out_hidden_size"], merged)
+    bf16(p + "linear_fc2.bias", vc["out_hidden_size"])
+    for j in range(t["mtp_num_hidden_layers"]):
+        p = f"mtp.layers.{j}."
+        attention(p)
+        moe(p, False)
+        bf16(p + "input_layernorm.weight", h)
+        bf16(p + "post_attention_layernorm.weight", h)
+    bf16("mtp.fc.weight", h, 2 * h)
+    bf16("mtp.pre_fc_norm_embedding.weight", h)
+    bf16("mtp.pre_fc_norm_hidden.weight", h)
+    bf16("mtp.norm.weight", h)
+    return out
+
+
+def gpt_oss_tensors_of(cfg):
+    """[(name, dtype, shape)] of GptOssForCausalLM as the release holds it: the experts in MXFP4
+    (U8 `*_blocks` [E, rows, cols / 32, 16] and E8M0 `*_scales` [E, rows, cols / 32], bf16 biases),
+    everything else bf16, the attention sinks one per head."""
+    h, v, d = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    e, f = cfg["num_local_experts"], cfg["intermediate_size"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    out = []
+
+    def bf16(name, *shape):
+        out.append((name, "BF16", list(shape)))
+
+    def mxfp4(name, rows, cols):
+        out.append((name + "_blocks", "U8", [e, rows, cols // 32, 16]))
+        out.append((name + "_scales", "U8", [e, rows, cols // 32]))
+        bf16(name + "_bias", e, rows)
+
+    bf16("model.embed_tokens.weight", v, h)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for proj, rows, cols in (("q", q, h), ("k", kv, h), ("v", kv, h), ("o", h, q)):
+            bf16(f"{p}self_attn.{proj}_proj.weight", rows, cols)
+            bf16(f"{p}self_attn.{proj}_proj.bias", rows)
+        bf16(p + "self_attn.sinks", cfg["num_attention_heads"])
+        bf16(p + "mlp.router.weight", e, h)
+        bf16(p + "mlp.router.bias", e)
+        mxfp4(p + "mlp.experts.gate_up_proj", 2 * f, h)
+        mxfp4(p + "mlp.experts.down_proj", h, f)
+        bf16(p + "input_layernorm.weight", h)
+        bf16(p + "post_attention_layernorm.weight", h)
+    bf16("model.norm.weight", h)
+    bf16("lm_head.weight", v, h)
+    return out
+
+
+TENSORS_OF = {"glm4_moe": glm_tensors_of, "qwen3_5_moe": qwen35_tensors_of, "gpt_oss": gpt_oss_tensors_of}
+
+
 def greedy(tensors, limit):
     """transformers' split: a new shard when the next tensor would push this one past LIMIT."""
     groups, cur, size = [], [], 0
@@ -356,7 +604,11 @@ def header_bytes(tensors):
     return st_write.header_bytes((name, dt, shape, nbytes(dt, shape)) for name, dt, shape in order)
 
 
-def shard_name(k, n):
+def shard_name(k, n, cfg=None):
+    if cfg and cfg["model_type"] == "gpt_oss":  # gpt-oss-120b counts its shards from 0
+        return f"model-{k - 1:05d}-of-{n - 1:05d}.safetensors"
+    if cfg and cfg["model_type"] in ("qwen3_5_moe", "gpt_oss"):
+        return f"model-{k:05d}-of-{n:05d}.safetensors"
     return f"model-{k:05d}-of-{n:06d}.safetensors"
 
 
@@ -370,7 +622,7 @@ def write_checkpoint(dest, cfg, tensors, nshards, write_data=None, generation_co
     weight_map, total, files = {}, 0, 0
     try:
         for k, group in enumerate(groups, 1):
-            fname = shard_name(k, nshards)
+            fname = shard_name(k, nshards, cfg)
             head, data_size = header_bytes(group)
             path = os.path.join(tmp, fname)
             with open(path, "wb") as f:
@@ -408,8 +660,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="directory to create")
     ap.add_argument("--model", choices=sorted(MODELS), default="deepseek-v3", help="whose config (default deepseek-v3)")
-    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61)")
+    ap.add_argument("--shards", type=int, default=None, help="number of shards (default the release's: 163, 61, 92, 92, 15)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    ap.add_argument("--per-expert", action="store_true",
+                    help="qwen3.5-397b: the experts per expert (save_pretrained's form), not fused")
+    ap.add_argument("--intermediate-size", type=int, default=None,
+                    help="qwen3.5-397b: add text_config.intermediate_size (the release has none; "
+                         "ckptfs's Megatron views need it)")
     args = ap.parse_args()
     dest = os.path.abspath(args.out)
     cfg, release_shards = MODELS[args.model]
@@ -422,7 +679,12 @@ def main():
         shutil.rmtree(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     t0 = time.monotonic()
-    tensors = glm_tensors_of(cfg) if cfg["model_type"] == "glm4_moe" else tensors_of(cfg)
+    if (args.per_expert or args.intermediate_size) and args.model != "qwen3.5-397b":
+        ap.error("--per-expert and --intermediate-size are for --model qwen3.5-397b")
+    if args.intermediate_size:
+        cfg = dict(cfg, text_config=dict(cfg["text_config"], intermediate_size=args.intermediate_size))
+    tensors = (qwen35_tensors_of(cfg, per_expert=True) if args.per_expert
+               else TENSORS_OF.get(cfg["model_type"], tensors_of)(cfg))
     n, ntensors, total, files = write_checkpoint(dest, cfg, tensors, args.shards)
     counts = {}
     for _, dt, s in tensors:
