@@ -108,10 +108,9 @@ fresh_mount
 tps=2,4; (( shares )) || tps=
 torch2 "$top/bench/mcore_share.py" verify "$mnt/mcore/release" --converted "$run/conv-out/release" --tps "$tps" > "$run/verify"
 grep -q '^VERIFY ok' "$run/verify" || { cat "$run/verify" >&2; echo "mcore_bench: verification failed" >&2; exit 1; }
-if ! (( shares )); then
-  fusermount3 -u "$mnt"; rm -rf "$run/conv-out"
-  t_cp=$(median --low - < "$run/t.cp"); t_conv=$(median --low - < "$run/t.conv")
-  runs() { awk '{printf "%s%.2f", (NR > 1 ? " " : ""), $1}' "$1"; }
+# The report's head: sizes, the machine, and (1)
+runs() { cut -d' ' -f1 "$1" | awk '{printf "%s%.2f", (NR > 1 ? " " : ""), $1}'; }
+report_copy() {
   printf '\nckptfs mcore/ (torch_dist) benchmark: %s (median of %s runs; source in page cache)\n' "$src" "$repeat"
   printf 'mcore/ view %s bytes; cp output %s bytes; converted checkpoint %s bytes\n' "$b_view" "$b_cp" "$b_conv"
   printf 'binary %s; load average %s at start, %s at end; other ckptfs mounts: %s at start, %s at end\n' \
@@ -119,6 +118,11 @@ if ! (( shares )); then
   printf '%-58s %8s %7s   %s\n' measurement seconds ratio runs
   printf '%-58s %8.3f %7s   %s\n' "(1a) cp -r MNT/mcore DEST + sync, fresh mount" "$t_cp" "1.00" "$(runs "$run/t.cp")"
   printf '%-58s %8.3f %7.2f   %s\n' "(1b) offline HF -> torch_dist converter + sync (1b/1a)" "$t_conv" "$(echo "scale=4; $t_conv / $t_cp" | bc)" "$(runs "$run/t.conv")"
+}
+if ! (( shares )); then
+  fusermount3 -u "$mnt"; rm -rf "$run/conv-out"
+  t_cp=$(median --low - < "$run/t.cp"); t_conv=$(median --low - < "$run/t.conv")
+  report_copy
   printf 'converter peak RSS: %s MiB (largest of the runs; the daemon maps the source instead)\n' \
     "$(for f in "$run"/conv.time.*; do maxrss_kib "$f"; done | sort -n | tail -1 | awk '{printf "%.0f", $1 / 1024}')"
   echo "targets: (1b)/(1a) >= 5 (issue 32); the converted checkpoint is bit-identical to the view"
@@ -158,16 +162,9 @@ rc_sv=$(col rchar "$run/t.share.view" | median --low -); rc_sc=$(col rchar "$run
 sv_sv=$(col served "$run/t.share.view" | median --low -)
 sb=$(col share_bytes "$run/t.share.view" | head -1)
 t_off=$(echo "$t_conv + $t_sc" | bc)
-runs() { cut -d' ' -f1 "$1" | awk '{printf "%s%.2f", (NR > 1 ? " " : ""), $1}'; }
 mb() { echo "scale=1; $1 / 1048576" | bc; }
 
-printf '\nckptfs mcore/ (torch_dist) benchmark: %s (median of %s runs; source in page cache)\n' "$src" "$repeat"
-printf 'mcore/ view %s bytes; cp output %s bytes; converted checkpoint %s bytes\n' "$b_view" "$b_cp" "$b_conv"
-printf 'binary %s; load average %s at start, %s at end; other ckptfs mounts: %s at start, %s at end\n' \
-  "$ckptfs" "$load_start" "$(cut -d' ' -f1 /proc/loadavg)" "$others_start" "$(others)"
-printf '%-58s %8s %7s   %s\n' measurement seconds ratio runs
-printf '%-58s %8.3f %7s   %s\n' "(1a) cp -r MNT/mcore DEST + sync, fresh mount" "$t_cp" "1.00" "$(runs "$run/t.cp")"
-printf '%-58s %8.3f %7.2f   %s\n' "(1b) offline HF -> torch_dist converter + sync (1b/1a)" "$t_conv" "$(echo "scale=4; $t_conv / $t_cp" | bc)" "$(runs "$run/t.conv")"
+report_copy
 printf '%-58s %8.3f %7s   %s\n' "(2a) mount + TP-2 rank-0 share via DCP from MNT/mcore" "$t_sv" "1.00" "$(runs "$run/t.share.view")"
 printf '%-58s %8.3f\n' "     of which dcp.load" "$l_sv"
 printf '     share %s MiB; the daemon served %s MiB, the loader read(2) %s MiB\n' "$(mb "$sb")" "$(mb "$sv_sv")" "$(mb "$rc_sv")"

@@ -14,42 +14,11 @@
 #include "ckptfs/model.h"
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
+#include "random_sources.h"
 #include "tap.h"
 
 #define SRC_SIZE (1u << 20)
 enum { E = 3, H = 24, F = 10, LAYERS = 2 };
-
-typedef struct {
-    char *dir;
-    CkptfsSrcFiles *files;
-    uint8_t *data[2];
-} Sources;
-
-static void sources_init(Sources *s, GRand *rng)
-{
-    s->dir = g_dir_make_tmp("ckptfs-fused-XXXXXX", NULL);
-    s->files = ckptfs_srcfiles_new(0);
-    for (int i = 0; i < 2; i++) {
-        s->data[i] = g_malloc(SRC_SIZE);
-        for (uint32_t j = 0; j < SRC_SIZE; j++)
-            s->data[i][j] = (uint8_t)g_rand_int(rng);
-        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
-        g_file_set_contents(path, (const char *)s->data[i], SRC_SIZE, NULL);
-        g_assert(ckptfs_srcfiles_add(s->files, path, NULL) == i);
-    }
-}
-
-static void sources_clear(Sources *s)
-{
-    for (int i = 0; i < 2; i++) {
-        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
-        g_unlink(path);
-        g_free(s->data[i]);
-    }
-    g_rmdir(s->dir);
-    g_free(s->dir);
-    ckptfs_srcfiles_free(s->files);
-}
 
 static void model_init(CkptfsModel *m)
 {
@@ -85,7 +54,7 @@ static uint64_t fused_offset(uint64_t l, int down, size_t isz)
 
 /* The reference: element (r, c) of expert E's projection P (0 gate [F, H], 1 up, 2 down [H, F])
  * of layer L, from the fused tensors' row-major bytes by FORM's definition. */
-static const uint8_t *fused_element(const Sources *s, const CkptfsFusedExperts *form, size_t isz, uint64_t l,
+static const uint8_t *fused_element(const RandomSources *s, const CkptfsFusedExperts *form, size_t isz, uint64_t l,
                                     uint64_t e, int p, uint64_t r, uint64_t c)
 {
     uint64_t i0, i1, d1, d2; /* fused index (e, i0, i1) of a [E, d1, d2] tensor */
@@ -111,7 +80,7 @@ static char *expert_name(uint64_t l, unsigned e, int p)
     return name_of(l, suffix);
 }
 
-static bool read_equal(const Sources *s, const CkptfsTensor *t, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
+static bool read_equal(const RandomSources *s, const CkptfsTensor *t, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
                        const GByteArray *want)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -125,7 +94,7 @@ static bool read_equal(const Sources *s, const CkptfsTensor *t, uint64_t r0, uin
     return ok;
 }
 
-static void test_split(const Sources *s, GRand *rng)
+static void test_split(const RandomSources *s, GRand *rng)
 {
     const CkptfsFusedExperts *forms[] = {&ckptfs_fused_in_memory, &ckptfs_fused_transposed, &ckptfs_fused_interleaved};
     struct {
@@ -243,7 +212,7 @@ static void test_refusals(void)
  * the decoder's layers in src 0): left as they are unless the model serves its MTP layers, then
  * split as the decoder's, the bytes the form's definition gives; a half-fused MTP layer refused
  * naming it. */
-static void test_mtp_layer(const Sources *s)
+static void test_mtp_layer(const RandomSources *s)
 {
     const CkptfsFusedExperts *forms[] = {&ckptfs_fused_in_memory, NULL};
     CkptfsModel model;
@@ -308,7 +277,7 @@ static void test_mtp_layer(const Sources *s)
 /* Per-expert tensors in pieces (gate and up split by rows, down by columns, over two files with
  * padded rows), joined into fused tensors (GPT-OSS's transposed interleaved form too) and read
  * whole. */
-static void test_join(const Sources *s)
+static void test_join(const RandomSources *s)
 {
     static const CkptfsFusedExperts halves_interleaved = {.name = "[E, 2F, H] interleaved",
                                                           .gate_up = "mlp.experts.gate_up_proj",
@@ -395,13 +364,13 @@ static void test_join(const Sources *s)
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(33);
-    Sources s;
-    sources_init(&s, rng);
+    RandomSources s;
+    random_sources_init(&s, 2, SRC_SIZE, rng, "fused");
     test_split(&s, rng);
     test_refusals();
     test_mtp_layer(&s);
     test_join(&s);
-    sources_clear(&s);
+    random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
 }

@@ -12,43 +12,11 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
+#include "random_sources.h"
 #include "tap.h"
 
 #define NSRC 3
 #define SRC_SIZE 65536
-
-typedef struct {
-    char *dir;
-    CkptfsSrcFiles *files;
-    uint8_t *data[NSRC];
-} Sources;
-
-static void sources_init(Sources *s, GRand *rng)
-{
-    s->dir = g_dir_make_tmp("ckptfs-plan-XXXXXX", NULL);
-    s->files = ckptfs_srcfiles_new(0);
-    for (int i = 0; i < NSRC; i++) {
-        s->data[i] = g_malloc(SRC_SIZE);
-        for (int j = 0; j < SRC_SIZE; j++)
-            s->data[i][j] = (uint8_t)g_rand_int(rng);
-        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
-        g_file_set_contents(path, (const char *)s->data[i], SRC_SIZE, NULL);
-        int idx = ckptfs_srcfiles_add(s->files, path, NULL);
-        g_assert(idx == i);
-    }
-}
-
-static void sources_clear(Sources *s)
-{
-    for (int i = 0; i < NSRC; i++) {
-        g_autofree char *path = g_strdup_printf("%s/src%d", s->dir, i);
-        g_unlink(path);
-        g_free(s->data[i]);
-    }
-    g_rmdir(s->dir);
-    g_free(s->dir);
-    ckptfs_srcfiles_free(s->files);
-}
 
 /* bf16 of fp32 bits by the definition, not by bit tricks: the nearer of the two bf16 values
  * around it (compared in double), the even one on a tie; NaN -> NAN_BITS (what torch gives:
@@ -79,7 +47,7 @@ static uint16_t reference_bf16(uint32_t u)
 }
 
 /* Appends a random extent to the plan and the same bytes to EXPECT. */
-static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const Sources *s,
+static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const RandomSources *s,
                               GRand *rng)
 {
     switch (g_rand_int_range(rng, 0, 6)) {
@@ -178,7 +146,7 @@ static void add_random_extent(CkptfsPlanBuilder *b, GByteArray *expect, const So
     }
 }
 
-static void test_random_plans(const Sources *s, GRand *rng)
+static void test_random_plans(const RandomSources *s, GRand *rng)
 {
     int plans_ok = 0, reads_ok = 0, reads = 0;
     for (int p = 0; p < 40; p++) {
@@ -368,7 +336,7 @@ static void test_run_merging(void)
 }
 
 /* Which plans are a source file whole (FUSE passthrough hands those files to the kernel). */
-static int64_t identical_of(const Sources *s, CkptfsPlanBuilder *b)
+static int64_t identical_of(const RandomSources *s, CkptfsPlanBuilder *b)
 {
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     int64_t src = ckptfs_plan_identical_file(plan, s->files);
@@ -376,7 +344,7 @@ static int64_t identical_of(const Sources *s, CkptfsPlanBuilder *b)
     return src;
 }
 
-static void test_identical_file(const Sources *s)
+static void test_identical_file(const RandomSources *s)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
     ckptfs_plan_add_run(b, 1, 0, SRC_SIZE);
@@ -411,7 +379,7 @@ static void test_identical_file(const Sources *s)
     tap_ok(identical_of(s, b) == -1, "an empty file: no source file");
 }
 
-static void test_read_errors(const Sources *s)
+static void test_read_errors(const RandomSources *s)
 {
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
     ckptfs_plan_add_run(b, 0, SRC_SIZE - 10, 20); /* runs past the end of src0 */
@@ -428,7 +396,7 @@ static void test_read_errors(const Sources *s)
 
 /* A 2-D bf16 tensor [rows, cols] split into a grid of pieces, each stored row-major in a
  * different place; rectangles must read back as the naive row-major copy. */
-static void test_catalog_rects(const Sources *s, GRand *rng)
+static void test_catalog_rects(const RandomSources *s, GRand *rng)
 {
     CkptfsCatalog *catalog = ckptfs_catalog_new();
     const uint64_t rows = 12, cols = 10;
@@ -671,8 +639,8 @@ static void test_prefetch_rows(void)
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261123);
-    Sources s;
-    sources_init(&s, rng);
+    RandomSources s;
+    random_sources_init(&s, NSRC, SRC_SIZE, rng, "plan");
     test_random_plans(&s, rng);
     test_conversions(rng);
     test_fp8();
@@ -682,7 +650,7 @@ int main(void)
     test_catalog_rects(&s, rng);
     test_prefetch();
     test_prefetch_rows();
-    sources_clear(&s);
+    random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
 }

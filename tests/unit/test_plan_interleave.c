@@ -15,54 +15,15 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
+#include "random_sources.h"
 #include "tap.h"
 
 #define NSRC 2
 #define SRC_SIZE (2u << 20)
 
-typedef struct {
-    char *dir;
-    CkptfsSrcFiles *files;
-    uint8_t *data[NSRC];
-} Sources;
-
-static char *source_path(const Sources *s, int i)
-{
-    return g_strdup_printf("%s/src%d", s->dir, i);
-}
-
-static void sources_init(Sources *s, GRand *rng)
-{
-    s->dir = g_dir_make_tmp("ckptfs-interleave-XXXXXX", NULL);
-    s->files = ckptfs_srcfiles_new(0);
-    for (int i = 0; i < NSRC; i++) {
-        s->data[i] = g_malloc(SRC_SIZE);
-        for (uint32_t j = 0; j < SRC_SIZE; j += 4) {
-            uint32_t v = g_rand_int(rng);
-            memcpy(s->data[i] + j, &v, 4);
-        }
-        g_autofree char *path = source_path(s, i);
-        g_file_set_contents(path, (const char *)s->data[i], SRC_SIZE, NULL);
-        int idx = ckptfs_srcfiles_add(s->files, path, NULL);
-        g_assert(idx == i);
-    }
-}
-
-static void sources_clear(Sources *s)
-{
-    for (int i = 0; i < NSRC; i++) {
-        g_autofree char *path = source_path(s, i);
-        g_unlink(path);
-        g_free(s->data[i]);
-    }
-    g_rmdir(s->dir);
-    g_free(s->dir);
-    ckptfs_srcfiles_free(s->files);
-}
-
 /* Appends to OUT the stored element at AT of source SRC, as OSZ bytes: as stored, or fp32 ->
  * bf16 by the plain formula (round to nearest even on the upper half; NaN -> 0xFFFF). */
-static void append_element(GByteArray *out, const Sources *s, uint32_t src, uint64_t at, size_t isz, bool to_bf16)
+static void append_element(GByteArray *out, const RandomSources *s, uint32_t src, uint64_t at, size_t isz, bool to_bf16)
 {
     const uint8_t *p = s->data[src] + at;
     if (!to_bf16) {
@@ -78,7 +39,7 @@ static void append_element(GByteArray *out, const Sources *s, uint32_t src, uint
 }
 
 /* Element (j, k) of item IT into OUT. */
-static void append_item_element(GByteArray *out, const Sources *s, const CkptfsStridedItem *it, uint64_t j,
+static void append_item_element(GByteArray *out, const RandomSources *s, const CkptfsStridedItem *it, uint64_t j,
                                 uint64_t k, size_t isz, bool to_bf16)
 {
     append_element(out, s, it->src, it->base + j * it->row_stride + k * it->col_stride, isz, to_bf16);
@@ -86,7 +47,7 @@ static void append_item_element(GByteArray *out, const Sources *s, const CkptfsS
 
 /* The naive bytes of NREP rows of ITEMS: a lone item's columns in order, a set's runs taken
  * from each of its items in turn. */
-static GByteArray *reference_rows(const Sources *s, const CkptfsStridedItem *items, unsigned nitems, uint64_t nrep,
+static GByteArray *reference_rows(const RandomSources *s, const CkptfsStridedItem *items, unsigned nitems, uint64_t nrep,
                                   size_t isz, bool to_bf16)
 {
     GByteArray *want = g_byte_array_new();
@@ -133,7 +94,7 @@ static CkptfsStridedItem random_item(GRand *rng, uint64_t nrep, uint64_t cols, s
 }
 
 /* Reads LEN bytes at OFF of PLAN and compares them with WANT's. */
-static bool read_equals(const Sources *s, const CkptfsPlan *plan, const GByteArray *want, uint64_t off, uint64_t len)
+static bool read_equals(const RandomSources *s, const CkptfsPlan *plan, const GByteArray *want, uint64_t off, uint64_t len)
 {
     g_autofree uint8_t *buf = g_malloc(len + 1);
     int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, (size_t)len, off, NULL);
@@ -144,7 +105,7 @@ static bool read_equals(const Sources *s, const CkptfsPlan *plan, const GByteArr
  * gate and up), a lone item before, between or after them, behind a literal so that the extent
  * starts at an odd offset; read whole, at random places, and starting and ending inside an
  * element, inside a run and inside a row. */
-static void test_random_extents(const Sources *s, GRand *rng)
+static void test_random_extents(const RandomSources *s, GRand *rng)
 {
     for (size_t kind = 0; kind < G_N_ELEMENTS(kinds); kind++) {
         const Kind *kd = &kinds[kind];
@@ -228,7 +189,7 @@ static uint64_t fc1_base(uint32_t t, uint64_t e, size_t isz)
 }
 
 /* The naive [E * H, 2F] bytes of rows [r0, r1) x columns [c0, c1), columns SWAPPED halves. */
-static GByteArray *fused_reference(const Sources *s, size_t isz, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
+static GByteArray *fused_reference(const RandomSources *s, size_t isz, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
                                    bool swapped)
 {
     GByteArray *want = g_byte_array_new();
@@ -259,14 +220,14 @@ static unsigned fused_pieces(CkptfsPiece *pieces, size_t isz)
 }
 
 /* Reads PLAN whole and compares it with WANT. */
-static bool plan_equals(const Sources *s, CkptfsPlan *plan, const GByteArray *want)
+static bool plan_equals(const RandomSources *s, CkptfsPlan *plan, const GByteArray *want)
 {
     bool same = ckptfs_plan_size(plan) == want->len && read_equals(s, plan, want, 0, want->len);
     ckptfs_plan_free(plan);
     return same;
 }
 
-static void test_catalog_pieces(const Sources *s, GRand *rng)
+static void test_catalog_pieces(const RandomSources *s, GRand *rng)
 {
     size_t isz = 2;
     CkptfsPiece pieces[E * TP * 2];
@@ -329,7 +290,7 @@ static void test_catalog_pieces(const Sources *s, GRand *rng)
 }
 
 /* A source file changed in place under a plan: an interleaved read fails naming it. */
-static void test_source_changed(Sources *s)
+static void test_source_changed(RandomSources *s)
 {
     CkptfsStridedItem items[2] = {{.src = 1, .ways = 2, .run = 1, .base = 0, .row_stride = 2, .col_stride = 400,
                                    .cols = 50},
@@ -339,7 +300,7 @@ static void test_source_changed(Sources *s)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[20000];
     bool before = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL) == (int64_t)sizeof buf;
-    g_autofree char *path = source_path(s, 1);
+    g_autofree char *path = random_sources_path(s, 1);
     s->data[1][0] ^= 0xFF;
     sleep(1); /* a new mtime even on coarse clocks */
     FILE *f = fopen(path, "r+b"); /* changed in place */
@@ -357,12 +318,12 @@ static void test_source_changed(Sources *s)
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261129);
-    Sources s;
-    sources_init(&s, rng);
+    RandomSources s;
+    random_sources_init(&s, NSRC, SRC_SIZE, rng, "interleave");
     test_random_extents(&s, rng);
     test_catalog_pieces(&s, rng);
     test_source_changed(&s);
-    sources_clear(&s);
+    random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
 }

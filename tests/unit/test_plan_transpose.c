@@ -13,54 +13,15 @@
 #include "ckptfs/catalog.h"
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
+#include "random_sources.h"
 #include "tap.h"
 
 #define NSRC 2
 #define SRC_SIZE (4u << 20)
 
-typedef struct {
-    char *dir;
-    CkptfsSrcFiles *files;
-    uint8_t *data[NSRC];
-} Sources;
-
-static char *source_path(const Sources *s, int i)
-{
-    return g_strdup_printf("%s/src%d", s->dir, i);
-}
-
-static void sources_init(Sources *s, GRand *rng)
-{
-    s->dir = g_dir_make_tmp("ckptfs-transpose-XXXXXX", NULL);
-    s->files = ckptfs_srcfiles_new(0);
-    for (int i = 0; i < NSRC; i++) {
-        s->data[i] = g_malloc(SRC_SIZE);
-        for (uint32_t j = 0; j < SRC_SIZE; j += 4) {
-            uint32_t v = g_rand_int(rng);
-            memcpy(s->data[i] + j, &v, 4);
-        }
-        g_autofree char *path = source_path(s, i);
-        g_file_set_contents(path, (const char *)s->data[i], SRC_SIZE, NULL);
-        int idx = ckptfs_srcfiles_add(s->files, path, NULL);
-        g_assert(idx == i);
-    }
-}
-
-static void sources_clear(Sources *s)
-{
-    for (int i = 0; i < NSRC; i++) {
-        g_autofree char *path = source_path(s, i);
-        g_unlink(path);
-        g_free(s->data[i]);
-    }
-    g_rmdir(s->dir);
-    g_free(s->dir);
-    ckptfs_srcfiles_free(s->files);
-}
-
 /* Element (j, k) of item IT, output as OSZ bytes at OUT: its stored bytes, converted fp32 ->
  * bf16 by the plain formula (round to nearest even on the upper half; NaN -> 0xFFFF). */
-static void reference_element(const Sources *s, const CkptfsStridedItem *it, uint64_t j, uint64_t k, size_t isz,
+static void reference_element(const RandomSources *s, const CkptfsStridedItem *it, uint64_t j, uint64_t k, size_t isz,
                               bool to_bf16, uint8_t *out)
 {
     const uint8_t *at = s->data[it->src] + it->base + j * it->row_stride + k * it->col_stride;
@@ -79,7 +40,7 @@ static void reference_element(const Sources *s, const CkptfsStridedItem *it, uin
 }
 
 /* The naive bytes of NREP rows of ITEMS side by side. */
-static GByteArray *reference_rows(const Sources *s, const CkptfsStridedItem *items, unsigned nitems, uint64_t nrep,
+static GByteArray *reference_rows(const RandomSources *s, const CkptfsStridedItem *items, unsigned nitems, uint64_t nrep,
                                   size_t isz, bool to_bf16)
 {
     size_t osz = to_bf16 ? 2 : isz;
@@ -109,7 +70,7 @@ static const Kind kinds[] = {
 /* Random extents: 1-3 items, each stored transposed (halves or interleaved: rows one or two
  * elements apart, columns a stored row apart) or row-major, odd sizes; behind a literal so the
  * extent starts at an odd offset; read whole and at random offsets and lengths. */
-static void test_random_extents(const Sources *s, GRand *rng)
+static void test_random_extents(const RandomSources *s, GRand *rng)
 {
     for (size_t kind = 0; kind < G_N_ELEMENTS(kinds); kind++) {
         const Kind *kd = &kinds[kind];
@@ -168,7 +129,7 @@ static void test_random_extents(const Sources *s, GRand *rng)
 }
 
 /* Items whose columns are adjacent are a gather (no TRANSPOSE extent). */
-static void test_adjacent_is_gather(const Sources *s)
+static void test_adjacent_is_gather(const RandomSources *s)
 {
     CkptfsStridedItem row_major = {.src = 0, .base = 64, .row_stride = 40, .col_stride = 2, .cols = 20};
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -185,7 +146,7 @@ static void test_adjacent_is_gather(const Sources *s)
 /* A tensor made of strided pieces (two experts' down_proj [H, F] of a fused [E, F, H] tensor side
  * by side, one stored transposed, one row-major), rectangles emitted by the catalog, and the same
  * served as bf16 from fp32. */
-static void test_catalog_pieces(const Sources *s, GRand *rng)
+static void test_catalog_pieces(const RandomSources *s, GRand *rng)
 {
     const uint64_t rows = 37, cols = 23, split = 11;
     for (int conv = 0; conv < 2; conv++) {
@@ -258,7 +219,7 @@ static void test_catalog_pieces(const Sources *s, GRand *rng)
  * ckptfs_tensor_emit_rect_swapped, and a tensor made of pieces swapped by
  * ckptfs_piece_swap_col_halves (a source read backwards), both equal the naive copy where
  * column c is the stored matrix's column (c + half) mod cols. */
-static void test_swapped_halves(const Sources *s, GRand *rng)
+static void test_swapped_halves(const RandomSources *s, GRand *rng)
 {
     const uint64_t rows = 19, half = 13, cols = 2 * half;
     const size_t isz = 2;
@@ -331,7 +292,7 @@ static long read_calls(void)
 /* One expert's down_proj of a Qwen3-30B-A3B-shaped fused tensor stored transposed ([F, H] =
  * [768, 2048] bf16 served as [2048, 768]): a 1 MiB read reads each column's run once, in few
  * calls, not one per element. */
-static void test_few_reads(const Sources *s)
+static void test_few_reads(const RandomSources *s)
 {
     const uint64_t h = 2048, f = 768;
     CkptfsStridedItem down = {.src = 0, .base = 4096, .row_stride = 2, .col_stride = h * 2, .cols = f};
@@ -355,7 +316,7 @@ static void test_few_reads(const Sources *s)
 }
 
 /* The files a transposed plan reads from (checked at open), and prefetch over one. */
-static void test_sources_and_prefetch(const Sources *s)
+static void test_sources_and_prefetch(const RandomSources *s)
 {
     CkptfsStridedItem items[2] = {{.src = 1, .base = 100, .row_stride = 2, .col_stride = 1000, .cols = 30},
                                   {.src = 0, .base = 8, .row_stride = 4, .col_stride = 2000, .cols = 5}};
@@ -376,7 +337,7 @@ static void test_sources_and_prefetch(const Sources *s)
 }
 
 /* A source file changed in place under a plan: a transposed read fails naming it. */
-static void test_source_changed(Sources *s)
+static void test_source_changed(RandomSources *s)
 {
     CkptfsStridedItem item = {.src = 1, .base = 0, .row_stride = 2, .col_stride = 400, .cols = 50};
     CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
@@ -384,7 +345,7 @@ static void test_source_changed(Sources *s)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[10000];
     bool before = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL) == (int64_t)sizeof buf;
-    g_autofree char *path = source_path(s, 1);
+    g_autofree char *path = random_sources_path(s, 1);
     s->data[1][0] ^= 0xFF;
     sleep(1); /* a new mtime even on coarse clocks */
     FILE *f = fopen(path, "r+b"); /* changed in place */
@@ -402,8 +363,8 @@ static void test_source_changed(Sources *s)
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261128);
-    Sources s;
-    sources_init(&s, rng);
+    RandomSources s;
+    random_sources_init(&s, NSRC, SRC_SIZE, rng, "transpose");
     test_random_extents(&s, rng);
     test_adjacent_is_gather(&s);
     test_catalog_pieces(&s, rng);
@@ -411,7 +372,7 @@ int main(void)
     test_few_reads(&s);
     test_sources_and_prefetch(&s);
     test_source_changed(&s);
-    sources_clear(&s);
+    random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
 }

@@ -1,0 +1,59 @@
+/* Source files for the read-path tests: N files of SIZE random bytes in a fresh temporary
+ * directory, registered in a CkptfsSrcFiles in order (index i = file i), their bytes kept in
+ * memory to check reads against. */
+#ifndef CKPTFS_TESTS_RANDOM_SOURCES_H
+#define CKPTFS_TESTS_RANDOM_SOURCES_H
+
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <string.h>
+
+#include "ckptfs/srcfiles.h"
+
+typedef struct {
+    char *dir;
+    CkptfsSrcFiles *files;
+    unsigned n;
+    uint8_t **data;
+} RandomSources;
+
+static inline char *random_sources_path(const RandomSources *s, unsigned i)
+{
+    return g_strdup_printf("%s/src%u", s->dir, i);
+}
+
+/* WHAT names the temporary directory (ckptfs-WHAT-XXXXXX). */
+static inline void random_sources_init(RandomSources *s, unsigned n, size_t size, GRand *rng, const char *what)
+{
+    g_autofree char *tmpl = g_strdup_printf("ckptfs-%s-XXXXXX", what);
+    s->dir = g_dir_make_tmp(tmpl, NULL);
+    g_assert(s->dir != NULL);
+    s->files = ckptfs_srcfiles_new(0);
+    s->n = n;
+    s->data = g_new0(uint8_t *, n);
+    for (unsigned i = 0; i < n; i++) {
+        s->data[i] = g_malloc(size);
+        for (size_t j = 0; j < size; j += 4) {
+            uint32_t v = g_rand_int(rng);
+            memcpy(s->data[i] + j, &v, MIN(4, size - j));
+        }
+        g_autofree char *path = random_sources_path(s, i);
+        g_assert(g_file_set_contents(path, (const char *)s->data[i], (gssize)size, NULL));
+        g_assert(ckptfs_srcfiles_add(s->files, path, NULL) == (int)i);
+    }
+}
+
+static inline void random_sources_clear(RandomSources *s)
+{
+    for (unsigned i = 0; i < s->n; i++) {
+        g_autofree char *path = random_sources_path(s, i);
+        g_unlink(path);
+        g_free(s->data[i]);
+    }
+    g_free(s->data);
+    g_rmdir(s->dir);
+    g_free(s->dir);
+    ckptfs_srcfiles_free(s->files);
+}
+
+#endif
