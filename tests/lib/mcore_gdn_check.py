@@ -3,7 +3,8 @@
 (gated delta-net hybrid) on CPU; its state_dict() is compared (keys, shapes, order) with a ckptfs
 tp1pp1/ rank file and loaded from it with load_state_dict(strict=True).
 
-usage: MEGATRON_LM=/path mcore_gdn_check.py SRC_CONFIG_DIR RANK_FILE   (torch 2, the sid root)
+usage: MEGATRON_LM=/path mcore_gdn_check.py SRC_DIR RANK_FILE [MCORE_RELEASE_DIR]   (torch 2: the sid root)
+With MCORE_RELEASE_DIR, sharded_state_dict()'s keys and global shapes against mcore/'s .metadata.
 
 What this machine lacks is stood in for, and only that:
 - fla (flash-linear-attention): modules fla.modules.l2norm and fla.ops.gated_delta_rule with
@@ -37,7 +38,7 @@ def stub_missing_kernels():
     return sorted(mods) + ["torch.cuda.current_device"]
 
 
-def build_model(cfg_json):
+def build_model(cfg_json, padded_vocab):
     from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
@@ -95,7 +96,7 @@ def build_model(cfg_json):
     block = TransformerBlockSubmodules(
         layer_specs=[gdn_layer if p else attention_layer for p in pattern],
         layer_norm=backend.layer_norm(rms_norm=True))
-    return GPTModel(config=config, transformer_layer_spec=block, vocab_size=c["vocab_size"],
+    return GPTModel(config=config, transformer_layer_spec=block, vocab_size=padded_vocab,
                     max_sequence_length=c["max_position_embeddings"], position_embedding_type="rope",
                     rotary_percent=c.get("partial_rotary_factor", 1.0),
                     share_embeddings_and_output_weights=c.get("tie_word_embeddings", False))
@@ -121,9 +122,12 @@ def main():
     from megatron.core import package_info
     print("megatron-core", package_info.__version__)
 
-    model = build_model(json.load(open(os.path.join(src, "config.json"))))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    saved = torch.load(rank_file, map_location="cpu", weights_only=False)
+    # Megatron builds GPTModel with the padded vocabulary (args.padded_vocab_size)
+    model = build_model(cfg, saved["args"].padded_vocab_size)
     ours = model.state_dict()
-    theirs = torch.load(rank_file, map_location="cpu", weights_only=False)["model"]
+    theirs = saved["model"]
     extra = [k for k in theirs if k.endswith("._extra_state")]
     theirs_w = {k: v for k, v in theirs.items() if not k.endswith("._extra_state")}
     ours_w = {k: v for k, v in ours.items() if not k.endswith("._extra_state")}
@@ -152,7 +156,33 @@ def main():
     got = model.state_dict()
     assert all(torch.equal(got[k], theirs_w[k].float()) for k in theirs_w)
     print("load_state_dict(strict=True) of the rank file's tensors: ok")
-    return 0
+    return compare_sharded(cfg, sys.argv[3]) if len(sys.argv) > 3 else 0
+
+
+def compare_sharded(cfg, release):
+    """Megatron-core's sharded_state_dict() (factories applied: in_proj and conv1d a key per
+    section) against the keys and global shapes of ckptfs's mcore/ .metadata."""
+    import torch.distributed.checkpoint as dcp
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+    meta = dcp.FileSystemReader(release).read_metadata().state_dict_metadata
+    # mcore/ pads the vocabulary for any TP degree it may be loaded at
+    model = build_model(cfg, meta["embedding.word_embeddings.weight"].size[0])
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    ours = {}
+    for v in nested_values(sharded):
+        if isinstance(v, ShardedTensor):
+            ours[v.key] = tuple(v.global_shape)
+    theirs = {k: tuple(m.size) for k, m in meta.items() if hasattr(m, "chunks") and "_extra_state" not in k}
+    diffs = [f"only in Megatron-core's sharded_state_dict: {k} {ours[k]}" for k in ours if k not in theirs]
+    diffs += [f"only in mcore/.metadata: {k} {theirs[k]}" for k in theirs if k not in ours]
+    diffs += [f"global shape of {k}: Megatron-core {ours[k]}, mcore/ {theirs[k]}" for k in ours
+              if k in theirs and ours[k] != theirs[k]]
+    print(f"sharded_state_dict: {len(ours)} tensor keys; mcore/.metadata: {len(theirs)}")
+    for d in diffs:
+        print("DIFF", d)
+    return 1 if diffs else 0
 
 
 if __name__ == "__main__":
