@@ -162,4 +162,21 @@ for kind in drop-mtp:"tensor 'mtp.pre_fc_norm_hidden.weight' is missing from the
     "$CKPTFS_BIN" inspect -o mtp=on "$WORK/bad-$name"
 done
 
+# Optional: a Megatron-LM checkout in MEGATRON_LM (0.17.1, commit 266f1c97): real Megatron-core
+# builds the Qwen3.5 model's GPTModel on CPU (flash-linear-attention and TE's fused norm+linear
+# stood in, see mcore_gdn_check.py); its state_dict() keys, shapes and order equal tp1pp1/'s rank
+# file, which it loads with strict=True, and its sharded_state_dict() keys and shapes mcore/'s
+if [[ -d ${MEGATRON_LM:-} ]]; then
+  export MEGATRON_LM=$(cd "$MEGATRON_LM" && pwd)
+  if mount_ckptfs "$models/q35" "$WORK/mlm-q35" -o layouts=tp1pp1; then
+    check "q35: Megatron-core's GPTModel (gated delta-net spec) state_dict = tp1pp1/'s rank file, strict load; sharded_state_dict keys = mcore/'s" \
+      sid_python "$WORK:$MEGATRON_LM" "$TESTS_TOP/tests/lib/mcore_gdn_check.py" "$models/q35" \
+      "$WORK/mlm-q35/tp1pp1/release/mp_rank_00/model_optim_rng.pt" "$WORK/mcore-q35/release"
+  else
+    ok 1 "q35: mount for Megatron-core"
+  fi
+else
+  skip "MEGATRON_LM unset: no Megatron-LM checkout to build GPTModel from"
+fi
+
 done_testing
