@@ -20,9 +20,10 @@
 # bridges' names and bytes, its Megatron forward equal to the block's, the same mtp.* back through
 # hf/ of tp/pp and mcore/ views; without mtp=on the views are the model's alone; a missing or
 # misshapen MTP tensor, or more than one MTP layer, refused by name.
-# Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
-# a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
-# taken from its source (gated_delta_net.py) and the bridges.
+# Megatron-core's GatedDeltaNet needs flash-linear-attention (and a CUDA device at construction),
+# which this machine lacks: its names, shapes and TP splits are taken from its source
+# (gated_delta_net.py) and the bridges, and with MEGATRON_LM set (a Megatron-LM checkout) it is
+# built on CPU with those kernels stood in (mcore_gdn_check.py) and compared with tp1pp1/ and mcore/.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
