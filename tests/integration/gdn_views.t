@@ -166,13 +166,15 @@ done
 # Optional: a Megatron-LM checkout in MEGATRON_LM (0.17.1, commit 266f1c97): real Megatron-core
 # builds the Qwen3.5 model's GPTModel on CPU (flash-linear-attention and TE's fused norm+linear
 # stood in, see mcore_gdn_check.py); its state_dict() keys, shapes and order equal tp1pp1/'s rank
-# file, which it loads with strict=True, and its sharded_state_dict() keys and shapes mcore/'s
+# file (and at TP 2, two gloo ranks, tp2pp1/'s), which it loads with strict=True, and its
+# sharded_state_dict() keys and shapes mcore/'s
 if [[ -d ${MEGATRON_LM:-} ]]; then
   export MEGATRON_LM=$(cd "$MEGATRON_LM" && pwd)
-  if mount_ckptfs "$models/q35" "$WORK/mlm-q35" -o layouts=tp1pp1; then
-    check "q35: Megatron-core's GPTModel (gated delta-net spec) state_dict = tp1pp1/'s rank file, strict load; sharded_state_dict keys = mcore/'s" \
+  if mount_ckptfs "$models/q35" "$WORK/mlm-q35" -o layouts=tp1pp1:tp2pp1; then
+    check "q35: Megatron-core's GPTModel (gated delta-net spec) state_dict = tp1pp1/'s rank file and, at TP 2, tp2pp1/'s, strict loads; sharded_state_dict keys = mcore/'s" \
       sid_python "$WORK:$MEGATRON_LM" "$TESTS_TOP/tests/lib/mcore_gdn_check.py" "$models/q35" \
-      "$WORK/mlm-q35/tp1pp1/release/mp_rank_00/model_optim_rng.pt" "$WORK/mcore-q35/release"
+      "$WORK/mlm-q35/tp1pp1/release/mp_rank_00/model_optim_rng.pt" "$WORK/mcore-q35/release" \
+      --tp2 "$WORK/mlm-q35/tp2pp1"
   else
     ok 1 "q35: mount for Megatron-core"
   fi

@@ -3,8 +3,9 @@
 (gated delta-net hybrid) on CPU; its state_dict() is compared (keys, shapes, order) with a ckptfs
 tp1pp1/ rank file and loaded from it with load_state_dict(strict=True).
 
-usage: MEGATRON_LM=/path mcore_gdn_check.py SRC_DIR RANK_FILE [MCORE_RELEASE_DIR]   (torch 2: the sid root)
-With MCORE_RELEASE_DIR, sharded_state_dict()'s keys and global shapes against mcore/'s .metadata.
+usage: MEGATRON_LM=/path mcore_gdn_check.py SRC_DIR RANK_FILE [MCORE_RELEASE_DIR] [--tp2 TP2PP1_VIEW]
+(torch 2: the sid root). With MCORE_RELEASE_DIR, sharded_state_dict()'s keys and global shapes
+against mcore/'s .metadata; with --tp2, two gloo ranks at TP 2, each against its rank file.
 
 What this machine lacks is stood in for, and only that:
 - fla (flash-linear-attention): modules fla.modules.l2norm and fla.ops.gated_delta_rule with
@@ -18,6 +19,7 @@ What this machine lacks is stood in for, and only that:
   linear_qkv and linear_fc1 given the same stand-in, so the norms carry TE's fused names.
 TE modules' _extra_state entries have no CPU counterpart: they are listed and left out of the
 strict load."""
+import json
 import os
 import sys
 import types
@@ -102,27 +104,16 @@ def build_model(cfg_json, padded_vocab):
                     share_embeddings_and_output_weights=c.get("tie_word_embeddings", False))
 
 
-def init_parallel():
-    """One CPU rank, gloo over a file store (no TCP store: the sid root's torch lacks libuv)."""
-    import tempfile
+def init_parallel(store, rank=0, tp=1):
+    """CPU ranks, gloo over a file store (no TCP store: the sid root's torch lacks libuv)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
-    store = os.path.join(tempfile.mkdtemp(), "store")
-    dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=tp)
+    parallel_state.initialize_model_parallel(tp, 1)
 
 
-def main():
-    import json
-    src, rank_file = sys.argv[1], sys.argv[2]
-    sys.path.insert(0, os.environ["MEGATRON_LM"])
-    stubbed = stub_missing_kernels()
-    print("stubbed:", ", ".join(stubbed))
-    init_parallel()
-    from megatron.core import package_info
-    print("megatron-core", package_info.__version__)
-
-    cfg = json.load(open(os.path.join(src, "config.json")))
+def compare_rank_file(cfg, rank_file):
+    """Builds the model for this rank; 0 when the rank file matches it and loads strictly."""
     saved = torch.load(rank_file, map_location="cpu", weights_only=False)
     # Megatron builds GPTModel with the padded vocabulary (args.padded_vocab_size)
     model = build_model(cfg, saved["args"].padded_vocab_size)
@@ -146,7 +137,7 @@ def main():
     extra_ours = [k for k in ours if k.endswith("._extra_state")]
     print("_extra_state only in the rank file (TE modules):", " ".join(sorted(set(extra) - set(extra_ours))))
     print("_extra_state only in Megatron-core (local modules):", " ".join(sorted(set(extra_ours) - set(extra))))
-    print(f"{len(ours_w)} Megatron-core tensors, {len(theirs_w)} in the rank file, "
+    print(f"{rank_file}: {len(ours_w)} Megatron-core tensors, {len(theirs_w)} in the rank file, "
           f"{len(extra)} TE _extra_state entries in the rank file (no CPU counterpart)")
     for p in problems:
         print("DIFF", p)
@@ -156,7 +147,49 @@ def main():
     got = model.state_dict()
     assert all(torch.equal(got[k], theirs_w[k].float()) for k in theirs_w)
     print("load_state_dict(strict=True) of the rank file's tensors: ok")
-    return compare_sharded(cfg, sys.argv[3]) if len(sys.argv) > 3 else 0
+    return 0
+
+
+def tp_rank(rank, src, view, store, tp):
+    setup()
+    init_parallel(store, rank, tp)
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    sys.exit(compare_rank_file(cfg, os.path.join(view, "release", f"mp_rank_{rank:02d}", "model_optim_rng.pt")))
+
+
+def setup():
+    sys.path.insert(0, os.environ["MEGATRON_LM"])
+    return stub_missing_kernels()
+
+
+def main():
+    import argparse
+    import tempfile
+    ap = argparse.ArgumentParser()
+    ap.add_argument("src")
+    ap.add_argument("rank_file", help="tp1pp1/'s release/mp_rank_00/model_optim_rng.pt")
+    ap.add_argument("mcore_release", nargs="?", help="mcore/release: sharded_state_dict keys against it")
+    ap.add_argument("--tp2", metavar="VIEW", help="a tp2pp1/ view: two gloo ranks, each against its rank file")
+    a = ap.parse_args()
+    print("stubbed:", ", ".join(setup()))
+    tmp = tempfile.mkdtemp()
+    init_parallel(os.path.join(tmp, "store1"))
+    from megatron.core import package_info
+    print("megatron-core", package_info.__version__)
+    cfg = json.load(open(os.path.join(a.src, "config.json")))
+    if compare_rank_file(cfg, a.rank_file):
+        return 1
+    if a.mcore_release and compare_sharded(cfg, a.mcore_release):
+        return 1
+    if a.tp2:
+        import torch.multiprocessing as mp
+        try:
+            mp.spawn(tp_rank, args=(a.src, a.tp2, os.path.join(tmp, "store2"), 2), nprocs=2)
+        except mp.ProcessExitedException as e:
+            print("TP 2:", e)
+            return 1
+        print("TP 2: both ranks' rank files match and load strictly")
+    return 0
 
 
 def compare_sharded(cfg, release):
