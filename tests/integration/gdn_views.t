@@ -22,9 +22,10 @@
 # misshapen MTP tensor, or more than one MTP layer, refused by name. A Qwen3.5-MoE and a
 # Qwen3-Next whose experts, the MTP layer's included, are fused on disk: the same views as per
 # expert, hf/ as saved, a fused MTP tensor of the wrong expert count refused by name.
-# Megatron-core's GatedDeltaNet itself is not built here: it needs flash-linear-attention (and
-# a CUDA device at construction), which this machine lacks; its names, shapes and TP splits are
-# taken from its source (gated_delta_net.py) and the bridges.
+# Megatron-core's GatedDeltaNet needs flash-linear-attention (and a CUDA device at construction),
+# which this machine lacks: its names, shapes and TP splits are taken from its source
+# (gated_delta_net.py) and the bridges, and with MEGATRON_LM set (a Megatron-LM checkout) it is
+# built on CPU with those kernels stood in (mcore_gdn_check.py) and compared with tp1pp1/ and mcore/.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -200,5 +201,24 @@ for kind in drop-mtp:"tensor 'mtp.pre_fc_norm_hidden.weight' is missing from the
   expect_refused "MTP block '$name': mtp=on refused by name" "$want" \
     "$CKPTFS_BIN" inspect -o mtp=on "$WORK/bad-$name"
 done
+
+# Optional: a Megatron-LM checkout in MEGATRON_LM (0.17.1, commit 266f1c97): real Megatron-core
+# builds the Qwen3.5 model's GPTModel on CPU (flash-linear-attention and TE's fused norm+linear
+# stood in, see mcore_gdn_check.py); its state_dict() keys, shapes and order equal tp1pp1/'s rank
+# file (and at TP 2, two gloo ranks, tp2pp1/'s), which it loads with strict=True, and its
+# sharded_state_dict() keys and shapes mcore/'s
+if [[ -d ${MEGATRON_LM:-} ]]; then
+  export MEGATRON_LM=$(cd "$MEGATRON_LM" && pwd)
+  if mount_ckptfs "$models/q35" "$WORK/mlm-q35" -o layouts=tp1pp1:tp2pp1; then
+    check "q35: Megatron-core's GPTModel (gated delta-net spec) state_dict = tp1pp1/'s rank file and, at TP 2, tp2pp1/'s, strict loads; sharded_state_dict keys = mcore/'s" \
+      sid_python "$WORK:$MEGATRON_LM" "$TESTS_TOP/tests/lib/mcore_gdn_check.py" "$models/q35" \
+      "$WORK/mlm-q35/tp1pp1/release/mp_rank_00/model_optim_rng.pt" "$WORK/mcore-q35/release" \
+      --tp2 "$WORK/mlm-q35/tp2pp1"
+  else
+    ok 1 "q35: mount for Megatron-core"
+  fi
+else
+  skip "MEGATRON_LM unset: no Megatron-LM checkout to build GPTModel from"
+fi
 
 done_testing
