@@ -4,7 +4,8 @@
  * starting and ending inside an element, a run and a row; bf16 and fp32 as stored and fp32
  * served as bf16. Catalog pieces every other column (a gate and up per expert and TP shard)
  * tile the tensor, are read as rectangles cut anywhere and with their column halves exchanged,
- * and overlapping ones are refused. A source changed under the plan fails the read naming it. */
+ * and overlapping ones are refused. Both again through a leased mapping, transposed from it. A
+ * source changed under the plan fails the read naming it. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <stdio.h>

@@ -2,7 +2,8 @@
  * naive element-by-element reference: random extents over random source files read at random
  * offsets and lengths, bf16 and fp32 as stored and fp32 served as bf16; the catalog's strided
  * pieces cut into rectangles, and seen with their column halves exchanged; a 1 MiB read in few
- * read calls; a source changed under the plan. */
+ * read calls; the random extents and a wide expert read through a leased mapping, transposed from
+ * it; a source changed under the plan. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <stdio.h>
