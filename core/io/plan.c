@@ -881,11 +881,62 @@ static void put_item_row(const CkptfsStridedItem *it, uint64_t row, uint64_t wid
     }
 }
 
+/* Columns [CA, CB) of item IT in rows [RA, RA + NR) of a TRANSPOSE extent, element (r, c) at
+ * IN + r * ROW_STEP + (c - CA) * COL_STEP, put row-major a block of rows at a time into BLOCK (and
+ * CONVERTED), then each row's elements of the read into DST (put_item_row's arguments). */
+static void transpose_block_rows(const CkptfsStridedItem *it, const uint8_t *in, uint64_t row_step,
+                                 uint64_t col_step, uint64_t ra, uint64_t nr, uint64_t ca, uint64_t cb, bool by_column,
+                                 size_t isz, CkptfsConvert conv, size_t osz, uint64_t width, uint64_t first,
+                                 uint64_t end, uint64_t in_off, uint64_t out_end, uint8_t *block, uint8_t *converted,
+                                 uint8_t *dst)
+{
+    uint64_t ncols = cb - ca;
+    for (uint64_t r0 = 0; r0 < nr; r0 += TRANSPOSE_BLOCK) {
+        uint64_t r1 = MIN(nr, r0 + TRANSPOSE_BLOCK);
+        if (by_column)
+            transpose_columns(block, ncols * isz, in + r0 * row_step, col_step, row_step, r1 - r0, ncols, isz);
+        else
+            for (uint64_t r = r0; r < r1; r++)
+                copy_elements(block + (r - r0) * ncols * isz, isz, in + r * row_step, col_step, ncols, isz);
+        if (conv != CKPTFS_CONVERT_NONE)
+            ckptfs_convert_run(conv, block, converted, (size_t)((r1 - r0) * ncols));
+        const uint8_t *out = conv != CKPTFS_CONVERT_NONE ? converted : block;
+        for (uint64_t r = r0; r < r1; r++)
+            put_item_row(it, ra + r, width, ca, cb, out + (r - r0) * ncols * osz, osz, first, end, in_off, out_end,
+                         dst);
+    }
+}
+
+/* Where rows [RA, RA + NR) of item IT (ISZ-byte elements) lie in its mapped file: element (r, c) at
+ * the result + r * ROW_STRIDE + c * COL_STRIDE, when the file is mapped under a lease and those
+ * bytes are in the page cache (the pin then marked used: the file is checked after the read and
+ * kept until its reply is written, as mxfp4_mapped's). NULL otherwise: the runs are fetched. The
+ * register transpose reads up to an element past a run, so the range must end 16 bytes before
+ * the file does. */
+static const uint8_t *strided_mapped(const CkptfsStridedItem *it, const CkptfsReadCtx *ctx, uint64_t ra, uint64_t nr,
+                                     size_t isz)
+{
+    CkptfsReplyRefs *r = ctx->refs;
+    if (r == NULL)
+        return NULL;
+    uint64_t off = it->base + ra * it->row_stride;
+    uint64_t span = run_bytes(nr, it->row_stride, isz) + (it->cols - 1) * it->col_stride;
+    CkptfsReplyPin *pin = pin_of(r, ctx->files, it->src);
+    if (pin == NULL || pin->map == NULL || off + span + 16 > ckptfs_srcfiles_get(ctx->files, it->src)->size ||
+        !ckptfs_srcfiles_map_cached(ctx->files, it->src, off, span))
+        return NULL;
+    pin->used = true;
+    return pin->map + off;
+}
+
 /* Output bytes [in_off, in_off + n) of a TRANSPOSE extent, a stripe of columns at a time
  * over all the rows they touch: each item's source runs (a column's rows for an item stored
  * transposed, a row's columns for the others) read once, merged into few preadv calls as a
  * gather's (the gaps between a stripe's column runs read once too); the stripe put together
- * row-major a block of rows at a time; each row's piece converted or copied out. */
+ * row-major a block of rows at a time; each row's piece converted or copied out. An item whose
+ * rows are mapped and cached (strided_mapped) is transposed from where it lies instead: no read
+ * copies its runs with their gaps (a 1 MiB read of GPT-OSS-20B's fc1 served [H, 2F] wants 182 of
+ * every 5760 bytes), and its stripes are as wide as the block buffer allows. */
 static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                            uint64_t in_off, uint8_t *dst, size_t n, GError **error)
 {
@@ -919,8 +970,17 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
             uint64_t col_cost = by_column ? run_bytes(nr, it->row_stride, isz)
                                           : nr * MIN(it->col_stride, run_bytes(it->cols, it->col_stride, isz));
             uint64_t stripe = MAX((uint64_t)1, MIN(TRANSPOSE_STRIPE / col_cost, TRANSPOSE_STRIPE / (nr * isz)));
+            const uint8_t *mapped = strided_mapped(it, ctx, ra, nr, isz);
+            if (mapped != NULL) /* only the block buffer bounds it: a block of rows of the stripe */
+                stripe = MAX((uint64_t)1, TRANSPOSE_STRIPE / (MIN(nr, (uint64_t)TRANSPOSE_BLOCK) * isz));
             for (uint64_t ca = 0; ca < it->cols; ca += stripe) {
                 uint64_t cb = MIN(it->cols, ca + stripe), ncols = cb - ca;
+                if (mapped != NULL) {
+                    transpose_block_rows(it, mapped + ca * it->col_stride, it->row_stride, it->col_stride, ra, nr, ca,
+                                         cb, by_column, isz, conv, osz, width, first, end, in_off, out_end, block,
+                                         converted, dst);
+                    continue;
+                }
                 /* Element (r, c) of the stripe at FETCHED + r * row_step + c * col_step. */
                 uint64_t row_step = by_column ? it->row_stride : run_bytes(ncols, it->col_stride, isz);
                 uint64_t col_step = by_column ? run_bytes(nr, it->row_stride, isz) : it->col_stride;
@@ -959,25 +1019,9 @@ static bool transpose_read(const CkptfsExtent *e, const CkptfsReadCtx *ctx,
                 g_free(pending.skip);
                 if (!ok)
                     return false;
-                if (!any)
-                    continue;
-                /* Row-major a block of rows at a time, then each row's elements of the read. */
-                for (uint64_t r0 = 0; r0 < nr; r0 += TRANSPOSE_BLOCK) {
-                    uint64_t r1 = MIN(nr, r0 + TRANSPOSE_BLOCK);
-                    if (by_column)
-                        transpose_columns(block, ncols * isz, fetched + r0 * row_step, col_step, row_step, r1 - r0,
-                                          ncols, isz);
-                    else
-                        for (uint64_t r = r0; r < r1; r++)
-                            copy_elements(block + (r - r0) * ncols * isz, isz, fetched + r * row_step, col_step, ncols,
-                                          isz);
-                    if (conv != CKPTFS_CONVERT_NONE)
-                        ckptfs_convert_run(conv, block, converted, (size_t)((r1 - r0) * ncols));
-                    const uint8_t *out = conv != CKPTFS_CONVERT_NONE ? converted : block;
-                    for (uint64_t r = r0; r < r1; r++)
-                        put_item_row(it, ra + r, width, ca, cb, out + (r - r0) * ncols * osz, osz, first, end, in_off,
-                                     out_end, dst);
-                }
+                if (any)
+                    transpose_block_rows(it, fetched, row_step, col_step, ra, nr, ca, cb, by_column, isz, conv, osz,
+                                         width, first, end, in_off, out_end, block, converted, dst);
             }
         }
         ra += nr;

@@ -1,6 +1,7 @@
 /* Source files for the read-path tests: N files of SIZE random bytes in a fresh temporary
  * directory, registered in a CkptfsSrcFiles in order (index i = file i), their bytes kept in
- * memory to check reads against. */
+ * memory to check reads against; and a plan read from them as a mount reads it, through
+ * descriptors or (refs set) from a leased mapping of the cached sources. */
 #ifndef CKPTFS_TESTS_RANDOM_SOURCES_H
 #define CKPTFS_TESTS_RANDOM_SOURCES_H
 
@@ -8,6 +9,7 @@
 #include <glib/gstdio.h>
 #include <string.h>
 
+#include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
 
 typedef struct {
@@ -15,6 +17,10 @@ typedef struct {
     CkptfsSrcFiles *files;
     unsigned n;
     uint8_t **data;
+    /* Reads as a mount's with mapped reads (NULL: through descriptors); how many of them used
+     * the mapping. */
+    CkptfsReplyRefs *refs;
+    int from_map;
 } RandomSources;
 
 static inline char *random_sources_path(const RandomSources *s, unsigned i)
@@ -31,6 +37,8 @@ static inline void random_sources_init(RandomSources *s, unsigned n, size_t size
     s->files = ckptfs_srcfiles_new(0);
     s->n = n;
     s->data = g_new0(uint8_t *, n);
+    s->refs = NULL;
+    s->from_map = 0;
     for (unsigned i = 0; i < n; i++) {
         s->data[i] = g_malloc(size);
         for (size_t j = 0; j < size; j += 4) {
@@ -54,6 +62,24 @@ static inline void random_sources_clear(RandomSources *s)
     g_rmdir(s->dir);
     g_free(s->dir);
     ckptfs_srcfiles_free(s->files);
+}
+
+/* LEN bytes at OFF of PLAN into BUF, read as S says: the pieces a mapped read leaves in the
+ * mapping put in their places, and a read that used the mapping counted. */
+static inline int64_t random_sources_read(RandomSources *s, const CkptfsPlan *plan, uint8_t *buf, size_t len,
+                                          uint64_t off, GError **error)
+{
+    if (s->refs == NULL)
+        return ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, len, off, error);
+    int64_t n = ckptfs_plan_read(plan, &(CkptfsReadCtx){.files = s->files, .refs = s->refs}, buf, len, off, error);
+    if (n > 0)
+        ckptfs_reply_refs_gather(s->refs, buf, (size_t)n);
+    bool used = false;
+    for (unsigned i = 0; i < s->refs->npins; i++)
+        used = used || (s->refs->pin[i].map != NULL && s->refs->pin[i].used);
+    s->from_map += used;
+    ckptfs_reply_refs_release(s->files, s->refs);
+    return n;
 }
 
 #endif

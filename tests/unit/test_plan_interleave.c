@@ -4,7 +4,8 @@
  * starting and ending inside an element, a run and a row; bf16 and fp32 as stored and fp32
  * served as bf16. Catalog pieces every other column (a gate and up per expert and TP shard)
  * tile the tensor, are read as rectangles cut anywhere and with their column halves exchanged,
- * and overlapping ones are refused. A source changed under the plan fails the read naming it. */
+ * and overlapping ones are refused. Both again through a leased mapping, transposed from it. A
+ * source changed under the plan fails the read naming it. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <stdio.h>
@@ -94,10 +95,10 @@ static CkptfsStridedItem random_item(GRand *rng, uint64_t nrep, uint64_t cols, s
 }
 
 /* Reads LEN bytes at OFF of PLAN and compares them with WANT's. */
-static bool read_equals(const RandomSources *s, const CkptfsPlan *plan, const GByteArray *want, uint64_t off, uint64_t len)
+static bool read_equals(RandomSources *s, const CkptfsPlan *plan, const GByteArray *want, uint64_t off, uint64_t len)
 {
     g_autofree uint8_t *buf = g_malloc(len + 1);
-    int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, (size_t)len, off, NULL);
+    int64_t got = random_sources_read(s, plan, buf, (size_t)len, off, NULL);
     return got == (int64_t)len && memcmp(buf, want->data + off, (size_t)len) == 0;
 }
 
@@ -105,12 +106,13 @@ static bool read_equals(const RandomSources *s, const CkptfsPlan *plan, const GB
  * gate and up), a lone item before, between or after them, behind a literal so that the extent
  * starts at an odd offset; read whole, at random places, and starting and ending inside an
  * element, inside a run and inside a row. */
-static void test_random_extents(const RandomSources *s, GRand *rng)
+static void test_random_extents(RandomSources *s, GRand *rng)
 {
     for (size_t kind = 0; kind < G_N_ELEMENTS(kinds); kind++) {
         const Kind *kd = &kinds[kind];
         size_t isz = ckptfs_dtype_size(kd->stored);
         size_t osz = kd->conv != CKPTFS_CONVERT_NONE ? 2 : isz;
+        const char *how = s->refs ? "mapped reads, " : "";
         int whole_ok = 0, reads_ok = 0, reads = 0, cut_ok = 0, cuts = 0, nextents = 50, as_transpose = 0;
         for (int x = 0; x < nextents; x++) {
             uint64_t nrep = (uint64_t)g_rand_int_range(rng, 1, 120);
@@ -167,14 +169,14 @@ static void test_random_extents(const RandomSources *s, GRand *rng)
             }
             ckptfs_plan_free(plan);
         }
-        tap_ok(as_transpose == nextents, "%s: interleaved items are one TRANSPOSE extent (%d/%d)", kd->what,
+        tap_ok(as_transpose == nextents, "%s%s: interleaved items are one TRANSPOSE extent (%d/%d)", how, kd->what,
                as_transpose, nextents);
-        tap_ok(whole_ok == nextents, "%s: random interleaved extents read whole equal the naive interleave (%d/%d)",
-               kd->what, whole_ok, nextents);
-        tap_ok(reads_ok == reads, "%s: reads at random offsets and lengths equal it (%d/%d)", kd->what, reads_ok,
+        tap_ok(whole_ok == nextents, "%s%s: random interleaved extents read whole equal the naive interleave (%d/%d)",
+               how, kd->what, whole_ok, nextents);
+        tap_ok(reads_ok == reads, "%s%s: reads at random offsets and lengths equal it (%d/%d)", how, kd->what, reads_ok,
                reads);
-        tap_ok(cut_ok == cuts && cuts > 0, "%s: reads from inside an element, a run and a row to inside a later row "
-               "equal it (%d/%d)", kd->what, cut_ok, cuts);
+        tap_ok(cut_ok == cuts && cuts > 0, "%s%s: reads from inside an element, a run and a row to inside a later row "
+               "equal it (%d/%d)", how, kd->what, cut_ok, cuts);
     }
 }
 
@@ -220,14 +222,14 @@ static unsigned fused_pieces(CkptfsPiece *pieces, size_t isz)
 }
 
 /* Reads PLAN whole and compares it with WANT. */
-static bool plan_equals(const RandomSources *s, CkptfsPlan *plan, const GByteArray *want)
+static bool plan_equals(RandomSources *s, CkptfsPlan *plan, const GByteArray *want)
 {
     bool same = ckptfs_plan_size(plan) == want->len && read_equals(s, plan, want, 0, want->len);
     ckptfs_plan_free(plan);
     return same;
 }
 
-static void test_catalog_pieces(const RandomSources *s, GRand *rng)
+static void test_catalog_pieces(RandomSources *s, GRand *rng)
 {
     size_t isz = 2;
     CkptfsPiece pieces[E * TP * 2];
@@ -315,15 +317,41 @@ static void test_source_changed(RandomSources *s)
     ckptfs_plan_free(plan);
 }
 
+/* The random extents and the catalog's pieces again, read as a mount with mapped reads reads them:
+ * transposed where the sources' cached pages lie. */
+static void test_mapped(RandomSources *s, CkptfsLeaseWatch *watch, GRand *rng)
+{
+    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(s->files, 0) : NULL;
+    if (probe == NULL) {
+        tap_skip(19, "no lease on %s (its file system, or leases off): nothing is read mapped", s->dir);
+        return;
+    }
+    ckptfs_srcfiles_map_unpin(s->files, 0);
+    s->refs = g_new0(CkptfsReplyRefs, 1);
+    test_random_extents(s, rng);
+    int reads = s->from_map;
+    test_catalog_pieces(s, rng);
+    tap_ok(reads > 1000 && s->from_map > reads, "mapped reads transposed from the mapping: %d reads of random "
+           "extents, %d of catalog pieces", reads, s->from_map - reads);
+    g_clear_pointer(&s->refs, g_free);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261129);
-    RandomSources s;
+    /* the lease signals blocked before any thread is made, as the daemon does */
+    CkptfsLeaseWatch *watch = ckptfs_leases_block_signals() ? ckptfs_lease_watch_new(NULL) : NULL;
+    RandomSources s = {0};
     random_sources_init(&s, NSRC, SRC_SIZE, rng, "interleave");
+    if (watch != NULL)
+        ckptfs_lease_watch_add(watch, s.files);
     test_random_extents(&s, rng);
     test_catalog_pieces(&s, rng);
+    test_mapped(&s, watch, rng);
     test_source_changed(&s);
     random_sources_clear(&s);
+    if (watch != NULL)
+        ckptfs_lease_watch_free(watch);
     g_rand_free(rng);
     return tap_done();
 }

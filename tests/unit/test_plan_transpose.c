@@ -2,7 +2,8 @@
  * naive element-by-element reference: random extents over random source files read at random
  * offsets and lengths, bf16 and fp32 as stored and fp32 served as bf16; the catalog's strided
  * pieces cut into rectangles, and seen with their column halves exchanged; a 1 MiB read in few
- * read calls; a source changed under the plan. */
+ * read calls; the random extents and a wide expert read through a leased mapping, transposed from
+ * it; a source changed under the plan. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <stdio.h>
@@ -70,11 +71,12 @@ static const Kind kinds[] = {
 /* Random extents: 1-3 items, each stored transposed (halves or interleaved: rows one or two
  * elements apart, columns a stored row apart) or row-major, odd sizes; behind a literal so the
  * extent starts at an odd offset; read whole and at random offsets and lengths. */
-static void test_random_extents(const RandomSources *s, GRand *rng)
+static void test_random_extents(RandomSources *s, GRand *rng)
 {
     for (size_t kind = 0; kind < G_N_ELEMENTS(kinds); kind++) {
         const Kind *kd = &kinds[kind];
         size_t isz = ckptfs_dtype_size(kd->stored);
+        const char *how = s->refs ? "mapped reads, " : "";
         int extents_ok = 0, reads_ok = 0, reads = 0, nextents = 60;
         for (int x = 0; x < nextents; x++) {
             uint64_t nrep = (uint64_t)g_rand_int_range(rng, 1, 300);
@@ -107,7 +109,7 @@ static void test_random_extents(const RandomSources *s, GRand *rng)
             g_byte_array_append(want, (const guint8 *)"z", 1);
             g_autofree uint8_t *buf = g_malloc(want->len + 16);
             if (ckptfs_plan_size(plan) == want->len &&
-                ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len + 16, 0, NULL) == (int64_t)want->len &&
+                random_sources_read(s, plan, buf, want->len + 16, 0, NULL) == (int64_t)want->len &&
                 memcmp(buf, want->data, want->len) == 0)
                 extents_ok++;
             for (int r = 0; r < 40; r++) {
@@ -115,15 +117,15 @@ static void test_random_extents(const RandomSources *s, GRand *rng)
                 uint64_t len = (uint64_t)g_rand_int_range(rng, 1, (gint32)(want->len - off + 1));
                 if (r % 4 == 0) /* small reads: part of an element, a row */
                     len = MIN(len, (uint64_t)g_rand_int_range(rng, 1, 9));
-                int64_t got = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, (size_t)len, off, NULL);
+                int64_t got = random_sources_read(s, plan, buf, (size_t)len, off, NULL);
                 reads++;
                 reads_ok += got == (int64_t)len && memcmp(buf, want->data + off, (size_t)len) == 0;
             }
             ckptfs_plan_free(plan);
         }
-        tap_ok(extents_ok == nextents, "%s: random transposed extents read whole equal the naive transpose (%d/%d)",
-               kd->what, extents_ok, nextents);
-        tap_ok(reads_ok == reads, "%s: reads at random offsets and lengths equal it (%d/%d)", kd->what, reads_ok,
+        tap_ok(extents_ok == nextents, "%s%s: random transposed extents read whole equal the naive transpose (%d/%d)",
+               how, kd->what, extents_ok, nextents);
+        tap_ok(reads_ok == reads, "%s%s: reads at random offsets and lengths equal it (%d/%d)", how, kd->what, reads_ok,
                reads);
     }
 }
@@ -360,19 +362,66 @@ static void test_source_changed(RandomSources *s)
     ckptfs_plan_free(plan);
 }
 
+/* Read as a mount with mapped reads reads them, transposed where the sources' cached pages lie:
+ * the random extents, and one as wide as a stripe of the mapped path is several (an expert's fc1
+ * [2F, H] served [H, 2F], two items, stored columns 300 bytes apart), read whole and 1 MiB and
+ * smaller reads at random places. */
+static void test_mapped(RandomSources *s, CkptfsLeaseWatch *watch, GRand *rng)
+{
+    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(s->files, 0) : NULL;
+    if (probe == NULL) {
+        tap_skip(8, "no lease on %s (its file system, or leases off): nothing is read mapped", s->dir);
+        return;
+    }
+    ckptfs_srcfiles_map_unpin(s->files, 0);
+    s->refs = g_new0(CkptfsReplyRefs, 1);
+    test_random_extents(s, rng);
+    int random_mapped = s->from_map;
+    enum { NREP = 150 };
+    CkptfsStridedItem items[2] = {
+        {.src = 0, .base = 6, .row_stride = 2, .col_stride = 2 * NREP, .cols = 2500},
+        {.src = 1, .base = 1000, .row_stride = 2, .col_stride = 2 * NREP, .cols = 1100},
+    };
+    CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+    ckptfs_plan_add_strided(b, CKPTFS_DTYPE_BF16, CKPTFS_CONVERT_NONE, NREP, items, 2);
+    CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+    g_autoptr(GByteArray) want = reference_rows(s, items, 2, NREP, 2, false);
+    g_autofree uint8_t *buf = g_malloc(want->len);
+    int ok = 0, reads = 0;
+    s->from_map = 0;
+    for (int r = 0; r < 60; r++, reads++) {
+        uint64_t off = r == 0 ? 0 : (uint64_t)g_rand_int_range(rng, 0, (gint32)want->len);
+        uint64_t len = r == 0 ? want->len : MIN(want->len - off, r % 2 ? 1u << 20 : (uint64_t)g_rand_int_range(rng, 1, 70000));
+        ok += random_sources_read(s, plan, buf, (size_t)len, off, NULL) == (int64_t)len && memcmp(buf, want->data + off, len) == 0;
+    }
+    tap_ok(ok == reads, "mapped reads, a wide expert's [H, 2F]: whole and at random places equal the naive transpose "
+           "(%d/%d)", ok, reads);
+    tap_ok(random_mapped > 300 && s->from_map == reads, "  transposed from the mapping: %d reads of random extents, "
+           "%d/%d of the wide one", random_mapped, s->from_map, reads);
+    ckptfs_plan_free(plan);
+    g_clear_pointer(&s->refs, g_free);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(20261128);
-    RandomSources s;
+    /* the lease signals blocked before any thread is made, as the daemon does */
+    CkptfsLeaseWatch *watch = ckptfs_leases_block_signals() ? ckptfs_lease_watch_new(NULL) : NULL;
+    RandomSources s = {0};
     random_sources_init(&s, NSRC, SRC_SIZE, rng, "transpose");
+    if (watch != NULL)
+        ckptfs_lease_watch_add(watch, s.files);
     test_random_extents(&s, rng);
     test_adjacent_is_gather(&s);
     test_catalog_pieces(&s, rng);
     test_swapped_halves(&s, rng);
     test_few_reads(&s);
     test_sources_and_prefetch(&s);
+    test_mapped(&s, watch, rng);
     test_source_changed(&s);
     random_sources_clear(&s);
+    if (watch != NULL)
+        ckptfs_lease_watch_free(watch);
     g_rand_free(rng);
     return tap_done();
 }
