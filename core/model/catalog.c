@@ -595,7 +595,7 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
 bool ckptfs_catalog_set_shift(CkptfsCatalog *catalog, const char *name, int delta, GError **error)
 {
     CkptfsTensor *t = (CkptfsTensor *)ckptfs_catalog_find(catalog, name);
-    if (t == NULL || !ckptfs_tensor_can_shift(t))
+    if (t == NULL || t->shift != 0 || !ckptfs_tensor_can_shift(t))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "tensor '%s' is %s: its weight %s 1 is served for "
                            "bf16 or fp32 only", name, t ? ckptfs_dtype_safetensors_name(t->dtype) : "missing",
                            delta < 0 ? "less" : "plus");
@@ -605,15 +605,17 @@ bool ckptfs_catalog_set_shift(CkptfsCatalog *catalog, const char *name, int delt
 
 bool ckptfs_tensor_can_shift(const CkptfsTensor *tensor)
 {
-    return tensor->mxfp4 == NULL && tensor->scale == NULL && tensor->stored == tensor->dtype && tensor->shift == 0 &&
-           ckptfs_convert_shift(tensor->dtype, -1) != CKPTFS_CONVERT_NONE;
+    /* shifted by +1 already (a Megatron source's norm), the view's -1 gives the stored bytes back */
+    return tensor->mxfp4 == NULL && tensor->scale == NULL && tensor->stored == tensor->dtype &&
+           (tensor->shift == 0 || tensor->shift == 1) && ckptfs_convert_shift(tensor->dtype, -1) != CKPTFS_CONVERT_NONE;
 }
 
 void ckptfs_tensor_emit_rect_shifted(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1,
                                      uint64_t c0, uint64_t c1, int delta)
 {
-    g_assert(ckptfs_tensor_can_shift(tensor));
-    emit_rect_as(tensor, b, r0, r1, c0, c1, ckptfs_convert_shift(tensor->dtype, delta));
+    g_assert(ckptfs_tensor_can_shift(tensor) && (tensor->shift == 0 || tensor->shift == -delta));
+    int total = tensor->shift + delta; /* 0: as stored */
+    emit_rect_as(tensor, b, r0, r1, c0, c1, total ? ckptfs_convert_shift(tensor->dtype, total) : CKPTFS_CONVERT_NONE);
 }
 
 void ckptfs_tensor_emit(const CkptfsTensor *tensor, CkptfsPlanBuilder *b)
@@ -671,6 +673,13 @@ bool ckptfs_tensor_can_transpose(const CkptfsTensor *tensor)
     return tensor->scale == NULL && tensor->mxfp4 == NULL;
 }
 
+CkptfsPiece ckptfs_piece_transposed(const CkptfsPiece *pc, size_t isz)
+{
+    return (CkptfsPiece){.row0 = pc->col0, .row1 = pc->col1, .col0 = pc->row0, .col1 = pc->row1, .src = pc->src,
+                         .offset = pc->offset, .row_stride = pc->col_stride ? pc->col_stride : isz,
+                         .col_stride = pc->row_stride};
+}
+
 void ckptfs_tensor_emit_rect_transposed(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0,
                                         uint64_t r1, uint64_t c0, uint64_t c1)
 {
@@ -680,13 +689,8 @@ void ckptfs_tensor_emit_rect_transposed(const CkptfsTensor *tensor, CkptfsPlanBu
      * gather then reads its elements by stride, as an expert's slice stored transposed. */
     CkptfsTensor transposed = *tensor;
     g_autofree CkptfsPiece *pieces = g_new(CkptfsPiece, tensor->npieces ? tensor->npieces : 1);
-    for (unsigned p = 0; p < tensor->npieces; p++) {
-        const CkptfsPiece *pc = &tensor->pieces[p];
-        pieces[p] = (CkptfsPiece){.row0 = pc->col0, .row1 = pc->col1, .col0 = pc->row0, .col1 = pc->row1,
-                                  .src = pc->src, .offset = pc->offset,
-                                  .row_stride = pc->col_stride ? pc->col_stride : isz,
-                                  .col_stride = pc->row_stride};
-    }
+    for (unsigned p = 0; p < tensor->npieces; p++)
+        pieces[p] = ckptfs_piece_transposed(&tensor->pieces[p], isz);
     transposed.pieces = pieces;
     transposed.rows = tensor->cols, transposed.cols = tensor->rows;
     ckptfs_tensor_emit_rect(&transposed, b, r0, r1, c0, c1);

@@ -385,6 +385,16 @@ char *ckptfs_list_module_prefix(const CkptfsModel *m, uint64_t j)
     return g_strdup_printf("%s%" G_GUINT64_FORMAT ".", m->arch->list_prefix, j);
 }
 
+char *ckptfs_legacy_entry_key(const CkptfsModel *m, const CkptfsRule *rule, const char *prefix, uint64_t local,
+                              const char *name, const char *mtp_prefix)
+{
+    const char *layers = m->arch->layer_prefix;
+    g_autofree char *local_key = rule->scope == CKPTFS_SCOPE_LAYER && layers
+                                     ? g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", layers, local, name)
+                                     : ckptfs_legacy_key(rule->scope, local, name, mtp_prefix);
+    return g_strconcat(rule->module ? rule->module : prefix, local_key, NULL);
+}
+
 char *ckptfs_expert_legacy_name(const CkptfsRule *rule, bool grouped, uint64_t j)
 {
     /* rule->name is "mlp.experts.experts.<linear>.<param>" */

@@ -264,6 +264,7 @@ static const CkptfsArchitecture qwen3_5 = {"Qwen3_5ForConditionalGeneration", "q
                                            .vision = &qwen3_5_vision, .mrope_interleaved = true,
                                            .megatron_prefix = "language_model.",
                                            .module_names = qwen2_5_vl_module_names,
+                                           .released_under_module_names = true, .released_text_part = true,
                                            .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
 /* Qwen3.5-MoE's releases (Qwen3_5MoeForConditionalGeneration): Qwen3.5's MoE text model
  * (Qwen3_5MoeTextConfig's defaults, as qwen3_5_moe_text's) and the same tower */
@@ -276,6 +277,7 @@ static const CkptfsArchitecture qwen3_5_moe = {"Qwen3_5MoeForConditionalGenerati
                                                .vision = &qwen3_5_vision, .mrope_interleaved = true,
                                                .megatron_prefix = "language_model.",
                                                .module_names = qwen2_5_vl_module_names,
+                                               .released_under_module_names = true, .released_text_part = true,
                                                .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,

@@ -87,12 +87,13 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
     return v && v->kind == CKPTFS_PY_INT && !v->big && v->i > 0 ? (uint64_t)v->i : fallback;
 }
 
-/* Whether the sources read a Megatron checkpoint of VLM architecture A back: its tower has rules,
- * not kept as transformers' own module (Qwen3.5's), and in mbridge's usual order, the tower first
- * (not Gemma 3's, whose language model comes first and whose projector is a module of its own) */
+/* Whether the sources read a Megatron checkpoint of VLM architecture A back: its tower has rules
+ * (its names, its own modules, transposed weights, the module order are all the tables'), and
+ * its language model is no Gemma 3's (language_first), whose window pattern and norms the args
+ * are not read for yet */
 static bool tower_read_back(const CkptfsArchitecture *a)
 {
-    return a->vision != NULL && a->vision->layer_prefix == NULL && !a->language_first;
+    return a->vision != NULL && !a->language_first;
 }
 
 /* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first

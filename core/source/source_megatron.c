@@ -535,6 +535,8 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
         CkptfsPiece piece = {.row0 = part->hf_row0, .row1 = part->hf_row0 + part->rows,
                              .col0 = part->col0, .col1 = part->col0 + part->cols, .src = l->src,
                              .offset = l->base + row * l->row_stride, .row_stride = l->row_stride};
+        if (ckptfs_mcore_key_transposed(key)) /* the rank's rows are the HF tensor's columns */
+            piece = ckptfs_piece_transposed(&piece, ckptfs_dtype_size(l->dtype));
         CkptfsPiece swapped[2];
         unsigned n = ckptfs_mcore_key_swaps_col_halves(key)
                          ? ckptfs_piece_swap_col_halves(&piece, key->cols, ckptfs_dtype_size(l->dtype), swapped)
@@ -579,8 +581,7 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
         bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;
         for (uint64_t j = 0; j < per_rank; j++) {
             g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
-            g_autofree char *local_entry = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, name, m->mtp_prefix);
-            g_autofree char *entry = g_strconcat(m->prefix, local_entry, NULL);
+            g_autofree char *entry = ckptfs_legacy_entry_key(m->part, rule, m->prefix, local, name, m->mtp_prefix);
             Located l = {0};
             if (!locate(m, r, v, entry, rows, cols, rule->fp32, NULL, &l))
                 return false;
@@ -611,8 +612,7 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
         }
         const CkptfsMcoreKey *key = ckptfs_mcore_key_of(m->part_keys, rule);
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
-        g_autofree char *local_entry = ckptfs_legacy_key(scope, local, name, m->mtp_prefix);
-        g_autofree char *entry = g_strconcat(m->prefix, local_entry, NULL);
+        g_autofree char *entry = ckptfs_legacy_entry_key(m->part, rule, m->prefix, local, name, m->mtp_prefix);
         uint64_t kernel[5];
         bool whole_kernel = ckptfs_mcore_kernel_shape(key, m->part, kernel);
         for (unsigned f = 0; f < m->F; f++) {

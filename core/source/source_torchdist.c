@@ -257,6 +257,8 @@ static bool map_key(Td *t, const Entry *en, CkptfsPieceSet *set)
                     if (!g_hash_table_contains(set->pieces, hf))
                         return fail(t, CKPTFS_ERROR_FORMAT, "%s: '%s' chunk %u holds '%s', which the model "
                                     "does not have", t->dcp.metadata_path, en->name, c, hf);
+                    if (ckptfs_mcore_key_transposed(key)) /* the key's rows are the HF tensor's columns */
+                        p = ckptfs_piece_transposed(&p, isz);
                     CkptfsPiece swapped[2];
                     unsigned nswapped = ckptfs_mcore_key_swaps_col_halves(key)
                                             ? ckptfs_piece_swap_col_halves(&p, key->cols, isz, swapped)
@@ -388,8 +390,10 @@ static bool model_entries(Td *t, const CkptfsModel *m, const char *prefix, const
                 continue;
             g_autofree char *te_name = ckptfs_mcore_key_name(key, true, per_layer, l);
             g_autofree char *local_name = ckptfs_mcore_key_name(key, false, per_layer, l);
-            g_autofree char *te = stored_name(t, g_strconcat(prefix, te_name, NULL));
-            g_autofree char *local = stored_name(t, g_strconcat(prefix, local_name, NULL));
+            /* a module beside the part's own (Gemma 3's vision_projection.) has its own prefix */
+            const char *module = key->rule->module ? key->rule->module : prefix;
+            g_autofree char *te = stored_name(t, g_strconcat(module, te_name, NULL));
+            g_autofree char *local = stored_name(t, g_strconcat(module, local_name, NULL));
             /* a key of row sections: an entry per section, "<key>.<section>" (GatedDeltaNet's) */
             uint64_t row0 = 0;
             for (unsigned s = 0; s < MAX(key->n_sections, 1u); row0 += key->sections[s++]) {
@@ -517,8 +521,8 @@ static bool open_torch_dist(Td *t)
     g_autoptr(GArray) entries = g_array_new(FALSE, FALSE, sizeof(Entry));
     g_array_set_clear_func(entries, entry_clear);
     CkptfsPieceSet *set = ckptfs_piece_set_new();
-    /* A VLM's vision tower first (mbridge's module order), its blocks stacked (its own config
-     * has no pipeline) */
+    /* A VLM's vision tower, its blocks stacked (its own config has no pipeline), or a key per
+     * block for a tower kept as transformers' module (Qwen3.5's "blocks.N.") */
     CkptfsModel tower;
     g_autoptr(GPtrArray) tower_keys = NULL;
     bool ok = true;
@@ -526,7 +530,8 @@ static bool open_torch_dist(Td *t)
         ckptfs_model_vision_tower(model, &tower);
         tower_keys = ckptfs_mcore_keys(&tower, 0, false);
         ckptfs_piece_set_want_model(set, &tower, tower_keys);
-        ok = model_entries(t, &tower, tower.arch->megatron_prefix, tower_keys, false, entries);
+        ok = model_entries(t, &tower, tower.arch->megatron_prefix, tower_keys, tower.arch->layer_prefix != NULL,
+                           entries);
     }
     ckptfs_piece_set_want_model(set, model, keys);
     ok = ok && model_entries(t, model, t->prefix, keys, per_layer, entries) && check_unexpected(t, entries);

@@ -161,11 +161,7 @@ static CkptfsValue *share_value(RankBuild *rb, const CkptfsMcoreKey *key, uint64
 static void add_entry(RankBuild *rb, CkptfsValue *sd, const CkptfsRule *rule, const char *name,
                       uint64_t global, uint64_t local, uint64_t expert)
 {
-    const char *layers = rb->model->arch->layer_prefix; /* a tower kept as transformers' module */
-    g_autofree char *local_key = rule->scope == CKPTFS_SCOPE_LAYER && layers
-        ? g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", layers, local, name)
-        : ckptfs_legacy_key(rule->scope, local, name, rb->mtp_prefix);
-    g_autofree char *key = g_strconcat(rule->module ? rule->module : rb->prefix, local_key, NULL);
+    g_autofree char *key = ckptfs_legacy_entry_key(rb->model, rule, rb->prefix, local, name, rb->mtp_prefix);
     if (rule->extra_state)
         ckptfs_value_set(sd, key, ckptfs_value_none());
     else

@@ -138,10 +138,11 @@ void ckptfs_tensor_emit_rect(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, u
 /* Serves tensor NAME with DELTA (-1 or +1) added to each element (its type bf16 or fp32, served as
  * stored). Errors name it. */
 bool ckptfs_catalog_set_shift(CkptfsCatalog *catalog, const char *name, int delta, GError **error);
-/* Whether TENSOR's elements can be served shifted by one (served as stored, bf16 or fp32). */
+/* Whether TENSOR's elements can be served shifted by -1 (served as stored, bf16 or fp32; shifted
+ * by +1 already, a Megatron source's zero-centred norm, they are then its stored bytes). */
 bool ckptfs_tensor_can_shift(const CkptfsTensor *tensor);
-/* The same rectangle with DELTA (-1 or +1) added to each element (ckptfs_convert_shift); TENSOR
- * one that ckptfs_tensor_can_shift accepts. */
+/* The same rectangle with DELTA (-1 or +1) added to each element (ckptfs_convert_shift) after the
+ * tensor's own shift (0 or -DELTA); TENSOR one that ckptfs_tensor_can_shift accepts. */
 void ckptfs_tensor_emit_rect_shifted(const CkptfsTensor *tensor, CkptfsPlanBuilder *b, uint64_t r0, uint64_t r1,
                                      uint64_t c0, uint64_t c1, int delta);
 /* The whole tensor. */
@@ -165,5 +166,8 @@ bool ckptfs_tensor_can_transpose(const CkptfsTensor *tensor);
  * with the column halves exchanged: one piece, or two where it crosses the middle, into OUT;
  * returns how many. Its own inverse. */
 unsigned ckptfs_piece_swap_col_halves(const CkptfsPiece *piece, uint64_t cols, size_t isz, CkptfsPiece out[2]);
+/* PIECE (columns adjacent or strided, not stepped; ISZ bytes an element) as the same bytes seen
+ * transposed: its rows the columns, its strides exchanged. Its own inverse. */
+CkptfsPiece ckptfs_piece_transposed(const CkptfsPiece *piece, size_t isz);
 
 #endif

@@ -107,6 +107,13 @@ char *ckptfs_legacy_key(CkptfsScope scope, uint64_t local, const char *name, con
 /* The prefix of module J of MODEL's module list in a legacy state dict (the MTP_PREFIX of
  * ckptfs_legacy_key): "decoder.deepstack_merger_list.J.". */
 char *ckptfs_list_module_prefix(const CkptfsModel *model, uint64_t j);
+/* The whole key of RULE's entry NAME in a legacy state dict of MODEL (a VLM's language model or
+ * tower) under PREFIX, its part's module: the rule's own module in its place (Gemma 3's
+ * vision_projection.), a layer's entries under the architecture's layer prefix (a tower kept as
+ * transformers' module: "blocks.LOCAL.") or as ckptfs_legacy_key puts them. The views write
+ * these keys and the sources read them back. */
+char *ckptfs_legacy_entry_key(const CkptfsModel *model, const CkptfsRule *rule, const char *prefix,
+                              uint64_t local, const char *name, const char *mtp_prefix);
 /* The legacy name of expert rule RULE for local expert J: SequentialMLP's
  * "mlp.experts.local_experts.J.linear_fc1.weight", or with GROUPED (TEGroupedMLP)
  * "mlp.experts.linear_fc1.weightJ" (its _extra_state is one per linear: J ignored). */

@@ -8,8 +8,10 @@
 # the tower as transformers' own module under vision_model., whole on every rank of the first
 # stage, the language model under language_model. with mrope's sections in the args
 # (qwen35vl.py views: transformers' vision module's state dict and gdn_reference.py's bridge
-# tables, not ckptfs's rules). A copy of those views is refused as a source by name, as are
-# Qwen3-VL's deepstack_visual_indexes in the tower's config and spec=local.
+# tables, not ckptfs's rules). Copies of those views mounted as sources (the tower read back by
+# its own names, blocks.N.) give the original's tensors in hf/ and the HF source's views; a copy
+# without a tower tensor is refused by name, as are Qwen3-VL's deepstack_visual_indexes in the
+# tower's config and spec=local.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -39,21 +41,33 @@ for form in dense moe; do
 
   mnt=$WORK/mnt-$form
   fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
-  daemon[$form]=$FG_PID
+  daemon[mnt-$form]=$FG_PID
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
   listing=$(ls "$mnt" | tr '\n' ' ')
   [[ $listing == "hf mcore tp1pp1 "* && $listing == *" tp2pp2 "* && $listing != *tp4* ]]
   ok $? "$form: the root lists hf/, mcore/ and the layouts whose TP splits the delta-net heads (got: $listing)"
   cp -r "$mnt/tp2pp2" "$WORK/$form-tp2pp2" && cp -r "$mnt/mcore" "$WORK/$form-mcore"
   ok $? "$form: tp2pp2/ and mcore/ copy out"
-  check_args+=("$src" "$mnt/hf" "$WORK/$form-tp2pp2" "$WORK/$form-mcore/release" "$WORK/lm-$form")
+  # the copies mounted as sources: their views are the HF source's, file for file
+  for kind in tp2pp2 mcore; do
+    fg_mount "$CKPTFS" "$WORK/$form-$kind" "$WORK/src-$kind-$form" "$WORK/log-src-$kind-$form"
+    daemon[src-$kind-$form]=$FG_PID
+    for view in tp2pp2 mcore; do
+      check "$form: the $kind copy's $view/ as a source is the HF source's, file for file" \
+        same_trees "$mnt" "$WORK/src-$kind-$form" "$view"
+    done
+  done
+  check_args+=("$src" "$mnt/hf" "$WORK/$form-tp2pp2" "$WORK/$form-mcore/release" "$WORK/lm-$form"
+               "$WORK/src-tp2pp2-$form/hf" "$WORK/src-mcore-$form/hf" "$WORK/$form-notower")
 done
 
 # one process for both models' checks (transformers' import is most of its time)
 sid_python "$WORK" "$script" check "${check_args[@]}" > "$WORK/views" 2> "$WORK/views.err"
 for form in dense moe; do
-  FG_PID=${daemon[$form]}
-  fg_unmount "$WORK/mnt-$form"
+  for mnt in mnt-$form src-tp2pp2-$form src-mcore-$form; do
+    FG_PID=${daemon[$mnt]}
+    fg_unmount "$WORK/$mnt"
+  done
   grep -q "^PASS $WORK/mnt-$form/hf: transformers' logits on an image + text input equal" "$WORK/views"
   ok $? "$form: hf/ gives the original's logits on an image + text input" ||
     { cat "$WORK/views"; tail -n 20 "$WORK/views.err"; } | sed 's/^/# /' >&2
@@ -63,9 +77,15 @@ for form in dense moe; do
   grep -q "^PASS $WORK/$form-mcore/release: the .* tensor keys of mbridge's qwen3_5 model" "$WORK/views"
   ok $? "$form: mcore/ holds mbridge's keys (the tower a key per tensor), global shapes and bytes" ||
     grep "$form-mcore" "$WORK/views" | sed 's/^/# /' >&2
-  "$CKPTFS" inspect "$WORK/$form-tp2pp2" > "$WORK/inspect-copy" 2>&1
-  grep -q 'a Megatron checkpoint of Qwen3_5.*ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-copy"
-  ok $? "$form: a copy of tp2pp2/ is refused as a source by name (its tower is not read back yet)" ||
+  [[ $(grep -c "^PASS $WORK/src-\(tp2pp2\|mcore\)-$form/hf: the .* tensors of $models/$form under the release's names, byte for byte" "$WORK/views") == 2 ]]
+  ok $? "$form: hf/ of the tp2pp2/ and mcore/ copies as sources holds the original's tensors, byte for byte" ||
+    grep "src-.*-$form" "$WORK/views" | sed 's/^/# /' >&2
+  grep -q "^PASS $WORK/src-tp2pp2-$form/hf: transformers' logits on an image + text input equal" "$WORK/views"
+  ok $? "$form: transformers loads hf/ of the tp2pp2/ copy as a source (its config synthesized) to the original's logits" ||
+    grep "src-.*-$form" "$WORK/views" | sed 's/^/# /' >&2
+  "$CKPTFS" inspect "$WORK/$form-notower" > "$WORK/inspect-copy" 2>&1
+  grep -q "mp_rank_00_000/model_optim_rng.pt: 'vision_model.blocks.1.attn.qkv.weight' is missing or not a tensor" "$WORK/inspect-copy"
+  ok $? "$form: a tp2pp2/ copy without a tower tensor is refused by name" ||
     sed 's/^/# /' "$WORK/inspect-copy" >&2
 done
 
@@ -89,8 +109,8 @@ fg_unmount "$WORK/mnt-bad"
 grep -q "spec=local: Qwen3_5ForConditionalGeneration's vision tower has Megatron names for the TE spec only" "$WORK/ls-local"
 ok $? "spec=local is refused by name" || sed 's/^/# /' "$WORK/ls-local" >&2
 
-# A Megatron checkpoint said to be Qwen3.5's VLM is a VLM's, not read back yet: refused by name.
+# A text model's Megatron checkpoint said to be Qwen3.5's VLM: refused by name (no delta-net layers).
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=qwen3_5 > "$WORK/inspect-meg" 2>&1
-grep -q 'a Megatron checkpoint of Qwen3_5ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg"
-ok $? "hf_arch=qwen3_5 on a Megatron checkpoint is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
+grep -q 'option hf_arch: architecture Qwen3_5ForConditionalGeneration has gated delta-net layers but the checkpoint does not' "$WORK/inspect-meg"
+ok $? "hf_arch=qwen3_5 on a text model's Megatron checkpoint is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
 done_testing

@@ -11,7 +11,7 @@ tiny, built and saved by transformers 5 itself (run in the sid root), and the ch
       as the releases hold them (mlp.experts.gate_up_proj [E, 2F, H], down_proj [E, H, F]);
       OUT/deepstack: dense with Qwen3-VL's deepstack_visual_indexes in its vision_config (a field
       Qwen3_5VisionConfig does not have).
-  qwen35vl.py check ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK [ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK ...]
+  qwen35vl.py check ORIG HF_DIR MEGATRON_DIR MCORE_DIR WORK MEG_HF MCORE_HF NOTOWER [...]
       ORIG and HF_DIR loaded by transformers 5 give the same logits (torch.equal) on an image +
       text input (which another image changes). ORIG's tp2pp2 copy MEGATRON_DIR against mbridge's qwen3_5 bridge: each rank file holds, in
       order and bit for bit, transformers' Qwen3_5VisionModel's state dict (the module mbridge
@@ -20,7 +20,10 @@ tiny, built and saved by transformers 5 itself (run in the sid root), and the ch
       language_model.; the args say mrope with ORIG's sections. MCORE_DIR (mcore/'s release)
       read by torch.distributed.checkpoint holds the same: the tower a key per tensor (Megatron's
       sharded_state_dict_default of a plain module), the language model's keys as
-      gdn_reference.py's. WORK: a scratch directory. Prints "PASS what" or "FAIL what: why".
+      gdn_reference.py's. WORK: a scratch directory. MEG_HF and MCORE_HF (hf/ of the copies
+      mounted as sources) hold ORIG's tensors under the release's names, byte for byte. NOTOWER:
+      MEGATRON_DIR copied with vision_model.blocks.1.attn.qkv.weight removed from its first rank
+      file. Prints "PASS what" or "FAIL what: why".
 """
 import json
 import os
@@ -181,11 +184,24 @@ def check_mcore(orig, release, work):
           f"(the tower a key per tensor), global shapes and bytes" + (f" (differing {bad[:3]})" if bad else ""))
 
 
+def notower(meg, out):
+    """A copy of MEG (a tp2pp2/ copy) with a tower block's tensor removed from its first rank file."""
+    first = "release/mp_rank_00_000/model_optim_rng.pt"
+    shutil.copytree(meg, out)
+    sd = torch.load(f"{meg}/{first}", map_location="cpu", weights_only=False)
+    del sd["model"]["vision_model.blocks.1.attn.qkv.weight"]
+    torch.save(sd, f"{out}/{first}")
+
+
 def check(argv):
-    for orig, hf, meg, mcore, work in zip(*(argv[i::5] for i in range(5))):
-        vlm.logits(orig, [hf], None, inputs)
+    """Groups of ORIG, HF, MEG, MCORE, WORK, then the hf/ of MEG's and MCORE's copies mounted as
+    sources (both hold ORIG's tensors), then where to write MEG's copy without a tower tensor."""
+    for orig, hf, meg, mcore, work, meg_hf, mcore_hf, notower_out in zip(*(argv[i::8] for i in range(8))):
+        vlm.logits(orig, [hf, meg_hf], None, inputs)
         check_ranks(orig, meg, work)
         check_mcore(orig, mcore, work)
+        vlm.samehf(orig, [meg_hf, mcore_hf])
+        notower(meg, notower_out)
 
 
 if __name__ == "__main__":

@@ -604,6 +604,12 @@ static void test_gemma3_vlm_tower(void)
             hf = &g_array_index(tensors, CkptfsHfShape, i);
     tap_ok(hf && hf->d0 == 32 && hf->d1 == 64, "its HF tensor mm_input_projection_weight is [32, 64] (got [%" G_GUINT64_FORMAT
            ", %" G_GUINT64_FORMAT "])", hf ? hf->d0 : 0, hf ? hf->d1 : 0);
+    /* the rank files' key the views write and the sources read: the rule's own module, not the tower's prefix */
+    g_autofree char *entry = projection ? ckptfs_legacy_entry_key(&tower, projection->rule, "vision_model.", 0,
+                                                                  "mm_input_projection.weight", NULL)
+                                        : NULL;
+    tap_ok(entry && strcmp(entry, "vision_projection.mm_input_projection.weight") == 0,
+           "the projection in a rank file: vision_projection.mm_input_projection.weight (got %s)", entry ? entry : "none");
     g_clear_error(&error);
     json_object_unref(config);
 }
@@ -702,6 +708,12 @@ static void test_qwen3_5_tower(void)
            "Qwen3.5's tower: block 2's qkv a key of its own, blocks.2.attn.qkv.weight [90, 30], every entry whole on "
            "each rank (%s)", error ? error->message : name);
     g_clear_error(&error);
+    /* the rank files' key the views write and the sources read: the tower's layer prefix, not decoder.layers. */
+    g_autofree char *entry = qkv ? ckptfs_legacy_entry_key(&tower, qkv->rule, "vision_model.", 1, "attn.qkv.weight",
+                                                           NULL)
+                                 : NULL;
+    tap_ok(entry && strcmp(entry, "vision_model.blocks.1.attn.qkv.weight") == 0,
+           "its block 1's qkv in a rank file: vision_model.blocks.1.attn.qkv.weight (got %s)", entry ? entry : "none");
     tap_ok(ok && ckptfs_model_check_vision_split(&m, 4, &error), "tp 4 holds a tower of 3 heads, ffn 45 whole (%s)",
            error ? error->message : "accepted");
     g_clear_error(&error);

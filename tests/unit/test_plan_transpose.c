@@ -281,6 +281,55 @@ static void test_swapped_halves(const RandomSources *s, GRand *rng)
     ckptfs_catalog_free(catalog);
 }
 
+/* A matrix's pieces (one row-major, one stored transposed) seen transposed by
+ * ckptfs_piece_transposed (a source's CKPTFS_RECIPE_TRANSPOSED key read back): the tensor they
+ * make, read row by row, equals the naive copy where element (r, c) is the stored (c, r). */
+static void test_transposed_pieces(const Sources *s, GRand *rng)
+{
+    const uint64_t rows = 11, cols = 17;
+    const size_t isz = 2;
+    CkptfsPiece pieces[2] = {
+        {.row0 = 0, .row1 = rows, .col0 = 0, .col1 = 7, .src = 0, .offset = 700, .row_stride = 7 * isz},
+        {.row0 = 0, .row1 = rows, .col0 = 7, .col1 = cols, .src = 1, .offset = 3000, .row_stride = isz,
+         .col_stride = (rows + 3) * isz},
+    };
+    CkptfsPiece seen[2] = {ckptfs_piece_transposed(&pieces[0], isz), ckptfs_piece_transposed(&pieces[1], isz)};
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    uint64_t shape[2] = {cols, rows};
+    GError *error = NULL;
+    const CkptfsTensor *t = ckptfs_catalog_add_pieces(catalog, "seen", CKPTFS_DTYPE_BF16, 2, shape, seen, 2, &error);
+    tap_ok(t != NULL, "the transposed pieces tile the [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "] matrix (%s)",
+           cols, rows, error ? error->message : "ok");
+    g_clear_error(&error);
+    int ok = 0, total = 200;
+    for (int k = 0; k < total && t; k++) {
+        uint64_t r0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)cols);
+        uint64_t r1 = (uint64_t)g_rand_int_range(rng, (gint32)r0 + 1, (gint32)cols + 1);
+        uint64_t c0 = (uint64_t)g_rand_int_range(rng, 0, (gint32)rows);
+        uint64_t c1 = (uint64_t)g_rand_int_range(rng, (gint32)c0 + 1, (gint32)rows + 1);
+        CkptfsPlanBuilder *b = ckptfs_plan_builder_new();
+        ckptfs_tensor_emit_rect(t, b, r0, r1, c0, c1);
+        CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
+        g_autoptr(GByteArray) want = g_byte_array_new();
+        for (uint64_t r = r0; r < r1; r++)
+            for (uint64_t c = c0; c < c1; c++) { /* the stored element (c, r) */
+                const CkptfsPiece *pc = &pieces[r < 7 ? 0 : 1];
+                uint64_t cs = pc->col_stride ? pc->col_stride : isz;
+                CkptfsStridedItem one = {.src = pc->src, .base = pc->offset + c * pc->row_stride + (r - pc->col0) * cs};
+                uint8_t el[2];
+                reference_element(s, &one, 0, 0, isz, false, el);
+                g_byte_array_append(want, el, 2);
+            }
+        g_autofree uint8_t *buf = g_malloc(want->len);
+        ok += ckptfs_plan_size(plan) == want->len &&
+              ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, want->len, 0, NULL) == (int64_t)want->len &&
+              memcmp(buf, want->data, want->len) == 0;
+        ckptfs_plan_free(plan);
+    }
+    tap_ok(ok == total, "rectangles of the pieces seen transposed equal the naive copy (%d/%d)", ok, total);
+    ckptfs_catalog_free(catalog);
+}
+
 /* read(2)-family calls this process made so far (/proc/self/io's syscr). */
 static long read_calls(void)
 {
@@ -415,6 +464,7 @@ int main(void)
     test_adjacent_is_gather(&s);
     test_catalog_pieces(&s, rng);
     test_swapped_halves(&s, rng);
+    test_transposed_pieces(&s, rng);
     test_few_reads(&s);
     test_sources_and_prefetch(&s);
     test_mapped(&s, watch, rng);
