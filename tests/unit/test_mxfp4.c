@@ -170,7 +170,8 @@ static gpointer read_randomly(gpointer data)
     g_autofree uint8_t *got = g_malloc(256 << 10);
     for (int i = 0; i < 12; i++) {
         size_t off = (size_t)g_rand_int_range(rng, 0, (gint32)r->size);
-        size_t len = MIN((size_t)g_rand_int_range(rng, 1, 256 << 10), r->size - off);
+        size_t draw = (size_t)g_rand_int_range(rng, 1, 256 << 10); /* once: MIN evaluates twice */
+        size_t len = MIN(draw, r->size - off);
         if (ckptfs_plan_read(r->plan, CKPTFS_READ_SHARED(r->files), got, len, off, NULL) != (int64_t)len ||
             memcmp(got, r->want + off, len) != 0)
             r->bad++;

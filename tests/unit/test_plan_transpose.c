@@ -115,8 +115,10 @@ static void test_random_extents(RandomSources *s, GRand *rng)
             for (int r = 0; r < 40; r++) {
                 uint64_t off = (uint64_t)g_rand_int_range(rng, 0, (gint32)want->len);
                 uint64_t len = (uint64_t)g_rand_int_range(rng, 1, (gint32)(want->len - off + 1));
-                if (r % 4 == 0) /* small reads: part of an element, a row */
-                    len = MIN(len, (uint64_t)g_rand_int_range(rng, 1, 9));
+                if (r % 4 == 0) { /* small reads: part of an element, a row (MIN evaluates twice) */
+                    uint64_t small = (uint64_t)g_rand_int_range(rng, 1, 9);
+                    len = MIN(len, small);
+                }
                 int64_t got = random_sources_read(s, plan, buf, (size_t)len, off, NULL);
                 reads++;
                 reads_ok += got == (int64_t)len && memcmp(buf, want->data + off, (size_t)len) == 0;
@@ -284,7 +286,7 @@ static void test_swapped_halves(const RandomSources *s, GRand *rng)
 /* A matrix's pieces (one row-major, one stored transposed) seen transposed by
  * ckptfs_piece_transposed (a source's CKPTFS_RECIPE_TRANSPOSED key read back): the tensor they
  * make, read row by row, equals the naive copy where element (r, c) is the stored (c, r). */
-static void test_transposed_pieces(const Sources *s, GRand *rng)
+static void test_transposed_pieces(const RandomSources *s, GRand *rng)
 {
     const uint64_t rows = 11, cols = 17;
     const size_t isz = 2;
@@ -440,7 +442,9 @@ static void test_mapped(RandomSources *s, CkptfsLeaseWatch *watch, GRand *rng)
     s->from_map = 0;
     for (int r = 0; r < 60; r++, reads++) {
         uint64_t off = r == 0 ? 0 : (uint64_t)g_rand_int_range(rng, 0, (gint32)want->len);
-        uint64_t len = r == 0 ? want->len : MIN(want->len - off, r % 2 ? 1u << 20 : (uint64_t)g_rand_int_range(rng, 1, 70000));
+        /* the draw first: MIN evaluates its arguments twice */
+        uint64_t draw = r % 2 ? 1u << 20 : (uint64_t)g_rand_int_range(rng, 1, 70000);
+        uint64_t len = r == 0 ? want->len : MIN(want->len - off, draw);
         ok += random_sources_read(s, plan, buf, (size_t)len, off, NULL) == (int64_t)len && memcmp(buf, want->data + off, len) == 0;
     }
     tap_ok(ok == reads, "mapped reads, a wide expert's [H, 2F]: whole and at random places equal the naive transpose "
