@@ -22,7 +22,8 @@ static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediat
  * expert and holds them fused */
 static const CkptfsMoeConfig qwen3_5_moe_config = {"num_experts", "moe_intermediate_size",
                                                    "shared_expert_intermediate_size", .shared_gate = true,
-                                                   .always_renormalize = true, .fused_forms = transformers5_fused};
+                                                   .always_renormalize = true, .ffn_from_expert = true,
+                                                   .fused_forms = transformers5_fused};
 /* Qwen3-Next: Qwen2-MoE's experts; its releases hold them per expert, transformers 5 holds them
  * fused (its Qwen2-MoE conversion), and both forms are read */
 static const CkptfsMoeConfig qwen3_next_moe_config = {"num_experts", "moe_intermediate_size",

@@ -22,7 +22,7 @@ static const CkptfsModelField fields[] = {
     {"kv_heads", CKPTFS_FIELD_UINT, M(kv_heads), CKPTFS_FOR_ALL, {"num_key_value_heads"}, 0, "num_query_groups", NULL,
      CKPTFS_FIELD_MATH, 0, 0, CKPTFS_DERIVED_HEADS, 0, DIM, {NULL}},
     {"ffn", CKPTFS_FIELD_UINT, M(ffn), CKPTFS_FOR_ALL, {"intermediate_size"}, 0, "ffn_hidden_size", NULL,
-     CKPTFS_FIELD_REQUIRED, 0, 0, 0, 0, DIM, {NULL}},
+     CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_EXPERT_FFN_FALLBACK, 0, 0, 0, 0, DIM, {NULL}},
     {"vocab", CKPTFS_FIELD_UINT, M(vocab), CKPTFS_FOR_ALL, {"vocab_size"}, 0, "vocab_size", NULL,
      CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_OPTIONAL, 0, 0, 0, 0, CKPTFS_MAX_VOCAB, {NULL}},
     {"max_positions", CKPTFS_FIELD_UINT, M(max_positions), CKPTFS_FOR_ALL, {"max_position_embeddings"}, 0,
@@ -888,6 +888,14 @@ static bool deepseek_routing(const CkptfsModel *m)
     return m->arch && m->arch->moe && m->arch->moe->deepseek_config;
 }
 
+/* The name config.json gives F's value under when it leaves F out (Qwen3.5-MoE's ffn: its
+ * expert's size), else NULL. */
+static const char *fallback_key(const CkptfsModelField *f, const CkptfsModel *m)
+{
+    const CkptfsMoeConfig *moe = m->arch ? m->arch->moe : NULL;
+    return (f->flags & CKPTFS_FIELD_EXPERT_FFN_FALLBACK) && moe && moe->ffn_from_expert ? moe->ffn_key : NULL;
+}
+
 /* Whether config.json's names of F are read for M: DeepSeek's routing fields only in DeepSeek's
  * configs, V3's groups only with sigmoid routing. */
 static bool config_names_apply(const CkptfsModelField *f, const CkptfsModel *m)
@@ -930,7 +938,17 @@ static bool read_config_field(JsonObject *config, const CkptfsModelField *f, Ckp
         if (first == NULL)
             first = names[i], chosen = v;
     }
+    const char *fallback = first ? NULL : fallback_key(f, m);
+    if (fallback) {
+        bool found = false;
+        if (!config_value(config, f, fallback, m, &found, &chosen, error))
+            return false;
+        first = found ? fallback : NULL;
+    }
     if (first == NULL) {
+        if ((f->flags & CKPTFS_FIELD_REQUIRED) && fallback)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: missing \"%s\" and \"%s\", which "
+                               "the Megatron views need", names[0], fallback);
         if (f->flags & CKPTFS_FIELD_REQUIRED)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "config.json: missing \"%s\", which the Megatron "
                                "views need", n ? names[0] : f->field);
@@ -1110,6 +1128,8 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             continue;
         if ((f->flags & CKPTFS_FIELD_OMIT_DEFAULT) && v == f->hf_default)
             continue;
+        if (fallback_key(f, m) && v == (double)m->moe_ffn)
+            continue; /* the release's config has no intermediate_size: it reads back the same */
         if (f->flags & CKPTFS_FIELD_TIMES_EXPERT_FFN)
             v = m->moe_ffn ? v / (double)m->moe_ffn : 0;
         if ((f->flags & (CKPTFS_FIELD_DEFAULT_AS_ZERO | CKPTFS_FIELD_ZERO_AS_DEFAULT)) && v == 0)

@@ -21,6 +21,9 @@ typedef struct {
     bool shared_gate;           /* the shared expert's output is gated */
     bool dense_layers;          /* decoder_sparse_step and mlp_only_layers apply */
     bool always_renormalize;    /* top-k weights always sum to 1 (no norm_topk_prob field) */
+    /* every layer MoE and no intermediate_size in its config class: the dense ffn size is the
+     * expert's when config.json leaves it out (CKPTFS_FIELD_EXPERT_FFN_FALLBACK) */
+    bool ffn_from_expert;
     /* DeepSeek: first_k_dense_replace and moe_layer_freq say which layers are MoE; scoring_func,
      * topk_method, n_group, topk_group and routed_scaling_factor the routing */
     bool deepseek_config;

@@ -106,6 +106,10 @@ enum {
     CKPTFS_FIELD_ZERO_AS_DEFAULT = 1u << 15,  /* 0 written as transformers' default, None in args */
     CKPTFS_FIELD_ARGS_CHOICE = 1u << 16,  /* a CHOICE flag that args take by name too (else a bool) */
     CKPTFS_FIELD_OMIT_DEFAULT = 1u << 17, /* not written to config.json at transformers' default */
+    /* absent from config.json, the expert's size where the architecture has no dense MLP
+     * (CkptfsMoeConfig.ffn_from_expert: Qwen3.5-MoE's config has no intermediate_size, and
+     * mbridge gives Megatron's ffn_hidden_size moe_intermediate_size); not written when equal */
+    CKPTFS_FIELD_EXPERT_FFN_FALLBACK = 1u << 18,
 };
 
 typedef struct {

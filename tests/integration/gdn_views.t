@@ -116,6 +116,13 @@ round_trip q35 tp2pp2
 round_trip q35moe tp2pp1ep2
 round_trip q3n-b mcore
 round_trip q35moe mcore
+# Qwen3.5-MoE's config has no intermediate_size (Qwen3_5MoeTextConfig has none): its views above
+# take moe_intermediate_size, and hf/ of a view of it adds none
+no_ffn=0
+for c in "$models/q35moe/config.json" "$WORK/rt-q35moe-tp2pp1ep2-back/hf/config.json"; do
+  grep -q '"moe_intermediate_size"' "$c" && ! grep -q '"intermediate_size"' "$c" || no_ffn=1
+done
+ok $no_ffn "q35moe: neither its config.json nor hf/config.json of its tp2pp1ep2/ mounted as a source has an intermediate_size"
 # Qwen3.5-MoE with its experts fused on disk (as transformers holds them): the same views, byte for byte
 if mount_ckptfs "$models/q35moe-fused" "$WORK/fused" -o layouts=tp2pp1ep2 && mount_ckptfs "$models/q35moe" "$WORK/per-expert" -o layouts=tp2pp1ep2; then
   check "q35moe with fused experts: tp2pp1ep2/ and mcore/ the same bytes as per expert" \

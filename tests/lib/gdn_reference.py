@@ -98,11 +98,14 @@ def build(out):
         mtp_copy = v.pop("mtp_copy", False)
         mtp_fused = v.pop("mtp_fused", False)
         dense = v.pop("qwen3_5", False)
+        moe35 = v.pop("qwen3_5_moe", False)
         kind = (Qwen3_5TextConfig, Qwen3_5ForCausalLM) if dense else \
-            (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if v.pop("qwen3_5_moe", False) else \
+            (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM) if moe35 else \
             (Qwen3NextConfig, Qwen3NextForCausalLM)
         torch.manual_seed(len(name) + sum(map(ord, name)))
-        base = {k: x for k, x in BASE.items() if not (dense and k in MOE_FIELDS)}
+        # Qwen3_5MoeTextConfig has no intermediate_size (its releases' config.json neither)
+        base = {k: x for k, x in BASE.items()
+                if not (dense and k in MOE_FIELDS) and not (moe35 and k == "intermediate_size")}
         cfg = kind[0](**base, **v)
         model = kind[1](cfg).eval()
         with torch.no_grad():
@@ -584,6 +587,9 @@ def check(argv):
                              linear_conv_kernel_dim=s.K, qk_layernorm=True, rotary_percent=s.rotary_dim / s.d,
                              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                              expert_model_parallel_size=ep, transformer_impl="transformer_engine")
+            # the dense MLP's size; Qwen3.5-MoE's release config has none: mbridge's qwen3_5 MoE
+            # bridge sets ffn_hidden_size from moe_intermediate_size
+            want_args.update(ffn_hidden_size=s.cfg.get("intermediate_size", s.cfg.get("moe_intermediate_size")))
             if s.E:
                 want_args.update(num_experts=s.E, moe_shared_expert_gate=True,
                                  moe_layer_freq=1 if all(s.moe[:s.L]) else [int(m) for m in s.moe[:s.L]])

@@ -314,6 +314,85 @@ static void refused(const char *base_json, const char *const *edit, const char *
     g_clear_error(&error);
 }
 
+/* Qwen3.5-MoE's release config.json has no intermediate_size (Qwen3_5MoeTextConfig has none: every
+ * layer MoE): the dense ffn size, Megatron's ffn_hidden_size, is then moe_intermediate_size, as
+ * mbridge's bridge sets it; written back without an intermediate_size; neither given is refused
+ * naming both; another MoE's config without it still refused. */
+#define QWEN3_5_MOE_TEXT "\"num_hidden_layers\": 4, \"hidden_size\": 64, \"num_attention_heads\": 4, " \
+    "\"num_key_value_heads\": 2, \"head_dim\": 32, \"vocab_size\": 128, \"num_experts\": 4, " \
+    "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 48, " \
+    "\"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, " \
+    "\"linear_value_head_dim\": 8, \"full_attention_interval\": 2"
+static void test_ffn_from_expert(void)
+{
+    /* the VLM's text model: its interleaved multimodal rope */
+    const char *archs[] = {"qwen3_5_moe_text", "qwen3_5_moe"};
+    const char *forms[] = {"{" QWEN3_5_MOE_TEXT "}",
+                           "{" QWEN3_5_MOE_TEXT ", \"rope_parameters\": {\"rope_type\": \"default\", "
+                           "\"partial_rotary_factor\": 0.25, \"mrope_section\": [2, 1, 1], \"mrope_interleaved\": true}}"};
+    for (size_t a = 0; a < G_N_ELEMENTS(archs); a++) {
+        g_autoptr(JsonObject) config = parse(forms[a]);
+        CkptfsModel m;
+        GError *error = NULL;
+        memset(&m, 0, sizeof m);
+        m.arch = ckptfs_architecture_find(archs[a], NULL);
+        bool ok = m.arch && ckptfs_model_read_config(config, &m, &error);
+        tap_ok(ok && m.ffn == 32 && m.moe_ffn == 32 && m.shared_ffn == 48,
+               "%s without intermediate_size: ffn is moe_intermediate_size 32 (got %" G_GUINT64_FORMAT "; %s)",
+               archs[a], ok ? m.ffn : 0, error ? error->message : "");
+        g_clear_error(&error);
+        if (!ok)
+            continue;
+        g_autoptr(JsonObject) written = json_object_new();
+        ckptfs_schema_write_config(&m, written);
+        CkptfsModel again;
+        memset(&again, 0, sizeof again);
+        again.arch = m.arch;
+        bool read = ckptfs_schema_read_config(written, &again, &error);
+        tap_ok(!ckptfs_json_member(written, "intermediate_size") && read && again.ffn == 32,
+               "%s: the written config.json has no intermediate_size, as the release, and reads ffn 32 again (%s)",
+               archs[a], error ? error->message : "");
+        g_clear_error(&error);
+        CkptfsValue *args = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+        ckptfs_schema_write_args(&m, args);
+        CkptfsModel from_args;
+        read = read_args_value(args, &from_args, &error);
+        tap_ok(read && from_args.ffn == 32 && from_args.moe_ffn == 32,
+               "%s: args' ffn_hidden_size and moe_ffn_hidden_size are moe_intermediate_size 32 (mbridge's) (%s)",
+               archs[a], error ? error->message : "");
+        g_clear_error(&error);
+    }
+    {
+        g_autoptr(JsonObject) config = parse("{" QWEN3_5_MOE_TEXT ", \"intermediate_size\": 96}");
+        CkptfsModel m;
+        GError *error = NULL;
+        memset(&m, 0, sizeof m);
+        m.arch = ckptfs_architecture_find("qwen3_5_moe_text", NULL);
+        bool ok = ckptfs_model_read_config(config, &m, &error);
+        g_autoptr(JsonObject) written = json_object_new();
+        if (ok)
+            ckptfs_schema_write_config(&m, written);
+        tap_ok(ok && m.ffn == 96 && json_object_get_int_member_with_default(written, "intermediate_size", 0) == 96,
+               "qwen3_5_moe_text with intermediate_size 96: ffn 96, written back (%s)", error ? error->message : "");
+        g_clear_error(&error);
+    }
+    {
+        g_autoptr(JsonObject) config = edited("{" QWEN3_5_MOE_TEXT "}", (const char *const[]){"moe_intermediate_size", NULL, NULL});
+        CkptfsModel m;
+        GError *error = NULL;
+        memset(&m, 0, sizeof m);
+        m.arch = ckptfs_architecture_find("qwen3_5_moe_text", NULL);
+        bool ok = ckptfs_model_read_config(config, &m, &error);
+        tap_ok(!ok && error && strstr(error->message, "config.json: missing \"intermediate_size\" and "
+                                      "\"moe_intermediate_size\""),
+               "qwen3_5_moe_text with neither intermediate_size nor moe_intermediate_size is refused naming both (%s)",
+               error ? error->message : "read");
+        g_clear_error(&error);
+    }
+    refused(bases[1], (const char *const[]){"intermediate_size", NULL, NULL}, "missing \"intermediate_size\"",
+            "Qwen3-MoE without intermediate_size (its dense layers' size)");
+}
+
 int main(void)
 {
     for (size_t b = 0; b < G_N_ELEMENTS(bases); b++) {
@@ -663,5 +742,6 @@ int main(void)
             g_clear_error(&error);
         }
     }
+    test_ffn_from_expert();
     return tap_done();
 }
