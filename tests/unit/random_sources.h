@@ -7,7 +7,9 @@
 
 #include <glib.h>
 #include <glib/gstdio.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckptfs/plan.h"
 #include "ckptfs/srcfiles.h"
@@ -62,6 +64,29 @@ static inline void random_sources_clear(RandomSources *s)
     g_rmdir(s->dir);
     g_free(s->dir);
     ckptfs_srcfiles_free(s->files);
+}
+
+/* Changes file I in place (its first byte flipped, here and on disk) with a new mtime. */
+static inline void random_sources_change(RandomSources *s, unsigned i)
+{
+    g_autofree char *path = random_sources_path(s, i);
+    s->data[i][0] ^= 0xFF;
+    sleep(1); /* a new mtime even on coarse clocks */
+    FILE *f = fopen(path, "r+b");
+    g_assert(f != NULL && fwrite(s->data[i], 1, 1, f) == 1);
+    fclose(f);
+}
+
+/* Starts reading as a mount with mapped reads does (S's refs set), if WATCH leases the sources:
+ * false (nothing started) where it does not. */
+static inline bool random_sources_start_mapped(RandomSources *s, const CkptfsLeaseWatch *watch)
+{
+    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(s->files, 0) : NULL;
+    if (probe == NULL)
+        return false;
+    ckptfs_srcfiles_map_unpin(s->files, 0);
+    s->refs = g_new0(CkptfsReplyRefs, 1);
+    return true;
 }
 
 /* LEN bytes at OFF of PLAN into BUF, read as S says: the pieces a mapped read leaves in the

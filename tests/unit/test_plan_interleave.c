@@ -302,12 +302,7 @@ static void test_source_changed(RandomSources *s)
     CkptfsPlan *plan = ckptfs_plan_builder_finish(b);
     uint8_t buf[20000];
     bool before = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, NULL) == (int64_t)sizeof buf;
-    g_autofree char *path = random_sources_path(s, 1);
-    s->data[1][0] ^= 0xFF;
-    sleep(1); /* a new mtime even on coarse clocks */
-    FILE *f = fopen(path, "r+b"); /* changed in place */
-    g_assert(f != NULL && fwrite(s->data[1], 1, 1, f) == 1);
-    fclose(f);
+    random_sources_change(s, 1);
     GError *error = NULL;
     int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, sizeof buf, 0, &error);
     tap_ok(before && n < 0 && error && strstr(error->message, "src1"),
@@ -321,13 +316,10 @@ static void test_source_changed(RandomSources *s)
  * transposed where the sources' cached pages lie. */
 static void test_mapped(RandomSources *s, CkptfsLeaseWatch *watch, GRand *rng)
 {
-    const uint8_t *probe = watch ? ckptfs_srcfiles_map_pin(s->files, 0) : NULL;
-    if (probe == NULL) {
+    if (!random_sources_start_mapped(s, watch)) {
         tap_skip(19, "no lease on %s (its file system, or leases off): nothing is read mapped", s->dir);
         return;
     }
-    ckptfs_srcfiles_map_unpin(s->files, 0);
-    s->refs = g_new0(CkptfsReplyRefs, 1);
     test_random_extents(s, rng);
     int reads = s->from_map;
     test_catalog_pieces(s, rng);
