@@ -77,6 +77,23 @@ static inline void random_sources_change(RandomSources *s, unsigned i)
     fclose(f);
 }
 
+/* Whether PLAN reads whole and then, file I changed in place under it, fails naming the file;
+ * WHY gets the error's message (or what went wrong before it). */
+static inline bool random_sources_change_fails(RandomSources *s, const CkptfsPlan *plan, unsigned i, char **why)
+{
+    uint64_t size = ckptfs_plan_size(plan);
+    g_autofree uint8_t *buf = g_malloc(size);
+    bool before = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, size, 0, NULL) == (int64_t)size;
+    random_sources_change(s, i);
+    GError *error = NULL;
+    int64_t n = ckptfs_plan_read(plan, CKPTFS_READ_SHARED(s->files), buf, size, 0, &error);
+    g_autofree char *name = g_strdup_printf("src%u", i);
+    bool fails = before && n < 0 && error && strstr(error->message, name);
+    *why = g_strdup(error ? error->message : before ? "no error" : "the read before the change failed");
+    g_clear_error(&error);
+    return fails;
+}
+
 /* Starts reading as a mount with mapped reads does (S's refs set), if WATCH leases the sources:
  * false (nothing started) where it does not. */
 static inline bool random_sources_start_mapped(RandomSources *s, const CkptfsLeaseWatch *watch)
