@@ -1007,16 +1007,10 @@ static void progress_update(Progress *p, bool final)
         fprintf(stderr, "\n");
 }
 
-/* Copies a file's synthesized bytes to FD. */
-static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_name,
-                     Progress *progress, GError **error)
+/* Copies the bytes of PLAN (of a file of OWNER) to FD. */
+static int copy_plan_bytes(const CkptfsMount *owner, const CkptfsPlan *plan, int fd, const char *dest_name,
+                           Progress *progress, GError **error)
 {
-    const CkptfsPlan *plan;
-    gpointer scope;
-    int rc = ckptfs_tree_plan(mount->tree, ino, &plan, &scope, error);
-    if (rc != 0)
-        return rc;
-    const CkptfsMount *owner = ckptfs_mount_of_scope(mount, scope);
     if (!ckptfs_mount_check_sources(owner, plan, error))
         return -EIO;
     g_autofree uint8_t *buf = g_malloc(COPY_CHUNK);
@@ -1037,6 +1031,20 @@ static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_
         }
     }
     return 0;
+}
+
+/* Copies a file's synthesized bytes to FD. */
+static int copy_plan(CkptfsMount *mount, uint64_t ino, int fd, const char *dest_name,
+                     Progress *progress, GError **error)
+{
+    const CkptfsPlan *plan;
+    gpointer scope;
+    int rc = ckptfs_tree_plan(mount->tree, ino, &plan, &scope, error);
+    if (rc != 0)
+        return rc;
+    rc = copy_plan_bytes(ckptfs_mount_of_scope(mount, scope), plan, fd, dest_name, progress, error);
+    ckptfs_tree_plan_release(mount->tree, ino); /* a rank file's plan is not kept (tree.h) */
+    return rc;
 }
 
 int ckptfs_cmd_cat(int argc, char **argv)

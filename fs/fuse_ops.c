@@ -221,7 +221,8 @@ static void raise_read_ahead(CkptfsFuseContext *ctx)
 }
 
 typedef struct {
-    const CkptfsPlan *plan;
+    uint64_t ino;
+    const CkptfsPlan *plan; /* held from the tree until the file is freed */
     const CkptfsSrcFiles *files;
     CkptfsSrcReader *reader; /* this open file's own source descriptors (-o source_fds=reader), or NULL */
     uint64_t window;     /* bytes to prefetch ahead of a sequential reader (0: none) */
@@ -251,6 +252,7 @@ static void open_file_free(CkptfsFuseContext *ctx, OpenFile *open_file)
     g_mutex_unlock(&ctx->open_lock);
     ckptfs_readahead_close(open_file->ahead); /* before the reader its chunks read through */
     ckptfs_src_reader_free(open_file->reader);
+    ckptfs_tree_plan_release(ctx->mount->tree, open_file->ino); /* after everything that reads it */
     g_free(open_file);
 }
 
@@ -282,8 +284,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     GError *error = NULL;
     int rc = ckptfs_tree_plan(ctx->mount->tree, ino, &plan, &scope, &error);
     const CkptfsMount *owner = ckptfs_mount_of_scope(ctx->mount, scope);
-    if (rc == 0 && !ckptfs_mount_check_sources(owner, plan, &error))
+    if (rc == 0 && !ckptfs_mount_check_sources(owner, plan, &error)) {
+        ckptfs_tree_plan_release(ctx->mount->tree, ino);
         rc = -EIO;
+    }
     if (rc != 0) {
         reply_failure(req, rc, error);
         return;
@@ -293,7 +297,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     const CkptfsSrcFiles *files = owner->source->files;
     if (ctx->leases != NULL) /* a verl run's roles each have their set */
         ckptfs_lease_watch_add(ctx->leases, owner->source->files);
-    *open_file = (OpenFile){plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
+    *open_file = (OpenFile){ino, plan, files, ctx->mount->options.fd_per_reader ? ckptfs_src_reader_new(files) : NULL,
                             ckptfs_srcfiles_prefetch_window(files, ctx->mount->options.prefetch), 0, 0, false,
                             NULL};
     fi->fh = (uint64_t)(uintptr_t)open_file;

@@ -7,7 +7,9 @@
  * until the hook ends; the rest of the tree stays served. A hook may change only its own
  * directory and the nodes it creates, which nobody else reaches before it ends (their parent is
  * busy); it creates them with ckptfs_tree_add_*, which take the mutex. A plan is built once and
- * published under the mutex; readers then use it without the mutex. */
+ * published under the mutex; readers then use it without the mutex. A file whose plan is dropped
+ * when not open (ckptfs_tree_plan_on_open) counts who holds its plan: it is freed, under the
+ * mutex, only when the last of them gives it back, so a reader never sees it go. */
 #include "ckptfs/tree.h"
 
 #include <errno.h>
@@ -37,6 +39,10 @@ struct CkptfsNode {
     gconstpointer plan_key;
     CkptfsPlan *plan; /* built once, then read without the lock */
     CkptfsAccess access; /* set with the plan */
+    bool sized;          /* SIZE and ACCESS known (from a plan built once) */
+    uint64_t size;
+    bool plan_on_open;   /* the plan is kept only while some caller holds it */
+    unsigned plan_users; /* ckptfs_tree_plan calls not yet given back */
     /* symlinks */
     char *target;
     gpointer scope; /* what the view it belongs to set for its subtree (inherited) */
@@ -199,6 +205,13 @@ CkptfsNode *ckptfs_tree_hint(CkptfsNode *file, unsigned hints)
     return file;
 }
 
+CkptfsNode *ckptfs_tree_plan_on_open(CkptfsNode *file)
+{
+    if (file)
+        file->plan_on_open = true;
+    return file;
+}
+
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target)
 {
@@ -274,7 +287,18 @@ static CkptfsNode *run_resolve(CkptfsTree *tree, CkptfsNode *dir, const char *na
     return child;
 }
 
-/* Under the lock: NODE's plan, built once. */
+/* Under the lock: drops NODE's plan when nobody holds it and it is kept only while held. The
+ * caller frees what it returns, after letting the lock go. */
+static CkptfsPlan *take_unheld_plan(CkptfsNode *node)
+{
+    if (!node->plan_on_open || node->plan_users > 0 || node->busy)
+        return NULL;
+    CkptfsPlan *plan = node->plan;
+    node->plan = NULL;
+    return plan;
+}
+
+/* Under the lock: NODE's plan, built once (again after it was dropped). */
 static int ensure_plan(CkptfsTree *tree, CkptfsNode *node, GError **error)
 {
     if (node->type != CKPTFS_NODE_FILE)
@@ -293,6 +317,8 @@ static int ensure_plan(CkptfsTree *tree, CkptfsNode *node, GError **error)
     g_mutex_lock(&tree->lock);
     if (plan != NULL) {
         node->access = access;
+        node->size = ckptfs_plan_size(plan);
+        node->sized = true;
         /* Readers take the pointer without the lock: publish it fully built. */
         g_atomic_pointer_set(&node->plan, plan);
     }
@@ -314,9 +340,11 @@ static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GErro
         attr->access = tree->dir_access;
         break;
     case CKPTFS_NODE_FILE:
-        rc = ensure_plan(tree, node, error);
+        /* a size is known once: a dropped plan is not built again for it */
+        wait_idle(tree, node);
+        rc = node->sized ? 0 : ensure_plan(tree, node, error);
         attr->nlink = 1;
-        attr->size = rc == 0 ? ckptfs_plan_size(node->plan) : 0;
+        attr->size = rc == 0 ? node->size : 0;
         attr->hints = node->hints;
         attr->access = node->access;
         break;
@@ -329,11 +357,22 @@ static int fill_attr(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GErro
     return rc;
 }
 
+/* fill_attr, and then NODE's plan dropped if nobody holds it (a stat builds one only for the size). */
+static int fill_attr_dropping(CkptfsTree *tree, CkptfsNode *node, CkptfsAttr *attr, GError **error,
+                              CkptfsPlan **dropped)
+{
+    int rc = fill_attr(tree, node, attr, error);
+    if (node->type == CKPTFS_NODE_FILE)
+        *dropped = take_unheld_plan(node);
+    return rc;
+}
+
 int ckptfs_tree_lookup(CkptfsTree *tree, uint64_t parent, const char *name, CkptfsAttr *attr,
                        GError **error)
 {
     g_mutex_lock(&tree->lock);
     int rc;
+    CkptfsPlan *dropped = NULL;
     CkptfsNode *dir = node_get(tree, parent);
     if (dir == NULL) {
         rc = -ENOENT;
@@ -343,9 +382,10 @@ int ckptfs_tree_lookup(CkptfsTree *tree, uint64_t parent, const char *name, Ckpt
         CkptfsNode *child = g_hash_table_lookup(dir->by_name, name);
         if (child == NULL && dir->resolve != NULL)
             child = run_resolve(tree, dir, name, error);
-        rc = child ? fill_attr(tree, child, attr, error) : -ENOENT;
+        rc = child ? fill_attr_dropping(tree, child, attr, error, &dropped) : -ENOENT;
     }
     g_mutex_unlock(&tree->lock);
+    ckptfs_plan_free(dropped);
     return rc;
 }
 
@@ -353,8 +393,10 @@ int ckptfs_tree_getattr(CkptfsTree *tree, uint64_t ino, CkptfsAttr *attr, GError
 {
     g_mutex_lock(&tree->lock);
     CkptfsNode *node = node_get(tree, ino);
-    int rc = node ? fill_attr(tree, node, attr, error) : -ENOENT;
+    CkptfsPlan *dropped = NULL;
+    int rc = node ? fill_attr_dropping(tree, node, attr, error, &dropped) : -ENOENT;
     g_mutex_unlock(&tree->lock);
+    ckptfs_plan_free(dropped);
     return rc;
 }
 
@@ -409,12 +451,27 @@ int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gp
                                     : node->type != CKPTFS_NODE_FILE ? -EINVAL : 0;
     if (rc == 0)
         rc = ensure_plan(tree, node, error);
-    if (rc == 0)
+    if (rc == 0) {
         *plan = node->plan;
+        node->plan_users++;
+    }
     if (rc == 0 && scope != NULL)
         *scope = node->scope;
     g_mutex_unlock(&tree->lock);
     return rc;
+}
+
+void ckptfs_tree_plan_release(CkptfsTree *tree, uint64_t ino)
+{
+    g_mutex_lock(&tree->lock);
+    CkptfsNode *node = node_get(tree, ino);
+    CkptfsPlan *dropped = NULL;
+    if (node != NULL && node->type == CKPTFS_NODE_FILE && node->plan_users > 0) {
+        node->plan_users--;
+        dropped = take_unheld_plan(node);
+    }
+    g_mutex_unlock(&tree->lock);
+    ckptfs_plan_free(dropped);
 }
 
 /* PATH's components looked up from directory DIR; a symbolic link (a short layout name, a verl

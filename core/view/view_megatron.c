@@ -549,9 +549,11 @@ bool ckptfs_megatron_view_build(CkptfsTree *tree, CkptfsNode *dir, const CkptfsS
             *rf = (RankFile){.view = v, .pp_rank = p, .ranks = g_array_index(stage, CkptfsRankFile, i)};
             g_autofree char *name = ckptfs_rank_file_dir(layout, p, &rf->ranks);
             CkptfsNode *rank_dir = ckptfs_tree_add_dir(tree, release, name);
-            /* torch.load reads it (mmap=True maps it private): nothing maps it shared. */
-            ckptfs_tree_hint(ckptfs_tree_add_file(tree, rank_dir, "model_optim_rng.pt", plan_rank_file, NULL, rf),
-                             CKPTFS_HINT_STREAMED);
+            /* torch.load reads it (mmap=True maps it private): nothing maps it shared. Its plan
+             * is large for a big MoE layout (an expert's row-parallel rows each an extent) and
+             * `ls -l` of hundreds of them would keep them all: built again on open instead. */
+            CkptfsNode *file = ckptfs_tree_add_file(tree, rank_dir, "model_optim_rng.pt", plan_rank_file, NULL, rf);
+            ckptfs_tree_plan_on_open(ckptfs_tree_hint(file, CKPTFS_HINT_STREAMED));
         }
     return true;
 }

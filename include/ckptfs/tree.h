@@ -82,6 +82,11 @@ CkptfsNode *ckptfs_tree_add_file(CkptfsTree *tree, CkptfsNode *parent, const cha
                                  CkptfsPlanFn plan_fn, gpointer owner, gconstpointer key);
 /* Adds HINTS (CkptfsFileHints) to a file node's attributes. FILE may be NULL. Returns FILE. */
 CkptfsNode *ckptfs_tree_hint(CkptfsNode *file, unsigned hints);
+/* Makes FILE's plan one that is kept only while held (ckptfs_tree_plan until
+ * ckptfs_tree_plan_release): its first stat builds it for the size and access and drops it; an
+ * open builds it again. For files whose plans are large (a big MoE layout's rank files: hundreds
+ * of them, each listed by `ls -l`, few open at once). FILE may be NULL. Returns FILE. */
+CkptfsNode *ckptfs_tree_plan_on_open(CkptfsNode *file);
 CkptfsNode *ckptfs_tree_add_symlink(CkptfsTree *tree, CkptfsNode *parent, const char *name,
                                     const char *target);
 
@@ -100,10 +105,14 @@ int ckptfs_tree_readdir(CkptfsTree *tree, uint64_t ino, uint64_t offset, CkptfsD
 
 int ckptfs_tree_readlink(CkptfsTree *tree, uint64_t ino, const char **target);
 
-/* The plan of a file node (built if needed) and its scope (SCOPE may be NULL). Valid for the
- * life of the tree. */
+/* The plan of a file node (built if needed) and its scope (SCOPE may be NULL), held until
+ * ckptfs_tree_plan_release: valid until then for a file marked ckptfs_tree_plan_on_open, for the
+ * life of the tree for any other. */
 int ckptfs_tree_plan(CkptfsTree *tree, uint64_t ino, const CkptfsPlan **plan, gpointer *scope,
                      GError **error);
+/* Gives back a plan ckptfs_tree_plan handed out for INO (once per successful call); the last one
+ * given back of a ckptfs_tree_plan_on_open file is freed. */
+void ckptfs_tree_plan_release(CkptfsTree *tree, uint64_t ino);
 
 /* Walks a relative path ("hf/config.json", "" = root) with lookups, following symbolic links
  * ("tp2/release" is "tp2pp1/release"). */

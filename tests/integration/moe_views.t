@@ -110,4 +110,28 @@ check "inspect --layout tp2pp1ep2etp1 counts 2 rank files" bash -c \
   "'$CKPTFS' inspect '$real/hf-mixtral' --layout tp2pp1ep2etp1 | grep -q 'ep 2 (2 experts per rank), etp 1; 2 rank files per stage'"
 check "export of tp2pp1ep2 equals cp -r of the mounted view" bash -c \
   "'$CKPTFS' export -o spec=local '$real/hf-mixtral' tp2pp1ep2 '$WORK/exp' && cp -r '$mnt/tp2pp1ep2' '$WORK/cp' && diff -r '$WORK/exp' '$WORK/cp'"
+# A rank file's plan is dropped when no reader holds it (a big layout's `ls -l` would keep them
+# all) and built again on open: the bytes are those read while all were held, and ckptfs cat's.
+check "tp2pp1ep2's rank files read again after their plans were dropped: the same bytes, and ckptfs cat's" \
+  $PY - "$mnt" "$real/hf-mixtral" "$CKPTFS" <<'PY'
+import os, subprocess, sys
+mnt, src, ckptfs = sys.argv[1:4]
+rel = sorted(os.path.relpath(os.path.join(d, f), mnt) for d, _, fs in os.walk(mnt + "/tp2pp1ep2")
+             for f in fs if f == "model_optim_rng.pt")
+held = [open(os.path.join(mnt, r), "rb") for r in rel]
+first = [h.read() for h in held]
+for h in held:
+    h.close()
+sizes = [os.stat(os.path.join(mnt, r)).st_size for r in rel]
+again = []
+for r in rel:
+    with open(os.path.join(mnt, r), "rb") as f:
+        again.append(f.read())
+cat = [subprocess.run([ckptfs, "cat", "-o", "spec=local", src, r], capture_output=True, check=True).stdout
+       for r in rel]
+assert len(rel) == 4 and all(len(b) > 0 for b in first), rel
+assert sizes == [len(b) for b in first], (sizes, [len(b) for b in first])
+assert first == again, "read again after the drop: other bytes"
+assert first == cat, "ckptfs cat: other bytes"
+PY
 done_testing

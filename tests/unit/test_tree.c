@@ -766,6 +766,97 @@ static void test_own(void)
     tap_is_u64(freed, 2, "data the tree owns is freed with it");
 }
 
+/* A file whose plan is kept only while held (ckptfs_tree_plan_on_open): a stat builds it for its
+ * size and drops it, opens build it again and share it while any holds it, and it reads the same
+ * bytes every time; a file not marked keeps its one plan. */
+typedef struct {
+    CkptfsTree *tree;
+    uint64_t ino;
+    int bad; /* reads that gave other bytes */
+} HolderCtx;
+
+static gpointer holder_thread(gpointer data)
+{
+    HolderCtx *h = data;
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
+    for (int i = 0; i < 300; i++) {
+        const CkptfsPlan *plan = NULL;
+        CkptfsAttr a;
+        char buf[16] = {0};
+        if (ckptfs_tree_getattr(h->tree, h->ino, &a, NULL) != 0 || a.size != 6 ||
+            ckptfs_tree_plan(h->tree, h->ino, &plan, NULL, NULL) != 0) {
+            h->bad++;
+            continue;
+        }
+        if (ckptfs_plan_read(plan, CKPTFS_READ_SHARED(none), buf, sizeof buf, 0, NULL) != 6 ||
+            memcmp(buf, "hello\n", 6) != 0)
+            h->bad++;
+        ckptfs_tree_plan_release(h->tree, h->ino);
+    }
+    ckptfs_srcfiles_free(none);
+    return NULL;
+}
+
+static void test_plan_on_open(void)
+{
+    Counters c = {0};
+    CkptfsTree *tree = ckptfs_tree_new();
+    CkptfsNode *root = ckptfs_tree_root(tree);
+    ckptfs_tree_plan_on_open(ckptfs_tree_add_file(tree, root, "big", plan_of, &c, &key_hello));
+    ckptfs_tree_add_file(tree, root, "kept", plan_of, &c, &key_world);
+    CkptfsAttr a, again;
+    int rc = ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "big", &a, NULL);
+    tap_ok(rc == 0 && a.size == 6 && c.built == 1, "plan_on_open: the first stat builds its plan for the size");
+    rc = ckptfs_tree_getattr(tree, a.ino, &again, NULL);
+    tap_ok(rc == 0 && again.size == 6 && c.built == 1, "later stats give the size without building it again");
+    const CkptfsPlan *p1 = NULL, *p2 = NULL;
+    ckptfs_tree_plan(tree, a.ino, &p1, NULL, NULL);
+    tap_is_u64((uint64_t)c.built, 2, "an open builds the plan the stat dropped");
+    ckptfs_tree_plan(tree, a.ino, &p2, NULL, NULL);
+    rc = ckptfs_tree_getattr(tree, a.ino, &again, NULL);
+    tap_ok(p1 && p1 == p2 && c.built == 2 && rc == 0 && again.size == 6,
+           "a second open and a stat while it is held share the held plan");
+    ckptfs_tree_plan_release(tree, a.ino);
+    CkptfsSrcFiles *none = ckptfs_srcfiles_new(0);
+    char buf[16] = {0};
+    int64_t n = ckptfs_plan_read(p1, CKPTFS_READ_SHARED(none), buf, sizeof buf, 0, NULL);
+    tap_ok(n == 6 && memcmp(buf, "hello\n", 6) == 0, "the plan stays while one holder is left");
+    ckptfs_tree_plan_release(tree, a.ino);
+    const CkptfsPlan *p3 = NULL;
+    ckptfs_tree_plan(tree, a.ino, &p3, NULL, NULL);
+    memset(buf, 0, sizeof buf);
+    n = p3 ? ckptfs_plan_read(p3, CKPTFS_READ_SHARED(none), buf, sizeof buf, 0, NULL) : -1;
+    tap_ok(c.built == 3 && n == 6 && memcmp(buf, "hello\n", 6) == 0,
+           "released by all, it is dropped: the next open builds it again and reads the same bytes");
+    ckptfs_tree_plan_release(tree, a.ino);
+    ckptfs_tree_plan_release(tree, a.ino); /* one too many: ignored */
+
+    CkptfsAttr k;
+    const CkptfsPlan *k1 = NULL, *k2 = NULL;
+    ckptfs_tree_lookup(tree, CKPTFS_ROOT_INO, "kept", &k, NULL);
+    ckptfs_tree_plan(tree, k.ino, &k1, NULL, NULL);
+    ckptfs_tree_plan_release(tree, k.ino);
+    ckptfs_tree_plan(tree, k.ino, &k2, NULL, NULL);
+    ckptfs_tree_plan_release(tree, k.ino);
+    tap_ok(k1 && k1 == k2 && c.built == 4, "a file not marked keeps its one plan after a release");
+
+    enum { T = 4 };
+    HolderCtx ctx[T];
+    GThread *threads[T];
+    for (int i = 0; i < T; i++) {
+        ctx[i] = (HolderCtx){tree, a.ino, 0};
+        threads[i] = g_thread_new("holder", holder_thread, &ctx[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < T; i++) {
+        g_thread_join(threads[i]);
+        bad += ctx[i].bad;
+    }
+    tap_ok(bad == 0, "4 threads stat, open, read and release it 300 times each: every read right (%d wrong)", bad);
+    ckptfs_srcfiles_free(none);
+    ckptfs_tree_free(tree);
+}
+
 int main(void)
 {
     test_basic();
@@ -776,5 +867,6 @@ int main(void)
     test_threads();
     test_stalled_hooks();
     test_own();
+    test_plan_on_open();
     return tap_done();
 }
