@@ -616,68 +616,72 @@ static const CkptfsRule qwen3_5_vision_rules[] = {
     GEMMA3_WEIGHT(name_, te_at, need_, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, \
                   CKPTFS_RECIPE_WHOLE, hf_)
 #define GEMMA3_EXTRA(name_, te_at, need_) EXTRA(CKPTFS_SCOPE_LAYER, name_, te_at, NONE, need_)
+/* The rows the text and VLM tables share, one definition for both; in groups, as each table's
+ * own post-norm rows sit between them and shift the legacy orders. AT: the pre-attention norm's
+ * order (the attention's entries follow one by one); PROJ_AT: linear_proj's (its _extra_state
+ * next); MLP_AT: the pre-MLP norm's (fc1's and fc2's entries follow). */
+#define GEMMA3_ATTENTION(at, proj_at)                                                         \
+    GEMMA3_NORM("self_attention.linear_qkv.layer_norm_weight", at, CKPTFS_NEED_ALWAYS,              \
+                "input_layernorm.weight"),                                                       \
+    GEMMA3_WEIGHT("self_attention.linear_qkv.weight", at + 1, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV,  \
+                  CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight",    \
+                  "self_attn.k_proj.weight", "self_attn.v_proj.weight"),                         \
+    GEMMA3_WEIGHT("self_attention.q_layernorm.weight", at + 3, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, \
+                  CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"), \
+    GEMMA3_WEIGHT("self_attention.k_layernorm.weight", at + 5, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, \
+                  CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"), \
+    GEMMA3_WEIGHT("self_attention.linear_proj.weight", proj_at, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, \
+                  CKPTFS_DIM_Q, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight")
+#define GEMMA3_MLP(mlp_at)                                                                    \
+    GEMMA3_NORM("mlp.linear_fc1.layer_norm_weight", mlp_at, CKPTFS_NEED_DENSE_MLP,                  \
+                "pre_feedforward_layernorm.weight"),                                             \
+    GEMMA3_WEIGHT("mlp.linear_fc1.weight", mlp_at + 1, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2,     \
+                  CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", \
+                  "mlp.up_proj.weight"),                                                         \
+    GEMMA3_WEIGHT("mlp.linear_fc2.weight", mlp_at + 3, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN,   \
+                  CKPTFS_DIM_FFN, CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight")
+#define GEMMA3_ATTENTION_EXTRAS(at, proj_at)                                                  \
+    GEMMA3_EXTRA("self_attention.linear_qkv._extra_state", at + 2, CKPTFS_NEED_ALWAYS),         \
+    GEMMA3_EXTRA("self_attention.linear_proj._extra_state", proj_at + 1, CKPTFS_NEED_ALWAYS)
+#define GEMMA3_MLP_EXTRAS(mlp_at)                                                             \
+    GEMMA3_EXTRA("mlp.linear_fc1._extra_state", mlp_at + 2, CKPTFS_NEED_DENSE_MLP),             \
+    GEMMA3_EXTRA("mlp.linear_fc2._extra_state", mlp_at + 4, CKPTFS_NEED_DENSE_MLP)
+#define GEMMA3_QK_NORM_EXTRAS(at)                                                             \
+    GEMMA3_EXTRA("self_attention.q_layernorm._extra_state", at + 4, CKPTFS_NEED_ALWAYS),        \
+    GEMMA3_EXTRA("self_attention.k_layernorm._extra_state", at + 6, CKPTFS_NEED_ALWAYS)
+/* Legacy orders: the core attention's state (0), linear_proj and its post-norm (1-4), the attention
+ * (5-11), the MLP and fc2's post-norm (12-18). */
 static const CkptfsRule gemma3_rules[] = {
     EMBEDDING,
-    GEMMA3_NORM("self_attention.linear_qkv.layer_norm_weight", 5, CKPTFS_NEED_ALWAYS, "input_layernorm.weight"),
-    GEMMA3_WEIGHT("self_attention.linear_qkv.weight", 6, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN,
-                  CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                  "self_attn.v_proj.weight"),
-    GEMMA3_WEIGHT("self_attention.q_layernorm.weight", 8, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
-                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"),
-    GEMMA3_WEIGHT("self_attention.k_layernorm.weight", 10, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
-                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"),
-    GEMMA3_WEIGHT("self_attention.linear_proj.weight", 1, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q,
-                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight"),
+    GEMMA3_ATTENTION(5, 1),
     GEMMA3_NORM("self_attention.linear_proj.post_layernorm.weight", 3, CKPTFS_NEED_ALWAYS,
                 "post_attention_layernorm.weight"),
-    GEMMA3_NORM("mlp.linear_fc1.layer_norm_weight", 12, CKPTFS_NEED_DENSE_MLP, "pre_feedforward_layernorm.weight"),
-    GEMMA3_WEIGHT("mlp.linear_fc1.weight", 13, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN,
-                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
-    GEMMA3_WEIGHT("mlp.linear_fc2.weight", 15, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN,
-                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    GEMMA3_MLP(12),
     GEMMA3_NORM("mlp.linear_fc2.post_layernorm.weight", 17, CKPTFS_NEED_DENSE_MLP,
                 "post_feedforward_layernorm.weight"),
-    GEMMA3_EXTRA("self_attention.linear_qkv._extra_state", 7, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("self_attention.linear_proj._extra_state", 2, CKPTFS_NEED_ALWAYS),
+    GEMMA3_ATTENTION_EXTRAS(5, 1),
     GEMMA3_EXTRA("self_attention.linear_proj.post_layernorm._extra_state", 4, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("mlp.linear_fc1._extra_state", 14, CKPTFS_NEED_DENSE_MLP),
-    GEMMA3_EXTRA("mlp.linear_fc2._extra_state", 16, CKPTFS_NEED_DENSE_MLP),
+    GEMMA3_MLP_EXTRAS(12),
     GEMMA3_EXTRA("mlp.linear_fc2.post_layernorm._extra_state", 18, CKPTFS_NEED_DENSE_MLP),
     GEMMA3_EXTRA("self_attention.core_attention._extra_state", 0, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("self_attention.q_layernorm._extra_state", 9, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("self_attention.k_layernorm._extra_state", 11, CKPTFS_NEED_ALWAYS),
+    GEMMA3_QK_NORM_EXTRAS(5),
     LAST_STAGE,
 };
 
 /* Gemma 3's language model as mbridge's gemma3 VLM builds it (mbridge/models/gemma3,
  * Gemma3TransformerLayer with get_gemma3_layer_spec_te): the gemma3 rules' entries, but the norm
  * after the attention and the one after the MLP are TENorms of the layer itself, registered after
- * the MLP, and the core attention (mbridge's MemoryEfficientAttention) holds no state. */
+ * the MLP, and the core attention (mbridge's MemoryEfficientAttention) holds no state. Legacy
+ * orders: linear_proj (0-1), the attention (2-8), the MLP (9-13), the post-norms (14-17). */
 static const CkptfsRule gemma3_vlm_rules[] = {
     EMBEDDING,
-    GEMMA3_NORM("self_attention.linear_qkv.layer_norm_weight", 2, CKPTFS_NEED_ALWAYS, "input_layernorm.weight"),
-    GEMMA3_WEIGHT("self_attention.linear_qkv.weight", 3, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN,
-                  CKPTFS_TP_ROWS, CKPTFS_RECIPE_QKV, "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                  "self_attn.v_proj.weight"),
-    GEMMA3_WEIGHT("self_attention.q_layernorm.weight", 5, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
-                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.q_norm.weight"),
-    GEMMA3_WEIGHT("self_attention.k_layernorm.weight", 7, CKPTFS_NEED_ALWAYS, 1, CKPTFS_DIM_HEAD, CKPTFS_DIM_ONE,
-                  CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, "self_attn.k_norm.weight"),
-    GEMMA3_WEIGHT("self_attention.linear_proj.weight", 0, CKPTFS_NEED_ALWAYS, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_Q,
-                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "self_attn.o_proj.weight"),
-    GEMMA3_NORM("mlp.linear_fc1.layer_norm_weight", 9, CKPTFS_NEED_DENSE_MLP, "pre_feedforward_layernorm.weight"),
-    GEMMA3_WEIGHT("mlp.linear_fc1.weight", 10, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_FFN2, CKPTFS_DIM_HIDDEN,
-                  CKPTFS_TP_ROW_HALVES, CKPTFS_RECIPE_HALVES, "mlp.gate_proj.weight", "mlp.up_proj.weight"),
-    GEMMA3_WEIGHT("mlp.linear_fc2.weight", 12, CKPTFS_NEED_DENSE_MLP, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN,
-                  CKPTFS_TP_COLS, CKPTFS_RECIPE_WHOLE, "mlp.down_proj.weight"),
+    GEMMA3_ATTENTION(2, 0),
+    GEMMA3_MLP(9),
     GEMMA3_NORM("post_attention_layernorm.weight", 14, CKPTFS_NEED_ALWAYS, "post_attention_layernorm.weight"),
     GEMMA3_NORM("post_feedforward_layernorm.weight", 16, CKPTFS_NEED_DENSE_MLP, "post_feedforward_layernorm.weight"),
-    GEMMA3_EXTRA("self_attention.linear_qkv._extra_state", 4, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("self_attention.linear_proj._extra_state", 1, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("mlp.linear_fc1._extra_state", 11, CKPTFS_NEED_DENSE_MLP),
-    GEMMA3_EXTRA("mlp.linear_fc2._extra_state", 13, CKPTFS_NEED_DENSE_MLP),
-    GEMMA3_EXTRA("self_attention.q_layernorm._extra_state", 6, CKPTFS_NEED_ALWAYS),
-    GEMMA3_EXTRA("self_attention.k_layernorm._extra_state", 8, CKPTFS_NEED_ALWAYS),
+    GEMMA3_ATTENTION_EXTRAS(2, 0),
+    GEMMA3_MLP_EXTRAS(9),
+    GEMMA3_QK_NORM_EXTRAS(2),
     GEMMA3_EXTRA("post_attention_layernorm._extra_state", 15, CKPTFS_NEED_ALWAYS),
     GEMMA3_EXTRA("post_feedforward_layernorm._extra_state", 17, CKPTFS_NEED_DENSE_MLP),
     LAST_STAGE,
