@@ -800,15 +800,18 @@ static void print_model(const InspectFacts *f)
                m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_merge, m->vision_merge,
                m->vision_out_hidden, m->mrope_section[0], m->mrope_section[1], m->mrope_section[2],
                m->arch->vision->megatron_prefix, m->arch->megatron_prefix);
-    if (m->mtp_layers)
+    if (m->mtp_layers) {
+        uint64_t mtp_first;
+        const char *mtp_prefix = ckptfs_mtp_hf_prefix(m->arch->family->mtp_hf_prefix, CKPTFS_HF_LAYER_PREFIX,
+                                                      m->layers, &mtp_first);
         printf("mtp:          %" G_GUINT64_FORMAT " multi-token prediction layer%s (%s%" G_GUINT64_FORMAT
-               "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "",
-               m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.",
-               m->arch->family->mtp_hf_prefix ? 0 : m->layers, m->mtp_layers > 1 ? "..." : "",
-               m->mtp ? "in the Megatron views as mtp.layers.N"
-               : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
-                   ? "left out of the Megatron views; -o mtp=on adds them"
-                   : "left out of the Megatron views (no rules for them)");
+                   "%s): %s\n", m->mtp_layers, m->mtp_layers > 1 ? "s" : "", mtp_prefix, mtp_first,
+                   m->mtp_layers > 1 ? "..." : "",
+                   m->mtp ? "in the Megatron views as mtp.layers.N"
+                   : ckptfs_family_has(m->arch->family, CKPTFS_NEED_MTP)
+                       ? "left out of the Megatron views; -o mtp=on adds them"
+                       : "left out of the Megatron views (no rules for them)");
+    }
     printf("layouts:      any tp{T}pp{P}[vpp{V}]%s that divides the model; tp larger than the "
            "query groups needs Megatron-core >= 0.16\n", m->experts ? "[ep{E}][etp{X}]" : "");
 }

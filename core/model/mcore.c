@@ -442,9 +442,12 @@ char *ckptfs_mcore_hf_name(const CkptfsMcoreKey *key, uint64_t layer, uint64_t e
         return g_strdup(hf);
     if (key->mtp_hf_block_prefix && mtp_scope(key->rule->scope)) /* one set for the block */
         return g_strconcat(key->mtp_hf_block_prefix, hf, NULL);
-    if (key->mtp_hf_prefix && layer >= key->decoder_layers)
-        return layer_name(key->mtp_hf_prefix, layer - key->decoder_layers, hf, expert);
-    return layer_name(key->hf_layer_prefix ? key->hf_layer_prefix : CKPTFS_HF_LAYER_PREFIX, layer, hf, expert);
+    const char *decoder_prefix = key->hf_layer_prefix ? key->hf_layer_prefix : CKPTFS_HF_LAYER_PREFIX;
+    if (layer < key->decoder_layers)
+        return layer_name(decoder_prefix, layer, hf, expert);
+    uint64_t first;
+    const char *prefix = ckptfs_mtp_hf_prefix(key->mtp_hf_prefix, decoder_prefix, key->decoder_layers, &first);
+    return layer_name(prefix, first + (layer - key->decoder_layers), hf, expert);
 }
 
 /* Adds the tensors of KEY's segments (layer LAYER, expert E) to OUT, each once (SEEN: name ->

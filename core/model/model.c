@@ -400,12 +400,21 @@ uint64_t ckptfs_model_hf_layers(const CkptfsModel *m)
     return m->layers + (m->mtp ? m->mtp_layers : 0);
 }
 
+const char *ckptfs_mtp_hf_prefix(const char *mtp_prefix, const char *decoder_prefix, uint64_t layers,
+                                 uint64_t *first)
+{
+    *first = mtp_prefix ? 0 : layers;
+    return mtp_prefix ? mtp_prefix : decoder_prefix;
+}
+
 char *ckptfs_model_hf_layer_name(const CkptfsModel *m, uint64_t layer, const char *suffix)
 {
-    const char *mtp_prefix = m->arch->family->mtp_hf_prefix;
-    if (layer < m->layers || mtp_prefix == NULL)
+    if (layer < m->layers)
         return ckptfs_hf_layer_name(layer, suffix);
-    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", mtp_prefix, layer - m->layers, suffix);
+    uint64_t first;
+    const char *prefix =
+        ckptfs_mtp_hf_prefix(m->arch->family->mtp_hf_prefix, CKPTFS_HF_LAYER_PREFIX, m->layers, &first);
+    return g_strdup_printf("%s%" G_GUINT64_FORMAT ".%s", prefix, first + (layer - m->layers), suffix);
 }
 
 #define CONFIG_ERROR(...)                                                                     \
@@ -515,8 +524,9 @@ static bool in_mtp_layer(const CkptfsModel *m, const char *name)
     const char *block = m->arch->family->mtp_hf_block_prefix;
     if (m->mtp_layers > 0 && block && g_str_has_prefix(name, block)) /* the whole block's */
         return true;
-    const char *prefix = m->arch->family->mtp_hf_prefix ? m->arch->family->mtp_hf_prefix : "model.layers.";
-    uint64_t first = m->arch->family->mtp_hf_prefix ? 0 : m->layers; /* the index of MTP layer 0 */
+    uint64_t first; /* the number of MTP layer 0 */
+    const char *prefix =
+        ckptfs_mtp_hf_prefix(m->arch->family->mtp_hf_prefix, CKPTFS_HF_LAYER_PREFIX, m->layers, &first);
     const char *p = name + strlen(prefix);
     if (m->mtp_layers == 0 || !g_str_has_prefix(name, prefix) || !g_ascii_isdigit(*p))
         return false;

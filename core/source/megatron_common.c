@@ -667,7 +667,7 @@ bool ckptfs_megatron_add_mtp_copies(CkptfsCatalog *catalog, const CkptfsModel *m
         const CkptfsTensor *from[2] = {embed, head};
         const char *suffix[2] = {"embed_tokens.weight", "shared_head.head.weight"};
         for (int i = 0; i < 2; i++) {
-            g_autofree char *name = ckptfs_hf_layer_name(m->layers + j, suffix[i]);
+            g_autofree char *name = ckptfs_model_hf_layer_name(m, m->layers + j, suffix[i]);
             const CkptfsTensor *t = from[i];
             if (!ckptfs_catalog_add_pieces(catalog, name, t->dtype, t->ndim, t->shape, t->pieces, t->npieces, error))
                 return false;

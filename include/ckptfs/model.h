@@ -397,6 +397,14 @@ char *ckptfs_hf_layer_name(uint64_t layer, const char *suffix);
  * then the multi-token prediction layers when served (M->mtp). */
 uint64_t ckptfs_model_hf_layers(const CkptfsModel *m);
 
+/* Where multi-token prediction layer 0's Hugging Face tensors are: the prefix, and that layer's
+ * number after it in FIRST (the next MTP layers number on). Under the family's MTP_PREFIX
+ * (CkptfsFamily.mtp_hf_prefix) from 0; with none (DeepSeek's form) after the decoder's LAYERS
+ * layers, under DECODER_PREFIX. One rule for the names the views read, the tensors a model's
+ * check sets aside and what inspect prints, so that they cannot disagree. */
+const char *ckptfs_mtp_hf_prefix(const char *mtp_prefix, const char *decoder_prefix, uint64_t layers,
+                                 uint64_t *first);
+
 /* The HF name of SUFFIX in layer LAYER of M: a decoder layer's ("model.layers.3.SUFFIX"), or,
  * from M's layer count on, multi-token prediction layer LAYER - layers under the family's MTP
  * prefix ("mtp.layers.0.SUFFIX") or after the decoder's (DeepSeek's). */

@@ -787,6 +787,29 @@ static void test_saved_names(void)
     }
 }
 
+/* Where a multi-token prediction layer's Hugging Face tensors are, as the releases name them:
+ * DeepSeek-V3's after the decoder's layers (model.layers.61 of its 61), MiMo's and Qwen3-Next's
+ * under a prefix of their own from 0. */
+static void test_mtp_names(void)
+{
+    static const char *const cases[][3] = {
+        {"DeepseekV3ForCausalLM", "model.layers.4.mlp.gate.weight", "model.layers.5.mlp.gate.weight"},
+        {"MiMoForCausalLM", "model.mtp_layers.0.mlp.gate.weight", "model.mtp_layers.1.mlp.gate.weight"},
+        {"Qwen3NextForCausalLM", "mtp.layers.0.mlp.gate.weight", "mtp.layers.1.mlp.gate.weight"},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        CkptfsModel m = {.layers = 4, .mtp_layers = 2, .mtp = true,
+                         .arch = ckptfs_architecture_find(cases[i][0], NULL)};
+        g_autofree char *first = m.arch ? ckptfs_model_hf_layer_name(&m, 4, "mlp.gate.weight") : NULL;
+        g_autofree char *second = m.arch ? ckptfs_model_hf_layer_name(&m, 5, "mlp.gate.weight") : NULL;
+        g_autofree char *decoder = m.arch ? ckptfs_model_hf_layer_name(&m, 3, "mlp.gate.weight") : NULL;
+        tap_ok(first && strcmp(first, cases[i][1]) == 0 && strcmp(second, cases[i][2]) == 0 &&
+                   strcmp(decoder, "model.layers.3.mlp.gate.weight") == 0,
+               "%s: MTP layers 0 and 1 of a 4-layer model are %s, %s (got %s, %s; decoder layer 3: %s)", cases[i][0],
+               cases[i][1], cases[i][2], first, second, decoder);
+    }
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -900,6 +923,7 @@ int main(void)
     test_vision_configs();
     test_vision_round_trip();
     test_saved_names();
+    test_mtp_names();
     test_interleaved_mrope();
     test_qwen3_vl_tower();
     test_qwen3_5_tower();
