@@ -13,7 +13,7 @@ _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING and _weight_to_hf_format) and 
       model's q/k/v biases, with the tower's (vision attention_bias), routed in 2 groups with
       weights scaled by 2.5. Every norm, bias and the experts' score correction random, so one
       served from the wrong tensor shows.
-  glm45v.py check ORIG VIEW LAYOUT OUT [VIEW LAYOUT OUT ...]
+  glm45v.py check ORIG VIEW LAYOUT OUT [VIEW LAYOUT OUT ...] [--mcore RELEASE] [--hf HF_DIR ...]
       every rank file of VIEW (ORIG's LAYOUT: tp{T}pp{P}[vpp{V}][ep{E}]) loads with
       weights_only=True and holds exactly mbridge's names: on the first stage the tower's, in
       the order of transformers' module's state dict, then the language model's; its args say
@@ -21,7 +21,11 @@ _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING and _weight_to_hf_format) and 
       ORIG rebuilt from those rank files the way mbridge exports (TP and EP shares gathered, q/k/v
       and fc1 split back, the tower copied, a replicated tensor the same on every rank) holds
       ORIG's tensors byte for byte, and saved into OUT with ORIG's config.json gives
-      transformers' logits on an image + text input exactly.
+      transformers' logits on an image + text input exactly. --mcore: as the mcore command;
+      --hf: each HF_DIR holds ORIG's tensors byte for byte (vlm.py samehf) and gives its logits.
+  glm45v.py notower MEGATRON_DIR OUT
+      OUT: a copy of MEGATRON_DIR (a tp2pp2/ copy) without vision_model.blocks.1.attn.qkv.weight in
+      its first rank file.
   glm45v.py mcore ORIG RELEASE
       RELEASE (mcore/'s release directory) read by torch.distributed.checkpoint: the tower a key
       per tensor (vision_model.NAME, transformers' module's global shape and ORIG's bytes), the
@@ -250,12 +254,24 @@ def check_layout(orig, view, layout, out):
 
 
 def check(argv):
-    orig, outs = argv[0], []
-    for view, layout, out in zip(argv[1::3], argv[2::3], argv[3::3]):
+    """ORIG, then VIEW LAYOUT OUT triples, then optionally --mcore RELEASE and --hf HF_DIR...: one
+    process for all (transformers' import is most of its time)."""
+    orig, rest, flags, into = argv[0], [], {}, None
+    for a in argv[1:]:
+        if a in ("--hf", "--mcore"):
+            into = flags.setdefault(a, [])
+        else:
+            (rest if into is None else into).append(a)
+    outs = []
+    for view, layout, out in zip(rest[0::3], rest[1::3], rest[2::3]):
         check_layout(orig, view, layout, out)
         outs += [out] if os.path.isdir(out) else []
-    if outs:
-        vlm.logits(orig, outs, "Glm4vMoeForConditionalGeneration", vlm.glm4v_inputs)
+    for release in flags.get("--mcore", []):
+        mcore(orig, release)
+    if flags.get("--hf"):
+        vlm.samehf(orig, flags["--hf"])
+    if outs or flags.get("--hf"):
+        vlm.logits(orig, outs + flags.get("--hf", []), "Glm4vMoeForConditionalGeneration", vlm.glm4v_inputs)
 
 
 def mcore(orig, release):
@@ -278,7 +294,16 @@ def mcore(orig, release):
           f"shapes and ORIG's bytes; {len(keys) - len(want)} language_model keys" + (f" (differing {bad[:3]})" if bad else ""))
 
 
+def notower(meg, out):
+    first = "release/mp_rank_00_000/model_optim_rng.pt"
+    shutil.copytree(meg, out)
+    sd = torch.load(f"{meg}/{first}", map_location="cpu", weights_only=False)
+    del sd["model"]["vision_model.blocks.1.attn.qkv.weight"]
+    torch.save(sd, f"{out}/{first}")
+
+
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "check": lambda: check(sys.argv[2:]),
+     "notower": lambda: notower(sys.argv[2], sys.argv[3]),
      "mcore": lambda: mcore(sys.argv[2], sys.argv[3])}[sys.argv[1]]()
