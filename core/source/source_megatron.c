@@ -554,13 +554,14 @@ static void add_pieces(CkptfsPieceSet *set, const CkptfsMcoreKey *key, const GAr
 
 /* Whether the experts of layer LOCAL of chunk V of R are TEGroupedMLP's (linear_fc1.weight0),
  * not SequentialMLP's (local_experts.0.linear_fc1.weight): either scheme is read, each file as
- * it is; keys of the other scheme are then unexpected. */
-static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t local)
+ * it is; keys of the other scheme are then unexpected. Looked up as RULE's entries are (under a
+ * VLM's language_model., in an MTP layer). */
+static bool grouped_experts(const Mg *m, const Rank *r, unsigned v, uint64_t local, const CkptfsRule *rule)
 {
     const CkptfsPy *chunk = chunk_dict(m, r, v, m->V);
     for (unsigned n = 1; n <= 2; n++) {
         g_autofree char *linear = g_strdup_printf("mlp.experts.linear_fc%u.weight0", n);
-        g_autofree char *name = ckptfs_legacy_key(CKPTFS_SCOPE_LAYER, local, linear, m->mtp_prefix);
+        g_autofree char *name = ckptfs_legacy_entry_key(m->part, rule, m->prefix, local, linear, m->mtp_prefix);
         if (ckptfs_py_dict_get(chunk, name) != NULL)
             return true;
     }
@@ -577,7 +578,7 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
     uint64_t per_rank = m->saved.model.experts / m->E;
     for (unsigned i = 0; i < m->F; i++) {
         Rank *r = m->ranks[p * m->F + i];
-        bool grouped = grouped_experts(m, r, v, local);
+        bool grouped = grouped_experts(m, r, v, local, rule);
         uint64_t rows, cols;
         g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->X, r->etp, &rows, &cols);
         bool reader = m->expert_reader[r->ep * m->X + r->etp] == i;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GLM-4.5V (Glm4vMoeForConditionalGeneration; docs/vlm.md): tiny models built and saved by
 # transformers 5.12.1 (the sid root), with and without the language model's q/k/v biases and the
-# tower's qkv bias, routed with and without groups. The Megatron views hold mbridge's glm4v_moe
+# tower's qkv bias, routed with and without groups, the experts as SequentialMLP's and (mbridge's
+# moe_grouped_gemm) TEGroupedMLP's. The Megatron views hold mbridge's glm4v_moe
 # model: transformers' tower whole under vision_model. on the first stage, the GLM-4.5 language
 # model under language_model. with mrope over half of each head. glm45v.py checks each rank file of
 # TP, PP with VPP and EP layouts against mbridge's names and args, rebuilds the original from them as
@@ -29,7 +30,9 @@ for form in glm45v glm45v-bias; do
   ok $? "$form: inspect reads the language model and the tower, and places the tower" ||
     sed 's/^/# /' "$WORK/inspect-$form" >&2
   # shellcheck disable=SC2086
-  MOUNT_OPTS="layouts=$(echo ${layouts[$form]} | tr ' ' ':')" fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
+  opts="layouts=$(echo ${layouts[$form]} | tr ' ' ':')"
+  [[ $form == glm45v-bias ]] && opts+=",moe_grouped_gemm=on" # the experts as mbridge's bridge builds them
+  MOUNT_OPTS=$opts fg_mount "$CKPTFS" "$src" "$mnt" "$WORK/log-$form"
   check "$form: hf/ holds the source's files, byte for byte" same_trees "$src" "$mnt/hf" .
   listing=$(ls "$mnt" | tr '\n' ' ')
   [[ $listing == "hf mcore "* && $listing == *" tp2pp2 "* && $listing == *" tp2pp1ep2 "* ]]
@@ -40,7 +43,7 @@ for form in glm45v glm45v-bias; do
   main_pid=$FG_PID copy_pids=()
   for kind in tp2pp2 mcore; do
     copy=$WORK/src-$kind-$form
-    MOUNT_OPTS="layouts=tp2pp2" fg_mount "$CKPTFS" "$WORK/$form-$kind" "$copy" "$WORK/log-src-$kind-$form"
+    MOUNT_OPTS="${opts/${layouts[$form]// /:}/tp2pp2}" fg_mount "$CKPTFS" "$WORK/$form-$kind" "$copy" "$WORK/log-src-$kind-$form"
     copy_pids+=("$FG_PID")
     for view in tp2pp2 mcore; do
       check "$form: the $kind copy's $view/ as a source is the HF source's, file for file" \

@@ -79,9 +79,10 @@ def tower_names(orig):
     return list(transformers.Glm4vMoeVisionModel._from_config(cfg.vision_config).state_dict())
 
 
-def layer_keys(text, g, e, ep):
+def layer_keys(text, g, e, ep, grouped):
     """mbridge's names of language layer G's entries in the file of EP rank E (without the
-    language_model.decoder.layers.N. prefix)."""
+    language_model.decoder.layers.N. prefix); GROUPED: the experts as TEGroupedMLP's weights (the
+    bridge's moe_grouped_gemm), else SequentialMLP's local_experts."""
     keys = ["self_attention.linear_proj.weight", "self_attention.linear_qkv.layer_norm_weight",
             "self_attention.linear_qkv.weight"]
     keys += ["self_attention.linear_qkv.bias"] if text.get("attention_bias", True) else []
@@ -89,7 +90,10 @@ def layer_keys(text, g, e, ep):
         return keys + ["mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"]
     keys += ["pre_mlp_layernorm.weight", "mlp.router.weight", "mlp.router.expert_bias",
              "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc2.weight"]
-    for j in range(text["n_routed_experts"] // ep):
+    local = range(text["n_routed_experts"] // ep)
+    if grouped:
+        return keys + [f"mlp.experts.linear_fc{n}.weight{j}" for n in (1, 2) for j in local]
+    for j in local:
         keys += [f"mlp.experts.local_experts.{j}.linear_fc1.weight", f"mlp.experts.local_experts.{j}.linear_fc2.weight"]
     return keys
 
@@ -186,8 +190,12 @@ def add_file(rb, sd, layout, p, c, t, e, x, text):
         elif k.startswith("language_model.decoder.layers."):
             local, rest = k[len("language_model.decoder.layers."):].split(".", 1)
             g = start + int(local)
-            if rest.startswith("mlp.experts.local_experts."):
-                j, name = rest[len("mlp.experts.local_experts."):].split(".", 1)
+            if rest.startswith("mlp.experts.local_experts.") or rest.startswith("mlp.experts.linear_fc"):
+                if rest.startswith("mlp.experts.local_experts."):
+                    j, name = rest[len("mlp.experts.local_experts."):].split(".", 1)
+                else:  # TEGroupedMLP: linear_fcN.weightJ
+                    name, j = rest[len("mlp.experts."):].split(".weight")
+                    name += ".weight"
                 hf, split = expert[name]
                 n = e * (text["n_routed_experts"] // ep) + int(j)
                 rb.put(f"{lm}layers.{g}.mlp.experts.{n}.{hf}", split, x, v)
@@ -227,7 +235,8 @@ def check_layout(orig, view, layout, out):
                 want = list(tower) if p == 0 and c == 0 else []
                 want += ["language_model.embedding.word_embeddings.weight"] if p == 0 and c == 0 else []
                 for local in range(count):
-                    want += [f"language_model.decoder.layers.{local}.{k}" for k in layer_keys(text, start + local, e, ep)]
+                    want += [f"language_model.decoder.layers.{local}.{k}"
+                             for k in layer_keys(text, start + local, e, ep, bool(ckpt["args"].moe_grouped_gemm))]
                 if p == pp - 1 and c == vpp - 1:
                     want += ["language_model.decoder.final_layernorm.weight", "language_model.output_layer.weight"]
                 got = [k for k in sd if not k.endswith("_extra_state")]
