@@ -568,9 +568,11 @@ static const CkptfsRule qwen3_vl_vision_rules[] = {
  * module order: the patch embedding and the learned positions, each block's norm1, norm2,
  * attn (fused qkv with a bias, proj), mlp (fc1, fc2), then the merger (its norm first). The
  * rotary embedding's inv_freq is not persistent; nothing has an _extra_state. */
-#define HF_TOWER(scope_, name_, at, ndim_, rows_, cols_, hf_)                                    \
-    {scope_, false, false, name_, NULL, NULL, at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, \
+#define HF_TOWER_IF(scope_, name_, at, need_, ndim_, rows_, cols_, hf_)                          \
+    {scope_, false, false, name_, NULL, NULL, at, NONE, need_, ndim_, rows_, cols_,               \
      CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {hf_}, NULL, false, false, NULL}
+#define HF_TOWER(scope_, name_, at, ndim_, rows_, cols_, hf_)                                    \
+    HF_TOWER_IF(scope_, name_, at, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_, hf_)
 #define HF_BLOCK(name_, at, ndim_, rows_, cols_) HF_TOWER(CKPTFS_SCOPE_LAYER, name_, at, ndim_, rows_, cols_, name_)
 static const CkptfsRule qwen3_5_vision_rules[] = {
     HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
@@ -602,6 +604,53 @@ static const CkptfsRule qwen3_5_vision_rules[] = {
              "visual.merger.linear_fc2.weight"),
     HF_TOWER(CKPTFS_SCOPE_LAST, "merger.linear_fc2.bias", 5, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
              "visual.merger.linear_fc2.bias"),
+};
+
+/* GLM-4.1V's and GLM-4.5V's vision tower (mbridge's glm4v and glm4v_moe bridges: transformers'
+ * Glm4vVisionModel / Glm4vMoeVisionModel itself under vision_model., on the first pipeline stage,
+ * whole on every TP rank, named as transformers names it, as Qwen3.5's). Its state dict in module
+ * order: the learned positions ((image_size / patch_size)^2 of them) and the Conv3d patch
+ * embedding, each block's RMSNorms, attn (fused qkv, a bias only with attention_bias; proj
+ * without), a gated MLP as wide as out_hidden_size, then the merger (proj, a LayerNorm, a gated
+ * MLP of intermediate_size), the norm after the patch embedding, the downsampling Conv2d that
+ * merges a square of patches into out_hidden_size, and the final norm (modeling_glm4v_moe.py,
+ * transformers 5.12.1). */
+static const CkptfsRule glm4v_vision_rules[] = {
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "embeddings.position_embedding.weight", 0, 2, CKPTFS_DIM_POSITIONS,
+             CKPTFS_DIM_HIDDEN, "visual.embeddings.position_embedding.weight"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 1, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+             "visual.patch_embed.proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.bias", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.patch_embed.proj.bias"),
+    HF_BLOCK("norm1.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm2.weight", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.qkv.weight", 2, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN),
+    HF_TOWER_IF(CKPTFS_SCOPE_LAYER, "attn.qkv.bias", 3, CKPTFS_NEED_VISION_QKV_BIAS, 1, CKPTFS_DIM_QKV,
+                CKPTFS_DIM_ONE, "attn.qkv.bias"),
+    HF_BLOCK("attn.proj.weight", 4, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.gate_proj.weight", 5, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.up_proj.weight", 6, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.down_proj.weight", 7, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_VISION_OUT),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.proj.weight", 0, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_VISION_OUT,
+             "visual.merger.proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.post_projection_norm.weight", 1, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.merger.post_projection_norm.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.post_projection_norm.bias", 2, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.merger.post_projection_norm.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.gate_proj.weight", 3, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_VISION_OUT,
+             "visual.merger.gate_proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.up_proj.weight", 4, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_VISION_OUT,
+             "visual.merger.up_proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.down_proj.weight", 5, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_FFN,
+             "visual.merger.down_proj.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "post_conv_layernorm.weight", 6, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.post_conv_layernorm.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "downsample.weight", 7, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGE_KERNEL,
+             "visual.downsample.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "downsample.bias", 8, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.downsample.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "post_layernorm.weight", 9, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.post_layernorm.weight"),
 };
 
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
@@ -811,6 +860,8 @@ const CkptfsFamily ckptfs_family_gemma3_vlm = {"gemma3_vlm", gemma3_vlm_rules, G
 const CkptfsFamily ckptfs_family_siglip_vision = {"siglip_vision", siglip_vision_rules,
                                                   G_N_ELEMENTS(siglip_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_glm4v_vision = {"glm4v_vision", glm4v_vision_rules, G_N_ELEMENTS(glm4v_vision_rules),
+                                                 NULL, NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

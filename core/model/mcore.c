@@ -73,6 +73,7 @@ static uint64_t dim_value(const CkptfsModel *m, CkptfsDim dim, uint64_t padded_v
         /* a Conv2d's kernel (no temporal patch: SigLIP's) is one frame's */
         return m->vision_channels * MAX(m->vision_temporal_patch, 1) * m->vision_patch * m->vision_patch;
     case CKPTFS_DIM_MERGED:
+    case CKPTFS_DIM_MERGE_KERNEL:
         return m->hidden * m->vision_merge * m->vision_merge;
     case CKPTFS_DIM_VISION_OUT:
         return m->vision_out_hidden;
@@ -150,6 +151,8 @@ bool ckptfs_rule_present(const CkptfsRule *rule, const CkptfsModel *m, bool tied
         return ckptfs_model_linear_layers(m) < m->layers;
     case CKPTFS_NEED_LINEAR_ATTENTION:
         return ckptfs_model_linear_layers(m) > 0;
+    case CKPTFS_NEED_VISION_QKV_BIAS:
+        return m->vision_qkv_bias;
     }
     return false;
 }
@@ -461,7 +464,7 @@ static void add_hf_tensors(GArray *out, GHashTable *seen, const CkptfsMcoreKey *
         guint at = GPOINTER_TO_UINT(g_hash_table_lookup(seen, name));
         if (at == 0) {
             CkptfsHfShape fresh = {name, k->ndim, 0, k->ndim >= 2 ? k->cols : 0, k->rule->fp32,
-                                   k->rule->cols == CKPTFS_DIM_PATCH};
+                                   k->rule->cols};
             if (ckptfs_mcore_key_transposed(k)) /* [cols, rows] */
                 fresh.d1 = k->rows;
             g_array_append_val(out, fresh);
@@ -607,9 +610,7 @@ GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, ui
 
 unsigned ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *m, uint64_t *shape)
 {
-    if (key->rule->cols != CKPTFS_DIM_PATCH)
-        return 0;
-    return ckptfs_model_kernel_shape(m, key->rows, shape);
+    return ckptfs_model_kernel_shape(m, key->rule->cols, key->rows, shape);
 }
 
 unsigned ckptfs_mcore_key_shape(const CkptfsMcoreKey *key, uint64_t layers, uint64_t *shape)

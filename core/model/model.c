@@ -105,24 +105,40 @@ static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneratio
  * Glm4vTextConfig's defaults: 2 key/value heads, rms_norm_eps 1e-5, 32768 positions) with mrope,
  * and a ViT with a learned position embedding, a downsampling Conv2d and a gated merger in
  * vision_config (Glm4vVisionConfig's rows). mbridge keeps that tower as transformers' own module,
- * whole on every rank; no family holds it yet, so hf/ only, said by name. Its language model
- * has the glm4 rules, but its interleaved mrope has no Megatron-core args (rotates_interleaved_pairs).
+ * whole on every rank (glm4v_vision), and its language model has the glm4 rules, but its
+ * interleaved mrope has no Megatron-core args (rotates_interleaved_pairs): hf/ only, said by name.
  * The release and transformers 5 name the tensors as the modules: model.language_model.,
  * model.visual., lm_head. */
+/* GLM-4.1V's and GLM-4.5V's tower: transformers' own module, as mbridge's glm4v and glm4v_moe
+ * bridges build it (glm4v_vision_rules) */
+static const CkptfsArchitecture glm4v_vision = {"Glm4vMoeVisionModel", "glm4v_moe_vision", true, false,
+                                                &ckptfs_family_glm4v_vision, NULL, false,
+                                                .megatron_prefix = "vision_model.",
+                                                .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
 static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v", true, false, &ckptfs_family_glm4,
                                          NULL, false, 0, 1e-5, .kv_heads = 2, .partial_rotary = 0.5,
                                          .max_positions = 32768, .text_part = "text_config",
-                                         .vision_part = "vision_config", .vision_fields = CKPTFS_FOR_GLM4V_VISION,
+                                         .vision_part = "vision_config", .vision = &glm4v_vision,
+                                         .vision_fields = CKPTFS_FOR_GLM4V_VISION, .megatron_prefix = "language_model.",
+                                         .module_names = qwen2_5_vl_module_names,
+                                         .released_under_module_names = true, .released_text_part = true,
                                          .rotates_interleaved_pairs = true};
 /* GLM-4.5V (Glm4vMoeForConditionalGeneration): GLM-4.5's language model (Glm4vMoeTextConfig's
- * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
- * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
- * hf/ only until the tower has rules. */
-static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", true, false, NULL,
-                                             &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
-                                             .max_positions = 65536, .text_part = "text_config",
-                                             .vision_part = "vision_config",
-                                             .vision_fields = CKPTFS_FOR_GLM4V_VISION};
+ * defaults: 8 key/value heads, 65536 positions, half of each head rotated, q/k/v biases, no q/k
+ * norms) with mrope over the rotated half's frequencies, pairing halves as Megatron-core's mrope
+ * does, and GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults).
+ * mbridge's glm4v_moe bridge: the language model as its glm4moe one under language_model., the
+ * tower as transformers' own module under vision_model. (docs/vlm.md). The release and
+ * transformers 5 name the tensors as the modules. */
+static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", false, false,
+                                             &ckptfs_family_glm4_moe, &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8,
+                                             .biased_by_default = true,
+                                             .partial_rotary = 0.5, .max_positions = 65536,
+                                             .text_part = "text_config", .vision_part = "vision_config",
+                                             .vision = &glm4v_vision, .vision_fields = CKPTFS_FOR_GLM4V_VISION,
+                                             .megatron_prefix = "language_model.",
+                                             .module_names = qwen2_5_vl_module_names,
+                                             .released_under_module_names = true, .released_text_part = true};
 /* Qwen3-VL: Qwen3's language model (q/k norms, no q/k/v bias; Qwen3VLTextConfig's defaults: 32
  * key/value heads of 128, rope_theta 5e5, 128000 positions) in text_config, saved under the
  * module names; a ViT with a learned position embedding and deepstack mergers (Qwen3VLVisionConfig)
@@ -543,8 +559,8 @@ static bool check_model_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GH
     for (guint k = 0; k < tensors->len; k++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, k);
         uint64_t kernel[5];
-        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->d0, kernel);
-        const CkptfsTensor *found = t->kernel ? expect_shaped(catalog, m, t->name, kernel_dims, kernel, false, error)
+        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->cols_dim, t->d0, kernel);
+        const CkptfsTensor *found = kernel_dims ? expect_shaped(catalog, m, t->name, kernel_dims, kernel, false, error)
                                               : expect_tensor(catalog, m, t->name, t->ndim, t->d0, t->d1, t->fp32, error);
         if (found == NULL)
             return false;
@@ -583,14 +599,21 @@ static bool check_tensors(const CkptfsCatalog *catalog, CkptfsModel *m, GPtrArra
     return true;
 }
 
-unsigned ckptfs_model_kernel_shape(const CkptfsModel *m, uint64_t hidden, uint64_t *shape)
+unsigned ckptfs_model_kernel_shape(const CkptfsModel *m, CkptfsDim cols, uint64_t rows, uint64_t *shape)
 {
-    if (m->vision_temporal_patch == 0) { /* a Conv2d */
-        const uint64_t kernel[4] = {hidden, m->vision_channels, m->vision_patch, m->vision_patch};
+    if (cols == CKPTFS_DIM_MERGE_KERNEL) {
+        const uint64_t kernel[4] = {rows, m->hidden, m->vision_merge, m->vision_merge};
         memcpy(shape, kernel, sizeof kernel);
         return 4;
     }
-    const uint64_t kernel[5] = {hidden, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
+    if (cols != CKPTFS_DIM_PATCH)
+        return 0;
+    if (m->vision_temporal_patch == 0) { /* a Conv2d */
+        const uint64_t kernel[4] = {rows, m->vision_channels, m->vision_patch, m->vision_patch};
+        memcpy(shape, kernel, sizeof kernel);
+        return 4;
+    }
+    const uint64_t kernel[5] = {rows, m->vision_channels, m->vision_temporal_patch, m->vision_patch, m->vision_patch};
     memcpy(shape, kernel, sizeof kernel);
     return 5;
 }
@@ -608,11 +631,12 @@ void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower)
     tower->qk_norm = tower->tied_embeddings = tower->mla = tower->mtp = false;
     tower->experts = tower->mtp_layers = 0;
     tower->list_modules = vlm->vision_deepstack_count; /* the deepstack mergers */
-    if (vlm->vision_image_tokens > 0) { /* a tower that pools whole images (SigLIP's) */
+    if (vlm->vision_image_size > 0) { /* a learned position per patch of an image_size square */
         uint64_t side = vlm->vision_patch ? vlm->vision_image_size / vlm->vision_patch : 0;
-        tower->vision_positions = side * side;  /* a learned position per patch */
-        tower->vision_out_hidden = vlm->hidden; /* its projector hands the language model's width */
+        tower->vision_positions = side * side;
     }
+    if (vlm->vision_image_tokens > 0) /* a tower that pools whole images (SigLIP's): its projector */
+        tower->vision_out_hidden = vlm->hidden; /* hands the language model's width */
     tower->dtype = CKPTFS_DTYPE_INVALID; /* the tower's own, checked against the model's */
 }
 

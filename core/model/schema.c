@@ -61,7 +61,7 @@ static const CkptfsModelField fields[] = {
      "untie_embeddings_and_output_weights", NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_NEGATED, 0, 1,
      CKPTFS_DERIVED_TIED, 0, 0, {NULL}},
     {"qkv_bias", CKPTFS_FIELD_BOOL, M(qkv_bias), CKPTFS_FOR_ALL, {"attention_bias"}, 0, "add_qkv_bias", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, CKPTFS_DERIVED_QKV_BIAS, 0, 0, {NULL}},
     /* GPT-OSS has them on every linear layer (its architecture's); the others none */
     {"linear_bias", CKPTFS_FIELD_BOOL, M(linear_bias), CKPTFS_FOR_ALL, {"mlp_bias"}, 0, "add_bias_linear", NULL,
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_ARCH_HAS_IT, 0, 0, 0, 0, 0, {NULL}},
@@ -258,6 +258,21 @@ static const CkptfsModelField fields[] = {
      {"vision_config.rms_norm_eps"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 1e-5, 1e-5, 0, 0, 1, {NULL}},
     {"vision_qkv_bias", CKPTFS_FIELD_BOOL, M(vision_qkv_bias), CKPTFS_FOR_GLM4V_VISION,
      {"vision_config.attention_bias"}, 0, NULL, NULL, CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    /* The tokens that place an image or a video in the text (Glm4vMoeConfig's defaults; GLM-4.1V's
+     * image and video tokens default to 151343 and 151344, but it gets no Megatron view to carry
+     * them): carried in the views' args, for a Megatron source's hf/config.json */
+    {"image_token_id", CKPTFS_FIELD_UINT, M(image_token), CKPTFS_FOR_GLM4V_VISION, {"image_token_id"}, 0, NULL, NULL, 0,
+     151363, 151363, 0, 0, G_MAXINT32, {NULL}},
+    {"video_token_id", CKPTFS_FIELD_UINT, M(video_token), CKPTFS_FOR_GLM4V_VISION, {"video_token_id"}, 0, NULL, NULL, 0,
+     151364, 151364, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_start_token_id", CKPTFS_FIELD_UINT, M(vision_start_token), CKPTFS_FOR_GLM4V_VISION,
+     {"image_start_token_id"}, 0, NULL, NULL, 0, 151339, 151339, 0, 0, G_MAXINT32, {NULL}},
+    {"vision_end_token_id", CKPTFS_FIELD_UINT, M(vision_end_token), CKPTFS_FOR_GLM4V_VISION, {"image_end_token_id"}, 0,
+     NULL, NULL, 0, 151340, 151340, 0, 0, G_MAXINT32, {NULL}},
+    {"video_start_token_id", CKPTFS_FIELD_UINT, M(video_start_token), CKPTFS_FOR_GLM4V_VISION,
+     {"video_start_token_id"}, 0, NULL, NULL, 0, 151341, 151341, 0, 0, G_MAXINT32, {NULL}},
+    {"video_end_token_id", CKPTFS_FIELD_UINT, M(video_end_token), CKPTFS_FOR_GLM4V_VISION, {"video_end_token_id"}, 0,
+     NULL, NULL, 0, 151342, 151342, 0, 0, G_MAXINT32, {NULL}},
     /* Qwen3-VL's vision tower (Qwen3VLVisionConfig's defaults): LayerNorm blocks with a plain
      * gelu (tanh) MLP, a learned position embedding of num_position_embeddings rows; mbridge's
      * get_vision_model_config reads these. deepstack_visual_indexes is read by the
@@ -531,6 +546,10 @@ static double default_of(const CkptfsModelField *f, const CkptfsModel *m, bool a
         break;
     case CKPTFS_DERIVED_TIED:
         if (!args && m->arch && m->arch->tied_by_default)
+            return 1;
+        break;
+    case CKPTFS_DERIVED_QKV_BIAS:
+        if (!args && m->arch && m->arch->biased_by_default)
             return 1;
         break;
     default:
@@ -1042,6 +1061,8 @@ void ckptfs_schema_write_vision(const CkptfsModel *m, JsonObject *config)
         /* a whole number as an integer: transformers 5 takes tokens_per_second as an int only */
         if (f->type == CKPTFS_FIELD_ACTIVATION)
             json_object_set_string_member(into, name, activation_of(m, f));
+        else if (f->type == CKPTFS_FIELD_BOOL) /* transformers' strict configs take no 0 for false */
+            json_object_set_boolean_member(into, name, load(f, m) != 0);
         else if (f->type == CKPTFS_FIELD_FLOAT && load(f, m) != (double)(gint64)load(f, m))
             json_object_set_double_member(into, name, load(f, m));
         else

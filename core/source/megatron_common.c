@@ -483,7 +483,8 @@ static void nest_text_part(JsonObject *c, const CkptfsModel *m)
     json_object_remove_member(text, "rope_scaling");
     json_object_remove_member(rope, "type");
     json_object_set_string_member(rope, "rope_type", "default");
-    json_object_set_boolean_member(rope, "mrope_interleaved", m->arch->mrope_interleaved);
+    if (m->arch->mrope_interleaved) /* what Qwen3-VL's releases say; GLM-4.5V's say nothing */
+        json_object_set_boolean_member(rope, "mrope_interleaved", true);
     if (json_object_has_member(text, "rope_theta")) {
         json_object_set_member(rope, "rope_theta", json_node_copy(json_object_get_member(text, "rope_theta")));
         json_object_remove_member(text, "rope_theta");
@@ -641,8 +642,8 @@ void ckptfs_piece_set_want_model(CkptfsPieceSet *set, const CkptfsModel *m, cons
     for (guint i = 0; i < tensors->len; i++) {
         const CkptfsHfShape *t = &g_array_index(tensors, CkptfsHfShape, i);
         uint64_t kernel[5];
-        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->d0, kernel);
-        if (t->kernel)
+        unsigned kernel_dims = ckptfs_model_kernel_shape(m, t->cols_dim, t->d0, kernel);
+        if (kernel_dims)
             ckptfs_piece_set_want_shape(set, t->name, kernel_dims, kernel);
         else
             ckptfs_piece_set_want(set, t->name, t->ndim, t->d0, t->d1);

@@ -65,6 +65,9 @@ typedef enum {
     CKPTFS_DIM_GDN_VALUE_HEAD, /* one value head's width (the per-head out_norm) */
     CKPTFS_DIM_CONV_KERNEL, /* conv1d's kernel width */
     CKPTFS_DIM_POSITIONS,   /* a vision tower's learned position embedding's rows */
+    CKPTFS_DIM_MERGE_KERNEL, /* hidden_size * spatial_merge_size^2: the columns of a Conv2d that
+                                merges a square of patches (GLM-4.1V's downsample), its kernel
+                                [rows, hidden, merge, merge] kept in every format */
 } CkptfsDim;
 
 /* Which Hugging Face tensors fill an entry, row segment by row segment. */
@@ -117,6 +120,8 @@ typedef enum {
     /* Hybrid models (layer kinds per layer: CkptfsModel.linear_layer) */
     CKPTFS_NEED_FULL_ATTENTION,   /* a layer of softmax attention */
     CKPTFS_NEED_LINEAR_ATTENTION, /* a gated delta-net layer */
+    CKPTFS_NEED_VISION_QKV_BIAS,  /* a vision tower whose config gives its qkv a bias (GLM-4.1V's
+                                     attention_bias) */
 } CkptfsNeed;
 
 /* Where an entry is in a legacy state dict: the first pipeline stage, each layer, the last;
@@ -211,6 +216,7 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
                                                     post_layernorm of linear_proj and linear_fc2) */
 /* Qwen3.5's tower as transformers' module (mbridge's qwen3_5 bridge): its names, whole on every rank */
 extern const CkptfsFamily ckptfs_family_qwen3_5_vision;
+extern const CkptfsFamily ckptfs_family_glm4v_vision;
 extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
                                                         Qwen3-Next's experts */
 

@@ -135,7 +135,8 @@ typedef struct {
     unsigned ndim;
     uint64_t d0, d1; /* d1 0 for 1-D; ndim 3: [d0, 1, d1] */
     bool fp32;       /* a tensor Megatron keeps in float32 (the weights' type not required) */
-    bool kernel;     /* a patch embedding's kernel: stored 5-D (ckptfs_mcore_kernel_shape) */
+    CkptfsDim cols_dim; /* its columns' dim: a kernel's (CKPTFS_DIM_PATCH, CKPTFS_DIM_MERGE_KERNEL)
+                           keeps its own shape (ckptfs_model_kernel_shape) */
 } CkptfsHfShape;
 GArray *ckptfs_model_hf_tensors(const CkptfsModel *model, const GPtrArray *keys);
 
@@ -149,9 +150,8 @@ typedef struct {
 GArray *ckptfs_mcore_share(const CkptfsMcoreKey *key, unsigned T, unsigned r, uint64_t *rows,
                            uint64_t *cols);
 
-/* Whether KEY is a patch embedding's kernel (columns CKPTFS_DIM_PATCH): its dims (0: it is not),
- * and its shape as stored in every format into SHAPE (ckptfs_model_kernel_shape: 5 dims for a
- * Conv3d, 4 for a Conv2d). */
+/* Whether KEY is a convolution's kernel (ckptfs_model_kernel_shape): its dims (0: it is not),
+ * and its shape as stored in every format into SHAPE. */
 unsigned ckptfs_mcore_kernel_shape(const CkptfsMcoreKey *key, const CkptfsModel *model, uint64_t *shape);
 
 /* The full shape of KEY for LAYERS stacked layers (0: one layer's key, no layer axis) into

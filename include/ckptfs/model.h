@@ -159,6 +159,8 @@ typedef struct CkptfsArchitecture {
     /* transformers ties the embeddings when config.json leaves tie_word_embeddings out (Gemma 3's
      * 1B release does) */
     bool tied_by_default;
+    /* q/k/v biases unless config.json says attention_bias false (Glm4vMoeTextConfig's default) */
+    bool biased_by_default;
     /* Megatron builds it with Transformer Engine only (Megatron-Bridge's Gemma 3 spec puts the
      * post-norms inside TE's linear layers): spec=local is refused */
     bool te_spec_only;
@@ -284,6 +286,7 @@ typedef struct {
     bool vision_qkv_bias;
     /* the tokens that place an image or video in the text (top-level image_token_id, ...) */
     uint64_t image_token, video_token, vision_start_token, vision_end_token;
+    uint64_t video_start_token, video_end_token; /* GLM-4.1V's and GLM-4.5V's: a video's own */
     /* the blocks with full attention (fullatt_block_indexes); the others attend within windows */
     uint8_t vision_full_attention[CKPTFS_MAX_VISION_DEPTH / 8];
     /* Qwen3-VL's tower: its learned position embedding's rows (num_position_embeddings), and the
@@ -370,10 +373,12 @@ bool ckptfs_model_check_limits(const CkptfsModel *model, const char *what, GErro
 /* The vision tower of vision-language model VLM as a model of its own (its architecture the
  * tower's, its blocks the layers, its width, heads and MLP the model's), into TOWER. */
 void ckptfs_model_vision_tower(const CkptfsModel *vlm, CkptfsModel *tower);
-/* A patch embedding's kernel, which keeps its dims in every format: a Conv3d's 5, [HIDDEN,
- * channels, frames, patch, patch], or a Conv2d's 4 for a tower without frames (SigLIP's: [HIDDEN,
- * channels, patch, patch]); returns their number. */
-unsigned ckptfs_model_kernel_shape(const CkptfsModel *model, uint64_t hidden, uint64_t *shape);
+/* The shape of a convolution's kernel of ROWS output channels whose columns are COLS (a rule's
+ * dim), which keeps its dims in every format, into SHAPE; returns their number, 0 when COLS is no
+ * kernel's. A patch embedding (CKPTFS_DIM_PATCH): a Conv3d's 5, [ROWS, channels, frames, patch,
+ * patch], or a Conv2d's 4 for a tower without frames (SigLIP's: [ROWS, channels, patch, patch]);
+ * a merging Conv2d (CKPTFS_DIM_MERGE_KERNEL): [ROWS, hidden, merge, merge]. */
+unsigned ckptfs_model_kernel_shape(const CkptfsModel *model, CkptfsDim cols, uint64_t rows, uint64_t *shape);
 
 /* A vision-language model's vision part of CONFIG (config.json, or what a Megatron source's args
  * carry) into MODEL, whose arch is set: the schema's vision rows, the full-attention blocks, and

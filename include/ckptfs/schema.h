@@ -64,6 +64,7 @@ typedef enum {
     CKPTFS_DERIVED_SHARED_GATE, /* the architecture's (Qwen2-MoE's shared expert is gated), with one */
     CKPTFS_DERIVED_GLU_CLAMP,  /* the architecture's clamped GLU (GPT-OSS: 7), fixed by its class */
     CKPTFS_DERIVED_TIED,       /* the architecture's transformers default (Gemma 3 ties the embeddings) */
+    CKPTFS_DERIVED_QKV_BIAS,   /* the architecture's transformers default (GLM-4.5V's attention_bias) */
     CKPTFS_DERIVED_SIGMOID,    /* the architecture's routing: DeepSeek-V3's sigmoid scores and
                                   expert bias (CkptfsMoeConfig.sigmoid_routing) */
 } CkptfsFieldDerived;

@@ -16,8 +16,8 @@ of ckptfs's views of it.
       ORIG rebuilt from those rank files the way mbridge exports (TP shares gathered, q/k/v
       and fc1 split back) into OUT, under the release's names with ORIG's config.json.
   vlm.py glm4v-build OUT
-      OUT/glm4v, OUT/glm4v_moe: a tiny GLM-4.1V and GLM-4.5V saved by transformers 5
-      (glm4v_build); OUT/glm4v-badvision: GLM-4.1V with a vision field no rule reads.
+      OUT/glm4v: a tiny GLM-4.1V saved by transformers 5 (glm4v_build); OUT/glm4v-badvision:
+      the same with a vision field no rule reads. (GLM-4.5V's: glm45v.py.)
   vlm.py glm4v-logits CLASS ORIG HF_DIR...
       as logits, for CLASS (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration)
       on an image + text input with its mm_token_type_ids.
@@ -788,12 +788,6 @@ GLM4V_TOKENS = dict(image_token_id=250, video_token_id=251, image_start_token_id
                     image_end_token_id=253, video_start_token_id=254, video_end_token_id=255)
 
 
-# GLM-4.5V's language model: GLM-4.5's MoE (one dense layer first, then 4 routed experts and a
-# shared one), the same heads and rope.
-GLM4V_MOE_TEXT = dict(GLM4V_TEXT, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
-                      n_shared_experts=1, first_k_dense_replace=1)
-
-
 def glm4v_save(out, config_class, model_class, text):
     import transformers
     torch.manual_seed(0)
@@ -809,10 +803,8 @@ def glm4v_save(out, config_class, model_class, text):
 
 def glm4v_build(out):
     """OUT/glm4v: a tiny Glm4vForConditionalGeneration saved by save_pretrained in bf16;
-    OUT/glm4v-badvision: the same with a vision field no rule reads; OUT/glm4v_moe: a tiny
-    Glm4vMoeForConditionalGeneration."""
+    OUT/glm4v-badvision: the same with a vision field no rule reads."""
     glm4v_save(f"{out}/glm4v", "Glm4vConfig", "Glm4vForConditionalGeneration", GLM4V_TEXT)
-    glm4v_save(f"{out}/glm4v_moe", "Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", GLM4V_MOE_TEXT)
     shutil.copytree(f"{out}/glm4v", f"{out}/glm4v-badvision")
     with open(f"{out}/glm4v/config.json") as f:
         config = json.load(f)

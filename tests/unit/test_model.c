@@ -380,6 +380,13 @@ static void test_vision_configs(void)
               "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2, " \
               "\"intermediate_size\": 96, \"vocab_size\": 250, \"rope_parameters\": {\"rope_type\": \"default\", " \
               "\"partial_rotary_factor\": 0.5, \"mrope_section\": [1, 1, 2]}}, "
+#define GLM4V_MOE "\"architectures\": [\"Glm4vMoeForConditionalGeneration\"], \"model_type\": \"glm4v_moe\", " \
+                  "\"text_config\": {\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, " \
+                  "\"intermediate_size\": 96, \"vocab_size\": 250, \"moe_intermediate_size\": 32, " \
+                  "\"n_routed_experts\": 4, \"n_shared_experts\": 1, \"num_experts_per_tok\": 2, \"first_k_dense_replace\": 1, " \
+                  "\"norm_topk_prob\": true, \"n_group\": 1, \"topk_group\": 1, \"routed_scaling_factor\": 1.0, " \
+                  "\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5, " \
+                  "\"mrope_section\": [1, 1, 2]}}, "
 #define GLM4V_VISION "\"depth\": 3, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 48, " \
                      "\"out_hidden_size\": 64, \"image_size\": 56, \"patch_size\": 14, \"in_channels\": 3, " \
                      "\"rms_norm_eps\": 1e-5, \"attention_bias\": false, \"attention_dropout\": 0.0, " \
@@ -436,15 +443,17 @@ static void test_vision_configs(void)
          "vision patch (channels x temporal_patch_size x patch_size^2) is over the limit", "a patch larger than the limit"},
         {"{" QWEN2_5_VL "\"vision_config\": 7}", "no \"vision_config\" object", "a vision_config that is not an object"},
         {"{" QWEN2_5_VL "\"image_token_id\": 5}", "no \"vision_config\" object", "no vision_config"},
-        /* GLM-4.1V's tower: its own rows (Glm4vVisionConfig's fields and defaults), no Megatron
-         * rules yet */
+        /* GLM's tower: its own rows (Glm4vVisionConfig's fields and defaults); GLM-4.5V's config
+         * read whole, then its tensors looked for; GLM-4.1V's refused for its rope after its tower */
+        {"{" GLM4V_MOE "\"vision_config\": {" GLM4V_VISION "}}",
+         "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a GLM-4.5V config read whole (image_size, rms_norm_eps, attention_bias, attention_dropout), then the "
+         "tensors looked for"},
+        {"{" GLM4V_MOE "\"vision_config\": {}}", "tensor 'model.embed_tokens.weight' is missing from the checkpoint",
+         "a GLM-4.5V vision_config left empty: Glm4vVisionConfig's defaults"},
         {"{" GLM4V "\"vision_config\": {" GLM4V_VISION "}}",
-         "Glm4vForConditionalGeneration: its vision tower and merger (\"vision_config\": 3 blocks of width 32, 2 heads, "
-         "ffn 48, merged 2x2 into 64) have no Megatron rules yet; hf/ serves the whole model",
-         "a GLM-4.1V config read whole (image_size, rms_norm_eps, attention_bias, attention_dropout)"},
-        {"{" GLM4V "\"vision_config\": {}}",
-         "(\"vision_config\": 24 blocks of width 1536, 12 heads, ffn 13696, merged 2x2 into 4096) have no Megatron rules",
-         "a GLM-4.1V vision_config left empty: Glm4vVisionConfig's defaults"},
+         "Glm4vForConditionalGeneration rotates interleaved pairs with its mrope sections taken by frequency",
+         "GLM-4.1V's rope, after its tower is read"},
         {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"fullatt_block_indexes\": [1]}}",
          "vision_config.fullatt_block_indexes is not understood", "GLM-4.1V's tower has no windows"},
         {"{" GLM4V "\"vision_config\": {" GLM4V_VISION ", \"in_chans\": 3}}",
