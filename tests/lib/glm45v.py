@@ -40,6 +40,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen35vl  # noqa: E402
 import vlm  # noqa: E402
 from moe_reference import file_name, parse_moe_layout, rank_grid  # noqa: E402
 from reference import chunk_layers  # noqa: E402
@@ -303,16 +304,8 @@ def mcore(orig, release):
           f"shapes and ORIG's bytes; {len(keys) - len(want)} language_model keys" + (f" (differing {bad[:3]})" if bad else ""))
 
 
-def notower(meg, out):
-    first = "release/mp_rank_00_000/model_optim_rng.pt"
-    shutil.copytree(meg, out)
-    sd = torch.load(f"{meg}/{first}", map_location="cpu", weights_only=False)
-    del sd["model"]["vision_model.blocks.1.attn.qkv.weight"]
-    torch.save(sd, f"{out}/{first}")
-
-
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "check": lambda: check(sys.argv[2:]),
-     "notower": lambda: notower(sys.argv[2], sys.argv[3]),
+     "notower": lambda: qwen35vl.notower(sys.argv[2], sys.argv[3]),  # the same tower block's qkv
      "mcore": lambda: mcore(sys.argv[2], sys.argv[3])}[sys.argv[1]]()
