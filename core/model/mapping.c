@@ -604,6 +604,37 @@ static const CkptfsRule qwen3_5_vision_rules[] = {
              "visual.merger.linear_fc2.bias"),
 };
 
+/* Qwen2.5-VL's tower as Megatron-Bridge's qwen25_vl bridge builds it (Qwen25VLModel): transformers'
+ * own Qwen2_5_VisionTransformerPretrainedModel under visual., whole on every TP rank, named as
+ * transformers names it (the bridge's ReplicatedMapping "visual.**"), in its state dict's order;
+ * no _extra_state. */
+static const CkptfsRule qwen2_5_vl_hf_vision_rules[] = {
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+             "visual.patch_embed.proj.weight"),
+    HF_BLOCK("norm1.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm2.weight", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.qkv.weight", 2, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.qkv.bias", 3, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.proj.weight", 4, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.proj.bias", 5, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.gate_proj.weight", 6, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.gate_proj.bias", 7, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.up_proj.weight", 8, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.up_proj.bias", 9, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.down_proj.weight", 10, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN),
+    HF_BLOCK("mlp.down_proj.bias", 11, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.ln_q.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.merger.ln_q.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.0.weight", 1, 2, CKPTFS_DIM_MERGED, CKPTFS_DIM_MERGED,
+             "visual.merger.mlp.0.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.0.bias", 2, 1, CKPTFS_DIM_MERGED, CKPTFS_DIM_ONE,
+             "visual.merger.mlp.0.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.2.weight", 3, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGED,
+             "visual.merger.mlp.2.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.2.bias", 4, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.merger.mlp.2.bias"),
+};
+
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
  * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
  * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
@@ -807,6 +838,8 @@ const CkptfsFamily ckptfs_family_gemma3_vlm = {"gemma3_vlm", gemma3_vlm_rules, G
 const CkptfsFamily ckptfs_family_siglip_vision = {"siglip_vision", siglip_vision_rules,
                                                   G_N_ELEMENTS(siglip_vision_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen2_5_vl_hf_vision = {"qwen2_5_vl_hf_vision", qwen2_5_vl_hf_vision_rules,
+                                                         G_N_ELEMENTS(qwen2_5_vl_hf_vision_rules), NULL, NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {
