@@ -246,22 +246,28 @@ static const CkptfsArchitecture siglip_vision = {"SiglipVisionModel", "siglip_vi
                                                  .hf_layer_prefix = "vision_tower.encoder.layers."};
 static const char *const gemma3_module_names[] = {"language_model.model.", "model.", "vision_tower.vision_model.",
                                                   "vision_tower.", NULL};
-static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true,
-                                          &ckptfs_family_gemma3_vlm, NULL, false,
-                                          1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4, .head_dim = 256,
-                                          .max_positions = 131072, .attention_bias_on_output = true,
-                                          .window_skip_freq = 6, .zero_centred_norms = true,
-                                          .activation = "gelu_pytorch_tanh", .scaled_embedding = true,
-                                          .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
-                                          .text_part = "text_config", .vision_part = "vision_config",
-                                          .vision = &siglip_vision, .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
-                                          .megatron_prefix = "language_model.", .module_names = gemma3_module_names,
-                                          .language_first = true, .no_virtual_pipeline = true, .text_rope = true,
-                                          .saved_names = gemma3_saved_names,
-                                          .bridge_names_note = "Megatron-Bridge's gemma3_vl bridge registers transformers' "
-                                                               "SigLIP module as vision_tower. and a projector of its own "
-                                                               "(multi_modal_projector.proj) before the language model, "
-                                                               "which has no rules yet"};
+/* Megatron-Bridge's gemma3_vl bridge (Gemma3VLModel): transformers' SigLIP module as vision_tower and
+ * its projector as multi_modal_projector, registered before the language model, which has the text
+ * gemma3 family's names; its provider builds virtual pipeline stages (the tower on the first) */
+static const CkptfsArchitecture siglip_hf_vision = {"SiglipVisionModel", "siglip_vision_model", true, false,
+                                                    &ckptfs_family_siglip_hf_vision, NULL, false,
+                                                    .megatron_prefix = "vision_tower.",
+                                                    .hf_layer_prefix = "vision_tower.encoder.layers.",
+                                                    .layer_prefix = "encoder.layers."};
+#define GEMMA3_VLM(family_, tower_, mbridge_tree_, bridge_)                                            \
+    {"Gemma3ForConditionalGeneration", "gemma3", false, true, (family_), NULL, false, 1e6, 1e-6,         \
+     .sliding_window = 4096, .kv_heads = 4, .head_dim = 256, .max_positions = 131072,                   \
+     .attention_bias_on_output = true, .window_skip_freq = 6, .zero_centred_norms = true,               \
+     .activation = "gelu_pytorch_tanh", .scaled_embedding = true, .gemma_attention = true,              \
+     .te_spec_only = true, .tied_by_default = true, .text_part = "text_config",                         \
+     .vision_part = "vision_config", .vision = (tower_), .vision_fields = CKPTFS_FOR_SIGLIP_VISION,      \
+     .megatron_prefix = "language_model.", .module_names = gemma3_module_names,                         \
+     .language_first = (mbridge_tree_), .no_virtual_pipeline = (mbridge_tree_), .text_rope = true,      \
+     .saved_names = gemma3_saved_names, .megatron_bridge = (bridge_)}
+static const CkptfsArchitecture gemma3_bridge;
+static const CkptfsArchitecture gemma3 = GEMMA3_VLM(&ckptfs_family_gemma3_vlm, &siglip_vision, true, &gemma3_bridge);
+static const CkptfsArchitecture gemma3_bridge = GEMMA3_VLM(&ckptfs_family_gemma3, &siglip_hf_vision, false,
+                                                           &gemma3_bridge);
 /* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
  * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's
@@ -1014,21 +1020,26 @@ void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config)
 
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error)
 {
-    /* mbridge's tower is split by TP: its heads, its MLP and the merger's MLP */
+    /* mbridge's tower is split by TP: its heads, its MLP and the merger's MLP (BLOCKS: the sizes
+     * a tower's split blocks need), and a pooling projector's rows (Gemma 3's) */
     const struct {
         const char *what;
         uint64_t value;
-    } vision_split[] = {{"vision num_heads", model->vision_heads},
-                        {"vision intermediate_size", model->vision_ffn},
+        bool blocks;
+    } vision_split[] = {{"vision num_heads", model->vision_heads, true},
+                        {"vision intermediate_size", model->vision_ffn, true},
                         {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
-                         model->vision_hidden * model->vision_merge * model->vision_merge},
-                        /* a pooling projector's rows (Gemma 3's mm_input_projection) */
-                        {"hidden_size (the projector's output)", model->vision_image_tokens ? model->hidden : 0}};
-    bool split = false; /* mbridge keeps some towers whole on every rank (transformers' module) */
-    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++)
-        split = split || model->arch->vision->family->rules[i].split != CKPTFS_TP_REPLICATED;
+                         model->vision_hidden * model->vision_merge * model->vision_merge, true},
+                        {"hidden_size (the projector's output)", model->vision_image_tokens ? model->hidden : 0, false}};
+    /* some towers are kept whole on every rank (transformers' module), their projector perhaps not */
+    bool blocks_split = false, split = false;
+    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++) {
+        const CkptfsRule *rule = &model->arch->vision->family->rules[i];
+        split = split || rule->split != CKPTFS_TP_REPLICATED;
+        blocks_split = blocks_split || (rule->split != CKPTFS_TP_REPLICATED && rule->scope == CKPTFS_SCOPE_LAYER);
+    }
     for (size_t i = 0; split && i < G_N_ELEMENTS(vision_split); i++)
-        if (vision_split[i].value % tp != 0)
+        if ((blocks_split || !vision_split[i].blocks) && vision_split[i].value % tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT, tp,
                                vision_split[i].what, vision_split[i].value);
     return true;

@@ -213,6 +213,9 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
 extern const CkptfsFamily ckptfs_family_qwen3_5_vision;
 /* Qwen2.5-VL's tower as Megatron-Bridge keeps it: transformers' module, whole, under visual. */
 extern const CkptfsFamily ckptfs_family_qwen2_5_vl_hf_vision;
+/* Gemma 3's SigLIP tower as Megatron-Bridge keeps it (transformers' module under vision_tower.) and
+ * its projector (multi_modal_projector.) */
+extern const CkptfsFamily ckptfs_family_siglip_hf_vision;
 extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
                                                         Qwen3-Next's experts */
 

@@ -787,8 +787,9 @@ static void test_saved_names(void)
     }
 }
 
-/* -o megatron_names=bridge: Qwen2.5-VL's tower becomes Megatron-Bridge's (transformers' module
- * under visual., whole); Qwen3-VL's trees are the same in both; the others are refused by name. */
+/* -o megatron_names=bridge: Qwen2.5-VL's and Gemma 3's towers become Megatron-Bridge's (transformers'
+ * modules under visual. and vision_tower., whole); Qwen3-VL's trees are the same in both; the
+ * others are refused by name. */
 static void test_bridge_names(void)
 {
     static const struct {
@@ -799,7 +800,7 @@ static void test_bridge_names(void)
         {"qwen3_vl_moe", NULL, "vision_model."},
         {"qwen3_5", "Megatron-core ViT", NULL},
         {"qwen3_5_moe", "Megatron-core ViT", NULL},
-        {"gemma3", "vision_tower.", NULL},
+        {"gemma3", NULL, "vision_tower."},
         {"llama", "a text model", NULL},
     };
     for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
@@ -826,6 +827,12 @@ static void test_bridge_names(void)
                m.arch->megatron_bridge->vision->family == &ckptfs_family_qwen2_5_vl_hf_vision &&
                m.arch->megatron_bridge->vision->family->n_rules == 18,
            "qwen2_5_vl: mbridge's tower rules by default, Megatron-Bridge's 18 (a tensor each) in its bridge row");
+    m.arch = ckptfs_architecture_find("gemma3", &m);
+    const CkptfsArchitecture *bridge = m.arch->megatron_bridge;
+    tap_ok(m.arch->language_first && m.arch->family == &ckptfs_family_gemma3_vlm && !bridge->language_first &&
+               bridge->family == &ckptfs_family_gemma3 && !bridge->no_virtual_pipeline &&
+               bridge->vision->family == &ckptfs_family_siglip_hf_vision,
+           "gemma3: Megatron-Bridge's row puts the tower first, the language model under the text gemma3 names");
 }
 
 int main(void)
