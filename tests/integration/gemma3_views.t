@@ -123,6 +123,11 @@ ok $? "vlm: tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WO
 # Megatron-Bridge's tree (-o megatron_names=bridge): its gemma3_vl bridge keeps transformers' SigLIP
 # module whole as vision_tower, then its projector, then the language model under the text gemma3
 # names; checked against its tables written in gemma3.py. The tower splits nothing, so tp4 is listed.
+"$CKPTFS" inspect "$src" -o megatron_names=bridge > "$WORK/inspect-vlm-bridge" 2>&1
+grep -q '^megatron: *gemma3 rules' "$WORK/inspect-vlm-bridge" &&
+  grep -qF 'vision_tower.* on the first pipeline stage, before language_model.*' "$WORK/inspect-vlm-bridge"
+ok $? "vlm bridge: inspect names the text gemma3 rules and the tower under vision_tower. first" ||
+  sed 's/^/# /' "$WORK/inspect-vlm-bridge" >&2
 MOUNT_OPTS=megatron_names=bridge fg_mount "$CKPTFS" "$src" "$WORK/mnt-vlm-bridge" "$WORK/log-vlm-bridge"
 listing=$(ls "$WORK/mnt-vlm-bridge" | tr '\n' ' ')
 ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp2pp1 tp2pp2 tp4pp1 tp4pp2 " ]]; echo $?) \
