@@ -788,10 +788,10 @@ static void print_model(const InspectFacts *f)
         printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                " heads, ffn %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " images in patches of %"
                G_GUINT64_FORMAT ", pooled to %" G_GUINT64_FORMAT
-               " tokens: %s* on the first pipeline stage, after %s*\n",
+               " tokens: %s* on the first pipeline stage, %s %s*\n",
                m->vision_depth, m->vision_hidden, m->vision_heads, m->vision_ffn, m->vision_image_size,
                m->vision_image_size, m->vision_patch, m->vision_image_tokens, m->arch->vision->megatron_prefix,
-               m->arch->megatron_prefix);
+               m->arch->language_first ? "after" : "before", m->arch->megatron_prefix);
     else if (m->arch->vision)
         printf("vision:       %" G_GUINT64_FORMAT " blocks of width %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                " heads, ffn %" G_GUINT64_FORMAT ", merger %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT " into %"

@@ -169,6 +169,11 @@ static bool opt_moe_grouped_gemm(CkptfsOptions *o, const char *key, const char *
     return parse_switch(key, value, &o->moe_grouped_gemm, error);
 }
 
+static bool opt_megatron_names(CkptfsOptions *o, const char *key, const char *value, GError **error)
+{
+    return parse_pair(key, value, "mbridge", "bridge", &o->bridge_names, error);
+}
+
 static bool opt_source_fds(CkptfsOptions *o, const char *key, const char *value, GError **error)
 {
     return parse_pair(key, value, "shared", "reader", &o->fd_per_reader, error);
@@ -358,6 +363,9 @@ static const struct {
      "packed sources (ckptfs pack): decoded frames kept, at most SIZE (default 64M)"},
     {"moe_grouped_gemm", opt_moe_grouped_gemm,
      "off|on: experts as SequentialMLP local_experts (default) or TEGroupedMLP weight{e} keys"},
+    {"megatron_names", opt_megatron_names,
+     "mbridge|bridge: a vision-language model's Megatron views (and a Megatron source\n"
+     "                           of one) hold mbridge's module tree (default) or Megatron-Bridge's"},
     {"mtp", opt_mtp,
      "off|on: the multi-token prediction layers (DeepSeek-V3) in the Megatron views as\n"
      "                           mtp.layers.N (default off: left out)"},

@@ -653,6 +653,37 @@ static const CkptfsRule glm4v_vision_rules[] = {
              "visual.post_layernorm.weight"),
 };
 
+/* Qwen2.5-VL's tower as Megatron-Bridge's qwen25_vl bridge builds it (Qwen25VLModel): transformers'
+ * own Qwen2_5_VisionTransformerPretrainedModel under visual., whole on every TP rank, named as
+ * transformers names it (the bridge's ReplicatedMapping "visual.**"), in its state dict's order;
+ * no _extra_state. */
+static const CkptfsRule qwen2_5_vl_hf_vision_rules[] = {
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "patch_embed.proj.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+             "visual.patch_embed.proj.weight"),
+    HF_BLOCK("norm1.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("norm2.weight", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.qkv.weight", 2, 2, CKPTFS_DIM_QKV, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.qkv.bias", 3, 1, CKPTFS_DIM_QKV, CKPTFS_DIM_ONE),
+    HF_BLOCK("attn.proj.weight", 4, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("attn.proj.bias", 5, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.gate_proj.weight", 6, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.gate_proj.bias", 7, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.up_proj.weight", 8, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.up_proj.bias", 9, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.down_proj.weight", 10, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN),
+    HF_BLOCK("mlp.down_proj.bias", 11, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.ln_q.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "visual.merger.ln_q.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.0.weight", 1, 2, CKPTFS_DIM_MERGED, CKPTFS_DIM_MERGED,
+             "visual.merger.mlp.0.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.0.bias", 2, 1, CKPTFS_DIM_MERGED, CKPTFS_DIM_ONE,
+             "visual.merger.mlp.0.bias"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.2.weight", 3, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_MERGED,
+             "visual.merger.mlp.2.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "merger.mlp.2.bias", 4, 1, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_ONE,
+             "visual.merger.mlp.2.bias"),
+};
+
 /* Gemma 3's text model (Gemma3ForCausalLM; Megatron-Bridge's gemma3 bridge and layer spec, the
  * one bridge of the text class): q/k norms, no biases, four norms a layer. The norm after the
  * attention and the one after the MLP are TERowParallelLinearLayerNorm's post_layernorm, a TENorm
@@ -795,6 +826,53 @@ static const CkptfsRule siglip_vision_rules[] = {
      .module = "vision_projection."},
 };
 
+/* Gemma 3's SigLIP tower as Megatron-Bridge's gemma3_vl bridge builds it (Gemma3VLModel): transformers'
+ * SiglipVisionTransformer (no head) registered as vision_tower, whole on every TP rank, named as
+ * transformers names it, in its state dict's order; then its own projector multi_modal_projector:
+ * mm_soft_embed_norm (a TENorm) and proj (ColumnParallelLinear, no bias), whose weight is
+ * mm_input_projection_weight transposed. */
+#define BRIDGE_PROJECTOR(name_, at, ndim_, rows_, cols_, split_, recipe_, hf_)                      \
+    {CKPTFS_SCOPE_LAST, false, false, name_, NULL, NULL, at, NONE, CKPTFS_NEED_ALWAYS, ndim_, rows_, cols_,   \
+     split_, recipe_, {hf_}, NULL, false, false, .module = "multi_modal_projector."}
+#define BRIDGE_PROJECTOR_EXTRA(name_, at)                                                          \
+    {CKPTFS_SCOPE_LAST, true, false, name_, NULL, NULL, at, NONE, CKPTFS_NEED_ALWAYS, 0, CKPTFS_DIM_ONE,      \
+     CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED, CKPTFS_RECIPE_WHOLE, {NULL}, NULL, false, false,                  \
+     .module = "multi_modal_projector."}
+static const CkptfsRule siglip_hf_vision_rules[] = {
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "embeddings.patch_embedding.weight", 0, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_PATCH,
+             "vision_tower.embeddings.patch_embedding.weight"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "embeddings.patch_embedding.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "vision_tower.embeddings.patch_embedding.bias"),
+    HF_TOWER(CKPTFS_SCOPE_FIRST, "embeddings.position_embedding.weight", 2, 2, CKPTFS_DIM_POSITIONS,
+             CKPTFS_DIM_HIDDEN, "vision_tower.embeddings.position_embedding.weight"),
+    HF_BLOCK("layer_norm1.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("layer_norm1.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("self_attn.k_proj.weight", 2, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("self_attn.k_proj.bias", 3, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("self_attn.v_proj.weight", 4, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("self_attn.v_proj.bias", 5, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("self_attn.q_proj.weight", 6, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("self_attn.q_proj.bias", 7, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("self_attn.out_proj.weight", 8, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("self_attn.out_proj.bias", 9, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("layer_norm2.weight", 10, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("layer_norm2.bias", 11, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.fc1.weight", 12, 2, CKPTFS_DIM_FFN, CKPTFS_DIM_HIDDEN),
+    HF_BLOCK("mlp.fc1.bias", 13, 1, CKPTFS_DIM_FFN, CKPTFS_DIM_ONE),
+    HF_BLOCK("mlp.fc2.weight", 14, 2, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_FFN),
+    HF_BLOCK("mlp.fc2.bias", 15, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "post_layernorm.weight", 0, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "vision_tower.post_layernorm.weight"),
+    HF_TOWER(CKPTFS_SCOPE_LAST, "post_layernorm.bias", 1, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE,
+             "vision_tower.post_layernorm.bias"),
+    BRIDGE_PROJECTOR("mm_soft_embed_norm.weight", 2, 1, CKPTFS_DIM_HIDDEN, CKPTFS_DIM_ONE, CKPTFS_TP_REPLICATED,
+                     CKPTFS_RECIPE_WHOLE, "multi_modal_projector.mm_soft_emb_norm.weight"),
+    BRIDGE_PROJECTOR_EXTRA("mm_soft_embed_norm._extra_state", 3),
+    BRIDGE_PROJECTOR("proj.weight", 4, 2, CKPTFS_DIM_VISION_OUT, CKPTFS_DIM_HIDDEN, CKPTFS_TP_ROWS,
+                     CKPTFS_RECIPE_TRANSPOSED, "multi_modal_projector.mm_input_projection_weight"),
+    BRIDGE_PROJECTOR_EXTRA("proj._extra_state", 5),
+};
+
 /* GPT-OSS (GptOssForCausalLM; Megatron-Bridge's gpt_oss names): q/k/v with biases, one
  * attention sink per head (Megatron's learnable softmax offset, split by heads with them), a bias
  * on every linear layer (add_bias_linear: row-parallel biases whole on every rank), every layer
@@ -862,6 +940,10 @@ const CkptfsFamily ckptfs_family_siglip_vision = {"siglip_vision", siglip_vision
 const CkptfsFamily ckptfs_family_glm4 = {"glm4", glm4_rules, G_N_ELEMENTS(glm4_rules), NULL, NULL};
 const CkptfsFamily ckptfs_family_glm4v_vision = {"glm4v_vision", glm4v_vision_rules, G_N_ELEMENTS(glm4v_vision_rules),
                                                  NULL, NULL};
+const CkptfsFamily ckptfs_family_qwen2_5_vl_hf_vision = {"qwen2_5_vl_hf_vision", qwen2_5_vl_hf_vision_rules,
+                                                         G_N_ELEMENTS(qwen2_5_vl_hf_vision_rules), NULL, NULL};
+const CkptfsFamily ckptfs_family_siglip_hf_vision = {"siglip_hf_vision", siglip_hf_vision_rules,
+                                                     G_N_ELEMENTS(siglip_hf_vision_rules), NULL, NULL};
 
 bool ckptfs_family_has(const CkptfsFamily *family, CkptfsNeed need)
 {

@@ -91,15 +91,23 @@ static const char *const qwen2_5_vl_module_names[] = {"model.language_model.", "
 static const CkptfsVisionBlocks full_attention_blocks = {"fullatt_block_indexes",
                                                           offsetof(CkptfsModel, vision_full_attention),
                                                           {7, 15, 23, 31}, 4, false};
-static const CkptfsArchitecture qwen2_5_vl = {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false,
-                                              &ckptfs_family_llama, NULL, false, 1e6, 1e-5,
-                                              .sliding_window = 4096, .window_opt_in = true, .kv_heads = 8,
-                                              .max_positions = 32768, .text_part = "text_config",
-                                              .vision_part = "vision_config", .vision = &qwen2_5_vl_vision,
-                                              .megatron_prefix = "language_model.",
-                                              .module_names = qwen2_5_vl_module_names,
-                                              .saved_names = qwen2_5_vl_module_names,
-                                              .vision_blocks = &full_attention_blocks};
+/* Megatron-Bridge's qwen25_vl bridge: the same language model, the tower as transformers' module
+ * under visual. (Qwen25VLModel registers it before language_model, as mbridge does) */
+static const CkptfsArchitecture qwen2_5_vl_hf_vision = {"Qwen2_5_VisionTransformerPretrainedModel",
+                                                        "qwen2_5_vl_vision", true, false,
+                                                        &ckptfs_family_qwen2_5_vl_hf_vision, NULL, false,
+                                                        .megatron_prefix = "visual.",
+                                                        .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
+#define QWEN2_5_VL(tower_, bridge_)                                                                      \
+    {"Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", true, false, &ckptfs_family_llama, NULL, false, \
+     1e6, 1e-5, .sliding_window = 4096, .window_opt_in = true, .kv_heads = 8, .max_positions = 32768,   \
+     .text_part = "text_config", .vision_part = "vision_config", .vision = (tower_),                   \
+     .megatron_prefix = "language_model.", .module_names = qwen2_5_vl_module_names,                    \
+     .saved_names = qwen2_5_vl_module_names, .vision_blocks = &full_attention_blocks,                  \
+     .megatron_bridge = (bridge_)}
+static const CkptfsArchitecture qwen2_5_vl_bridge;
+static const CkptfsArchitecture qwen2_5_vl = QWEN2_5_VL(&qwen2_5_vl_vision, &qwen2_5_vl_bridge);
+static const CkptfsArchitecture qwen2_5_vl_bridge = QWEN2_5_VL(&qwen2_5_vl_hf_vision, &qwen2_5_vl_bridge);
 /* GLM-4.1V (Glm4vForConditionalGeneration): GLM-4's language model in text_config (q/k/v biases,
  * half of each head rotated, post-attention and post-MLP norms, gate_up_proj fused;
  * Glm4vTextConfig's defaults: 2 key/value heads, rms_norm_eps 1e-5, 32768 positions) with mrope,
@@ -161,7 +169,9 @@ static const CkptfsArchitecture qwen3_vl = {"Qwen3VLForConditionalGeneration", "
                                             .module_names = qwen2_5_vl_module_names,
                                             .released_under_module_names = true, .released_text_part = true,
                                             .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
-                                            .vision_blocks = &deepstack_blocks};
+                                            .vision_blocks = &deepstack_blocks,
+                                            /* Megatron-Bridge's qwen3_vl bridge names the same tree */
+                                            .megatron_bridge = &qwen3_vl};
 /* Qwen3-VL-MoE: the same tower, Qwen3-MoE's language model (Qwen3VLMoeTextConfig's defaults: 16
  * key/value heads, rope_theta 5e5, 128000 positions; the top-k weights always renormalised), its
  * experts fused on disk: transposed as the releases hold them ([E, H, 2F], [E, F, H]), or as
@@ -184,7 +194,9 @@ static const CkptfsArchitecture qwen3_vl_moe = {"Qwen3VLMoeForConditionalGenerat
                                                 .module_names = qwen2_5_vl_module_names,
                                                 .released_under_module_names = true, .released_text_part = true,
                                                 .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
-                                                .vision_blocks = &deepstack_blocks};
+                                                .vision_blocks = &deepstack_blocks,
+                                                /* Megatron-Bridge's qwen3_vl bridge names the same tree */
+                                                .megatron_bridge = &qwen3_vl_moe};
 /* GPT-OSS: every layer MoE, softmax over the top-k logits (as Mixtral's), experts fused on disk
  * with gate and up interleaved; transformers' defaults: 8 key/value heads of 64, rope_theta
  * 150000, a window of 128 on every other layer (layer_types) */
@@ -250,24 +262,39 @@ static const CkptfsArchitecture siglip_vision = {"SiglipVisionModel", "siglip_vi
                                                  .hf_layer_prefix = "vision_tower.encoder.layers."};
 static const char *const gemma3_module_names[] = {"language_model.model.", "model.", "vision_tower.vision_model.",
                                                   "vision_tower.", NULL};
-static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gemma3", false, true,
-                                          &ckptfs_family_gemma3_vlm, NULL, false,
-                                          1e6, 1e-6, .sliding_window = 4096, .kv_heads = 4, .head_dim = 256,
-                                          .max_positions = 131072, .attention_bias_on_output = true,
-                                          .window_skip_freq = 6, .zero_centred_norms = true,
-                                          .activation = "gelu_pytorch_tanh", .scaled_embedding = true,
-                                          .gemma_attention = true, .te_spec_only = true, .tied_by_default = true,
-                                          .text_part = "text_config", .vision_part = "vision_config",
-                                          .vision = &siglip_vision, .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
-                                          .megatron_prefix = "language_model.", .module_names = gemma3_module_names,
-                                          .language_first = true, .no_virtual_pipeline = true, .text_rope = true,
-                                          .saved_names = gemma3_saved_names};
+/* Megatron-Bridge's gemma3_vl bridge (Gemma3VLModel): transformers' SigLIP module as vision_tower and
+ * its projector as multi_modal_projector, registered before the language model, which has the text
+ * gemma3 family's names; its provider builds virtual pipeline stages (the tower on the first) */
+static const CkptfsArchitecture siglip_hf_vision = {"SiglipVisionModel", "siglip_vision_model", true, false,
+                                                    &ckptfs_family_siglip_hf_vision, NULL, false,
+                                                    .megatron_prefix = "vision_tower.",
+                                                    .hf_layer_prefix = "vision_tower.encoder.layers.",
+                                                    .layer_prefix = "encoder.layers."};
+#define GEMMA3_VLM(family_, tower_, mbridge_tree_, bridge_)                                            \
+    {"Gemma3ForConditionalGeneration", "gemma3", false, true, (family_), NULL, false, 1e6, 1e-6,         \
+     .sliding_window = 4096, .kv_heads = 4, .head_dim = 256, .max_positions = 131072,                   \
+     .attention_bias_on_output = true, .window_skip_freq = 6, .zero_centred_norms = true,               \
+     .activation = "gelu_pytorch_tanh", .scaled_embedding = true, .gemma_attention = true,              \
+     .te_spec_only = true, .tied_by_default = true, .text_part = "text_config",                         \
+     .vision_part = "vision_config", .vision = (tower_), .vision_fields = CKPTFS_FOR_SIGLIP_VISION,      \
+     .megatron_prefix = "language_model.", .module_names = gemma3_module_names,                         \
+     .language_first = (mbridge_tree_), .no_virtual_pipeline = (mbridge_tree_), .text_rope = true,      \
+     .saved_names = gemma3_saved_names, .megatron_bridge = (bridge_)}
+static const CkptfsArchitecture gemma3_bridge;
+static const CkptfsArchitecture gemma3 = GEMMA3_VLM(&ckptfs_family_gemma3_vlm, &siglip_vision, true, &gemma3_bridge);
+static const CkptfsArchitecture gemma3_bridge = GEMMA3_VLM(&ckptfs_family_gemma3, &siglip_hf_vision, false,
+                                                           &gemma3_bridge);
 /* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
  * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's
  * rows; Qwen3_5VisionConfig has no deepstack_visual_indexes). mbridge's qwen3_5 bridge keeps
  * that tower as transformers' own module under vision_model., named as transformers names it,
  * whole on every TP rank (docs/vlm.md). */
+/* Megatron-Bridge's qwen35_vl bridge builds this tower as a Megatron-core ViT (Qwen3-VL's
+ * vision_model.decoder.layers.N.*), not as transformers' module */
+#define QWEN3_5_BRIDGE_NOTE                                                                          \
+    "Megatron-Bridge's qwen35_vl bridge builds the tower as a Megatron-core ViT "                    \
+    "(vision_model.decoder.layers.N.*), which has no rules yet"
 static const CkptfsArchitecture qwen3_5_vision = {"Qwen3_5VisionModel", "qwen3_5_vision", true, false,
                                                   &ckptfs_family_qwen3_5_vision, NULL, false,
                                                   .megatron_prefix = "vision_model.",
@@ -282,7 +309,8 @@ static const CkptfsArchitecture qwen3_5 = {"Qwen3_5ForConditionalGeneration", "q
                                            .megatron_prefix = "language_model.",
                                            .module_names = qwen2_5_vl_module_names,
                                            .released_under_module_names = true, .released_text_part = true,
-                                           .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
+                                           .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
+                                           .bridge_names_note = QWEN3_5_BRIDGE_NOTE};
 /* Qwen3.5-MoE's releases (Qwen3_5MoeForConditionalGeneration): Qwen3.5's MoE text model
  * (Qwen3_5MoeTextConfig's defaults, as qwen3_5_moe_text's) and the same tower */
 static const CkptfsArchitecture qwen3_5_moe = {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", false, true,
@@ -295,7 +323,8 @@ static const CkptfsArchitecture qwen3_5_moe = {"Qwen3_5MoeForConditionalGenerati
                                                .megatron_prefix = "language_model.",
                                                .module_names = qwen2_5_vl_module_names,
                                                .released_under_module_names = true, .released_text_part = true,
-                                               .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK};
+                                               .vision_fields = CKPTFS_FOR_VISION_DEEPSTACK,
+                                               .bridge_names_note = QWEN3_5_BRIDGE_NOTE};
 static const CkptfsArchitecture *const architectures[] = {&llama, &mistral, &qwen2, &qwen3, &phi3,
                                                           &mixtral, &qwen2_moe, &qwen3_moe,
                                                           &deepseek_v3, &deepseek_v2, &glm4_moe, &mimo,
@@ -1025,21 +1054,26 @@ void ckptfs_model_write_vision(const CkptfsModel *model, JsonObject *config)
 
 bool ckptfs_model_check_vision_split(const CkptfsModel *model, unsigned tp, GError **error)
 {
-    /* mbridge's tower is split by TP: its heads, its MLP and the merger's MLP */
+    /* mbridge's tower is split by TP: its heads, its MLP and the merger's MLP (BLOCKS: the sizes
+     * a tower's split blocks need), and a pooling projector's rows (Gemma 3's) */
     const struct {
         const char *what;
         uint64_t value;
-    } vision_split[] = {{"vision num_heads", model->vision_heads},
-                        {"vision intermediate_size", model->vision_ffn},
+        bool blocks;
+    } vision_split[] = {{"vision num_heads", model->vision_heads, true},
+                        {"vision intermediate_size", model->vision_ffn, true},
                         {"vision hidden_size x spatial_merge_size^2 (the merger's width)",
-                         model->vision_hidden * model->vision_merge * model->vision_merge},
-                        /* a pooling projector's rows (Gemma 3's mm_input_projection) */
-                        {"hidden_size (the projector's output)", model->vision_image_tokens ? model->hidden : 0}};
-    bool split = false; /* mbridge keeps some towers whole on every rank (transformers' module) */
-    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++)
-        split = split || model->arch->vision->family->rules[i].split != CKPTFS_TP_REPLICATED;
+                         model->vision_hidden * model->vision_merge * model->vision_merge, true},
+                        {"hidden_size (the projector's output)", model->vision_image_tokens ? model->hidden : 0, false}};
+    /* some towers are kept whole on every rank (transformers' module), their projector perhaps not */
+    bool blocks_split = false, split = false;
+    for (unsigned i = 0; model->arch->vision && i < model->arch->vision->family->n_rules; i++) {
+        const CkptfsRule *rule = &model->arch->vision->family->rules[i];
+        split = split || rule->split != CKPTFS_TP_REPLICATED;
+        blocks_split = blocks_split || (rule->split != CKPTFS_TP_REPLICATED && rule->scope == CKPTFS_SCOPE_LAYER);
+    }
     for (size_t i = 0; split && i < G_N_ELEMENTS(vision_split); i++)
-        if (vision_split[i].value % tp != 0)
+        if ((blocks_split || !vision_split[i].blocks) && vision_split[i].value % tp != 0)
             return ckptfs_fail(error, CKPTFS_ERROR_INVALID, "tp %u does not divide the %s %" G_GUINT64_FORMAT, tp,
                                vision_split[i].what, vision_split[i].value);
     return true;
@@ -1095,6 +1129,23 @@ bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GE
     if (check_tensors(catalog, model, NULL, error))
         return true;
     model->mtp = false;
+    return false;
+}
+
+bool ckptfs_model_use_bridge_names(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error)
+{
+    const CkptfsArchitecture *mbridge = model->arch, *bridge = mbridge->megatron_bridge;
+    if (bridge == NULL) {
+        const char *why = mbridge->bridge_names_note ? mbridge->bridge_names_note
+                                                     : "a text model: the option chooses between the Megatron trees "
+                                                       "of vision-language models";
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "option megatron_names=bridge: %s: %s",
+                           mbridge->hf_architecture, why);
+    }
+    model->arch = bridge;
+    if (catalog == NULL || check_tensors(catalog, model, NULL, error))
+        return true;
+    model->arch = mbridge;
     return false;
 }
 

@@ -365,7 +365,7 @@ static bool vision_from_args(const CkptfsPy *args, const char *path, JsonObject 
     return true;
 }
 
-bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
+bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const CkptfsOptions *options,
                                      JsonObject *given_config, CkptfsMegatronModel *out,
                                      GError **error)
 {
@@ -383,12 +383,17 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         return false;
     /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
      * checkpoint (-o hf_config / hf_extra), else the features. */
+    const char *hf_arch = options->hf_arch;
     const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
     if (named == NULL && given_config != NULL)
         named = ckptfs_json_member_string(given_config, "model_type");
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
         !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
         return false;
+    if (options->bridge_names && !ckptfs_model_use_bridge_names(s, NULL, error)) { /* read by its rows */
+        g_prefix_error(error, "%s: ", path);
+        return false;
+    }
     if (s->arch->vision && (!vision_from_args(args, path, given_config, s, error) ||
                             !ckptfs_model_check_vision_split(s, (unsigned)tp, error))) {
         g_prefix_error(error, "%s: ", path);

@@ -86,10 +86,11 @@ typedef struct {
 } CkptfsMegatronModel;
 
 /* The model from ARGS (an argparse.Namespace's state; PATH names it in errors). The
- * architecture is HF_ARCH when given (-o hf_arch), else the one args name (hf_architecture, as
+ * architecture is OPTIONS' hf_arch when given, else the one args name (hf_architecture, as
  * ckptfs writes it), else GIVEN_CONFIG's model_type (a config.json given with the checkpoint;
- * may be NULL), else the first whose features the args have. */
-bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const char *hf_arch,
+ * may be NULL), else the first whose features the args have; named as Megatron-Bridge names it
+ * with OPTIONS' megatron_names=bridge. */
+bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const CkptfsOptions *options,
                                      JsonObject *given_config, CkptfsMegatronModel *out,
                                      GError **error);
 /* The same from a given config.json (checkpoints saved without args; WHAT names them). The

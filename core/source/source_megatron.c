@@ -300,7 +300,7 @@ static bool read_args(Mg *m)
     const CkptfsPy *args = ckptfs_py_object_state(ckptfs_py_dict_get(root, "args"));
     if (args == NULL)
         return read_config_sizes(m);
-    if (!ckptfs_megatron_model_from_args(args, r0->path, m->options->hf_arch, m->source->config, &m->saved, m->error))
+    if (!ckptfs_megatron_model_from_args(args, r0->path, m->options, m->source->config, &m->saved, m->error))
         return false;
     const CkptfsLayout *saved = &m->saved.layout;
     m->T = saved->tp, m->P = saved->pp, m->V = saved->vpp;

@@ -492,7 +492,7 @@ static bool open_torch_dist(Td *t)
             return false;
     }
     if (args) {
-        if (!ckptfs_megatron_model_from_args(args, common, options->hf_arch, t->source->config, &t->saved, t->error))
+        if (!ckptfs_megatron_model_from_args(args, common, options, t->source->config, &t->saved, t->error))
             return false;
         if (t->source->config == NULL)
             ckptfs_megatron_synthesize_config(t->source, &t->saved.model);

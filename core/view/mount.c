@@ -244,6 +244,11 @@ static CkptfsMount *open_views(const char *path, const CkptfsOptions *options, C
             ckptfs_mount_free(mount);
             return NULL;
         }
+        if (options->bridge_names && !ckptfs_model_use_bridge_names(model, ckptfs_source_model_catalog(source), error)) {
+            g_prefix_error(error, "%s: ", path);
+            ckptfs_mount_free(mount);
+            return NULL;
+        }
         warn_unused_tensors(source, unused);
     } else {
         mount->model_problem = g_strdup(model_error->message);

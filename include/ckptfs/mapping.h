@@ -217,6 +217,11 @@ extern const CkptfsFamily ckptfs_family_gemma3;   /* Gemma 3's text model: q/k n
 /* Qwen3.5's tower as transformers' module (mbridge's qwen3_5 bridge): its names, whole on every rank */
 extern const CkptfsFamily ckptfs_family_qwen3_5_vision;
 extern const CkptfsFamily ckptfs_family_glm4v_vision;
+/* Qwen2.5-VL's tower as Megatron-Bridge keeps it: transformers' module, whole, under visual. */
+extern const CkptfsFamily ckptfs_family_qwen2_5_vl_hf_vision;
+/* Gemma 3's SigLIP tower as Megatron-Bridge keeps it (transformers' module under vision_tower.) and
+ * its projector (multi_modal_projector.) */
+extern const CkptfsFamily ckptfs_family_siglip_hf_vision;
 extern const CkptfsFamily ckptfs_family_qwen3_5_moe; /* Qwen3.5's MoE text model: the same layers,
                                                         Qwen3-Next's experts */
 

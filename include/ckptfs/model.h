@@ -164,6 +164,12 @@ typedef struct CkptfsArchitecture {
     /* Megatron builds it with Transformer Engine only (Megatron-Bridge's Gemma 3 spec puts the
      * post-norms inside TE's linear layers): spec=local is refused */
     bool te_spec_only;
+    /* The same model as Megatron-Bridge's bridge builds it, for -o megatron_names=bridge: a row
+     * of its own where its module tree differs from mbridge's (Qwen2.5-VL's tower as
+     * transformers' module under visual.), the row itself where the trees are the same
+     * (Qwen3-VL's); NULL: the option is refused, naming BRIDGE_NAMES_NOTE (the reason) */
+    const struct CkptfsArchitecture *megatron_bridge;
+    const char *bridge_names_note;
 } CkptfsArchitecture;
 
 /* A list of vision blocks in a VLM's vision part: Qwen2.5-VL's fullatt_block_indexes (the blocks
@@ -363,6 +369,11 @@ bool ckptfs_model_read_moe(JsonObject *config, CkptfsModel *model, GError **erro
 /* Serves MODEL's multi-token prediction layers in the Megatron views (-o mtp=on): checks that
  * it has some and that CATALOG holds their tensors. */
 bool ckptfs_model_serve_mtp(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error);
+
+/* Names MODEL's Megatron views as Megatron-Bridge's bridge does (-o megatron_names=bridge): its
+ * architecture's megatron_bridge row, whose tensors CATALOG must hold; refused by name where the
+ * architecture has none. */
+bool ckptfs_model_use_bridge_names(CkptfsModel *model, const CkptfsCatalog *catalog, GError **error);
 
 /* Whether MODEL's sizes, which a source gives (config.json, Megatron args), are within what
  * ckptfs serves: each dimension at most CKPTFS_MAX_MODEL_DIM (the vocabulary CKPTFS_MAX_VOCAB),

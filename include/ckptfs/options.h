@@ -37,6 +37,7 @@ typedef struct {
     CkptfsSpec spec;              /* TE names (default) or local names */
     bool mtp;                     /* multi-token prediction layers in the Megatron views */
     bool moe_grouped_gemm;        /* experts as TEGroupedMLP keys (weight{e}), not SequentialMLP */
+    bool bridge_names;            /* a VLM's module tree as Megatron-Bridge names it, not mbridge */
     unsigned vocab_divisible_by;  /* Megatron's --make-vocab-size-divisible-by (128) */
     CkptfsVocabPad vocab_pad;     /* padding rows: zeros, or copies of the last row */
     unsigned pp_first, pp_last;   /* uneven pipelines: layers on the first/last stage */

@@ -120,6 +120,31 @@ fg_unmount "$mnt"
 "$CKPTFS" inspect "$WORK/vlm-tp2pp2" > "$WORK/inspect-vlm-meg" 2>&1
 grep -q 'model_optim_rng.pt: args.swiglu is not true' "$WORK/inspect-vlm-meg"
 ok $? "vlm: tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-vlm-meg" >&2
+# Megatron-Bridge's tree (-o megatron_names=bridge): its gemma3_vl bridge keeps transformers' SigLIP
+# module whole as vision_tower, then its projector, then the language model under the text gemma3
+# names; checked against its tables written in gemma3.py. The tower splits nothing, so tp4 is listed.
+"$CKPTFS" inspect "$src" -o megatron_names=bridge > "$WORK/inspect-vlm-bridge" 2>&1
+grep -q '^megatron: *gemma3 rules' "$WORK/inspect-vlm-bridge" &&
+  grep -qF 'vision_tower.* on the first pipeline stage, before language_model.*' "$WORK/inspect-vlm-bridge"
+ok $? "vlm bridge: inspect names the text gemma3 rules and the tower under vision_tower. first" ||
+  sed 's/^/# /' "$WORK/inspect-vlm-bridge" >&2
+MOUNT_OPTS=megatron_names=bridge fg_mount "$CKPTFS" "$src" "$WORK/mnt-vlm-bridge" "$WORK/log-vlm-bridge"
+listing=$(ls "$WORK/mnt-vlm-bridge" | tr '\n' ' ')
+ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp2pp1 tp2pp2 tp4pp1 tp4pp2 " ]]; echo $?) \
+  "vlm bridge: the root lists tp4 too, the tower whole on every rank (got: $listing)" || sed 's/^/# /' "$WORK/log-vlm-bridge" >&2
+check "vlm bridge: tp2pp2/ copied out" cp -r "$WORK/mnt-vlm-bridge/tp2pp2" "$WORK/vlm-bridge-tp2pp2"
+check "vlm bridge: mcore/ copied out" cp -r "$WORK/mnt-vlm-bridge/mcore" "$WORK/vlm-bridge-mcore"
+fg_unmount "$WORK/mnt-vlm-bridge"
+sid_python "$WORK" "$script" bridge-check "$src" "$WORK/vlm-bridge-tp2pp2" "$WORK/vlm-bridge-mcore/release" \
+  > "$WORK/check-vlm-bridge" 2> "$WORK/check-vlm-bridge.err"
+ran $? "vlm bridge: the checks against Megatron-Bridge's gemma3_vl tables ran" "$WORK/check-vlm-bridge.err"
+passes "$WORK/check-vlm-bridge"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/check-vlm-bridge")
+ok $((n == 6 ? 0 : 1)) "vlm bridge: a check for each of the 4 rank files and two of mcore/ (got $n)"
+"$CKPTFS" inspect "$WORK/vlm-bridge-tp2pp2" -o megatron_names=bridge > "$WORK/inspect-vlm-bridge-meg" 2>&1
+grep -q 'model_optim_rng.pt: args.swiglu is not true' "$WORK/inspect-vlm-bridge-meg"
+ok $? "vlm bridge: its tp2pp2/ copy as a source is refused by name, as mbridge's" || sed 's/^/# /' "$WORK/inspect-vlm-bridge-meg" >&2
+
 # The releases' names (vision_tower.vision_model.*) are the same model.
 fg_mount "$CKPTFS" "$models/vlm-release" "$WORK/mnt-vlm-release" "$WORK/log-vlm-release"
 check "vlm-release: tp2pp2/'s first rank file is byte for byte transformers 5's naming's" \

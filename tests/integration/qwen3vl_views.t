@@ -37,6 +37,14 @@ for form in dense moe; do
   cp -r "$mnt/tp2pp2" "$WORK/meg-$form" && cp -r "$mnt/mcore" "$WORK/mcore-$form"
   ok $? "$form: tp2pp2/ and mcore/ copy out"
 done
+# Megatron-Bridge's qwen3_vl bridges name the same tree as mbridge's (docs/vlm.md): under
+# -o megatron_names=bridge the views are the same files, byte for byte.
+for form in dense moe; do
+  MOUNT_OPTS=megatron_names=bridge fg_mount "$CKPTFS" "$models/$form" "$WORK/mnt-bridge-$form" "$WORK/log-bridge-$form"
+  check "$form: with -o megatron_names=bridge, tp2pp2/ and mcore/ are mbridge's tree, byte for byte" \
+    same_trees "$WORK/mnt-bridge-$form" "$WORK/mnt-$form" tp2pp2 mcore
+  fg_unmount "$WORK/mnt-bridge-$form"
+done
 # The text model read from text_config: vlm.py's sizes, not the defaults. The MoE's text part has
 # tie_word_embeddings true under a top-level false (transformers 5 saves it so): the top level's.
 for form in dense moe; do

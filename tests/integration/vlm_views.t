@@ -10,7 +10,9 @@
 # tests/lib/vlm.py), loads in torch 1.13 and with weights_only in 2.6 and 2.14, and rebuilt into
 # Hugging Face tensors the way mbridge exports gives the original's logits. mcore/ read by
 # torch.distributed.checkpoint holds the keys, global shapes and bytes of Megatron-core's
-# sharded_state_dict of mbridge's model (the tower's blocks stacked); a vision_config with a
+# sharded_state_dict of mbridge's model (the tower's blocks stacked); with -o megatron_names=bridge
+# both hold Megatron-Bridge's tree instead (its qwen25_vl tables in vlm.py), and copies of them
+# mount back as sources with the same option; a vision_config with a
 # field no rule reads leaves the Megatron views out, named, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
@@ -59,11 +61,36 @@ for src in meg-v5 meg-vpp mcore-v5; do
   ok $? "$src: the Megatron copy mounts as a source" || sed 's/^/# /' "$WORK/log-$src" >&2
   hf_dirs+=("$WORK/mnt-$src/hf")
 done
-sid_python "$WORK" "$script" samehf "$models/v5" "$WORK"/mnt-{meg-v5,meg-vpp,mcore-v5}/hf > "$WORK/samehf" 2> "$WORK/samehf.err"
+# Megatron-Bridge's names (-o megatron_names=bridge): the tower as its qwen25_vl bridge keeps it,
+# transformers' module under visual., whole on every rank, so it limits no TP degree. Its copies
+# mount back with the same option (their hf/ checked with the others' below).
+BRIDGE=megatron_names=bridge
+MOUNT_OPTS=$BRIDGE fg_mount "$CKPTFS" "$models/v5" "$WORK/mnt-bridge" "$WORK/log-bridge"
+listing=$(ls "$WORK/mnt-bridge" | tr '\n' ' ')
+ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp1pp4 tp2pp1 tp2pp2 tp2pp4 tp4pp1 tp4pp2 tp4pp4 " ]]; echo $?) \
+  "bridge: the root lists tp4 too, the tower whole on every rank (got: $listing)" || sed 's/^/# /' "$WORK/log-bridge" >&2
+check "bridge: tp2pp2/ copied out" cp -r "$WORK/mnt-bridge/tp2pp2" "$WORK/meg-bridge"
+check "bridge: mcore/ copied out" cp -r "$WORK/mnt-bridge/mcore" "$WORK/mcore-bridge"
+for src in meg-bridge mcore-bridge; do
+  MOUNT_OPTS=$BRIDGE fg_mount "$CKPTFS" "$WORK/$src" "$WORK/mnt-$src" "$WORK/log-$src"
+  ok $? "$src: the Megatron-Bridge copy mounts as a source with -o $BRIDGE" || sed 's/^/# /' "$WORK/log-$src" >&2
+  hf_dirs+=("$WORK/mnt-$src/hf")
+done
+sid_python "$WORK" "$script" bridge_views "$models/v5" "$WORK/meg-bridge" "$WORK/mcore-bridge/release" \
+  > "$WORK/bridge" 2> "$WORK/bridge.err"
+ran $? "the checks of tp2pp2/ and mcore/ against Megatron-Bridge's qwen25_vl tables ran" "$WORK/bridge.err"
+passes "$WORK/bridge"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/bridge")
+ok $((n == 6 ? 0 : 1)) "a check for each of the 4 rank files and two of mcore/ (got $n)"
+"$CKPTFS" inspect "$WORK/meg-bridge" > "$WORK/inspect-meg-bridge" 2>&1
+ok $([[ $? -ne 0 ]] && grep -q "'vision_model.patch_embed.proj.weight' is missing" "$WORK/inspect-meg-bridge"; echo $?) \
+  "meg-bridge: without the option the copy is read by mbridge's names and refused, the tensor named"
+
+sid_python "$WORK" "$script" samehf "$models/v5" "$WORK"/mnt-{meg-v5,meg-vpp,mcore-v5,meg-bridge,mcore-bridge}/hf > "$WORK/samehf" 2> "$WORK/samehf.err"
 ran $? "the hf/ checks of the Megatron sources ran" "$WORK/samehf.err"
 passes "$WORK/samehf"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/samehf")
-ok $((n == 3 ? 0 : 1)) "an hf/ check for each Megatron source (got $n)"
+ok $((n == 5 ? 0 : 1)) "an hf/ check for each Megatron source (got $n)"
 # same_view A B VIEW: B's VIEW holds A's files (some), each byte for byte.
 same_view() {
   local want got
@@ -74,6 +101,11 @@ same_view() {
 for src in meg-v5 mcore-v5; do
   for view in tp2pp2 tp1pp2vpp2 mcore; do
     check "$src: $view/ equals the HF source's, file for file" same_view "$WORK/mnt-v5" "$WORK/mnt-$src" "$view"
+  done
+done
+for src in meg-bridge mcore-bridge; do
+  for view in tp2pp2 mcore; do
+    check "$src: $view/ equals the HF source's with -o $BRIDGE, file for file" same_view "$WORK/mnt-bridge" "$WORK/mnt-$src" "$view"
   done
 done
 
@@ -166,6 +198,6 @@ grep -q 'no Megatron views: config.json: vision_config.window_attention_kind is 
 ok $? "badvision: the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log-bad" >&2
 fg_unmount "$WORK/mnt-bad"
 
-for form in v5 modules v4 meg-v5 meg-vpp mcore-v5; do unmount_ckptfs "$WORK/mnt-$form"; done
+for form in v5 modules v4 meg-v5 meg-vpp mcore-v5 bridge meg-bridge mcore-bridge; do unmount_ckptfs "$WORK/mnt-$form"; done
 wait
 done_testing

@@ -30,6 +30,9 @@ the sid root), and the checks of ckptfs's views of it.
   gemma3.py vlm-logits ORIG HF_DIR
       ORIG and HF_DIR loaded by transformers 5 give the same logits (torch.equal) on text around
       an image, and another image changes them (the tower is in the sum). Prints PASS/FAIL lines.
+  gemma3.py bridge-check ORIG MEGATRON_DIR MCORE_DIR
+      tp2pp2/ (MEGATRON_DIR) and mcore/'s release (MCORE_DIR) served with -o megatron_names=bridge
+      against Megatron-Bridge's gemma3_vl bridge tables (bridge_check).
   gemma3.py vlm-check ORIG HF_DIR MEGATRON_DIR:TP:PP OUT MCORE_DIR
       the VLM's views in one run: HF_DIR's logits as vlm-logits; each rank file of MEGATRON_DIR
       holds the names, shapes and bytes of mbridge's Gemma3Model on that rank (written here from
@@ -523,6 +526,101 @@ def vlm_mcore(orig, ckpt):
     compare_mcore(want, ckpt, "vlm ", "mbridge's Gemma3Model")
 
 
+# --- Gemma 3's VLM as Megatron-Bridge builds it (-o megatron_names=bridge), written from its gemma3_vl
+# bridge (NVIDIA-NeMo/Megatron-Bridge, src/megatron/bridge/models/gemma_vl/gemma3_vl_bridge.py:
+# Gemma3VLBridge.mapping_registry; modeling_gemma3_vl.py: Gemma3VLModel registers vision_tower
+# (transformers' SigLIP vision_model, vision_use_head False), multi_modal_projector
+# (Gemma3VLMultimodalProjector: mm_soft_embed_norm, then proj, a ColumnParallelLinear), then
+# language_model) and Megatron-core's TP splits, not from ckptfs. HF names as transformers 5 saves
+# them. ---
+B_TEXT = {  # the bridge's param_mappings, QKVMapping and GatedMLPMapping: Megatron -> (HF, split); "*" a layer
+    "language_model.embedding.word_embeddings.weight": (["language_model.model.embed_tokens.weight"], "vocab"),
+    "language_model.decoder.layers.*.self_attention.linear_qkv.layer_norm_weight": (["language_model.model.layers.*.input_layernorm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.q_layernorm.weight": (["language_model.model.layers.*.self_attn.q_norm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.k_layernorm.weight": (["language_model.model.layers.*.self_attn.k_norm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.linear_proj.weight": (["language_model.model.layers.*.self_attn.o_proj.weight"], "cols"),
+    "language_model.decoder.layers.*.self_attention.linear_proj.post_layernorm.weight": (["language_model.model.layers.*.post_attention_layernorm.weight"], "whole"),
+    "language_model.decoder.layers.*.mlp.linear_fc1.layer_norm_weight": (["language_model.model.layers.*.pre_feedforward_layernorm.weight"], "whole"),
+    "language_model.decoder.layers.*.mlp.linear_fc2.weight": (["language_model.model.layers.*.mlp.down_proj.weight"], "cols"),
+    "language_model.decoder.layers.*.mlp.linear_fc2.post_layernorm.weight": (["language_model.model.layers.*.post_feedforward_layernorm.weight"], "whole"),
+    "language_model.decoder.final_layernorm.weight": (["language_model.model.norm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.linear_qkv.weight": (
+        ["language_model.model.layers.*.self_attn.q_proj.weight", "language_model.model.layers.*.self_attn.k_proj.weight",
+         "language_model.model.layers.*.self_attn.v_proj.weight"], "rows"),
+    "language_model.decoder.layers.*.mlp.linear_fc1.weight": (
+        ["language_model.model.layers.*.mlp.gate_proj.weight", "language_model.model.layers.*.mlp.up_proj.weight"], "halves"),
+}
+B_PROJECTOR = {  # AutoMapping of the norm; proj.weight = mm_input_projection_weight permuted (1, 0)
+    "multi_modal_projector.mm_soft_embed_norm.weight": (["multi_modal_projector.mm_soft_emb_norm.weight"], "whole"),
+    "multi_modal_projector.proj.weight": (["multi_modal_projector.mm_input_projection_weight"], "rows"),
+}
+
+
+def bridge_tower(orig):
+    """vision_tower's names in its order: transformers' SigLIP built from ORIG's vision_config as
+    Gemma3VLModel builds it (AutoModel.from_config, its vision_model, no head)."""
+    from transformers import AutoModel, Gemma3Config
+    vc = Gemma3Config.from_pretrained(orig).vision_config
+    vc.vision_use_head = False
+    raw = AutoModel.from_config(vc)
+    return ["vision_tower." + k for k in getattr(raw, "vision_model", raw).state_dict()]
+
+
+def bridge_to_mcore(name, hf):
+    if name == "multi_modal_projector.proj.weight":
+        return hf[0].T.contiguous()
+    return to_mcore(name, hf)
+
+
+def bridge_check(orig, meg, ckpt):
+    """MEG (tp2pp2/ under -o megatron_names=bridge) and CKPT (its mcore/ release) against
+    Megatron-Bridge's Gemma3VLModel: each rank file's names, shapes and bytes, its modules in that
+    order (the tower's tensors in the SigLIP module's); mcore/'s keys (the tower's one each),
+    global shapes and bytes."""
+    hf = hf_tensors(orig)
+    tower = bridge_tower(orig)
+    tp, pp = 2, 2
+    per = TEXT["num_hidden_layers"] // pp
+    for p in range(pp):
+        entries = [(n, [n], "whole") for n in tower] + [(k, *v) for k, v in B_PROJECTOR.items()] if p == 0 else []
+        for k, (names, split) in B_TEXT.items():
+            if "*" in k:
+                entries += [(k.replace("*", str(g - p * per)), [n.replace("*", str(g)) for n in names], split)
+                            for g in range(p * per, (p + 1) * per)]
+            elif "embedding" in k and p == 0 or "final_layernorm" in k and p == pp - 1:
+                entries.append((k, names, split))
+        if p == pp - 1:  # tied: Megatron's output layer on the last stage, a copy of the embedding
+            entries.append(("language_model.output_layer.weight", ["language_model.model.embed_tokens.weight"], "vocab"))
+        for r in range(tp):
+            want = {k: tp_share(bridge_to_mcore(k, [hf[n] for n in names]), split, tp, r, vocab_padded(tp))
+                    for k, names, split in entries}
+            ckpt_r = load_rank(rank_file(meg, p, r, pp))["model"]
+            got = {k: v for k, v in ckpt_r.items() if not k.endswith("_extra_state")}
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
+            modules = list(dict.fromkeys(k.split(".")[0] for k in ckpt_r))
+            order = (modules == ["vision_tower", "multi_modal_projector", "language_model"] and list(got)[:len(tower)] == tower
+                     if p == 0 else modules == ["language_model"])
+            label = f"bridge tp2pp2 rank ({p}, {r})"
+            if missing or extra or bad or not order:
+                print(f"FAIL {label}: missing {missing[:3]}, unexpected {extra[:3]}, differing {bad[:3]}, modules {modules}")
+            else:
+                print(f"PASS {label}: {len(want)} tensors with Megatron-Bridge's names, shapes and bytes"
+                      + (f", modules in Gemma3VLModel's order" if p == 0 else ""))
+    want = {n: hf[n] for n in tower}
+    want.update({k: bridge_to_mcore(k, [hf[n] for n in v[0]]) for k, v in B_PROJECTOR.items()})
+    for k, (names, _) in B_TEXT.items():
+        if "*" in k:
+            want[k.replace("*.", "")] = torch.stack([to_mcore(k, [hf[n.replace("*", str(g))] for n in names])
+                                                     for g in range(TEXT["num_hidden_layers"])])
+        else:
+            want[k] = to_mcore(k, [hf[n] for n in names])
+    # padded for the largest TP the model allows (its 4 heads; the tower splits nothing)
+    k = "language_model.embedding.word_embeddings.weight"
+    want[k] = tp_share(want[k], "vocab", 1, 0, vocab_padded(4))
+    compare_mcore(want, ckpt, "bridge ", "Megatron-Bridge's")
+
+
 def vlm_check(orig, hf_dir, spec, out, mcore_dir):
     meg, tp, pp = spec.rsplit(":", 2)
     vlm_megatron(orig, meg, int(tp), int(pp))
@@ -536,4 +634,5 @@ if __name__ == "__main__":
      "build-vlm": lambda: build_vlm(sys.argv[2]),
      "vlm-logits": lambda: vlm_logits(sys.argv[2], sys.argv[3]),
      "vlm-check": lambda: vlm_check(*sys.argv[2:7]),
+     "bridge-check": lambda: bridge_check(*sys.argv[2:5]),
      "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()

@@ -34,6 +34,9 @@ of ckptfs's views of it.
       torch.distributed.checkpoint against the same tables.
   vlm.py logits_pairs ORIG HF_DIR [ORIG HF_DIR ...]
       the same for each pair, in one process.
+  vlm.py bridge_views ORIG MEGATRON_DIR MCORE_DIR
+      ORIG's tp2pp2 copy MEGATRON_DIR and mcore/ release MCORE_DIR, both served with
+      -o megatron_names=bridge, against Megatron-Bridge's qwen25_vl bridge tables (bridge_views).
   vlm.py samehf ORIG HF_DIR...
       each HF_DIR's safetensors files hold exactly ORIG's tensors: the release's names, dtypes,
       shapes and bytes. Prints "PASS what" or "FAIL what: why".
@@ -530,6 +533,96 @@ def compare_mcore(want, ckpt, label, whose):
           + (f" (differing {bad[:3]})" if bad else ""))
 
 
+# --- Megatron-Bridge's names (-o megatron_names=bridge), written from its qwen25_vl bridge
+# (NVIDIA-NeMo/Megatron-Bridge, src/megatron/bridge/models/qwen_vl/qwen25_vl_bridge.py,
+# Qwen25VLBridge.mapping_registry; modeling_qwen25_vl.py, Qwen25VLModel), not from ckptfs: the
+# language model by its param_mappings, QKVMapping and GatedMLPMapping ("*" a layer), each with
+# the TP split of its Megatron-core module; the tower by ReplicatedMapping("visual.**",
+# "visual.**"): transformers' own Qwen2_5_VisionTransformerPretrainedModel registered as
+# Qwen25VLModel.visual (before language_model, on the first stage), every tensor under its own
+# name, whole on every TP rank. ---
+BRIDGE_TEXT = {
+    "language_model.embedding.word_embeddings.weight": (["model.embed_tokens.weight"], "vocab"),
+    "language_model.output_layer.weight": (["lm_head.weight"], "vocab"),
+    "language_model.decoder.final_layernorm.weight": (["model.norm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.linear_qkv.layer_norm_weight": (["model.layers.*.input_layernorm.weight"], "whole"),
+    "language_model.decoder.layers.*.mlp.linear_fc1.layer_norm_weight": (["model.layers.*.post_attention_layernorm.weight"], "whole"),
+    "language_model.decoder.layers.*.self_attention.linear_proj.weight": (["model.layers.*.self_attn.o_proj.weight"], "cols"),
+    "language_model.decoder.layers.*.mlp.linear_fc2.weight": (["model.layers.*.mlp.down_proj.weight"], "cols"),
+    "language_model.decoder.layers.*.self_attention.linear_qkv.weight": (
+        ["model.layers.*.self_attn.q_proj.weight", "model.layers.*.self_attn.k_proj.weight", "model.layers.*.self_attn.v_proj.weight"], "rows"),
+    "language_model.decoder.layers.*.self_attention.linear_qkv.bias": (
+        ["model.layers.*.self_attn.q_proj.bias", "model.layers.*.self_attn.k_proj.bias", "model.layers.*.self_attn.v_proj.bias"], "rows"),
+    "language_model.decoder.layers.*.mlp.linear_fc1.weight": (["model.layers.*.mlp.gate_proj.weight", "model.layers.*.mlp.up_proj.weight"], "halves"),
+}
+
+
+def bridge_tower(orig):
+    """The tower's state dict names in Qwen25VLModel.visual's order: the module built from ORIG's
+    vision_config, as the bridge's model builds it (_from_config)."""
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    cfg = Qwen2_5_VLConfig.from_pretrained(orig)
+    return ["visual." + k for k in Qwen2_5_VisionTransformerPretrainedModel._from_config(cfg.vision_config).state_dict()]
+
+
+def bridge_entries(layers, local_of):
+    """(Megatron name, HF names, split) of BRIDGE_TEXT's entries for global LAYERS, named by
+    local_of(layer) in Megatron (the stage's own numbering, or the global one)."""
+    out = []
+    for k, (names, split) in BRIDGE_TEXT.items():
+        if "*" in k:
+            out += [(k.replace("*", str(local_of(g))), [n.replace("*", str(g)) for n in names], split) for g in layers]
+    return out
+
+
+def bridge_views(orig, meg, ckpt):
+    """MEG (a tp2pp2 copy) and CKPT (mcore/'s release) of ORIG under -o megatron_names=bridge
+    against Megatron-Bridge's Qwen25VLModel: each rank file's names (the tower's first, in its
+    module's order), shapes and bytes; mcore/'s keys (the tower's a key per tensor, unstacked:
+    transformers' module has no sharded_state_dict), global shapes and bytes."""
+    from safetensors.torch import load_file
+    hf = load_file(f"{orig}/model.safetensors")
+    tower = bridge_tower(orig)
+    tp, pp, vocab = 2, 2, TEXT["vocab_size"]
+    vocab_pad = (vocab + 128 * tp - 1) // (128 * tp) * (128 * tp)
+    per_stage = TEXT["num_hidden_layers"] // pp
+    for p in range(pp):
+        layers = range(p * per_stage, (p + 1) * per_stage)
+        entries = [(n, [n], "whole") for n in tower] if p == 0 else []
+        if p == 0:
+            entries.append(("language_model.embedding.word_embeddings.weight", *BRIDGE_TEXT["language_model.embedding.word_embeddings.weight"]))
+        entries += bridge_entries(layers, lambda g: g - p * per_stage)
+        if p == pp - 1:
+            entries += [(k, *BRIDGE_TEXT[k]) for k in ("language_model.decoder.final_layernorm.weight", "language_model.output_layer.weight")]
+        for r in range(tp):
+            want = {k: tp_share(to_mcore(k, [hf[n] for n in names]), split, tp, r, vocab_pad) for k, names, split in entries}
+            ckpt_r = load_rank(rank_file(meg, p, r, pp))
+            order = [k for k in ckpt_r["model"] if not k.endswith("_extra_state")]
+            got = {k: ckpt_r["model"][k] for k in order}
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            bad = [k for k in want if k in got and not (got[k].shape == want[k].shape and torch.equal(got[k], want[k]))]
+            first = order[:len(tower)] == tower if p == 0 else not any(k.startswith("visual.") for k in order)
+            label = f"bridge tp2pp2 rank ({p}, {r})"
+            if missing or extra or bad or not first:
+                print(f"FAIL {label}: missing {missing[:3]}, unexpected {extra[:3]}, differing {bad[:3]}, tower first in its order: {first}")
+            else:
+                print(f"PASS {label}: {len(want)} tensors with Megatron-Bridge's names, shapes and bytes"
+                      + (f", the tower's {len(tower)} first" if p == 0 else ""))
+    want = {n: hf[n] for n in tower}
+    for k, (names, _) in BRIDGE_TEXT.items():
+        if "*" not in k:
+            want[k] = to_mcore(k, [hf[n] for n in names])
+        else:
+            want[k.replace("*.", "")] = torch.stack([to_mcore(k, [hf[n.replace("*", str(g))] for n in names])
+                                                     for g in range(TEXT["num_hidden_layers"])])
+    # the vocabulary padded with zero rows for the largest TP the model allows (docs/torch-dist.md):
+    # 4 (its 4 heads), the tower splitting nothing
+    for k in ("language_model.embedding.word_embeddings.weight", "language_model.output_layer.weight"):
+        want[k] = tp_share(want[k], "vocab", 1, 0, 128 * 4)
+    compare_mcore(want, ckpt, "bridge: ", "Megatron-Bridge's")
+
+
 # --- Qwen3-VL's Megatron views: mbridge's qwen3_vl bridge tables (mbridge/models/qwen3_vl/__init__.py),
 # written out with the TP split of each module Megatron-core builds there: TEColumnParallelLinear /
 # TELayerNormColumnParallelLinear "rows", TERowParallelLinear "cols" (bias whole), norms, nn.Conv3d
@@ -846,6 +939,7 @@ if __name__ == "__main__":
      "broken": lambda: broken(sys.argv[2], sys.argv[3]),
      "megatron": lambda: megatron_all(sys.argv[2], sys.argv[3:]),
      "mcore": lambda: [mcore(sys.argv[2], c) for c in sys.argv[3:]],
+     "bridge_views": lambda: bridge_views(*sys.argv[2:5]),
      "q3_sources": lambda: q3_sources(zip(sys.argv[2::3], sys.argv[3::3], sys.argv[4::3])),
      "q3_broken": lambda: q3_broken(sys.argv[2], sys.argv[3], sys.argv[4]),
      "q3_views": lambda: [q3_views(*sys.argv[i:i + 4]) for i in range(2, len(sys.argv), 4)],

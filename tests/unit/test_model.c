@@ -819,6 +819,54 @@ static void test_mtp_names(void)
     }
 }
 
+/* -o megatron_names=bridge: Qwen2.5-VL's and Gemma 3's towers become Megatron-Bridge's (transformers'
+ * modules under visual. and vision_tower., whole); Qwen3-VL's trees are the same in both; the
+ * others are refused by name. */
+static void test_bridge_names(void)
+{
+    static const struct {
+        const char *type, *says, *tower_prefix;
+    } cases[] = {
+        {"qwen2_5_vl", NULL, "visual."},
+        {"qwen3_vl", NULL, "vision_model."},
+        {"qwen3_vl_moe", NULL, "vision_model."},
+        {"qwen3_5", "Megatron-core ViT", NULL},
+        {"qwen3_5_moe", "Megatron-core ViT", NULL},
+        {"gemma3", NULL, "vision_tower."},
+        {"llama", "a text model", NULL},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        CkptfsModel m = {0};
+        m.arch = ckptfs_architecture_find(cases[i].type, &m);
+        const CkptfsArchitecture *before = m.arch;
+        GError *error = NULL;
+        bool ok = m.arch != NULL && ckptfs_model_use_bridge_names(&m, NULL, &error);
+        if (cases[i].tower_prefix)
+            tap_ok(ok && strcmp(m.arch->vision->megatron_prefix, cases[i].tower_prefix) == 0 &&
+                       strcmp(m.arch->megatron_prefix, "language_model.") == 0 &&
+                       m.arch->megatron_bridge == m.arch,
+                   "%s: megatron_names=bridge puts the tower under %s (%s)", cases[i].type, cases[i].tower_prefix,
+                   error ? error->message : "");
+        else
+            tap_ok(!ok && error && strstr(error->message, "option megatron_names=bridge") &&
+                       strstr(error->message, cases[i].says) && m.arch == before,
+                   "%s: megatron_names=bridge is refused by name (%s)", cases[i].type, error ? error->message : "");
+        g_clear_error(&error);
+    }
+    CkptfsModel m = {0};
+    m.arch = ckptfs_architecture_find("qwen2_5_vl", &m);
+    tap_ok(m.arch->vision->family == &ckptfs_family_qwen2_5_vl_vision &&
+               m.arch->megatron_bridge->vision->family == &ckptfs_family_qwen2_5_vl_hf_vision &&
+               m.arch->megatron_bridge->vision->family->n_rules == 18,
+           "qwen2_5_vl: mbridge's tower rules by default, Megatron-Bridge's 18 (a tensor each) in its bridge row");
+    m.arch = ckptfs_architecture_find("gemma3", &m);
+    const CkptfsArchitecture *bridge = m.arch->megatron_bridge;
+    tap_ok(m.arch->language_first && m.arch->family == &ckptfs_family_gemma3_vlm && !bridge->language_first &&
+               bridge->family == &ckptfs_family_gemma3 && !bridge->no_virtual_pipeline &&
+               bridge->vision->family == &ckptfs_family_siglip_hf_vision,
+           "gemma3: Megatron-Bridge's row puts the tower first, the language model under the text gemma3 names");
+}
+
 int main(void)
 {
     CkptfsModel m;
@@ -929,6 +977,7 @@ int main(void)
     test_moe_configs();
     test_deepseek_configs();
     test_features();
+    test_bridge_names();
     test_vision_configs();
     test_vision_round_trip();
     test_saved_names();
