@@ -138,15 +138,23 @@ static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v
  * mbridge's glm4v_moe bridge: the language model as its glm4moe one under language_model., the
  * tower as transformers' own module under vision_model. (docs/vlm.md). The release and
  * transformers 5 name the tensors as the modules. */
-static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", false, false,
-                                             &ckptfs_family_glm4_moe, &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8,
-                                             .biased_by_default = true,
-                                             .partial_rotary = 0.5, .max_positions = 65536,
-                                             .text_part = "text_config", .vision_part = "vision_config",
-                                             .vision = &glm4v_vision, .vision_fields = CKPTFS_FOR_GLM4V_VISION,
-                                             .megatron_prefix = "language_model.",
-                                             .module_names = qwen2_5_vl_module_names,
-                                             .released_under_module_names = true, .released_text_part = true};
+/* Megatron-Bridge's glm_45v bridge: the same language model, the tower as transformers' module
+ * under visual. (GLM45VModel registers it before language_model, on the first stage, as mbridge
+ * does under vision_model.) */
+static const CkptfsArchitecture glm4v_hf_vision = {"Glm4vMoeVisionModel", "glm4v_moe_vision", true, false,
+                                                   &ckptfs_family_glm4v_vision, NULL, false,
+                                                   .megatron_prefix = "visual.",
+                                                   .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
+#define GLM4V_MOE(tower_, bridge_)                                                                          \
+    {"Glm4vMoeForConditionalGeneration", "glm4v_moe", false, false, &ckptfs_family_glm4_moe, &deepseek_v3_moe, \
+     false, 0, 1e-5, .kv_heads = 8, .biased_by_default = true, .partial_rotary = 0.5, .max_positions = 65536, \
+     .text_part = "text_config", .vision_part = "vision_config", .vision = (tower_),                        \
+     .vision_fields = CKPTFS_FOR_GLM4V_VISION, .megatron_prefix = "language_model.",                        \
+     .module_names = qwen2_5_vl_module_names, .released_under_module_names = true, .released_text_part = true, \
+     .megatron_bridge = (bridge_)}
+static const CkptfsArchitecture glm4v_moe_bridge;
+static const CkptfsArchitecture glm4v_moe = GLM4V_MOE(&glm4v_vision, &glm4v_moe_bridge);
+static const CkptfsArchitecture glm4v_moe_bridge = GLM4V_MOE(&glm4v_hf_vision, &glm4v_moe_bridge);
 /* Qwen3-VL: Qwen3's language model (q/k norms, no q/k/v bias; Qwen3VLTextConfig's defaults: 32
  * key/value heads of 128, rope_theta 5e5, 128000 positions) in text_config, saved under the
  * module names; a ViT with a learned position embedding and deepstack mergers (Qwen3VLVisionConfig)

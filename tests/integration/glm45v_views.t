@@ -54,8 +54,18 @@ for form in glm45v glm45v-bias; do
   # one process for the form's checks (transformers' import is most of their time)
   args=()
   for l in ${layouts[$form]}; do args+=("$mnt/$l" "$l" "$WORK/rebuilt-$form-$l"); done
-  [[ $form == glm45v ]] && args+=(--mcore "$mnt/mcore/release")
-  args+=(--hf "$WORK/src-tp2pp2-$form/hf" "$WORK/src-mcore-$form/hf")
+  hf_dirs=("$WORK/src-tp2pp2-$form/hf" "$WORK/src-mcore-$form/hf")
+  if [[ $form == glm45v ]]; then
+    # Megatron-Bridge's tree (-o megatron_names=bridge), and a copy of it as a source
+    MOUNT_OPTS="megatron_names=bridge" fg_mount "$CKPTFS" "$src" "$WORK/bridge" "$WORK/log-bridge"
+    copy_pids+=("$FG_PID")
+    cp -r "$WORK/bridge/tp2pp2" "$WORK/bridge-tp2pp2"
+    MOUNT_OPTS="megatron_names=bridge" fg_mount "$CKPTFS" "$WORK/bridge-tp2pp2" "$WORK/src-bridge" "$WORK/log-src-bridge"
+    copy_pids+=("$FG_PID")
+    args+=("$WORK/bridge/tp2pp2" bridge:tp2pp2 "$WORK/rebuilt-bridge" --mcore "$mnt/mcore/release")
+    hf_dirs+=("$WORK/src-bridge/hf")
+  fi
+  args+=(--hf "${hf_dirs[@]}")
   sid_python "$WORK" "$script" check "$src" "${args[@]}" > "$WORK/check-$form" 2> "$WORK/check-$form.err"
   for l in ${layouts[$form]}; do
     grep -q "^PASS $mnt/$l $l: .* rank files with mbridge's names and args; ORIG's .* tensors rebuilt from them byte for byte" "$WORK/check-$form"
@@ -73,6 +83,17 @@ for form in glm45v glm45v-bias; do
     $PY -c 'import sys, torch
 for f in sys.argv[1:]: torch.load(f, map_location="cpu")' "$mnt"/tp2pp2/release/*/model_optim_rng.pt 2> "$WORK/t113.err"
     ran $? "$form: torch 1.13 loads every tp2pp2/ rank file" "$WORK/t113.err"
+    grep -q "^PASS $WORK/bridge/tp2pp2 tp2pp2: 4 rank files with Megatron-Bridge's names and args; ORIG's .* tensors rebuilt from them byte for byte" "$WORK/check-$form" &&
+      grep -q "^PASS $WORK/rebuilt-bridge: transformers' logits on an image + text input equal" "$WORK/check-$form"
+    ok $? "$form: megatron_names=bridge: tp2pp2/ with Megatron-Bridge's names (the tower under visual.), rebuilt to the original's bytes and logits" ||
+      grep "bridge" "$WORK/check-$form" | sed 's/^/# /' >&2
+    grep -q "^PASS $WORK/src-bridge/hf: the .* tensors of $src under the release's names, byte for byte" "$WORK/check-$form" &&
+      grep -q "^PASS $WORK/src-bridge/hf: transformers' logits on an image + text input equal" "$WORK/check-$form"
+    ok $? "$form: a copy of the bridge tree's tp2pp2/ mounted with megatron_names=bridge: hf/ byte for byte, the original's logits" ||
+      grep "src-bridge" "$WORK/check-$form" | sed 's/^/# /' >&2
+    "$CKPTFS" inspect "$WORK/bridge-tp2pp2" > "$WORK/inspect-bridge" 2>&1
+    grep -q "'vision_model.embeddings.position_embedding.weight' is missing or not a tensor" "$WORK/inspect-bridge"
+    ok $? "$form: the bridge tree's copy without the option is refused by name" || sed 's/^/# /' "$WORK/inspect-bridge" >&2
   fi
   for kind in tp2pp2 mcore; do
     copy=$WORK/src-$kind-$form
@@ -83,9 +104,11 @@ for f in sys.argv[1:]: torch.load(f, map_location="cpu")' "$mnt"/tp2pp2/release/
     ok $? "$form: transformers loads hf/ of the $kind copy (its config synthesized) to the original's logits" ||
       grep "$copy" "$WORK/check-$form" | sed 's/^/# /' >&2
   done
-  for i in 0 1; do
+  copy_mounts=("$WORK/src-tp2pp2-$form" "$WORK/src-mcore-$form")
+  [[ $form == glm45v ]] && copy_mounts+=("$WORK/bridge" "$WORK/src-bridge")
+  for i in "${!copy_mounts[@]}"; do
     FG_PID=${copy_pids[$i]}
-    fg_unmount "$WORK/src-$([[ $i == 0 ]] && echo tp2pp2 || echo mcore)-$form"
+    fg_unmount "${copy_mounts[$i]}"
   done
   FG_PID=$main_pid
   fg_unmount "$mnt"

@@ -14,7 +14,8 @@ _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING and _weight_to_hf_format) and 
       weights scaled by 2.5. Every norm, bias and the experts' score correction random, so one
       served from the wrong tensor shows.
   glm45v.py check ORIG VIEW LAYOUT OUT [VIEW LAYOUT OUT ...] [--mcore RELEASE] [--hf HF_DIR ...]
-      every rank file of VIEW (ORIG's LAYOUT: tp{T}pp{P}[vpp{V}][ep{E}]) loads with
+      every rank file of VIEW (ORIG's LAYOUT: tp{T}pp{P}[vpp{V}][ep{E}]; "bridge:LAYOUT": with
+      Megatron-Bridge's names, the tower under visual., from glm_45v_bridge.py) loads with
       weights_only=True and holds exactly mbridge's names: on the first stage the tower's, in
       the order of transformers' module's state dict, then the language model's; its args say
       mrope with ORIG's sections, half the head rotated and the MoE as the bridge sets it. Then
@@ -158,7 +159,7 @@ class Rebuilt:
         return out
 
 
-def add_file(rb, sd, layout, p, c, t, e, x, text):
+def add_file(rb, sd, layout, p, c, t, e, x, text, tower_prefix):
     """The entries of chunk C of the file of (TP t, stage p, EP e, expert TP x) into RB."""
     tp, pp, vpp, ep, etp = parse_moe_layout(layout)
     start, _ = chunk_layers(text["num_hidden_layers"], pp, vpp, p, c)
@@ -183,8 +184,8 @@ def add_file(rb, sd, layout, p, c, t, e, x, text):
         where = f"{layout} file ({t}, {p}, {e}) {k}"
         if k.endswith("_extra_state"):
             continue
-        if k.startswith("vision_model."):
-            rb.put_whole("model.visual." + k[len("vision_model."):], v, where)
+        if k.startswith(tower_prefix):
+            rb.put_whole("model.visual." + k[len(tower_prefix):], v, where)
         elif k in direct:
             hf, split = direct[k]
             rb.put_whole(hf, v, where) if split == "whole" else rb.put(hf, split, t, v)
@@ -211,12 +212,16 @@ def add_file(rb, sd, layout, p, c, t, e, x, text):
 
 
 def check_layout(orig, view, layout, out):
+    """LAYOUT "bridge:tpT..." : Megatron-Bridge's tree (glm_45v_bridge.py: the tower as
+    transformers' module under visual.), else mbridge's (vision_model.)."""
+    bridge, layout = layout.startswith("bridge:"), layout.removeprefix("bridge:")
+    tower_prefix = "visual." if bridge else "vision_model."
     config = json.load(open(f"{orig}/config.json"))
     text = dict(config["text_config"])
     text.setdefault("attention_bias", True)
     sections = text["rope_parameters"]["mrope_section"]
     tp, pp, vpp, ep, etp = parse_moe_layout(layout)
-    tower = ["vision_model." + n for n in tower_names(orig)]
+    tower = [tower_prefix + n for n in tower_names(orig)]
     rb, bad, files = Rebuilt(text), [], 0
     for p in range(pp):
         for t, e, x, writes in rank_grid(tp, ep, etp):
@@ -246,7 +251,7 @@ def check_layout(orig, view, layout, out):
                                f"unexpected {sorted(set(got) - set(want))[:3]}")
                 elif p == 0 and c == 0 and got[:len(tower)] != tower:
                     bad.append(f"{path}: the tower's entries are not first in its module's order")
-                add_file(rb, sd, layout, p, c, t, e, x, text)
+                add_file(rb, sd, layout, p, c, t, e, x, text, tower_prefix)
     hf = rb.tensors()
     orig_tensors = vlm.st_tensors(orig)
     bad += rb.errors
@@ -255,7 +260,8 @@ def check_layout(orig, view, layout, out):
     bad += [f"rebuilt: {k} differs" for k in sorted(set(hf) & set(orig_tensors))
             if hf[k].shape != orig_tensors[k].shape or not torch.equal(hf[k].view(torch.uint8),
                                                                         orig_tensors[k].view(torch.uint8))][:3]
-    print(f"{'FAIL' if bad or not files else 'PASS'} {view} {layout}: {files} rank files with mbridge's names and args; "
+    whose = "Megatron-Bridge's" if bridge else "mbridge's"
+    print(f"{'FAIL' if bad or not files else 'PASS'} {view} {layout}: {files} rank files with {whose} names and args; "
           f"ORIG's {len(orig_tensors)} tensors rebuilt from them byte for byte" + (f" ({bad[:4]})" if bad else ""))
     if not bad:
         os.makedirs(out)
