@@ -118,8 +118,13 @@ static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v
  * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
  * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
  * hf/ only until the tower has rules. */
+/* GLM-4.5V's MoE: DeepSeek-V3's config; transformers 5 holds its experts fused, saves them one by one */
+static const CkptfsMoeConfig glm4v_moe_config = {"n_routed_experts", "moe_intermediate_size",
+                                                 .shared_count_key = "n_shared_experts", .deepseek_config = true,
+                                                 .sigmoid_routing = true,
+                                                 .saved_per_expert = &ckptfs_saved_per_expert};
 static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", true, false, NULL,
-                                             &deepseek_v3_moe, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
+                                             &glm4v_moe_config, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
                                              .max_positions = 65536, .text_part = "text_config",
                                              .vision_part = "vision_config",
                                              .vision_fields = CKPTFS_FOR_GLM4V_VISION};
