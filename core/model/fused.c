@@ -286,10 +286,16 @@ bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsMod
     *split = 0;
     const CkptfsFusedExperts *forms[] = {saved->held, NULL};
     const char *const patterns[PROJECTIONS] = {saved->gate, saved->up, saved->down};
+    /* the layers' prefixes, in catalog order, each once (from either projection) */
     g_autoptr(GPtrArray) prefixes = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
     for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
-        char *prefix = layer_prefix_of(ckptfs_catalog_at(catalog, i)->name, saved->held->gate_up);
-        if (prefix != NULL)
+        const char *name = ckptfs_catalog_at(catalog, i)->name;
+        char *prefix = layer_prefix_of(name, saved->held->gate_up);
+        prefix = prefix ? prefix : layer_prefix_of(name, saved->held->down);
+        if (prefix != NULL && !g_hash_table_add(seen, prefix))
+            g_free(prefix);
+        else if (prefix != NULL)
             g_ptr_array_add(prefixes, prefix);
     }
     g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
@@ -299,9 +305,9 @@ bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsMod
         g_autofree char *down_name = g_strconcat(prefix, saved->held->down, NULL);
         const CkptfsTensor *gate_up = ckptfs_catalog_find(catalog, gate_up_name);
         const CkptfsTensor *down = ckptfs_catalog_find(catalog, down_name);
-        if (down == NULL)
+        if (gate_up == NULL || down == NULL)
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensor '%s' has no '%s' beside it",
-                               gate_up_name, down_name);
+                               gate_up ? gate_up_name : down_name, gate_up ? down_name : gate_up_name);
         if (model->experts == 0)
             return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensor '%s' in a model config.json gives "
                                "no experts", gate_up_name);
