@@ -293,10 +293,12 @@ bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsMod
         const char *name = ckptfs_catalog_at(catalog, i)->name;
         char *prefix = layer_prefix_of(name, saved->held->gate_up);
         prefix = prefix ? prefix : layer_prefix_of(name, saved->held->down);
-        if (prefix != NULL && !g_hash_table_add(seen, prefix))
+        if (prefix != NULL && g_hash_table_contains(seen, prefix)) {
             g_free(prefix);
-        else if (prefix != NULL)
+        } else if (prefix != NULL) {
+            g_hash_table_add(seen, prefix);
             g_ptr_array_add(prefixes, prefix);
+        }
     }
     g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
     for (guint i = 0; i < prefixes->len; i++) {
