@@ -35,6 +35,11 @@ static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_interme
 static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true};
+/* GLM-4.5V's MoE: DeepSeek-V3's config; transformers 5 holds its experts fused, saves them one by one */
+static const CkptfsMoeConfig glm4v_moe_config = {"n_routed_experts", "moe_intermediate_size",
+                                                 .shared_count_key = "n_shared_experts", .deepseek_config = true,
+                                                 .sigmoid_routing = true,
+                                                 .saved_per_expert = &ckptfs_saved_per_expert};
 
 static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0,
                                          .max_positions = 2048, .attention_bias_on_output = true};
@@ -118,11 +123,6 @@ static const CkptfsArchitecture glm4v = {"Glm4vForConditionalGeneration", "glm4v
  * defaults: 8 key/value heads, 65536 positions, half of each head rotated) with mrope, and
  * GLM-4.1V's tower (Glm4vMoeVisionConfig has Glm4vVisionConfig's fields and defaults); likewise
  * hf/ only until the tower has rules. */
-/* GLM-4.5V's MoE: DeepSeek-V3's config; transformers 5 holds its experts fused, saves them one by one */
-static const CkptfsMoeConfig glm4v_moe_config = {"n_routed_experts", "moe_intermediate_size",
-                                                 .shared_count_key = "n_shared_experts", .deepseek_config = true,
-                                                 .sigmoid_routing = true,
-                                                 .saved_per_expert = &ckptfs_saved_per_expert};
 static const CkptfsArchitecture glm4v_moe = {"Glm4vMoeForConditionalGeneration", "glm4v_moe", true, false, NULL,
                                              &glm4v_moe_config, false, 0, 1e-5, .kv_heads = 8, .partial_rotary = 0.5,
                                              .max_positions = 65536, .text_part = "text_config",
