@@ -33,6 +33,10 @@ import vlm  # noqa: E402
 
 WORLD = 2
 NAMES = ("qwen2_5_vl", "qwen3_vl", "gemma3", "qwen3_vl_moe", "glm4v_moe")
+# GLM-4.5V's language model: GLM-4.1V's heads and rope, one dense layer, then 4 routed experts and
+# a shared one
+GLM4V_MOE_TEXT = dict(vlm.GLM4V_TEXT, num_hidden_layers=2, moe_intermediate_size=32, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1)
 
 
 def make(name):
@@ -56,7 +60,7 @@ def make(name):
                                tie_word_embeddings=False, **vlm.TOKENS)
         model = Qwen3VLMoeForConditionalGeneration(cfg)
     else:  # GLM-4.5V: experts fused in memory, saved one by one
-        cfg = Glm4vMoeConfig(text_config=dict(vlm.GLM4V_MOE_TEXT), vision_config=dict(vlm.GLM4V_VISION),
+        cfg = Glm4vMoeConfig(text_config=dict(GLM4V_MOE_TEXT), vision_config=dict(vlm.GLM4V_VISION),
                              **vlm.GLM4V_TOKENS)
         model = Glm4vMoeForConditionalGeneration(cfg)
     model = model.to(torch.bfloat16)
