@@ -13,6 +13,9 @@ const CkptfsFusedExperts ckptfs_fused_interleaved = {
     .name = "[E, H, 2F] with gate and up interleaved, and [E, F, H]", .gate_up = "mlp.experts.gate_up_proj",
     .down = "mlp.experts.down_proj", .transposed = true, .interleaved = true,
     .gate_up_bias = "mlp.experts.gate_up_proj_bias", .down_bias = "mlp.experts.down_proj_bias"};
+const CkptfsSavedExperts ckptfs_saved_per_expert = {
+    .held = &ckptfs_fused_in_memory, .gate = "mlp.experts.{e}.gate_proj.weight",
+    .up = "mlp.experts.{e}.up_proj.weight", .down = "mlp.experts.{e}.down_proj.weight"};
 
 enum { GATE, UP, DOWN, PROJECTIONS };
 /* The experts' biases (families whose experts have them): gate's, up's, down's. */
@@ -40,13 +43,20 @@ static bool expert_names(const CkptfsFamily *family, const char *names[PROJECTIO
                        "projections for fused expert tensors to be read as", family->name);
 }
 
-/* Layer L's name prefix ("model.layers.L.", an MTP layer's "mtp.layers.0.") + PATTERN with "{e}"
- * replaced by EXPERT. */
-static char *layer_name(const CkptfsModel *m, uint64_t layer, const char *pattern, uint64_t expert)
+/* PREFIX + PATTERN with "{e}" replaced by EXPERT. */
+static char *expert_name(const char *prefix, const char *pattern, uint64_t expert)
 {
     g_autofree char *e = g_strdup_printf("%" G_GUINT64_FORMAT, expert);
     g_auto(GStrv) parts = g_strsplit(pattern, "{e}", -1);
     g_autofree char *suffix = g_strjoinv(e, parts);
+    return g_strconcat(prefix, suffix, NULL);
+}
+
+/* Layer L's name prefix ("model.layers.L.", an MTP layer's "mtp.layers.0.") + PATTERN with "{e}"
+ * replaced by EXPERT. */
+static char *layer_name(const CkptfsModel *m, uint64_t layer, const char *pattern, uint64_t expert)
+{
+    g_autofree char *suffix = expert_name("", pattern, expert);
     return ckptfs_model_hf_layer_name(m, layer, suffix);
 }
 
@@ -141,21 +151,19 @@ static const CkptfsFusedExperts *layer_form(const CkptfsModel *m, const CkptfsFu
     return found;
 }
 
-/* Adds expert E's per-expert tensors of layer L (NAMES) as pieces of GATE_UP and DOWN. */
-static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form, uint64_t l,
-                       uint64_t e, const char *const names[PROJECTIONS], const CkptfsTensor *gate_up,
-                       const CkptfsTensor *down, GError **error)
+/* Adds expert E's tensors NAMES (gate, up, down; whole names) as pieces of GATE_UP and DOWN. */
+static bool add_expert_named(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
+                             uint64_t e, char *const names[PROJECTIONS], const CkptfsTensor *gate_up,
+                             const CkptfsTensor *down, GError **error)
 {
     uint64_t h = m->hidden, f = m->moe_ffn;
     if (gate_up->mxfp4 && down->mxfp4 && form->transposed) {
         /* MXFP4 (GPT-OSS's releases): stored [E, out, in] and served transposed, so an expert's
          * projection is a run of stored rows, every other one for gate and up interleaved */
         uint64_t apart = form->interleaved ? 2 : 1, up_first = form->interleaved ? 1 : f;
-        g_autofree char *gate = layer_name(m, l, names[GATE], e), *up = layer_name(m, l, names[UP], e);
-        g_autofree char *down_name = layer_name(m, l, names[DOWN], e);
-        return ckptfs_catalog_add_mxfp4_rows(catalog, gate, gate_up, e * 2 * f, apart, f, error) &&
-               ckptfs_catalog_add_mxfp4_rows(catalog, up, gate_up, e * 2 * f + up_first, apart, f, error) &&
-               ckptfs_catalog_add_mxfp4_rows(catalog, down_name, down, e * h, 1, h, error);
+        return ckptfs_catalog_add_mxfp4_rows(catalog, names[GATE], gate_up, e * 2 * f, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, names[UP], gate_up, e * 2 * f + up_first, apart, f, error) &&
+               ckptfs_catalog_add_mxfp4_rows(catalog, names[DOWN], down, e * h, 1, h, error);
     }
     size_t isz = ckptfs_dtype_size(gate_up->stored);
     const CkptfsPiece *gp, *dp;
@@ -178,16 +186,26 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
         {dbase, do_step * isz, di_step * isz, h, f, dp, down},
     };
     for (int p = 0; p < PROJECTIONS; p++) {
-        g_autofree char *name = layer_name(m, l, names[p], e);
         uint64_t shape[2] = {parts[p].rows, parts[p].cols};
         CkptfsPiece piece = {.row0 = 0, .row1 = shape[0], .col0 = 0, .col1 = shape[1], .src = parts[p].in->src,
                              .offset = parts[p].offset, .row_stride = parts[p].row_stride,
                              .col_stride = parts[p].col_stride};
-        if (!ckptfs_catalog_add_reshaped(catalog, name, parts[p].of->dtype, parts[p].of->stored, 2, shape, 0, &piece,
-                                         1, error))
+        if (!ckptfs_catalog_add_reshaped(catalog, names[p], parts[p].of->dtype, parts[p].of->stored, 2, shape, 0,
+                                         &piece, 1, error))
             return false;
     }
     return true;
+}
+
+/* Adds expert E's per-expert tensors of layer L (NAMES) as pieces of GATE_UP and DOWN. */
+static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form, uint64_t l,
+                       uint64_t e, const char *const names[PROJECTIONS], const CkptfsTensor *gate_up,
+                       const CkptfsTensor *down, GError **error)
+{
+    g_autofree char *gate = layer_name(m, l, names[GATE], e), *up = layer_name(m, l, names[UP], e);
+    g_autofree char *down_name = layer_name(m, l, names[DOWN], e);
+    char *const full[PROJECTIONS] = {gate, up, down_name};
+    return add_expert_named(catalog, m, form, e, full, gate_up, down, error);
 }
 
 /* Adds expert E's bias vectors of layer L (NAMES: gate's, up's, down's) as pieces of the fused
@@ -245,6 +263,78 @@ static bool layer_biases(const CkptfsCatalog *catalog, const CkptfsModel *m, con
         }
         *out[i] = t;
     }
+    return true;
+}
+
+/* NAME's layer prefix ("model.language_model.layers.1.") when it is that prefix + SUFFIX, the
+ * prefix ending in a layer's number; else NULL. */
+static char *layer_prefix_of(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix), digits = 0;
+    if (n <= k + 1 || strcmp(name + n - k, suffix) != 0 || name[n - k - 1] != '.')
+        return NULL;
+    while (digits < n - k - 1 && g_ascii_isdigit(name[n - k - 2 - digits]))
+        digits++;
+    if (digits == 0 || (digits < n - k - 1 && name[n - k - 2 - digits] != '.'))
+        return NULL;
+    return g_strndup(name, n - k);
+}
+
+bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsModel *model,
+                                         const CkptfsSavedExperts *saved, unsigned *split, GError **error)
+{
+    *split = 0;
+    const CkptfsFusedExperts *forms[] = {saved->held, NULL};
+    const char *const patterns[PROJECTIONS] = {saved->gate, saved->up, saved->down};
+    /* the layers' prefixes, in catalog order, each once (from either projection) */
+    g_autoptr(GPtrArray) prefixes = g_ptr_array_new_with_free_func(g_free);
+    g_autoptr(GHashTable) seen = g_hash_table_new(g_str_hash, g_str_equal);
+    for (unsigned i = 0; i < ckptfs_catalog_count(catalog); i++) {
+        const char *name = ckptfs_catalog_at(catalog, i)->name;
+        char *prefix = layer_prefix_of(name, saved->held->gate_up);
+        prefix = prefix ? prefix : layer_prefix_of(name, saved->held->down);
+        if (prefix != NULL && g_hash_table_contains(seen, prefix)) {
+            g_free(prefix);
+        } else if (prefix != NULL) {
+            g_hash_table_add(seen, prefix);
+            g_ptr_array_add(prefixes, prefix);
+        }
+    }
+    g_autoptr(GHashTable) fused = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+    for (guint i = 0; i < prefixes->len; i++) {
+        const char *prefix = g_ptr_array_index(prefixes, i);
+        g_autofree char *gate_up_name = g_strconcat(prefix, saved->held->gate_up, NULL);
+        g_autofree char *down_name = g_strconcat(prefix, saved->held->down, NULL);
+        const CkptfsTensor *gate_up = ckptfs_catalog_find(catalog, gate_up_name);
+        const CkptfsTensor *down = ckptfs_catalog_find(catalog, down_name);
+        if (gate_up == NULL || down == NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensor '%s' has no '%s' beside it",
+                               gate_up ? gate_up_name : down_name, gate_up ? down_name : gate_up_name);
+        if (model->experts == 0)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "fused expert tensor '%s' in a model config.json gives "
+                               "no experts", gate_up_name);
+        if (layer_form(model, forms, gate_up, down, error) == NULL)
+            return false;
+        char *names[PROJECTIONS] = {NULL};
+        bool added = true;
+        for (uint64_t e = 0; e < model->experts && added; e++) {
+            for (int p = 0; p < PROJECTIONS; p++)
+                names[p] = expert_name(prefix, patterns[p], e);
+            for (int p = 0; p < PROJECTIONS && added; p++)
+                if (ckptfs_catalog_find(catalog, names[p]) != NULL)
+                    added = ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "'%s' holds its experts both fused ('%s') and "
+                                        "one by one ('%s')", prefix, gate_up_name, names[p]);
+            added = added && add_expert_named(catalog, model, saved->held, e, names, gate_up, down, error);
+            for (int p = 0; p < PROJECTIONS; p++)
+                g_clear_pointer(&names[p], g_free);
+        }
+        if (!added)
+            return false;
+        g_hash_table_add(fused, g_steal_pointer(&gate_up_name));
+        g_hash_table_add(fused, g_steal_pointer(&down_name));
+        (*split)++;
+    }
+    ckptfs_catalog_remove(catalog, fused);
     return true;
 }
 

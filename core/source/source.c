@@ -401,6 +401,47 @@ static bool holds_module_names(const CkptfsCatalog *catalog, const CkptfsArchite
     return false;
 }
 
+/* A source keyed by the names a model holds in memory (verl's FSDP shards), of an architecture
+ * whose save_pretrained writes the experts it holds fused one by one (GLM-4.5V): its catalog gets
+ * them so, strided pieces of the fused tensors, for hf/ and the Megatron views alike. What cannot
+ * be split so is refused by name: hf/ would otherwise serve names save_pretrained never writes. */
+static bool split_experts_as_saved(CkptfsSource *source, GError **error)
+{
+    if (source->config == NULL || source->weight_files->len > 0)
+        return true;
+    const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
+    if (arch == NULL || arch->moe == NULL || arch->moe->saved_per_expert == NULL)
+        return true;
+    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
+    model->arch = arch;
+    GError *why = NULL;
+    /* a VLM's language model is its text part's */
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &why);
+    if (text == NULL || !ckptfs_model_read_config(text, model, &why)) {
+        g_clear_error(&why); /* the mount reads the model again and says why */
+        return true;
+    }
+    CkptfsCatalog *split = ckptfs_catalog_copy(source->catalog);
+    unsigned layers = 0;
+    if (!ckptfs_fused_experts_split_as_saved(split, model, arch->moe->saved_per_expert, &layers, &why)) {
+        ckptfs_catalog_free(split);
+        g_set_error(error, CKPTFS_ERROR, why->code, "%s: %s's experts as save_pretrained writes them: %s",
+                    source->dir, arch->hf_architecture, why->message);
+        g_error_free(why);
+        return false;
+    }
+    if (layers == 0) {
+        ckptfs_catalog_free(split);
+        return true;
+    }
+    ckptfs_catalog_free(source->catalog);
+    source->catalog = split;
+    g_autofree char *found = source->found;
+    source->found = g_strdup_printf("%s%sexperts held fused in %u layers: served one by one, as save_pretrained "
+                                    "writes them", found ? found : "", found ? "; " : "", layers);
+    return true;
+}
+
 /* A checkpoint under a later transformers' module names (a VLM's model.language_model.*): the
  * Megatron views read it under the rules' names (Qwen2.5-VL's release's), from a catalog of their own; hf/
  * serves the source's own names. A clash costs the Megatron views, not hf/. */
@@ -550,6 +591,10 @@ CkptfsSource *ckptfs_source_open(const char *path, const CkptfsOptions *options,
     bool dequantized = false;
     if (!dequantize_fp8(source, options, &dequantized, error) ||
         !dequantize_mxfp4(source, options, &dequantized, error)) {
+        ckptfs_source_free(source);
+        return NULL;
+    }
+    if (!split_experts_as_saved(source, error)) { /* before serve_dtype: the experts count as converted */
         ckptfs_source_free(source);
         return NULL;
     }

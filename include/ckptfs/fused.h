@@ -29,6 +29,18 @@ typedef struct CkptfsFusedExperts {
 
 /* transformers 5's experts module in memory: [E, 2F, H] gate then up, [E, H, F] */
 extern const CkptfsFusedExperts ckptfs_fused_in_memory;
+
+/* Experts an architecture's transformers class holds fused (HELD) and its save_pretrained writes
+ * one tensor per expert and projection (its weight conversion): the names after a layer's prefix,
+ * "{e}" the expert. */
+typedef struct CkptfsSavedExperts {
+    const CkptfsFusedExperts *held;
+    const char *gate, *up, *down;
+} CkptfsSavedExperts;
+
+/* transformers 5.12.1's qwen2_moe conversion (GLM-4.5V's among others): held as
+ * ckptfs_fused_in_memory, saved as mlp.experts.{e}.gate_proj.weight, up_proj, down_proj */
+extern const CkptfsSavedExperts ckptfs_saved_per_expert;
 /* Qwen3-VL-MoE's releases: [E, H, 2F] gate then up, [E, F, H] */
 extern const CkptfsFusedExperts ckptfs_fused_transposed;
 /* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H], with biases */
@@ -44,6 +56,14 @@ extern const CkptfsFusedExperts ckptfs_fused_interleaved;
  * the layers. */
 bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model,
                                 const CkptfsFusedExperts *const *forms, unsigned *split, GError **error);
+
+/* The fused tensors of SAVED's held form in CATALOG (any name ending in a layer's number and its
+ * gate_up name: "model.language_model.layers.1.mlp.experts.gate_up_proj", as a model holds them
+ * in memory) replaced by the per-expert tensors its save_pretrained writes under the same layer
+ * prefix, each a strided piece of the fused one (no byte copied). MODEL gives the expert count
+ * and sizes. Refused by name as ckptfs_fused_experts_split refuses. *SPLIT counts the layers. */
+bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsModel *model,
+                                         const CkptfsSavedExperts *saved, unsigned *split, GError **error);
 
 /* Whether CATALOG holds a fused tensor of FORMS for some MoE layer of MODEL. */
 bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,

@@ -37,6 +37,10 @@ typedef struct {
      * releases' (Qwen3-VL-MoE): hf/ of a source held per expert (a Megatron one) serves them fused
      * so; NULL: per expert */
     const struct CkptfsFusedExperts *hf_form;
+    /* Its transformers class holds the experts fused and save_pretrained writes them one by one
+     * (GLM-4.5V): a source keyed by the names held in memory (verl's FSDP shards) serves them as
+     * saved; NULL: saved as held */
+    const struct CkptfsSavedExperts *saved_per_expert;
 } CkptfsMoeConfig;
 
 typedef struct CkptfsArchitecture {

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# verl FSDP2 shards of vision-language models: a tiny Qwen2.5-VL (untied), Qwen3-VL (tied) and
-# Gemma 3 VLM (tied) built by transformers 5 in the sid root, wrapped by torch 2.14's fully_shard
-# on 2 gloo ranks and saved as verl saves an actor (fsdp_vlm.py). hf/ holds the tensors
-# save_pretrained wrote for the same model (Qwen2.5-VL's under the release's names, Qwen3-VL's
-# under the module names, Gemma 3's under language_model.model.*; tied heads left out), bit for
-# bit, and gives its logits; the root lists the Hugging Face source's views and its Megatron views
-# are byte-identical to the source's; a missing rank file and an unknown vision field are refused
-# by name.
+# verl FSDP2 shards of vision-language models: a tiny Qwen2.5-VL (untied), Qwen3-VL (tied),
+# Gemma 3 VLM (tied), Qwen3-VL-MoE and GLM-4.5V (untied) built by transformers 5 in the sid root,
+# wrapped by torch 2.14's fully_shard on 2 gloo ranks and saved as verl saves an actor
+# (fsdp_vlm.py). hf/ holds the tensors save_pretrained wrote for the same model (Qwen2.5-VL's
+# under the release's names, Qwen3-VL's under the module names, Gemma 3's under
+# language_model.model.*; tied heads left out; Qwen3-VL-MoE's experts fused, GLM-4.5V's one by one
+# as its save writes the experts it holds fused), bit for bit, and gives its logits; the root lists
+# the Hugging Face source's views and its Megatron views are byte-identical to the source's; a
+# missing rank file, fused experts not of config.json's count and an unknown vision field are
+# refused by name.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
 script=$TESTS_TOP/tests/lib/fsdp_vlm.py
-vlm=$TESTS_TOP/tests/lib/vlm.py
 models=$WORK/models
 mkdir -p "$models"
 if ! sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/build.err"; then
@@ -21,8 +22,9 @@ if ! sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/
 fi
 ok 0 "fsdp_vlm.py build: two gloo ranks save the VLMs as FSDP2 shards (torch 2.14: a layout and rank map pickled for the mesh)"
 
+names=(qwen2_5_vl qwen3_vl gemma3 qwen3_vl_moe glm4v_moe)
 pairs=()
-for name in qwen2_5_vl qwen3_vl gemma3; do
+for name in "${names[@]}"; do
   role=$models/$name/actor
   src=$models/$name/hf
   check "$name: inspect says verl FSDP2, world size 2" bash -c \
@@ -41,21 +43,18 @@ sys.exit(got.pop('torch_dtype') != 'bfloat16' or got != want)"
   for v in tp2pp2 mcore; do
     [[ -d $srcmnt/$v ]] && check "  $v/ is byte-identical to $v/ of the Hugging Face source" diff -r "$mnt/$v" "$srcmnt/$v"
   done
-  [[ $name == gemma3 ]] || pairs+=("$src" "$mnt/hf")
+  pairs+=("$src" "$mnt/hf")
 done
-# The transformers checks, each in one process of the sid root (a start costs seconds).
-sid_python "$WORK" "$vlm" samehf_pairs "$models/qwen2_5_vl/hf" "$WORK/mnt-qwen2_5_vl/hf" "$models/qwen3_vl/hf" \
-  "$WORK/mnt-qwen3_vl/hf" "$models/gemma3/hf" "$WORK/mnt-gemma3/hf" > "$WORK/same.out" 2>&1
-sid_python "$WORK" "$vlm" logits_pairs "${pairs[@]}" >> "$WORK/same.out" 2>&1
-sid_python "$WORK" "$TESTS_TOP/tests/lib/gemma3.py" vlm-logits "$models/gemma3/hf" "$WORK/mnt-gemma3/hf" \
-  >> "$WORK/same.out" 2>&1
+# The transformers checks in one process of the sid root (a start costs seconds): per model
+# save_pretrained's tensors bit for bit and the logits, Gemma 3's also changed by another image.
+sid_python "$WORK" "$script" check "${pairs[@]}" > "$WORK/same.out" 2>&1
 while read -r verdict what; do
   [[ $verdict == PASS || $verdict == FAIL ]] || continue
   ok $([[ $verdict == PASS ]]; echo $?) "${what//$WORK\//}"
 done < "$WORK/same.out"
-check "the transformers checks gave 7 verdicts" test "$(grep -cE '^(PASS|FAIL) ' "$WORK/same.out")" -eq 7
-[[ $(grep -cE '^(PASS|FAIL) ' "$WORK/same.out") -eq 7 ]] || fail_diag "$(tail -c 600 "$WORK/same.out")"
-for name in qwen2_5_vl qwen3_vl gemma3; do unmount_ckptfs "$WORK/mnt-$name"; unmount_ckptfs "$WORK/src-$name"; done
+check "the transformers checks gave 11 verdicts" test "$(grep -cE '^(PASS|FAIL) ' "$WORK/same.out")" -eq 11
+[[ $(grep -cE '^(PASS|FAIL) ' "$WORK/same.out") -eq 11 ]] || fail_diag "$(tail -c 600 "$WORK/same.out")"
+for name in "${names[@]}"; do unmount_ckptfs "$WORK/mnt-$name"; unmount_ckptfs "$WORK/src-$name"; done
 
 # A rank file missing: named.
 bad=$WORK/norank
@@ -68,6 +67,18 @@ ok $([[ $rc -eq 1 ]] && grep -qF 'model_world_size_2_rank_1.pt' "$WORK/err"; ech
 "$CKPTFS" inspect "$models/badmesh" > /dev/null 2> "$WORK/err" && rc=0 || rc=$?
 ok $([[ $rc -eq 1 ]] && grep -qF "model_world_size_2_rank_0.pt: 'model.visual.patch_embed.proj.weight': its device mesh's layout reaches past its rank map of 1" "$WORK/err"; echo $?) \
   "a device mesh whose layout reaches past its rank map is refused by name ($(head -c 300 "$WORK/err"))"
+# GLM-4.5V's fused experts whose first dimension is not config.json's expert count: named.
+bad=$WORK/badexperts
+cp -r "$models/glm4v_moe/actor" "$bad"
+$PY -c "
+import json
+p = '$bad/huggingface/config.json'
+c = json.load(open(p))
+c['text_config']['n_routed_experts'] = 2
+json.dump(c, open(p, 'w'), indent=2)"
+"$CKPTFS" inspect "$bad" > /dev/null 2> "$WORK/err" && rc=0 || rc=$?
+ok $([[ $rc -eq 1 ]] && grep -qF "fused expert tensor 'model.language_model.layers.1.mlp.experts.gate_up_proj' is [4, 64, 64]: it must be 3-dimensional, its first dimension the 2 experts config.json gives" "$WORK/err"; echo $?) \
+  "fused experts not of config.json's count are refused by name ($(head -c 300 "$WORK/err"))"
 # A vision field no rule reads: named for the Megatron views, hf/ still served.
 bad=$WORK/badvision
 cp -r "$models/qwen2_5_vl/actor" "$bad"

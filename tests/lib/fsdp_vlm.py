@@ -11,7 +11,14 @@
       embeddings, the tensors saved under the release's names), qwen3_vl (tied embeddings, saved
       under the module names) and gemma3 (Gemma 3's VLM, tied, saved under language_model.model.,
       vision_tower., multi_modal_projector.). OUT/badmesh: qwen2_5_vl's actor whose rank 0 file's
-      device mesh has a rank map of one rank under its layout of two.
+      device mesh has a rank map of one rank under its layout of two. Also qwen3_vl_moe
+      (Qwen3-VL-MoE: its experts fused in memory and as saved) and glm4v_moe (GLM-4.5V: its
+      experts fused in memory, saved one by one; its router bias kept fp32 as from_pretrained
+      keeps it), both untied.
+  fsdp_vlm.py check ORIG HF_DIR [ORIG HF_DIR ...]
+      in one process, for each pair: HF_DIR holds ORIG's tensors bit for bit (vlm.py samehf) and
+      gives its logits on an image + text input (vlm.py logits; GLM-4.5V's with glm4v_inputs,
+      Gemma 3's as gemma3.py vlm-logits). Prints "PASS what" or "FAIL what: why".
 """
 import json
 import os
@@ -25,11 +32,18 @@ import gemma3  # noqa: E402  (the tiny models' sizes)
 import vlm  # noqa: E402
 
 WORLD = 2
+NAMES = ("qwen2_5_vl", "qwen3_vl", "gemma3", "qwen3_vl_moe", "glm4v_moe")
+# GLM-4.5V's language model: GLM-4.1V's heads and rope, one dense layer, then 4 routed experts and
+# a shared one
+GLM4V_MOE_TEXT = dict(vlm.GLM4V_TEXT, num_hidden_layers=2, moe_intermediate_size=32, n_routed_experts=4,
+                      num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1)
 
 
 def make(name):
-    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Qwen2_5_VLConfig,
-                              Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration, Glm4vMoeConfig,
+                              Glm4vMoeForConditionalGeneration, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                              Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig,
+                              Qwen3VLMoeForConditionalGeneration)
     torch.manual_seed(0)
     if name == "gemma3":
         model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=dict(gemma3.TEXT),
@@ -37,11 +51,22 @@ def make(name):
     elif name == "qwen2_5_vl":
         cfg = Qwen2_5_VLConfig(text_config=dict(vlm.TEXT), vision_config=dict(vlm.VISION), **vlm.TOKENS)
         model = Qwen2_5_VLForConditionalGeneration(cfg)
-    else:  # Qwen3-VL's small releases tie the head to the embedding
+    elif name == "qwen3_vl":  # Qwen3-VL's small releases tie the head to the embedding
         cfg = Qwen3VLConfig(text_config=dict(vlm.QWEN3_TEXT), vision_config=dict(vlm.QWEN3_VISION),
                             tie_word_embeddings=True, **vlm.TOKENS)
         model = Qwen3VLForConditionalGeneration(cfg)
+    elif name == "qwen3_vl_moe":  # experts fused in memory and on disk
+        cfg = Qwen3VLMoeConfig(text_config=dict(vlm.QWEN3_MOE), vision_config=dict(vlm.QWEN3_VISION),
+                               tie_word_embeddings=False, **vlm.TOKENS)
+        model = Qwen3VLMoeForConditionalGeneration(cfg)
+    else:  # GLM-4.5V: experts fused in memory, saved one by one
+        cfg = Glm4vMoeConfig(text_config=dict(GLM4V_MOE_TEXT), vision_config=dict(vlm.GLM4V_VISION),
+                             **vlm.GLM4V_TOKENS)
+        model = Glm4vMoeForConditionalGeneration(cfg)
     model = model.to(torch.bfloat16)
+    for key, buf in model.named_buffers():  # GLM-4.5V's router bias: fp32, as from_pretrained keeps it
+        if any(key.endswith(k) for k in getattr(model, "_keep_in_fp32_modules_strict", None) or ()):
+            buf.data = (0.1 * torch.randn(buf.shape)).float()
     with torch.no_grad():  # random norms, so a norm served from the wrong tensor shows
         for key, p in model.named_parameters():
             if p.dim() == 1:
@@ -68,7 +93,7 @@ def worker(rank, hf, role):
 
 def build(out):
     import torch.multiprocessing as mp
-    for name in ("qwen2_5_vl", "qwen3_vl", "gemma3"):
+    for name in NAMES:
         hf, role = f"{out}/{name}/hf", f"{out}/{name}/actor"
         make(name).save_pretrained(hf)
         os.makedirs(f"{role}/huggingface")
@@ -89,8 +114,23 @@ def build(out):
     torch.save(state, path)
 
 
+def check(pairs):
+    for orig, hf_dir in pairs:
+        vlm.samehf(orig, [hf_dir])
+        with open(f"{orig}/config.json") as f:
+            arch = json.load(f)["architectures"][0]
+        if arch == "Gemma3ForConditionalGeneration":
+            gemma3.vlm_logits(orig, hf_dir)
+        elif arch.startswith("Glm4v"):
+            vlm.logits(orig, [hf_dir], arch, vlm.glm4v_inputs)
+        else:
+            vlm.logits(orig, [hf_dir])
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["build"] and len(sys.argv) == 3:
         build(sys.argv[2])
+    elif sys.argv[1:2] == ["check"] and len(sys.argv) % 2 == 0:
+        check(zip(sys.argv[2::2], sys.argv[3::2]))
     else:
         sys.exit(__doc__)

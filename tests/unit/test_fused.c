@@ -3,8 +3,9 @@
  * (transformers 5's [E, 2F, H], the transposed [E, H, 2F] of Qwen3-VL-MoE's releases, GPT-OSS's
  * transposed and interleaved one), bf16, fp32 and fp32 served as bf16, whole and as random
  * rectangles; the fused tensors of hf/ joined from per-expert tensors split in pieces across
- * files (a TP split's); a multi-token prediction layer's fused experts (its own prefix); refusals by
- * name. */
+ * files (a TP split's); a multi-token prediction layer's fused experts (its own prefix); experts
+ * held fused split into the per-expert tensors save_pretrained writes (GLM-4.5V's), from shards;
+ * refusals by name. */
 #include <glib.h>
 #include <glib/gstdio.h>
 #include <string.h>
@@ -361,6 +362,128 @@ static void test_join(const RandomSources *s)
     }
 }
 
+/* Expert E's rows of a fused [E, d1, d2] tensor sharded on its experts as FSDP2's Shard(0) on two
+ * ranks: experts [0, 2) at AT in src 0, [2, E) at AT in src 1. */
+static const uint8_t *sharded_element(const RandomSources *s, uint64_t at, size_t isz, uint64_t e, uint64_t d1,
+                                      uint64_t d2, uint64_t i0, uint64_t i1)
+{
+    uint32_t src = e < 2 ? 0 : 1;
+    return s->data[src] + at + (((e < 2 ? e : e - 2) * d1 + i0) * d2 + i1) * isz;
+}
+
+static void add_sharded(CkptfsCatalog *catalog, const char *name, uint64_t d1, uint64_t d2, uint64_t at)
+{
+    uint64_t shape[3] = {E, d1, d2}, row = d1 * d2 * 4;
+    CkptfsPiece pieces[2] = {{.row0 = 0, .row1 = 2, .col0 = 0, .col1 = d1 * d2, .src = 0, .offset = at,
+                              .row_stride = row},
+                             {.row0 = 2, .row1 = E, .col0 = 0, .col1 = d1 * d2, .src = 1, .offset = at,
+                              .row_stride = row}};
+    ckptfs_catalog_add_pieces(catalog, name, CKPTFS_DTYPE_F32, 3, shape, pieces, 2, NULL);
+}
+
+/* GLM-4.5V's experts held fused ([E, 2F, H], [E, H, F]) under a VLM's layer prefix, sharded on the
+ * experts across two files as verl's FSDP2 shards hold them, fp32 served as bf16: split into the
+ * per-expert tensors transformers' save_pretrained writes (mlp.experts.{e}.gate_proj.weight, ...),
+ * each the shards' bytes by the form's definition; other tensors left; refusals by name. */
+static void test_split_as_saved(const RandomSources *s)
+{
+    CkptfsModel model;
+    model_init(&model);
+    const char *prefix = "model.language_model.layers.";
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    for (uint64_t l = 0; l < LAYERS; l++) {
+        g_autofree char *gate_up = g_strdup_printf("%s%" G_GUINT64_FORMAT ".mlp.experts.gate_up_proj", prefix, l);
+        g_autofree char *down = g_strdup_printf("%s%" G_GUINT64_FORMAT ".mlp.experts.down_proj", prefix, l);
+        add_sharded(catalog, gate_up, 2 * F, H, fused_offset(l, 0, 4));
+        add_sharded(catalog, down, H, F, fused_offset(l, 1, 4));
+    }
+    uint64_t other_shape[2] = {E, H};
+    ckptfs_catalog_add_contiguous(catalog, "model.language_model.layers.0.mlp.gate.weight", CKPTFS_DTYPE_F32, 2,
+                                  other_shape, 0, 0);
+    ckptfs_catalog_serve_as(catalog, CKPTFS_DTYPE_BF16, NULL);
+    unsigned layers = 0;
+    GError *error = NULL;
+    bool split = ckptfs_fused_experts_split_as_saved(catalog, &model, &ckptfs_saved_per_expert, &layers, &error);
+    int found = 0, equal = 0;
+    for (uint64_t l = 0; split && l < LAYERS; l++)
+        for (unsigned e = 0; e < E; e++)
+            for (int p = 0; p < 3; p++) {
+                g_autofree char *name = g_strdup_printf("%s%" G_GUINT64_FORMAT ".mlp.experts.%u.%s.weight", prefix, l,
+                                                        e, per_expert[p]);
+                const CkptfsTensor *t = ckptfs_catalog_find(catalog, name);
+                uint64_t rows = p < 2 ? F : H, cols = p < 2 ? H : F;
+                if (t == NULL || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+                    t->dtype != CKPTFS_DTYPE_BF16)
+                    continue;
+                found++;
+                g_autoptr(GByteArray) want = g_byte_array_new();
+                for (uint64_t r = 0; r < rows; r++)
+                    for (uint64_t c = 0; c < cols; c++) {
+                        const uint8_t *at = p < 2 ? sharded_element(s, fused_offset(l, 0, 4), 4, e, 2 * F, H,
+                                                                    (uint64_t)p * F + r, c)
+                                                  : sharded_element(s, fused_offset(l, 1, 4), 4, e, H, F, r, c);
+                        served(at, 4, true, want);
+                    }
+                equal += read_equal(s, t, 0, rows, 0, cols, want);
+            }
+    g_autofree char *gone = g_strdup_printf("%s1.mlp.experts.down_proj", prefix);
+    tap_ok(split && layers == LAYERS && found == LAYERS * E * 3 && !ckptfs_catalog_find(catalog, gone) &&
+               ckptfs_catalog_find(catalog, "model.language_model.layers.0.mlp.gate.weight") &&
+               ckptfs_catalog_count(catalog) == LAYERS * E * 3 + 1,
+           "held fused under model.language_model.layers.N., sharded on the experts: split into the %d per-expert "
+           "tensors save_pretrained writes, the fused ones gone, the router left (%s)", LAYERS * E * 3,
+           error ? error->message : "ok");
+    tap_ok(equal == found && found > 0, "  each the shards' bytes by [E, 2F, H] and [E, H, F], as bf16 (%d/%d)", equal,
+           found);
+    g_clear_error(&error);
+    ckptfs_catalog_free(catalog);
+
+    struct {
+        const char *what, *want;
+        uint64_t experts;
+        bool no_down, per_expert_too;
+    } cases[] = {
+        {"first dimension not the expert count", "its first dimension the 4 experts config.json gives", E + 1, false,
+         false},
+        {"no down_proj", "has no 'model.language_model.layers.3.mlp.experts.down_proj'", E, true, false},
+        {"no gate_up_proj", "has no 'model.language_model.layers.3.mlp.experts.gate_up_proj'", E, false, false},
+        {"per-expert tensors too", "both fused", E, false, true},
+    };
+    for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+        catalog = ckptfs_catalog_new();
+        uint64_t gate_up[3] = {E, 2 * F, H}, down[3] = {E, H, F}, one[2] = {F, H};
+        bool no_gate_up = strstr(cases[i].what, "gate_up") != NULL;
+        if (!no_gate_up)
+            ckptfs_catalog_add_contiguous(catalog, "model.language_model.layers.3.mlp.experts.gate_up_proj",
+                                          CKPTFS_DTYPE_BF16, 3, gate_up, 0, 0);
+        if (!cases[i].no_down)
+            ckptfs_catalog_add_contiguous(catalog, "model.language_model.layers.3.mlp.experts.down_proj",
+                                          CKPTFS_DTYPE_BF16, 3, down, 0, 0);
+        if (cases[i].per_expert_too)
+            ckptfs_catalog_add_contiguous(catalog, "model.language_model.layers.3.mlp.experts.1.up_proj.weight",
+                                          CKPTFS_DTYPE_BF16, 2, one, 0, 0);
+        model.experts = cases[i].experts;
+        split = ckptfs_fused_experts_split_as_saved(catalog, &model, &ckptfs_saved_per_expert, &layers, &error);
+        tap_ok(!split && error && strstr(error->message, cases[i].want) &&
+                   strstr(error->message, "model.language_model.layers.3.mlp.experts."),
+               "held fused, %s: refused by name (%s)", cases[i].what, error ? error->message : "accepted");
+        g_clear_error(&error);
+        ckptfs_catalog_free(catalog);
+    }
+    /* names that only end like a fused tensor: not a layer's, left as they are */
+    catalog = ckptfs_catalog_new();
+    uint64_t gate_up[3] = {E, 2 * F, H};
+    ckptfs_catalog_add_contiguous(catalog, "mlp.experts.gate_up_proj", CKPTFS_DTYPE_BF16, 3, gate_up, 0, 0);
+    ckptfs_catalog_add_contiguous(catalog, "model.layers.x1.mlp.experts.gate_up_proj", CKPTFS_DTYPE_BF16, 3, gate_up,
+                                  0, 0);
+    model.experts = E;
+    split = ckptfs_fused_experts_split_as_saved(catalog, &model, &ckptfs_saved_per_expert, &layers, &error);
+    tap_ok(split && layers == 0 && ckptfs_catalog_count(catalog) == 2,
+           "a fused name under no layer number is left as it is (%s)", error ? error->message : "ok");
+    g_clear_error(&error);
+    ckptfs_catalog_free(catalog);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(33);
@@ -370,6 +493,7 @@ int main(void)
     test_refusals();
     test_mtp_layer(&s);
     test_join(&s);
+    test_split_as_saved(&s);
     random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
