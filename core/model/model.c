@@ -245,7 +245,8 @@ static const CkptfsArchitecture gemma3 = {"Gemma3ForConditionalGeneration", "gem
                                           .vision = &siglip_vision, .vision_fields = CKPTFS_FOR_SIGLIP_VISION,
                                           .megatron_prefix = "language_model.", .module_names = gemma3_module_names,
                                           .language_first = true, .no_virtual_pipeline = true, .text_rope = true,
-                                          .saved_names = gemma3_saved_names};
+                                          .saved_names = gemma3_saved_names, .released_text_part = true,
+                                          .released_under_module_names = true};
 /* Qwen3.5's releases (Qwen3_5ForConditionalGeneration): Qwen3.5's text model in text_config
  * (Qwen3_5TextConfig's defaults, as qwen3_5_text's) with interleaved mrope over the rotated quarter
  * of each head, and Qwen3-VL's tower without its deepstack mergers in vision_config (Qwen3-VL's

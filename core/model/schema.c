@@ -94,13 +94,14 @@ static const CkptfsModelField fields[] = {
      * soft-capping and bidirectional attention are not in Megatron-core 0.17.1 */
     {"rope_local_theta", CKPTFS_FIELD_FLOAT, M(rope_local_theta), CKPTFS_FOR_GEMMA_ATTENTION,
      {"rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta"}, 0, "rope_local_base_freq", NULL,
-     CKPTFS_FIELD_MATH, 10000, 10000, 0, 0, 1e12, {NULL}},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED, 10000, 10000, 0, 0, 1e12, {NULL}},
     {"query_pre_attn_scalar", CKPTFS_FIELD_FLOAT, M(query_pre_attn_scalar), CKPTFS_FOR_GEMMA_ATTENTION,
-     {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL, CKPTFS_FIELD_MATH, 256, 256, 0, 0, 1e12, {NULL}},
+     {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED, 256, 256, 0, 0, 1e12, {NULL}},
     {"attn_softcap", CKPTFS_FIELD_FLOAT, M(attn_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"attn_logit_softcapping"}, 0,
-     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, -1e12, 1e12, {NULL}},
     {"final_softcap", CKPTFS_FIELD_FLOAT, M(final_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"final_logit_softcapping"},
-     0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+     0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, -1e12, 1e12, {NULL}},
     {"bidirectional_attention", CKPTFS_FIELD_BOOL, M(bidirectional_attention), CKPTFS_FOR_GEMMA_ATTENTION,
      {"use_bidirectional_attention"}, 0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0, {NULL}},
     /* Llama 3's scaling: Megatron-core 0.17.1 (apply_rope_scaling) takes the factor and fixes
@@ -1042,6 +1043,8 @@ void ckptfs_schema_write_vision(const CkptfsModel *m, JsonObject *config)
         /* a whole number as an integer: transformers 5 takes tokens_per_second as an int only */
         if (f->type == CKPTFS_FIELD_ACTIVATION)
             json_object_set_string_member(into, name, activation_of(m, f));
+        else if (f->type == CKPTFS_FIELD_BOOL) /* SigLIP's vision_use_head: read back as true or false only */
+            json_object_set_boolean_member(into, name, load(f, m) != 0);
         else if (f->type == CKPTFS_FIELD_FLOAT && load(f, m) != (double)(gint64)load(f, m))
             json_object_set_double_member(into, name, load(f, m));
         else
@@ -1150,8 +1153,11 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             else
                 json_object_set_int_member(into, name, (gint64)v);
             break;
-        case CKPTFS_FIELD_FLOAT:
-            json_object_set_double_member(into, name, v);
+        case CKPTFS_FIELD_FLOAT: /* Gemma's soft-capping: null is none, 0 would divide by it */
+            if (v == 0 && (f->flags & CKPTFS_FIELD_NULL_WHEN_ZERO))
+                json_object_set_null_member(into, name);
+            else
+                json_object_set_double_member(into, name, v);
             break;
         case CKPTFS_FIELD_BOOL:
             if (f->choice[0])
@@ -1164,8 +1170,9 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_string_member(into, name, rope_type_names[(int)v]);
             json_object_set_string_member(into, "type", rope_type_names[(int)v]);
             break;
-        case CKPTFS_FIELD_ACTIVATION:
-            json_object_set_string_member(into, name, activation_of(m, f));
+        case CKPTFS_FIELD_ACTIVATION: /* Gemma's config reads its own name, the row's second */
+            json_object_set_string_member(into, !f->choice[0] && m->arch && m->arch->activation ? f->hf[1] : name,
+                                          activation_of(m, f));
             break;
         case CKPTFS_FIELD_WINDOW:
         case CKPTFS_FIELD_TOKEN_ID:
@@ -1263,8 +1270,19 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         /* Gemma 3's: the gated tanh GELU (gated_linear_unit with openai_gelu) */
         const CkptfsPy *gated = ckptfs_py_dict_get(args, "gated_linear_unit");
         const CkptfsPy *tanh_gelu = ckptfs_py_dict_get(args, "openai_gelu");
-        bool gelu_glu = !swiglu && m->arch && m->arch->activation && gated && gated->kind == CKPTFS_PY_BOOL &&
-                        gated->i && tanh_gelu && tanh_gelu->kind == CKPTFS_PY_BOOL && tanh_gelu->i;
+        bool gelu_glu = !swiglu && gated && gated->kind == CKPTFS_PY_BOOL && gated->i && tanh_gelu &&
+                        tanh_gelu->kind == CKPTFS_PY_BOOL && tanh_gelu->i;
+        const char *wanted = m->arch ? m->arch->activation : NULL; /* NULL: SwiGLU or GPT-OSS's GLU */
+        if (wanted && !gelu_glu)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit and args.openai_gelu "
+                               "are not both true (with swiglu false): %s's MLP is the gated tanh GELU (%s)", path,
+                               m->arch->hf_architecture, wanted);
+        /* the architecture is known here only when named (args.hf_architecture, -o hf_arch): the
+         * features that pick one otherwise do not include the MLP */
+        if (gelu_glu && !wanted)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit with openai_gelu (the "
+                               "gated tanh GELU): %s", path, m->arch ? "the architecture's MLP is SwiGLU"
+                               : "no architecture with that MLP is named (args.hf_architecture or -o hf_arch)");
         if (gelu_glu)
             return true;
         if (!swiglu && !geglu)
@@ -1290,6 +1308,9 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         if ((f->flags & CKPTFS_FIELD_REQUIRED) && !(f->flags & CKPTFS_FIELD_ARGS_OPTIONAL) && f->args_default == 0 &&
             f->derived == CKPTFS_DERIVED_NONE)
             ARGS_ERROR("%s: args.%s is missing or not a positive integer", path, f->args);
+        if (f->flags & CKPTFS_FIELD_ARGS_REQUIRED)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is missing: %s computes with it and "
+                               "Megatron has no default for it", path, f->args, m->arch->hf_architecture);
     } else if (f->type == CKPTFS_FIELD_UINT || f->type == CKPTFS_FIELD_COUNT) {
         if (v->kind != CKPTFS_PY_INT || v->big || v->i < (f->type == CKPTFS_FIELD_UINT))
             ARGS_ERROR("%s: args.%s is missing or not %s", path, f->args,

@@ -463,7 +463,7 @@ typedef struct {
 /* A rank tensor by key, checked to be contiguous with the expected 2-D shape (cols 1 for 1-D)
  * and of the weights' type (OWN_FLOAT: any floating-point type, an fp32 expert bias). */
 static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, uint64_t cols,
-                   bool own_float, const uint64_t *kernel, Located *out)
+                   bool own_float, const uint64_t *kernel, unsigned kernel_dims, Located *out)
 {
     const CkptfsPy *t = ckptfs_py_dict_get(chunk_dict(m, r, v, m->V), key);
     g_hash_table_add(r->used, g_strdup_printf("%u/%s", v, key));
@@ -472,11 +472,14 @@ static bool locate(Mg *m, Rank *r, unsigned v, const char *key, uint64_t rows, u
     uint64_t got_rows = t->tensor->ndim ? t->tensor->shape[0] : 1, got_cols = 1;
     if (t->tensor->ndim > 1 && !ckptfs_dims_product(t->tensor->shape + 1, t->tensor->ndim - 1, &got_cols))
         got_cols = UINT64_MAX; /* no expected shape has that many columns: refused below */
-    /* 3 dims only as [rows, 1, cols] (a convolution's weight); 5 as the patch KERNEL, whole */
+    /* 3 dims only as [rows, 1, cols] (a convolution's weight); KERNEL_DIMS (5 for a Conv3d, 4 for
+     * a Conv2d) as the patch KERNEL, whole */
     bool conv = t->tensor->ndim == 3 && t->tensor->shape[1] == 1;
-    bool patch = kernel && t->tensor->ndim == 5 && memcmp(t->tensor->shape, kernel, 5 * sizeof *kernel) == 0;
-    for (unsigned d = 1; patch && d < 5; d++) /* its trailing dims row-major */
-        patch = t->tensor->stride[d] == (d == 4 ? 1 : t->tensor->stride[d + 1] * t->tensor->shape[d + 1]);
+    bool patch = kernel && t->tensor->ndim == kernel_dims &&
+                 memcmp(t->tensor->shape, kernel, kernel_dims * sizeof *kernel) == 0;
+    for (unsigned d = 1; patch && d < kernel_dims; d++) /* its trailing dims row-major */
+        patch = t->tensor->stride[d] ==
+                (d == kernel_dims - 1 ? 1 : t->tensor->stride[d + 1] * t->tensor->shape[d + 1]);
     if ((kernel && !patch) || (!kernel && t->tensor->ndim > 2 && !conv) || got_rows != rows || got_cols != cols)
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: '%s' has shape [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
                     "]; the args imply [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
@@ -583,7 +586,7 @@ static bool map_experts(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, cons
             g_autofree char *name = ckptfs_expert_legacy_name(rule, grouped, j);
             g_autofree char *entry = ckptfs_legacy_entry_key(m->part, rule, m->prefix, local, name, m->mtp_prefix);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, rule->fp32, NULL, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, NULL, 0, &l))
                 return false;
             /* a replicated expert tensor (GPT-OSS's fc2 bias) whole in every ETP rank: read from the first */
             if (reader && (key->split != CKPTFS_TP_REPLICATED || r->etp == 0))
@@ -614,13 +617,13 @@ static bool map_entries(Mg *m, CkptfsPieceSet *set, unsigned p, unsigned v, Ckpt
         const char *name = ckptfs_rule_legacy_name(rule, m->te);
         g_autofree char *entry = ckptfs_legacy_entry_key(m->part, rule, m->prefix, local, name, m->mtp_prefix);
         uint64_t kernel[5];
-        bool whole_kernel = ckptfs_mcore_kernel_shape(key, m->part, kernel);
+        unsigned kernel_dims = ckptfs_mcore_kernel_shape(key, m->part, kernel);
         for (unsigned f = 0; f < m->F; f++) {
             Rank *r = m->ranks[p * m->F + f];
             uint64_t rows, cols;
             g_autoptr(GArray) parts = ckptfs_mcore_share(key, m->T, r->tp, &rows, &cols);
             Located l = {0};
-            if (!locate(m, r, v, entry, rows, cols, rule->fp32, whole_kernel ? kernel : NULL, &l))
+            if (!locate(m, r, v, entry, rows, cols, rule->fp32, kernel_dims ? kernel : NULL, kernel_dims, &l))
                 return false;
             if (m->dense_reader[r->tp] != f || (key->split == CKPTFS_TP_REPLICATED && r->tp != 0))
                 continue;
