@@ -476,12 +476,16 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     if (named && named->vision_part && !tower_read_back(named)) /* its config is not a text model's */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, named->hf_architecture);
-    if (named && named->vision)
+    /* a text rope's VLM (Gemma 3's): its config.json holds all, text_config and vision_config */
+    if (named && named->vision && !named->text_rope)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
                            "vision tower's and mrope's sizes) is not read as a source yet", what,
                            named->hf_architecture);
     s->arch = named;
-    if (!ckptfs_model_read_config(c, s, error)) {
+    g_autoptr(JsonObject) text = named && named->vision ? ckptfs_schema_text_config(c, named->text_part, error)
+                                                        : json_object_ref(c);
+    if (text == NULL || (named && named->vision && !ckptfs_model_read_vision(c, s, error)) ||
+        !ckptfs_model_read_config(text, s, error)) {
         g_prefix_error(error, "%s without args: ", what);
         return false;
     }
