@@ -97,7 +97,7 @@ static const CkptfsModelField fields[] = {
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED, 10000, 10000, 0, 0, 1e12, {NULL}},
     {"query_pre_attn_scalar", CKPTFS_FIELD_FLOAT, M(query_pre_attn_scalar), CKPTFS_FOR_GEMMA_ATTENTION,
      {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL,
-     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED, 256, 256, 0, 0, 1e12, {NULL}},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED | CKPTFS_FIELD_HF_INTEGER, 256, 256, 0, 0, 1e12, {NULL}},
     {"attn_softcap", CKPTFS_FIELD_FLOAT, M(attn_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"attn_logit_softcapping"}, 0,
      NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, -1e12, 1e12, {NULL}},
     {"final_softcap", CKPTFS_FIELD_FLOAT, M(final_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"final_logit_softcapping"},
@@ -1156,6 +1156,8 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
         case CKPTFS_FIELD_FLOAT: /* Gemma's soft-capping: null is none, 0 would divide by it */
             if (v == 0 && (f->flags & CKPTFS_FIELD_NULL_WHEN_ZERO))
                 json_object_set_null_member(into, name);
+            else if ((f->flags & CKPTFS_FIELD_HF_INTEGER) && v == (double)(gint64)v)
+                json_object_set_int_member(into, name, (gint64)v);
             else
                 json_object_set_double_member(into, name, v);
             break;

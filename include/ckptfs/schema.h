@@ -113,6 +113,9 @@ enum {
     /* config.json may leave it out (transformers' default), args may not: Megatron has no
      * default for it (mbridge's Gemma3TransformerConfig fields), so absent is refused by name */
     CKPTFS_FIELD_ARGS_REQUIRED = 1u << 19,
+    /* a FLOAT config.json has as an integer (transformers 5 validates the type: Gemma's
+     * query_pre_attn_scalar): written as one when whole */
+    CKPTFS_FIELD_HF_INTEGER = 1u << 20,
 };
 
 typedef struct {
