@@ -1279,18 +1279,15 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit and args.openai_gelu "
                                "are not both true (with swiglu false): %s's MLP is the gated tanh GELU (%s)", path,
                                m->arch->hf_architecture, wanted);
-        /* the architecture is known here only when named (args.hf_architecture, -o hf_arch): the
-         * features that pick one otherwise do not include the MLP */
-        if (gelu_glu && !wanted)
+        if (gelu_glu && m->arch && !wanted)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit with openai_gelu (the "
-                               "gated tanh GELU): %s", path, m->arch ? "the architecture's MLP is SwiGLU"
-                               : "no architecture with that MLP is named (args.hf_architecture or -o hf_arch)");
-        if (gelu_glu)
+                               "gated tanh GELU): %s's MLP is SwiGLU", path, m->arch->hf_architecture);
+        if (gelu_glu) /* no architecture yet: checked once one is picked (ckptfs_schema_read_args_for_arch) */
             return true;
         if (!swiglu && !geglu)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true and args.quick_geglu "
-                               "is not true with glu_linear_offset 1.0; only SwiGLU models and GPT-OSS's GLU are "
-                               "supported", path);
+                               "is not true with glu_linear_offset 1.0, nor gated_linear_unit with openai_gelu; only "
+                               "SwiGLU, GPT-OSS's GLU and Gemma's gated tanh GELU are supported", path);
         if (geglu && !(ckptfs_py_dict_get(args, "activation_func_clamp_value") &&
                        ckptfs_py_dict_get(args, "activation_func_clamp_value")->kind == CKPTFS_PY_FLOAT))
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.quick_geglu without "
@@ -1381,6 +1378,23 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     }
     if (m->mla)
         m->head_dim = m->v_head_dim;
+    return true;
+}
+
+/* Whether F applies only where an architecture says so (its rows are then read once one is picked). */
+static bool needs_arch(const CkptfsModelField *f)
+{
+    return f->scope == CKPTFS_FOR_GEMMA_ATTENTION;
+}
+
+bool ckptfs_schema_read_args_for_arch(const CkptfsPy *args, const char *path, CkptfsModel *m, GError **error)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        bool again = f->type == CKPTFS_FIELD_ACTIVATION && f->scope == CKPTFS_FOR_ALL;
+        if ((again || needs_arch(f)) && ckptfs_schema_applies(f, m) && !read_args_field(args, path, f, m, error))
+            return false;
+    }
     return true;
 }
 

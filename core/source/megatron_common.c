@@ -143,7 +143,6 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     const CkptfsArchitecture *a = m->arch;
     const char *differs = m->linear_bias != a->linear_biases         ? "add_bias_linear"
                           : m->sinks != a->attention_sinks          ? "softmax_type"
-                          : m->window_skip_freq != a->window_skip_freq ? "window_size / window_attn_skip_freq"
                           : m->glu_clamp != a->glu_clamp            ? "quick_geglu / activation_func_clamp_value"
                           : m->rope_type == CKPTFS_ROPE_YARN && !m->mla && !a->yarn ? "position_embedding_type"
                                                                                    : NULL;
@@ -153,6 +152,10 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     "YaRN", what, differs, a->hf_architecture, a->linear_biases ? "all" : "none");
         return false;
     }
+    if (m->window_skip_freq != a->window_skip_freq) /* GPT-OSS's alternate layers, Gemma 3's every sixth */
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.window_size / window_attn_skip_freq: a "
+                           "full-attention layer every %" G_GUINT64_FORMAT " (0: no window), but %s has one every %"
+                           G_GUINT64_FORMAT, what, m->window_skip_freq, a->hf_architecture, a->window_skip_freq);
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
     if (m->rotary_percent != 1.0 && m->arch->partial_rotary == 0) {
@@ -419,13 +422,6 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     memset(out, 0, sizeof *out);
     CkptfsModel *s = &out->model;
     uint64_t tp = 0, pp = 0;
-    /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
-     * checkpoint (-o hf_config / hf_extra), else the features. */
-    const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
-    if (named == NULL && given_config != NULL)
-        named = ckptfs_json_member_string(given_config, "model_type");
-    /* a named architecture's rows read too (Gemma's rope base and query scalar, its MLP) */
-    s->arch = named ? ckptfs_architecture_find(named, s) : NULL;
     if (!ckptfs_schema_read_args(args, path, s, error) ||
         !arg_uint(args, path, "padded_vocab_size", &out->padded_vocab, error) ||
         !arg_uint(args, path, "tensor_model_parallel_size", &tp, error) ||
@@ -435,9 +431,14 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
         s->vocab = out->padded_vocab;
     if (!moe_from_args(args, path, s, error))
         return false;
+    /* -o hf_arch, else what ckptfs wrote into args, else the config.json given with the
+     * checkpoint (-o hf_config / hf_extra), else the features. */
+    const char *named = hf_arch ? hf_arch : ckptfs_py_str(arg(args, "hf_architecture"));
+    if (named == NULL && given_config != NULL)
+        named = ckptfs_json_member_string(given_config, "model_type");
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
-        !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error) ||
-        !scales_from_args(args, path, s, error))
+        !ckptfs_schema_read_args_for_arch(args, path, s, error) || !deepseek_from_args(args, path, s, error) ||
+        !linear_from_args(args, path, s, error) || !scales_from_args(args, path, s, error))
         return false;
     if (s->arch->vision && (!vision_from_args(args, path, given_config, s, error) ||
                             !ckptfs_model_check_vision_split(s, (unsigned)tp, error))) {

@@ -188,6 +188,11 @@ void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);
  * first: they say which rows apply. */
 bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
 
+/* Walk 3 again once MODEL's architecture is picked: the rows only an architecture makes apply
+ * (Gemma's rope base and query scalar), and the MLP the args say checked against the
+ * architecture's (a gated tanh GELU is left to this pass when none is known yet). */
+bool ckptfs_schema_read_args_for_arch(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
+
 /* Walk 4: MODEL's fields into ARGS (a Namespace value). */
 void ckptfs_schema_write_args(const CkptfsModel *model, CkptfsValue *args);
 

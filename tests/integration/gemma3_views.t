@@ -16,6 +16,10 @@
 # logits back, mcore/ read by torch.distributed.checkpoint holds its keys, shapes and bytes; the
 # releases' tensor names give the same rank files; vpp is refused (mbridge builds none); vision
 # fields no rule reads or whose math the rules cannot say are named.
+# Megatron sources: copies of both models' tp2pp2/ and mcore/ (and the VLM's rank files without
+# args, its config.json given) mount and serve the HF source's views file for file; their hf/
+# holds the original's tensors (the VLM's under the releases' names) and gives transformers'
+# logits exactly; args without rope_local_base_freq are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -130,10 +134,10 @@ fg_mount "$CKPTFS" "$models/vlm-badvision" "$WORK/mnt-vlm-bad" "$WORK/log-vlm-ba
 check "vlm-badvision: hf/ holds the source's files, byte for byte" same_trees "$models/vlm-badvision" "$WORK/mnt-vlm-bad/hf" .
 fg_unmount "$WORK/mnt-vlm-bad"
 
-# A Llama checkpoint said to be Gemma 3's VLM: its SwiGLU args are not Gemma's MLP, refused by name.
+# A Llama checkpoint said to be Gemma 3's VLM: no window in its args, refused by name.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=gemma3 > "$WORK/inspect-meg-vlm" 2>&1
-grep -q "args.gated_linear_unit and args.openai_gelu are not both true (with swiglu false): Gemma3ForConditionalGeneration's MLP is the gated tanh GELU" "$WORK/inspect-meg-vlm"
-ok $? "hf_arch=gemma3 on a Llama Megatron checkpoint is refused, naming the MLP's args" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
+grep -q "option hf_arch: args.window_size / window_attn_skip_freq: a full-attention layer every 0 (0: no window), but Gemma3ForConditionalGeneration has one every 6" "$WORK/inspect-meg-vlm"
+ok $? "hf_arch=gemma3 on a Llama Megatron checkpoint is refused, naming the window's args" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
 
 # Megatron copies of the views as sources (docs/vlm.md "Megatron sources"): their views are the
 # HF source's, file for file; hf/ is checked with transformers below.
