@@ -292,7 +292,8 @@ static const CkptfsArchitecture siglip_hf_vision = {"SiglipVisionModel", "siglip
      .vision_part = "vision_config", .vision = (tower_), .vision_fields = CKPTFS_FOR_SIGLIP_VISION,      \
      .megatron_prefix = "language_model.", .module_names = gemma3_module_names,                         \
      .language_first = (mbridge_tree_), .no_virtual_pipeline = (mbridge_tree_), .text_rope = true,      \
-     .saved_names = gemma3_saved_names, .megatron_bridge = (bridge_)}
+     .saved_names = gemma3_saved_names, .released_text_part = true, .released_under_module_names = true,   \
+     .megatron_bridge = (bridge_)}
 static const CkptfsArchitecture gemma3_bridge;
 static const CkptfsArchitecture gemma3 = GEMMA3_VLM(&ckptfs_family_gemma3_vlm, &siglip_vision, true, &gemma3_bridge);
 static const CkptfsArchitecture gemma3_bridge = GEMMA3_VLM(&ckptfs_family_gemma3, &siglip_hf_vision, false,

@@ -94,13 +94,14 @@ static const CkptfsModelField fields[] = {
      * soft-capping and bidirectional attention are not in Megatron-core 0.17.1 */
     {"rope_local_theta", CKPTFS_FIELD_FLOAT, M(rope_local_theta), CKPTFS_FOR_GEMMA_ATTENTION,
      {"rope_local_base_freq", "rope_parameters.sliding_attention.rope_theta"}, 0, "rope_local_base_freq", NULL,
-     CKPTFS_FIELD_MATH, 10000, 10000, 0, 0, 1e12, {NULL}},
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED, 10000, 10000, 0, 0, 1e12, {NULL}},
     {"query_pre_attn_scalar", CKPTFS_FIELD_FLOAT, M(query_pre_attn_scalar), CKPTFS_FOR_GEMMA_ATTENTION,
-     {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL, CKPTFS_FIELD_MATH, 256, 256, 0, 0, 1e12, {NULL}},
+     {"query_pre_attn_scalar"}, 0, "query_pre_attn_scalar", NULL,
+     CKPTFS_FIELD_MATH | CKPTFS_FIELD_ARGS_REQUIRED | CKPTFS_FIELD_HF_INTEGER, 256, 256, 0, 0, 1e12, {NULL}},
     {"attn_softcap", CKPTFS_FIELD_FLOAT, M(attn_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"attn_logit_softcapping"}, 0,
-     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+     NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, -1e12, 1e12, {NULL}},
     {"final_softcap", CKPTFS_FIELD_FLOAT, M(final_softcap), CKPTFS_FOR_GEMMA_ATTENTION, {"final_logit_softcapping"},
-     0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, -1e12, 1e12, {NULL}},
+     0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED | CKPTFS_FIELD_NULL_WHEN_ZERO, 0, 0, 0, -1e12, 1e12, {NULL}},
     {"bidirectional_attention", CKPTFS_FIELD_BOOL, M(bidirectional_attention), CKPTFS_FOR_GEMMA_ATTENTION,
      {"use_bidirectional_attention"}, 0, NULL, NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 0, 0, 0, 0, 0, {NULL}},
     /* Llama 3's scaling: Megatron-core 0.17.1 (apply_rope_scaling) takes the factor and fixes
@@ -1171,8 +1172,13 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             else
                 json_object_set_int_member(into, name, (gint64)v);
             break;
-        case CKPTFS_FIELD_FLOAT:
-            json_object_set_double_member(into, name, v);
+        case CKPTFS_FIELD_FLOAT: /* Gemma's soft-capping: null is none, 0 would divide by it */
+            if (v == 0 && (f->flags & CKPTFS_FIELD_NULL_WHEN_ZERO))
+                json_object_set_null_member(into, name);
+            else if ((f->flags & CKPTFS_FIELD_HF_INTEGER) && v == (double)(gint64)v)
+                json_object_set_int_member(into, name, (gint64)v);
+            else
+                json_object_set_double_member(into, name, v);
             break;
         case CKPTFS_FIELD_BOOL:
             if (f->choice[0])
@@ -1185,8 +1191,9 @@ void ckptfs_schema_write_config(const CkptfsModel *m, JsonObject *config)
             json_object_set_string_member(into, name, rope_type_names[(int)v]);
             json_object_set_string_member(into, "type", rope_type_names[(int)v]);
             break;
-        case CKPTFS_FIELD_ACTIVATION:
-            json_object_set_string_member(into, name, activation_of(m, f));
+        case CKPTFS_FIELD_ACTIVATION: /* Gemma's config reads its own name, the row's second */
+            json_object_set_string_member(into, !f->choice[0] && m->arch && m->arch->activation ? f->hf[1] : name,
+                                          activation_of(m, f));
             break;
         case CKPTFS_FIELD_WINDOW:
         case CKPTFS_FIELD_TOKEN_ID:
@@ -1284,14 +1291,22 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         /* Gemma 3's: the gated tanh GELU (gated_linear_unit with openai_gelu) */
         const CkptfsPy *gated = ckptfs_py_dict_get(args, "gated_linear_unit");
         const CkptfsPy *tanh_gelu = ckptfs_py_dict_get(args, "openai_gelu");
-        bool gelu_glu = !swiglu && m->arch && m->arch->activation && gated && gated->kind == CKPTFS_PY_BOOL &&
-                        gated->i && tanh_gelu && tanh_gelu->kind == CKPTFS_PY_BOOL && tanh_gelu->i;
-        if (gelu_glu)
+        bool gelu_glu = !swiglu && gated && gated->kind == CKPTFS_PY_BOOL && gated->i && tanh_gelu &&
+                        tanh_gelu->kind == CKPTFS_PY_BOOL && tanh_gelu->i;
+        const char *wanted = m->arch ? m->arch->activation : NULL; /* NULL: SwiGLU or GPT-OSS's GLU */
+        if (wanted && !gelu_glu)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit and args.openai_gelu "
+                               "are not both true (with swiglu false): %s's MLP is the gated tanh GELU (%s)", path,
+                               m->arch->hf_architecture, wanted);
+        if (gelu_glu && m->arch && !wanted)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.gated_linear_unit with openai_gelu (the "
+                               "gated tanh GELU): %s's MLP is SwiGLU", path, m->arch->hf_architecture);
+        if (gelu_glu) /* no architecture yet: checked once one is picked (ckptfs_schema_read_args_for_arch) */
             return true;
         if (!swiglu && !geglu)
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.swiglu is not true and args.quick_geglu "
-                               "is not true with glu_linear_offset 1.0; only SwiGLU models and GPT-OSS's GLU are "
-                               "supported", path);
+                               "is not true with glu_linear_offset 1.0, nor gated_linear_unit with openai_gelu; only "
+                               "SwiGLU, GPT-OSS's GLU and Gemma's gated tanh GELU are supported", path);
         if (geglu && !(ckptfs_py_dict_get(args, "activation_func_clamp_value") &&
                        ckptfs_py_dict_get(args, "activation_func_clamp_value")->kind == CKPTFS_PY_FLOAT))
             return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.quick_geglu without "
@@ -1311,6 +1326,9 @@ static bool read_args_field(const CkptfsPy *args, const char *path, const Ckptfs
         if ((f->flags & CKPTFS_FIELD_REQUIRED) && !(f->flags & CKPTFS_FIELD_ARGS_OPTIONAL) && f->args_default == 0 &&
             f->derived == CKPTFS_DERIVED_NONE)
             ARGS_ERROR("%s: args.%s is missing or not a positive integer", path, f->args);
+        if (f->flags & CKPTFS_FIELD_ARGS_REQUIRED)
+            return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is missing: %s computes with it and "
+                               "Megatron has no default for it", path, f->args, m->arch->hf_architecture);
     } else if (f->type == CKPTFS_FIELD_UINT || f->type == CKPTFS_FIELD_COUNT) {
         if (v->kind != CKPTFS_PY_INT || v->big || v->i < (f->type == CKPTFS_FIELD_UINT))
             ARGS_ERROR("%s: args.%s is missing or not %s", path, f->args,
@@ -1379,6 +1397,23 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     }
     if (m->mla)
         m->head_dim = m->v_head_dim;
+    return true;
+}
+
+/* Whether F applies only where an architecture says so (its rows are then read once one is picked). */
+static bool needs_arch(const CkptfsModelField *f)
+{
+    return f->scope == CKPTFS_FOR_GEMMA_ATTENTION;
+}
+
+bool ckptfs_schema_read_args_for_arch(const CkptfsPy *args, const char *path, CkptfsModel *m, GError **error)
+{
+    for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {
+        const CkptfsModelField *f = &fields[i];
+        bool again = f->type == CKPTFS_FIELD_ACTIVATION && f->scope == CKPTFS_FOR_ALL;
+        if ((again || needs_arch(f)) && ckptfs_schema_applies(f, m) && !read_args_field(args, path, f, m, error))
+            return false;
+    }
     return true;
 }
 

@@ -1,6 +1,7 @@
 /* What Megatron-core checkpoints of both formats (legacy rank files, torch_dist) share as
  * sources: the tracker and iteration directory, the model's sizes from args (or from a given
  * config.json), and the config.json Hugging Face would write for them. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,12 +89,10 @@ static uint64_t arg_uint_or(const CkptfsPy *args, const char *key, uint64_t fall
 }
 
 /* Whether the sources read a Megatron checkpoint of VLM architecture A back: its tower has rules
- * (its names, its own modules, transposed weights, the module order are all the tables'), and
- * its language model is no Gemma 3's (language_first), whose window pattern and norms the args
- * are not read for yet */
+ * (its names, its own modules, transposed weights, the module order are all the tables') */
 static bool tower_read_back(const CkptfsArchitecture *a)
 {
-    return a->vision != NULL && !a->language_first;
+    return a->vision != NULL;
 }
 
 /* The architecture of a Megatron checkpoint: -o hf_arch, the one its args name, or the first
@@ -110,9 +109,8 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     named ? named : "of these args (biases, sinks, experts, norms)", known->str);
         return false;
     }
-    /* no tower rules to read vision_model.* by, or modules the sources do not read back yet: said
-     * before the language model's features, which (Gemma 3's window pattern) would name a
-     * mismatch instead */
+    /* no tower rules to read vision_model.* by: said before the language model's features,
+     * which would name a mismatch instead */
     if (m->arch->vision_part && !tower_read_back(m->arch))
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, m->arch->hf_architecture);
@@ -145,7 +143,6 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
     const CkptfsArchitecture *a = m->arch;
     const char *differs = m->linear_bias != a->linear_biases         ? "add_bias_linear"
                           : m->sinks != a->attention_sinks          ? "softmax_type"
-                          : m->window_skip_freq != a->window_skip_freq ? "window_size / window_attn_skip_freq"
                           : m->glu_clamp != a->glu_clamp            ? "quick_geglu / activation_func_clamp_value"
                           : m->rope_type == CKPTFS_ROPE_YARN && !m->mla && !a->yarn ? "position_embedding_type"
                                                                                    : NULL;
@@ -155,6 +152,10 @@ static bool pick_architecture(const char *named, const char *what, CkptfsModel *
                     "YaRN", what, differs, a->hf_architecture, a->linear_biases ? "all" : "none");
         return false;
     }
+    if (m->window_skip_freq != a->window_skip_freq) /* GPT-OSS's alternate layers, Gemma 3's every sixth */
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.window_size / window_attn_skip_freq: a "
+                           "full-attention layer every %" G_GUINT64_FORMAT " (0: no window), but %s has one every %"
+                           G_GUINT64_FORMAT, what, m->window_skip_freq, a->hf_architecture, a->window_skip_freq);
     m->qkv_bias |= m->arch->qkv_bias;
     m->qk_norm |= m->arch->qk_norm;
     if (m->rotary_percent != 1.0 && m->arch->partial_rotary == 0) {
@@ -329,13 +330,33 @@ static bool deepseek_from_args(const CkptfsPy *args, const char *path, CkptfsMod
     return true;
 }
 
-/* A vision-language model's multimodal rope (args.mrope_section) and vision tower. Megatron's
- * args have no tower (mbridge builds its config apart): its fields come from the config.json given
- * with the checkpoint, else from the part of config.json the views' args carry as JSON text. */
+/* A vision-language model's tower. Megatron's args have none (mbridge builds its config apart):
+ * its fields come from the config.json given with the checkpoint, else from the part of
+ * config.json the views' args carry as JSON text. */
+static bool vision_tower_from_args(const CkptfsPy *args, JsonObject *given, CkptfsModel *s, GError **error)
+{
+    if (given != NULL)
+        return ckptfs_model_read_vision(given, s, error);
+    const char *text = ckptfs_py_str(arg(args, "hf_vision_config"));
+    if (text == NULL)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.hf_vision_config is missing: Megatron's args "
+                           "hold no vision tower of %s; give the model's config.json with -o hf_config or "
+                           "-o hf_extra", s->arch->hf_architecture);
+    g_autoptr(JsonObject) carried = ckptfs_json_parse_object("args.hf_vision_config", text, strlen(text), error);
+    return carried != NULL && ckptfs_model_read_vision(carried, s, error);
+}
+
+/* A vision-language model's multimodal rope (args.mrope_section), or the text rope of one that
+ * rotates by the text position alone (text_rope), and its vision tower. */
 static bool vision_from_args(const CkptfsPy *args, const char *path, JsonObject *given, CkptfsModel *s,
                              GError **error)
 {
     const char *position = ckptfs_py_str(arg(args, "position_embedding_type"));
+    if (s->arch->text_rope && (position == NULL || strcmp(position, "rope") != 0))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.position_embedding_type is not rope: %s's "
+                           "language model rotates by the text position alone", s->arch->hf_architecture);
+    if (s->arch->text_rope)
+        return vision_tower_from_args(args, given, s, error);
     const CkptfsPy *sections = arg(args, "mrope_section");
     uint64_t sum = 0;
     bool listed = sections && sections->kind == CKPTFS_PY_LIST && sections->items->len == 3;
@@ -352,17 +373,46 @@ static bool vision_from_args(const CkptfsPy *args, const char *path, JsonObject 
     if (sum * 2 != ckptfs_model_rotated_dim(s))
         return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "args.mrope_section sums to %" G_GUINT64_FORMAT ", not half "
                            "the rotated head dim %" G_GUINT64_FORMAT, sum, ckptfs_model_rotated_dim(s));
-    if (given != NULL)
-        return ckptfs_model_read_vision(given, s, error);
-    const char *text = ckptfs_py_str(arg(args, "hf_vision_config"));
-    if (text == NULL)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "args.hf_vision_config is missing: Megatron's args "
-                           "hold no vision tower of %s; give the model's config.json with -o hf_config or "
-                           "-o hf_extra", s->arch->hf_architecture);
-    g_autoptr(JsonObject) carried = ckptfs_json_parse_object("args.hf_vision_config", text, strlen(text), error);
-    if (carried == NULL || !ckptfs_model_read_vision(carried, s, error))
-        return false;
+    return vision_tower_from_args(args, given, s, error);
+}
+
+/* A number of ARGS that must be WANT (to a relative 1e-12: it was computed from what config.json
+ * gives, as sqrt or an inverse square root) when REQUIRED, and may be absent otherwise. */
+static bool arg_agrees(const CkptfsPy *args, const char *path, const char *key, double want, bool required,
+                       const char *why, GError **error)
+{
+    const CkptfsPy *v = arg(args, key);
+    if (v == NULL || v->kind == CKPTFS_PY_NONE) {
+        if (!required)
+            return true;
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is missing: %s", path, key, why);
+    }
+    double got = v->kind == CKPTFS_PY_FLOAT ? v->f : v->kind == CKPTFS_PY_INT && !v->big ? (double)v->i : NAN;
+    if (!(fabs(got - want) <= 1e-12 * fabs(want)))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.%s is not %.17g: %s", path, key, want, why);
     return true;
+}
+
+/* The norms and scales S's architecture computes with, which the args must say so (Gemma's:
+ * Megatron's layernorm_zero_centered_gamma, mbridge's embed_scale sqrt(hidden_size), the scores'
+ * softmax_scale query_pre_attn_scalar^-0.5); a hybrid's zero-centred norms are linear_from_args'. */
+static bool scales_from_args(const CkptfsPy *args, const char *path, const CkptfsModel *s, GError **error)
+{
+    const CkptfsArchitecture *a = s->arch;
+    const CkptfsPy *centred = arg(args, "layernorm_zero_centered_gamma");
+    bool zero_centred = centred && centred->kind == CKPTFS_PY_BOOL && centred->i;
+    if (!a->hybrid_attention && zero_centred != a->zero_centred_norms)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.layernorm_zero_centered_gamma is %s, but %s's "
+                           "norms %s", path, zero_centred ? "true" : "not true", a->hf_architecture,
+                           a->zero_centred_norms ? "scale by 1 + weight" : "scale by the weight");
+    g_autofree char *embed_why = g_strdup_printf("%s scales the embedding by %s", a->hf_architecture,
+                                                 a->scaled_embedding ? "sqrt(hidden_size)" : "nothing");
+    if (!arg_agrees(args, path, "embed_scale", a->scaled_embedding ? sqrt((double)s->hidden) : 1.0,
+                    a->scaled_embedding, embed_why, error))
+        return false;
+    return !a->gemma_attention ||
+           arg_agrees(args, path, "softmax_scale", 1.0 / sqrt(s->query_pre_attn_scalar), false,
+                      "the scores are scaled by query_pre_attn_scalar^-0.5", error);
 }
 
 bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, const CkptfsOptions *options,
@@ -388,7 +438,8 @@ bool ckptfs_megatron_model_from_args(const CkptfsPy *args, const char *path, con
     if (named == NULL && given_config != NULL)
         named = ckptfs_json_member_string(given_config, "model_type");
     if (!pick_architecture(named, hf_arch ? "option hf_arch" : path, s, error) ||
-        !deepseek_from_args(args, path, s, error) || !linear_from_args(args, path, s, error))
+        !ckptfs_schema_read_args_for_arch(args, path, s, error) || !deepseek_from_args(args, path, s, error) ||
+        !linear_from_args(args, path, s, error) || !scales_from_args(args, path, s, error))
         return false;
     if (options->bridge_names && !ckptfs_model_use_bridge_names(s, NULL, error)) { /* read by its rows */
         g_prefix_error(error, "%s: ", path);
@@ -431,12 +482,16 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     if (named && named->vision_part && !tower_read_back(named)) /* its config is not a text model's */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, named->hf_architecture);
-    if (named && named->vision)
+    /* a text rope's VLM (Gemma 3's): its config.json holds all, text_config and vision_config */
+    if (named && named->vision && !named->text_rope)
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
                            "vision tower's and mrope's sizes) is not read as a source yet", what,
                            named->hf_architecture);
     s->arch = named;
-    if (!ckptfs_model_read_config(c, s, error)) {
+    g_autoptr(JsonObject) text = named && named->vision ? ckptfs_schema_text_config(c, named->text_part, error)
+                                                        : json_object_ref(c);
+    if (text == NULL || (named && named->vision && !ckptfs_model_read_vision(c, s, error)) ||
+        !ckptfs_model_read_config(text, s, error)) {
         g_prefix_error(error, "%s without args: ", what);
         return false;
     }
@@ -472,9 +527,9 @@ static bool whole_model_member(const char *name)
 }
 
 /* The language model's fields of C moved under the architecture's text part, as its releases
- * write them (Qwen3-VL's text_config; transformers' class reads nothing of it at the top level):
- * the rope as rope_parameters with its base, the sections handed out interleaved as M's
- * architecture computes them. */
+ * write them (Qwen3-VL's and Gemma 3's text_config; transformers' class reads nothing of it at the
+ * top level): a multimodal rope as rope_parameters with its base, the sections handed out
+ * interleaved as M's architecture computes them. */
 static void nest_text_part(JsonObject *c, const CkptfsModel *m)
 {
     JsonObject *text = json_object_new();
@@ -484,6 +539,9 @@ static void nest_text_part(JsonObject *c, const CkptfsModel *m)
             json_object_set_member(text, k->data, json_node_copy(json_object_get_member(c, k->data)));
             json_object_remove_member(c, k->data);
         }
+    json_object_set_object_member(c, m->arch->text_part, text);
+    if (m->arch->text_rope) /* Gemma 3's: its text rope's fields as its text model's config has them */
+        return;
     JsonObject *rope = json_object_ref(json_object_get_object_member(text, "rope_scaling"));
     json_object_remove_member(text, "rope_scaling");
     json_object_remove_member(rope, "type");
@@ -495,7 +553,6 @@ static void nest_text_part(JsonObject *c, const CkptfsModel *m)
         json_object_remove_member(text, "rope_theta");
     }
     json_object_set_object_member(text, "rope_parameters", rope);
-    json_object_set_object_member(c, m->arch->text_part, text);
 }
 
 void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *m)
@@ -516,7 +573,7 @@ void ckptfs_megatron_synthesize_config(CkptfsSource *source, const CkptfsModel *
         g_ptr_array_add(source->warnings, g_strdup("hf/config.json: bos_token_id, eos_token_id and pad_token_id "
                                                    "are null: the Megatron args name no tokenizer ids (give the "
                                                    "model's config.json with -o hf_config or -o hf_extra)"));
-    if (m->arch->vision) { /* the release's: mrope's sections in rope_scaling, the tower's part */
+    if (m->arch->vision && !m->arch->text_rope) { /* the release's: mrope's sections in rope_scaling */
         JsonObject *rope = json_object_new();
         JsonArray *sections = json_array_new();
         for (size_t i = 0; i < G_N_ELEMENTS(m->mrope_section); i++)

@@ -268,14 +268,16 @@ static bool read_config_sizes(Mg *m)
     if (ep_part)
         m->E = max_name_part(m, n, n) + 1;
     const CkptfsPy *chunk0 = chunk_dict(m, r0, 0, m->V);
-    const CkptfsPy *emb = ckptfs_py_dict_get(chunk0, "embedding.word_embeddings.weight");
+    const char *module = m->saved.model.arch->megatron_prefix; /* a VLM's language_model. */
+    g_autofree char *embedding = g_strconcat(module ? module : "", "embedding.word_embeddings.weight", NULL);
+    const CkptfsPy *emb = ckptfs_py_dict_get(chunk0, embedding);
     /* verl's saves of March 2025 hold its own parallel model's names (model.layers.N.self_attn...). */
     if (emb == NULL && m->files->chunk_list && ckptfs_py_dict_get(chunk0, "model.embed_tokens.weight"))
         return fail(m, CKPTFS_ERROR_UNSUPPORTED, "%s: holds verl's early-2025 parallel model names "
                     "(model.embed_tokens.weight, model.layers.N.self_attn.qkv_proj.weight ...), a layout "
                     "ckptfs does not read (Megatron-core names are read)", r0->path);
     if (emb == NULL || emb->kind != CKPTFS_PY_TENSOR || emb->tensor->ndim != 2)
-        return fail(m, CKPTFS_ERROR_FORMAT, "%s: no embedding.word_embeddings.weight matrix", r0->path);
+        return fail(m, CKPTFS_ERROR_FORMAT, "%s: no %s matrix", r0->path, embedding);
     if (!ckptfs_mul_u64(emb->tensor->shape[0], m->T, &m->saved.padded_vocab))
         return fail(m, CKPTFS_ERROR_FORMAT, "%s: the embedding's %" G_GUINT64_FORMAT " rows x %u ranks "
                     "overflow 64 bits", r0->path, emb->tensor->shape[0], m->T);

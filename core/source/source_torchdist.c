@@ -499,7 +499,9 @@ static bool open_torch_dist(Td *t)
     } else {
         if (!ckptfs_megatron_model_from_config(t->source->config, t->dcp.dir, &t->saved, t->error))
             return false;
-        t->saved.model.tied_embeddings = metadata_rows(t, "output_layer.weight") == 0;
+        const char *module = t->saved.model.arch->megatron_prefix; /* a VLM's language_model. */
+        g_autofree char *output = g_strconcat(module ? module : "", "output_layer.weight", NULL);
+        t->saved.model.tied_embeddings = metadata_rows(t, output) == 0;
     }
     const CkptfsModel *model = &t->saved.model;
     /* Sizes a hostile source gives: bounded before anything is built per layer. */

@@ -84,7 +84,7 @@ enum {
     CKPTFS_FIELD_FIXED = 1u << 2,         /* Megatron has only the default: another value is refused */
     CKPTFS_FIELD_ARGS_NEGATED = 1u << 3,  /* the argument is the negation (untie_...) */
     CKPTFS_FIELD_ARGS_INTEGER = 1u << 4,  /* a number Megatron takes as an integer (rotary_base) */
-    CKPTFS_FIELD_NULL_WHEN_ZERO = 1u << 5, /* a COUNT of 0 written as null */
+    CKPTFS_FIELD_NULL_WHEN_ZERO = 1u << 5, /* a COUNT or FLOAT of 0 written as null */
     CKPTFS_FIELD_OMIT_ZERO = 1u << 6,     /* a COUNT of 0 (or false) not written to config.json */
     CKPTFS_FIELD_ARCH_HAS_IT = 1u << 7,   /* a BOOL the architecture may force on (Qwen2's q/k/v bias,
                                              Qwen3's q/k norm): not written to config.json then */
@@ -111,6 +111,12 @@ enum {
      * (CkptfsMoeConfig.ffn_from_expert: Qwen3.5-MoE's config has no intermediate_size, and
      * mbridge gives Megatron's ffn_hidden_size moe_intermediate_size); not written when equal */
     CKPTFS_FIELD_EXPERT_FFN_FALLBACK = 1u << 18,
+    /* config.json may leave it out (transformers' default), args may not: Megatron has no
+     * default for it (mbridge's Gemma3TransformerConfig fields), so absent is refused by name */
+    CKPTFS_FIELD_ARGS_REQUIRED = 1u << 19,
+    /* a FLOAT config.json has as an integer (transformers 5 validates the type: Gemma's
+     * query_pre_attn_scalar): written as one when whole */
+    CKPTFS_FIELD_HF_INTEGER = 1u << 20,
 };
 
 typedef struct {
@@ -182,6 +188,11 @@ void ckptfs_schema_write_config(const CkptfsModel *model, JsonObject *config);
  * Megatron's defaults. MODEL's experts (num_experts) and mla (multi_latent_attention) are read
  * first: they say which rows apply. */
 bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
+
+/* Walk 3 again once MODEL's architecture is picked: the rows only an architecture makes apply
+ * (Gemma's rope base and query scalar), and the MLP the args say checked against the
+ * architecture's (a gated tanh GELU is left to this pass when none is known yet). */
+bool ckptfs_schema_read_args_for_arch(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
 
 /* Walk 4: MODEL's fields into ARGS (a Namespace value). */
 void ckptfs_schema_write_args(const CkptfsModel *model, CkptfsValue *args);

@@ -16,6 +16,10 @@
 # logits back, mcore/ read by torch.distributed.checkpoint holds its keys, shapes and bytes; the
 # releases' tensor names give the same rank files; vpp is refused (mbridge builds none); vision
 # fields no rule reads or whose math the rules cannot say are named.
+# Megatron sources: copies of both models' tp2pp2/ and mcore/ (and the VLM's rank files without
+# args, its config.json given) mount and serve the HF source's views file for file; their hf/
+# holds the original's tensors (the VLM's under the releases' names) and gives transformers'
+# logits exactly; args without rope_local_base_freq are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -27,7 +31,7 @@ ok $? "transformers 5 builds and saves a tiny Gemma3ForCausalLM" ||
   { tail -n 20 "$WORK/build.err" | sed 's/^/# /' >&2; done_testing; exit; }
 
 
-src=$models/text mnt=$WORK/mnt
+src=$models/text mnt=$WORK/mnt src_text=$models/text
 "$CKPTFS" inspect "$src" > "$WORK/inspect" 2>&1
 grep -q '^math: .*activation=gelu_pytorch_tanh .*sliding_window=4 (one full-attention layer in 6) .*rope_local_theta=5000 query_pre_attn_scalar=20' "$WORK/inspect"
 ok $? "inspect reads Gemma 3's activation, window pattern, local rope base and query scalar" ||
@@ -56,11 +60,6 @@ n=$(grep -c '^PASS\|^FAIL' "$WORK/check")
 # copies; 2 of mcore/
 ok $((n == 12 ? 0 : 1)) "12 checks: each rank file, 4 logits, 2 of mcore/ (got $n)"
 fg_unmount "$mnt"
-
-# A Megatron copy of Gemma 3 is not read back yet: refused by name, not misread.
-"$CKPTFS" inspect "$WORK/meg-tp2pp1" > "$WORK/inspect-meg" 2>&1
-grep -q 'model_optim_rng.pt: args.swiglu is not true and args.quick_geglu is not true' "$WORK/inspect-meg"
-ok $? "tp2pp1/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-meg" >&2
 
 # spec=local: Megatron-Bridge's Gemma 3 layers exist with Transformer Engine only.
 MOUNT_OPTS=spec=local fg_mount "$CKPTFS" "$src" "$WORK/mnt-local" "$WORK/log-local"
@@ -116,10 +115,6 @@ n=$(grep -c '^PASS\|^FAIL' "$WORK/check-vlm")
 # 4 rank files; logits of hf/ and of the rebuilt copy, another image's; 2 of mcore/
 ok $((n == 9 ? 0 : 1)) "vlm: 9 checks: each rank file, 3 logits, 2 of mcore/ (got $n)"
 fg_unmount "$mnt"
-# A Megatron copy of the VLM is not read back yet: refused by name, not misread.
-"$CKPTFS" inspect "$WORK/vlm-tp2pp2" > "$WORK/inspect-vlm-meg" 2>&1
-grep -q 'model_optim_rng.pt: args.swiglu is not true' "$WORK/inspect-vlm-meg"
-ok $? "vlm: tp2pp2/'s copy as a source is refused by name" || sed 's/^/# /' "$WORK/inspect-vlm-meg" >&2
 # Megatron-Bridge's tree (-o megatron_names=bridge): its gemma3_vl bridge keeps transformers' SigLIP
 # module whole as vision_tower, then its projector, then the language model under the text gemma3
 # names; checked against its tables written in gemma3.py. The tower splits nothing, so tp4 is listed.
@@ -141,9 +136,11 @@ ran $? "vlm bridge: the checks against Megatron-Bridge's gemma3_vl tables ran" "
 passes "$WORK/check-vlm-bridge"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/check-vlm-bridge")
 ok $((n == 6 ? 0 : 1)) "vlm bridge: a check for each of the 4 rank files and two of mcore/ (got $n)"
-"$CKPTFS" inspect "$WORK/vlm-bridge-tp2pp2" -o megatron_names=bridge > "$WORK/inspect-vlm-bridge-meg" 2>&1
-grep -q 'model_optim_rng.pt: args.swiglu is not true' "$WORK/inspect-vlm-bridge-meg"
-ok $? "vlm bridge: its tp2pp2/ copy as a source is refused by name, as mbridge's" || sed 's/^/# /' "$WORK/inspect-vlm-bridge-meg" >&2
+# The bridge tree's copy mounts back with the option: its tp2pp2/ served again is the copy, file for file.
+MOUNT_OPTS=megatron_names=bridge fg_mount "$CKPTFS" "$WORK/vlm-bridge-tp2pp2" "$WORK/src-vlm-bridge" "$WORK/log-src-vlm-bridge"
+check "vlm bridge: its tp2pp2/ copy as a source (-o megatron_names=bridge) serves tp2pp2/ again, file for file" \
+  same_trees "$WORK/vlm-bridge-tp2pp2" "$WORK/src-vlm-bridge/tp2pp2" .
+fg_unmount "$WORK/src-vlm-bridge"
 
 # The releases' names (vision_tower.vision_model.*) are the same model.
 fg_mount "$CKPTFS" "$models/vlm-release" "$WORK/mnt-vlm-release" "$WORK/log-vlm-release"
@@ -164,14 +161,47 @@ fg_mount "$CKPTFS" "$models/vlm-badvision" "$WORK/mnt-vlm-bad" "$WORK/log-vlm-ba
 check "vlm-badvision: hf/ holds the source's files, byte for byte" same_trees "$models/vlm-badvision" "$WORK/mnt-vlm-bad/hf" .
 fg_unmount "$WORK/mnt-vlm-bad"
 
-# A Megatron checkpoint said to be Gemma 3's VLM is not read back yet: refused by name.
+# A Llama checkpoint said to be Gemma 3's VLM: no window in its args, refused by name.
 "$CKPTFS" inspect "$TESTDATA/megatron-core-0.17.1/llama-tp2pp2-torch" -o hf_arch=gemma3 > "$WORK/inspect-meg-vlm" 2>&1
-grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-meg-vlm"
-ok $? "hf_arch=gemma3 on a Megatron checkpoint is refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
-# Rank files without args, the VLM's config.json given: the same refusal, not its text part misread.
+grep -q "option hf_arch: args.window_size / window_attn_skip_freq: a full-attention layer every 0 (0: no window), but Gemma3ForConditionalGeneration has one every 6" "$WORK/inspect-meg-vlm"
+ok $? "hf_arch=gemma3 on a Llama Megatron checkpoint is refused, naming the window's args" || sed 's/^/# /' "$WORK/inspect-meg-vlm" >&2
+
+# Megatron copies of the views as sources (docs/vlm.md "Megatron sources"): their views are the
+# HF source's, file for file; hf/ is checked with transformers below.
+for s in "text:meg-tp2pp2:tp2pp1=meg-tp2pp1 mcore=mcore" "text:mcore/release:tp2pp2=meg-tp2pp2" \
+         "vlm:vlm-tp2pp2:mcore=vlm-mcore" "vlm:vlm-mcore/release:tp2pp2=vlm-tp2pp2"; do
+  IFS=: read -r kind copy views <<< "$s"
+  mnt=$WORK/src-${copy%%/*}
+  check "$kind: $copy as a source mounts" mount_ckptfs "$WORK/$copy" "$mnt"
+  for v in $views; do
+    check "$kind: $copy as a source: $v/ is the HF source's ${v#*=}/, file for file" \
+      same_trees "$WORK/${v#*=}" "$mnt/${v%%=*}" .
+  done
+done
+# Rank files without args (verl's layout gives config.json beside them): the VLM's config.json read
+# for its text_config and vision_config; the text model's rank files with it: no language_model.*
+"$CKPTFS" export "$models/vlm" tp2pp1 "$WORK/vlm-noargs" -o megatron_args=off > /dev/null 2>&1
+mount_ckptfs "$WORK/vlm-noargs" "$WORK/src-vlm-noargs" -o "hf_config=$models/vlm/config.json"
+check "vlm: rank files without args and the VLM's config.json: tp2pp2/ is the HF source's" \
+  same_trees "$WORK/vlm-tp2pp2" "$WORK/src-vlm-noargs/tp2pp2" .
+unmount_ckptfs "$WORK/src-vlm-noargs"
 "$CKPTFS" export "$models/text" tp2pp1 "$WORK/meg-noargs" -o megatron_args=off > /dev/null 2>&1
 "$CKPTFS" inspect "$WORK/meg-noargs" -o "hf_config=$models/vlm/config.json" > "$WORK/inspect-noargs-vlm" 2>&1
-grep -q 'a Megatron checkpoint of Gemma3ForConditionalGeneration (a vision-language model) is not read as a source yet' "$WORK/inspect-noargs-vlm"
-ok $? "rank files without args and the VLM's config.json: refused as a VLM's, by name" || sed 's/^/# /' "$WORK/inspect-noargs-vlm" >&2
+grep -q 'mp_rank_00/model_optim_rng.pt: no language_model.embedding.word_embeddings.weight matrix' "$WORK/inspect-noargs-vlm"
+ok $? "text rank files without args and the VLM's config.json: refused by name" || sed 's/^/# /' "$WORK/inspect-noargs-vlm" >&2
+# hf/ of each: the original's tensors (the VLM's under the releases' names), transformers' logits
+sid_python "$WORK" "$script" source-check "$src_text" "$WORK/src-meg-tp2pp2/hf,$WORK/src-mcore/hf" "$models/vlm" \
+  "$models/vlm-release" "$WORK/src-vlm-tp2pp2/hf,$WORK/src-vlm-mcore/hf" "$WORK/meg-tp2pp1" "$WORK/meg-nolocal" \
+  > "$WORK/check-src" 2> "$WORK/check-src.err"
+ran $? "sources: the checks ran: hf/'s tensors and logits of each" "$WORK/check-src.err"
+passes "$WORK/check-src"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/check-src")
+# tensors and logits of 2 text and 2 VLM copies
+ok $((n == 8 ? 0 : 1)) "sources: 8 checks, tensors and logits of 4 hf/ (got $n)"
+for m in src-meg-tp2pp2 src-mcore src-vlm-tp2pp2 src-vlm-mcore; do unmount_ckptfs "$WORK/$m"; done
+# What Megatron cannot default: a copy whose args lack the local rope base, refused by name.
+"$CKPTFS" inspect "$WORK/meg-nolocal" > "$WORK/inspect-nolocal" 2>&1
+grep -q "mp_rank_00/model_optim_rng.pt: args.rope_local_base_freq is missing: Gemma3ForCausalLM computes with it" "$WORK/inspect-nolocal"
+ok $? "a copy whose args lack rope_local_base_freq is refused by name" || sed 's/^/# /' "$WORK/inspect-nolocal" >&2
 wait
 done_testing

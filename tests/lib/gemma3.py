@@ -33,6 +33,11 @@ the sid root), and the checks of ckptfs's views of it.
   gemma3.py bridge-check ORIG MEGATRON_DIR MCORE_DIR
       tp2pp2/ (MEGATRON_DIR) and mcore/'s release (MCORE_DIR) served with -o megatron_names=bridge
       against Megatron-Bridge's gemma3_vl bridge tables (bridge_check).
+  gemma3.py source-check TEXT_ORIG TEXT_HF[,...] VLM_ORIG VLM_RELEASE VLM_HF[,...] MEGATRON_DIR OUT
+      hf/ of Megatron copies of the views mounted as sources: each TEXT_HF holds TEXT_ORIG's
+      tensors (names, dtypes, bytes) and gives its logits; each VLM_HF holds VLM_RELEASE's (the
+      releases' names) and gives VLM_ORIG's logits on an image + text input. OUT: a copy of
+      MEGATRON_DIR whose rank files' args lack rope_local_base_freq.
   gemma3.py vlm-check ORIG HF_DIR MEGATRON_DIR:TP:PP OUT MCORE_DIR
       the VLM's views in one run: HF_DIR's logits as vlm-logits; each rank file of MEGATRON_DIR
       holds the names, shapes and bytes of mbridge's Gemma3Model on that rank (written here from
@@ -629,10 +634,53 @@ def vlm_check(orig, hf_dir, spec, out, mcore_dir):
     vlm_mcore(orig, mcore_dir)
 
 
+# --- Megatron checkpoints of Gemma 3 as sources: hf/ of a copy of the views ---
+
+def same_tensors(want_dir, got_dir):
+    want, got = hf_tensors(want_dir), hf_tensors(got_dir)
+    differ = sorted(set(want) ^ set(got)) or \
+        [n for n in want if want[n].dtype != got[n].dtype or not torch.equal(want[n], got[n])]
+    if differ:
+        print(f"FAIL {got_dir}: tensors differ from {want_dir}'s: {differ[:3]}")
+    else:
+        print(f"PASS {got_dir}: the {len(got)} tensors of {want_dir}, names, dtypes and bytes")
+
+
+def drop_arg(meg, out, key):
+    """A copy of the rank files of MEG in OUT whose args lack KEY."""
+    shutil.copytree(meg, out)
+    for root, _, files in os.walk(out):
+        for f in files:
+            if f.endswith(".pt"):
+                sd = torch.load(f"{root}/{f}", map_location="cpu", weights_only=False)
+                delattr(sd["args"], key)
+                torch.save(sd, f"{root}/{f}")
+
+
+def source_check(text_orig, text_hf, vlm_orig, vlm_release, vlm_hf, meg, out):
+    """hf/ of Megatron sources in one run: each of TEXT_HF (comma-separated) holds TEXT_ORIG's
+    tensors and gives its logits; each of VLM_HF holds VLM_RELEASE's (the releases' names) and
+    gives VLM_ORIG's logits on an image + text input. OUT: MEG's rank files without
+    args.rope_local_base_freq."""
+    text_dirs, vlm_dirs = text_hf.split(","), vlm_hf.split(",")
+    for d in text_dirs:
+        same_tensors(text_orig, d)
+    logits(text_orig, text_dirs)
+    image = torch.randn(1, 3, VISION["image_size"], VISION["image_size"], generator=torch.Generator().manual_seed(1))
+    want = vlm_logits_of(vlm_orig, image)
+    for d in vlm_dirs:
+        same_tensors(vlm_release, d)
+        got = vlm_logits_of(d, image)
+        print(f"PASS {d}: transformers' logits on an image + text input equal {vlm_orig}'s" if torch.equal(want, got)
+              else f"FAIL {d}: logits differ from {vlm_orig}'s by {(want - got).abs().max().item()}")
+    drop_arg(meg, out, "rope_local_base_freq")
+
+
 if __name__ == "__main__":
     {"build": lambda: build(sys.argv[2]),
      "build-vlm": lambda: build_vlm(sys.argv[2]),
      "vlm-logits": lambda: vlm_logits(sys.argv[2], sys.argv[3]),
      "vlm-check": lambda: vlm_check(*sys.argv[2:7]),
      "bridge-check": lambda: bridge_check(*sys.argv[2:5]),
-     "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])}[sys.argv[1]]()
+     "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]),
+     "source-check": lambda: source_check(*sys.argv[2:9])}[sys.argv[1]]()

@@ -11,6 +11,7 @@
 #include "ckptfs/schema.h"
 #include "ckptfs/torchsave.h"
 #include "ckptfs/value.h"
+#include "source_internal.h" /* ckptfs_megatron_model_from_args */
 #include "tap.h"
 
 /* One config per kind of row: every row that applies is given (non-default where it may be). */
@@ -393,8 +394,119 @@ static void test_ffn_from_expert(void)
             "Qwen3-MoE without intermediate_size (its dense layers' size)");
 }
 
+/* Gemma 3's text model BASE's args as its views write them (the schema's, the name, the split,
+ * the zero-centred norms) with KEY set to VALUE after them (the last one counts; None: absent),
+ * read as a Megatron source's: NULL when accepted, else the message. */
+static char *gemma_args_refusal2(const CkptfsModel *base, const char *key, CkptfsValue *value, const char *key2,
+                                 CkptfsValue *value2);
+static char *gemma_args_refusal(const CkptfsModel *base, const char *key, CkptfsValue *value)
+{
+    return gemma_args_refusal2(base, key, value, NULL, NULL);
+}
+
+/* The same with KEY2 set to VALUE2 too. */
+static char *gemma_args_refusal2(const CkptfsModel *base, const char *key, CkptfsValue *value, const char *key2,
+                                 CkptfsValue *value2)
+{
+    CkptfsValue *a = ckptfs_value_container(CKPTFS_VALUE_NAMESPACE);
+    ckptfs_schema_write_args(base, a);
+    ckptfs_value_set(a, "hf_architecture", ckptfs_value_str(base->arch->hf_architecture));
+    ckptfs_value_set(a, "padded_vocab_size", ckptfs_value_int((int64_t)base->vocab));
+    ckptfs_value_set(a, "tensor_model_parallel_size", ckptfs_value_int(1));
+    ckptfs_value_set(a, "pipeline_model_parallel_size", ckptfs_value_int(1));
+    ckptfs_value_set(a, "layernorm_zero_centered_gamma", ckptfs_value_bool(true));
+    if (key)
+        ckptfs_value_set(a, key, value);
+    if (key2)
+        ckptfs_value_set(a, key2, value2);
+    CkptfsPickleStream *stream = ckptfs_pickle_stream_new(NULL);
+    ckptfs_pickle_stream_value(stream, a);
+    g_autoptr(GBytes) bytes = ckptfs_pickle_stream_finish(stream);
+    ckptfs_value_free(a);
+    gsize len = 0;
+    const uint8_t *data = g_bytes_get_data(bytes, &len);
+    GError *error = NULL;
+    CkptfsPickle *pickle = ckptfs_pickle_parse("args", data, len, &error);
+    CkptfsMegatronModel out;
+    const CkptfsOptions options = {0};
+    bool ok = pickle && ckptfs_megatron_model_from_args(ckptfs_py_object_state(ckptfs_pickle_root(pickle)), "args",
+                                                        &options, NULL, &out, &error);
+    ok = ok && out.model.rope_local_theta == base->rope_local_theta &&
+         out.model.query_pre_attn_scalar == base->query_pre_attn_scalar && out.model.window == base->window;
+    if (pickle)
+        ckptfs_pickle_free(pickle);
+    char *why = ok ? NULL : g_strdup(error ? error->message : "read, but its Gemma fields differ");
+    g_clear_error(&error);
+    return why;
+}
+
+/* A Megatron checkpoint of Gemma 3 read back from args: each field its math needs read or checked
+ * against the architecture, and refused by name when absent or otherwise. */
+static void test_gemma_args(void)
+{
+    CkptfsModel base;
+    GError *error = NULL;
+    const char *gemma = NULL;
+    for (size_t b = 0; b < G_N_ELEMENTS(bases); b++)
+        gemma = strstr(bases[b], "\"gemma3_text\"") ? bases[b] : gemma;
+    g_autoptr(JsonObject) config = parse(gemma);
+    bool read = read_model(config, &base, &error);
+    g_clear_error(&error);
+    g_autofree char *as_written = read ? gemma_args_refusal(&base, NULL, NULL) : g_strdup("no base");
+    tap_ok(as_written == NULL, "gemma3_text: its views' args read back, the local rope base, query scalar and "
+           "window as written (%s)", as_written ? as_written : "accepted");
+    static const struct {
+        const char *key, *want, *what;
+        int kind; /* 0 None, 1 true, 2 false, 3 a number */
+        double number;
+    } cases[] = {
+        {"rope_local_base_freq", "args.rope_local_base_freq is missing: Gemma3ForCausalLM computes with it",
+         "without the local rope base", 0, 0},
+        {"query_pre_attn_scalar", "args.query_pre_attn_scalar is missing", "without the query scalar", 0, 0},
+        {"swiglu", "args.gated_linear_unit and args.openai_gelu are not both true (with swiglu false): "
+         "Gemma3ForCausalLM's MLP is the gated tanh GELU", "SwiGLU", 1, 0},
+        {"openai_gelu", "args.swiglu is not true and args.quick_geglu is not true with glu_linear_offset 1.0, nor "
+         "gated_linear_unit with openai_gelu", "a GLU of the erf GELU", 2, 0},
+        {"embed_scale", "args.embed_scale is missing: Gemma3ForCausalLM scales the embedding by sqrt(hidden_size)",
+         "without the embedding's scale", 0, 0},
+        {"embed_scale", "args.embed_scale is not 8", "an embedding scale other than sqrt(hidden_size)", 3, 1},
+        {"softmax_scale", "args.softmax_scale is not", "a softmax scale other than query_pre_attn_scalar^-0.5", 3,
+         0.125},
+        {"layernorm_zero_centered_gamma", "args.layernorm_zero_centered_gamma is not true, but Gemma3ForCausalLM's "
+         "norms scale by 1 + weight", "norms that are not zero-centred", 2, 0},
+        {"window_attn_skip_freq", "args.window_size / window_attn_skip_freq: a full-attention layer every 4 (0: no window), "
+         "but Gemma3ForCausalLM has one every 6",
+         "a full-attention layer every 4th", 3, 4},
+    };
+    for (size_t i = 0; read && i < G_N_ELEMENTS(cases); i++) {
+        CkptfsValue *v = cases[i].kind == 0   ? ckptfs_value_none()
+                         : cases[i].kind == 3 ? (strcmp(cases[i].key, "window_attn_skip_freq") == 0
+                                                     ? ckptfs_value_int((int64_t)cases[i].number)
+                                                     : ckptfs_value_float(cases[i].number))
+                                              : ckptfs_value_bool(cases[i].kind == 1);
+        g_autofree char *why = gemma_args_refusal(&base, cases[i].key, v);
+        tap_ok(why && strstr(why, cases[i].want), "gemma3_text args refused: %s (%s)", cases[i].what,
+               why ? why : "accepted");
+    }
+    /* no window, so that the architecture's window pattern agrees: the MLP is what differs */
+    g_autofree char *llama = read ? gemma_args_refusal2(&base, "hf_architecture", ckptfs_value_str("LlamaForCausalLM"),
+                                                        "window_size", ckptfs_value_none())
+                                  : NULL;
+    tap_ok(llama && strstr(llama, "args.gated_linear_unit with openai_gelu (the gated tanh GELU): "
+                                  "LlamaForCausalLM's MLP is SwiGLU"),
+           "gemma3_text args named Llama: refused for the MLP (%s)", llama ? llama : "accepted");
+    g_autofree char *unnamed = read ? gemma_args_refusal2(&base, "hf_architecture", ckptfs_value_none(),
+                                                          "window_size", ckptfs_value_none())
+                                    : NULL;
+    tap_ok(unnamed && strstr(unnamed, "args.gated_linear_unit with openai_gelu (the gated tanh GELU): "
+                                      "Qwen3ForCausalLM's MLP is SwiGLU"),
+           "gemma3_text args naming no architecture: the one their features pick refuses the MLP (%s)",
+           unnamed ? unnamed : "accepted");
+}
+
 int main(void)
 {
+    test_gemma_args();
     for (size_t b = 0; b < G_N_ELEMENTS(bases); b++) {
         g_autoptr(JsonObject) config = parse(bases[b]);
         CkptfsModel base;
