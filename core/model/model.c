@@ -919,11 +919,16 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
     return true;
 }
 
-bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
+bool ckptfs_model_read_sizes(JsonObject *config, CkptfsModel *model, GError **error)
 {
     model->mla = model->arch && model->arch->mla;
     model->linear_attention = model->arch && model->arch->hybrid_attention;
-    if (!ckptfs_schema_read_config(config, model, error))
+    return ckptfs_schema_read_config(config, model, error);
+}
+
+bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    if (!ckptfs_model_read_sizes(config, model, error))
         return false;
     if (model->mla && !check_mla(model, error))
         return false;

@@ -5,7 +5,8 @@
 # (mlp.experts.gate_up_proj, down_proj). hf/ holds the tensors save_pretrained wrote for the same
 # model, the experts one by one (mlp.experts.{e}.gate_proj.weight, up_proj, down_proj), bit for
 # bit, and transformers gives its weights and logits from it; the root lists the Hugging Face
-# source's views and its Megatron views are byte-identical to the source's.
+# source's views and its Megatron views are byte-identical to the source's; a config the Megatron
+# views refuse still gets the experts one by one in hf/.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -48,4 +49,33 @@ done < "$WORK/same.out"
 check "the transformers checks gave 6 verdicts" test "$(grep -cE '^(PASS|FAIL) ' "$WORK/same.out")" -eq 6
 [[ $(grep -cE '^(PASS|FAIL) ' "$WORK/same.out") -eq 6 ]] || fail_diag "$(tail -c 600 "$WORK/same.out")"
 for name in "${names[@]}"; do unmount_ckptfs "$WORK/mnt-$name"; unmount_ckptfs "$WORK/src-$name"; done
+
+# A config the Megatron views refuse (DeepSeek-V3 with fewer key/value heads than heads): hf/ is
+# still served, its experts one by one as save_pretrained writes them.
+bad=$WORK/fewkv
+cp -r "$models/deepseek_v3/actor" "$bad"
+$PY -c "
+import json
+p = '$bad/huggingface/config.json'
+c = json.load(open(p))
+c['num_key_value_heads'] = 2
+json.dump(c, open(p, 'w'), indent=2)"
+"$CKPTFS" inspect "$bad" > "$WORK/inspect" 2>&1
+check "a config the Megatron views refuse: inspect names why" \
+  grep -qF 'no Megatron views: config.json: num_key_value_heads 2 differs from num_attention_heads 4' "$WORK/inspect"
+check "  and still serves the fused experts one by one" \
+  grep -qF 'served one by one, as save_pretrained writes them' "$WORK/inspect"
+mnt=$WORK/mnt-fewkv
+if mount_ckptfs "$bad" "$mnt" 2> "$WORK/err"; then
+  check "  hf/ holds save_pretrained's tensor names" $PY -c "
+import json, struct, sys
+def names(path):
+    with open(path, 'rb') as f:
+        header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
+    return sorted(k for k in header if k != '__metadata__')
+sys.exit(names('$mnt/hf/model.safetensors') != names('$models/deepseek_v3/hf/model.safetensors'))"
+  unmount_ckptfs "$mnt"
+else
+  ok 1 "the role directory with fewer key/value heads mounts ($(head -c 300 "$WORK/err"))"
+fi
 done_testing
