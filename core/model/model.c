@@ -10,31 +10,39 @@
 #include "ckptfs/schema.h"
 
 static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true};
+/* saved_per_expert: transformers 5.12.1 holds the experts fused and its save_pretrained writes
+ * them one by one (its qwen2_moe conversion, which qwen3_moe, qwen3_next, deepseek_v2,
+ * deepseek_v3, glm4_moe and qwen3_5_moe_text share, Qwen3.5-MoE's VLM its language model);
+ * Mixtral's names differ (w1, w2, w3) and GPT-OSS saves them fused */
 static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
                                                  "shared_expert_intermediate_size", .shared_gate = true,
-                                                 .dense_layers = true};
+                                                 .dense_layers = true, .saved_per_expert = &ckptfs_saved_per_expert};
 /* transformers 5 loads a Qwen3-MoE checkpoint with its experts fused as it holds them in memory */
 static const CkptfsFusedExperts *const transformers5_fused[] = {&ckptfs_fused_in_memory, NULL};
 static const CkptfsMoeConfig qwen3_moe_config = {"num_experts", "moe_intermediate_size", .dense_layers = true,
-                                                 .fused_forms = transformers5_fused};
+                                                 .fused_forms = transformers5_fused,
+                                                 .saved_per_expert = &ckptfs_saved_per_expert};
 /* Qwen3.5-MoE: every layer MoE (no mlp_only_layers, decoder_sparse_step), the top-k always
  * renormalised (no norm_topk_prob), a gated shared expert; transformers 5 saves the experts per
  * expert and holds them fused */
 static const CkptfsMoeConfig qwen3_5_moe_config = {"num_experts", "moe_intermediate_size",
                                                    "shared_expert_intermediate_size", .shared_gate = true,
                                                    .always_renormalize = true, .ffn_from_expert = true,
-                                                   .fused_forms = transformers5_fused};
+                                                   .fused_forms = transformers5_fused,
+                                                   .saved_per_expert = &ckptfs_saved_per_expert};
 /* Qwen3-Next: Qwen2-MoE's experts; its releases hold them per expert, transformers 5 holds them
  * fused (its Qwen2-MoE conversion), and both forms are read */
 static const CkptfsMoeConfig qwen3_next_moe_config = {"num_experts", "moe_intermediate_size",
                                                       "shared_expert_intermediate_size", .shared_gate = true,
-                                                      .dense_layers = true, .fused_forms = transformers5_fused};
+                                                      .dense_layers = true, .fused_forms = transformers5_fused,
+                                                      .saved_per_expert = &ckptfs_saved_per_expert};
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
-                                                .deepseek_config = true};
+                                                .deepseek_config = true, .saved_per_expert = &ckptfs_saved_per_expert};
 static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
-                                                .deepseek_config = true, .sigmoid_routing = true};
+                                                .deepseek_config = true, .sigmoid_routing = true,
+                                                .saved_per_expert = &ckptfs_saved_per_expert};
 /* GLM-4.5V's MoE: DeepSeek-V3's config; transformers 5 holds its experts fused, saves them one by one */
 static const CkptfsMoeConfig glm4v_moe_config = {"n_routed_experts", "moe_intermediate_size",
                                                  .shared_count_key = "n_shared_experts", .deepseek_config = true,
@@ -912,11 +920,16 @@ static bool read_mrope(JsonObject *config, CkptfsModel *model, GError **error)
     return true;
 }
 
-bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
+bool ckptfs_model_read_sizes(JsonObject *config, CkptfsModel *model, GError **error)
 {
     model->mla = model->arch && model->arch->mla;
     model->linear_attention = model->arch && model->arch->hybrid_attention;
-    if (!ckptfs_schema_read_config(config, model, error))
+    return ckptfs_schema_read_config(config, model, error);
+}
+
+bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error)
+{
+    if (!ckptfs_model_read_sizes(config, model, error))
         return false;
     if (model->mla && !check_mla(model, error))
         return false;

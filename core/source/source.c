@@ -415,9 +415,10 @@ static bool split_experts_as_saved(CkptfsSource *source, GError **error)
     g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
     model->arch = arch;
     GError *why = NULL;
-    /* a VLM's language model is its text part's */
+    /* a VLM's language model is its text part's; the sizes alone, so that a config the
+     * Megatron views refuse (hf/ still served) still gets the experts as saved */
     g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &why);
-    if (text == NULL || !ckptfs_model_read_config(text, model, &why)) {
+    if (text == NULL || !ckptfs_model_read_sizes(text, model, &why)) {
         g_clear_error(&why); /* the mount reads the model again and says why */
         return true;
     }

@@ -365,6 +365,11 @@ bool ckptfs_model_from_config(JsonObject *config, const CkptfsCatalog *catalog, 
  * the schema's fields (ckptfs/schema.h), then the experts' structure; no tensor is checked. */
 bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **error);
 
+/* The schema's fields of CONFIG alone (sizes, the expert count), without the checks the
+ * Megatron views need of them (ckptfs_model_read_config's): what reading the tensors under the
+ * names a Hugging Face save writes takes. */
+bool ckptfs_model_read_sizes(JsonObject *config, CkptfsModel *model, GError **error);
+
 /* The experts' structure of MODEL (its arch an MoE architecture, its sizes read): the shared
  * expert, routing, dense layers. Configs of routing schemes ckptfs has no rules for are
  * refused. */

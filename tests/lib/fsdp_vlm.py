@@ -63,6 +63,11 @@ def make(name):
         cfg = Glm4vMoeConfig(text_config=dict(GLM4V_MOE_TEXT), vision_config=dict(vlm.GLM4V_VISION),
                              **vlm.GLM4V_TOKENS)
         model = Glm4vMoeForConditionalGeneration(cfg)
+    return randomized(model)
+
+
+def randomized(model):
+    """MODEL in bf16, its norms random, its fp32-kept buffers (a router bias) random fp32."""
     model = model.to(torch.bfloat16)
     for key, buf in model.named_buffers():  # GLM-4.5V's router bias: fp32, as from_pretrained keeps it
         if any(key.endswith(k) for k in getattr(model, "_keep_in_fp32_modules_strict", None) or ()):
@@ -76,34 +81,40 @@ def make(name):
     return model
 
 
-def worker(rank, hf, role):
+def worker(rank, hf, role, auto_class):
     import torch.distributed as dist
+    import transformers
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForImageTextToText
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{role}/.rdv", rank=rank, world_size=WORLD)
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("fsdp",))
-    model = AutoModelForImageTextToText.from_pretrained(hf, dtype=torch.float32)
+    model = getattr(transformers, auto_class).from_pretrained(hf, dtype=torch.float32)
     fully_shard(model, mesh=mesh)
     torch.save(model.state_dict(), os.path.join(role, f"model_world_size_{WORLD}_rank_{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def build(out):
+def save_actor(model, hf, role, auto_class):
+    """MODEL saved by save_pretrained in HF, and as verl saves an actor in ROLE: loaded from HF in
+    fp32 by transformers' AUTO_CLASS on each of 2 gloo ranks, wrapped by fully_shard. Returns the
+    names of rank 0's state dict."""
     import torch.multiprocessing as mp
+    model.save_pretrained(hf)
+    os.makedirs(f"{role}/huggingface")
+    mp.start_processes(worker, args=(hf, role, auto_class), nprocs=WORLD, join=True, start_method="fork")
+    os.remove(f"{role}/.rdv")
+    for f in ("config.json", "generation_config.json"):
+        shutil.copy(f"{hf}/{f}", f"{role}/huggingface/{f}")
+    with open(f"{role}/fsdp_config.json", "w") as f:
+        json.dump({"FSDP_version": 2, "world_size": WORLD}, f, indent=4)
+    return torch.load(f"{role}/model_world_size_{WORLD}_rank_0.pt", weights_only=False).keys()
+
+
+def build(out):
     for name in NAMES:
-        hf, role = f"{out}/{name}/hf", f"{out}/{name}/actor"
-        make(name).save_pretrained(hf)
-        os.makedirs(f"{role}/huggingface")
-        mp.start_processes(worker, args=(hf, role), nprocs=WORLD, join=True, start_method="fork")
-        os.remove(f"{role}/.rdv")
-        for f in ("config.json", "generation_config.json"):
-            shutil.copy(f"{hf}/{f}", f"{role}/huggingface/{f}")
-        with open(f"{role}/fsdp_config.json", "w") as f:
-            json.dump({"FSDP_version": 2, "world_size": WORLD}, f, indent=4)
-        keys = torch.load(f"{role}/model_world_size_{WORLD}_rank_0.pt", weights_only=False).keys()
+        keys = save_actor(make(name), f"{out}/{name}/hf", f"{out}/{name}/actor", "AutoModelForImageTextToText")
         if not any(k.startswith("model.language_model.") for k in keys):
             sys.exit(f"{name}: the FSDP state dict is not under the module names (model.language_model.*)")
         print(f"{name}: {len(keys)} keys, e.g. {sorted(keys)[0]}")

@@ -312,6 +312,17 @@ static void test_deepseek_configs(void)
         tap_ok(!ok && strstr(why, refused[i].says), "refused: %s (%s)", refused[i].what, why);
         g_free(why);
     }
+    { /* what the Megatron views refuse, the sizes alone still give (the experts split as saved) */
+        JsonObject *config = config_of("{" DEEPSEEK_V3 ", \"num_experts_per_tok\": 2, \"n_group\": 1, \"topk_group\": "
+                                       "1, \"norm_topk_prob\": true, \"num_key_value_heads\": 2}");
+        CkptfsModel sized = {.arch = ckptfs_architecture_find("DeepseekV3ForCausalLM", NULL)};
+        GError *error = NULL;
+        ok = ckptfs_model_read_sizes(config, &sized, &error);
+        tap_ok(ok && sized.experts == 4 && sized.hidden == 32 && sized.moe_ffn == 16,
+               "MLA with fewer key/value heads: the sizes are read (%s)", error ? error->message : "");
+        g_clear_error(&error);
+        json_object_unref(config);
+    }
     ok = run_deepseek("{" DEEPSEEK_V3 ", \"num_experts_per_tok\": 2, \"norm_topk_prob\": true}",
                       deepseek_catalog(3, 1, 16, true, 1, CKPTFS_DTYPE_F32), &m, &why);
     tap_ok(!ok && strstr(why, "\"n_group\" is missing"), "a V3 config without n_group is refused, not guessed (%s)", why);
