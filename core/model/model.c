@@ -39,15 +39,11 @@ static const CkptfsMoeConfig qwen3_next_moe_config = {"num_experts", "moe_interm
 static const CkptfsMoeConfig deepseek_v2_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .saved_per_expert = &ckptfs_saved_per_expert};
+/* DeepSeek-V3's, GLM-4.5's and GLM-4.5V's: transformers 5 holds the experts fused, saves them one by one */
 static const CkptfsMoeConfig deepseek_v3_moe = {"n_routed_experts", "moe_intermediate_size",
                                                 .shared_count_key = "n_shared_experts",
                                                 .deepseek_config = true, .sigmoid_routing = true,
                                                 .saved_per_expert = &ckptfs_saved_per_expert};
-/* GLM-4.5V's MoE: DeepSeek-V3's config; transformers 5 holds its experts fused, saves them one by one */
-static const CkptfsMoeConfig glm4v_moe_config = {"n_routed_experts", "moe_intermediate_size",
-                                                 .shared_count_key = "n_shared_experts", .deepseek_config = true,
-                                                 .sigmoid_routing = true,
-                                                 .saved_per_expert = &ckptfs_saved_per_expert};
 
 static const CkptfsArchitecture llama = {"LlamaForCausalLM", "llama", false, false, &ckptfs_family_llama, NULL, false, 0, 0, 0, false, 0, 0,
                                          .max_positions = 2048, .attention_bias_on_output = true};
@@ -159,7 +155,7 @@ static const CkptfsArchitecture glm4v_hf_vision = {"Glm4vMoeVisionModel", "glm4v
                                                    .megatron_prefix = "visual.",
                                                    .hf_layer_prefix = "visual.blocks.", .layer_prefix = "blocks."};
 #define GLM4V_MOE(tower_, bridge_)                                                                          \
-    {"Glm4vMoeForConditionalGeneration", "glm4v_moe", false, false, &ckptfs_family_glm4_moe, &glm4v_moe_config, \
+    {"Glm4vMoeForConditionalGeneration", "glm4v_moe", false, false, &ckptfs_family_glm4_moe, &deepseek_v3_moe, \
      false, 0, 1e-5, .kv_heads = 8, .biased_by_default = true, .partial_rotary = 0.5, .max_positions = 65536, \
      .text_part = "text_config", .vision_part = "vision_config", .vision = (tower_),                        \
      .vision_fields = CKPTFS_FOR_GLM4V_VISION, .megatron_prefix = "language_model.",                        \
