@@ -353,73 +353,8 @@ check_outputs() {
     CHECK="not run ($TORCH2_NOTE)"
     if [[ -d $OUT_RUN/conv.0 ]]; then
         note "(b) check: the tensors of the view's copy against fp8_cast_bf16.py's output"
-        CHECK=$("$PYTHON" - "$OUT_RUN/view.0" "$OUT_RUN/conv.0" <<'PY'
-import json
-import os
-import struct
-import sys
-
-import numpy as np
-
-
-def tensors(d):
-    out = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            p = os.path.join(d, fn)
-            with open(p, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                head = json.loads(f.read(n))
-            for k, v in head.items():
-                if k != "__metadata__":
-                    a, b = v["data_offsets"]
-                    out[k] = (p, v["dtype"], v["shape"], 8 + n + a, b - a)
-    return out
-
-
-def bf16_of_f32(raw):  # round to nearest even, as torch
-    u = np.frombuffer(raw, dtype=np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
-
-
-view, conv = tensors(sys.argv[1]), tensors(sys.argv[2])
-fds = {}
-
-
-def data(t):
-    p, _, _, off, n = t
-    if p not in fds:
-        fds[p] = os.open(p, os.O_RDONLY)
-    return os.pread(fds[p], n, off)
-
-
-same, nbytes, diffs = 0, 0, []
-for k in sorted(set(view) & set(conv)):
-    (_, dv, sv, _, lv), (_, dc, sc, _, lc) = view[k], conv[k]
-    if sv != sc:
-        diffs.append(f"{k}: shape {sv} in the view, {sc} in fp8_cast_bf16's")
-    elif dv != dc:
-        why = ""
-        if (dv, dc) == ("BF16", "F32") and data(view[k]) == bf16_of_f32(data(conv[k])):
-            why = " (the view's values are the F32 ones rounded to bf16)"
-        diffs.append(f"{k}: {dv} in the view, {dc} in fp8_cast_bf16's{why}")
-    elif data(view[k]) != data(conv[k]):
-        diffs.append(f"{k}: {dv} {sv}: bytes differ")
-    else:
-        same += 1
-        nbytes += lv
-only_v, only_c = sorted(set(view) - set(conv)), sorted(set(conv) - set(view))
-if only_v:
-    diffs.append(f"only in the view: {len(only_v)} ({', '.join(only_v[:3])})")
-if only_c:
-    diffs.append(f"only in fp8_cast_bf16's: {len(only_c)} ({', '.join(only_c[:3])})")
-print(f"{same} of {len(set(view) | set(conv))} tensors byte-identical ({nbytes} bytes)")
-for d in diffs[:6]:
-    print(f"DIFF {d}")
-if len(diffs) > 6:
-    print(f"DIFF ... {len(diffs) - 6} more")
-PY
-        ) || CHECK="the check itself failed"
+        CHECK=$("$PYTHON" "$HERE/same_tensors.py" "$OUT_RUN/view.0" "$OUT_RUN/conv.0" "fp8_cast_bf16's") ||
+            CHECK="the check itself failed"
     fi
     rm -rf "$OUT_RUN"/view.* "$OUT_RUN"/conv.*
 }
