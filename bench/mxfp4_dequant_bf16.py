@@ -3,7 +3,7 @@
 bench/mxfp4_copy_bench.sh (what users run today to get a bf16 copy of gpt-oss-20b/120b).
 
   mxfp4_dequant_bf16.py SRC DEST      convert SRC (a GPT-OSS release with MXFP4 experts) into DEST
-  mxfp4_dequant_bf16.py --against-transformers SRC
+  mxfp4_dequant_bf16.py --against-transformers SRC...
                                       compare dequantise() with transformers' own
                                       convert_moe_packed_tensors on every expert tensor of SRC
 
@@ -15,7 +15,8 @@ order, load it (safetensors `load_file`), replace every `<name>_blocks` U8 [E, R
 most recently loaded shards are kept) by `<name>` bf16 [E, C, R] (the stored [R, C] of each
 expert transposed: transformers' GptOssExperts parameter, as ckptfs's hf/ with -o dtype=bf16
 serves it), keep the other tensors, `save_file` the shard under its own name; then the index
-with the new names and config.json without quantization_config (generation_config.json copied).
+with the new names (when SRC has one: a lone model.safetensors needs none) and config.json without
+quantization_config, torch_dtype bfloat16 (generation_config.json copied).
 Experts are dequantised one at a time (float32 products, rounded to bf16), so memory stays at a
 shard plus its bf16 copy.
 """
@@ -26,6 +27,7 @@ import sys
 from glob import glob
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -51,8 +53,13 @@ def dequantise(blocks, scales):
 
 
 def convert(src, dest):
-    with open(os.path.join(src, "model.safetensors.index.json")) as f:
-        weight_map = json.load(f)["weight_map"]
+    index = os.path.join(src, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+    else:  # one model.safetensors, no index
+        with safe_open(os.path.join(src, "model.safetensors"), "pt") as f:
+            weight_map = {name: "model.safetensors" for name in f.keys()}
     os.makedirs(dest, exist_ok=True)
     loaded = {}
 
@@ -84,11 +91,13 @@ def convert(src, dest):
         del out
         while len(loaded) > 2:  # keep the two most recently loaded shards
             del loaded[next(iter(loaded))]
-    with open(os.path.join(dest, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(new_map.items()))}, f, indent=2)
+    if os.path.exists(index):
+        with open(os.path.join(dest, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(new_map.items()))}, f, indent=2)
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
     config.pop("quantization_config", None)
+    config["torch_dtype"] = "bfloat16"  # what the weights now are
     with open(os.path.join(dest, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     if os.path.exists(os.path.join(src, "generation_config.json")):
@@ -97,8 +106,15 @@ def convert(src, dest):
           f"torch {torch.__version__}, {torch.get_num_threads()} threads", file=sys.stderr)
 
 
-def against_transformers(src):
+def against_transformers(*srcs):
     """PASS when dequantise() equals transformers' convert_moe_packed_tensors bit for bit."""
+    for src in srcs:
+        if not against_transformers_one(src):
+            return
+    print(f"PASS {' '.join(srcs)}: every expert tensor bit-identical to transformers' convert_moe_packed_tensors")
+
+
+def against_transformers_one(src):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
     tensors = {}
     for path in sorted(glob(os.path.join(src, "*.safetensors"))):
@@ -112,16 +128,18 @@ def against_transformers(src):
         theirs = convert_moe_packed_tensors(tensors[name], tensors[base + "_scales"])
         if ours.dtype != theirs.dtype or ours.shape != theirs.shape or \
                 not torch.equal(ours.view(torch.int16), theirs.view(torch.int16)):
-            print(f"FAIL {base}: {ours.dtype} {list(ours.shape)} against transformers' {theirs.dtype} "
+            print(f"FAIL {src}: {base}: {ours.dtype} {list(ours.shape)} against transformers' {theirs.dtype} "
                   f"{list(theirs.shape)}")
-            return
+            return False
         checked += 1
-    print(f"PASS {src}: {checked} expert tensors bit-identical to transformers' convert_moe_packed_tensors")
+    if not checked:
+        print(f"FAIL {src}: no MXFP4 blocks")
+    return checked > 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--against-transformers":
-        against_transformers(sys.argv[2])
+    if len(sys.argv) >= 3 and sys.argv[1] == "--against-transformers":
+        against_transformers(*sys.argv[2:])
     elif len(sys.argv) == 3 and not sys.argv[1].startswith("-"):
         convert(sys.argv[1], sys.argv[2])
     else:

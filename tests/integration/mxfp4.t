@@ -52,6 +52,33 @@ sid_python "$WORK" "$script" dequant "$m/edges" "$edges/hf" > "$WORK/edges" 2>&1
 check "  bit-identical to transformers' dequantisation (2^-128 to infinity, as its ldexp makes them)" grep -q '^PASS' "$WORK/edges"
 grep -q '^PASS' "$WORK/edges" || diag "$(tail -n 3 "$WORK/edges")"
 
+# The offline baseline of bench/mxfp4_copy_bench.sh (bench/mxfp4_dequant_bf16.py, written from
+# the format): transformers' dequantisation bit for bit, scales at the ends of E8M0 included, and
+# its bf16 copy the same tensors as hf/ with -o dtype=bf16; the bench's generator writes an MXFP4
+# GPT-OSS that mounts, and the converter in torch 2.6 (what the bench runs) agrees with it too.
+bench=$TESTS_TOP/bench
+same_tensors() { # VIEW COPY: every tensor of both byte-identical, none on one side only
+  local out
+  out=$($PY "$bench/same_tensors.py" "$1" "$2" "the converter's") || return 1
+  [[ $out =~ ^([0-9]+)\ of\ ([0-9]+)\ tensors\ byte-identical && ${BASH_REMATCH[1]} == "${BASH_REMATCH[2]}" &&
+    ${BASH_REMATCH[1]} -gt 0 && $out != *DIFF* ]] || { echo "$out"; return 1; }
+}
+sid_python "$WORK:$bench" "$bench/mxfp4_dequant_bf16.py" --against-transformers "$m/mxfp4" "$m/edges" > "$WORK/conv-tf" 2>&1
+check "the bench's converter dequantises as transformers does, scales 0, 1, 254 and 255 too" grep -q '^PASS' "$WORK/conv-tf"
+grep -q '^PASS' "$WORK/conv-tf" || diag "$(tail -n 3 "$WORK/conv-tf")"
+sid_python "$WORK:$bench" "$bench/mxfp4_dequant_bf16.py" "$m/mxfp4" "$WORK/conv" > "$WORK/conv.out" 2>&1
+check "  its bf16 copy holds hf/'s tensors byte for byte" same_tensors "$bf16/hf" "$WORK/conv"
+if torch2_available; then
+  PYTHONDONTWRITEBYTECODE=1 $PY "$bench/gen_deepseek_fp8.py" --model gpt-oss --layers 1 --experts 2 --vocab 64 \
+    --shards 2 "$WORK/gen" > "$WORK/gen.out" 2>&1
+  check "the bench's generator (--model gpt-oss) writes an MXFP4 GPT-OSS that mounts with -o dtype=bf16" \
+    mount_ckptfs "$WORK/gen" "$WORK/mnt-gen" -o dtype=bf16
+  torch2_python "$WORK:$bench" "$bench/mxfp4_dequant_bf16.py" "$WORK/gen" "$WORK/gen-conv" > "$WORK/gen-conv.out" 2>&1
+  check "  the converter in torch 2.6 gives its hf/'s tensors byte for byte" same_tensors "$WORK/mnt-gen/hf" "$WORK/gen-conv"
+else
+  skip "$TORCH2_WHY"; skip "$TORCH2_WHY"
+fi
+
 # refused COPY TEXT...: -o dtype=bf16 fails naming TEXT; without it hf/ still passes it through.
 refused() {
   local copy=$1 out mnt=$WORK/mnt-$1
