@@ -234,7 +234,7 @@ GIT=$(git -C "$REPO" log -1 --format=%h 2>/dev/null || echo "?")
 [[ -n $(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null) ]] && GIT+=" + uncommitted changes"
 
 echo
-echo "ckptfs MXFP4 copy benchmark$( ((QUICK)) && echo " (--quick)")   $(date '+%Y-%m-%d %H:%M')   $(uname -r), $(nproc) CPUs, $(list_s $(($(now_us) - T_START))) s"
+echo "ckptfs MXFP4 copy benchmark$( ((QUICK)) && echo " (--quick)")   $(date '+%Y-%m-%d %H:%M')   $(uname -r), $(nproc) CPUs, $(secs $(($(now_us) - T_START))) s"
 echo "binary: $BIN   (CMAKE_BUILD_TYPE: $BUILD_TYPE; source tree at $GIT)"
 OTHERS_END=$(others)
 if ((OTHERS_START + OTHERS_END > 0)); then
@@ -243,16 +243,16 @@ fi
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end"
 echo
 echo "$SRC"
-echo "    GPT-OSS-20B's widths, $LAYERS layers x $EXPERTS MXFP4 experts, ${#SRC_FILES[@]} shards, $SRC_BYTES bytes; $VIEW_BYTES bytes"
+echo "    GPT-OSS-20B's widths, layers: $LAYERS, experts: $EXPERTS (MXFP4), ${#SRC_FILES[@]} shards, $SRC_BYTES bytes; $VIEW_BYTES bytes"
 echo "    as bf16 (hf/). Source in the page cache for every run; output to $OUT_DIR ($OUT_FS) + sync -f;"
 echo "    median of $REPEAT, runs interleaved."
 printf '    %-52s %8s %6s %7s  %s\n' "" seconds GB/s ratio "runs (s)"
 MCP=$(median "${T_CP[@]}")
-printf '    %-52s %8s %6s %7s  %s\n' "(i) ckptfs mount -o dtype=bf16 + cp -r MNT/hf" "$(list_s "$MCP")" "$(gbps "$CP_BYTES" "$MCP")" "1.00" "$(list_s "${T_CP[@]}")"
+printf '    %-52s %8s %6s %7s  %s\n' "(i) ckptfs mount -o dtype=bf16 + cp -r MNT/hf" "$(secs "$MCP")" "$(gbps "$CP_BYTES" "$MCP")" "1.00" "$(list_s "${T_CP[@]}")"
 if ((${#T_CONV[@]})); then
     MCONV=$(median "${T_CONV[@]}")
     RATIO=$(awk -v a="$MCONV" -v b="$MCP" 'BEGIN {printf "%.2f", a / b}')
-    printf '    %-52s %8s %6s %7s  %s\n' "(ii) mxfp4_dequant_bf16.py (torch 2.6, CPU)" "$(list_s "$MCONV")" "$(gbps "$CONV_BYTES" "$MCONV")" "$RATIO" "$(list_s "${T_CONV[@]}")"
+    printf '    %-52s %8s %6s %7s  %s\n' "(ii) mxfp4_dequant_bf16.py (torch 2.6, CPU)" "$(secs "$MCONV")" "$(gbps "$CONV_BYTES" "$MCONV")" "$RATIO" "$(list_s "${T_CONV[@]}")"
     echo "    (ii)/(i), ratio of the medians = $RATIO"
     echo "    peak RSS, largest of the runs: (i) daemon VmHWM $(mib "$(max "${CP_DHWM[@]}")") MiB (mapped source pages"
     echo "    count; its RssAnon at the end $(mib "$(max "${CP_DANON[@]}")") MiB) + cp $(mib "$(max "${CP_RSS[@]}")") MiB;"
