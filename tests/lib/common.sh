@@ -93,11 +93,11 @@ ran() {
   ok "$1" "$2"
   [[ $1 -eq 0 ]] || tail -n 20 "$3" | sed 's/^/# /' >&2
 }
-# passes FILE: one TAP line per PASS/FAIL line of FILE.
+# passes FILE: one TAP line per PASS/FAIL line of FILE (the scratch directory left out of the text).
 passes() {
   local state what
   while read -r state what; do
-    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "$what"
+    [[ $state == PASS || $state == FAIL ]] && ok "$([[ $state == PASS ]]; echo $?)" "${what//$WORK\//}"
   done < "$1"
 }
 # same_trees A B DIR...: every file under DIR... of B equals A's (printing the ones that differ);
