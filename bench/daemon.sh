@@ -121,6 +121,27 @@ bench_cleanup() {
     exit "$rc"
 }
 
+# The report's header: other ckptfs mounts than the bench's own ($MNT) while it ran, the build
+# type of BIN (from its build directory's cache) and the state of REPO's tree.
+others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
+warn_others() { # START END: the others() counts at the start and end
+    if (($1 + $2 > 0)); then
+        echo "WARNING: other ckptfs mounts were active (start: $1, end: $2); timings may be disturbed"
+    fi
+}
+build_type() { # BIN
+    local cache type="?"
+    cache=$(dirname "$1")/CMakeCache.txt
+    [[ -f $cache ]] && type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$cache")
+    echo "${type:-(empty: RelWithDebInfo default)}"
+}
+tree_state() { # REPO: its commit, and whether tracked files differ from it
+    local state
+    state=$(git -C "$1" log -1 --format=%h 2>/dev/null || echo "?")
+    [[ -n $(git -C "$1" status --porcelain --untracked-files=no 2>/dev/null) ]] && state+=" + uncommitted changes"
+    echo "$state"
+}
+
 # More figures: the largest value, and microseconds, KiB and lists of microseconds as text.
 max() { printf '%s\n' "$@" | sort -g | tail -n 1; }
 secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }

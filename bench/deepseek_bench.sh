@@ -173,7 +173,6 @@ list_mib() { local out="" x; for x in "$@"; do out+="${out:+ }$(mib "$x")"; done
 maxrss_kib() { awk -F': ' '/Maximum resident set size/ {print $2}' "$1"; } # /usr/bin/time -v output
 safetensors_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 
-others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
 OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 T_START=$(now_us)
@@ -404,20 +403,14 @@ done
 
 # --- report --------------------------------------------------------------------------------------
 
-BUILD_TYPE="?"
-CACHE=$(dirname "$BIN")/CMakeCache.txt
-[[ -f $CACHE ]] && BUILD_TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$CACHE")
-[[ -n $BUILD_TYPE ]] || BUILD_TYPE="(empty: RelWithDebInfo default)"
-GIT=$(git -C "$REPO" log -1 --format=%h 2>/dev/null || echo "?")
-[[ -n $(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null) ]] && GIT+=" + uncommitted changes"
+BUILD_TYPE=$(build_type "$BIN")
+GIT=$(tree_state "$REPO")
 
 echo
 echo "ckptfs DeepSeek-V3 benchmark$( ((QUICK)) && echo " (--quick)")   $(date '+%Y-%m-%d %H:%M')   $(uname -r), $(nproc) CPUs, $(secs $(($(now_us) - T_START))) s"
 echo "binary: $BIN   (CMAKE_BUILD_TYPE: $BUILD_TYPE; source tree at $GIT)"
 OTHERS_END=$(others)
-if ((OTHERS_START + OTHERS_END > 0)); then
-    echo "WARNING: other ckptfs mounts were active (start: $OTHERS_START, end: $OTHERS_END); timings may be disturbed"
-fi
+warn_others "$OTHERS_START" "$OTHERS_END"
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end"
 
 echo

@@ -88,7 +88,6 @@ pass() { if [[ $1 == 1 ]]; then echo PASS; else echo FAIL; fi; }
 rss_anon_kib() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status"; }
 
 # Anything else that could disturb the timings: other ckptfs mounts, load.
-others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
 OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 
@@ -217,18 +216,13 @@ C_MED=$(median "${C[@]}")
 D_MED=$(median "${D[@]}")
 B_OK=$(awk -v x="$(ratio "$B_MED")" -v t="$TARGET_B_RATIO" 'BEGIN {print (x >= t) ? 1 : 0}')
 
-BUILD_TYPE="?"
-CACHE=$(dirname "$BIN")/CMakeCache.txt
-[[ -f $CACHE ]] && BUILD_TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$CACHE")
-[[ -n $BUILD_TYPE ]] || BUILD_TYPE="(empty: RelWithDebInfo default)"
+BUILD_TYPE=$(build_type "$BIN")
 
 echo
 echo "ckptfs hf/ benchmark   $(date '+%Y-%m-%d %H:%M')   $(uname -r), $(nproc) CPUs"
 echo "binary: $BIN   (CMAKE_BUILD_TYPE: $BUILD_TYPE)"
 OTHERS_END=$(others)
-if ((OTHERS_START + OTHERS_END > 0)); then
-    echo "WARNING: other ckptfs mounts were active (start: $OTHERS_START, end: $OTHERS_END); timings may be disturbed"
-fi
+warn_others "$OTHERS_START" "$OTHERS_END"
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end"
 echo
 echo "Read throughput: $SMALL, ${#SRC_FILES[@]} weight files, $SRC_BYTES bytes."

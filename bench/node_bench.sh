@@ -199,7 +199,6 @@ div2() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else p
 gb() { awk -v b="$1" 'BEGIN {printf "%.2f", b / 1e9}'; }
 err_tail() { tail -n 3 "$1" | sed 's/^/    /' >&2; }
 
-others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
 OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 T_START=$(now_us)
@@ -434,9 +433,7 @@ echo "readers: node_bench.py read, $("$PYTHON" -c 'import platform; print("pytho
 echo "  check, 1 reader, source cached: python $(gbps "$SRC_BYTES" "$CHECK_PY_S") GB/s" \
     "($(awk -v c="$CHECK_PY_CPU" -v b="$SRC_BYTES" 'BEGIN {printf "%.2f", c / (b / 1e9)}') CPU s/GB), dd bs=1M $(gbps "$SRC_BYTES" "$CHECK_DD_S") GB/s"
 OTHERS_END=$(others)
-if ((OTHERS_START + OTHERS_END > 0)); then
-    echo "WARNING: other ckptfs mounts were active (start: $OTHERS_START, end: $OTHERS_END); timings may be disturbed"
-fi
+warn_others "$OTHERS_START" "$OTHERS_END"
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end; $WALL_MIN min"
 echo
 echo "N readers share the bytes of a view's files (in order, cut into N equal ranges at $READ_SIZE:"

@@ -178,7 +178,6 @@ shards_in() { find "$1" -maxdepth 1 -type f -name '*.safetensors' | sort; }
 warm() { find "$1" -type f -exec cat {} + >/dev/null; } # DIR: every file into the page cache
 CLK_TCK=$(getconf CLK_TCK)
 cpu_us() { awk -v t="$CLK_TCK" '{printf "%.0f\n", ($14 + $15) * 1e6 / t}' "/proc/$1/stat"; } # PID: utime+stime
-others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
 
 # evict DIR: the page cache of DIR's files goes (EVICT=files), or all of it (EVICT=drop_caches);
 # fails if more than 1% of DIR's bytes are still cached.
@@ -500,21 +499,15 @@ fi
 
 # --- report --------------------------------------------------------------------------------------
 
-BUILD_TYPE="?"
-CACHE=$(dirname "$BIN")/CMakeCache.txt
-[[ -f $CACHE ]] && BUILD_TYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$CACHE")
-[[ -n $BUILD_TYPE ]] || BUILD_TYPE="(empty: RelWithDebInfo default)"
-GIT=$(git -C "$REPO" log -1 --format=%h 2>/dev/null || echo "?")
-[[ -n $(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null) ]] && GIT+=" + uncommitted changes"
+BUILD_TYPE=$(build_type "$BIN")
+GIT=$(tree_state "$REPO")
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 
 echo
 echo "ckptfs pack benchmark$( ((QUICK)) && echo " (--quick)")   $(date '+%Y-%m-%d %H:%M')   $(uname -r), $(nproc) CPUs ($CPU_MODEL), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(secs $(($(now_us) - T_START))) s"
 echo "binary: $BIN   (CMAKE_BUILD_TYPE: $BUILD_TYPE; source tree at $GIT)"
 OTHERS_END=$(others)
-if ((OTHERS_START + OTHERS_END > 0)); then
-    echo "WARNING: other ckptfs mounts were active (start: $OTHERS_START, end: $OTHERS_END); timings may be disturbed"
-fi
+warn_others "$OTHERS_START" "$OTHERS_END"
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end (wall-clock figures suffer from other load; the per-CPU-second ones much less)"
 echo "inputs: $DATA_DIR/{bf16,fp32,fp32-true} (bench/gen_normal.py: gen_checkpoint.py's 1 GiB Llama, 4 shards, every"
 echo "    element normal(0, 0.02), seed 0); Megatron-LM test checkpoints from $MEGATRON_DIR"

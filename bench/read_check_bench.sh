@@ -124,7 +124,6 @@ secs() { awk -v us="$1" 'BEGIN {printf "%.3f", us / 1e6}'; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
 fmt_list() { local out="" x; for x in "$@"; do out+="${out:+ }$x"; done; echo "$out"; }
 
-others() { awk -v mnt="$MNT" '$3 == "fuse.ckptfs" && $2 != mnt {n++} END {print n + 0}' /proc/mounts; }
 OTHERS_START=$(others)
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 
@@ -274,9 +273,7 @@ echo "ckptfs per-read source check benchmark   $(date '+%Y-%m-%d %H:%M')   $(una
 echo "base: $BASE   (CMAKE_BUILD_TYPE: $(BUILD_TYPE "$BASE"))"
 echo "new:  $NEW   (CMAKE_BUILD_TYPE: $(BUILD_TYPE "$NEW"))"
 OTHERS_END=$(others)
-if ((OTHERS_START + OTHERS_END > 0)); then
-    echo "WARNING: other ckptfs mounts were active (start: $OTHERS_START, end: $OTHERS_END); timings may be disturbed"
-fi
+warn_others "$OTHERS_START" "$OTHERS_END"
 echo "load average: $LOAD_START at start, $(cut -d' ' -f1 /proc/loadavg) at end"
 echo
 echo "Source $SRC in the page cache (read before every run). $RUNS rounds, each measuring both"
