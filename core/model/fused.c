@@ -208,6 +208,21 @@ static bool add_expert(CkptfsCatalog *catalog, const CkptfsModel *m, const Ckptf
     return add_expert_named(catalog, m, form, e, full, gate_up, down, error);
 }
 
+/* The first of experts' per-expert tensors (PREFIX + PATTERNS, "{e}" each expert) CATALOG
+ * holds as well as their fused form, or NULL. */
+static char *held_one_by_one(const CkptfsCatalog *catalog, const char *prefix, const char *const patterns[PROJECTIONS],
+                             uint64_t experts)
+{
+    for (uint64_t e = 0; e < experts; e++)
+        for (int p = 0; p < PROJECTIONS; p++) {
+            char *name = expert_name(prefix, patterns[p], e);
+            if (ckptfs_catalog_find(catalog, name) != NULL)
+                return name;
+            g_free(name);
+        }
+    return NULL;
+}
+
 /* Adds expert E's bias vectors of layer L (NAMES: gate's, up's, down's) as pieces of the fused
  * biases GATE_UP [E, 2F] (ordered as FORM's weight) and DOWN [E, H]. */
 static bool add_expert_biases(CkptfsCatalog *catalog, const CkptfsModel *m, const CkptfsFusedExperts *form,
@@ -315,21 +330,20 @@ bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsMod
                                "no experts", gate_up_name);
         if (layer_form(model, forms, gate_up, down, error) == NULL)
             return false;
-        char *names[PROJECTIONS] = {NULL};
-        bool added = true;
-        for (uint64_t e = 0; e < model->experts && added; e++) {
+        g_autofree char *both = held_one_by_one(catalog, prefix, patterns, model->experts);
+        if (both != NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "'%s' holds its experts both fused ('%s') and one by one "
+                               "('%s')", prefix, gate_up_name, both);
+        for (uint64_t e = 0; e < model->experts; e++) {
+            char *names[PROJECTIONS];
             for (int p = 0; p < PROJECTIONS; p++)
                 names[p] = expert_name(prefix, patterns[p], e);
-            for (int p = 0; p < PROJECTIONS && added; p++)
-                if (ckptfs_catalog_find(catalog, names[p]) != NULL)
-                    added = ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "'%s' holds its experts both fused ('%s') and "
-                                        "one by one ('%s')", prefix, gate_up_name, names[p]);
-            added = added && add_expert_named(catalog, model, saved->held, e, names, gate_up, down, error);
+            bool added = add_expert_named(catalog, model, saved->held, e, names, gate_up, down, error);
             for (int p = 0; p < PROJECTIONS; p++)
-                g_clear_pointer(&names[p], g_free);
+                g_free(names[p]);
+            if (!added)
+                return false;
         }
-        if (!added)
-            return false;
         g_hash_table_add(fused, g_steal_pointer(&gate_up_name));
         g_hash_table_add(fused, g_steal_pointer(&down_name));
         (*split)++;
@@ -380,13 +394,11 @@ bool ckptfs_fused_experts_split(CkptfsCatalog *catalog, const CkptfsModel *model
         if (form == NULL ||
             (biases[GATE_BIAS] && !layer_biases(catalog, model, form, l, &gate_up_bias, &down_bias, error)))
             return false;
-        for (uint64_t e = 0; e < model->experts; e++)
-            for (int p = 0; p < PROJECTIONS; p++) {
-                g_autofree char *name = layer_name(model, l, names[p], e);
-                if (ckptfs_catalog_find(catalog, name) != NULL)
-                    return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s holds its experts both fused ('%s') and "
-                                       "one by one ('%s')", where, gate_up_name, name);
-            }
+        g_autofree char *prefix = ckptfs_model_hf_layer_name(model, l, "");
+        g_autofree char *both = held_one_by_one(catalog, prefix, names, model->experts);
+        if (both != NULL)
+            return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "%s holds its experts both fused ('%s') and one by one "
+                               "('%s')", where, gate_up_name, both);
         for (uint64_t e = 0; e < model->experts; e++)
             if (!add_expert(catalog, model, form, l, e, names, gate_up, down, error) ||
                 (gate_up_bias && !add_expert_biases(catalog, model, form, l, e, biases, gate_up_bias, down_bias, error)))

@@ -344,6 +344,23 @@ static void serve_dtype(CkptfsSource *source, const CkptfsOptions *options, bool
  * and, with -o mtp=on, the multi-token prediction layers': the Megatron views read per-expert
  * tensors, strided pieces of the fused ones, from a catalog of their own, as block-FP8's; hf/
  * serves the source's own form. A problem costs the Megatron views, not hf/. */
+/* The model of SOURCE's config.json (a VLM's text part) as READ reads it (all of it, or its sizes
+ * alone), for its architecture ARCH; NULL when it is not read (the mount reads it again and says
+ * why). */
+static CkptfsModel *source_text_model(const CkptfsSource *source, const CkptfsArchitecture *arch,
+                                      bool (*read)(JsonObject *, CkptfsModel *, GError **))
+{
+    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
+    model->arch = arch;
+    GError *error = NULL;
+    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &error);
+    if (text == NULL || !read(text, model, &error)) {
+        g_clear_error(&error);
+        return NULL;
+    }
+    return g_steal_pointer(&model);
+}
+
 static void split_fused_experts(CkptfsSource *source, const CkptfsOptions *options)
 {
     if (source->config == NULL || source->model_problem != NULL)
@@ -351,15 +368,10 @@ static void split_fused_experts(CkptfsSource *source, const CkptfsOptions *optio
     const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
     if (arch == NULL || arch->moe == NULL || arch->moe->fused_forms == NULL)
         return;
-    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
-    model->arch = arch;
-    GError *error = NULL;
-    /* a VLM's language model is its text part's */
-    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &error);
-    if (text == NULL || !ckptfs_model_read_config(text, model, &error)) {
-        g_error_free(error); /* the mount reads the model again and says why */
+    g_autofree CkptfsModel *model = source_text_model(source, arch, ckptfs_model_read_config);
+    if (model == NULL)
         return;
-    }
+    GError *error = NULL;
     model->mtp = options->mtp; /* MTP layers left out are never read: their tensors stay as saved */
     if (!ckptfs_fused_experts_present(ckptfs_source_model_catalog(source), model, arch->moe->fused_forms))
         return;
@@ -412,16 +424,12 @@ static bool split_experts_as_saved(CkptfsSource *source, GError **error)
     const CkptfsArchitecture *arch = ckptfs_source_architecture(source);
     if (arch == NULL || arch->moe == NULL || arch->moe->saved_per_expert == NULL)
         return true;
-    g_autofree CkptfsModel *model = g_new0(CkptfsModel, 1);
-    model->arch = arch;
-    GError *why = NULL;
-    /* a VLM's language model is its text part's; the sizes alone, so that a config the
-     * Megatron views refuse (hf/ still served) still gets the experts as saved */
-    g_autoptr(JsonObject) text = ckptfs_schema_text_config(source->config, arch->text_part, &why);
-    if (text == NULL || !ckptfs_model_read_sizes(text, model, &why)) {
-        g_clear_error(&why); /* the mount reads the model again and says why */
+    /* the sizes alone, so that a config the Megatron views refuse (hf/ still served) still gets
+     * the experts as saved */
+    g_autofree CkptfsModel *model = source_text_model(source, arch, ckptfs_model_read_sizes);
+    if (model == NULL)
         return true;
-    }
+    GError *why = NULL;
     CkptfsCatalog *split = ckptfs_catalog_copy(source->catalog);
     unsigned layers = 0;
     if (!ckptfs_fused_experts_split_as_saved(split, model, arch->moe->saved_per_expert, &layers, &why)) {
