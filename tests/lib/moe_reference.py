@@ -294,8 +294,9 @@ class MegatronMoE:
         mask = topk_mask(logits, self.topk)  # top-k of the logits, softmax over those k
         return np.where(mask, softmax(np.where(mask, logits, -np.inf)), 0)
 
-    def forward(self, spec, tokens):
-        return megatron_forward(self.m, self.stages, self.vpp, spec, tokens, self.mlp)
+    def forward(self, spec, tokens, **hooks):
+        """hooks: megatron_forward's embed and after_layer (a VLM's language model)."""
+        return megatron_forward(self.m, self.stages, self.vpp, spec, tokens, self.mlp, **hooks)
 
 
 def logits_error(m, megatron, spec, tokens=MOE_TOKENS):

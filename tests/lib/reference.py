@@ -193,11 +193,37 @@ def rope(x, theta, dim=None):  # x [heads, T, d], HF rotate_half convention
     d = dim or x.shape[-1]
     inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
     ang = np.arange(x.shape[1])[:, None] * inv[None, :]
-    cos = np.concatenate([np.cos(ang)] * 2, -1).astype(np.float32)
-    sin = np.concatenate([np.sin(ang)] * 2, -1).astype(np.float32)
+    return rotate_half(x, np.concatenate([ang, ang], -1))
+
+
+def rotate_half(x, emb):
+    """x [..., T, d] with its first emb.shape[-1] channels turned by the angles emb [T, dim]
+    (rotate_half: channel c pairs with c + dim/2); the rest passed through."""
+    d = emb.shape[-1]
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
     xr = x[..., :d]
     rot = np.concatenate([-xr[..., d // 2:], xr[..., :d // 2]], -1)
     return np.concatenate([xr * cos + rot * sin, x[..., d:]], -1)
+
+
+def mrope(positions, theta, dim, sections, interleaved=False):
+    """Megatron-core's MultimodalRotaryEmbedding for a VLM's language model, as a function of
+    q or k [heads, T, d]: positions [3, T] (temporal, height, width); the frequencies of the
+    first DIM channels of a head come from the three axes in mrope_section blocks (each block
+    twice, as the frequencies are duplicated), or, interleaved (Qwen3-VL's
+    apply_interleaved_mrope), frequency j from axis j % 3 within the axis' 3 x section."""
+    inv = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    freqs = np.asarray(positions, dtype=np.float64)[:, :, None] * inv  # [3, T, dim/2]
+    if interleaved:
+        ang = freqs[0].copy()
+        for axis in (1, 2):
+            ang[:, axis:sections[axis] * 3:3] = freqs[axis][:, axis:sections[axis] * 3:3]
+        emb = np.concatenate([ang, ang], -1)
+    else:
+        both = np.concatenate([freqs, freqs], -1)  # [3, T, dim]
+        ends = np.cumsum(list(sections) * 2)[:-1]
+        emb = np.concatenate([piece[i % 3] for i, piece in enumerate(np.split(both, ends, -1))], -1)
+    return lambda x: rotate_half(x, emb)
 
 
 def attention(q, k, v, nh, ng):  # q [nh, T, d], k/v [ng, T, d]
@@ -280,8 +306,11 @@ def megatron_attention(m, sds, pre, x, te):
     if m.qk:
         q = rms(q, g(sds[0], "self_attention.q_layernorm.weight"), m.eps)
         k = rms(k, g(sds[0], "self_attention.k_layernorm.weight"), m.eps)
-    rd = getattr(m, "rotary_dim", None)  # partial rotary (GLM-4.5)
-    a = attention(rope(q, m.theta, rd), rope(k, m.theta, rd), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
+    rotate = getattr(m, "rotate", None)  # a multimodal rope (a VLM's language model), else 1-D
+    if rotate is None:
+        rd = getattr(m, "rotary_dim", None)  # partial rotary (GLM-4.5)
+        rotate = lambda t: rope(t, m.theta, rd)  # noqa: E731
+    a = attention(rotate(q), rotate(k), vv, m.nh, m.ng).transpose(1, 0, 2).reshape(T, -1)
     # Row-parallel linear_proj: each rank multiplies its column slice; partials summed.
     cols = a.shape[1] // tp
     return x + sum(a[:, r * cols:(r + 1) * cols] @ g(sd, "self_attention.linear_proj.weight").T
@@ -306,16 +335,21 @@ def megatron_dense_mlp(m, sds, pre, x, te):
                             for sd in sds], rms(x, norm2, m.eps))
 
 
-def megatron_forward(m, stages, vpp, spec, tokens, mlp=None):
+def megatron_forward(m, stages, vpp, spec, tokens, mlp=None, embed=None, after_layer=None):
     """Uses only the rank state dicts; every TP rank computes its own slice. stages[p] = the
     files of stage p's TP ranks in rank order. mlp(m, p, v, sds, pre, x, te), when given,
     returns the MLP output (pre-MLP norm included) of layer prefix pre in chunk v of stage p,
-    sds being the TP ranks' state dicts of that chunk; by default the dense MLP."""
+    sds being the TP ranks' state dicts of that chunk; by default the dense MLP. A VLM's
+    language model: embed(x) returns the word embeddings x with the image's rows put in;
+    after_layer(n, x) returns the hidden states after the n-th layer of the model (deepstack)."""
     te = spec == "te"
     ck = lambda v: "model" if vpp == 1 else f"model{v}"  # noqa: E731
     emb = [f32(rk[ck(0)]["embedding.word_embeddings.weight"]) for rk in stages[0]]
     rows = emb[0].shape[0]
     x = np.stack([emb[t // rows][t % rows] for t in tokens])
+    if embed:
+        x = embed(x)
+    n = 0
     for v in range(vpp):
         for p, files in enumerate(stages):
             sds = [rk[ck(v)] for rk in files]
@@ -324,6 +358,8 @@ def megatron_forward(m, stages, vpp, spec, tokens, mlp=None):
                 pre = f"decoder.layers.{li}."
                 x = megatron_attention(m, sds, pre, x, te)
                 x = x + (mlp(m, p, v, sds, pre, x, te) if mlp else megatron_dense_mlp(m, sds, pre, x, te))
+                x = after_layer(n, x) if after_layer else x
+                n += 1
     last = [rk[ck(vpp - 1)] for rk in stages[-1]]
     x = rms(x, f32(last[0]["decoder.final_layernorm.weight"]), m.eps)
     if "output_layer.weight" in last[0]:
