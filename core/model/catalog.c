@@ -384,21 +384,29 @@ char *ckptfs_name_renamed(const char *name, const char *const *prefixes)
     return g_strdup(name);
 }
 
-CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash)
+bool ckptfs_catalog_rename(CkptfsCatalog *catalog, const char *const *prefixes, char **clash)
 {
-    CkptfsCatalog *c = ckptfs_catalog_copy(catalog);
-    g_hash_table_remove_all(c->by_name);
-    for (guint i = 0; i < c->tensors->len; i++) {
-        CkptfsTensor *t = g_ptr_array_index(c->tensors, i);
+    g_hash_table_remove_all(catalog->by_name);
+    for (guint i = 0; i < catalog->tensors->len; i++) {
+        CkptfsTensor *t = g_ptr_array_index(catalog->tensors, i);
         char *renamed = ckptfs_name_renamed(t->name, prefixes);
         g_free(t->name);
         t->name = renamed;
-        if (g_hash_table_contains(c->by_name, t->name)) {
+        if (g_hash_table_contains(catalog->by_name, t->name)) {
             *clash = g_strdup(t->name);
-            ckptfs_catalog_free(c);
-            return NULL;
+            return false;
         }
-        g_hash_table_insert(c->by_name, t->name, t);
+        g_hash_table_insert(catalog->by_name, t->name, t);
+    }
+    return true;
+}
+
+CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash)
+{
+    CkptfsCatalog *c = ckptfs_catalog_copy(catalog);
+    if (!ckptfs_catalog_rename(c, prefixes, clash)) {
+        ckptfs_catalog_free(c);
+        return NULL;
     }
     return c;
 }

@@ -16,6 +16,11 @@ const CkptfsFusedExperts ckptfs_fused_interleaved = {
 const CkptfsSavedExperts ckptfs_saved_per_expert = {
     .held = &ckptfs_fused_in_memory, .gate = "mlp.experts.{e}.gate_proj.weight",
     .up = "mlp.experts.{e}.up_proj.weight", .down = "mlp.experts.{e}.down_proj.weight"};
+static const char *const mixtral_renamed[] = {"mlp.", "block_sparse_moe.", NULL};
+const CkptfsSavedExperts ckptfs_saved_mixtral = {
+    .held = &ckptfs_fused_in_memory, .gate = "block_sparse_moe.experts.{e}.w1.weight",
+    .up = "block_sparse_moe.experts.{e}.w3.weight", .down = "block_sparse_moe.experts.{e}.w2.weight",
+    .renamed = mixtral_renamed};
 
 enum { GATE, UP, DOWN, PROJECTIONS };
 /* The experts' biases (families whose experts have them): gate's, up's, down's. */
@@ -295,6 +300,25 @@ static char *layer_prefix_of(const char *name, const char *suffix)
     return g_strndup(name, n - k);
 }
 
+/* The modules SAVED renames, in each of the split layers (PREFIXES), named as saved. */
+static bool rename_as_saved(CkptfsCatalog *catalog, const CkptfsSavedExperts *saved, const GPtrArray *prefixes,
+                            GError **error)
+{
+    if (saved->renamed == NULL || prefixes->len == 0)
+        return true;
+    g_autoptr(GPtrArray) pairs = g_ptr_array_new_with_free_func(g_free);
+    for (guint i = 0; i < prefixes->len; i++)
+        for (const char *const *p = saved->renamed; p[0] && p[1]; p += 2) {
+            g_ptr_array_add(pairs, g_strconcat(g_ptr_array_index(prefixes, i), p[0], NULL));
+            g_ptr_array_add(pairs, g_strconcat(g_ptr_array_index(prefixes, i), p[1], NULL));
+        }
+    g_ptr_array_add(pairs, NULL);
+    g_autofree char *clash = NULL;
+    if (!ckptfs_catalog_rename(catalog, (const char *const *)pairs->pdata, &clash))
+        return ckptfs_fail(error, CKPTFS_ERROR_FORMAT, "tensor '%s' is there both as held and as saved", clash);
+    return true;
+}
+
 bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsModel *model,
                                          const CkptfsSavedExperts *saved, unsigned *split, GError **error)
 {
@@ -349,7 +373,7 @@ bool ckptfs_fused_experts_split_as_saved(CkptfsCatalog *catalog, const CkptfsMod
         (*split)++;
     }
     ckptfs_catalog_remove(catalog, fused);
-    return true;
+    return rename_as_saved(catalog, saved, prefixes, error);
 }
 
 bool ckptfs_fused_experts_present(const CkptfsCatalog *catalog, const CkptfsModel *model,

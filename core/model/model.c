@@ -9,11 +9,12 @@
 #include "ckptfs/mcore.h"
 #include "ckptfs/schema.h"
 
-static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true};
+static const CkptfsMoeConfig mixtral_moe = {"num_local_experts", "intermediate_size", .always_renormalize = true,
+                                            .saved_per_expert = &ckptfs_saved_mixtral};
 /* saved_per_expert: transformers 5.12.1 holds the experts fused and its save_pretrained writes
  * them one by one (its qwen2_moe conversion, which qwen3_moe, qwen3_next, deepseek_v2,
- * deepseek_v3, glm4_moe and qwen3_5_moe_text share, Qwen3.5-MoE's VLM its language model);
- * Mixtral's names differ (w1, w2, w3) and GPT-OSS saves them fused */
+ * deepseek_v3, glm4_moe and qwen3_5_moe_text share, Qwen3.5-MoE's VLM its language model),
+ * Mixtral's under its own names (ckptfs_saved_mixtral); GPT-OSS saves them fused */
 static const CkptfsMoeConfig qwen2_moe_config = {"num_experts", "moe_intermediate_size",
                                                  "shared_expert_intermediate_size", .shared_gate = true,
                                                  .dense_layers = true, .saved_per_expert = &ckptfs_saved_per_expert};

@@ -122,6 +122,9 @@ CkptfsCatalog *ckptfs_catalog_copy(const CkptfsCatalog *catalog);
  * (PREFIXES NULL-terminated pairs, the first that matches applies); NULL when two tensors would
  * then have one name, *CLASH getting it. */
 CkptfsCatalog *ckptfs_catalog_copy_renamed(const CkptfsCatalog *catalog, const char *const *prefixes, char **clash);
+/* CATALOG itself renamed as ckptfs_catalog_copy_renamed renames a copy; false on a clash (*CLASH
+ * getting the name), CATALOG then renamed in part, to be dropped. */
+bool ckptfs_catalog_rename(CkptfsCatalog *catalog, const char *const *prefixes, char **clash);
 /* NAME renamed by PREFIXES as ckptfs_catalog_copy_renamed renames (a copy; NAME's own when none
  * matches or PREFIXES is NULL). */
 char *ckptfs_name_renamed(const char *name, const char *const *prefixes);

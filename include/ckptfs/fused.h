@@ -36,11 +36,19 @@ extern const CkptfsFusedExperts ckptfs_fused_in_memory;
 typedef struct CkptfsSavedExperts {
     const CkptfsFusedExperts *held;
     const char *gate, *up, *down;
+    /* NULL-terminated pairs: a module transformers renames on load, as held and as saved (after
+     * a layer's prefix), which save_pretrained names back in every layer split (Mixtral's
+     * router); NULL: none */
+    const char *const *renamed;
 } CkptfsSavedExperts;
 
 /* transformers 5.12.1's qwen2_moe conversion (GLM-4.5V's among others): held as
  * ckptfs_fused_in_memory, saved as mlp.experts.{e}.gate_proj.weight, up_proj, down_proj */
 extern const CkptfsSavedExperts ckptfs_saved_per_expert;
+/* transformers 5.12.1's mixtral conversion: held as ckptfs_fused_in_memory under mlp., saved as
+ * block_sparse_moe.experts.{e}.w1.weight (gate), w3 (up), w2 (down), the router as
+ * block_sparse_moe.gate.weight */
+extern const CkptfsSavedExperts ckptfs_saved_mixtral;
 /* Qwen3-VL-MoE's releases: [E, H, 2F] gate then up, [E, F, H] */
 extern const CkptfsFusedExperts ckptfs_fused_transposed;
 /* GPT-OSS's bf16 releases: [E, H, 2F] gate and up interleaved, [E, F, H], with biases */

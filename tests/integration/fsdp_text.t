@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# verl FSDP2 shards of text MoE models saved with transformers 5: a tiny Qwen3-MoE, DeepSeek-V3 and
-# GLM-4.5 built by transformers 5 in the sid root, wrapped by torch 2.14's fully_shard on 2 gloo ranks and
+# verl FSDP2 shards of text MoE models saved with transformers 5: a tiny Qwen3-MoE, DeepSeek-V3,
+# GLM-4.5 and Mixtral built by transformers 5 in the sid root, wrapped by torch 2.14's fully_shard on 2 gloo ranks and
 # saved as verl saves an actor (fsdp_text.py), their routed experts fused as the model holds them
 # (mlp.experts.gate_up_proj, down_proj). hf/ holds the tensors save_pretrained wrote for the same
-# model, the experts one by one (mlp.experts.{e}.gate_proj.weight, up_proj, down_proj), bit for
+# model, the experts one by one (mlp.experts.{e}.gate_proj.weight, up_proj, down_proj; Mixtral's
+# router and experts renamed back to block_sparse_moe.gate and experts.{e}.w1, w3, w2), bit for
 # bit, and transformers gives its weights and logits from it; the root lists the Hugging Face
 # source's views and its Megatron views are byte-identical to the source's; a config the Megatron
 # views refuse still gets the experts one by one in hf/.
@@ -20,7 +21,7 @@ if ! sid_python "$WORK" "$script" build "$models" > "$WORK/build.out" 2> "$WORK/
 fi
 ok 0 "fsdp_text.py build: two gloo ranks save the text MoE models as FSDP2 shards, the experts fused"
 
-names=(qwen3_moe deepseek_v3 glm4_moe)
+names=(qwen3_moe deepseek_v3 glm4_moe mixtral)
 pairs=()
 for name in "${names[@]}"; do
   role=$models/$name/actor
@@ -43,8 +44,8 @@ done
 # The transformers checks in one process of the sid root (a start costs seconds).
 sid_python "$WORK" "$script" check "${pairs[@]}" > "$WORK/same.out" 2>&1
 passes "$WORK/same.out"
-check "the transformers checks gave 6 verdicts" test "$(grep -cE '^(PASS|FAIL) ' "$WORK/same.out")" -eq 6
-[[ $(grep -cE '^(PASS|FAIL) ' "$WORK/same.out") -eq 6 ]] || fail_diag "$(tail -c 600 "$WORK/same.out")"
+check "the transformers checks gave 8 verdicts" test "$(grep -cE '^(PASS|FAIL) ' "$WORK/same.out")" -eq 8
+[[ $(grep -cE '^(PASS|FAIL) ' "$WORK/same.out") -eq 8 ]] || fail_diag "$(tail -c 600 "$WORK/same.out")"
 for name in "${names[@]}"; do unmount_ckptfs "$WORK/mnt-$name"; unmount_ckptfs "$WORK/src-$name"; done
 
 # A config the Megatron views refuse (DeepSeek-V3 with fewer key/value heads than heads): hf/ is

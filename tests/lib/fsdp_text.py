@@ -8,7 +8,8 @@
       save_actor: each rank's model.state_dict(), the experts fused). NAME is qwen3_moe
       (Qwen3MoeForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM: one dense layer, a shared
       expert, its router bias kept fp32 as from_pretrained keeps it) and glm4_moe
-      (Glm4MoeForCausalLM: DeepSeek-V3's MoE under GLM's attention).
+      (Glm4MoeForCausalLM: DeepSeek-V3's MoE under GLM's attention) and mixtral
+      (MixtralForCausalLM: saved under block_sparse_moe., the experts as w1, w3, w2).
   fsdp_text.py check ORIG HF_DIR [ORIG HF_DIR ...]
       in one process, for each pair: HF_DIR holds ORIG's tensors bit for bit (vlm.py samehf) and
       transformers gives ORIG's weights and logits from it (trainer_dcp.py check). Prints "PASS
@@ -39,6 +40,10 @@ MODELS = {
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                  dict(intermediate_size=96, head_dim=16, n_routed_experts=4, n_shared_experts=1,
                       first_k_dense_replace=1, n_group=1, topk_group=1)),
+    # held as mlp.gate + mlp.experts.gate_up_proj/down_proj, saved under block_sparse_moe. with
+    # the experts as w1/w3/w2; the experts' width is intermediate_size (None: a field left out)
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(intermediate_size=32, num_local_experts=4, moe_intermediate_size=None)),
 }
 
 
@@ -46,7 +51,8 @@ def make(name):
     import transformers
     config, model_class, fields = MODELS[name]
     torch.manual_seed(0)
-    model = getattr(transformers, model_class)(getattr(transformers, config)(**{**BASE, **fields}))
+    fields = {k: v for k, v in {**BASE, **fields}.items() if v is not None}
+    model = getattr(transformers, model_class)(getattr(transformers, config)(**fields))
     return fsdp_vlm.randomized(model)
 
 
