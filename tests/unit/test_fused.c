@@ -484,6 +484,66 @@ static void test_split_as_saved(const RandomSources *s)
     ckptfs_catalog_free(catalog);
 }
 
+/* Mixtral's transformers 5 form: held under mlp. (the router too), saved under block_sparse_moe.
+ * with the experts as w1 (gate), w3 (up), w2 (down): every module of a split layer renamed back,
+ * nothing else; a layer holding its router under both names refused by name. */
+static void test_split_as_saved_renamed(void)
+{
+    CkptfsModel model;
+    model_init(&model);
+    uint64_t gate_up[3] = {E, 2 * F, H}, down[3] = {E, H, F}, router[2] = {E, H}, norm[1] = {H};
+    CkptfsCatalog *catalog = ckptfs_catalog_new();
+    for (uint64_t l = 0; l < 2; l++) {
+        g_autofree char *p = g_strdup_printf("model.layers.%" G_GUINT64_FORMAT ".", l);
+        g_autofree char *a = g_strconcat(p, "mlp.gate.weight", NULL);
+        g_autofree char *b = g_strconcat(p, "mlp.experts.gate_up_proj", NULL);
+        g_autofree char *c = g_strconcat(p, "mlp.experts.down_proj", NULL);
+        g_autofree char *d = g_strconcat(p, "post_attention_layernorm.weight", NULL);
+        ckptfs_catalog_add_contiguous(catalog, a, CKPTFS_DTYPE_BF16, 2, router, 0, 0);
+        ckptfs_catalog_add_contiguous(catalog, b, CKPTFS_DTYPE_BF16, 3, gate_up, 0, 0);
+        ckptfs_catalog_add_contiguous(catalog, c, CKPTFS_DTYPE_BF16, 3, down, 0, 0);
+        ckptfs_catalog_add_contiguous(catalog, d, CKPTFS_DTYPE_BF16, 1, norm, 0, 0);
+    }
+    ckptfs_catalog_add_contiguous(catalog, "model.mlp.gate.weight", CKPTFS_DTYPE_BF16, 2, router, 0, 0);
+    unsigned layers = 0;
+    GError *error = NULL;
+    bool split = ckptfs_fused_experts_split_as_saved(catalog, &model, &ckptfs_saved_mixtral, &layers, &error);
+    const char *want[] = {"model.layers.1.block_sparse_moe.gate.weight",
+                          "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+                          "model.layers.1.block_sparse_moe.experts.2.w3.weight",
+                          "model.layers.0.block_sparse_moe.experts.2.w2.weight",
+                          "model.layers.1.post_attention_layernorm.weight", "model.mlp.gate.weight"};
+    const char *gone[] = {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.gate_up_proj",
+                          "model.layers.0.block_sparse_moe.experts.gate_up_proj"};
+    unsigned present = 0, absent = 0;
+    for (size_t i = 0; i < G_N_ELEMENTS(want); i++)
+        present += ckptfs_catalog_find(catalog, want[i]) != NULL;
+    for (size_t i = 0; i < G_N_ELEMENTS(gone); i++)
+        absent += ckptfs_catalog_find(catalog, gone[i]) == NULL;
+    const CkptfsTensor *w2 = ckptfs_catalog_find(catalog, "model.layers.0.block_sparse_moe.experts.2.w2.weight");
+    tap_ok(split && layers == 2 && present == G_N_ELEMENTS(want) && absent == G_N_ELEMENTS(gone) && w2 &&
+               w2->shape[0] == H && w2->shape[1] == F && ckptfs_catalog_count(catalog) == 2 * (E * 3 + 2) + 1,
+           "Mixtral's form: the router renamed back to block_sparse_moe.gate, the experts w1/w3/w2, other tensors "
+           "as they are (%u of %zu names, %u of %zu gone: %s)", present, G_N_ELEMENTS(want), absent,
+           G_N_ELEMENTS(gone), error ? error->message : "ok");
+    g_clear_error(&error);
+    ckptfs_catalog_free(catalog);
+
+    catalog = ckptfs_catalog_new();
+    ckptfs_catalog_add_contiguous(catalog, "model.layers.0.mlp.gate.weight", CKPTFS_DTYPE_BF16, 2, router, 0, 0);
+    ckptfs_catalog_add_contiguous(catalog, "model.layers.0.block_sparse_moe.gate.weight", CKPTFS_DTYPE_BF16, 2, router,
+                                  0, 0);
+    ckptfs_catalog_add_contiguous(catalog, "model.layers.0.mlp.experts.gate_up_proj", CKPTFS_DTYPE_BF16, 3, gate_up, 0,
+                                  0);
+    ckptfs_catalog_add_contiguous(catalog, "model.layers.0.mlp.experts.down_proj", CKPTFS_DTYPE_BF16, 3, down, 0, 0);
+    split = ckptfs_fused_experts_split_as_saved(catalog, &model, &ckptfs_saved_mixtral, &layers, &error);
+    tap_ok(!split && error && strstr(error->message, "'model.layers.0.block_sparse_moe.gate.weight'"),
+           "Mixtral's form with the router under both names: refused by name (%s)",
+           error ? error->message : "accepted");
+    g_clear_error(&error);
+    ckptfs_catalog_free(catalog);
+}
+
 int main(void)
 {
     GRand *rng = g_rand_new_with_seed(33);
@@ -494,6 +554,7 @@ int main(void)
     test_mtp_layer(&s);
     test_join(&s);
     test_split_as_saved(&s);
+    test_split_as_saved_renamed();
     random_sources_clear(&s);
     g_rand_free(rng);
     return tap_done();
