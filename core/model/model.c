@@ -939,6 +939,14 @@ bool ckptfs_model_read_config(JsonObject *config, CkptfsModel *model, GError **e
         ckptfs_json_member_bool(config, "attention_bias", &attention_bias) == CKPTFS_JSON_FOUND && !attention_bias)
         CONFIG_ERROR("attention_bias is false: %s's Megatron form (add_bias_linear) has a bias on o_proj and "
                      "every other linear layer", model->arch->hf_architecture);
+    bool gemma = model->arch && model->arch->gemma_attention;
+    if (gemma && model->rope_type != CKPTFS_ROPE_DEFAULT && model->rope_type != CKPTFS_ROPE_LINEAR)
+        CONFIG_ERROR("the full-attention layers' rope_type is '%s': Megatron's Gemma 3 scales their rope linearly "
+                     "or not at all", ckptfs_rope_type_name(model->rope_type));
+    if (gemma && model->rope_local_type != CKPTFS_ROPE_DEFAULT)
+        CONFIG_ERROR("the sliding layers' rope_type (rope_parameters.sliding_attention's, or rope_parameters' own) is "
+                     "'%s': Megatron's Gemma 3 scales only the full-attention layers' rope",
+                     ckptfs_rope_type_name(model->rope_local_type));
     if (model->mla && model->rope_type == CKPTFS_ROPE_YARN && !model->yarn_truncate)
         CONFIG_ERROR("rope truncate is false: Megatron's multi-latent attention rounds YaRN's correction range");
     gint64 given = 0;

@@ -85,10 +85,24 @@ static const CkptfsModelField fields[] = {
      CKPTFS_FIELD_MATH | CKPTFS_FIELD_FIXED, 1, 1, CKPTFS_DERIVED_ROTARY_PERCENT, 0, 1, {NULL}},
     {"sliding_window", CKPTFS_FIELD_WINDOW, 0, CKPTFS_FOR_ALL, {"sliding_window"}, 0, NULL, NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
-    {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_ALL,
-     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type",
-      "rope_parameters.full_attention.rope_type", "rope_parameters.sliding_attention.rope_type"}, 0, NULL, NULL,
+    {"rope_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_PLAIN_ROPE,
+     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.rope_type"}, 0, NULL, NULL,
      CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    /* Gemma 3: the release scales the full-attention layers' rope (rope_scaling, which its
+     * transformers applies to those only; transformers 5 nests it under full_attention); the
+     * sliding layers' rope is unscaled, and so is transformers 5's top-level "rope_type" it
+     * writes beside the nested ones (model.c refuses another) */
+    {"rope_global_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_type), CKPTFS_FOR_GEMMA_ATTENTION,
+     {"rope_scaling.rope_type", "rope_scaling.type", "rope_parameters.full_attention.rope_type"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    {"rope_local_type", CKPTFS_FIELD_ROPE_TYPE, M(rope_local_type), CKPTFS_FOR_GEMMA_ATTENTION,
+     {"rope_parameters.sliding_attention.rope_type", "rope_parameters.rope_type"}, 0, NULL, NULL,
+     CKPTFS_FIELD_MATH, 0, 0, 0, 0, 0, {NULL}},
+    /* Megatron-LM's linear interpolation of the (global) rope, an integer there; Megatron-Bridge's
+     * Gemma3ModelProvider calls it rope_scaling_factor, mbridge's Gemma3Model fixes it at 8 */
+    {"rope_linear_factor", CKPTFS_FIELD_FLOAT, M(rope_linear_factor), CKPTFS_FOR_LINEAR_ROPE,
+     {"rope_scaling.factor", "rope_parameters.full_attention.factor"}, 0, "rotary_seq_len_interpolation_factor",
+     NULL, CKPTFS_FIELD_MATH | CKPTFS_FIELD_REQUIRED | CKPTFS_FIELD_ARGS_INTEGER, 1, 1, 0, 0, 1e6, {NULL}},
     /* Gemma's attention (transformers 5 nests the two rope bases under rope_parameters'
      * full_attention and sliding_attention): mbridge's Gemma3TransformerConfig field names;
      * soft-capping and bidirectional attention are not in Megatron-core 0.17.1 */
@@ -383,6 +397,10 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
         return m->rope_type == CKPTFS_ROPE_LLAMA3;
     case CKPTFS_FOR_YARN:
         return m->rope_type == CKPTFS_ROPE_YARN;
+    case CKPTFS_FOR_PLAIN_ROPE:
+        return !(m->arch && m->arch->gemma_attention);
+    case CKPTFS_FOR_LINEAR_ROPE:
+        return m->rope_type == CKPTFS_ROPE_LINEAR;
     case CKPTFS_FOR_VISION: /* their own walks (ckptfs_schema_read_vision, ckptfs_schema_write_vision):
                                Megatron's args have no vision tower */
     case CKPTFS_FOR_GLM4V_VISION:
@@ -398,7 +416,12 @@ bool ckptfs_schema_applies(const CkptfsModelField *f, const CkptfsModel *m)
     }
 }
 
-static const char *const rope_type_names[] = {"default", "llama3", "yarn"};
+static const char *const rope_type_names[] = {"default", "llama3", "yarn", "linear"};
+
+const char *ckptfs_rope_type_name(CkptfsRopeType type)
+{
+    return rope_type_names[type];
+}
 
 /* The activation as config.json names it: the row's own (a vision tower's plain MLP), else the
  * architecture's gated MLP's, else SwiGLU's silu. */
@@ -573,6 +596,10 @@ static bool rope_type_from_name(const char *name, const CkptfsModel *m, CkptfsRo
         *out = CKPTFS_ROPE_YARN;
         return true;
     }
+    if (strcmp(name, "linear") == 0 && m->arch && m->arch->gemma_attention) {
+        *out = CKPTFS_ROPE_LINEAR;
+        return true;
+    }
     /* Qwen2-VL's multimodal rope: default frequencies over sections of the head (the model's walk
      * reads mrope_section) */
     if (strcmp(name, "mrope") == 0 && m->arch && m->arch->vision_part && !m->arch->text_rope) {
@@ -709,7 +736,7 @@ static bool config_value(JsonObject *config, const CkptfsModelField *f, const ch
         CkptfsRopeType t;
         if (!rope_type_from_name(v->text, m, &t))
             REFUSE("%s '%s' has no Megatron equivalent (Megatron has llama3 scaling for attention, yarn for "
-                   "multi-latent attention and GPT-OSS)", name, v->text);
+                   "multi-latent attention and GPT-OSS, linear for Gemma 3's full-attention layers)", name, v->text);
         v->number = t;
     }
     const char *activation = activation_of(m, f);
@@ -1378,10 +1405,18 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
     m->linear_attention = variant != NULL && strcmp(variant, "gated_delta_net") == 0;
     const char *rope = ckptfs_py_str(ckptfs_py_dict_get(args, "rope_type"));
     const char *rope_position = ckptfs_py_str(ckptfs_py_dict_get(args, "position_embedding_type"));
+    const CkptfsPy *interpolation = ckptfs_py_dict_get(args, "rotary_seq_len_interpolation_factor");
+    bool interpolated = interpolation != NULL && interpolation->kind != CKPTFS_PY_NONE;
+    if (interpolated && (m->mla || args_flag(args, "use_rope_scaling") ||
+                         (rope_position != NULL && strcmp(rope_position, "yarn") == 0)))
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.rotary_seq_len_interpolation_factor with "
+                           "another rope scaling: no Hugging Face equivalent", path);
     if (m->mla) /* Megatron's MLA takes YaRN unless told rope */
         m->rope_type = rope == NULL || strcmp(rope, "yarn") == 0 ? CKPTFS_ROPE_YARN : CKPTFS_ROPE_DEFAULT;
     else if (rope_position == NULL || strcmp(rope_position, "yarn") != 0)
-        m->rope_type = args_flag(args, "use_rope_scaling") ? CKPTFS_ROPE_LLAMA3 : CKPTFS_ROPE_DEFAULT;
+        m->rope_type = args_flag(args, "use_rope_scaling") ? CKPTFS_ROPE_LLAMA3
+                       : interpolated ? CKPTFS_ROPE_LINEAR /* the architecture says whether it has one */
+                                      : CKPTFS_ROPE_DEFAULT;
     else /* GPT-OSS's YaRN for q/k/v attention */
         m->rope_type = CKPTFS_ROPE_YARN;
     for (size_t i = 0; i < G_N_ELEMENTS(fields); i++) {

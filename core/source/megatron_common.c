@@ -399,6 +399,10 @@ static bool arg_agrees(const CkptfsPy *args, const char *path, const char *key, 
 static bool scales_from_args(const CkptfsPy *args, const char *path, const CkptfsModel *s, GError **error)
 {
     const CkptfsArchitecture *a = s->arch;
+    if (s->rope_type == CKPTFS_ROPE_LINEAR && !a->gemma_attention)
+        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: args.rotary_seq_len_interpolation_factor %g: linear "
+                           "rope scaling is read for Gemma 3's full-attention layers only, not for %s", path,
+                           s->rope_linear_factor, a->hf_architecture);
     const CkptfsPy *centred = arg(args, "layernorm_zero_centered_gamma");
     bool zero_centred = centred && centred->kind == CKPTFS_PY_BOOL && centred->i;
     if (!a->hybrid_attention && zero_centred != a->zero_centred_norms)

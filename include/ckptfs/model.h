@@ -189,11 +189,13 @@ typedef struct CkptfsVisionBlocks {
 } CkptfsVisionBlocks;
 
 /* How rotary embeddings are scaled: what Megatron has (Llama 3's scaling for multi-head
- * attention, YaRN for multi-head latent attention). */
+ * attention, YaRN for multi-head latent attention, Gemma 3's linear scaling of its
+ * full-attention layers' rope). */
 typedef enum {
     CKPTFS_ROPE_DEFAULT,
     CKPTFS_ROPE_LLAMA3,
     CKPTFS_ROPE_YARN,
+    CKPTFS_ROPE_LINEAR,
 } CkptfsRopeType;
 
 /* Most ids one token-id field of config.json may list (Llama 3.1's eos_token_id lists 3). */
@@ -321,6 +323,10 @@ typedef struct {
      * read only to be refused (0, false: none) */
     double rope_local_theta, query_pre_attn_scalar, attn_softcap, final_softcap;
     bool bidirectional_attention;
+    /* Gemma 3's rope: the full-attention layers' linear factor (positions divided by it; 1:
+     * none), and the sliding layers' type, which Megatron's Gemma 3 never scales */
+    double rope_linear_factor;
+    CkptfsRopeType rope_local_type;
 } CkptfsModel;
 
 /* The table of known architectures, NULL-terminated. */

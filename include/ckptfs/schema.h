@@ -37,6 +37,8 @@ typedef enum {
     CKPTFS_FOR_MOE,    /* mixtures of experts */
     CKPTFS_FOR_LLAMA3, /* rope scaled the Llama 3 way */
     CKPTFS_FOR_YARN,   /* rope scaled by YaRN (MLA models) */
+    CKPTFS_FOR_PLAIN_ROPE,  /* one rope for every layer (all but Gemma's attention) */
+    CKPTFS_FOR_LINEAR_ROPE, /* Gemma 3's full-attention layers' rope scaled linearly */
     CKPTFS_FOR_VISION, /* a vision-language model's vision tower and merger (its vision part;
                           read by ckptfs_schema_read_vision, not with the language model) */
     CKPTFS_FOR_LINEAR_ATTENTION, /* hybrid architectures' gated delta-net layers */
@@ -193,6 +195,9 @@ bool ckptfs_schema_read_args(const CkptfsPy *args, const char *path, CkptfsModel
  * (Gemma's rope base and query scalar), and the MLP the args say checked against the
  * architecture's (a gated tanh GELU is left to this pass when none is known yet). */
 bool ckptfs_schema_read_args_for_arch(const CkptfsPy *args, const char *path, CkptfsModel *model, GError **error);
+
+/* "default", "llama3", "yarn", "linear": TYPE as config.json names it. */
+const char *ckptfs_rope_type_name(CkptfsRopeType type);
 
 /* Walk 4: MODEL's fields into ARGS (a Namespace value). */
 void ckptfs_schema_write_args(const CkptfsModel *model, CkptfsValue *args);
