@@ -7,7 +7,9 @@
 # image + text input). tp2pp2/ holds, rank by rank, what mbridge's qwen3_vl bridge tables give
 # (vlm.py's reference: the tower with its deepstack mergers on the first stage, the experts per
 # expert), its rank files gathered back give the original's logits, and mcore/ read by
-# torch.distributed.checkpoint holds the same tensors stacked. A vision field no rule reads and
+# torch.distributed.checkpoint holds the same tensors stacked. The forward computed with Megatron
+# semantics from the rank files (tests/lib/qwen_vl_forward.py) of tp2pp2/, tp1pp2vpp2/ and tp2pp1/
+# (dense) or tp2pp1ep2/ (MoE) gives transformers' float32 logits, and a mutated copy does not. A vision field no rule reads and
 # deepstack blocks out of order are refused by name, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
@@ -36,6 +38,13 @@ for form in dense moe; do
     "$form: the root lists hf/, mcore/ and the layouts that split the tower (got: $listing)" || sed 's/^/# /' "$WORK/log-$form" >&2
   cp -r "$mnt/tp2pp2" "$WORK/meg-$form" && cp -r "$mnt/mcore" "$WORK/mcore-$form"
   ok $? "$form: tp2pp2/ and mcore/ copy out"
+done
+# For the forward check: a virtual pipeline layout of each, TP alone (dense), TP with EP (MoE).
+declare -A extra=([dense]="tp1pp2vpp2 tp2pp1" [moe]="tp1pp2vpp2 tp2pp1ep2")
+for form in dense moe; do
+  for layout in ${extra[$form]}; do
+    check "$form: $layout/ copied out" cp -r "$WORK/mnt-$form/$layout" "$WORK/fwd-$form-$layout"
+  done
 done
 # Megatron-Bridge's qwen3_vl bridges name the same tree as mbridge's (docs/vlm.md): under
 # -o megatron_names=bridge the views are the same files, byte for byte.
@@ -75,6 +84,19 @@ for form in dense moe; do
   ok $? "$form: mcore/ read by torch.distributed.checkpoint holds mbridge's keys, shapes and tensors" ||
     sed 's/^/# /' "$WORK/views" >&2
 done
+
+# The forward with Megatron semantics from the rank files themselves (tests/lib/qwen_vl_forward.py:
+# each TP rank's slice of the tower, deepstack mergers and merger, mrope, deepstack added after
+# the first layers, the experts from the file of the EP rank holding them) against transformers'
+# float32 forward of the original; both models in one process.
+sid_python "$WORK" "$TESTS_TOP/tests/lib/qwen_vl_forward.py" check \
+  "$models/dense" "$WORK/meg-dense:tp2pp2" "$WORK/fwd-dense-tp1pp2vpp2:tp1pp2vpp2" "$WORK/fwd-dense-tp2pp1:tp2pp1" -- \
+  "$models/moe" "$WORK/meg-moe:tp2pp2" "$WORK/fwd-moe-tp1pp2vpp2:tp1pp2vpp2" "$WORK/fwd-moe-tp2pp1ep2:tp2pp1ep2" \
+  > "$WORK/forward" 2> "$WORK/forward.err"
+ran $? "the Megatron-semantics forward over 3 layouts of each model ran" "$WORK/forward.err"
+passes "$WORK/forward"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/forward")
+ok $((n == 6 ? 0 : 1)) "a forward check for each of the 6 layouts (got $n)"
 
 # Refused by name, hf/ still served: a field of Qwen2.5-VL's tower, deepstack blocks out of order.
 declare -A why=([badvision]='vision_config.window_size is not understood'

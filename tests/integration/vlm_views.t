@@ -8,7 +8,10 @@
 # transformers' logits on an image + text input); tp2pp2/ holds, rank by rank, the names, shapes
 # and bytes of mbridge's Qwen2_5VLModel (checked against mbridge's bridge tables written in
 # tests/lib/vlm.py), loads in torch 1.13 and with weights_only in 2.6 and 2.14, and rebuilt into
-# Hugging Face tensors the way mbridge exports gives the original's logits. mcore/ read by
+# Hugging Face tensors the way mbridge exports gives the original's logits; the forward computed
+# with Megatron semantics from the rank files of tp2pp2/, tp1pp2vpp2/ and tp2pp1/ (every TP rank
+# its own slice of the tower, projector and language model) gives transformers' float32 logits of
+# the original, and a mutated copy does not (tests/lib/qwen_vl_forward.py). mcore/ read by
 # torch.distributed.checkpoint holds the keys, global shapes and bytes of Megatron-core's
 # sharded_state_dict of mbridge's model (the tower's blocks stacked); with -o megatron_names=bridge
 # both hold Megatron-Bridge's tree instead (its qwen25_vl tables in vlm.py), and copies of them
@@ -48,6 +51,7 @@ for form in v5 modules v4; do
 done
 # Virtual pipeline stages: the tower in the first chunk of the first stage.
 check "v5: tp1pp2vpp2/ copied out" cp -r "$WORK/mnt-v5/tp1pp2vpp2" "$WORK/meg-vpp"
+check "v5: tp2pp1/ copied out" cp -r "$WORK/mnt-v5/tp2pp1" "$WORK/meg-tp2pp1"
 ls "$WORK/mnt-v5/tp4pp1" > /dev/null 2>&1
 ok $([[ $? -ne 0 ]] && grep -q 'tp 4 does not divide the vision num_heads 2' "$WORK/log-v5"; echo $?) \
   "tp4pp1/ is refused: tp 4 does not divide the tower's heads"
@@ -119,6 +123,16 @@ passes "$WORK/megatron"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/megatron")
 ok $((n == 14 ? 0 : 1)) "a check for each rank file: 4 of each tp2pp2 copy, 2 of tp1pp2vpp2 (got $n)"
 for form in v5 modules v4 vpp; do [[ -d $WORK/back-$form ]] && hf_dirs+=("$WORK/back-$form"); done
+
+# The forward with Megatron semantics from the rank files themselves (tests/lib/qwen_vl_forward.py:
+# each TP rank's slice of the tower and projector, the image rows in the embeddings, mrope, the
+# stages and chunks in Megatron's order) against transformers' float32 forward of the original.
+sid_python "$WORK" "$TESTS_TOP/tests/lib/qwen_vl_forward.py" check "$models/v5" \
+  "$WORK/meg-v5:tp2pp2" "$WORK/meg-vpp:tp1pp2vpp2" "$WORK/meg-tp2pp1:tp2pp1" > "$WORK/forward" 2> "$WORK/forward.err"
+ran $? "the Megatron-semantics forward over tp2pp2/, tp1pp2vpp2/ and tp2pp1/ ran" "$WORK/forward.err"
+passes "$WORK/forward"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/forward")
+ok $((n == 3 ? 0 : 1)) "a forward check for each of the 3 layouts (got $n)"
 
 sid_python "$WORK" "$script" logits "$models/v5" "${hf_dirs[@]}" > "$WORK/logits" 2> "$WORK/logits.err"
 ran $? "transformers loads the original, each hf/ and each rebuilt copy" "$WORK/logits.err"
