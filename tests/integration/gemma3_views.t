@@ -6,14 +6,19 @@
 # GPTModel (post-norms as linear_proj's and linear_fc2's post_layernorm; checked against the
 # bridge's table written in tests/lib/gemma3.py) with the args Gemma 3 needs, and rebuilt into
 # Hugging Face tensors as the bridge exports give transformers' logits back exactly; mcore/ read
-# by torch.distributed.checkpoint holds the bridge's keys, shapes and bytes. Soft-capping,
-# bidirectional attention and a layer pattern Megatron cannot say are refused by name (hf/
-# still served); spec=local is refused (the post-norms exist in TE's linears only).
+# by torch.distributed.checkpoint holds the bridge's keys, shapes and bytes. tp2pp2/, tp2pp1/ and
+# tp1pp2/ run with Megatron semantics rank by rank (gemma3_forward.py) give transformers' float32
+# logits, and a copy with two TP shares exchanged does not. Soft-capping, bidirectional attention
+# and a layer pattern Megatron cannot say are refused by name (hf/ still served); spec=local is
+# refused (the post-norms exist in TE's linears only).
 # Gemma 3's VLM (Gemma3ForConditionalGeneration, docs/vlm.md): a tiny one saved by transformers 5 is
 # read as one model (text_config, the SigLIP tower's rows); hf/ serves it (bytes, logits on an
 # image + text input); tp2pp2/ holds, rank by rank, mbridge's Gemma3Model (checked against its
 # gemma3 bridge's tables written in tests/lib/gemma3.py), rebuilt as mbridge exports it gives the
-# logits back, mcore/ read by torch.distributed.checkpoint holds its keys, shapes and bytes; the
+# logits back, mcore/ read by torch.distributed.checkpoint holds its keys, shapes and bytes;
+# tp2pp2/, tp2pp1/ and tp1pp2/ run with Megatron semantics rank by rank (the tower and projector on
+# the first stage, each image seen whole by its own tokens) give transformers' float32 logits on an
+# image + text input, and a copy with the tower's first qkv shares exchanged does not; the
 # releases' tensor names give the same rank files; vpp is refused (mbridge builds none); vision
 # fields no rule reads or whose math the rules cannot say are named.
 # Megatron sources: copies of both models' tp2pp2/ and mcore/ (and the VLM's rank files without
@@ -43,6 +48,7 @@ ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp2pp1 tp2pp2 tp4pp1 tp4pp2 " ]]; ec
   "the root lists hf/, mcore/ and the layouts (got: $listing)"
 check "tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/meg-tp2pp2"
 check "tp2pp1/ copied out" cp -r "$mnt/tp2pp1" "$WORK/meg-tp2pp1"
+check "tp1pp2/ copied out" cp -r "$mnt/tp1pp2" "$WORK/meg-tp1pp2"
 check "mcore/ copied out" cp -r "$mnt/mcore" "$WORK/mcore"
 
 # The 1B release's spelling of config.json (no tie_word_embeddings: transformers ties by default)
@@ -102,6 +108,8 @@ listing=$(ls "$mnt" | tr '\n' ' ')
 # the tower's 2 heads allow tp 1 and 2
 ok $([[ $listing == "hf mcore tp1pp1 tp1pp2 tp2pp1 tp2pp2 " ]]; echo $?) "vlm: the root lists hf/, mcore/ and the layouts that split the tower (got: $listing)"
 check "vlm: tp2pp2/ copied out" cp -r "$mnt/tp2pp2" "$WORK/vlm-tp2pp2"
+check "vlm: tp2pp1/ copied out" cp -r "$mnt/tp2pp1" "$WORK/vlm-tp2pp1"
+check "vlm: tp1pp2/ copied out" cp -r "$mnt/tp1pp2" "$WORK/vlm-tp1pp2"
 check "vlm: mcore/ copied out" cp -r "$mnt/mcore" "$WORK/vlm-mcore"
 # mbridge's gemma3 provider asserts vp_stage is None: no virtual pipeline
 ls "$mnt/tp1pp2vpp3" > /dev/null 2>&1
@@ -115,6 +123,15 @@ n=$(grep -c '^PASS\|^FAIL' "$WORK/check-vlm")
 # 4 rank files; logits of hf/ and of the rebuilt copy, another image's; 2 of mcore/
 ok $((n == 9 ? 0 : 1)) "vlm: 9 checks: each rank file, 3 logits, 2 of mcore/ (got $n)"
 fg_unmount "$mnt"
+# The forward with Megatron semantics over each copy's rank files (gemma3_forward.py) against
+# transformers' float32 forward of the source; no vpp layout exists to check (mbridge builds none).
+sid_python "$WORK" "$script" forward "$src_text" "$WORK/meg-tp2pp2:2:2,$WORK/meg-tp2pp1:2:1,$WORK/meg-tp1pp2:1:2" \
+  "$src" "$WORK/vlm-tp2pp2:2:2,$WORK/vlm-tp2pp1:2:1,$WORK/vlm-tp1pp2:1:2" > "$WORK/check-forward" 2> "$WORK/check-forward.err"
+ran $? "forward: the Megatron-semantics forwards of the text model and the VLM ran" "$WORK/check-forward.err"
+passes "$WORK/check-forward"
+n=$(grep -c '^PASS\|^FAIL' "$WORK/check-forward")
+# 3 layouts of each model and each one's negative control
+ok $((n == 8 ? 0 : 1)) "forward: 8 checks: 3 layouts of each model, 2 negative controls (got $n)"
 # Megatron-Bridge's tree (-o megatron_names=bridge): its gemma3_vl bridge keeps transformers' SigLIP
 # module whole as vision_tower, then its projector, then the language model under the text gemma3
 # names; checked against its tables written in gemma3.py. The tower splits nothing, so tp4 is listed.

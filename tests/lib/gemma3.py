@@ -44,6 +44,12 @@ the sid root), and the checks of ckptfs's views of it.
       mbridge's gemma3 bridge tables and Megatron-core's TP splits) and args with a plain rope;
       the rank files rebuilt as mbridge exports (into OUT) give ORIG's logits; MCORE_DIR read by
       torch.distributed.checkpoint holds that model's keys, global shapes and bytes.
+  gemma3.py forward TEXT_ORIG DIR:TP:PP[,...] VLM_ORIG DIR:TP:PP[,...]
+      for each layout copy: the forward with Megatron semantics (gemma3_forward.py: every TP
+      rank's slice from its own rank file, the stages in order, the VLM's tower and projector on
+      the first stage) gives transformers' float32 logits of the source (the text model's on
+      TEXT_IDS, the VLM's on its image + text input) to FORWARD_TOL; then each model's first
+      TP 2 layout with two TP shares exchanged must no longer match (the negative control).
 """
 import json
 import math
@@ -136,16 +142,18 @@ def build_vlm(out):
             json.dump({**config, **change}, f, indent=2)
 
 
-def vlm_logits_of(path, pixels):
+VLM_IDS = [2, 5, 17, VLM["boi_token_index"]] + [VLM["image_token_index"]] * VLM["mm_tokens_per_image"] + \
+    [VLM["eoi_token_index"], 42, 7, 99, 123, 3]
+VLM_TYPES = [1 if i == VLM["image_token_index"] else 0 for i in VLM_IDS]
+
+
+def vlm_logits_of(path, pixels, dtype=torch.bfloat16):
     from transformers import Gemma3ForConditionalGeneration
-    model = Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.bfloat16)
+    model = Gemma3ForConditionalGeneration.from_pretrained(path, dtype=dtype)
     model.eval()
-    ids = [2, 5, 17, VLM["boi_token_index"]] + [VLM["image_token_index"]] * VLM["mm_tokens_per_image"] + \
-          [VLM["eoi_token_index"], 42, 7, 99, 123, 3]
-    types = [1 if i == VLM["image_token_index"] else 0 for i in ids]
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), pixel_values=pixels.to(torch.bfloat16),
-                     token_type_ids=torch.tensor([types])).logits.float()
+        return model(input_ids=torch.tensor([VLM_IDS]), pixel_values=pixels.to(dtype),
+                     token_type_ids=torch.tensor([VLM_TYPES])).logits.float()
 
 
 def vlm_logits(orig, hf_dir, more_dirs=()):
@@ -165,13 +173,15 @@ def vlm_logits(orig, hf_dir, more_dirs=()):
         print(f"PASS {orig}: another image gives other logits")
 
 
-def logits_of(path):
+TEXT_IDS = [2, 5, 17, 42, 7, 99, 123, 200, 3, 64, 31, 250]  # 12 tokens, window 4
+
+
+def logits_of(path, dtype=torch.bfloat16):
     from transformers import Gemma3ForCausalLM
-    model = Gemma3ForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = Gemma3ForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval()
-    ids = torch.tensor([[2, 5, 17, 42, 7, 99, 123, 200, 3, 64, 31, 250]])  # 12 tokens, window 4
     with torch.no_grad():
-        return model(input_ids=ids).logits.float()
+        return model(input_ids=torch.tensor([TEXT_IDS])).logits.float()
 
 
 def logits(orig, hf_dirs):
@@ -634,6 +644,65 @@ def vlm_check(orig, hf_dir, spec, out, mcore_dir):
     vlm_mcore(orig, mcore_dir)
 
 
+# --- The forward with Megatron semantics (gemma3_forward.py) over every rank file of a layout,
+# against transformers' own forward of the source in float32 (its bf16 weights upcast) ---
+# Both sides float32: what is left is the order of the sums (about 1e-6); torch's erf gelu in
+# place of the tanh one is 4e-5 off.
+FORWARD_TOL = 1e-5
+
+
+def forward_check(orig, specs, vlm):
+    """For each DIR:TP:PP of SPECS: gemma3_forward.forward over every rank file of DIR equals
+    transformers' float32 logits of ORIG (the VLM's on its image + text input). Then a negative
+    control: the first TP 2 layout again with two TP shares exchanged (the tower's first qkv, or
+    the text model's first linear_fc1) must no longer match."""
+    import numpy as np
+    from gemma3_forward import Settings, forward
+    if vlm:
+        with open(f"{orig}/config.json") as f:
+            config = json.load(f)
+        size = config["vision_config"]["image_size"]
+        # bf16 pixels, as vlm_logits gives them, seen in float32 by both sides
+        image = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).float()
+        want = vlm_logits_of(orig, image, torch.float32)[0].numpy()
+        inputs = dict(tokens=VLM_IDS, types=VLM_TYPES, vision=config["vision_config"], pixels=image[0].numpy(),
+                      image_token=config["image_token_index"], mm_tokens=config["mm_tokens_per_image"])
+        what, control_key = "an image + text input", "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
+    else:
+        want = logits_of(orig, torch.float32)[0].numpy()
+        inputs = dict(tokens=TEXT_IDS)
+        what, control_key = "a text longer than the window", "decoder.layers.0.mlp.linear_fc1.weight"
+    err = lambda got: float(np.abs(got - want).max() / np.abs(want).max())  # noqa: E731
+    control = None
+    for spec in specs:
+        meg, tp, pp = spec.rsplit(":", 2)
+        tp, pp = int(tp), int(pp)
+        files = [[load_rank(rank_file(meg, p, r, pp)) for r in range(tp)] for p in range(pp)]
+        settings = Settings(files[0][0]["args"], vlm)
+        stages = [[f["model"] for f in stage] for stage in files]
+        e = err(forward(stages, settings, **inputs))
+        label = f"{os.path.basename(meg)} tp{tp}pp{pp}: the forward with Megatron semantics over its {tp * pp} rank files"
+        print(f"{'PASS' if e < FORWARD_TOL else 'FAIL'} {label} gives transformers' float32 logits of "
+              f"{os.path.basename(orig)} on {what} (max relative error {e:.2g}, tolerance {FORWARD_TOL:g})")
+        if control is None and tp == 2:
+            control = (os.path.basename(meg), stages, settings)
+    if control is None:
+        raise ValueError("the negative control needs a TP 2 layout")
+    name, stages, settings = control
+    broken = [dict(sd) for sd in stages[0]]
+    broken[0][control_key], broken[1][control_key] = broken[1][control_key], broken[0][control_key]
+    e = err(forward([broken] + stages[1:], settings, **inputs))
+    print(f"{'FAIL' if e < FORWARD_TOL else 'PASS'} {name}: with the two TP shares of {control_key} exchanged "
+          f"the forward no longer gives transformers' logits (max relative error {e:.2g})")
+
+
+def forward_both(text_orig, text_specs, vlm_orig, vlm_specs):
+    """forward_check of the text model's layouts, then of the VLM's (comma-separated DIR:TP:PP),
+    in one process."""
+    forward_check(text_orig, text_specs.split(","), False)
+    forward_check(vlm_orig, vlm_specs.split(","), True)
+
+
 # --- Megatron checkpoints of Gemma 3 as sources: hf/ of a copy of the views ---
 
 def same_tensors(want_dir, got_dir):
@@ -683,4 +752,5 @@ if __name__ == "__main__":
      "vlm-check": lambda: vlm_check(*sys.argv[2:7]),
      "bridge-check": lambda: bridge_check(*sys.argv[2:5]),
      "check": lambda: check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]),
-     "source-check": lambda: source_check(*sys.argv[2:9])}[sys.argv[1]]()
+     "source-check": lambda: source_check(*sys.argv[2:9]),
+     "forward": lambda: forward_both(*sys.argv[2:6])}[sys.argv[1]]()
