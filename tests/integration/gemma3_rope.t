@@ -6,7 +6,9 @@
 # factor in both spellings, the views' args carry it as Megatron's rotary_seq_len_interpolation_factor,
 # the two spellings give the same rank files, and copies of tp2pp2/ and mcore/ mounted as sources give
 # an hf/ whose logits in transformers are the original's (which the factor changes). The sliding
-# layers' rope scaled, or a factor Megatron cannot hold (not an integer), is refused by name.
+# layers' rope scaled, or a factor Megatron cannot hold (not an integer), is refused by name. The
+# forward with Megatron semantics over the rank files of tp2pp2 and tp2pp1 (text) and tp2pp2 and
+# tp1pp2 (VLM) gives transformers' logits.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
 sid_available || { echo "1..0 # skip $SID_WHY"; exit 0; }
@@ -43,6 +45,8 @@ check "the releases' spelling gives tp2pp2/'s rank files byte for byte" cmp "$WO
 check "tp2pp2/ copied out" cp -r "$WORK/mnt-text/tp2pp2" "$WORK/text-tp2pp2"
 check "mcore/ copied out" cp -r "$WORK/mnt-text/mcore" "$WORK/text-mcore"
 check "vlm: tp2pp2/ copied out" cp -r "$WORK/mnt-vlm/tp2pp2" "$WORK/vlm-tp2pp2"
+check "tp2pp1/ copied out" cp -r "$WORK/mnt-text/tp2pp1" "$WORK/text-tp2pp1"
+check "vlm: tp1pp2/ copied out" cp -r "$WORK/mnt-vlm/tp1pp2" "$WORK/vlm-tp1pp2"
 for m in text release vlm; do unmount_ckptfs "$WORK/mnt-$m"; done
 
 hf_dirs=()
@@ -61,4 +65,13 @@ passes "$WORK/check"
 # the factor's effect, 2 text copies, the VLM copy and another image
 check "5 verdicts" test "$(grep -c '^PASS\|^FAIL' "$WORK/check")" -eq 5
 for copy in text-tp2pp2 text-mcore vlm-tp2pp2; do unmount_ckptfs "$WORK/src-$copy"; done
+
+# The forward with Megatron semantics over the rank files (gemma3_forward.py: the full-attention
+# layers' positions divided by the args' factor) gives transformers' float32 logits of the scaled
+# models; each model's two TP shares of one tensor exchanged do not.
+sid_python "$WORK" "$TESTS_TOP/tests/lib/gemma3.py" forward "$models/text" "$WORK/text-tp2pp2:2:2,$WORK/text-tp2pp1:2:1" \
+  "$models/vlm" "$WORK/vlm-tp2pp2:2:2,$WORK/vlm-tp1pp2:1:2" > "$WORK/forward" 2> "$WORK/forward.err"
+ran $? "the forward checks ran" "$WORK/forward.err"
+passes "$WORK/forward"
+check "6 forward verdicts" test "$(grep -c '^PASS\|^FAIL' "$WORK/forward")" -eq 6
 done_testing

@@ -186,13 +186,15 @@ def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def rope(x, theta, dim=None):  # x [heads, T, d], HF rotate_half convention
+def rope(x, theta, dim=None, interpolation=1.0):  # x [heads, T, d], HF rotate_half convention
     """Rotary embedding of the first DIM channels of each head (all by default), the rest passed
     through: partial rotary as Megatron's rotary_percent (RotaryEmbedding of kv_channels x
-    rotary_percent, _apply_rotary_pos_emb_bshd's t_pass) and transformers' partial_rotary_factor."""
+    rotary_percent, _apply_rotary_pos_emb_bshd's t_pass) and transformers' partial_rotary_factor.
+    INTERPOLATION: Megatron's seq_len_interpolation_factor (positions divided by it: transformers'
+    linear rope scaling)."""
     d = dim or x.shape[-1]
     inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
-    ang = np.arange(x.shape[1])[:, None] * inv[None, :]
+    ang = (np.arange(x.shape[1]) / interpolation)[:, None] * inv[None, :]
     return rotate_half(x, np.concatenate([ang, ang], -1))
 
 
