@@ -7,7 +7,11 @@
 # model under language_model. with mrope over half of each head. glm45v.py checks each rank file of
 # TP, PP with VPP and EP layouts against mbridge's names and args, rebuilds the original from them as
 # mbridge exports (bytes), and runs transformers on the rebuilt copy (logits on an image + text
-# input, exactly); mcore/ through torch.distributed.checkpoint. Copies of tp2pp2/ and mcore/
+# input, exactly); glm45v_forward.py runs the VLM forward with Megatron semantics over each
+# layout's rank files (transformers' tower as mbridge keeps it, mbridge's 3-D positions, TP
+# shares, stages, virtual chunks, EP files) to transformers' float32 logits of the source, and
+# rejects views with a share, an expert file or a chunk order wrong; mcore/ through
+# torch.distributed.checkpoint. Copies of tp2pp2/ and mcore/
 # mounted as sources give the same views and hf/ (bytes, logits); a copy without a tower tensor, and
 # a config whose patch size the tensors do not have, are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
@@ -74,6 +78,9 @@ for form in glm45v glm45v-bias; do
     grep -q "^PASS $WORK/rebuilt-$form-$l: transformers' logits on an image + text input equal" "$WORK/check-$form"
     ok $? "$form $l: the rebuilt copy gives transformers' logits on an image + text input exactly" ||
       { grep "rebuilt-$form-$l" "$WORK/check-$form"; tail -n 5 "$WORK/check-$form.err"; } | sed 's/^/# /' >&2
+    fwd=$(grep "^[A-Z]* $mnt/$l $l: Megatron-semantics VLM forward" "$WORK/check-$form")
+    [[ $fwd == "PASS "* ]]
+    ok $? "$form $l: ${fwd#*: }" || { echo "${fwd:-no forward verdict}"; tail -n 5 "$WORK/check-$form.err"; } | sed 's/^/# /' >&2
   done
   if [[ $form == glm45v ]]; then
     grep -q "^PASS $mnt/mcore/release: the tower's 27 tensors a key each" "$WORK/check-$form"

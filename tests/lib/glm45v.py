@@ -12,7 +12,7 @@ _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING and _weight_to_hf_format) and 
       (vlm.py's GLM4V_VISION, no qkv bias); OUT/glm45v-bias: the same without the language
       model's q/k/v biases, with the tower's (vision attention_bias), routed in 2 groups with
       weights scaled by 2.5. Every norm, bias and the experts' score correction random, so one
-      served from the wrong tensor shows.
+      served from the wrong tensor shows; the input's tokens spread over every expert.
   glm45v.py check ORIG VIEW LAYOUT OUT [VIEW LAYOUT OUT ...] [--mcore RELEASE] [--hf HF_DIR ...]
       every rank file of VIEW (ORIG's LAYOUT: tp{T}pp{P}[vpp{V}][ep{E}]; "bridge:LAYOUT": with
       Megatron-Bridge's names, the tower under visual., from glm_45v_bridge.py) loads with
@@ -22,8 +22,10 @@ _DIRECT_MAPPING, _ATTENTION_MAPPING, _MLP_MAPPING and _weight_to_hf_format) and 
       ORIG rebuilt from those rank files the way mbridge exports (TP and EP shares gathered, q/k/v
       and fc1 split back, the tower copied, a replicated tensor the same on every rank) holds
       ORIG's tensors byte for byte, and saved into OUT with ORIG's config.json gives
-      transformers' logits on an image + text input exactly. --mcore: as the mcore command;
-      --hf: each HF_DIR holds ORIG's tensors byte for byte (vlm.py samehf) and gives its logits.
+      transformers' logits on an image + text input exactly; and a forward with Megatron
+      semantics over VIEW's rank files equals transformers' float32 logits of ORIG on that input
+      (glm45v_forward.py). --mcore: as the mcore command; --hf: each HF_DIR holds ORIG's tensors
+      byte for byte (vlm.py samehf) and gives its logits.
   glm45v.py notower MEGATRON_DIR OUT
       OUT: a copy of MEGATRON_DIR (a tp2pp2/ copy) without vision_model.blocks.1.attn.qkv.weight in
       its first rank file.
@@ -41,6 +43,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glm45v_forward  # noqa: E402
 import qwen35vl  # noqa: E402
 import vlm  # noqa: E402
 from moe_reference import file_name, parse_moe_layout, rank_grid  # noqa: E402
@@ -64,6 +67,24 @@ def build(out):
             for n, p in list(model.named_parameters()) + list(model.named_buffers()):
                 if p.dim() == 1 and p.is_floating_point() and "inv_freq" not in n:
                     p.copy_(0.2 * torch.randn_like(p) + (1 if "norm" in n else 0))
+            # The tower's weights at 1/sqrt(fan-in), not the init's 0.02, so that its blocks
+            # shape the image's rows (at 0.02 their output is nearly the patch embedding's).
+            for p in model.model.visual.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, p[0].numel() ** -0.5)
+            # Word embeddings of unit scale and router logits wider than the score correction:
+            # a route that depends on the token (at the init's scales the biases set every
+            # token's), so that every expert of every MoE layer gets some of the input's tokens
+            # in glm45v_forward's check.
+            model.model.language_model.embed_tokens.weight.normal_(0, 1.0)
+            for layer in model.model.language_model.layers:
+                # queries and keys at 1/sqrt(fan-in): attention scores of order 1, so that the
+                # positions (mrope) change the output
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    proj.weight.normal_(0, proj.weight.shape[1] ** -0.5)
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.weight.normal_(0, 1.0)
+                    layer.mlp.gate.e_score_correction_bias.mul_(0.05)
         model.to(torch.bfloat16).save_pretrained(f"{out}/{name}")
 
 
@@ -282,6 +303,9 @@ def check(argv):
     for view, layout, out in zip(rest[0::3], rest[1::3], rest[2::3]):
         check_layout(orig, view, layout, out)
         outs += [out] if os.path.isdir(out) else []
+    # the forward with Megatron semantics over each mbridge layout's rank files
+    glm45v_forward.check(orig, [(view, layout) for view, layout in zip(rest[0::3], rest[1::3])
+                                if not layout.startswith("bridge:")])
     for release in flags.get("--mcore", []):
         mcore(orig, release)
     if flags.get("--hf"):
