@@ -69,16 +69,21 @@ TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1)
 
 
-def build(out):
+def text_model(text):
+    """A tiny Gemma3ForCausalLM of config fields TEXT in bf16, its norms random so a norm served
+    from the wrong tensor shows."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
     torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**TEXT)).to(torch.bfloat16)
-    # Random norms so a norm served from the wrong tensor shows.
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**text)).to(torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(0.1 * torch.randn_like(p))
-    model.save_pretrained(f"{out}/text")
+    return model
+
+
+def build(out):
+    text_model(TEXT).save_pretrained(f"{out}/text")
     with open(f"{out}/text/config.json") as f:
         config = json.load(f)
     if config.get("layer_types") != ["sliding_attention"] * 5 + ["full_attention"]:
@@ -111,10 +116,12 @@ VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_att
 VLM = dict(mm_tokens_per_image=4, image_token_index=250, boi_token_index=248, eoi_token_index=249)
 
 
-def build_vlm(out):
+def vlm_model(text):
+    """A tiny Gemma3ForConditionalGeneration (language model of config fields TEXT, VISION's
+    tower) in bf16."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
     torch.manual_seed(0)
-    config = Gemma3Config(text_config=TEXT, vision_config=VISION, **VLM)
+    config = Gemma3Config(text_config=text, vision_config=VISION, **VLM)
     model = Gemma3ForConditionalGeneration(config).to(torch.bfloat16)
     # Random norms and biases so one served from the wrong tensor shows; the projection starts at
     # zero, which would leave the image out of the logits.
@@ -124,7 +131,11 @@ def build_vlm(out):
                 p.copy_(0.1 * torch.randn_like(p))
             elif name.endswith("mm_input_projection_weight"):
                 p.copy_(0.2 * torch.randn_like(p))
-    model.save_pretrained(f"{out}/vlm")
+    return model
+
+
+def build_vlm(out):
+    vlm_model(TEXT).save_pretrained(f"{out}/vlm")
     with open(f"{out}/vlm/config.json") as f:
         config = json.load(f)
     if config["vision_config"].get("vision_use_head") is not False:

@@ -57,6 +57,9 @@ class Settings:
         self.window = a["window_size"][0] + 1 if a.get("window_size") else None  # TE's (left, 0)
         self.skip = a.get("window_attn_skip_freq")
         self.theta, self.theta_local = a["rotary_base"], a["rope_local_base_freq"]
+        # the full-attention layers' linear scaling (Megatron-Bridge's rope_scaling_factor; mbridge
+        # fixes 8, the releases'), carried as Megatron-LM's seq_len_interpolation_factor
+        self.interpolation = a.get("rotary_seq_len_interpolation_factor") or 1
         self.scale = a["query_pre_attn_scalar"] ** -0.5 if vlm else a["softmax_scale"]
         self.embed_scale = a["embed_scale"] if vlm else a["hidden_size"] ** 0.5
         # Megatron-LM's activation: openai_gelu (tanh), else torch's gelu
@@ -126,6 +129,7 @@ def language_layer(c, sds, pre, xs, number, allowed):
     """Layer PRE (numbered NUMBER from 1) over the TP ranks' state dicts SDS and streams XS."""
     sliding = c.sliding(number)
     theta, allowed = (c.theta_local, allowed[1]) if sliding else (c.theta, allowed[0])
+    interpolation = 1 if sliding else c.interpolation
     tp, hpg = len(sds), c.nh // c.ng
     if c.ng % tp:
         raise ValueError(f"{c.ng} query groups over {tp} ranks")
@@ -140,7 +144,8 @@ def language_layer(c, sds, pre, xs, number, allowed):
         k, v = qkv[:, :, hpg].transpose(1, 0, 2), qkv[:, :, hpg + 1].transpose(1, 0, 2)
         q = c.norm(q, g("self_attention.q_layernorm.weight"))
         k = c.norm(k, g("self_attention.k_layernorm.weight"))
-        a = core_attention(rope(q, theta), rope(k, theta), v, allowed, c.scale)
+        a = core_attention(rope(q, theta, None, interpolation), rope(k, theta, None, interpolation), v, allowed,
+                           c.scale)
         partials.append(a.transpose(1, 0, 2).reshape(T, -1) @ g("self_attention.linear_proj.weight").T)
     reduced = sum(partials)
     xs = [x + c.norm(reduced, f32(sd[pre + c.post[0]])) for sd, x in zip(sds, xs)]

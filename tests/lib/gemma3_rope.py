@@ -31,14 +31,7 @@ SCALED = {**gemma3.TEXT, "rope_parameters": {
 
 
 def build(out):
-    from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**SCALED)).to(torch.bfloat16)
-    with torch.no_grad():  # random norms, as gemma3.py's
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.copy_(0.1 * torch.randn_like(p))
-    model.save_pretrained(f"{out}/text")
+    gemma3.text_model(SCALED).save_pretrained(f"{out}/text")
     with open(f"{out}/text/config.json") as f:
         config = json.load(f)
     if config["rope_parameters"]["full_attention"].get("factor") != FACTOR:
@@ -57,16 +50,7 @@ def build(out):
         shutil.copy(f"{out}/text/model.safetensors", f"{out}/{form}/model.safetensors")
         with open(f"{out}/{form}/config.json", "w") as f:
             json.dump(cfg, f, indent=2)
-    torch.manual_seed(0)
-    vlm = Gemma3ForConditionalGeneration(Gemma3Config(text_config=SCALED, vision_config=gemma3.VISION, **gemma3.VLM))
-    vlm = vlm.to(torch.bfloat16)
-    with torch.no_grad():
-        for name, p in vlm.named_parameters():
-            if p.dim() == 1:
-                p.copy_(0.1 * torch.randn_like(p))
-            elif name.endswith("mm_input_projection_weight"):
-                p.copy_(0.2 * torch.randn_like(p))
-    vlm.save_pretrained(f"{out}/vlm")
+    gemma3.vlm_model(SCALED).save_pretrained(f"{out}/vlm")
 
 
 def check(argv):
