@@ -108,6 +108,21 @@ check "$a: or with -o hf_extra=<the HF dir> (its config.json names the architect
   mount_ckptfs "$exp" "$WORK/mnt-$a-megatron-extra" -o "hf_extra=$WORK/$a"
 check "$a: its hf/ tensors are bit-identical to the original (fused names)" \
   $PY "$check_hf" compare "$WORK/$a" "$WORK/mnt-$a-megatron-extra/hf"
+# Megatron-LM's linear rope interpolation is read for Gemma 3 only (its full-attention layers'
+# scaling): elsewhere hf/ would lose it, so the source is refused naming the argument.
+exp=$WORK/exp-$a-interpolated
+cp -r "$WORK/exp-$a-tp2pp2" "$exp"
+check "$a: set args.rotary_seq_len_interpolation_factor 4 in the tp2pp2 rank files (torch.save)" $PY - "$exp/release" <<'PY'
+import os, sys, torch
+for rank in sorted(os.listdir(sys.argv[1])):
+    path = os.path.join(sys.argv[1], rank, "model_optim_rng.pt")
+    sd = torch.load(path, map_location="cpu")
+    sd["args"].rotary_seq_len_interpolation_factor = 4
+    torch.save(sd, path)
+PY
+"$CKPTFS" inspect "$exp" > "$WORK/err" 2>&1
+grep -q "args.rotary_seq_len_interpolation_factor 4: linear rope scaling is read for Gemma 3's full-attention layers only, not for Phi3ForCausalLM" "$WORK/err"
+ok $? "$a: the interpolated copy is refused naming args.rotary_seq_len_interpolation_factor" || sed 's/^/# /' "$WORK/err" >&2
 
 # An uneven source (pp3 with 2 layers on the first and last stages) keeps its stage sizes for
 # layouts with 3 stages only: any other split of the 8 layers is even unless -o pp_first/pp_last.
