@@ -201,7 +201,9 @@ def logits_of(path, pixel_shift=0.0, model_class=None, make_inputs=inputs):
     model.eval()
     ids, pixels, grid, *extra = make_inputs()
     extra = dict(extra[0]) if extra else {}
-    if model_class.startswith("Qwen3VL"):  # its mrope needs the image tokens marked
+    if model_class.startswith(("Qwen3VL", "Qwen2_5_VL")):
+        # their mrope needs the image tokens marked (without, transformers 5.12.1's Qwen2.5-VL
+        # quietly takes 1-D positions)
         extra["mm_token_type_ids"] = (ids == TOKENS["image_token_id"]).long()
     with torch.no_grad():
         return model(input_ids=ids, pixel_values=(pixels + pixel_shift).to(torch.bfloat16),
