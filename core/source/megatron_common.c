@@ -486,11 +486,8 @@ bool ckptfs_megatron_model_from_config(JsonObject *c, const char *what, CkptfsMe
     if (named && named->vision_part && !tower_read_back(named)) /* its config is not a text model's */
         return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s (a vision-language "
                            "model) is not read as a source yet", what, named->hf_architecture);
-    /* a text rope's VLM (Gemma 3's): its config.json holds all, text_config and vision_config */
-    if (named && named->vision && !named->text_rope)
-        return ckptfs_fail(error, CKPTFS_ERROR_UNSUPPORTED, "%s: a Megatron checkpoint of %s without args (the "
-                           "vision tower's and mrope's sizes) is not read as a source yet", what,
-                           named->hf_architecture);
+    /* a VLM's config.json holds all: text_config (or the release's top level), the multimodal
+     * rope's sections and vision_config */
     s->arch = named;
     g_autoptr(JsonObject) text = named && named->vision ? ckptfs_schema_text_config(c, named->text_part, error)
                                                         : json_object_ref(c);

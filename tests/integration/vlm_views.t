@@ -15,7 +15,9 @@
 # torch.distributed.checkpoint holds the keys, global shapes and bytes of Megatron-core's
 # sharded_state_dict of mbridge's model (the tower's blocks stacked); with -o megatron_names=bridge
 # both hold Megatron-Bridge's tree instead (its qwen25_vl tables in vlm.py), and copies of them
-# mount back as sources with the same option; a vision_config with a
+# mount back as sources with the same option; verl's Megatron saves without args (torch_dist in
+# dist_ckpt/, per-rank model.pt files), config.json beside, mount and their hf/ holds the original's
+# tensors and logits; a vision_config with a
 # field no rule reads leaves the Megatron views out, named, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
@@ -80,6 +82,24 @@ for src in meg-bridge mcore-bridge; do
   ok $? "$src: the Megatron-Bridge copy mounts as a source with -o $BRIDGE" || sed 's/^/# /' "$WORK/log-$src" >&2
   hf_dirs+=("$WORK/mnt-$src/hf")
 done
+# verl's Megatron saves of the VLM carry no args: torch_dist in dist_ckpt/ beside huggingface/
+# (2025-26), and per-rank model.pt files holding a list of chunk state dicts (2025; here of
+# tp1pp2vpp2). The tower's sizes and the mrope sections come from the config.json saved beside.
+data=$TESTS_TOP/tests/lib/verl_megatron_data.py
+mkdir -p "$WORK/verl-dist/huggingface" "$WORK/verl-ranks/huggingface"
+cp "$models/v5/config.json" "$WORK/verl-dist/huggingface/" && cp "$models/v5/config.json" "$WORK/verl-ranks/huggingface/"
+check "verl-dist: torch_dist without args in dist_ckpt/ (verl_megatron_data.py)" \
+  $PY "$data" torch-dist "$WORK/mcore-v5/release" "$WORK/verl-dist/dist_ckpt"
+check "verl-ranks: per-rank model.pt files of tp1pp2vpp2 without args" $PY "$data" ranks "$WORK/meg-vpp" "$WORK/verl-ranks"
+for src in verl-dist verl-ranks; do
+  "$CKPTFS" inspect "$WORK/$src" > "$WORK/inspect-$src" 2>&1
+  grep -q '^format: *verl-megatron' "$WORK/inspect-$src" && grep -q '^vision: .* mrope sections 2/3/3' "$WORK/inspect-$src"
+  ok $? "$src: inspect reads verl's save, the tower and the mrope sections from huggingface/config.json" ||
+    sed 's/^/# /' "$WORK/inspect-$src" >&2
+  fg_mount "$CKPTFS" "$WORK/$src" "$WORK/mnt-$src" "$WORK/log-$src"
+  ok $? "$src: mounts as a source" || sed 's/^/# /' "$WORK/log-$src" >&2
+  hf_dirs+=("$WORK/mnt-$src/hf")
+done
 sid_python "$WORK" "$script" bridge_views "$models/v5" "$WORK/meg-bridge" "$WORK/mcore-bridge/release" \
   > "$WORK/bridge" 2> "$WORK/bridge.err"
 ran $? "the checks of tp2pp2/ and mcore/ against Megatron-Bridge's qwen25_vl tables ran" "$WORK/bridge.err"
@@ -90,11 +110,11 @@ ok $((n == 6 ? 0 : 1)) "a check for each of the 4 rank files and two of mcore/ (
 ok $([[ $? -ne 0 ]] && grep -q "'vision_model.patch_embed.proj.weight' is missing" "$WORK/inspect-meg-bridge"; echo $?) \
   "meg-bridge: without the option the copy is read by mbridge's names and refused, the tensor named"
 
-sid_python "$WORK" "$script" samehf "$models/v5" "$WORK"/mnt-{meg-v5,meg-vpp,mcore-v5,meg-bridge,mcore-bridge}/hf > "$WORK/samehf" 2> "$WORK/samehf.err"
+sid_python "$WORK" "$script" samehf "$models/v5" "$WORK"/mnt-{meg-v5,meg-vpp,mcore-v5,meg-bridge,mcore-bridge,verl-dist,verl-ranks}/hf > "$WORK/samehf" 2> "$WORK/samehf.err"
 ran $? "the hf/ checks of the Megatron sources ran" "$WORK/samehf.err"
 passes "$WORK/samehf"
 n=$(grep -c '^PASS\|^FAIL' "$WORK/samehf")
-ok $((n == 5 ? 0 : 1)) "an hf/ check for each Megatron source (got $n)"
+ok $((n == 7 ? 0 : 1)) "an hf/ check for each Megatron source (got $n)"
 # same_view A B VIEW: B's VIEW holds A's files (some), each byte for byte.
 same_view() {
   local want got
@@ -212,6 +232,8 @@ grep -q 'no Megatron views: config.json: vision_config.window_attention_kind is 
 ok $? "badvision: the mount log says why tp2pp2/ is missing" || sed 's/^/# /' "$WORK/log-bad" >&2
 fg_unmount "$WORK/mnt-bad"
 
-for form in v5 modules v4 meg-v5 meg-vpp mcore-v5 bridge meg-bridge mcore-bridge; do unmount_ckptfs "$WORK/mnt-$form"; done
+for form in v5 modules v4 meg-v5 meg-vpp mcore-v5 bridge meg-bridge mcore-bridge verl-dist verl-ranks; do
+  unmount_ckptfs "$WORK/mnt-$form"
+done
 wait
 done_testing
