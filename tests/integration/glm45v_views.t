@@ -12,7 +12,8 @@
 # shares, stages, virtual chunks, EP files) to transformers' float32 logits of the source, and
 # rejects views with a share, an expert file or a chunk order wrong; mcore/ through
 # torch.distributed.checkpoint. Copies of tp2pp2/ and mcore/
-# mounted as sources give the same views and hf/ (bytes, logits); a copy without a tower tensor, and
+# mounted as sources give the same views and hf/ (bytes, logits), as does verl's save of mcore/
+# without args (config.json beside); a copy without a tower tensor, and
 # a config whose patch size the tensors do not have, are refused by name.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
@@ -68,6 +69,14 @@ for form in glm45v glm45v-bias; do
     copy_pids+=("$FG_PID")
     args+=("$WORK/bridge/tp2pp2" bridge:tp2pp2 "$WORK/rebuilt-bridge" --mcore "$mnt/mcore/release")
     hf_dirs+=("$WORK/src-bridge/hf")
+    # verl's Megatron save, without args: mcore/'s torch_dist in dist_ckpt/, huggingface/config.json
+    # beside (the tower and the mrope sections come from it)
+    mkdir -p "$WORK/verl/huggingface" && cp "$src/config.json" "$WORK/verl/huggingface/" &&
+      $PY "$TESTS_TOP/tests/lib/verl_megatron_data.py" torch-dist "$WORK/$form-mcore/release" "$WORK/verl/dist_ckpt" &&
+      MOUNT_OPTS=layouts=tp2pp2 fg_mount "$CKPTFS" "$WORK/verl" "$WORK/src-verl" "$WORK/log-src-verl"
+    ok $? "$form: verl's save without args (torch_dist in dist_ckpt/) mounts" || sed 's/^/# /' "$WORK/log-src-verl" >&2
+    copy_pids+=("$FG_PID")
+    hf_dirs+=("$WORK/src-verl/hf")
   fi
   args+=(--hf "${hf_dirs[@]}")
   sid_python "$WORK" "$script" check "$src" "${args[@]}" > "$WORK/check-$form" 2> "$WORK/check-$form.err"
@@ -101,6 +110,10 @@ for f in sys.argv[1:]: torch.load(f, map_location="cpu")' "$mnt"/tp2pp2/release/
     "$CKPTFS" inspect "$WORK/bridge-tp2pp2" > "$WORK/inspect-bridge" 2>&1
     grep -q "'vision_model.embeddings.position_embedding.weight' is missing or not a tensor" "$WORK/inspect-bridge"
     ok $? "$form: the bridge tree's copy without the option is refused by name" || sed 's/^/# /' "$WORK/inspect-bridge" >&2
+    grep -q "^PASS $WORK/src-verl/hf: the .* tensors of $src under the release's names, byte for byte" "$WORK/check-$form" &&
+      grep -q "^PASS $WORK/src-verl/hf: transformers' logits on an image + text input equal" "$WORK/check-$form"
+    ok $? "$form: hf/ of verl's save without args: the original's tensors byte for byte, its logits" ||
+      grep "src-verl" "$WORK/check-$form" | sed 's/^/# /' >&2
   fi
   for kind in tp2pp2 mcore; do
     copy=$WORK/src-$kind-$form
@@ -112,7 +125,7 @@ for f in sys.argv[1:]: torch.load(f, map_location="cpu")' "$mnt"/tp2pp2/release/
       grep "$copy" "$WORK/check-$form" | sed 's/^/# /' >&2
   done
   copy_mounts=("$WORK/src-tp2pp2-$form" "$WORK/src-mcore-$form")
-  [[ $form == glm45v ]] && copy_mounts+=("$WORK/bridge" "$WORK/src-bridge")
+  [[ $form == glm45v ]] && copy_mounts+=("$WORK/bridge" "$WORK/src-bridge" "$WORK/src-verl")
   for i in "${!copy_mounts[@]}"; do
     FG_PID=${copy_pids[$i]}
     fg_unmount "${copy_mounts[$i]}"

@@ -9,7 +9,9 @@
 # expert), its rank files gathered back give the original's logits, and mcore/ read by
 # torch.distributed.checkpoint holds the same tensors stacked. The forward computed with Megatron
 # semantics from the rank files (tests/lib/qwen_vl_forward.py) of tp2pp2/, tp1pp2vpp2/ and tp2pp1/
-# (dense) or tp2pp1ep2/ (MoE) gives transformers' float32 logits, and a mutated copy does not. A vision field no rule reads and
+# (dense) or tp2pp1ep2/ (MoE) gives transformers' float32 logits, and a mutated copy does not.
+# Copies of tp2pp2/ and mcore/ mount back as sources, as do verl's saves of them without args
+# (torch_dist in dist_ckpt/, per-rank model.pt files; config.json beside). A vision field no rule reads and
 # deepstack blocks out of order are refused by name, hf/ still served.
 source "$(dirname "$0")/../lib/common.sh"
 require_fuse
@@ -142,6 +144,27 @@ for form in dense moe; do
     sed 's/^/# /' "$WORK/sources" >&2
 done
 for form in dense moe; do for kind in meg mcore; do unmount_ckptfs "$WORK/src-$kind-$form"; done; done
+
+# verl's Megatron saves, without args: the dense model's mcore/ as torch_dist in dist_ckpt/, the
+# MoE's tp2pp2/ as per-rank model.pt files, each with huggingface/config.json beside, which gives
+# the tower, the deepstack mergers and the mrope sections. hf/ holds the original's tensors and
+# gives its logits.
+data=$TESTS_TOP/tests/lib/verl_megatron_data.py
+declare -A verl_made=([dense]="torch-dist $WORK/mcore-dense/release $WORK/verl-dense/dist_ckpt"
+                      [moe]="ranks $WORK/meg-moe $WORK/verl-moe")
+pairs=()
+for form in dense moe; do
+  mkdir -p "$WORK/verl-$form/huggingface" && cp "$models/$form/config.json" "$WORK/verl-$form/huggingface/" &&
+    $PY "$data" ${verl_made[$form]} && mount_ckptfs "$WORK/verl-$form" "$WORK/src-verl-$form" 2> "$WORK/err"
+  ok $? "$form: verl's save without args (${verl_made[$form]%% *}) mounts" || sed 's/^/# /' "$WORK/err" >&2
+  pairs+=("$models/$form" "$WORK/src-verl-$form/hf")
+done
+sid_python "$WORK" "$script" samehf_pairs "${pairs[@]}" > "$WORK/verl" 2> "$WORK/verl.err" &&
+  sid_python "$WORK" "$script" logits_pairs "${pairs[@]}" >> "$WORK/verl" 2>> "$WORK/verl.err"
+ran $? "vlm.py reads verl's saves' hf/" "$WORK/verl.err"
+passes "$WORK/verl"
+check "4 verdicts on verl's saves: tensors and logits of each" test "$(grep -c '^PASS\|^FAIL' "$WORK/verl")" -eq 4
+for form in dense moe; do unmount_ckptfs "$WORK/src-verl-$form"; done
 
 # Broken copies (vlm.py q3_broken, written with torch): a deepstack merger removed from a rank
 # file, one too many (merger 2 of 2), and mcore/'s stacked mergers cut to one.
