@@ -395,7 +395,8 @@ static bool arg_agrees(const CkptfsPy *args, const char *path, const char *key, 
 
 /* The norms and scales S's architecture computes with, which the args must say so (Gemma's:
  * Megatron's layernorm_zero_centered_gamma, mbridge's embed_scale sqrt(hidden_size), the scores'
- * softmax_scale query_pre_attn_scalar^-0.5); a hybrid's zero-centred norms are linear_from_args'. */
+ * softmax_scale query_pre_attn_scalar^-0.5, the full layers' rope scaled linearly, which only
+ * Gemma's rules read); a hybrid's zero-centred norms are linear_from_args'. */
 static bool scales_from_args(const CkptfsPy *args, const char *path, const CkptfsModel *s, GError **error)
 {
     const CkptfsArchitecture *a = s->arch;

@@ -632,7 +632,7 @@ def bridge_check(orig, meg, ckpt):
                 print(f"FAIL {label}: missing {missing[:3]}, unexpected {extra[:3]}, differing {bad[:3]}, modules {modules}")
             else:
                 print(f"PASS {label}: {len(want)} tensors with Megatron-Bridge's names, shapes and bytes"
-                      + (f", modules in Gemma3VLModel's order" if p == 0 else ""))
+                      + (", modules in Gemma3VLModel's order" if p == 0 else ""))
     want = {n: hf[n] for n in tower}
     want.update({k: bridge_to_mcore(k, [hf[n] for n in v[0]]) for k, v in B_PROJECTOR.items()})
     for k, (names, _) in B_TEXT.items():

@@ -22,23 +22,7 @@ import math
 
 import numpy as np
 
-from reference import f32, rms, rope
-
-ISQRT2PI = 0.7978845608028654  # sqrt(2 / pi), Megatron's openai_gelu / fast_gelu
-
-
-def gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(ISQRT2PI * (x + 0.044715 * x ** 3)))
-
-
-def gelu_erf(x):
-    return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2.0)).astype(x.dtype))
-
-
-def layer_norm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
+from reference import f32, gelu_erf, gelu_tanh, layer_norm, rms, rope
 
 
 class Settings:

@@ -47,7 +47,7 @@ import glm45v_forward  # noqa: E402
 import qwen35vl  # noqa: E402
 import vlm  # noqa: E402
 from moe_reference import file_name, parse_moe_layout, rank_grid  # noqa: E402
-from reference import chunk_layers  # noqa: E402
+from reference import chunk_key, chunk_layers  # noqa: E402
 
 TEXT = dict(vlm.GLM4V_TEXT, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=4,
             num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1)
@@ -119,10 +119,6 @@ def layer_keys(text, g, e, ep, grouped):
     for j in local:
         keys += [f"mlp.experts.local_experts.{j}.linear_fc1.weight", f"mlp.experts.local_experts.{j}.linear_fc2.weight"]
     return keys
-
-
-def chunk_name(c, vpp):
-    return f"model{c}" if vpp > 1 else "model"
 
 
 def args_errors(args, text, sections, layout):
@@ -257,7 +253,7 @@ def check_layout(orig, view, layout, out):
             files += 1
             bad += [f"{path}: {m}" for m in args_errors(ckpt["args"], text, sections, layout)]
             for c in range(vpp):
-                sd = ckpt[chunk_name(c, vpp)]
+                sd = ckpt[chunk_key(c, vpp)]
                 start, count = chunk_layers(text["num_hidden_layers"], pp, vpp, p, c)
                 want = list(tower) if p == 0 and c == 0 else []
                 want += ["language_model.embedding.word_embeddings.weight"] if p == 0 and c == 0 else []

@@ -39,32 +39,19 @@ TOWER = "vision_model."
 LM = "language_model."
 
 
-def load_files(view):
-    """{rank dir: loaded rank file} of VIEW's release/ (weights_only, args allowed as Megatron's
-    loader does)."""
-    import torch
-    release = os.path.join(view, "release")
-    return {n: reference.load_rank_file(torch, os.path.join(release, n, "model_optim_rng.pt"), True, True)
-            for n in sorted(os.listdir(release))}
-
-
-def chunk_key(c, vpp):
-    return "model" if vpp == 1 else f"model{c}"
-
-
 def tower_tensors(files, layout):
     """The tower's tensors of the first stage's first chunk (mbridge: Glm4VLModel builds it when
     pre_process, replicated on every TP and EP rank), and the files whose copy differs."""
     import torch
     tp, pp, vpp, ep, etp = layout
     first = sorted({file_name(t, 0, e, pp, ep) for t in range(tp) for e in range(ep)} & set(files))
-    sds = {n: files[n][chunk_key(0, vpp)] for n in first}
+    sds = {n: files[n][reference.chunk_key(0, vpp)] for n in first}
     ref = {k: v for k, v in sds[first[0]].items() if k.startswith(TOWER)}
     same = lambda a, b: a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # noqa: E731
     differ = [n for n, sd in sds.items()
               if {k for k in sd if k.startswith(TOWER)} != set(ref) or not all(same(sd[k], v) for k, v in ref.items())]
     later = [n for n in files for c in range(vpp) if (n not in first or c > 0)
-             and any(k.startswith(TOWER) for k in files[n][chunk_key(c, vpp)])]
+             and any(k.startswith(TOWER) for k in files[n][reference.chunk_key(c, vpp)])]
     return ref, differ, sorted(set(later))
 
 
@@ -115,13 +102,6 @@ def rope_index(ids, grid, cfg):
     return np.concatenate(parts, 1)
 
 
-def language_files(files, vpp):
-    """The files with each chunk's language model under the GPT model's names (embedding.,
-    decoder., output_layer.), as moe_reference and glm_reference read them."""
-    return {n: {chunk_key(c, vpp): {k[len(LM):]: v for k, v in f[chunk_key(c, vpp)].items() if k.startswith(LM)}
-                for c in range(vpp)} for n, f in files.items()}
-
-
 def megatron_logits(cfg, files, layout, embeds, positions, ids, image_rows=True):
     """The language model of mbridge's Glm4VLModel over FILES: embedding (vocab-parallel rows),
     the image's rows scattered in at the image token positions (merge_image_or_video), then
@@ -137,7 +117,7 @@ def megatron_logits(cfg, files, layout, embeds, positions, ids, image_rows=True)
         x = x.copy()
         x[mask] = embeds
         return x
-    model = MegatronGLM(m, language_files(files, vpp), layout, args)
+    model = MegatronGLM(m, reference.language_model_files(files, LM), layout, args)
     routed = []  # the tokens each expert of each MoE layer got, so that none goes unchecked
     route = model.route
 
@@ -168,7 +148,7 @@ def mutations(files, layout, vision):
     """[(what, files)]: views with one plausible mistake each, for the layout's parallelism."""
     tp, pp, vpp, ep, etp = layout
     out = []
-    first = chunk_key(0, vpp)
+    first = reference.chunk_key(0, vpp)
     # the tower (whole on every first-stage file): block 0's first two heads' queries exchanged
     bad = copy_files(files)
     k, d = TOWER + "blocks.0.attn.qkv.weight", vision["hidden_size"] // vision["num_heads"]
@@ -192,7 +172,7 @@ def mutations(files, layout, vision):
         bad = copy_files(files)
         a, b = file_name(0, 0, 0, pp, ep), file_name(0, 0, 1, pp, ep)
         for c in range(vpp):
-            ck = chunk_key(c, vpp)
+            ck = reference.chunk_key(c, vpp)
             bad[a][ck].update({k: v for k, v in files[b][ck].items() if ".mlp.experts." in k})
         out.append(("experts from another EP rank's file", bad))
     if vpp > 1:  # stage 0's chunk 1 and stage 1's chunk 0 exchanged: layers out of Megatron's order
@@ -215,7 +195,7 @@ def check(orig, pairs):
     positions = rope_index(ids[0].tolist(), grid.tolist(), cfg)
     for view, name in pairs:
         layout = parse_moe_layout(name)
-        files = load_files(view)
+        files = reference.load_release(view)
         tensors, differ, later = tower_tensors(files, layout)
         bad = [f"tower differs on {differ}"] if differ else []
         bad += [f"tower outside the first stage's first chunk in {later}"] if later else []

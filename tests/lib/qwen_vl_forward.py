@@ -17,7 +17,6 @@ from the file of the EP rank holding them), Qwen3-VL's deepstack added after its
       exchanged, or its two heads when TP is 1; for EP layouts also EP rank 1's experts read
       from EP rank 0's file) no longer do; "FAIL ..." otherwise.
 """
-import argparse
 import json
 import math
 import os
@@ -29,19 +28,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from glm_reference import model_of_args  # noqa: E402
 from moe_reference import MegatronMoE, file_name, parse_moe_layout  # noqa: E402
-from reference import f32, megatron_forward, mrope, rms, rotate_half, silu  # noqa: E402
+from reference import (chunk_key, f32, gelu_erf, gelu_tanh, language_model_files, layer_norm, load_release,  # noqa: E402
+                       megatron_forward, mrope, rms, rotate_half, silu)
 import vlm  # noqa: E402
 
 # float32 on both sides: what is left is summation order (3.5e-7 measured). Tight, as the
 # tiny tower's effect on the logits is small: its first qkv's TP shares exchanged moves them
 # by ~1e-4 of their largest.
 TOLERANCE = 1e-5
-
-
-def layer_norm(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
 
 
 def norm_of(sd, pre, eps):
@@ -51,15 +45,6 @@ def norm_of(sd, pre, eps):
         b = f32(sd[pre + "bias"])
         return lambda x: layer_norm(x, w, b, eps)
     return lambda x: rms(x, w, eps)
-
-
-def gelu(x):  # torch.nn.functional.gelu (erf)
-    from math import erf
-    return 0.5 * x * (1 + np.vectorize(erf, otypes=[np.float32])(x / np.sqrt(2)).astype(np.float32))
-
-
-def gelu_tanh(x):  # gelu(approximate="tanh")
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def segment_attention(q, k, v, cu):
@@ -208,7 +193,7 @@ def qwen25_tower(sds, vc, eps, pixels, grid):
         cu_i = cu_full if i in vc["fullatt_block_indexes"] else cu_window
         x = vit_block(sds, f"vision_model.decoder.layers.{i}.", x, heads, eps, silu, True, rotate, cu_i)
     x = rms(x, f32(sds[0]["vision_model.decoder.final_layernorm.weight"]), eps)
-    out = projector(sds, "vision_model.projection.encoder.", x.reshape(T // unit, -1), gelu)
+    out = projector(sds, "vision_model.projection.encoder.", x.reshape(T // unit, -1), gelu_erf)
     return out[np.argsort(index)], []
 
 
@@ -250,36 +235,12 @@ def qwen3_tower(sds, vc, eps, pixels, grid):
         if i in vc["deepstack_visual_indexes"]:
             pre = f"vision_model.decoder.deepstack_merger_list.{vc['deepstack_visual_indexes'].index(i)}."
             y = norm_of(sds[0], pre + "patch_norm.", eps)(x.reshape(T // unit, -1))
-            deep.append(projector(sds, pre, y, gelu))
+            deep.append(projector(sds, pre, y, gelu_erf))
     y = norm_of(sds[0], "vision_model.merger.patch_norm.", eps)(x).reshape(T // unit, -1)
-    return projector(sds, "vision_model.merger.", y, gelu), deep
+    return projector(sds, "vision_model.merger.", y, gelu_erf), deep
 
 
 # --- loading, the forward, the comparison ---
-
-def load(view, layout):
-    """{rank dir: loaded rank file} of VIEW (torch.load with weights_only, the args allowed)."""
-    torch.serialization.add_safe_globals([argparse.Namespace])
-    tp, pp, vpp, ep, etp = parse_moe_layout(layout)
-    files = {}
-    for p in range(pp):
-        for t in range(tp):
-            for e in range(ep):
-                name = file_name(t, p, e, pp, ep)
-                files[name] = torch.load(os.path.join(view, "release", name, "model_optim_rng.pt"),
-                                         map_location="cpu", weights_only=True)
-    return files
-
-
-def language_files(files):
-    """The rank files with each chunk cut to its language model, keys from "embedding." /
-    "decoder." as reference.py and moe_reference.py read them."""
-    out = {}
-    for name, f in files.items():
-        out[name] = {ck: {k[len("language_model."):]: v for k, v in sd.items() if k.startswith("language_model.")}
-                     for ck, sd in f.items() if ck.startswith("model")}
-    return out
-
 
 def megatron_logits(files, layout, ids, pixels, grid):
     """(logits [T, vocab], the tower's outputs [image rows, each deepstack merger's]) of the
@@ -292,7 +253,7 @@ def megatron_logits(files, layout, ids, pixels, grid):
     vc, tokens = vision["vision_config"], {**vlm.TOKENS, **{k: v for k, v in vision.items() if k.endswith("_token_id")}}
     qwen3 = "deepstack_visual_indexes" in vc
     m = model_of_args(args, {"vocab_size": args.vocab_size})
-    first = "model0" if vpp > 1 else "model"
+    first = chunk_key(0, vpp)
     # the tower: on the first stage's first chunk, in the files of EP rank 0 (it has no experts)
     tower_sds = [files[file_name(t, 0, 0, pp, ep)][first] for t in range(tp)]
     image, deep = (qwen3_tower if qwen3 else qwen25_tower)(tower_sds, vc, m.eps, pixels, grid)
@@ -314,7 +275,7 @@ def megatron_logits(files, layout, ids, pixels, grid):
             x[mask] += deep[n]
         return x
 
-    lm = language_files(files)
+    lm = language_model_files(files)
     if getattr(args, "num_experts", None):
         logits = MegatronMoE(m, lm, (tp, pp, vpp, ep, etp), args).forward("te", ids, embed=embed, after_layer=after_layer)
     else:
@@ -346,7 +307,7 @@ def hf_logits(orig):
 def mutated(files, layout):
     """(what, a copy of FILES broken in one place the forward must notice)."""
     tp, pp, vpp, ep, etp = parse_moe_layout(layout)
-    first = "model0" if vpp > 1 else "model"
+    first = chunk_key(0, vpp)
     name = "vision_model.decoder.layers.0.self_attention.linear_qkv.weight"
     out = {k: {ck: (dict(v) if ck.startswith("model") else v) for ck, v in f.items()} for k, f in files.items()}
     a, b = file_name(0, 0, 0, pp, ep), file_name(tp - 1, 0, 0, pp, ep)
@@ -359,7 +320,7 @@ def mutated(files, layout):
         yield "the tower's first qkv with its two heads exchanged", out
     if ep > 1:  # local expert 0 of EP rank 1 read from EP rank 0's file
         out = {k: {ck: (dict(v) if ck.startswith("model") else v) for ck, v in f.items()} for k, f in files.items()}
-        last = f"model{vpp - 1}" if vpp > 1 else "model"
+        last = chunk_key(vpp - 1, vpp)
         e0, e1 = file_name(0, pp - 1, 0, pp, ep), file_name(0, pp - 1, 1, pp, ep)
         for k in files[e1][last]:
             if ".mlp.experts." in k and not k.endswith("_extra_state") and k in files[e0][last]:
@@ -377,7 +338,7 @@ def check(orig, views):
         view, layout = spec.rsplit(":", 1)
         what = f"{os.path.basename(orig)} {layout}"
         try:
-            files = load(view, layout)
+            files = load_release(view)
             got, tower = megatron_logits(files, layout, ids, pixels, grid)
         except Exception as e:  # noqa: BLE001
             print(f"FAIL {what}: the Megatron forward failed: {type(e).__name__}: {e}")

@@ -241,6 +241,23 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
+def layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def gelu_tanh(x):
+    """gelu(approximate="tanh"): Megatron's openai_gelu / fast_gelu."""
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def gelu_erf(x):
+    """torch.nn.functional.gelu (erf), erf taken in float64."""
+    import math
+    return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2.0)).astype(x.dtype))
+
+
 def hf_attention(m, i, x):
     """x plus layer i's attention block, Hugging Face semantics; for Phi-3 straight from the
     fused tensors as stored (not through models.unfuse), so a wrong split there shows as a
@@ -285,6 +302,29 @@ def hf_forward(m, tokens, mlp=hf_swiglu):
         x = x + mlp(m, i, rms(x, bf16_to_f32(m.layer(i, "post_attention_layernorm.weight")), m.eps))
     x = rms(x, f("model.norm.weight"), m.eps)
     return x @ f("model.embed_tokens.weight" if m.tied else "lm_head.weight").T
+
+
+def chunk_key(v, vpp):
+    """A rank file's key of virtual chunk v: "model", or "model{v}" with virtual stages."""
+    return "model" if vpp == 1 else f"model{v}"
+
+
+def load_release(view):
+    """{rank dir: loaded rank file} of VIEW's release/ (weights_only, the args allowed as
+    Megatron's loader allows them)."""
+    import torch
+    release = os.path.join(view, "release")
+    return {n: load_rank_file(torch, os.path.join(release, n, "model_optim_rng.pt"), True, True)
+            for n in sorted(os.listdir(release))}
+
+
+def language_model_files(files, prefix="language_model."):
+    """A VLM's rank files ({rank dir: file}) with each chunk cut to its language model, under
+    the GPT model's names (embedding., decoder., output_layer.) that megatron_forward and
+    moe_reference read."""
+    return {name: {ck: {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+                   for ck, sd in f.items() if ck.startswith("model")}
+            for name, f in files.items()}
 
 
 def f32(t):
@@ -345,7 +385,7 @@ def megatron_forward(m, stages, vpp, spec, tokens, mlp=None, embed=None, after_l
     language model: embed(x) returns the word embeddings x with the image's rows put in;
     after_layer(n, x) returns the hidden states after the n-th layer of the model (deepstack)."""
     te = spec == "te"
-    ck = lambda v: "model" if vpp == 1 else f"model{v}"  # noqa: E731
+    ck = lambda v: chunk_key(v, vpp)  # noqa: E731
     emb = [f32(rk[ck(0)]["embedding.word_embeddings.weight"]) for rk in stages[0]]
     rows = emb[0].shape[0]
     x = np.stack([emb[t // rows][t % rows] for t in tokens])
